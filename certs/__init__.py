@@ -1,0 +1,1 @@
+"""Certificates: a CA and serving certificates, rotation, caBundle injection."""

@@ -1,0 +1,62 @@
+"""The names components agree on (DESIGN.md, "Contracts between components").
+
+One module so that no component reads another's code to learn a name. It holds constants only.
+"""
+
+from typing import Final
+
+DOMAIN: Final = "dra-gateway.io"
+API_VERSION: Final = f"{DOMAIN}/v1alpha1"
+
+DRIVER: Final = f"gpu.{DOMAIN}"
+GPU_CLASS: Final = f"gpu.{DOMAIN}"
+MIG_CLASS: Final = f"mig.{DOMAIN}"
+GATEWAY_CLASSES: Final = frozenset({GPU_CLASS, MIG_CLASS})
+
+NVIDIA_GPU_CLASS: Final = "gpu.nvidia.com"
+NVIDIA_MIG_CLASS: Final = "mig.nvidia.com"
+AMD_GPU_CLASS: Final = "gpu.amd.com"
+INTEL_GPU_CLASS: Final = "gpu.intel.com"
+GAUDI_CLASS: Final = "gaudi.intel.com"
+
+SCHEDULING_GATE: Final = f"{DOMAIN}/allocation"
+FINALIZER: Final = f"{DOMAIN}/allocation"
+
+RULES_LABEL: Final = f"{DOMAIN}/rules"
+RULES_LABEL_VALUE: Final = "true"
+
+# Annotations written by the gateway.
+ANNOTATION_TRANSLATED: Final = f"{DOMAIN}/translated"
+ANNOTATION_SHARES: Final = f"{DOMAIN}/shares"
+ANNOTATION_POLICY: Final = f"{DOMAIN}/policy"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "dra-gateway"
+
+# Kinds of the gateway's own documents (apiVersion API_VERSION).
+KIND_GPU_SHARE_CONFIG: Final = "GpuShareConfig"
+KIND_TRANSLATION_RULES: Final = "TranslationRules"
+KIND_POLICY: Final = "Policy"
+
+# Device attribute and capacity names (bare names belong to the driver's domain).
+ATTR_TYPE: Final = "type"
+ATTR_UUID: Final = "uuid"
+ATTR_PARENT_UUID: Final = "parentUUID"
+ATTR_PRODUCT_NAME: Final = "productName"
+ATTR_BRAND: Final = "brand"
+ATTR_ARCHITECTURE: Final = "architecture"
+ATTR_CUDA_COMPUTE_CAPABILITY: Final = "cudaComputeCapability"
+ATTR_DRIVER_VERSION: Final = "driverVersion"
+ATTR_CUDA_DRIVER_VERSION: Final = "cudaDriverVersion"
+ATTR_PCIE_BUS_ID: Final = "pcieBusID"
+ATTR_PCIE_ROOT: Final = "resource.kubernetes.io/pcieRoot"
+ATTR_PROFILE: Final = "profile"
+ATTR_NUMA_NODE: Final = "numaNode"
+ATTR_INDEX: Final = "index"
+CAPACITY_MEMORY: Final = "memory"
+CAPACITY_CORES: Final = "cores"
+CORES_PER_CARD: Final = 100
+
+# Kubernetes' own names the gateway reads or must avoid.
+K8S_DELETE_PROTECTION_FINALIZER: Final = "resource.kubernetes.io/delete-protection"
+K8S_POD_CLAIM_NAME_ANNOTATION: Final = "resource.kubernetes.io/pod-claim-name"
+KEP5004_PREFIX: Final = "deviceclass.resource.kubernetes.io/"

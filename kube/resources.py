@@ -1,0 +1,83 @@
+"""The Kubernetes resource types the project reads and writes, as plain data.
+
+Every caller of the cluster port names a type from here, so the in-memory cluster, its HTTP
+front and the kubernetes-asyncio adapter agree on paths, kinds and scopes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceType:
+    group: str  # "" for the core group
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    has_status: bool = False  # served with a /status subresource
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def list_kind(self) -> str:
+        return f"{self.kind}List"
+
+    def path(self, *, namespace: str | None = None, name: str | None = None,
+             subresource: str | None = None) -> str:
+        """The REST path of a collection or an object, as the API server serves it."""
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace is not None:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name is not None:
+            base += f"/{name}"
+            if subresource:
+                base += f"/{subresource}"
+        return base
+
+
+PODS = ResourceType("", "v1", "pods", "Pod", namespaced=True, has_status=True)
+NODES = ResourceType("", "v1", "nodes", "Node", namespaced=False, has_status=True)
+NAMESPACES = ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, has_status=True)
+CONFIG_MAPS = ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True)
+SECRETS = ResourceType("", "v1", "secrets", "Secret", namespaced=True)
+EVENTS = ResourceType("", "v1", "events", "Event", namespaced=True)
+RESOURCE_CLAIMS = ResourceType(
+    "resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True, has_status=True
+)
+RESOURCE_CLAIM_TEMPLATES = ResourceType(
+    "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", namespaced=True
+)
+RESOURCE_SLICES = ResourceType(
+    "resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False
+)
+DEVICE_CLASSES = ResourceType(
+    "resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False
+)
+LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
+MUTATING_WEBHOOK_CONFIGURATIONS = ResourceType(
+    "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+    "MutatingWebhookConfiguration", namespaced=False,
+)
+VALIDATING_WEBHOOK_CONFIGURATIONS = ResourceType(
+    "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration", namespaced=False,
+)
+
+ALL: tuple[ResourceType, ...] = (
+    PODS, NODES, NAMESPACES, CONFIG_MAPS, SECRETS, EVENTS,
+    RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES, DEVICE_CLASSES,
+    LEASES, MUTATING_WEBHOOK_CONFIGURATIONS, VALIDATING_WEBHOOK_CONFIGURATIONS,
+)
+
+
+def by_kind(api_version: str, kind: str) -> ResourceType:
+    """The type of an object from its apiVersion and kind; KeyError names both when unknown."""
+    for rt in ALL:
+        if rt.api_version == api_version and rt.kind == kind:
+            return rt
+    raise KeyError(f"{api_version} {kind} is not a resource type the project serves")

@@ -1,0 +1,3 @@
+from dra_gateway.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""Test habits for the whole suite.
+
+- No test reaches a network beyond loopback or unix sockets: any other connect fails loudly.
+- No async test may leave asyncio tasks behind: leaked background work is a bug.
+Warnings are errors and each test has a timeout (pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+
+
+def _is_local(address: Any) -> bool:
+    if isinstance(address, (str, bytes)):  # unix socket path
+        return True
+    host = address[0]
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _guarded_connect(self: socket.socket, address: Any) -> None:
+    if not _is_local(address):
+        raise AssertionError(f"test tried to reach {address!r}: only loopback is allowed")
+    _real_connect(self, address)
+
+
+def _guarded_connect_ex(self: socket.socket, address: Any) -> int:
+    if not _is_local(address):
+        raise AssertionError(f"test tried to reach {address!r}: only loopback is allowed")
+    return _real_connect_ex(self, address)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _loopback_only() -> Iterator[None]:
+    socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
+    socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
+    yield
+    socket.socket.connect = _real_connect  # type: ignore[method-assign]
+    socket.socket.connect_ex = _real_connect_ex  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True)
+async def _no_leftover_tasks() -> AsyncIterator[None]:
+    """Fails a test that leaves tasks running on its loop after its own fixtures are gone."""
+    yield
+    current = asyncio.current_task()
+    # Give cancelled tasks one turn to finish unwinding before judging them.
+    await asyncio.sleep(0)
+    leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    if leftover:
+        for task in leftover:
+            task.cancel()
+        await asyncio.gather(*leftover, return_exceptions=True)
+        names = ", ".join(sorted(t.get_name() + ":" + repr(t.get_coro()) for t in leftover))
+        pytest.fail(f"test left {len(leftover)} asyncio task(s) running: {names}")

@@ -1,0 +1,1 @@
+"""The admission webhooks: /mutate serves the translator, /validate enforces policy."""
