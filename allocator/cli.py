@@ -1,4 +1,7 @@
-"""Subcommands of this component for the `dra-gateway` command (light imports only)."""
+"""Subcommands of the allocator: `allocator` (the controller) and `bench allocator`.
+
+Light imports only; each handler imports its module when it runs.
+"""
 
 from __future__ import annotations
 
@@ -7,4 +10,43 @@ import argparse
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
              bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add this component's subcommands; handlers import their heavy modules themselves."""
+    controller = sub.add_parser(
+        "allocator", help="run the allocator controller (one active replica through a Lease)"
+    )
+    controller.add_argument("--cluster", choices=("kube", "memory"), default="kube",
+                            help="kube: the kubeconfig's cluster (default); memory: in-process")
+    controller.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then "
+                            "$KUBECONFIG, then ~/.kube/config)")
+    controller.add_argument("--namespace", default="dra-gateway",
+                            help="namespace of the allocator's Lease (default: %(default)s)")
+    controller.add_argument("--policy", default="default",
+                            help="cluster-wide scoring policy (default: %(default)s)")
+    controller.add_argument("--identity", help="holder identity in the Lease (default: host name "
+                            "and process id)")
+    controller.set_defaults(func=_run_controller)
+
+    replay = bench.add_parser(
+        "allocator", help="replay an openb-format trace through the planner, per policy"
+    )
+    replay.add_argument("--nodes", required=True, help="node list CSV (openb format)")
+    replay.add_argument("--pods", required=True, help="pod list CSV (openb format)")
+    replay.add_argument("--policy", action="append", dest="policies", metavar="NAME",
+                        help="policy to compare (repeatable; default: every policy)")
+    replay.add_argument("--load", type=float, default=1.3,
+                        help="GPU requests as a share of the cluster's GPUs (default: 1.3)")
+    replay.add_argument("--seeds", default="42-51",
+                        help="seeds, e.g. 42-51 or 42,43 (default: %(default)s)")
+    replay.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    replay.set_defaults(func=_run_bench)
+
+
+def _run_controller(args: argparse.Namespace) -> int:
+    from dra_gateway.allocator import controller
+
+    return controller.main(args)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from dra_gateway.allocator import bench
+
+    return bench.main(args)
