@@ -1,10 +1,60 @@
-"""Subcommands of this component for the `dra-gateway` command (light imports only)."""
+"""Subcommands of this component for the `dra-gateway` command (light imports only).
+
+`certs generate --out DIR [--dns NAME]... [--ip ADDR]...` writes a CA and a serving
+certificate; the webhook reloads them when they change.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
              bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this component's subcommands; handlers import their heavy modules themselves."""
+    certs = sub.add_parser("certs", help="certificates for the webhooks")
+    actions = certs.add_subparsers(dest="certs_command", metavar="ACTION", required=True)
+    generate = actions.add_parser(
+        "generate", help="write ca.crt, tls.crt and tls.key (a CA and a serving certificate)"
+    )
+    generate.add_argument("--out", required=True, metavar="DIR", help="directory to write into")
+    generate.add_argument("--dns", action="append", default=[], metavar="NAME",
+                          help="DNS name in the certificate, e.g. dra-gateway.dra-gateway.svc "
+                          "(repeatable)")
+    generate.add_argument("--ip", action="append", default=[], metavar="ADDR",
+                          help="IP address in the certificate (repeatable)")
+    generate.add_argument("--days", type=int, default=365,
+                          help="validity of the serving certificate (default: %(default)s)")
+    generate.add_argument("--ca-days", type=int, default=3650,
+                          help="validity of the CA (default: %(default)s)")
+    generate.set_defaults(func=_generate)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dra_gateway.certs.generate import make_bundle, write_bundle
+
+    if not args.dns and not args.ip:
+        print("certs generate: give at least one --dns NAME or --ip ADDR for the certificate's "
+              "subject alternative names, e.g. --dns dra-gateway.dra-gateway.svc",
+              file=sys.stderr)
+        return 2
+    if args.days < 1 or args.ca_days < args.days:
+        print(f"certs generate: --days {args.days} must be at least 1 and no more than "
+              f"--ca-days {args.ca_days}", file=sys.stderr)
+        return 2
+    try:
+        bundle = make_bundle(dns_names=args.dns, ip_addresses=args.ip, days=args.days,
+                             ca_days=args.ca_days)
+        paths = write_bundle(bundle, Path(args.out))
+    except ValueError as exc:
+        print(f"certs generate: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"certs generate: cannot write into {args.out}: {exc.strerror}; choose a "
+              f"writable --out directory", file=sys.stderr)
+        return 1
+    print(f"wrote {paths.ca_cert}, {paths.cert} and {paths.key}")
+    return 0

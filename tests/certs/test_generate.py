@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from dra_gateway.certs.generate import make_bundle, write_bundle
+from dra_gateway.cli import main
+
+
+def test_generate_writes_a_ca_and_a_serving_certificate_with_the_sans(tmp_path: Path) -> None:
+    code = main(["certs", "generate", "--out", str(tmp_path / "tls"),
+                 "--dns", "dra-gateway.dra-gateway.svc", "--dns", "localhost",
+                 "--ip", "127.0.0.1", "--ip", "::1"])
+    assert code == 0
+    ca = x509.load_pem_x509_certificate((tmp_path / "tls" / "ca.crt").read_bytes())
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls" / "tls.crt").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["dra-gateway.dra-gateway.svc", "localhost"]
+    assert sans.get_values_for_type(x509.IPAddress) == [
+        ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")]
+    assert cert.issuer == ca.subject
+    cert.verify_directly_issued_by(ca)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey)
+    now = dt.datetime.now(dt.UTC)
+    assert cert.not_valid_before_utc < now
+    assert dt.timedelta(days=364) < cert.not_valid_after_utc - now <= dt.timedelta(days=365)
+
+
+def test_the_private_key_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    paths = write_bundle(make_bundle(dns_names=["localhost"]), tmp_path)
+    assert stat.S_IMODE(paths.key.stat().st_mode) == 0o600
+    assert stat.S_IMODE(paths.cert.stat().st_mode) == 0o644
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_rewriting_a_bundle_replaces_the_files_in_place(tmp_path: Path) -> None:
+    first = write_bundle(make_bundle(dns_names=["localhost"]), tmp_path)
+    before = first.cert.read_bytes()
+    second = write_bundle(make_bundle(dns_names=["localhost"]), tmp_path)
+    assert second.cert.read_bytes() != before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ca.crt", "tls.crt", "tls.key"]
+
+
+def test_generate_without_names_says_what_to_add(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["certs", "generate", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        "certs generate: give at least one --dns NAME or --ip ADDR for the certificate's subject "
+        "alternative names, e.g. --dns dra-gateway.dra-gateway.svc\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_with_a_bad_address_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["certs", "generate", "--out", str(tmp_path), "--ip", "10.0.0.300"]) == 2
+    assert capsys.readouterr().err == (
+        "certs generate: --ip '10.0.0.300' is not an IP address: give an IPv4 or IPv6 address, "
+        "or pass host names with --dns\n")
+
+
+def test_the_ca_verifies_the_serving_certificate_with_openssl(tmp_path: Path) -> None:
+    paths = write_bundle(make_bundle(dns_names=["localhost"]), tmp_path)
+    try:
+        result = subprocess.run(
+            ["openssl", "verify", "-CAfile", str(paths.ca_cert), "-purpose", "sslserver",
+             str(paths.cert)], capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        pytest.skip("openssl command not installed")
+    assert result.returncode == 0, result.stderr
