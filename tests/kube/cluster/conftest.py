@@ -1,0 +1,39 @@
+"""Backends for the cluster behaviour suite: the in-memory cluster, direct and over HTTP.
+
+Every behaviour test runs against each backend through the `Cluster` port; `Backend.memory`
+is the cluster behind it, for the test helpers (expiring watches) that only it offers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from dra_gateway.kube.cluster.memory import MemoryCluster
+from dra_gateway.kube.cluster.port import Cluster
+
+BACKENDS = ["memory"]
+
+
+@dataclass
+class Backend:
+    name: str
+    cluster: Cluster
+    memory: MemoryCluster
+
+
+@pytest.fixture(params=BACKENDS)
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    memory = MemoryCluster(history=20)
+    if request.param == "memory":
+        yield Backend("memory", memory, memory)
+        await memory.close()
+        return
+    raise AssertionError(f"unknown backend {request.param}")
+
+
+@pytest.fixture
+def cluster(backend: Backend) -> Cluster:
+    return backend.cluster
