@@ -2,15 +2,19 @@
 
 `port` defines the protocol and its errors; `memory` is an in-memory cluster with Kubernetes
 semantics; `server` serves that cluster over loopback HTTP; `kubernetes` adapts
-kubernetes-asyncio to the protocol.
+kubernetes-asyncio to the protocol; `connect` picks one of them.
 """
 
+from dra_gateway.kube.cluster.connect import ClusterConfigError, connect
+from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import (
     AlreadyExists,
     ApiError,
+    BadRequest,
     Cluster,
     Conflict,
     Expired,
+    Forbidden,
     Invalid,
     NotFound,
     ObjectList,
@@ -20,11 +24,16 @@ from dra_gateway.kube.cluster.port import (
 __all__ = [
     "AlreadyExists",
     "ApiError",
+    "BadRequest",
     "Cluster",
+    "ClusterConfigError",
     "Conflict",
     "Expired",
+    "Forbidden",
     "Invalid",
+    "MemoryCluster",
     "NotFound",
     "ObjectList",
     "WatchEvent",
+    "connect",
 ]

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from dra_gateway.kube.cluster.connect import connect
 from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import Cluster
+from dra_gateway.kube.cluster.server import serve, write_kubeconfig
 
-BACKENDS = ["memory"]
+BACKENDS = ["memory", "kube"]
 
 
 @dataclass
@@ -31,7 +33,16 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         yield Backend("memory", memory, memory)
         await memory.close()
         return
-    raise AssertionError(f"unknown backend {request.param}")
+    tmp = request.getfixturevalue("tmp_path")
+    async with serve(memory, token="test-token") as server:
+        kubeconfig = tmp / "kubeconfig"
+        write_kubeconfig(kubeconfig, server.url, token="test-token")
+        cluster = await connect("kube", str(kubeconfig))
+        try:
+            yield Backend("kube", cluster, memory)
+        finally:
+            await cluster.close()
+            await memory.close()
 
 
 @pytest.fixture

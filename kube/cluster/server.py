@@ -1,0 +1,463 @@
+"""The cluster port served over HTTP as the subset of the Kubernetes REST API the project uses.
+
+This is the embedded default's API server: components, kubectl-like tools and the official
+Python clients talk to it exactly as they talk to a real cluster (paths, verbs, watch streams,
+`metav1.Status` errors, discovery). It translates HTTP to `Cluster` calls and back and holds no
+state of its own; semantics (versions, conflicts, validation) belong to the cluster behind it.
+It must not be exposed beyond loopback without a token: it has no authorization.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import yaml
+from aiohttp import web
+
+from dra_gateway.kube.cluster.port import (
+    ApiError,
+    BadRequest,
+    Cluster,
+    NotFound,
+    PatchType,
+    WatchEvent,
+)
+from dra_gateway.kube.resources import ALL, ResourceType
+
+log = logging.getLogger(__name__)
+
+KUBERNETES_VERSION = {"major": "1", "minor": "34", "gitVersion": "v1.34.0-dra-gateway",
+                      "gitCommit": "", "gitTreeState": "clean", "buildDate": "",
+                      "goVersion": "", "compiler": "python", "platform": "linux/amd64"}
+
+_PATCH_TYPES: dict[str, PatchType] = {
+    "application/json-patch+json": "json",
+    "application/merge-patch+json": "merge",
+    "application/strategic-merge-patch+json": "strategic",
+}
+_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+_BY_PATH: dict[tuple[str, str, str], ResourceType] = {
+    (rt.group, rt.version, rt.plural): rt for rt in ALL
+}
+
+CLUSTER_KEY = web.AppKey("cluster", Cluster)
+TOKEN_KEY = web.AppKey("token", str)
+STOPPING_KEY = web.AppKey("stopping", asyncio.Event)
+# How often an idle watch checks that its client is still there.
+_LIVENESS_CHECK_S = 2.0
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _error(exc: ApiError) -> web.Response:
+    status = dict(exc.status)
+    status.setdefault("code", exc.code)
+    return _json(status, status=exc.code)
+
+
+def _status_error(code: int, reason: str, message: str) -> web.Response:
+    return _error(ApiError(message, code=code, reason=reason))
+
+
+# Discovery -------------------------------------------------------------------------------------
+
+def _groups() -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for rt in ALL:
+        versions = groups.setdefault(rt.group, [])
+        if rt.version not in versions:
+            versions.append(rt.version)
+    return groups
+
+
+def _resource_list(group: str, version: str) -> dict[str, Any] | None:
+    resources: list[dict[str, Any]] = []
+    for rt in ALL:
+        if rt.group != group or rt.version != version:
+            continue
+        resources.append({"name": rt.plural, "singularName": rt.kind.lower(),
+                          "namespaced": rt.namespaced, "kind": rt.kind, "verbs": _VERBS})
+        if rt.has_status:
+            resources.append({"name": f"{rt.plural}/status", "singularName": "",
+                              "namespaced": rt.namespaced, "kind": rt.kind,
+                              "verbs": ["get", "patch", "update"]})
+    if not resources:
+        return None
+    return {"kind": "APIResourceList", "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}" if group else version, "resources": resources}
+
+
+def _api_group(group: str, versions: list[str]) -> dict[str, Any]:
+    listed = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+    return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": listed,
+            "preferredVersion": listed[0]}
+
+
+# Requests --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    rt: ResourceType
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+
+def _target(segments: list[str]) -> _Target | None:
+    """Parse `/api/v1/...` or `/apis/<group>/<version>/...` into a resource target."""
+    if len(segments) >= 2 and segments[0] == "api":
+        group, version, rest = "", segments[1], segments[2:]
+    elif len(segments) >= 3 and segments[0] == "apis":
+        group, version, rest = segments[1], segments[2], segments[3:]
+    else:
+        return None
+    namespace: str | None = None
+    if (len(rest) >= 3 and rest[0] == "namespaces"
+            and (group, version, rest[2]) in _BY_PATH
+            and _BY_PATH[(group, version, rest[2])].namespaced):
+        namespace, rest = rest[1], rest[2:]
+    if not rest or len(rest) > 3:
+        return None
+    rt = _BY_PATH.get((group, version, rest[0]))
+    if rt is None:
+        return None
+    name = rest[1] if len(rest) >= 2 else None
+    subresource = rest[2] if len(rest) == 3 else None
+    return _Target(rt, namespace, name, subresource)
+
+
+async def _body(request: web.Request) -> Any:
+    raw = await request.read()
+    if not raw:
+        raise BadRequest("the request has no body: send the object as JSON")
+    content_type = request.content_type
+    try:
+        if content_type in ("application/yaml", "application/x-yaml"):
+            return yaml.safe_load(raw)
+        return orjson.loads(raw)
+    except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
+        raise BadRequest(f"the request body is not valid "
+                         f"{'YAML' if 'yaml' in content_type else 'JSON'}: {exc}") from None
+
+
+def _flag(query: Mapping[str, str], name: str) -> bool:
+    return query.get(name, "").lower() in ("true", "1")
+
+
+def _dry_run(query: Mapping[str, str]) -> bool:
+    value = query.get("dryRun")
+    if value is None:
+        return False
+    if value != "All":
+        raise BadRequest(f'unsupported dryRun value "{value}": the only supported value is "All"')
+    return True
+
+
+class _Handler:
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.app[CLUSTER_KEY]
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        token = self.app[TOKEN_KEY]
+        path = request.path.rstrip("/") or "/"
+        if path in ("/healthz", "/livez", "/readyz"):
+            return web.Response(text="ok")
+        if token:
+            sent = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+                return _status_error(401, "Unauthorized", "Unauthorized: send the bearer token "
+                                     "of the kubeconfig written by `dra-gateway cluster serve`")
+        try:
+            return await self._dispatch(request, path)
+        except ApiError as exc:
+            return _error(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a server must answer, whatever the bug
+            log.exception("internal error serving %s %s", request.method, request.path)
+            return _status_error(500, "InternalError",
+                                 f"internal error serving {request.method} {request.path}: "
+                                 f"{type(exc).__name__}: {exc}")
+
+    async def _dispatch(self, request: web.Request, path: str) -> web.StreamResponse:
+        segments = [s for s in path.split("/") if s]
+        if request.method == "GET":
+            discovered = self._discovery(request, segments)
+            if discovered is not None:
+                return discovered
+        target = _target(segments)
+        if target is None:
+            raise NotFound(f"the server could not find the requested resource ({request.method} "
+                           f"{request.path})")
+        rt, name = target.rt, target.name
+        query = request.query
+        method = request.method
+        if target.subresource is not None and (target.subresource != "status"
+                                               or not rt.has_status):
+            raise NotFound(f"the server could not find the requested resource: {rt.plural} "
+                           f'have no subresource "{target.subresource}"')
+        if name is None:
+            if method == "GET":
+                if _flag(query, "watch"):
+                    return await self._watch(request, target)
+                listed = await self.cluster.list(
+                    rt, namespace=target.namespace, label_selector=query.get("labelSelector"),
+                    field_selector=query.get("fieldSelector"))
+                return _json({"apiVersion": rt.api_version, "kind": rt.list_kind,
+                              "metadata": {"resourceVersion": listed.resource_version},
+                              "items": listed.items})
+            if method == "POST":
+                if rt.namespaced and target.namespace is None:
+                    raise BadRequest(f"create {rt.plural} under /namespaces/<namespace>/"
+                                     f"{rt.plural}: the type is namespaced")
+                dry_run = _dry_run(query)
+                obj = await _body(request)
+                if not isinstance(obj, dict):
+                    raise BadRequest(f"the body must be a {rt.kind} object")
+                created = await self.cluster.create(rt, obj, namespace=target.namespace,
+                                                    dry_run=dry_run)
+                return _json(created, status=201)
+            raise ApiError(f"{method} is not supported on the {rt.plural} collection",
+                           code=405, reason="MethodNotAllowed")
+        if rt.namespaced and target.namespace is None:
+            raise NotFound(f"the server could not find the requested resource: {rt.plural} are "
+                           "namespaced; use /namespaces/<namespace>/" + rt.plural + "/" + name)
+        if method == "GET":
+            return _json(await self.cluster.get(rt, name, namespace=target.namespace))
+        if method in ("PUT", "PATCH", "DELETE") and "dryRun" in query:
+            raise BadRequest(f"dryRun is supported on create only, not on {method}")
+        if method == "PUT":
+            obj = await _body(request)
+            if not isinstance(obj, dict):
+                raise BadRequest(f"the body must be a {rt.kind} object")
+            in_body = (obj.get("metadata") or {}).get("name")
+            if in_body != name:
+                raise BadRequest(f"the name of the object ({in_body}) does not match the name "
+                                 f"on the URL ({name})")
+            return _json(await self.cluster.update(rt, obj, namespace=target.namespace,
+                                                   subresource=target.subresource))
+        if method == "PATCH":
+            content_type = request.content_type
+            if content_type == "application/apply-patch+yaml":
+                raise ApiError("server-side apply (application/apply-patch+yaml) is not "
+                               "supported by this API server: send a merge patch "
+                               "(application/merge-patch+json) or a JSON patch instead",
+                               code=415, reason="UnsupportedMediaType")
+            patch_type = _PATCH_TYPES.get(content_type)
+            if patch_type is None:
+                raise ApiError(f'the patch content type "{content_type}" is not supported: use '
+                               + ", ".join(_PATCH_TYPES), code=415,
+                               reason="UnsupportedMediaType")
+            patch = await _body(request)
+            return _json(await self.cluster.patch(rt, name, patch, namespace=target.namespace,
+                                                  patch_type=patch_type,
+                                                  subresource=target.subresource))
+        if method == "DELETE":
+            if target.subresource is not None:
+                raise ApiError("DELETE is not supported on a subresource", code=405,
+                               reason="MethodNotAllowed")
+            precondition = await self._delete_precondition(request)
+            deleted = await self.cluster.delete(rt, name, namespace=target.namespace,
+                                                resource_version=precondition)
+            if deleted is None:
+                return _json({"apiVersion": "v1", "kind": "Status", "metadata": {},
+                              "status": "Success", "details": {"name": name,
+                                                               "kind": rt.plural}})
+            pending = bool((deleted.get("metadata") or {}).get("finalizers"))
+            return _json(deleted, status=202 if pending else 200)
+        raise ApiError(f"{method} is not supported on {rt.plural}", code=405,
+                       reason="MethodNotAllowed")
+
+    async def _delete_precondition(self, request: web.Request) -> str | None:
+        raw = await request.read()
+        if not raw:
+            return None
+        try:
+            options = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"the DeleteOptions body is not valid JSON: {exc}") from None
+        if not isinstance(options, dict):
+            raise BadRequest("the DeleteOptions body must be a JSON object")
+        if options.get("dryRun"):
+            raise BadRequest("dryRun is supported on create only, not on DELETE")
+        preconditions = options.get("preconditions") or {}
+        if preconditions.get("uid"):
+            raise BadRequest("a uid precondition on delete is not supported: use "
+                             "preconditions.resourceVersion")
+        value = preconditions.get("resourceVersion")
+        return str(value) if value else None
+
+    def _discovery(self, request: web.Request, segments: list[str]) -> web.Response | None:
+        if segments == ["version"]:
+            return _json(KUBERNETES_VERSION)
+        if segments == ["api"]:
+            return _json({"kind": "APIVersions", "versions": ["v1"],
+                          "serverAddressByClientCIDRs": [
+                              {"clientCIDR": "0.0.0.0/0", "serverAddress": request.host}]})
+        if segments == ["apis"]:
+            return _json({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                _api_group(g, v) for g, v in _groups().items() if g]})
+        if len(segments) == 2 and segments[0] == "api":
+            listed = _resource_list("", segments[1])
+            if listed is None:
+                raise NotFound(f"the server could not find the requested resource (GET "
+                               f"{request.path}): API version {segments[1]} is not served")
+            return _json(listed)
+        if len(segments) == 2 and segments[0] == "apis":
+            versions = _groups().get(segments[1])
+            if not versions or not segments[1]:
+                raise NotFound(f"the server could not find the requested resource (GET "
+                               f"{request.path}): API group {segments[1]} is not served")
+            return _json(_api_group(segments[1], versions))
+        if len(segments) == 3 and segments[0] == "apis":
+            listed = _resource_list(segments[1], segments[2])
+            if listed is None:
+                raise NotFound(f"the server could not find the requested resource (GET "
+                               f"{request.path}): {segments[1]}/{segments[2]} is not served")
+            return _json(listed)
+        return None
+
+    async def _watch(self, request: web.Request, target: _Target) -> web.StreamResponse:
+        query = request.query
+        timeout: float | None = None
+        if query.get("timeoutSeconds"):
+            try:
+                timeout = float(query["timeoutSeconds"])
+            except ValueError:
+                raise BadRequest(f'invalid timeoutSeconds "{query["timeoutSeconds"]}": expected '
+                                 "a number of seconds") from None
+        # Selectors and the resourceVersion are checked here, before the stream starts, so a
+        # bad one is an HTTP error; expiry arrives in the stream as an ERROR event.
+        events = self.cluster.watch(
+            target.rt, namespace=target.namespace, resource_version=query.get("resourceVersion"),
+            label_selector=query.get("labelSelector"), field_selector=query.get("fieldSelector"),
+            timeout_seconds=timeout)
+        response = web.StreamResponse(headers={"Content-Type": "application/json",
+                                               "Cache-Control": "no-cache"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        stopping = self.app[STOPPING_KEY]
+        stop = asyncio.ensure_future(stopping.wait())
+        try:
+            async with contextlib.aclosing(events) as stream:  # type: ignore[type-var]
+                while True:
+                    # The next event runs as its own task so this loop can notice, between
+                    # events, a client that went away or a server that is stopping.
+                    upcoming = asyncio.ensure_future(_next_event(stream))
+                    while not upcoming.done():
+                        await asyncio.wait({upcoming, stop}, timeout=_LIVENESS_CHECK_S,
+                                           return_when=asyncio.FIRST_COMPLETED)
+                        transport = request.transport
+                        if stop.done() or transport is None or transport.is_closing():
+                            upcoming.cancel()
+                            with contextlib.suppress(asyncio.CancelledError, ApiError):
+                                await upcoming
+                            return response
+                    try:
+                        event = upcoming.result()
+                    except ApiError as exc:
+                        status = dict(exc.status)
+                        status.setdefault("code", exc.code)
+                        await response.write(orjson.dumps({"type": "ERROR", "object": status})
+                                             + b"\n")
+                        break
+                    if event is None:
+                        break
+                    await response.write(orjson.dumps(
+                        {"type": event.type, "object": event.object}) + b"\n")
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the client went away: the watch just ends
+        finally:
+            stop.cancel()
+        return response
+
+
+async def _next_event(stream: AsyncIterator[WatchEvent]) -> WatchEvent | None:
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:
+        return None
+
+
+async def _stop_watches(app: web.Application) -> None:
+    """On shutdown, end open watch streams instead of waiting for their timeouts."""
+    app[STOPPING_KEY].set()
+
+
+def create_app(cluster: Cluster, *, token: str | None = None) -> web.Application:
+    """The API server application over `cluster`; with `token`, requests need that bearer."""
+    app = web.Application(client_max_size=16 * 1024 * 1024)
+    app[CLUSTER_KEY] = cluster
+    app[TOKEN_KEY] = token or ""
+    app[STOPPING_KEY] = asyncio.Event()
+    app.router.add_route("*", "/{tail:.*}", _Handler(app).handle)
+    app.on_shutdown.append(_stop_watches)
+    return app
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """A running API server: where it listens and the token clients must send (if any)."""
+
+    url: str
+    host: str
+    port: int
+    token: str | None
+
+
+@contextlib.asynccontextmanager
+async def serve(cluster: Cluster, *, host: str = "127.0.0.1", port: int = 0,
+                token: str | None = None) -> AsyncIterator[Server]:
+    """Serve `cluster` over HTTP on `host:port` (0 picks a free port) until the block exits."""
+    runner = web.AppRunner(create_app(cluster, token=token), access_log=None,
+                           shutdown_timeout=5.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound_host, bound_port = runner.addresses[0][:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        yield Server(url=f"http://{shown}:{bound_port}", host=bound_host, port=bound_port,
+                     token=token)
+    finally:
+        await runner.cleanup()
+
+
+def kubeconfig(server_url: str, token: str | None = None, *,
+               name: str = "dra-gateway") -> dict[str, Any]:
+    """A kubeconfig document with one cluster, one user, one context, selected."""
+    user: dict[str, Any] = {"token": token} if token else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": server_url}}],
+        "users": [{"name": name, "user": user}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name,
+                                                "namespace": "default"}}],
+        "current-context": name,
+        "preferences": {},
+    }
+
+
+def write_kubeconfig(path: str | os.PathLike[str], server_url: str,
+                     token: str | None = None) -> None:
+    """Write a kubeconfig for `server_url` (readable by its owner only: it may hold a token)."""
+    text = yaml.safe_dump(kubeconfig(server_url, token), sort_keys=False)
+    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
