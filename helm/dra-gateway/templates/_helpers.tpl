@@ -1,0 +1,254 @@
+{{/*
+Names, labels and shared pieces of the dra-gateway chart. Helpers render text only: they create
+no object, so that every object lives in its own template file.
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "dra-gateway.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The prefix of every object name: fullnameOverride, else the release name, followed by the chart
+name unless the release name already contains it. Kept to 40 characters so that the longest
+suffix ("-node-plugin", "-webhook-tls") still fits the 63 characters of a label value.
+*/}}
+{{- define "dra-gateway.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* chart-version, as the helm.sh/chart label wants it. */}}
+{{- define "dra-gateway.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "dra-gateway.labels" -}}
+helm.sh/chart: {{ include "dra-gateway.chart" . }}
+app.kubernetes.io/name: {{ include "dra-gateway.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: dra-gateway
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Labels of one component's objects. Call with (dict "root" $ "component" "webhook").
+*/}}
+{{- define "dra-gateway.componentLabels" -}}
+{{ include "dra-gateway.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/*
+Selector labels of one component's pods; they never change after install, since a Deployment's
+selector is immutable. Call with (dict "root" $ "component" "webhook").
+*/}}
+{{- define "dra-gateway.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dra-gateway.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Name of one component's objects (Deployment, ServiceAccount, RBAC). */}}
+{{- define "dra-gateway.componentName" -}}
+{{- printf "%s-%s" (include "dra-gateway.fullname" .root) .component }}
+{{- end }}
+
+{{/* The image reference; the tag defaults to the chart's appVersion. */}}
+{{- define "dra-gateway.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Name of the webhook's Service. */}}
+{{- define "dra-gateway.webhookServiceName" -}}
+{{- include "dra-gateway.componentName" (dict "root" . "component" "webhook") }}
+{{- end }}
+
+{{/* The host name the API server calls the webhook at, and the certificate must name. */}}
+{{- define "dra-gateway.webhookHost" -}}
+{{- printf "%s.%s.svc" (include "dra-gateway.webhookServiceName" .) .Release.Namespace }}
+{{- end }}
+
+{{/* Name of both webhook configurations (cluster-wide, hence prefixed by the release). */}}
+{{- define "dra-gateway.webhookConfigurationName" -}}
+{{- include "dra-gateway.fullname" . }}
+{{- end }}
+
+{{/* Name of the Secret holding the webhook's serving certificate, whatever the mode. */}}
+{{- define "dra-gateway.tlsSecretName" -}}
+{{- if eq .Values.certificates.mode "secret" }}
+{{- .Values.certificates.secret.name }}
+{{- else }}
+{{- printf "%s-webhook-tls" (include "dra-gateway.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the cert-manager Certificate of mode cert-manager. */}}
+{{- define "dra-gateway.certificateName" -}}
+{{- printf "%s-webhook" (include "dra-gateway.fullname" .) }}
+{{- end }}
+
+{{/* Name of the self-signed Issuer the chart creates in mode cert-manager. */}}
+{{- define "dra-gateway.issuerName" -}}
+{{- printf "%s-selfsigned" (include "dra-gateway.fullname" .) }}
+{{- end }}
+
+{{/* Name of the administrator's rules ConfigMap. */}}
+{{- define "dra-gateway.rulesConfigMapName" -}}
+{{- printf "%s-rules" (include "dra-gateway.fullname" .) }}
+{{- end }}
+
+{{/* Name of the node plugin's inventory ConfigMap. */}}
+{{- define "dra-gateway.inventoryConfigMapName" -}}
+{{- printf "%s-inventory" (include "dra-gateway.fullname" .) }}
+{{- end }}
+
+{{/*
+The certificate of mode helm, as YAML (caCert, tlsCert, tlsKey: base64 PEM; notAfter: RFC 3339).
+Computed once per render and kept on the root context: the Secret and both webhook
+configurations must agree, and each genCA call would draw a new CA. An existing Secret is
+reused as long as it was issued for this Service and is not within renewBeforeDays of expiry,
+so that upgrades do not rotate the certificate (and restart nothing) without need.
+*/}}
+{{- define "dra-gateway.helmCertificate" -}}
+{{- if not (hasKey . "draGatewayHelmCertificate") }}
+{{- $host := include "dra-gateway.webhookHost" . }}
+{{- $settings := .Values.certificates.helm }}
+{{- $reused := dict }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "dra-gateway.tlsSecretName" .) }}
+{{- if $existing }}
+{{- $data := default dict $existing.data }}
+{{- $annotations := default dict $existing.metadata.annotations }}
+{{- $notAfter := index $annotations "dra-gateway.io/not-after" | default "" }}
+{{- $issuedFor := index $annotations "dra-gateway.io/issued-for" | default "" }}
+{{- if and (index $data "ca.crt") (index $data "tls.crt") (index $data "tls.key") (eq $issuedFor $host) $notAfter }}
+{{- $renewAt := sub (toDate "2006-01-02T15:04:05Z07:00" $notAfter | unixEpoch | atoi) (mul (int $settings.renewBeforeDays) 86400) }}
+{{- if gt $renewAt (now | unixEpoch | atoi) }}
+{{- $reused = dict "caCert" (index $data "ca.crt") "tlsCert" (index $data "tls.crt") "tlsKey" (index $data "tls.key") "notAfter" $notAfter }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if not $reused }}
+{{- $days := int $settings.validityDays }}
+{{- $ca := genCA (printf "%s-ca" (include "dra-gateway.fullname" .)) $days }}
+{{- $service := include "dra-gateway.webhookServiceName" . }}
+{{- $names := list $service (printf "%s.%s" $service .Release.Namespace) $host }}
+{{- $cert := genSignedCert $host nil $names $days $ca }}
+{{- $notAfter := dateInZone "2006-01-02T15:04:05Z07:00" (now | dateModify (printf "+%dh" (mul $days 24))) "UTC" }}
+{{- $reused = dict "caCert" ($ca.Cert | b64enc) "tlsCert" ($cert.Cert | b64enc) "tlsKey" ($cert.Key | b64enc) "notAfter" $notAfter }}
+{{- end }}
+{{- $_ := set . "draGatewayHelmCertificate" $reused }}
+{{- end }}
+{{- toYaml .draGatewayHelmCertificate }}
+{{- end }}
+
+{{/*
+The caBundle of the webhook configurations (base64 PEM), or nothing in mode cert-manager, where
+cert-manager's CA injector writes it.
+*/}}
+{{- define "dra-gateway.caBundle" -}}
+{{- if eq .Values.certificates.mode "helm" }}
+{{- (include "dra-gateway.helmCertificate" . | fromYaml).caCert }}
+{{- else if eq .Values.certificates.mode "secret" }}
+{{- if .Values.certificates.secret.caBundle }}
+{{- .Values.certificates.secret.caBundle }}
+{{- else }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace .Values.certificates.secret.name }}
+{{- if $existing }}
+{{- index (default dict $existing.data) "ca.crt" | default "" }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Annotations of the webhook configurations (cert-manager's CA injection). */}}
+{{- define "dra-gateway.webhookConfigurationAnnotations" -}}
+{{- if eq .Values.certificates.mode "cert-manager" }}
+cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "dra-gateway.certificateName" .) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The clientConfig, namespaceSelector, objectSelector and matchConditions both webhook
+configurations share. Call with (dict "root" $ "path" "/mutate").
+*/}}
+{{- define "dra-gateway.webhookCommon" -}}
+{{- $root := .root -}}
+clientConfig:
+  service:
+    name: {{ include "dra-gateway.webhookServiceName" $root }}
+    namespace: {{ $root.Release.Namespace }}
+    path: {{ .path }}
+    port: 443
+  {{- with include "dra-gateway.caBundle" $root }}
+  caBundle: {{ . }}
+  {{- end }}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values:
+        {{- range (concat (list "kube-system" $root.Release.Namespace) $root.Values.webhook.excludeNamespaces | uniq) }}
+        - {{ . | quote }}
+        {{- end }}
+{{- with $root.Values.webhook.objectSelector }}
+objectSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.webhook.matchConditions }}
+matchConditions:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+rules:
+  - apiGroups: [""]
+    apiVersions: ["v1"]
+    operations: ["CREATE"]
+    resources: ["pods"]
+    scope: Namespaced
+admissionReviewVersions: ["v1"]
+sideEffects: NoneOnDryRun
+failurePolicy: {{ $root.Values.webhook.failurePolicy }}
+matchPolicy: Equivalent
+timeoutSeconds: {{ $root.Values.webhook.timeoutSeconds }}
+{{- end }}
+
+{{/*
+A preferred anti-affinity spreading one component's replicas over nodes, used when the
+component's affinity value is empty. Call with (dict "root" $ "component" "webhook").
+*/}}
+{{- define "dra-gateway.spreadAffinity" -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "dra-gateway.selectorLabels" . | nindent 12 }}
+{{- end }}
+
+{{/* The security context of the webhook and allocator containers: unprivileged, read-only. */}}
+{{- define "dra-gateway.restrictedSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
