@@ -1,0 +1,205 @@
+"""List+watch caches of Kubernetes objects that feed the controller's handlers in order.
+
+An `Informer` lists one resource type, then watches from the list's resourceVersion and keeps
+a local store of what the API server holds. Every change reaches the handler as one call
+(`added`, `modified`, `deleted`), in the order the server produced it. A watch that ends after
+its own timeout resumes from the last resourceVersion seen; a watch or list that fails, or a
+resume the server answers with Expired (410), relists and reports the difference with the
+store, so deletions missed while disconnected still arrive.
+
+Handlers are plain functions called on the event loop without awaiting: everything a
+handler does between two events is atomic with respect to the controller's workers. This
+module must not decide anything about allocation: it only mirrors the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Iterable
+from typing import Literal
+
+from dra_gateway.kube.cluster.port import ApiError, Cluster, Expired, Object
+from dra_gateway.kube.resources import ResourceType
+
+log = logging.getLogger(__name__)
+
+Change = Literal["added", "modified", "deleted"]
+Handler = Callable[[Change, Object, Object | None], None]
+"""handler(change, obj, old): `old` is the previous stored state (None when added)."""
+
+Key = tuple[str, str]  # (namespace or "", name)
+
+
+def object_key(obj: Object) -> Key:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+class Informer:
+    """One resource type mirrored from the API server (list, then watch; relist on Expired).
+
+    `store` maps (namespace, name) to the newest object seen; `synced` is set once the first
+    list has been delivered to the handler. Run it with `await informer.run()` in a task and
+    cancel the task to stop it.
+    """
+
+    def __init__(self, cluster: Cluster, rt: ResourceType, handler: Handler, *,
+                 namespace: str | None = None, label_selector: str | None = None,
+                 field_selector: str | None = None, watch_timeout: float = 300.0,
+                 min_backoff: float = 0.2, max_backoff: float = 30.0) -> None:
+        self.cluster = cluster
+        self.rt = rt
+        self.handler = handler
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.watch_timeout = watch_timeout
+        self.min_backoff = min_backoff
+        self.max_backoff = max_backoff
+        self.store: dict[Key, Object] = {}
+        self.synced = asyncio.Event()
+        self.relists = 0  # how many times the store was rebuilt from a list (first one included)
+        self._resource_version = ""
+
+    def get(self, namespace: str | None, name: str) -> Object | None:
+        return self.store.get((namespace or "", name))
+
+    def values(self) -> Iterable[Object]:
+        return self.store.values()
+
+    @property
+    def resource_version(self) -> str:
+        return self._resource_version
+
+    async def run(self) -> None:
+        failures = 0
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    await self._list()
+                    need_list = False
+                    failures = 0
+                await self._watch()
+                # The watch ended on its own (server timeout): resume from where it was.
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Expired:
+                log.info("watch expired, relisting", extra={"resource": self.rt.plural,
+                                                            "resourceVersion":
+                                                                self._resource_version})
+                need_list = True
+            except ApiError as err:
+                failures += 1
+                need_list = True
+                delay = self._backoff(failures)
+                log.warning("list or watch failed, relisting after backoff",
+                            extra={"resource": self.rt.plural, "code": err.code,
+                                   "reason": err.reason, "error": err.message,
+                                   "retryInSeconds": round(delay, 3)})
+                await asyncio.sleep(delay)
+            except (TimeoutError, OSError, ValueError) as err:
+                # Connection drops and garbled streams: the store may have missed events.
+                failures += 1
+                need_list = True
+                delay = self._backoff(failures)
+                log.warning("watch stream broken, relisting after backoff",
+                            extra={"resource": self.rt.plural, "error": str(err),
+                                   "retryInSeconds": round(delay, 3)})
+                await asyncio.sleep(delay)
+
+    def _backoff(self, failures: int) -> float:
+        base: float = min(self.max_backoff, self.min_backoff * 2.0 ** min(failures - 1, 30))
+        return base * (0.5 + random.random() / 2)  # jitter: replicas must not relist in step
+
+    async def _list(self) -> None:
+        listed = await self.cluster.list(self.rt, namespace=self.namespace,
+                                         label_selector=self.label_selector,
+                                         field_selector=self.field_selector)
+        fresh: dict[Key, Object] = {object_key(obj): obj for obj in listed.items}
+        # Deliver the difference in one synchronous pass: handlers see a consistent store.
+        old_store = self.store
+        self.store = {}
+        for key, old in old_store.items():
+            if key not in fresh:
+                self.handler("deleted", old, old)
+        for key in sorted(fresh):
+            obj = fresh[key]
+            previous = old_store.get(key)
+            self.store[key] = obj
+            if previous is None:
+                self.handler("added", obj, None)
+            elif _rv(previous) != _rv(obj) or _uid(previous) != _uid(obj):
+                if _uid(previous) != _uid(obj):
+                    # Deleted and recreated while disconnected: two changes, not one.
+                    self.handler("deleted", previous, previous)
+                    self.handler("added", obj, None)
+                else:
+                    self.handler("modified", obj, previous)
+        self._resource_version = listed.resource_version
+        self.relists += 1
+        self.synced.set()
+
+    async def _watch(self) -> None:
+        # Jitter the timeout so that many informers do not all reconnect at once.
+        timeout = self.watch_timeout * (0.9 + random.random() / 5)
+        stream = self.cluster.watch(self.rt, namespace=self.namespace,
+                                    resource_version=self._resource_version,
+                                    label_selector=self.label_selector,
+                                    field_selector=self.field_selector,
+                                    timeout_seconds=timeout)
+        try:
+            async for event in stream:
+                self._apply(event.type, event.object)
+        finally:
+            # Close the stream now, not when the garbage collector finds it: an open watch
+            # holds a connection (and, in memory, a subscription).
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def observe_write(self, obj: Object) -> None:
+        """Apply the result of our own successful write before its watch event arrives.
+
+        The caller checks that the store still holds the version the write was based on, so
+        `obj` is exactly the next state the watch will report. The watch position is left
+        alone: resuming from this object's resourceVersion could skip other objects' events.
+        """
+        position = self._resource_version
+        self._apply("MODIFIED", obj)
+        self._resource_version = position
+
+    def _apply(self, type_: str, obj: Object) -> None:
+        rv = _rv(obj)
+        if type_ == "BOOKMARK":
+            if rv:
+                self._resource_version = rv
+            return
+        key = object_key(obj)
+        previous = self.store.get(key)
+        if type_ == "DELETED":
+            self.store.pop(key, None)
+            self.handler("deleted", obj, previous)
+        elif previous is None:
+            self.store[key] = obj
+            self.handler("added", obj, None)
+        elif _uid(previous) != _uid(obj):
+            self.store[key] = obj
+            self.handler("deleted", previous, previous)
+            self.handler("added", obj, None)
+        else:
+            self.store[key] = obj
+            self.handler("modified", obj, previous)
+        if rv:
+            self._resource_version = rv
+
+
+def _rv(obj: Object) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _uid(obj: Object) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")

@@ -1,0 +1,47 @@
+"""Prometheus metrics of the allocator controller, in a registry owned by one controller.
+
+A registry per instance (not the process-global default) so that tests and a restarted
+controller start from zero. This module only counts; it takes no decisions.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.consumable_capacity = Gauge(
+            "dra_gateway_allocator_consumable_capacity",
+            "1 when the API server keeps allowMultipleAllocations (native shares), 0 in the "
+            "fallback world where shares are recorded in annotations", registry=r)
+        self.leader = Gauge("dra_gateway_allocator_leader",
+                            "1 while this replica holds the allocator Lease", registry=r)
+        self.pods_allocated = Counter(
+            "dra_gateway_allocator_pods_allocated",
+            "Pods whose gateway claims were all allocated and whose gate was removed",
+            registry=r)
+        self.claims_allocated = Counter(
+            "dra_gateway_allocator_claims_allocated", "Claims given a status.allocation",
+            registry=r)
+        self.allocation_failures = Counter(
+            "dra_gateway_allocator_allocation_failures",
+            "Planning attempts that found no node for a pod", registry=r)
+        self.claims_released = Counter(
+            "dra_gateway_allocator_claims_released",
+            "Claims whose allocation was cleared after their pod went", registry=r)
+        self.conflicts = Counter(
+            "dra_gateway_allocator_conflicts",
+            "Writes refused because the object changed (retried)", registry=r)
+        self.plan_seconds = Histogram(
+            "dra_gateway_allocator_plan_seconds", "Time to plan one pod's claims",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=r)
+        self.queue_depth = Gauge("dra_gateway_allocator_queue_depth",
+                                 "Keys waiting in the work queue", registry=r)
+
+    def render(self) -> bytes:
+        """The text exposition format, for a /metrics endpoint."""
+        return generate_latest(self.registry)

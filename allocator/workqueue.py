@@ -1,0 +1,100 @@
+"""A work queue of keys with deduplication and per-key exponential backoff (client-go style).
+
+A key is queued at most once however often it is added; a key being processed is never handed
+to a second worker: adding it meanwhile marks it dirty and it is queued again when the first
+worker calls `done`. `add_rate_limited` delays a key by `base_delay * 2**failures`, capped at
+`max_delay`; `forget` resets its failures after a success. This module knows nothing of
+Kubernetes or allocation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class WorkQueue(Generic[K]):
+    def __init__(self, *, base_delay: float = 0.05, max_delay: float = 60.0) -> None:
+        if base_delay <= 0 or max_delay < base_delay:
+            raise ValueError(f"backoff needs 0 < base_delay <= max_delay, got {base_delay} and "
+                             f"{max_delay}")
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self._ready: asyncio.Queue[K] = asyncio.Queue()
+        self._dirty: set[K] = set()
+        self._processing: set[K] = set()
+        self._failures: dict[K, int] = {}
+        self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
+        self._closed = False
+
+    def __len__(self) -> int:
+        """Keys waiting to be handed out (not those in a delay, nor being processed)."""
+        return self._ready.qsize()
+
+    @property
+    def delayed(self) -> int:
+        return len(self._timers)
+
+    def add(self, key: K) -> None:
+        if self._closed or key in self._dirty:
+            return
+        self._dirty.add(key)
+        if key not in self._processing:
+            self._ready.put_nowait(key)
+
+    def add_after(self, key: K, delay: float) -> None:
+        """Queue `key` after `delay` seconds; an earlier pending delay for it is kept."""
+        if self._closed:
+            return
+        if delay <= 0:
+            self.add(key)
+            return
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        pending = self._timers.get(key)
+        if pending is not None:
+            if pending[0] <= due:
+                return
+            pending[1].cancel()
+        self._timers[key] = (due, loop.call_at(due, self._fire, key))
+
+    def add_rate_limited(self, key: K) -> float:
+        """Queue `key` after its backoff delay and count one more failure; returns the delay."""
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        delay: float = min(self.max_delay, self.base_delay * 2.0 ** min(failures, 60))
+        self.add_after(key, delay)
+        return delay
+
+    def failures(self, key: K) -> int:
+        return self._failures.get(key, 0)
+
+    def forget(self, key: K) -> None:
+        """Reset the backoff of `key` (after it was handled successfully)."""
+        self._failures.pop(key, None)
+
+    async def get(self) -> K:
+        """The next key to process; call `done(key)` when finished with it."""
+        key = await self._ready.get()
+        self._dirty.discard(key)
+        self._processing.add(key)
+        return key
+
+    def done(self, key: K) -> None:
+        self._processing.discard(key)
+        if key in self._dirty and not self._closed:
+            self._ready.put_nowait(key)
+
+    def shutdown(self) -> None:
+        """Drop every pending delay; later adds are ignored."""
+        self._closed = True
+        for _, handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+
+    def _fire(self, key: K) -> None:
+        self._timers.pop(key, None)
+        self.add(key)

@@ -1,0 +1,125 @@
+"""Informers mirror the API in order and recover from expired watches by relisting."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from dra_gateway.allocator.informer import Change, Informer
+from dra_gateway.kube.cluster.memory import MemoryCluster
+from dra_gateway.kube.resources import NODES, PODS
+
+
+def node(name: str, **labels: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[Change, str, str | None]] = []
+        self.changed = asyncio.Event()
+
+    def __call__(self, change: Change, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        labels = obj["metadata"].get("labels") or {}
+        self.events.append((change, obj["metadata"]["name"], labels.get("v")))
+        self.changed.set()
+
+    async def wait_for(self, count: int) -> None:
+        async with asyncio.timeout(5):
+            while len(self.events) < count:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+@contextlib.asynccontextmanager
+async def running(informer: Informer) -> AsyncIterator[Informer]:
+    task = asyncio.create_task(informer.run())
+    try:
+        async with asyncio.timeout(5):
+            await informer.synced.wait()
+        yield informer
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_first_list_then_every_change_reaches_the_handler_in_order() -> None:
+    cluster = MemoryCluster()
+    await cluster.create(NODES, node("a", v="1"))
+    seen = Recorder()
+    async with running(Informer(cluster, NODES, seen)) as informer:
+        assert seen.events == [("added", "a", "1")]
+        await cluster.create(NODES, node("b", v="1"))
+        await cluster.patch(NODES, "a", {"metadata": {"labels": {"v": "2"}}})
+        await cluster.delete(NODES, "b")
+        await seen.wait_for(4)
+        assert seen.events[1:] == [("added", "b", "1"), ("modified", "a", "2"),
+                                   ("deleted", "b", "1")]
+        assert set(informer.store) == {("", "a")}
+    assert cluster.open_watches == 0
+
+
+async def test_an_expired_watch_relists_and_reports_what_it_missed() -> None:
+    cluster = MemoryCluster()
+    await cluster.create(NODES, node("a", v="1"))
+    await cluster.create(NODES, node("b", v="1"))
+    seen = Recorder()
+    async with running(Informer(cluster, NODES, seen, min_backoff=0.01)) as informer:
+        # Changes made while the watch is being expired must not be lost.
+        cluster.expire_watches()
+        await cluster.delete(NODES, "b")
+        await cluster.patch(NODES, "a", {"metadata": {"labels": {"v": "2"}}})
+        await cluster.create(NODES, node("c", v="1"))
+        await seen.wait_for(5)
+        assert informer.relists == 2
+        assert sorted(seen.events[2:]) == [("added", "c", "1"), ("deleted", "b", "1"),
+                                           ("modified", "a", "2")]
+        assert set(informer.store) == {("", "a"), ("", "c")}
+
+
+async def test_objects_leaving_the_field_selector_are_reported_deleted() -> None:
+    cluster = MemoryCluster()
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "p", "namespace": "ns"},
+           "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    await cluster.create(PODS, pod, namespace="ns")
+    seen = Recorder()
+    informer = Informer(cluster, PODS, seen,
+                        field_selector="status.phase!=Succeeded,status.phase!=Failed")
+    async with running(informer):
+        await cluster.patch(PODS, "p", {"status": {"phase": "Succeeded"}}, namespace="ns",
+                            subresource="status")
+        await seen.wait_for(2)
+        assert [e[0] for e in seen.events] == ["added", "deleted"]
+        assert informer.get("ns", "p") is None
+
+
+async def test_a_write_of_our_own_is_applied_without_moving_the_watch_position() -> None:
+    cluster = MemoryCluster()
+    await cluster.create(NODES, node("a", v="1"))
+    seen = Recorder()
+    async with running(Informer(cluster, NODES, seen)) as informer:
+        position = informer.resource_version
+        written = await cluster.patch(NODES, "a", {"metadata": {"labels": {"v": "2"}}})
+        informer.observe_write(written)
+        assert informer.get(None, "a") == written
+        assert informer.resource_version == position
+        await seen.wait_for(3)  # the watch still delivers it: handlers must be idempotent
+        assert seen.events[1:] == [("modified", "a", "2"), ("modified", "a", "2")]
+
+
+@pytest.mark.parametrize("selector", ["spec.nodeName=n1"])
+async def test_selectors_are_passed_to_list_and_watch(selector: str) -> None:
+    cluster = MemoryCluster()
+    for name, node_name in (("on-n1", "n1"), ("on-n2", "n2")):
+        await cluster.create(PODS, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "i"}]}},
+            namespace="ns")
+    seen = Recorder()
+    async with running(Informer(cluster, PODS, seen, field_selector=selector)) as informer:
+        assert [key[1] for key in informer.store] == ["on-n1"]
