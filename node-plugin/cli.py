@@ -1,10 +1,88 @@
-"""Subcommands of this component for the `dra-gateway` command (light imports only)."""
+"""Subcommands of the node plugin: `node-plugin discover|serve|device-classes` (light imports)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+
+def _source(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--inventory", type=Path, metavar="FILE",
+                       help="YAML inventory of the node's GPUs (simulated nodes, tests)")
+    group.add_argument("--nvml", action="store_true", help="discover the GPUs through NVML")
+    parser.add_argument("--node-name", required=True, help="this node's name (the pool name)")
+    parser.add_argument("--driver", default="gpu.dra-gateway.io",
+                        help="DRA driver name (default: %(default)s)")
+    parser.add_argument("--sharing", choices=("exclusive", "shared"), default="exclusive",
+                        help="sharing of cards whose inventory does not say (default: "
+                             "%(default)s)")
+    parser.add_argument("--consumable-capacity", action=argparse.BooleanOptionalAction,
+                        default=False, help="publish allowMultipleAllocations and request "
+                        "policies for shared cards (the cluster has DRAConsumableCapacity; "
+                        "default: off, as in Kubernetes 1.34)")
+    parser.add_argument("--device-taints", action=argparse.BooleanOptionalAction,
+                        default=False, help="mark unhealthy devices with taints (the cluster has "
+                        "DRADeviceTaints); off: withhold them and set a Node condition")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
              bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this component's subcommands; handlers import their heavy modules themselves."""
+    parser = sub.add_parser("node-plugin", help="GPU discovery, ResourceSlices and the kubelet's "
+                            "DRA API for one node")
+    commands = parser.add_subparsers(dest="node_plugin_command", metavar="COMMAND",
+                                     required=True)
+
+    discover = commands.add_parser("discover", help="print the ResourceSlices this node would "
+                                   "publish")
+    _source(discover)
+    discover.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    discover.set_defaults(func=_discover)
+
+    serve = commands.add_parser("serve", help="serve the kubelet and publish ResourceSlices")
+    _source(serve)
+    serve.add_argument("--cluster", choices=("kube", "memory"), default="kube",
+                       help="kube: the kubeconfig's cluster (default); memory: in-process")
+    serve.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then "
+                       "$KUBECONFIG, then ~/.kube/config)")
+    serve.add_argument("--plugins-dir", type=Path, default=Path("/var/lib/kubelet/plugins"),
+                       help="the kubelet's plugins directory (default: %(default)s)")
+    serve.add_argument("--registry-dir", type=Path,
+                       default=Path("/var/lib/kubelet/plugins_registry"),
+                       help="the kubelet's plugin registry directory (default: %(default)s)")
+    serve.add_argument("--cdi-dir", type=Path, default=Path("/var/run/cdi"),
+                       help="where CDI specs are written (default: %(default)s)")
+    serve.add_argument("--state-dir", type=Path,
+                       help="checkpoint directory (default: <plugins-dir>/<driver>)")
+    serve.add_argument("--hami-library", default="/usr/local/vgpu/libvgpu.so",
+                       help="HAMi-core library preloaded for hami-core shares "
+                            "(default: %(default)s)")
+    serve.add_argument("--log-level", default="INFO",
+                       choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    serve.set_defaults(func=_serve)
+
+    classes = commands.add_parser("device-classes", help="print the gateway's DeviceClasses")
+    classes.add_argument("--driver", default="gpu.dra-gateway.io",
+                         help="DRA driver name (default: %(default)s)")
+    classes.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    classes.set_defaults(func=_device_classes)
+
+
+def _discover(args: argparse.Namespace) -> int:
+    from dra_gateway.node_plugin import commands
+
+    return commands.discover(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from dra_gateway.node_plugin import commands
+
+    return commands.serve(args)
+
+
+def _device_classes(args: argparse.Namespace) -> int:
+    from dra_gateway.node_plugin import commands
+
+    return commands.device_classes(args, sys.stdout)

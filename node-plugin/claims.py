@@ -1,0 +1,255 @@
+"""What an allocated ResourceClaim gives this node: devices, shares, enforcement, CDI edits.
+
+Pure: it takes the claim as the API returns it, the node's name and labels and its published
+devices, and returns a plan or a `ClaimError` whose message names the claim and the field. The
+share of a card comes, in order, from the allocation's `consumedCapacity` (clusters with
+consumable capacity), the claim's `GpuShareConfig` (memory in bytes or `memoryPercent` of the
+card), then the gateway's shares annotation (written by the allocator where the cluster drops
+consumable-capacity fields); a card with none of these is whole.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from dra_gateway.kube import names
+from dra_gateway.kube.models import GpuShareConfig
+from dra_gateway.kube.quantity import QuantityError, bytes_of, parse_quantity
+from dra_gateway.node_plugin.cdi import (
+    DEFAULT_ENFORCEMENT,
+    CardShare,
+    CdiDevice,
+    Enforcement,
+    EnforcementSettings,
+    build_spec,
+    container_env,
+    hami_mounts,
+    qualified_name,
+)
+from dra_gateway.node_plugin.devices import DeviceInfo
+
+
+class ClaimError(Exception):
+    """The claim cannot be prepared on this node; the message is for the pod's events."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedDevice:
+    request: str
+    pool: str
+    device: str
+    cdi_name: str
+    share_id: str | None
+    card: CardShare
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPlan:
+    devices: tuple[PlannedDevice, ...]
+    cdi_spec: dict[str, Any] | None  # None when no device of this driver was allocated
+
+    def response_devices(self, kind: str) -> list[dict[str, Any]]:
+        """The kubelet's `Device` entries, as plain data for the checkpoint and the gRPC reply."""
+        out = []
+        for d in self.devices:
+            entry: dict[str, Any] = {"request_names": [d.request], "pool_name": d.pool,
+                                     "device_name": d.device,
+                                     "cdi_device_ids": [qualified_name(kind, d.cdi_name)]}
+            if d.share_id:
+                entry["share_id"] = d.share_id
+            out.append(entry)
+        return out
+
+
+def node_selector_matches(selector: Mapping[str, Any] | None, *, node_name: str,
+                          node_labels: Mapping[str, str]) -> bool:
+    """A core NodeSelector (terms ORed, requirements ANDed) against this node."""
+    if not selector:
+        return True
+    terms = selector.get("nodeSelectorTerms") or []
+    return any(_term_matches(t, node_name, node_labels) for t in terms)
+
+
+def _term_matches(term: Mapping[str, Any], node_name: str, labels: Mapping[str, str]) -> bool:
+    fields = {"metadata.name": node_name}
+    reqs = [(r, fields) for r in term.get("matchFields") or []] + [
+        (r, labels) for r in term.get("matchExpressions") or []]
+    if not reqs:
+        return False  # an empty term matches nothing (core/v1 NodeSelectorTerm)
+    for req, source in reqs:
+        key, op = req.get("key"), req.get("operator")
+        values = list(req.get("values") or [])
+        present = key in source
+        value = source.get(key)
+        if op == "In":
+            ok = present and value in values
+        elif op == "NotIn":
+            ok = not present or value not in values
+        elif op == "Exists":
+            ok = present
+        elif op == "DoesNotExist":
+            ok = not present
+        elif op in ("Gt", "Lt") and present and values:
+            try:
+                left, right = int(str(value)), int(values[0])
+            except ValueError:
+                return False
+            ok = left > right if op == "Gt" else left < right
+        else:
+            ok = False
+        if not ok:
+            return False
+    return True
+
+
+def _applies(requests: Sequence[str] | None, request: str) -> bool:
+    # A config for request "gpu" covers the firstAvailable subrequest "gpu/large" too.
+    return not requests or request in requests or request.split("/", 1)[0] in requests
+
+
+def _share_config(claim: Mapping[str, Any], request: str, driver: str,
+                  where: str) -> GpuShareConfig:
+    allocation = claim["status"]["allocation"]
+    configs = list((allocation.get("devices") or {}).get("config") or [])
+    ours = [c for c in configs if (c.get("opaque") or {}).get("driver") == driver]
+    if not ours:
+        # An allocator that did not copy the configs (or an older one): the claim has them.
+        ours = [c for c in (claim.get("spec", {}).get("devices", {}).get("config") or [])
+                if (c.get("opaque") or {}).get("driver") == driver]
+    merged: dict[str, Any] = {}
+    for config in ours:  # class configs first, then the claim's: later entries win
+        if _applies(config.get("requests"), request):
+            params = config["opaque"].get("parameters") or {}
+            if not isinstance(params, Mapping):
+                raise ClaimError(f"{where}: config for request {request}: parameters must be "
+                                 "a JSON object")
+            merged.update(params)
+    try:
+        return GpuShareConfig.model_validate(merged)
+    except ValidationError as exc:
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(document)'}: {e['msg']}"
+                           for e in exc.errors())
+        raise ClaimError(f"{where}: GpuShareConfig for request {request} is invalid: "
+                         f"{detail}") from None
+
+
+def _annotation_shares(claim: Mapping[str, Any]) -> Mapping[str, Any]:
+    raw = (claim.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_SHARES)
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return {}
+    return data if isinstance(data, Mapping) else {}
+
+
+def _from_annotation(shares: Mapping[str, Any], *, request: str, pool: str,
+                     device: str) -> Mapping[str, Any]:
+    for key in (f"{request}/{pool}/{device}", f"{pool}/{device}", device, request):
+        value = shares.get(key)
+        if isinstance(value, Mapping):
+            return value
+    return {}
+
+
+def _bytes(value: Any, where: str) -> int:
+    try:
+        return bytes_of(value)
+    except QuantityError as exc:
+        raise ClaimError(f"{where}: {exc}") from None
+
+
+def _percent(value: Any, where: str) -> int:
+    try:
+        quantity = parse_quantity(value)
+    except QuantityError as exc:
+        raise ClaimError(f"{where}: {exc}") from None
+    cores = quantity.value()
+    if not 1 <= cores <= names.CORES_PER_CARD:
+        raise ClaimError(f"{where}: cores {value} is outside 1..{names.CORES_PER_CARD}")
+    return cores
+
+
+def plan_claim(claim: Mapping[str, Any], *, uid: str, node_name: str,
+               node_labels: Mapping[str, str], driver: str, kind: str,
+               devices: Mapping[str, DeviceInfo],
+               enforcement: EnforcementSettings = DEFAULT_ENFORCEMENT) -> ClaimPlan:
+    """What to hand the containers of an allocated claim; ClaimError when it is not ours."""
+    meta = claim.get("metadata", {})
+    where = f"ResourceClaim {meta.get('namespace')}/{meta.get('name')}"
+    if meta.get("uid") != uid:
+        raise ClaimError(f"{where} has UID {meta.get('uid')}, the kubelet asked for {uid}: the "
+                         "claim was deleted and recreated; the kubelet retries with the new one")
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError(f"{where} is not allocated (status.allocation is empty)")
+    if not node_selector_matches(allocation.get("nodeSelector"), node_name=node_name,
+                                 node_labels=node_labels):
+        raise ClaimError(f"{where}: status.allocation.nodeSelector does not select node "
+                         f"{node_name}")
+    results = [r for r in (allocation.get("devices") or {}).get("results") or []
+               if r.get("driver") == driver]
+    annotation = _annotation_shares(claim)
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.get("device", "")] = counts.get(r.get("device", ""), 0) + 1
+    planned: list[PlannedDevice] = []
+    enforcement_by_request: dict[str, Enforcement] = {}
+    for i, result in enumerate(results):
+        rwhere = f"{where}: status.allocation.devices.results[{i}]"
+        pool, device, request = result.get("pool"), result.get("device"), result.get("request")
+        if pool != node_name:
+            raise ClaimError(f"{rwhere}: pool {pool} is not this node's pool {node_name}")
+        info = devices.get(str(device))
+        if info is None:
+            raise ClaimError(f"{rwhere}: device {device} is not published by node {node_name}")
+        config = _share_config(claim, str(request), driver, where)
+        enforcement_by_request[str(request).split("/", 1)[0]] = config.enforcement
+        memory: int | None = None
+        cores: int | None = None
+        consumed = result.get("consumedCapacity") or {}
+        noted = _from_annotation(annotation, request=str(request), pool=pool, device=str(device))
+        if names.CAPACITY_MEMORY in consumed:
+            memory = _bytes(consumed[names.CAPACITY_MEMORY], f"{rwhere}.consumedCapacity.memory")
+        elif config.memory is not None:
+            memory = config.memory
+        elif config.memory_percent is not None:
+            memory = info.memory * config.memory_percent // 100
+        elif "memory" in noted:
+            memory = _bytes(noted["memory"], f"{where}: annotation {names.ANNOTATION_SHARES}")
+        if names.CAPACITY_CORES in consumed:
+            cores = _percent(consumed[names.CAPACITY_CORES], f"{rwhere}.consumedCapacity.cores")
+        elif config.cores is not None:
+            cores = config.cores
+        elif "cores" in noted:
+            cores = _percent(noted["cores"], f"{where}: annotation {names.ANNOTATION_SHARES}")
+        if info.kind == "mig" or (memory is not None and memory >= info.memory):
+            memory = None  # a MIG instance is isolated by hardware; a full share is the card
+        if info.kind == "mig" or cores == names.CORES_PER_CARD:
+            cores = None
+        cdi_name = f"{uid}-{device}" if counts[str(device)] == 1 else f"{uid}-{device}-{i}"
+        planned.append(PlannedDevice(
+            request=str(request), pool=str(pool), device=str(device), cdi_name=cdi_name,
+            share_id=result.get("shareID"),
+            card=CardShare(uuid=info.uuid, memory=memory, cores=cores)))
+    if not planned:
+        return ClaimPlan(devices=(), cdi_spec=None)
+    cdi_devices = []
+    for d in planned:
+        # Containers name requests, so each device's edits describe its whole request: every
+        # device of one request carries the same environment and the runtime's merge is moot.
+        group = [p.card for p in planned if p.request.split("/", 1)[0] ==
+                 d.request.split("/", 1)[0]]
+        mode = enforcement_by_request[d.request.split("/", 1)[0]]
+        cdi_devices.append(CdiDevice(
+            name=d.cdi_name, env=tuple(container_env(group, mode, enforcement)),
+            mounts=hami_mounts(mode, enforcement, group)))
+    spec = build_spec(kind=kind, claim_uid=uid, claim_namespace=str(meta.get("namespace")),
+                      claim_name=str(meta.get("name")), devices=cdi_devices)
+    return ClaimPlan(devices=tuple(planned), cdi_spec=spec)

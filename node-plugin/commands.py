@@ -1,0 +1,108 @@
+"""The handlers behind `dra-gateway node-plugin ...`: parse settings, call one function, map
+errors to a message and an exit code (never a trace)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from typing import Any, TextIO
+
+import yaml
+
+from dra_gateway.node_plugin import cdi
+from dra_gateway.node_plugin.deviceclasses import device_classes as build_device_classes
+from dra_gateway.node_plugin.devices import DeviceOptions, devices_of
+from dra_gateway.node_plugin.discovery import DiscoveryError
+from dra_gateway.node_plugin.discovery import discover as discover_facts
+from dra_gateway.node_plugin.publish import (
+    MAX_DEVICES_PER_SLICE,
+    MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+    build_slices,
+)
+
+
+def _options(args: argparse.Namespace) -> DeviceOptions:
+    return DeviceOptions(default_sharing=args.sharing,
+                         consumable_capacity=args.consumable_capacity)
+
+
+def _dump(objects: list[dict[str, Any]], output: str, out: TextIO) -> None:
+    if output == "json":
+        json.dump({"apiVersion": "v1", "kind": "List", "items": objects}, out, indent=2)
+        out.write("\n")
+    else:
+        yaml.safe_dump_all(objects, out, sort_keys=False)
+
+
+def discover(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    try:
+        facts = discover_facts(inventory=args.inventory, nvml=args.nvml)
+        devices = devices_of(facts, _options(args))
+    except (DiscoveryError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    slices = build_slices(node_name=args.node_name, driver=args.driver, devices=devices,
+                          generation=0, node_uid=None,
+                          max_devices=MAX_DEVICES_PER_SLICE_WITH_TAINTS if args.device_taints
+                          else MAX_DEVICES_PER_SLICE)
+    _dump(slices, args.output, out)
+    return 0
+
+
+def device_classes(args: argparse.Namespace, out: TextIO) -> int:
+    _dump(build_device_classes(args.driver), args.output, out)
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(_serve(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from dra_gateway.kube.cluster.connect import ClusterConfigError, connect
+    from dra_gateway.node_plugin.nvml import Nvml
+    from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
+
+    settings = PluginSettings(
+        node_name=args.node_name, driver=args.driver, plugins_dir=args.plugins_dir,
+        registry_dir=args.registry_dir, cdi_dir=args.cdi_dir,
+        state_dir=args.state_dir or args.plugins_dir / args.driver, devices=_options(args),
+        device_taints=args.device_taints,
+        enforcement=cdi.EnforcementSettings(hami_library=args.hami_library))
+    try:
+        cluster = await connect(args.cluster, args.kubeconfig)
+    except ClusterConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        plugin = NodePlugin(
+            settings, cluster,
+            discover=lambda: discover_facts(inventory=args.inventory, nvml=args.nvml),
+            nvml_factory=Nvml if args.nvml else None)
+    except ValueError as exc:
+        await cluster.close()
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    if task is not None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, task.cancel)
+    try:
+        await plugin.run()
+    except asyncio.CancelledError:
+        logging.getLogger(__name__).info("stopping")
+    finally:
+        await cluster.close()
+    return 0

@@ -1,0 +1,229 @@
+"""Facts to DRA devices: the pure conversion from what discovery found to `spec.devices[]`.
+
+Device names, attribute and capacity names follow DESIGN.md ("Contracts between components"),
+which borrows NVIDIA's DRA driver names so selectors written for it keep working. Every limit of
+the API is checked here (DNS-label names, 64-character strings, semver versions, at most 32
+attributes and capacities per device), so a slice built from these devices is never refused by
+the API server. No I/O and no cluster access: a restart with the same facts gives the same list.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dra_gateway.kube import names
+from dra_gateway.kube.quantity import Quantity
+from dra_gateway.node_plugin.facts import GpuFacts, MigFacts, NodeFacts, Sharing
+from dra_gateway.node_plugin.versions import semver
+
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_STRING = 64
+DeviceKind = Literal["gpu", "mig"]
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DIGITS = re.compile(r"(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceOptions:
+    """How devices are published: settings of the plugin, not facts of the node."""
+
+    # Sharing of cards whose facts do not say: "shared" lets several claims use one card.
+    default_sharing: Sharing = "exclusive"
+    # Whether the cluster keeps consumable-capacity fields (DRAConsumableCapacity gate); when
+    # it does not, the API server would drop them silently, so they are not sent at all.
+    consumable_capacity: bool = False
+    # Granularity of memory shares: requests are rounded up to a multiple of this.
+    memory_step: int = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """What prepare needs to know about a published device."""
+
+    name: str
+    kind: DeviceKind
+    uuid: str
+    card_uuid: str  # the physical card (the parent of a MIG instance)
+    card_index: int
+    memory: int
+    shared: bool
+
+
+def natural_key(name: str) -> tuple[Any, ...]:
+    """`gpu-2` before `gpu-10`: digits compare as numbers, so order follows the hardware."""
+    return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(name))
+
+
+def gpu_device_name(gpu: GpuFacts) -> str:
+    return _label(f"gpu-{gpu.device_number}")
+
+
+def mig_device_name(gpu: GpuFacts, mig: MigFacts, ordinal: int) -> str:
+    """NVIDIA's `gpu-<minor>-mig-<profileId>-<start>-<size>`, or by profile and position."""
+    if mig.profile_id is not None and mig.placement_start is not None and (
+            mig.placement_size is not None):
+        return _label(f"gpu-{gpu.device_number}-mig-{mig.profile_id}-{mig.placement_start}-"
+                      f"{mig.placement_size}")
+    profile = re.sub(r"[^a-z0-9]+", "-", mig.profile.lower()).strip("-")
+    return _label(f"gpu-{gpu.device_number}-mig-{profile}-{ordinal}")
+
+
+def _label(name: str) -> str:
+    if not _DNS_LABEL.match(name):
+        raise ValueError(f'device name "{name}" is not a DNS label (lowercase letters, digits '
+                         "and '-', at most 63 characters)")
+    return name
+
+
+def _string(value: str) -> dict[str, Any]:
+    # The API refuses longer strings; a product name that long would still be recognisable.
+    return {"string": value[:MAX_STRING]}
+
+
+def _version(value: str, *, device: str, attribute: str) -> dict[str, Any]:
+    try:
+        return {"version": semver(value)}
+    except ValueError as exc:
+        raise ValueError(f"device {device}: attribute {attribute}: {exc}") from None
+
+
+def _common_attributes(gpu: GpuFacts, device: str) -> dict[str, dict[str, Any]]:
+    attrs: dict[str, dict[str, Any]] = {
+        names.ATTR_PRODUCT_NAME: _string(gpu.product_name),
+        names.ATTR_INDEX: {"int": gpu.index},
+    }
+    if gpu.brand:
+        attrs[names.ATTR_BRAND] = _string(gpu.brand)
+    if gpu.architecture:
+        attrs[names.ATTR_ARCHITECTURE] = _string(gpu.architecture)
+    for attribute, value in ((names.ATTR_CUDA_COMPUTE_CAPABILITY, gpu.cuda_compute_capability),
+                             (names.ATTR_DRIVER_VERSION, gpu.driver_version),
+                             (names.ATTR_CUDA_DRIVER_VERSION, gpu.cuda_driver_version)):
+        if value:
+            attrs[attribute] = _version(value, device=device, attribute=attribute)
+    if gpu.pci_bus_id:
+        attrs[names.ATTR_PCIE_BUS_ID] = _string(gpu.pci_bus_id)
+    if gpu.pcie_root:
+        attrs[names.ATTR_PCIE_ROOT] = _string(gpu.pcie_root)
+    if gpu.numa_node is not None:
+        attrs[names.ATTR_NUMA_NODE] = {"int": gpu.numa_node}
+    return attrs
+
+
+def _quantity(n: int) -> str:
+    return str(Quantity.from_bytes(n))
+
+
+def _shared_capacity(memory: int, options: DeviceOptions) -> dict[str, Any]:
+    """Capacities of a card several claims may share, with request policies.
+
+    A request that names no amount takes the whole card (DESIGN.md: a whole-GPU request
+    consumes the full capacity), so each default is the full amount. The API requires the
+    default to lie on the range's steps (min + n*step); a card whose memory is not a whole
+    number of steps gets a range without a step rather than an invalid policy.
+    """
+    step = options.memory_step
+    memory_range: dict[str, str] = {"min": _quantity(step)}
+    if memory % step == 0:
+        memory_range["step"] = _quantity(step)
+    return {
+        names.CAPACITY_MEMORY: {
+            "value": _quantity(memory),
+            "requestPolicy": {"default": _quantity(memory), "validRange": memory_range},
+        },
+        names.CAPACITY_CORES: {
+            "value": str(names.CORES_PER_CARD),
+            "requestPolicy": {"default": str(names.CORES_PER_CARD),
+                              "validRange": {"min": "1", "step": "1"}},
+        },
+    }
+
+
+def _check_limits(device: Mapping[str, Any]) -> None:
+    count = len(device.get("attributes", {})) + len(device.get("capacity", {}))
+    if count > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise ValueError(f"device {device['name']}: {count} attributes and capacities, the API "
+                         f"allows {MAX_ATTRIBUTES_AND_CAPACITIES}")
+
+
+def is_shared(gpu: GpuFacts, options: DeviceOptions) -> bool:
+    return not gpu.mig_enabled and (gpu.sharing or options.default_sharing) == "shared"
+
+
+def gpu_device(gpu: GpuFacts, options: DeviceOptions) -> dict[str, Any]:
+    name = gpu_device_name(gpu)
+    attrs = {names.ATTR_TYPE: {"string": "gpu"}, names.ATTR_UUID: _string(gpu.uuid),
+             **_common_attributes(gpu, name)}
+    device: dict[str, Any] = {"name": name, "attributes": attrs}
+    if is_shared(gpu, options) and options.consumable_capacity:
+        device["allowMultipleAllocations"] = True
+        device["capacity"] = _shared_capacity(gpu.memory, options)
+    else:
+        device["capacity"] = {
+            names.CAPACITY_MEMORY: {"value": _quantity(gpu.memory)},
+            names.CAPACITY_CORES: {"value": str(names.CORES_PER_CARD)},
+        }
+    _check_limits(device)
+    return device
+
+
+def mig_device(gpu: GpuFacts, mig: MigFacts, ordinal: int) -> dict[str, Any]:
+    name = mig_device_name(gpu, mig, ordinal)
+    attrs = {names.ATTR_TYPE: {"string": "mig"}, names.ATTR_UUID: _string(mig.uuid),
+             names.ATTR_PARENT_UUID: _string(gpu.uuid), names.ATTR_PROFILE: _string(mig.profile),
+             **_common_attributes(gpu, name)}
+    device: dict[str, Any] = {
+        "name": name, "attributes": attrs,
+        "capacity": {names.CAPACITY_MEMORY: {"value": _quantity(mig.memory)}},
+    }
+    _check_limits(device)
+    return device
+
+
+def devices_of(facts: NodeFacts, options: DeviceOptions, *,
+               taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+               withheld: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """The node's devices in natural name order. A card in MIG mode gives only its instances.
+
+    `taints` maps device names to device taints to attach; `withheld` names devices to leave
+    out (unhealthy ones, where the cluster cannot keep taints).
+    """
+    out: list[dict[str, Any]] = []
+    for gpu in facts.gpus:
+        if gpu.mig_enabled:
+            out += [mig_device(gpu, mig, i) for i, mig in enumerate(gpu.mig_devices)]
+        else:
+            out.append(gpu_device(gpu, options))
+    seen: set[str] = set()
+    for device in out:
+        if device["name"] in seen:
+            raise ValueError(f"device name {device['name']} is used twice on this node: give "
+                             "each card a distinct index (or minor number)")
+        seen.add(device["name"])
+    out = [d for d in out if d["name"] not in withheld]
+    for device in out:
+        if taints and device["name"] in taints:
+            device["taints"] = [dict(t) for t in taints[device["name"]]]
+    return sorted(out, key=lambda d: natural_key(d["name"]))
+
+
+def device_table(facts: NodeFacts, options: DeviceOptions) -> dict[str, DeviceInfo]:
+    """Published device name to what prepare needs (UUIDs, memory, sharing)."""
+    table: dict[str, DeviceInfo] = {}
+    for gpu in facts.gpus:
+        if gpu.mig_enabled:
+            for i, mig in enumerate(gpu.mig_devices):
+                name = mig_device_name(gpu, mig, i)
+                table[name] = DeviceInfo(name=name, kind="mig", uuid=mig.uuid,
+                                         card_uuid=gpu.uuid, card_index=gpu.index,
+                                         memory=mig.memory, shared=False)
+        else:
+            name = gpu_device_name(gpu)
+            table[name] = DeviceInfo(name=name, kind="gpu", uuid=gpu.uuid, card_uuid=gpu.uuid,
+                                     card_index=gpu.index, memory=gpu.memory,
+                                     shared=is_shared(gpu, options))
+    return table

@@ -1,0 +1,186 @@
+"""Device health: XID critical errors, lost GPUs and NVML outages, turned into what the cluster
+can keep.
+
+Where the cluster keeps device taints (DRADeviceTaints), an unhealthy device stays published
+with a `NoSchedule` taint, so schedulers and the allocator skip it and operators see why.
+Where it does not, the device is withheld from the slice instead, and a Node condition
+(`GpuDevicesUnhealthy`) plus a metric say which devices and why. An NVML outage marks every
+device unhealthy ("no healthy devices") and is cleared when NVML answers again; XID marks stay
+until the plugin restarts, as NVIDIA's plugins do, because a card that raised one needs an
+operator's look. This module decides; the publisher and the cluster port do the writing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from dra_gateway.kube.cluster.port import ApiError, Cluster
+from dra_gateway.kube.resources import NODES
+from dra_gateway.node_plugin.devices import DeviceInfo
+from dra_gateway.node_plugin.metrics import Metrics
+from dra_gateway.node_plugin.nvml import Nvml, NvmlError, XidEvent
+
+log = logging.getLogger(__name__)
+
+CONDITION_TYPE = "GpuDevicesUnhealthy"
+NVML_UNAVAILABLE = "nvml-unavailable"
+GPU_LOST = "gpu-lost"
+
+
+def taint_key(driver: str) -> str:
+    return f"{driver}/unhealthy"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    reason: str  # a label value: "xid-79", "gpu-lost", "nvml-unavailable"
+    since: str  # RFC 3339
+
+
+def devices_by_card(table: Mapping[str, DeviceInfo]) -> dict[str, list[str]]:
+    """Card UUID to the names of the devices on it (the card, or its MIG instances)."""
+    out: dict[str, list[str]] = {}
+    for name, info in sorted(table.items()):
+        out.setdefault(info.card_uuid, []).append(name)
+    return out
+
+
+class Health:
+    """Which devices are unhealthy and why; changes call `on_change`."""
+
+    def __init__(self, *, driver: str, on_change: Callable[[], None],
+                 metrics: Metrics | None = None,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.driver = driver
+        self._on_change = on_change
+        self._metrics = metrics or Metrics()
+        self._clock = clock
+        self._problems: dict[str, Problem] = {}
+
+    @property
+    def problems(self) -> dict[str, Problem]:
+        return dict(self._problems)
+
+    def mark(self, devices: list[str], reason: str) -> None:
+        since = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+        changed = False
+        for device in devices:
+            if device not in self._problems:
+                self._problems[device] = Problem(reason=reason, since=since)
+                changed = True
+                log.warning("device %s is unhealthy: %s", device, reason)
+        if changed:
+            self._changed()
+
+    def clear(self, reason: str) -> None:
+        """Drop every mark of one reason (NVML answering again clears its outage marks)."""
+        before = len(self._problems)
+        self._problems = {d: p for d, p in self._problems.items() if p.reason != reason}
+        if len(self._problems) != before:
+            self._changed()
+
+    def _changed(self) -> None:
+        self._metrics.unhealthy_devices.set(len(self._problems))
+        self._on_change()
+
+    def taints(self) -> dict[str, list[dict[str, Any]]]:
+        return {device: [{"key": taint_key(self.driver), "value": p.reason,
+                          "effect": "NoSchedule", "timeAdded": p.since}]
+                for device, p in sorted(self._problems.items())}
+
+    def withheld(self) -> frozenset[str]:
+        return frozenset(self._problems)
+
+    def condition(self) -> dict[str, Any]:
+        now = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+        if not self._problems:
+            return {"type": CONDITION_TYPE, "status": "False", "reason": "AllDevicesHealthy",
+                    "message": f"every {self.driver} device is healthy",
+                    "lastHeartbeatTime": now, "lastTransitionTime": now}
+        listed = ", ".join(f"{d} ({p.reason})" for d, p in sorted(self._problems.items()))
+        return {"type": CONDITION_TYPE, "status": "True", "reason": "DevicesUnhealthy",
+                "message": f"{len(self._problems)} {self.driver} device(s) withheld: {listed}",
+                "lastHeartbeatTime": now, "lastTransitionTime": now}
+
+
+async def report_condition(cluster: Cluster, node_name: str, health: Health) -> None:
+    """Patch the Node's condition; a failure is logged, never fatal (the metric still says)."""
+    try:
+        await cluster.patch(NODES, node_name, {"status": {"conditions": [health.condition()]}},
+                            patch_type="strategic", subresource="status")
+    except ApiError as exc:
+        log.warning("could not set condition %s on Node %s: %s (%s)", CONDITION_TYPE,
+                    node_name, exc.message, exc.reason)
+
+
+async def watch_nvml(*, health: Health, nvml_factory: Callable[[], Nvml],
+                     cards: Mapping[str, list[str]], metrics: Metrics,
+                     poll_ms: int = 5000, retry_seconds: float = 30.0) -> None:
+    """Mark devices from XID events and lost GPUs; survive NVML outages. Never returns.
+
+    NVML's event wait blocks, so it runs in a worker thread with a bounded timeout; between
+    waits every card is probed so a GPU that fell off the bus is seen without an event.
+    """
+    while True:
+        # A worker thread cannot be cancelled: it checks `stop` between bounded waits.
+        stop = threading.Event()
+        try:
+            await asyncio.to_thread(_watch_session, health, nvml_factory, cards, metrics,
+                                    poll_ms, asyncio.get_running_loop(), stop)
+        except NvmlError as exc:
+            metrics.nvml_up.set(0)
+            log.error("NVML failed: %s; no device is reported healthy until it answers again "
+                      "(retrying every %.0fs)", exc, retry_seconds)
+            health.mark(sorted(d for devices in cards.values() for d in devices),
+                        NVML_UNAVAILABLE)
+        finally:
+            stop.set()
+        await asyncio.sleep(retry_seconds)
+
+
+def _watch_session(health: Health, nvml_factory: Callable[[], Nvml],
+                   cards: Mapping[str, list[str]], metrics: Metrics, poll_ms: int,
+                   loop: asyncio.AbstractEventLoop, stop: threading.Event) -> None:
+    def call(fn: Callable[..., None], *args: Any) -> None:
+        # Health state lives on the event loop; the thread hands it the updates.
+        if not stop.is_set():
+            loop.call_soon_threadsafe(fn, *args)
+
+    with nvml_factory() as nvml:
+        events = nvml.xid_events(sorted(cards))
+        try:
+            for uuid in events.unsupported:
+                log.info("GPU %s does not report XID events: only lost-GPU checks apply", uuid)
+            metrics.nvml_up.set(1)
+            call(health.clear, NVML_UNAVAILABLE)
+            while not stop.is_set():
+                for uuid, lost in nvml.probe(sorted(cards)).items():
+                    if lost:
+                        call(health.mark, cards[uuid], GPU_LOST)
+                event = events.wait(poll_ms)
+                if event is not None:
+                    _on_xid(event, health, cards, metrics, call)
+        finally:
+            with contextlib.suppress(NvmlError):
+                events.close()
+
+
+def _on_xid(event: XidEvent, health: Health, cards: Mapping[str, list[str]], metrics: Metrics,
+            call: Callable[..., None]) -> None:
+    metrics.xid_events.labels(str(event.xid)).inc()
+    if event.is_application_error:
+        log.info("XID %d on %s is an application error: the device stays healthy",
+                 event.xid, event.uuid)
+        return
+    devices = cards.get(event.uuid)
+    if devices is None:
+        log.warning("XID %d on unknown device %s", event.xid, event.uuid)
+        return
+    call(health.mark, devices, f"xid-{event.xid}")

@@ -1,0 +1,39 @@
+"""Prometheus metrics of the node plugin, on a registry the caller owns.
+
+No module-level collectors: each plugin instance (and each test) gets its own registry, so two
+plugins in one process never share counters.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        prefix = "dra_gateway_node_plugin"
+        self.slice_writes = Counter(
+            f"{prefix}_slice_writes", "ResourceSlice creates, updates and deletes",
+            ["operation"], registry=self.registry)
+        self.publish_errors = Counter(
+            f"{prefix}_publish_errors", "failed attempts to reconcile the node's ResourceSlices",
+            registry=self.registry)
+        self.published_devices = Gauge(
+            f"{prefix}_published_devices", "devices in the node's ResourceSlices",
+            registry=self.registry)
+        self.nvml_up = Gauge(
+            f"{prefix}_nvml_up", "1 when the last NVML discovery or health check succeeded",
+            registry=self.registry)
+        self.unhealthy_devices = Gauge(
+            f"{prefix}_unhealthy_devices", "devices marked unhealthy (XID errors, lost GPUs)",
+            registry=self.registry)
+        self.xid_events = Counter(
+            f"{prefix}_xid_events", "critical XID events seen, by XID", ["xid"],
+            registry=self.registry)
+        self.prepares = Counter(
+            f"{prefix}_prepare_claims", "claims prepared, by result", ["result"],
+            registry=self.registry)
+        self.unprepares = Counter(
+            f"{prefix}_unprepare_claims", "claims unprepared, by result", ["result"],
+            registry=self.registry)

@@ -1,0 +1,377 @@
+"""GPU discovery and XID health events through NVML (`pynvml` from nvidia-ml-py).
+
+Init and shutdown are explicit (`with Nvml() as nvml:`), and every NVML failure surfaces as an
+`NvmlError` whose message says which call failed, what NVML said and what usually fixes it, so
+the operator never reads a ctypes trace. Optional facts that a card does not support (NUMA node,
+MIG mode on consumer cards) are left unset rather than failing discovery. This module talks to
+NVML only: it builds `NodeFacts`, never Kubernetes objects.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType, TracebackType
+from typing import Any, TypeVar
+
+from dra_gateway.node_plugin.facts import GpuFacts, MigFacts, NodeFacts
+from dra_gateway.node_plugin.versions import cuda_version_from_int
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# NVML return codes (nvml.h); the values are stable across driver releases.
+_NOT_SUPPORTED = 3
+_NO_PERMISSION = 4
+_NOT_FOUND = 6
+_DRIVER_NOT_LOADED = 9
+_TIMEOUT = 10
+_LIBRARY_NOT_FOUND = 12
+_FUNCTION_NOT_FOUND = 13
+_GPU_IS_LOST = 15
+_RESET_REQUIRED = 16
+_LIB_RM_VERSION_MISMATCH = 18
+
+_HINTS: dict[int, str] = {
+    _LIBRARY_NOT_FOUND: "libnvidia-ml.so.1 was not found: install the NVIDIA driver on the node "
+                        "and make the library visible to the plugin (NVIDIA container runtime "
+                        "or a hostPath mount), or use --inventory",
+    _DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded on this node",
+    _NO_PERMISSION: "the plugin may not open /dev/nvidia*: run it privileged or grant the "
+                    "device nodes",
+    _GPU_IS_LOST: "the GPU fell off the bus: drain the node and reset or replace the card",
+    _RESET_REQUIRED: "the GPU needs a reset (nvidia-smi -r) before it can be used",
+    _LIB_RM_VERSION_MISMATCH: "the NVML library and the kernel driver differ in version: "
+                              "reboot the node after the driver upgrade",
+    _FUNCTION_NOT_FOUND: "this driver's NVML lacks the call: upgrade the NVIDIA driver",
+}
+
+_ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing",
+                  7: "Ampere", 8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 13: "Rubin"}
+_BRANDS = {1: "Quadro", 2: "Tesla", 3: "NVS", 4: "GRID", 5: "GeForce", 6: "Titan",
+           7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS",
+           11: "NvidiaCloudGaming", 12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia",
+           15: "GeForceRTX", 16: "TitanRTX"}
+
+# XIDs caused by applications rather than the card (NVIDIA's device plugin skips the same
+# ones): they must not take a healthy GPU out of service.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+_XID_CRITICAL_EVENT = 0x8
+_MIG_ENABLED = 1
+
+
+class NvmlError(Exception):
+    """An NVML call failed; `code` is NVML's return code (None when NVML is not importable)."""
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def gpu_lost(self) -> bool:
+        return self.code in (_GPU_IS_LOST, _RESET_REQUIRED)
+
+
+def load_pynvml() -> ModuleType:
+    """The pynvml module; NvmlError with the fix when nvidia-ml-py is missing."""
+    try:
+        import pynvml
+    except ImportError:
+        raise NvmlError("the pynvml module is missing: install the nvidia-ml-py package "
+                        "(not the deprecated pynvml package)") from None
+    module: ModuleType = pynvml
+    return module
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """A critical XID reported by NVML for one card (or one MIG instance on it)."""
+
+    uuid: str
+    xid: int
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    @property
+    def is_application_error(self) -> bool:
+        return self.xid in APPLICATION_XIDS
+
+
+class Nvml:
+    """One NVML session. Use as a context manager; `discover()` and `events()` inside it."""
+
+    def __init__(self, lib: Any = None, *, sysfs: Path = Path("/sys")) -> None:
+        self._lib = lib
+        self._sysfs = sysfs
+        self._open = False
+
+    def __enter__(self) -> Nvml:
+        if self._lib is None:
+            self._lib = load_pynvml()
+        self._call("nvmlInit", self._lib.nvmlInit)
+        self._open = True
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            try:
+                self._lib.nvmlShutdown()
+            except self._lib.NVMLError as err:  # shutdown failing must not hide the real error
+                log.warning("nvmlShutdown failed: %s", err)
+
+    # -- error mapping -------------------------------------------------------------------
+
+    def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return fn(*args)
+        except self._lib.NVMLError as err:
+            raise self._error(what, err) from None
+
+    def _optional(self, what: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """A call a card may not support: NotSupported and missing functions give None."""
+        try:
+            return fn(*args)
+        except self._lib.NVMLError as err:
+            code = getattr(err, "value", None)
+            if code in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _NOT_FOUND):
+                return None
+            raise self._error(what, err) from None
+
+    def _error(self, what: str, err: BaseException) -> NvmlError:
+        code = getattr(err, "value", None)
+        hint = _HINTS.get(code) if isinstance(code, int) else None
+        message = f"NVML {what} failed: {err}" + (f" ({hint})" if hint else "")
+        return NvmlError(message, code=code if isinstance(code, int) else None)
+
+    # -- discovery -------------------------------------------------------------------------
+
+    def discover(self) -> NodeFacts:
+        """Every card with its MIG instances, ordered by index."""
+        lib = self._lib
+        driver = _text(self._call("nvmlSystemGetDriverVersion", lib.nvmlSystemGetDriverVersion))
+        cuda_int = self._optional("nvmlSystemGetCudaDriverVersion",
+                                  lib.nvmlSystemGetCudaDriverVersion)
+        cuda = cuda_version_from_int(int(cuda_int)) if cuda_int else None
+        count = int(self._call("nvmlDeviceGetCount", lib.nvmlDeviceGetCount))
+        gpus = [self._gpu(i, driver, cuda) for i in range(count)]
+        return NodeFacts(gpus=tuple(sorted(gpus, key=lambda g: g.index)))
+
+    def _gpu(self, index: int, driver: str, cuda: str | None) -> GpuFacts:
+        lib = self._lib
+        where = f"GPU {index}"
+        handle = self._call(f"nvmlDeviceGetHandleByIndex({index})",
+                            lib.nvmlDeviceGetHandleByIndex, index)
+        uuid = _text(self._call(f"nvmlDeviceGetUUID ({where})", lib.nvmlDeviceGetUUID, handle))
+        name = _text(self._call(f"nvmlDeviceGetName ({where})", lib.nvmlDeviceGetName, handle))
+        memory = self._call(f"nvmlDeviceGetMemoryInfo ({where})",
+                            lib.nvmlDeviceGetMemoryInfo, handle)
+        minor = self._optional(f"nvmlDeviceGetMinorNumber ({where})",
+                               lib.nvmlDeviceGetMinorNumber, handle)
+        brand = self._optional(f"nvmlDeviceGetBrand ({where})", lib.nvmlDeviceGetBrand, handle)
+        arch = self._optional(f"nvmlDeviceGetArchitecture ({where})",
+                              lib.nvmlDeviceGetArchitecture, handle)
+        cc = self._optional(f"nvmlDeviceGetCudaComputeCapability ({where})",
+                            lib.nvmlDeviceGetCudaComputeCapability, handle)
+        pci = self._optional(f"nvmlDeviceGetPciInfo ({where})", lib.nvmlDeviceGetPciInfo, handle)
+        bus_id = _bus_id(_text(pci.busId)) if pci is not None else None
+        numa = self._numa_node(handle, where, bus_id)
+        mig_mode = self._optional(f"nvmlDeviceGetMigMode ({where})",
+                                  lib.nvmlDeviceGetMigMode, handle)
+        mig_enabled = mig_mode is not None and int(mig_mode[0]) == _MIG_ENABLED
+        migs = self._migs(handle, where, int(memory.total)) if mig_enabled else ()
+        return GpuFacts(
+            index=index, uuid=uuid, product_name=name, memory=int(memory.total),
+            minor=int(minor) if minor is not None else None,
+            brand=_BRANDS.get(int(brand)) if brand is not None else None,
+            architecture=_ARCHITECTURES.get(int(arch)) if arch is not None else None,
+            cuda_compute_capability=f"{cc[0]}.{cc[1]}" if cc is not None else None,
+            driver_version=driver, cuda_driver_version=cuda, pci_bus_id=bus_id,
+            pcie_root=self._pcie_root(bus_id), numa_node=numa, mig_enabled=mig_enabled,
+            mig_devices=migs,
+        )
+
+    def _numa_node(self, handle: Any, where: str, bus_id: str | None) -> int | None:
+        get = getattr(self._lib, "nvmlDeviceGetNumaNodeId", None)
+        if get is not None:
+            value = self._optional(f"nvmlDeviceGetNumaNodeId ({where})", get, handle)
+            if value is not None and int(value) >= 0:
+                return int(value)
+        if bus_id is None:
+            return None
+        # Older drivers lack the call; the kernel knows the node of every PCI device.
+        try:
+            value = int((self._sysfs / "bus/pci/devices" / bus_id.lower() / "numa_node")
+                        .read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return value if value >= 0 else None
+
+    def _pcie_root(self, bus_id: str | None) -> str | None:
+        """The PCIe root complex (`pci0000:17`) from sysfs, as the DRA library resolves it."""
+        if bus_id is None:
+            return None
+        try:
+            real = os.path.realpath(self._sysfs / "bus/pci/devices" / bus_id.lower())
+        except OSError:
+            return None
+        for part in Path(real).parts:
+            if part.startswith("pci") and ":" in part:
+                return part
+        return None
+
+    def _migs(self, handle: Any, where: str, card_memory: int) -> tuple[MigFacts, ...]:
+        lib = self._lib
+        slots = int(self._call(f"nvmlDeviceGetMaxMigDeviceCount ({where})",
+                               lib.nvmlDeviceGetMaxMigDeviceCount, handle))
+        out: list[MigFacts] = []
+        for slot in range(slots):
+            mig = self._optional(f"nvmlDeviceGetMigDeviceHandleByIndex ({where}, {slot})",
+                                 lib.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
+            if mig is None:  # an empty slot raises NotFound
+                continue
+            mwhere = f"{where} MIG slot {slot}"
+            uuid = _text(self._call(f"nvmlDeviceGetUUID ({mwhere})", lib.nvmlDeviceGetUUID, mig))
+            memory = self._call(f"nvmlDeviceGetMemoryInfo ({mwhere})",
+                                lib.nvmlDeviceGetMemoryInfo, mig)
+            attrs = self._call(f"nvmlDeviceGetAttributes ({mwhere})",
+                               lib.nvmlDeviceGetAttributes, mig)
+            gi_id = int(self._call(f"nvmlDeviceGetGpuInstanceId ({mwhere})",
+                                   lib.nvmlDeviceGetGpuInstanceId, mig))
+            gi = self._call(f"nvmlDeviceGetGpuInstanceById ({mwhere})",
+                            lib.nvmlDeviceGetGpuInstanceById, handle, gi_id)
+            info = self._call(f"nvmlGpuInstanceGetInfo ({mwhere})",
+                              lib.nvmlGpuInstanceGetInfo, gi)
+            out.append(MigFacts(
+                uuid=uuid, profile=_mig_profile(attrs, card_memory), memory=int(memory.total),
+                profile_id=int(info.profileId), placement_start=int(info.placement.start),
+                placement_size=int(info.placement.size),
+                multiprocessors=int(attrs.multiprocessorCount) or None,
+            ))
+        return tuple(sorted(out, key=lambda m: (m.placement_start or 0, m.uuid)))
+
+    # -- health ----------------------------------------------------------------------------
+
+    def probe(self, uuids: list[str]) -> dict[str, bool]:
+        """Card UUID to True when NVML says the card is lost (fell off the bus, needs reset).
+
+        Any other failure is NVML's, not the card's, and raises NvmlError.
+        """
+        lost: dict[str, bool] = {}
+        for uuid in uuids:
+            try:
+                handle = self._lib.nvmlDeviceGetHandleByUUID(uuid)
+                self._lib.nvmlDeviceGetMemoryInfo(handle)
+                lost[uuid] = False
+            except self._lib.NVMLError as err:
+                error = self._error(f"probing GPU {uuid}", err)
+                if not error.gpu_lost and error.code != _NOT_FOUND:
+                    raise error from None
+                lost[uuid] = True
+        return lost
+
+    def xid_events(self, uuids: list[str]) -> XidEventSet:
+        """An event set listening for critical XIDs on the given cards."""
+        return XidEventSet(self, uuids)
+
+
+class XidEventSet:
+    """NVML's event set for critical XIDs; `wait()` blocks, so run it in a worker thread."""
+
+    def __init__(self, nvml: Nvml, uuids: list[str]) -> None:
+        self._nvml = nvml
+        lib = nvml._lib
+        self._lib = lib
+        self._set = nvml._call("nvmlEventSetCreate", lib.nvmlEventSetCreate)
+        self._uuid_by_handle: dict[int, str] = {}
+        self.unsupported: list[str] = []
+        for uuid in uuids:
+            handle = nvml._call(f"nvmlDeviceGetHandleByUUID({uuid})",
+                                lib.nvmlDeviceGetHandleByUUID, uuid)
+            supported = nvml._optional(f"nvmlDeviceGetSupportedEventTypes ({uuid})",
+                                       lib.nvmlDeviceGetSupportedEventTypes, handle)
+            if supported is None or not int(supported) & _XID_CRITICAL_EVENT:
+                self.unsupported.append(uuid)
+                continue
+            nvml._call(f"nvmlDeviceRegisterEvents ({uuid})", lib.nvmlDeviceRegisterEvents,
+                       handle, _XID_CRITICAL_EVENT, self._set)
+            self._uuid_by_handle[_handle_key(handle)] = uuid
+
+    def wait(self, timeout_ms: int) -> XidEvent | None:
+        """The next XID, or None when `timeout_ms` passed quietly. NvmlError on failure."""
+        try:
+            data = self._lib.nvmlEventSetWait(self._set, timeout_ms)
+        except self._lib.NVMLError as err:
+            if getattr(err, "value", None) == _TIMEOUT:
+                return None
+            raise self._nvml._error("nvmlEventSetWait", err) from None
+        if not int(data.eventType) & _XID_CRITICAL_EVENT:
+            return None
+        uuid = self._uuid_by_handle.get(_handle_key(data.device))
+        if uuid is None:
+            uuid = _text(self._nvml._call("nvmlDeviceGetUUID (event)",
+                                          self._lib.nvmlDeviceGetUUID, data.device))
+        gi = int(data.gpuInstanceId)
+        ci = int(data.computeInstanceId)
+        # 0xFFFFFFFF marks "not a MIG event" in NVML.
+        return XidEvent(uuid=uuid, xid=int(data.eventData),
+                        gpu_instance_id=None if gi == 0xFFFFFFFF else gi,
+                        compute_instance_id=None if ci == 0xFFFFFFFF else ci)
+
+    def close(self) -> None:
+        try:
+            self._lib.nvmlEventSetFree(self._set)
+        except self._lib.NVMLError as err:
+            log.warning("nvmlEventSetFree failed: %s", err)
+
+
+def _handle_key(handle: Any) -> int:
+    """A hashable identity for an NVML device handle (a ctypes pointer or a test object)."""
+    try:
+        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+    except (TypeError, ctypes.ArgumentError):
+        return id(handle)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _bus_id(raw: str) -> str:
+    """NVML's `00000000:18:00.0` as sysfs and Kubernetes write it: `0000:18:00.0`."""
+    domain, _, rest = raw.strip().rstrip("\x00").partition(":")
+    if len(domain) > 4 and domain[:-4].strip("0") == "":
+        domain = domain[-4:]
+    return f"{domain}:{rest}".lower()
+
+
+def _mig_profile(attrs: Any, card_memory: int) -> str:
+    """NVIDIA's profile name (`1g.10gb`, `1c.2g.20gb`) from a MIG device's attributes.
+
+    The memory part is the instance's share of the card rounded up to eighths, times the
+    card's memory in whole GiB, as nvidia-smi and NVIDIA's DRA driver name it (a plain
+    MiB-to-GiB rounding would call H100's 3g.40gb "3g.39gb").
+    """
+    gi_slices = int(attrs.gpuInstanceSliceCount)
+    ci_slices = int(attrs.computeInstanceSliceCount)
+    mib, gib = 1 << 20, 1 << 30
+    fraction = math.ceil(int(attrs.memorySizeMB) * mib / card_memory * 8) / 8
+    gigabytes = max(1, round(fraction * ((card_memory + gib // 2) // gib)))
+    prefix = f"{ci_slices}c." if ci_slices and ci_slices != gi_slices else ""
+    return f"{prefix}{gi_slices}g.{gigabytes}gb"
+
+
+def discover_nvml(lib: Any = None, *, sysfs: Path = Path("/sys")) -> NodeFacts:
+    """Facts of every card through one NVML session (init, discover, shutdown)."""
+    with Nvml(lib, sysfs=sysfs) as nvml:
+        return nvml.discover()

@@ -1,0 +1,170 @@
+"""NodePrepareResources and NodeUnprepareResources, independent of gRPC.
+
+Per claim: fetch it through the cluster port, plan it (`claims.plan_claim`), then
+checkpoint `PrepareStarted` -> write the CDI spec -> checkpoint `PrepareCompleted`; unprepare
+is `UnprepareStarted` -> remove the spec -> drop the entry. Both are idempotent (a completed
+claim answers from the checkpoint, an unknown one unprepares as a no-op), failures are per
+claim, and `recover()` at start-up repairs whatever a crash left between two states. The gRPC
+layer only converts messages; the kubelet's retry does the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound
+from dra_gateway.kube.resources import NODES, RESOURCE_CLAIMS
+from dra_gateway.node_plugin import cdi
+from dra_gateway.node_plugin.checkpoint import Checkpoint, ClaimEntry
+from dra_gateway.node_plugin.claims import ClaimError, plan_claim
+from dra_gateway.node_plugin.devices import DeviceInfo
+from dra_gateway.node_plugin.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "checkpoint.json"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareResult:
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    error: str = ""
+
+
+class Preparer:
+    def __init__(self, cluster: Cluster, *, node_name: str, cdi_dir: Path, state_dir: Path,
+                 devices: Callable[[], Mapping[str, DeviceInfo]], driver: str = names.DRIVER,
+                 enforcement: cdi.EnforcementSettings = cdi.DEFAULT_ENFORCEMENT,
+                 metrics: Metrics | None = None) -> None:
+        self._cluster = cluster
+        self.node_name = node_name
+        self.driver = driver
+        self.kind = cdi.cdi_kind(driver)
+        self.cdi_dir = cdi_dir
+        self.checkpoint = Checkpoint(state_dir / CHECKPOINT_FILE)
+        self._devices = devices
+        self._enforcement = enforcement
+        self._metrics = metrics or Metrics()
+        # One claim at a time: the checkpoint file is rewritten whole on every change.
+        self._lock = asyncio.Lock()
+
+    def recover(self) -> list[str]:
+        """Finish or roll back what a crash interrupted; returns a line per repair."""
+        repairs: list[str] = []
+        for entry in self.checkpoint.entries():
+            ref = f"{entry.namespace}/{entry.name} ({entry.uid})"
+            if entry.state == "PrepareStarted":
+                # The kubelet never got an answer and will prepare again from scratch.
+                cdi.remove_spec(self.cdi_dir, self.kind, entry.uid)
+                self.checkpoint.commit(entry.uid, None)
+                repairs.append(f"rolled back the interrupted prepare of {ref}")
+            elif entry.state == "UnprepareStarted":
+                cdi.remove_spec(self.cdi_dir, self.kind, entry.uid)
+                self.checkpoint.commit(entry.uid, None)
+                repairs.append(f"finished the interrupted unprepare of {ref}")
+            elif entry.cdi_spec is not None and not (
+                    self.cdi_dir / cdi.spec_file_name(self.kind, entry.uid)).exists():
+                # /var/run/cdi is a tmpfs: after a reboot the runtime still needs the spec.
+                cdi.write_spec(self.cdi_dir, entry.cdi_spec, entry.uid)
+                repairs.append(f"rewrote the missing CDI spec of {ref}")
+        for line in repairs:
+            log.info("checkpoint: %s", line)
+        return repairs
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        out: dict[str, PrepareResult] = {}
+        node_labels = await self._node_labels() if claims else {}
+        for ref in claims:
+            async with self._lock:
+                try:
+                    out[ref.uid] = PrepareResult(devices=await self._prepare_one(ref, node_labels))
+                    self._metrics.prepares.labels("ok").inc()
+                except ClaimError as exc:
+                    out[ref.uid] = PrepareResult(error=str(exc))
+                    self._metrics.prepares.labels("error").inc()
+                except (ApiError, OSError) as exc:
+                    message = exc.message if isinstance(exc, ApiError) else str(exc)
+                    out[ref.uid] = PrepareResult(
+                        error=f"ResourceClaim {ref.namespace}/{ref.name}: {message}")
+                    self._metrics.prepares.labels("error").inc()
+            if out[ref.uid].error:
+                log.warning("prepare failed: %s", out[ref.uid].error)
+        return out
+
+    async def _node_labels(self) -> dict[str, str]:
+        try:
+            node = await self._cluster.get(NODES, self.node_name)
+        except NotFound:
+            return {}
+        return dict(node.get("metadata", {}).get("labels") or {})
+
+    async def _prepare_one(self, ref: ClaimRef, node_labels: Mapping[str, str]) -> list[
+            dict[str, Any]]:
+        entry = self.checkpoint.get(ref.uid)
+        if entry is not None and entry.state == "PrepareCompleted":
+            if entry.cdi_spec is not None and not (
+                    self.cdi_dir / cdi.spec_file_name(self.kind, ref.uid)).exists():
+                cdi.write_spec(self.cdi_dir, entry.cdi_spec, ref.uid)
+            return entry.devices
+        try:
+            claim = await self._cluster.get(RESOURCE_CLAIMS, ref.name, namespace=ref.namespace)
+        except NotFound:
+            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} not found") from None
+        plan = plan_claim(claim, uid=ref.uid, node_name=self.node_name, node_labels=node_labels,
+                          driver=self.driver, kind=self.kind, devices=self._devices(),
+                          enforcement=self._enforcement)
+        devices = plan.response_devices(self.kind)
+        started = ClaimEntry(uid=ref.uid, namespace=ref.namespace, name=ref.name,
+                             state="PrepareStarted", cdi_spec=plan.cdi_spec)
+        self.checkpoint.commit(ref.uid, started)
+        if plan.cdi_spec is not None:
+            cdi.write_spec(self.cdi_dir, plan.cdi_spec, ref.uid)
+        self.checkpoint.commit(ref.uid, ClaimEntry(
+            uid=ref.uid, namespace=ref.namespace, name=ref.name, state="PrepareCompleted",
+            cdi_spec=plan.cdi_spec, devices=devices))
+        log.info("prepared ResourceClaim %s/%s: %s", ref.namespace, ref.name,
+                 ", ".join(d["device_name"] for d in devices) or "no devices of this driver")
+        return devices
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Claim UID to error ("" on success)."""
+        out: dict[str, str] = {}
+        for ref in claims:
+            async with self._lock:
+                try:
+                    self._unprepare_one(ref)
+                    out[ref.uid] = ""
+                    self._metrics.unprepares.labels("ok").inc()
+                except OSError as exc:
+                    out[ref.uid] = (f"ResourceClaim {ref.namespace}/{ref.name}: removing its "
+                                    f"CDI spec failed: {exc}")
+                    self._metrics.unprepares.labels("error").inc()
+                    log.warning("unprepare failed: %s", out[ref.uid])
+        return out
+
+    def _unprepare_one(self, ref: ClaimRef) -> None:
+        entry = self.checkpoint.get(ref.uid)
+        if entry is None:
+            # Never prepared here, or already unprepared: nothing to undo. A stray spec from a
+            # lost checkpoint is still removed.
+            cdi.remove_spec(self.cdi_dir, self.kind, ref.uid)
+            return
+        self.checkpoint.commit(ref.uid, ClaimEntry(
+            uid=entry.uid, namespace=entry.namespace, name=entry.name, state="UnprepareStarted",
+            cdi_spec=entry.cdi_spec, devices=entry.devices))
+        cdi.remove_spec(self.cdi_dir, self.kind, ref.uid)
+        self.checkpoint.commit(ref.uid, None)
+        log.info("unprepared ResourceClaim %s/%s", ref.namespace, ref.name)

@@ -1,0 +1,264 @@
+"""The node's ResourceSlices: built as pure data, reconciled through the cluster port.
+
+`build_slices` turns a device list into slices (sorted, split at the API's device limit,
+deterministic names, a controller owner reference to the Node), so an unchanged node always
+produces the same objects. `Publisher` keeps the cluster equal to them: it writes only when
+something differs, bumps the pool generation on every change (consumers trust only the highest
+generation), and watches its own slices so that a deletion (the kubelet deletes a node's slices
+when it starts and when a plugin deregisters) is repaired at once; an expired watch relists.
+Nothing here discovers hardware or talks to the kubelet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import hashlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import (
+    AlreadyExists,
+    ApiError,
+    Cluster,
+    Conflict,
+    Expired,
+    NotFound,
+    Object,
+)
+from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
+from dra_gateway.node_plugin.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+MAX_DEVICES_PER_SLICE = 128
+# From Kubernetes 1.35 a slice whose devices carry taints holds at most 64 devices; a plugin
+# that may taint uses the smaller size always, so a taint never reshuffles the slices.
+MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
+_MAX_NAME = 253
+
+
+def slice_name(node_name: str, driver: str, index: int) -> str:
+    """`<node>-<driver>-<i>`, shortened with a hash when the node name is very long."""
+    name = f"{node_name}-{driver}-{index}"
+    if len(name) <= _MAX_NAME:
+        return name
+    digest = hashlib.sha256(node_name.encode()).hexdigest()[:10]
+    keep = _MAX_NAME - len(f"-{digest}-{driver}-{index}")
+    return f"{node_name[:keep].rstrip('-.')}-{digest}-{driver}-{index}"
+
+
+def build_slices(*, node_name: str, driver: str, devices: Sequence[dict[str, Any]],
+                 generation: int, node_uid: str | None,
+                 max_devices: int = MAX_DEVICES_PER_SLICE) -> list[Object]:
+    """The node's pool as ResourceSlices; a node without devices still gets one empty slice
+    so that consumers see the pool (and its generation) rather than nothing."""
+    if max_devices < 1:
+        raise ValueError("max_devices must be at least 1")
+    chunks = [list(devices[i:i + max_devices]) for i in range(0, len(devices), max_devices)]
+    chunks = chunks or [[]]
+    out: list[Object] = []
+    for index, chunk in enumerate(chunks):
+        metadata: dict[str, Any] = {
+            "name": slice_name(node_name, driver, index),
+            "labels": {names.LABEL_MANAGED_BY: names.MANAGED_BY},
+        }
+        if node_uid:
+            metadata["ownerReferences"] = [{
+                "apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid,
+                "controller": True,
+            }]
+        spec: dict[str, Any] = {
+            "driver": driver,
+            "pool": {"name": node_name, "generation": generation,
+                     "resourceSliceCount": len(chunks)},
+            "nodeName": node_name,
+            "devices": copy.deepcopy(chunk),
+        }
+        out.append({"apiVersion": RESOURCE_SLICES.api_version, "kind": RESOURCE_SLICES.kind,
+                    "metadata": metadata, "spec": spec})
+    return out
+
+
+def _comparable(obj: Object) -> tuple[Any, ...]:
+    """What must match for an existing slice to count as published (generation aside)."""
+    meta = obj.get("metadata", {})
+    spec = copy.deepcopy(obj.get("spec", {}))
+    spec.get("pool", {}).pop("generation", None)
+    # The API server stamps timeAdded on taints it receives without one; ours always carry it.
+    labels = {k: v for k, v in (meta.get("labels") or {}).items()
+              if k == names.LABEL_MANAGED_BY}
+    return (meta.get("name"), labels, meta.get("ownerReferences") or [], spec)
+
+
+class Publisher:
+    """Keeps this node's ResourceSlices equal to its devices. `run()` until cancelled."""
+
+    def __init__(self, cluster: Cluster, *, node_name: str, driver: str = names.DRIVER,
+                 devices: Sequence[dict[str, Any]] = (), max_devices: int = MAX_DEVICES_PER_SLICE,
+                 metrics: Metrics | None = None, retry_seconds: float = 1.0,
+                 max_retry_seconds: float = 30.0) -> None:
+        self._cluster = cluster
+        self.node_name = node_name
+        self.driver = driver
+        self._devices = [copy.deepcopy(d) for d in devices]
+        self._max_devices = max_devices
+        self._metrics = metrics or Metrics()
+        self._retry = retry_seconds
+        self._max_retry = max_retry_seconds
+        self._generation = 0
+        self._node_uid: str | None = None
+        self._dirty = asyncio.Event()
+        self._written: set[str] = set()  # resourceVersions of our own writes
+        self.synced = asyncio.Event()  # set after each successful reconcile, cleared on change
+        self._selector = f"spec.nodeName={node_name},spec.driver={driver}"
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def set_devices(self, devices: Sequence[dict[str, Any]]) -> None:
+        """New device list (after health changes); published by the running loop."""
+        fresh = [copy.deepcopy(d) for d in devices]
+        if fresh != self._devices:
+            self._devices = fresh
+            self.synced.clear()
+            self._dirty.set()
+
+    def desired(self, generation: int) -> list[Object]:
+        return build_slices(node_name=self.node_name, driver=self.driver, devices=self._devices,
+                            generation=generation, node_uid=self._node_uid,
+                            max_devices=self._max_devices)
+
+    def _ours(self, obj: Object) -> bool:
+        spec = obj.get("spec") or {}
+        return spec.get("driver") == self.driver and spec.get("nodeName") == self.node_name
+
+    async def _lookup_node_uid(self) -> None:
+        if self._node_uid is not None:
+            return
+        try:
+            node = await self._cluster.get(NODES, self.node_name)
+        except NotFound:
+            # Without the Node there is no owner to point at; the slices are still published,
+            # and the owner reference is added once the Node appears.
+            log.warning("Node %s not found: publishing ResourceSlices without an owner "
+                        "reference (check --node-name)", self.node_name)
+            return
+        self._node_uid = str(node["metadata"]["uid"])
+
+    async def reconcile(self) -> bool:
+        """One pass: make the cluster's slices equal the desired ones. True if it wrote."""
+        await self._lookup_node_uid()
+        listed = await self._cluster.list(RESOURCE_SLICES, field_selector=self._selector)
+        ours = sorted((s for s in listed.items if self._ours(s)),
+                      key=lambda s: str(s["metadata"]["name"]))
+        generations = {int(s["spec"]["pool"].get("generation", 0)) for s in ours}
+        current = max(generations, default=-1)
+        if len(generations) == 1 and (
+                [_comparable(s) for s in ours] == [_comparable(s) for s in self.desired(current)]):
+            self._generation = current
+            self._metrics.published_devices.set(len(self._devices))
+            return False
+        generation = max(current, self._generation) + 1
+        desired = self.desired(generation)
+        existing = {str(s["metadata"]["name"]): s for s in ours}
+        for obj in desired:
+            name = obj["metadata"]["name"]
+            if name in existing:
+                obj["metadata"]["resourceVersion"] = existing[name]["metadata"]["resourceVersion"]
+                written = await self._cluster.update(RESOURCE_SLICES, obj)
+                self._metrics.slice_writes.labels("update").inc()
+            else:
+                written = await self._cluster.create(RESOURCE_SLICES, obj)
+                self._metrics.slice_writes.labels("create").inc()
+            self._written.add(str(written["metadata"].get("resourceVersion")))
+        wanted = {o["metadata"]["name"] for o in desired}
+        for name, obj in existing.items():
+            if name not in wanted:
+                with contextlib.suppress(NotFound):
+                    await self._cluster.delete(RESOURCE_SLICES, name,
+                                               resource_version=obj["metadata"]["resourceVersion"])
+                self._metrics.slice_writes.labels("delete").inc()
+        self._generation = generation
+        self._metrics.published_devices.set(len(self._devices))
+        log.info("published %d device(s) of node %s in %d ResourceSlice(s), generation %d",
+                 len(self._devices), self.node_name, len(desired), generation)
+        return True
+
+    async def run(self) -> None:
+        """Reconcile now and whenever the slices or the devices change; never returns."""
+        watcher = asyncio.create_task(self._watch(), name=f"slice-watch-{self.node_name}")
+        self._dirty.set()
+        delay = self._retry
+        try:
+            while True:
+                await self._dirty.wait()
+                self._dirty.clear()
+                try:
+                    await self.reconcile()
+                except (Conflict, AlreadyExists, NotFound) as exc:
+                    # Someone else changed a slice between list and write: look again.
+                    log.info("ResourceSlice changed while publishing (%s): retrying", exc.reason)
+                    self._dirty.set()
+                    await asyncio.sleep(min(delay, 0.2))
+                    continue
+                except ApiError as exc:
+                    self._metrics.publish_errors.inc()
+                    log.warning("publishing ResourceSlices of node %s failed: %s (%s); retrying "
+                                "in %.0fs", self.node_name, exc.message, exc.reason, delay)
+                    self._dirty.set()
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self._max_retry)
+                    continue
+                delay = self._retry
+                if not self._dirty.is_set():
+                    self.synced.set()
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _watch(self) -> None:
+        delay = self._retry
+        while True:
+            try:
+                listed = await self._cluster.list(RESOURCE_SLICES, field_selector=self._selector)
+                # Anything may have happened while the watch was down.
+                self._dirty.set()
+                async for event in self._cluster.watch(
+                        RESOURCE_SLICES, resource_version=listed.resource_version,
+                        field_selector=self._selector, timeout_seconds=300):
+                    delay = self._retry
+                    if event.type == "BOOKMARK" or not self._ours(event.object):
+                        continue
+                    rv = str(event.object.get("metadata", {}).get("resourceVersion"))
+                    if event.type != "DELETED" and rv in self._written:
+                        self._written.discard(rv)
+                        continue
+                    if event.type == "DELETED":
+                        log.info("ResourceSlice %s was deleted: republishing",
+                                 event.object.get("metadata", {}).get("name"))
+                    self.synced.clear()
+                    self._dirty.set()
+            except Expired:
+                log.info("ResourceSlice watch expired: relisting")
+            except ApiError as exc:
+                log.warning("watching ResourceSlices failed: %s (%s); retrying in %.0fs",
+                            exc.message, exc.reason, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._max_retry)
+
+    async def unpublish(self) -> int:
+        """Delete this node's slices (when the plugin is removed for good); returns the count."""
+        listed = await self._cluster.list(RESOURCE_SLICES, field_selector=self._selector)
+        count = 0
+        for obj in listed.items:
+            if self._ours(obj):
+                with contextlib.suppress(NotFound):
+                    await self._cluster.delete(RESOURCE_SLICES, obj["metadata"]["name"])
+                    count += 1
+        return count

@@ -1,0 +1,172 @@
+"""The kubelet's gRPC services over unix sockets: plugin registration and DRAPlugin v1/v1beta1.
+
+The DRA socket (`<plugins-dir>/<driver>/dra.sock`) serves both DRAPlugin versions from one
+implementation; the registration socket (`<registry-dir>/<driver>-reg.sock`) tells the kubelet's
+plugin watcher the driver name, the DRA endpoint and the versions. The DRA socket starts first,
+so the kubelet never connects to an endpoint that is not there yet. Handlers only convert
+messages and call the `Preparer`: every decision lives there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from dra_gateway.kube import names
+from dra_gateway.node_plugin.prepare import ClaimRef, Preparer
+from dra_gateway.node_plugin.proto import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+MAX_UNIX_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+
+
+def dra_socket_path(plugins_dir: Path, driver: str = names.DRIVER) -> Path:
+    return plugins_dir / driver / "dra.sock"
+
+
+def registration_socket_path(registry_dir: Path, driver: str = names.DRIVER) -> Path:
+    return registry_dir / f"{driver}-reg.sock"
+
+
+class _DraService:
+    """NodePrepareResources / NodeUnprepareResources for one proto version's messages."""
+
+    def __init__(self, preparer: Preparer, pb2: ModuleType) -> None:
+        self._preparer = preparer
+        self._pb2 = pb2
+
+    async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+                                   ) -> Any:
+        refs = [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
+        results = await self._preparer.prepare(refs)
+        response = self._pb2.NodePrepareResourcesResponse()
+        for ref in refs:  # every claim the kubelet named must be answered
+            result = results[ref.uid]
+            entry = response.claims[ref.uid]
+            entry.error = result.error
+            for device in result.devices:
+                entry.devices.add(**device)
+        return response
+
+    async def NodeUnprepareResources(self, request: Any,
+                                     context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        refs = [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
+        errors = await self._preparer.unprepare(refs)
+        response = self._pb2.NodeUnprepareResourcesResponse()
+        for ref in refs:
+            response.claims[ref.uid].error = errors[ref.uid]
+        return response
+
+
+class DraServiceV1(_DraService, dra_v1_pb2_grpc.DRAPluginServicer):
+    def __init__(self, preparer: Preparer) -> None:
+        super().__init__(preparer, dra_v1_pb2)
+
+
+class DraServiceV1beta1(_DraService, dra_v1beta1_pb2_grpc.DRAPluginServicer):
+    def __init__(self, preparer: Preparer) -> None:
+        super().__init__(preparer, dra_v1beta1_pb2)
+
+
+class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
+    def __init__(self, *, driver: str, endpoint: Path) -> None:
+        self._driver = driver
+        self._endpoint = endpoint
+        self.registered = asyncio.Event()
+        self.last_error = ""
+
+    async def GetInfo(self, request: pluginregistration_pb2.InfoRequest,
+                      context: grpc.aio.ServicerContext[Any, Any]
+                      ) -> pluginregistration_pb2.PluginInfo:
+        return pluginregistration_pb2.PluginInfo(
+            type=PLUGIN_TYPE, name=self._driver, endpoint=str(self._endpoint),
+            supported_versions=list(SUPPORTED_VERSIONS))
+
+    async def NotifyRegistrationStatus(
+            self, request: pluginregistration_pb2.RegistrationStatus,
+            context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pluginregistration_pb2.RegistrationStatusResponse:
+        if request.plugin_registered:
+            log.info("registered with the kubelet as DRA driver %s", self._driver)
+            self.last_error = ""
+            self.registered.set()
+        else:
+            self.last_error = request.error
+            self.registered.clear()
+            log.error("the kubelet refused to register DRA driver %s: %s", self._driver,
+                      request.error or "(no reason given)")
+        return pluginregistration_pb2.RegistrationStatusResponse()
+
+
+class PluginServer:
+    """Both sockets; `start()` then `stop()` (or `async with`)."""
+
+    def __init__(self, preparer: Preparer, *, driver: str = names.DRIVER,
+                 plugins_dir: Path = DEFAULT_PLUGINS_DIR,
+                 registry_dir: Path = DEFAULT_REGISTRY_DIR) -> None:
+        self.dra_socket = dra_socket_path(plugins_dir, driver)
+        self.registration_socket = registration_socket_path(registry_dir, driver)
+        for path in (self.dra_socket, self.registration_socket):
+            if len(str(path).encode()) > MAX_UNIX_PATH:
+                raise ValueError(f"socket path {path} is longer than {MAX_UNIX_PATH} bytes, the "
+                                 "unix socket limit: choose shorter --plugins-dir/--registry-dir")
+        self.registration = RegistrationService(driver=driver, endpoint=self.dra_socket)
+        self._preparer = preparer
+        self._servers: list[grpc.aio.Server] = []
+
+    async def start(self) -> None:
+        dra = grpc.aio.server()
+        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServiceV1(self._preparer), dra)
+        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
+            DraServiceV1beta1(self._preparer), dra)
+        await self._serve(dra, self.dra_socket)
+        registration = grpc.aio.server()
+        pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration,
+                                                                       registration)
+        await self._serve(registration, self.registration_socket)
+
+    async def _serve(self, server: grpc.aio.Server, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # A socket left by a previous run would make the bind fail.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        server.add_insecure_port(f"unix://{path}")
+        await server.start()
+        self._servers.append(server)
+        log.info("serving %s", path)
+
+    async def stop(self, grace: float = 2.0) -> None:
+        # Registration first: the kubelet stops sending work before the DRA socket goes.
+        for server in reversed(self._servers):
+            await server.stop(grace)
+        self._servers.clear()
+        for path in (self.registration_socket, self.dra_socket):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    async def __aenter__(self) -> PluginServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
