@@ -1,10 +1,127 @@
-"""Subcommands of this component for the `dra-gateway` command (light imports only)."""
+"""Subcommands of the core for the `dra-gateway` command (light imports only).
+
+`dra-gateway cluster serve` runs the embedded default: an in-memory cluster served as the
+Kubernetes API on loopback, with a kubeconfig written for the other components.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+
+
+def _listen_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(f'"{text}" is not HOST:PORT (e.g. 127.0.0.1:0)')
+    host = host.strip("[]")
+    try:
+        number = int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'"{text}": port "{port}" is not a number') from None
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f'"{text}": port {number} is out of range 0-65535')
+    return host, number
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
              bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this component's subcommands; handlers import their heavy modules themselves."""
+    cluster = sub.add_parser("cluster", help="the embedded Kubernetes API (in-memory cluster)")
+    commands = cluster.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
+    serve = commands.add_parser(
+        "serve", help="serve an in-memory cluster as the Kubernetes API until stopped",
+        description="Serve an in-memory cluster over HTTP as the subset of the Kubernetes API "
+                    "the project uses, write a kubeconfig for clients, and run until SIGINT or "
+                    "SIGTERM.")
+    serve.add_argument("--listen", type=_listen_address, default=("127.0.0.1", 0),
+                       metavar="HOST:PORT",
+                       help="address to listen on (default 127.0.0.1:0, a free port)")
+    serve.add_argument("--kubeconfig", required=True, metavar="FILE",
+                       help="where to write the kubeconfig clients use")
+    serve.add_argument("--seed", action="append", default=[], metavar="FILE",
+                       help="YAML or JSON manifests to create at start (repeatable)")
+    serve.add_argument("--token", default=None,
+                       help="bearer token clients must send (default: a random one, written "
+                            "into the kubeconfig)")
+    serve.add_argument("--no-token", action="store_true",
+                       help="accept requests without a token (loopback addresses only)")
+    serve.add_argument("--history", type=int, default=1000, metavar="EVENTS",
+                       help="watch events kept per type; older resourceVersions get 410 Expired")
+    serve.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    try:
+        return asyncio.run(_serve_async(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _serve_async(args: argparse.Namespace) -> int:
+    import asyncio
+    import contextlib
+    import ipaddress
+    import secrets
+    import signal
+
+    from dra_gateway.kube.cluster.manifests import ManifestError, read_manifests
+    from dra_gateway.kube.cluster.memory import MemoryCluster
+    from dra_gateway.kube.cluster.port import ApiError
+    from dra_gateway.kube.cluster.server import serve, write_kubeconfig
+
+    host, port = args.listen
+    if args.no_token:
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            print(f"error: --no-token is refused on {host}: the API has no authorization, so "
+                  "listen on 127.0.0.1 or keep a token", file=sys.stderr)
+            return 2
+        token = None
+    else:
+        token = args.token or secrets.token_urlsafe(24)
+    if args.history < 1:
+        print(f"error: --history must be at least 1, got {args.history}", file=sys.stderr)
+        return 2
+
+    cluster = MemoryCluster(history=args.history)
+    try:
+        seeded = await cluster.load(read_manifests(args.seed))
+    except ManifestError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ApiError as exc:
+        print(f"error: seeding the cluster from {', '.join(args.seed)}: {exc.message}",
+              file=sys.stderr)
+        return 2
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        async with serve(cluster, host=host, port=port, token=token) as server:
+            try:
+                write_kubeconfig(args.kubeconfig, server.url, token)
+            except OSError as exc:
+                print(f"error: cannot write the kubeconfig {args.kubeconfig}: "
+                      f"{exc.strerror or exc}", file=sys.stderr)
+                return 2
+            print(f"serving the Kubernetes API on {server.url} ({len(seeded)} objects seeded); "
+                  f"kubeconfig: {args.kubeconfig}", flush=True)
+            await stop.wait()
+            print("stopping", flush=True)
+    except OSError as exc:
+        print(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_signal_handler(signum)
+        await cluster.close()
+    return 0
