@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from dra_gateway.kube.cluster.memory import MemoryCluster
+from dra_gateway.webhook.app import create_app
+from dra_gateway.webhook.settings import WebhookSettings
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+ClientFactory = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
+
+
+def example_pod(name: str) -> dict[str, Any]:
+    pod: dict[str, Any] = yaml.safe_load((EXAMPLES / "pods" / name).read_text())
+    return pod
+
+
+def hami_pod() -> dict[str, Any]:
+    return example_pod("hami.yaml")
+
+
+def plain_pod(namespace: str = "inference") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": namespace},
+            "spec": {"containers": [{"name": "nginx", "image": "nginx:1.27",
+                                     "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]}}
+
+
+def review(pod: dict[str, Any], *, uid: str | None = None, operation: str = "CREATE",
+           dry_run: bool = False, namespace: str | None = None) -> dict[str, Any]:
+    meta = pod.get("metadata") or {}
+    ns = namespace if namespace is not None else meta.get("namespace", "default")
+    request: dict[str, Any] = {
+        "uid": uid or str(uuid.uuid4()),
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+        "name": meta.get("name", ""),
+        "namespace": ns,
+        "operation": operation,
+        "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
+                     "groups": ["system:serviceaccounts", "system:authenticated"]},
+        "object": pod,
+        "oldObject": pod if operation == "UPDATE" else None,
+        "dryRun": dry_run,
+        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+    }
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def decoded_patch(response: dict[str, Any]) -> list[dict[str, Any]]:
+    answer = response["response"]
+    assert answer["patchType"] == "JSONPatch"
+    patch: list[dict[str, Any]] = orjson.loads(base64.b64decode(answer["patch"]))
+    return patch
+
+
+@pytest.fixture
+def cluster() -> MemoryCluster:
+    return MemoryCluster()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> WebhookSettings:
+    return WebhookSettings(namespace="dra-gateway", rules_poll_interval=0.05,
+                           watch_retry_delay=0.05)
+
+
+@pytest.fixture
+async def client(aiohttp_client: ClientFactory, settings: WebhookSettings,
+                 cluster: MemoryCluster) -> AsyncIterator[TestClient[web.Request, web.Application]]:
+    yield await aiohttp_client(create_app(settings, cluster))

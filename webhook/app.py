@@ -1,0 +1,312 @@
+"""The webhook's aiohttp application: thin handlers over the decision modules.
+
+`create_app(settings, cluster)` builds an app serving POST /mutate and POST /validate
+(AdmissionReview v1), GET /healthz, GET /readyz and GET /metrics. A handler reads the body,
+parses it (`reviews`), calls one decision (`mutation`, `validation`), and maps the outcome to a
+response: a malformed review is HTTP 400 with a one-line reason; a refusal is `allowed: false`
+with a Status; an unexpected failure inside a decision is `allowed: false` with a generic
+message, logged with the request UID and the stack, and the server keeps serving.
+
+Background work lives in `cleanup_ctx`: loading the rules, polling rule files, watching rule
+ConfigMaps, reloading the certificate, reconciling the webhook configurations. The app holds no
+package-level state; everything is reached through typed AppKeys.
+
+This module must not translate, decide policy or talk to Kubernetes itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from dra_gateway.certs.generate import CERT_FILE, KEY_FILE
+from dra_gateway.certs.tls import CertificateReloader
+from dra_gateway.kube.cluster.port import Cluster
+from dra_gateway.translator.rules import RuleSet
+from dra_gateway.translator.translate import ClassLookup
+from dra_gateway.webhook import config, mutation, reviews
+from dra_gateway.webhook.metrics import Metrics
+from dra_gateway.webhook.reviews import BadReview, Refusal, Review
+from dra_gateway.webhook.rules import RuleStore
+from dra_gateway.webhook.settings import MAX_BODY_BYTES, WebhookSettings
+from dra_gateway.webhook.templates import Templates, TemplateUnavailable
+from dra_gateway.webhook.validation import DEFAULT_POLICIES, PodPolicy, PodUnderReview, Validator
+
+log = logging.getLogger(__name__)
+
+INTERNAL_ERROR = Refusal(500, "InternalError",
+                         "the dra-gateway webhook failed to process this pod; it was not admitted "
+                         "and can be retried (the webhook's logs carry the request UID)")
+NOT_READY = Refusal(503, "ServiceUnavailable",
+                    "the dra-gateway webhook has no translation rules loaded yet; the pod was not "
+                    "admitted and can be retried")
+RETRY_LATER_CODE = 503
+
+
+@dataclass(slots=True)
+class WebhookState:
+    """Everything the handlers and background tasks share, owned by one app."""
+
+    settings: WebhookSettings
+    cluster: Cluster
+    metrics: Metrics
+    store: RuleStore
+    templates: Templates
+    validator: Validator
+    tls: CertificateReloader | None = None
+    config_maps_synced: bool = False
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+
+STATE: web.AppKey[WebhookState] = web.AppKey("dra_gateway_webhook_state", WebhookState)
+
+
+def create_app(settings: WebhookSettings, cluster: Cluster, *,
+               tls: CertificateReloader | None = None,
+               policies: Sequence[PodPolicy] = DEFAULT_POLICIES) -> web.Application:
+    """The webhook app. `tls` is the reloader of the serving context when the caller serves
+    TLS (readiness then needs its certificate); `policies` are /validate's checks."""
+    metrics = Metrics()
+    state = WebhookState(
+        settings=settings,
+        cluster=cluster,
+        metrics=metrics,
+        store=RuleStore(settings, cluster, metrics),
+        templates=Templates(cluster, metrics, timeout=settings.template_timeout,
+                            cache_size=settings.template_cache_size,
+                            ttl=settings.template_cache_ttl),
+        validator=Validator(policies),
+        tls=tls,
+    )
+    # One byte over the limit is enough to know a body is too large; aiohttp's own 413 is
+    # turned into the 400 the API server expects for bad input.
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[STATE] = state
+    app.router.add_post("/mutate", _mutate)
+    app.router.add_post("/validate", _validate)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
+    app.cleanup_ctx.append(_background)
+    return app
+
+
+# ---- handlers ----------------------------------------------------------------------------------
+
+
+def _bad_request(state: WebhookState, endpoint: str, reason: str) -> web.Response:
+    state.metrics.bad_requests.labels(endpoint).inc()
+    return web.Response(status=400, text=reason.replace("\n", " ") + "\n")
+
+
+async def _read(request: web.Request) -> bytes:
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise BadReview(f"the body is larger than {MAX_BODY_BYTES} bytes, the most an "
+                        f"AdmissionReview may be") from None
+
+
+async def _mutate(request: web.Request) -> web.Response:
+    return await _serve(request, "mutate")
+
+
+async def _validate(request: web.Request) -> web.Response:
+    return await _serve(request, "validate")
+
+
+async def _serve(request: web.Request, endpoint: str) -> web.Response:
+    state = request.app[STATE]
+    started = time.perf_counter()
+    try:
+        review = reviews.parse(await _read(request))
+    except BadReview as exc:
+        return _bad_request(state, endpoint, str(exc))
+    try:
+        if endpoint == "mutate":
+            body = await _answer_mutate(state, review)
+        else:
+            body = await _answer_validate(state, review)
+    except Exception:
+        state.metrics.internal_errors.labels(endpoint).inc()
+        state.metrics.outcome(endpoint, "error")
+        log.exception("admission review failed", extra={
+            "uid": review.uid, "endpoint": endpoint, "namespace": review.namespace,
+            "pod": review.name})
+        body = reviews.response(review.uid, allowed=False, refusal=INTERNAL_ERROR)
+    state.metrics.latency_of[endpoint].observe(time.perf_counter() - started)
+    return web.Response(body=body, content_type="application/json")
+
+
+def _refuse(state: WebhookState, endpoint: str, review: Review, refusal: Refusal,
+            warnings: Sequence[str] = ()) -> bytes:
+    state.metrics.refusals.labels(endpoint, refusal.reason).inc()
+    state.metrics.outcome(endpoint, "refused")
+    log.info("pod refused", extra={"uid": review.uid, "endpoint": endpoint,
+                                   "namespace": review.namespace, "pod": review.name,
+                                   "reason": refusal.reason, "refusal": refusal.message})
+    return reviews.response(review.uid, allowed=False, refusal=refusal, warnings=warnings)
+
+
+def _class_lookup(state: WebhookState) -> ClassLookup:
+    def lookup(kind: str, namespace: str, name: str) -> Collection[str] | None:
+        return state.templates.cached_classes(
+            "template" if kind == "ResourceClaimTemplate" else "claim", namespace, name)
+    return lookup
+
+
+async def _claim_classes(state: WebhookState, namespace: str, pod: dict[str, Any]
+                         ) -> tuple[frozenset[str] | None, ...]:
+    claims = pod["spec"].get("resourceClaims")
+    if not isinstance(claims, list) or not claims:
+        return ()
+    out: list[frozenset[str] | None] = []
+    for claim in claims:
+        if not isinstance(claim, dict):
+            out.append(None)
+        elif isinstance(claim.get("resourceClaimTemplateName"), str):
+            out.append(await state.templates.classes(
+                namespace, template=claim["resourceClaimTemplateName"]))
+        elif isinstance(claim.get("resourceClaimName"), str):
+            out.append(await state.templates.classes(namespace, claim=claim["resourceClaimName"]))
+        else:
+            out.append(None)
+    return tuple(out)
+
+
+def _namespace(review: Review) -> str:
+    meta = review.object.get("metadata")
+    ns = meta.get("namespace") if isinstance(meta, dict) else None
+    return review.namespace or (ns if isinstance(ns, str) else "")
+
+
+async def _answer_mutate(state: WebhookState, review: Review) -> bytes:
+    if review.operation != "CREATE" or review.sub_resource:
+        state.metrics.outcome("mutate", "allowed")
+        return reviews.response(review.uid)
+    rules = state.store.rules
+    if rules is None:
+        return _refuse(state, "mutate", review, NOT_READY)
+    namespace = _namespace(review)
+    pod = review.object
+    if pod["spec"].get("resourceClaims"):
+        # Natively written claims: learn their classes so a gateway-class one gets the gate.
+        await _claim_classes(state, namespace, pod)
+    decision = mutation.decide(pod, namespace, rules, class_lookup=_class_lookup(state))
+    if decision.refusal is not None:
+        return _refuse(state, "mutate", review, decision.refusal, decision.warnings)
+    if decision.templates:
+        try:
+            await state.templates.ensure(decision.templates, namespace, dry_run=review.dry_run)
+        except TemplateUnavailable as exc:
+            return _refuse(state, "mutate", review,
+                           Refusal(RETRY_LATER_CODE, "ServiceUnavailable", str(exc)))
+    for rule in decision.rules_applied:
+        state.metrics.translations.labels(rule).inc()
+    state.metrics.outcome("mutate", "patched" if decision.patch else "allowed")
+    return reviews.response(review.uid, patch=decision.patch, warnings=decision.warnings,
+                            audit=decision.audit)
+
+
+async def _answer_validate(state: WebhookState, review: Review) -> bytes:
+    if review.operation != "CREATE" or review.sub_resource:
+        state.metrics.outcome("validate", "allowed")
+        return reviews.response(review.uid)
+    rules = state.store.rules
+    if rules is None:
+        return _refuse(state, "validate", review, NOT_READY)
+    namespace = _namespace(review)
+    under_review = PodUnderReview(
+        pod=review.object, namespace=namespace, rules=rules,
+        claim_classes=await _claim_classes(state, namespace, review.object),
+        enforce=state.settings.enforce)
+    verdict = state.validator.check(under_review)
+    if verdict.refusal is not None:
+        return _refuse(state, "validate", review, verdict.refusal)
+    state.metrics.outcome("validate", "allowed")
+    return reviews.response(review.uid)
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+def _certificate_in_place(state: WebhookState) -> bool:
+    if state.tls is not None:
+        return state.tls.loaded
+    tls_dir = state.settings.tls_dir
+    return tls_dir is None or ((tls_dir / CERT_FILE).is_file() and (tls_dir / KEY_FILE).is_file())
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    missing = []
+    if state.store.rules is None:
+        missing.append("no translation rules loaded")
+    if state.settings.watch_config_maps and not state.config_maps_synced:
+        missing.append("rule ConfigMaps not read yet")
+    if not _certificate_in_place(state):
+        missing.append("no serving certificate in place")
+    if missing:
+        return web.Response(status=503, text="not ready: " + "; ".join(missing) + "\n")
+    return web.Response(text="ok\n")
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+# ---- background work ---------------------------------------------------------------------------
+
+
+async def _reconcile(state: WebhookState, rules: RuleSet) -> None:
+    if not state.settings.reconcile_webhooks:
+        return
+    ca_bundle = state.settings.ca_file.read_bytes() if state.settings.ca_file else None
+    try:
+        updated = await config.reconcile(
+            state.cluster, rules, mutating_name=state.settings.mutating_configuration,
+            validating_name=state.settings.validating_configuration, ca_bundle=ca_bundle)
+    except Exception:
+        state.metrics.config_reconciles.labels("failed").inc()
+        log.exception("webhook configurations not reconciled")
+        return
+    for _ in updated:
+        state.metrics.config_reconciles.labels("updated").inc()
+
+
+async def _on_rules_changed(state: WebhookState, rules: RuleSet) -> None:
+    await _reconcile(state, rules)
+
+
+async def _background(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    rules = state.store.load_files()
+    state.store.listeners.append(lambda r: _on_rules_changed(state, r))
+    tasks = state.tasks
+    if state.settings.rules_paths:
+        tasks.append(asyncio.create_task(state.store.poll_files(), name="rules-files"))
+    if state.settings.watch_config_maps:
+        state.store.on_synced = lambda: setattr(state, "config_maps_synced", True)
+        tasks.append(asyncio.create_task(state.store.watch_config_maps(),
+                                         name="rules-configmaps"))
+    if state.tls is not None:
+        tasks.append(asyncio.create_task(state.tls.run(), name="certificate-reload"))
+    tasks.append(asyncio.create_task(_reconcile(state, rules), name="webhook-configurations"))
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        tasks.clear()

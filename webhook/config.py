@@ -1,0 +1,205 @@
+"""The Mutating- and ValidatingWebhookConfiguration of the gateway, and keeping them current.
+
+Every pod creation in the cluster passes through the API server's webhook dispatch, so the
+configurations send the gateway only what it can act on: one `matchConditions` CEL expression,
+derived from the loaded rules, ORs together "a container or init container asks for a resource a
+rule translates", "the pod carries an annotation a rule reads", "the pod has resource claims"
+(their class is only known by reading them) and "the pod carries the gateway's gate or
+annotation". With `failurePolicy: Fail` for exactly those pods, a webhook outage stops GPU pods
+and nothing else. The namespaceSelector leaves out kube-system and the gateway's own namespace
+(a webhook that admits its own replacement pods can deadlock).
+
+Validation runs on CREATE only: the allocator lifts the gate with an UPDATE, which a validating
+rule about ungated pods would otherwise refuse.
+
+`reconcile` rewrites the matchConditions (and, given a CA, the caBundle) of the installed
+configurations when rules change, through the cluster port; it leaves every other field as the
+installer wrote it. This module must not answer reviews.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError, Cluster, Conflict, NotFound
+from dra_gateway.kube.resources import (
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    VALIDATING_WEBHOOK_CONFIGURATIONS,
+    ResourceType,
+)
+from dra_gateway.translator.rules import RuleSet
+from dra_gateway.webhook.settings import (
+    MUTATING_CONFIGURATION,
+    MUTATING_WEBHOOK,
+    VALIDATING_CONFIGURATION,
+    VALIDATING_WEBHOOK,
+)
+
+log = logging.getLogger(__name__)
+
+MATCH_CONDITION_NAME = "gpu-pods"
+TIMEOUT_SECONDS = 5
+_CONFLICT_RETRIES = 5
+
+
+def _cel_strings(values: Iterable[str]) -> str:
+    # JSON string literals are valid CEL string literals (same escapes for what names contain).
+    return "[" + ", ".join(json.dumps(v) for v in sorted(values)) + "]"
+
+
+def _key_test(var: str, exact: frozenset[str], prefixes: frozenset[str]) -> str:
+    tests = []
+    if exact:
+        tests.append(f"{var} in {_cel_strings(exact)}")
+    tests += [f"{var}.startsWith({json.dumps(p)})" for p in sorted(prefixes)]
+    return " || ".join(tests) if tests else "false"
+
+
+def match_expression(rules: RuleSet) -> str:
+    """The CEL expression selecting the pods the gateway must see."""
+    key = _key_test("k", rules.legacy_resource_names(), rules.legacy_resource_prefixes())
+    resources = (f"has(c.resources) && ((has(c.resources.limits) && "
+                 f"c.resources.limits.exists(k, {key})) || (has(c.resources.requests) && "
+                 f"c.resources.requests.exists(k, {key})))")
+    annotations = {*rules.annotation_keys(), names.ANNOTATION_TRANSLATED}
+    clauses = [
+        f"object.spec.containers.exists(c, {resources})",
+        f"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, {resources}))",
+        f"(has(object.metadata.annotations) && object.metadata.annotations.exists(k, "
+        f"k in {_cel_strings(annotations)}))",
+        "(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)",
+        f"(has(object.spec.schedulingGates) && object.spec.schedulingGates.exists(g, "
+        f"g.name == {json.dumps(names.SCHEDULING_GATE)}))",
+    ]
+    return " || ".join(clauses)
+
+
+def match_conditions(rules: RuleSet) -> list[dict[str, str]]:
+    return [{"name": MATCH_CONDITION_NAME, "expression": match_expression(rules)}]
+
+
+def _namespace_selector(excluded: Iterable[str]) -> dict[str, Any]:
+    return {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                                  "values": sorted(set(excluded))}]}
+
+
+def _client_config(service_namespace: str, service_name: str, path: str, port: int,
+                   ca_bundle: bytes | None) -> dict[str, Any]:
+    config: dict[str, Any] = {"service": {"namespace": service_namespace, "name": service_name,
+                                          "path": path, "port": port}}
+    if ca_bundle:
+        config["caBundle"] = base64.b64encode(ca_bundle).decode("ascii")
+    return config
+
+
+def configurations(rules: RuleSet, *, service_namespace: str, service_name: str,
+                   ca_bundle: bytes | None, gateway_namespace: str | None = None,
+                   excluded_namespaces: Iterable[str] = ("kube-system",), port: int = 443,
+                   mutating_name: str = MUTATING_CONFIGURATION,
+                   validating_name: str = VALIDATING_CONFIGURATION,
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The MutatingWebhookConfiguration and the ValidatingWebhookConfiguration."""
+    excluded = {*excluded_namespaces, gateway_namespace or service_namespace}
+    labels = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
+    pod_rule: dict[str, Any] = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                "resources": ["pods"], "scope": "Namespaced"}
+    common: dict[str, Any] = {
+        "rules": [pod_rule],
+        "failurePolicy": "Fail",
+        "matchPolicy": "Equivalent",
+        "namespaceSelector": _namespace_selector(excluded),
+        "objectSelector": {},
+        "sideEffects": "NoneOnDryRun",
+        "timeoutSeconds": TIMEOUT_SECONDS,
+        "admissionReviewVersions": ["v1"],
+        "matchConditions": match_conditions(rules),
+    }
+    mutating = {
+        "apiVersion": MUTATING_WEBHOOK_CONFIGURATIONS.api_version,
+        "kind": MUTATING_WEBHOOK_CONFIGURATIONS.kind,
+        "metadata": {"name": mutating_name, "labels": labels},
+        "webhooks": [{
+            "name": MUTATING_WEBHOOK,
+            "clientConfig": _client_config(service_namespace, service_name, "/mutate", port,
+                                           ca_bundle),
+            **common,
+            # Another webhook may add a GPU request after ours: run again; a translated pod
+            # translates to nothing, so the second pass is a no-op.
+            "reinvocationPolicy": "IfNeeded",
+        }],
+    }
+    validating = {
+        "apiVersion": VALIDATING_WEBHOOK_CONFIGURATIONS.api_version,
+        "kind": VALIDATING_WEBHOOK_CONFIGURATIONS.kind,
+        "metadata": {"name": validating_name, "labels": labels},
+        "webhooks": [{
+            "name": VALIDATING_WEBHOOK,
+            "clientConfig": _client_config(service_namespace, service_name, "/validate", port,
+                                           ca_bundle),
+            **common,
+        }],
+    }
+    return mutating, validating
+
+
+async def reconcile(cluster: Cluster, rules: RuleSet, *,
+                    mutating_name: str = MUTATING_CONFIGURATION,
+                    validating_name: str = VALIDATING_CONFIGURATION,
+                    ca_bundle: bytes | None = None) -> list[str]:
+    """Update the installed configurations' matchConditions (and caBundle) for `rules`.
+
+    Only the gateway's own webhooks (by name) are touched. Returns the configurations updated;
+    a configuration that is not installed is skipped (the installer owns creating it).
+    """
+    wanted = match_conditions(rules)
+    bundle = base64.b64encode(ca_bundle).decode("ascii") if ca_bundle else None
+    updated = []
+    for rt, name, hook in ((MUTATING_WEBHOOK_CONFIGURATIONS, mutating_name, MUTATING_WEBHOOK),
+                           (VALIDATING_WEBHOOK_CONFIGURATIONS, validating_name,
+                            VALIDATING_WEBHOOK)):
+        if await _reconcile_one(cluster, rt, name, hook, wanted, bundle):
+            updated.append(name)
+    return updated
+
+
+async def _reconcile_one(cluster: Cluster, rt: ResourceType, name: str, hook: str,
+                         wanted: list[dict[str, str]], bundle: str | None) -> bool:
+    for _ in range(_CONFLICT_RETRIES):
+        try:
+            current = await cluster.get(rt, name)
+        except NotFound:
+            log.info("webhook configuration not installed, nothing to reconcile",
+                     extra={"kind": rt.kind, "name": name})
+            return False
+        changed = False
+        for webhook in current.get("webhooks") or ():
+            if webhook.get("name") != hook:
+                continue
+            if webhook.get("matchConditions") != wanted:
+                webhook["matchConditions"] = wanted
+                changed = True
+            client = webhook.setdefault("clientConfig", {})
+            if bundle is not None and client.get("caBundle") != bundle:
+                client["caBundle"] = bundle
+                changed = True
+        if not changed:
+            return False
+        try:
+            await cluster.update(rt, current)
+        except Conflict:
+            continue  # someone else wrote it meanwhile: read again and redo
+        except ApiError as exc:
+            log.error("cannot update the webhook configuration",
+                      extra={"kind": rt.kind, "name": name, "reason": exc.reason,
+                             "error": exc.message})
+            raise
+        log.info("webhook configuration follows the rules",
+                 extra={"kind": rt.kind, "name": name})
+        return True
+    raise Conflict(f"{rt.kind} {name} kept changing under {_CONFLICT_RETRIES} updates; "
+                   f"it will be reconciled at the next rule change")

@@ -1,0 +1,70 @@
+"""The /mutate decision: from a pod and the rules in force to a patch or a refusal.
+
+The translator does the work (and caches it per request shape on the rule set); this module
+turns its plan into what a response carries: the base64 JSON patch, warnings, audit
+annotations, the templates to make exist, or a refusal with a Status code and reason. It is pure
+apart from reading the `class_lookup` it is handed; making templates exist is `templates`, and
+answering the HTTP request is `app`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_gateway.translator.rules import RuleSet
+from dra_gateway.translator.translate import ClassLookup, translate
+from dra_gateway.webhook.reviews import Refusal, encode_patch
+
+# A pod the rules cannot honour is a request the user must change, not a server failure.
+REFUSED_CODE = 403
+REFUSED_REASON = "Forbidden"
+
+
+@dataclass(frozen=True, slots=True)
+class Mutation:
+    patch: str | None = None  # base64 RFC 6902, None when nothing changes
+    templates: tuple[dict[str, Any], ...] = ()
+    refusal: Refusal | None = None
+    warnings: tuple[str, ...] = ()
+    audit: Mapping[str, str] = field(default_factory=dict)
+    rules_applied: tuple[str, ...] = ()
+
+
+NO_CHANGE = Mutation()
+
+
+def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
+           class_lookup: ClassLookup | None = None) -> Mutation:
+    """What /mutate answers for a pod being created in `namespace`."""
+    meta = pod.get("metadata")
+    if namespace and (not isinstance(meta, dict) or not meta.get("namespace")):
+        # The API server fills the namespace in before admission; a review built by hand may
+        # not, and the templates must land in the pod's namespace all the same.
+        pod = {**pod, "metadata": {**(meta if isinstance(meta, dict) else {}),
+                                   "namespace": namespace}}
+    plan = translate(pod, rules, class_lookup=class_lookup)
+    warnings = tuple(plan.warnings)
+    applied = tuple(plan.rules_applied)
+    if plan.refusal is not None:
+        return Mutation(
+            refusal=Refusal(REFUSED_CODE, REFUSED_REASON, plan.refusal.message),
+            warnings=warnings, rules_applied=applied,
+            audit={"refused-by-rule": plan.refusal.rule} if plan.refusal.rule else {},
+        )
+    if not plan.patch:
+        return Mutation(warnings=warnings) if warnings else NO_CHANGE
+    audit: dict[str, str] = {}
+    if applied:
+        audit["translated-by"] = ",".join(applied)
+    if plan.templates:
+        audit["resource-claim-templates"] = ",".join(
+            t["metadata"]["name"] for t in plan.templates)
+    return Mutation(
+        patch=encode_patch(plan.patch),
+        templates=tuple(plan.templates),
+        warnings=warnings,
+        audit=audit,
+        rules_applied=applied,
+    )

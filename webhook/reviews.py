@@ -1,0 +1,147 @@
+"""AdmissionReview v1 in and out: parse a request body, build a response body.
+
+Parsing is the only validation a review gets on the hot path: the checks the API server's own
+contract guarantees are made once, cheaply, on plain dicts (no models), and anything else is a
+`BadReview` whose message is one line naming what was wrong. Responses are built as dicts and
+serialised with orjson.
+
+It must not decide anything about pods: that is `mutation` and `validation`.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+API_VERSION: Final = "admission.k8s.io/v1"
+KIND: Final = "AdmissionReview"
+_POD_RESOURCE: Final = "pods"
+
+
+class BadReview(ValueError):
+    """The body is not an AdmissionReview v1 for a pod this webhook can answer (HTTP 400)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Review:
+    """The parts of an AdmissionRequest the webhook reads."""
+
+    uid: str
+    operation: str
+    namespace: str
+    name: str
+    sub_resource: str
+    dry_run: bool
+    object: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a pod is not admitted: HTTP-style code, a Status reason and the user's message."""
+
+    code: int
+    reason: str
+    message: str
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "null"
+    return f"a {type(value).__name__}"
+
+
+def parse(body: bytes) -> Review:
+    """The review in `body`; raises BadReview with a one-line reason."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadReview(f"the body is not valid JSON: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise BadReview(f"the body is {_describe(data)}, not an AdmissionReview object")
+    if data.get("apiVersion") != API_VERSION or data.get("kind") != KIND:
+        raise BadReview(
+            f"the body is apiVersion {data.get('apiVersion')!r} kind {data.get('kind')!r}; "
+            f"this webhook serves {API_VERSION} {KIND} (set admissionReviewVersions: [v1])"
+        )
+    request = data.get("request")
+    if not isinstance(request, dict):
+        raise BadReview("the AdmissionReview has no request object")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("the AdmissionReview request has no uid")
+    resource = request.get("resource")
+    kind = request.get("kind")
+    if not (isinstance(resource, dict) and resource.get("group") == ""
+            and resource.get("resource") == _POD_RESOURCE
+            and isinstance(kind, dict) and kind.get("kind") == "Pod"):
+        raise BadReview(
+            f"request {uid} is for {_resource_text(resource)}, not pods; this webhook serves "
+            f"pods only: fix the webhook configuration's rules"
+        )
+    operation = request.get("operation")
+    if not isinstance(operation, str):
+        raise BadReview(f"request {uid} has no operation")
+    obj = request.get("object")
+    if operation in ("CREATE", "UPDATE"):
+        if not isinstance(obj, dict):
+            raise BadReview(f"request {uid} ({operation}) carries {_describe(obj)} as its object, "
+                            f"not a pod")
+        if obj.get("kind", "Pod") != "Pod" or not isinstance(obj.get("spec"), dict):
+            raise BadReview(f"request {uid} carries an object that is not a pod with a spec")
+        if not isinstance(obj.get("metadata", {}), dict):
+            raise BadReview(f"request {uid}: the pod's metadata is not an object")
+    else:
+        obj = {}
+    namespace = request.get("namespace") or ""
+    name = request.get("name") or ""
+    sub_resource = request.get("subResource") or ""
+    if not isinstance(namespace, str) or not isinstance(name, str) \
+            or not isinstance(sub_resource, str):
+        raise BadReview(f"request {uid}: namespace, name and subResource must be strings")
+    return Review(
+        uid=uid,
+        operation=operation,
+        namespace=namespace,
+        name=name,
+        sub_resource=sub_resource,
+        dry_run=request.get("dryRun") is True,
+        object=obj,
+    )
+
+
+def _resource_text(resource: Any) -> str:
+    if not isinstance(resource, dict):
+        return "no resource"
+    group = resource.get("group") or "core"
+    return f"resource {resource.get('resource')!r} of group {group!r}"
+
+
+def encode_patch(patch: Sequence[Mapping[str, Any]]) -> str:
+    """An RFC 6902 patch as the base64 text the response carries."""
+    return base64.b64encode(orjson.dumps(patch)).decode("ascii")
+
+
+def response(uid: str, *, allowed: bool = True, patch: str | None = None,
+             refusal: Refusal | None = None, warnings: Sequence[str] = (),
+             audit: Mapping[str, str] | None = None) -> bytes:
+    """The response body; `patch` is already base64 (see `encode_patch`)."""
+    answer: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if patch is not None:
+        answer["patchType"] = "JSONPatch"
+        answer["patch"] = patch
+    if refusal is not None:
+        answer["status"] = {"code": refusal.code, "reason": refusal.reason,
+                            "message": refusal.message}
+    if warnings:
+        answer["warnings"] = list(warnings)
+    if audit:
+        answer["auditAnnotations"] = dict(audit)
+    return orjson.dumps({"apiVersion": API_VERSION, "kind": KIND, "response": answer})

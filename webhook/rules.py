@@ -1,0 +1,258 @@
+"""The rules in force, reloaded without a restart from `--rules` files and labelled ConfigMaps.
+
+`RuleStore` keeps the last good `RuleSet` and the source documents it was built from. A change
+(a file's mtime/inode/size, a ConfigMap event) builds a candidate set from every source with the
+change applied; when the translator refuses it, the change is logged, counted and reported as a
+Warning Event on the ConfigMap, and the previous set stays in force. Each ConfigMap keeps its
+own last good data, so one broken ConfigMap never takes another's rules out of force.
+
+ConfigMaps are read by a list and a watch through the cluster port, in the gateway's namespace,
+selected by `dra-gateway.io/rules=true`; an expired watch relists, any other failure relists
+after a pause. Files are polled: inotify misses the symlink swaps of mounted volumes.
+
+Listeners (`on_change`) run after each accepted change; the app uses them to drop cached plans
+and to reconcile the webhook configurations' matchConditions. This module must not translate
+pods or answer reviews.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError, Cluster, Expired, Object
+from dra_gateway.kube.resources import CONFIG_MAPS, EVENTS
+from dra_gateway.translator.rules import RulesError, RuleSet, Source, load_rules
+from dra_gateway.webhook.metrics import Metrics
+from dra_gateway.webhook.settings import WebhookSettings
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[RuleSet], Awaitable[None]]
+_FileStamp = tuple[tuple[str, int, int, int], ...]
+_EVENT_MESSAGE_LIMIT = 1024  # the API server truncates longer Event messages anyway
+COMPONENT = "dra-gateway-webhook"
+
+
+def _stamp(path: Path) -> _FileStamp:
+    """What changes when a rules file or folder is rewritten or swapped."""
+    try:
+        entries = sorted(path.iterdir()) if path.is_dir() else [path]
+    except OSError:
+        return ()
+    out = []
+    for entry in entries:
+        try:
+            st = entry.stat()
+        except OSError:
+            continue
+        out.append((entry.name, st.st_mtime_ns, st.st_ino, st.st_size))
+    return tuple(out)
+
+
+class RuleStore:
+    def __init__(self, settings: WebhookSettings, cluster: Cluster, metrics: Metrics) -> None:
+        self._settings = settings
+        self._cluster = cluster
+        self._metrics = metrics
+        self.rules: RuleSet | None = None
+        self.generation = 0
+        self.listeners: list[Listener] = []
+        self.on_synced: Callable[[], None] | None = None  # after the first ConfigMap list
+        self._config_maps: dict[str, dict[str, str]] = {}  # name -> last good data
+        self._stamps: dict[Path, _FileStamp] = {}
+        self._lock = asyncio.Lock()
+
+    @property
+    def selector(self) -> str:
+        return f"{names.RULES_LABEL}={names.RULES_LABEL_VALUE}"
+
+    def _build(self, config_maps: Mapping[str, Mapping[str, str]]) -> RuleSet:
+        sources: list[Source] = [*self._settings.rules_paths,
+                                 *(config_maps[name] for name in sorted(config_maps))]
+        return load_rules(*sources, builtin=self._settings.builtin_rules)
+
+    def load_files(self) -> RuleSet:
+        """The first load from files (and built-ins); raises RulesError, which stops startup."""
+        self._stamps = {p: _stamp(p) for p in self._settings.rules_paths}
+        rules = self._build(self._config_maps)
+        self._commit(rules, "file")
+        return rules
+
+    def _commit(self, rules: RuleSet, source: str) -> None:
+        self.rules = rules
+        self.generation += 1
+        self._metrics.rule_reloads.labels(source).inc()
+        self._metrics.rules_loaded.set(len(rules.rules))
+        log.info("translation rules in force",
+                 extra={"rules": list(rules.rule_names), "generation": self.generation,
+                        "source": source})
+
+    async def _notify(self) -> None:
+        rules = self.rules
+        assert rules is not None
+        for listener in self.listeners:
+            try:
+                await listener(rules)
+            except Exception:
+                log.exception("a rules listener failed", extra={"generation": self.generation})
+
+    # ---- files -------------------------------------------------------------------------------
+
+    async def poll_files(self) -> None:
+        """Reload when a `--rules` file or folder changes; runs until cancelled."""
+        while True:
+            await asyncio.sleep(self._settings.rules_poll_interval)
+            await self.check_files()
+
+    async def check_files(self) -> bool:
+        stamps = {p: _stamp(p) for p in self._settings.rules_paths}
+        if stamps == self._stamps:
+            return False
+        # Recorded even when the load fails: a broken file is reported once, not every poll.
+        self._stamps = stamps
+        async with self._lock:
+            try:
+                rules = self._build(self._config_maps)
+            except RulesError as exc:
+                self._metrics.rule_reload_failures.labels("file").inc()
+                log.error("rules files refused, the previous rules stay in force",
+                          extra={"error": str(exc), "generation": self.generation})
+                return False
+            self._commit(rules, "file")
+        await self._notify()
+        return True
+
+    # ---- ConfigMaps --------------------------------------------------------------------------
+
+    async def watch_config_maps(self) -> None:
+        """List and watch the rule ConfigMaps; runs until cancelled."""
+        ns = self._settings.namespace
+        resource_version: str | None = None
+        while True:
+            try:
+                if resource_version is None:
+                    listed = await self._cluster.list(CONFIG_MAPS, namespace=ns,
+                                                      label_selector=self.selector)
+                    await self.sync(listed.items)
+                    resource_version = listed.resource_version
+                    if self.on_synced is not None:
+                        self.on_synced()
+                async for event in self._cluster.watch(
+                        CONFIG_MAPS, namespace=ns, label_selector=self.selector,
+                        resource_version=resource_version):
+                    meta = event.object.get("metadata") or {}
+                    resource_version = meta.get("resourceVersion") or resource_version
+                    if event.type in ("ADDED", "MODIFIED"):
+                        await self.config_map_changed(event.object)
+                    elif event.type == "DELETED":
+                        await self.config_map_deleted(event.object)
+            except Expired:
+                log.info("rules ConfigMap watch expired, relisting", extra={"namespace": ns})
+                resource_version = None
+            except ApiError as exc:
+                log.warning("rules ConfigMap watch failed, relisting",
+                            extra={"namespace": ns, "reason": exc.reason, "error": exc.message})
+                resource_version = None
+                await asyncio.sleep(self._settings.watch_retry_delay)
+            except Exception:
+                log.exception("rules ConfigMap watch failed, relisting", extra={"namespace": ns})
+                resource_version = None
+                await asyncio.sleep(self._settings.watch_retry_delay)
+
+    async def sync(self, items: list[Object]) -> None:
+        """Bring the sources in line with a full list of the rule ConfigMaps."""
+        present = {item["metadata"]["name"] for item in items}
+        for item in sorted(items, key=lambda i: str(i["metadata"]["name"])):
+            await self.config_map_changed(item)
+        for name in sorted(set(self._config_maps) - present):
+            await self.config_map_deleted({"metadata": {"name": name}})
+
+    async def config_map_changed(self, config_map: Object) -> bool:
+        name = config_map["metadata"]["name"]
+        data = {str(k): str(v) for k, v in (config_map.get("data") or {}).items()}
+        if self._config_maps.get(name) == data:
+            return False
+        async with self._lock:
+            candidate = {**self._config_maps, name: data}
+            try:
+                rules = self._build(candidate)
+            except RulesError as exc:
+                await self._refuse(config_map, exc)
+                return False
+            self._config_maps = candidate
+            self._commit(rules, "configmap")
+        await self._notify()
+        return True
+
+    async def config_map_deleted(self, config_map: Object) -> bool:
+        name = config_map["metadata"]["name"]
+        if name not in self._config_maps:
+            return False
+        async with self._lock:
+            candidate = {k: v for k, v in self._config_maps.items() if k != name}
+            try:
+                rules = self._build(candidate)
+            except RulesError as exc:
+                # Another ConfigMap depended on this one (an override of its rule, say): the
+                # rules in force stay until the dependants are fixed.
+                self._metrics.rule_reload_failures.labels("configmap").inc()
+                log.error("removing a rules ConfigMap would break the others; the previous rules "
+                          "stay in force", extra={"configmap": name, "error": str(exc)})
+                return False
+            self._config_maps = candidate
+            self._commit(rules, "configmap")
+        await self._notify()
+        return True
+
+    async def _refuse(self, config_map: Object, exc: RulesError) -> None:
+        meta = config_map["metadata"]
+        ns = meta.get("namespace") or self._settings.namespace
+        message = (f"rules in ConfigMap {ns}/{meta['name']} refused, the previous rules stay in "
+                   f"force: {exc}")
+        self._metrics.rule_reload_failures.labels("configmap").inc()
+        log.error("rules ConfigMap refused, the previous rules stay in force",
+                  extra={"configmap": f"{ns}/{meta['name']}", "error": str(exc),
+                         "generation": self.generation})
+        try:
+            await self._cluster.create(EVENTS, rules_refused_event(config_map, message),
+                                       namespace=ns)
+        except ApiError as err:
+            log.warning("cannot record an Event for a refused rules ConfigMap",
+                        extra={"configmap": f"{ns}/{meta['name']}", "error": err.message})
+
+
+def rules_refused_event(config_map: Object, message: str, *,
+                        now: datetime | None = None) -> dict[str, Any]:
+    """A core/v1 Warning Event about `config_map` (kubectl describe shows it)."""
+    meta = config_map["metadata"]
+    ns = meta.get("namespace") or ""
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    involved: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap", "namespace": ns,
+                                "name": meta["name"]}
+    for key, field in (("uid", "uid"), ("resourceVersion", "resourceVersion")):
+        if meta.get(key):
+            involved[field] = meta[key]
+    if len(message) > _EVENT_MESSAGE_LIMIT:
+        message = message[:_EVENT_MESSAGE_LIMIT - 3] + "..."
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{secrets.token_hex(8)}", "namespace": ns},
+        "involvedObject": involved,
+        "reason": "RulesRefused",
+        "message": message,
+        "type": "Warning",
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": COMPONENT,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }

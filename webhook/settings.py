@@ -1,0 +1,51 @@
+"""The webhook's settings: one small frozen value, built by the CLI or a test, passed explicitly.
+
+It must not read the environment or files: the CLI does that and hands the result over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAX_BODY_BYTES = 3 * 1024 * 1024  # the API server caps admission requests at 3 MiB as well
+
+MUTATING_CONFIGURATION = "dra-gateway"
+VALIDATING_CONFIGURATION = "dra-gateway"
+MUTATING_WEBHOOK = "mutate.dra-gateway.io"
+VALIDATING_WEBHOOK = "validate.dra-gateway.io"
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookSettings:
+    """What the webhook needs to know to serve.
+
+    namespace: where the gateway runs: rule ConfigMaps are read there and it is excluded from
+        admission (a webhook that admits its own pods can deadlock its own restart).
+    rules_paths: rule files or folders (`--rules`), polled for changes.
+    builtin_rules: load the translator's built-in rule sets first.
+    watch_config_maps: read rules from ConfigMaps labelled dra-gateway.io/rules=true.
+    tls_dir: where tls.crt and tls.key live; readiness needs a certificate there.
+    enforce: refuse pods whose legacy GPU requests escaped translation.
+    template_timeout: seconds one admission may spend making its templates exist.
+    reconcile_webhooks: keep the webhook configurations' matchConditions (and caBundle, with
+        ca_file) in line with the loaded rules.
+    """
+
+    namespace: str = "dra-gateway"
+    rules_paths: tuple[Path, ...] = ()
+    builtin_rules: bool = True
+    watch_config_maps: bool = True
+    tls_dir: Path | None = None
+    ca_file: Path | None = None
+    enforce: bool = True
+    template_timeout: float = 2.0
+    template_cache_size: int = 8192
+    template_cache_ttl: float = 300.0
+    plan_cache_size: int = 2048
+    rules_poll_interval: float = 2.0
+    watch_retry_delay: float = 1.0
+    reconcile_webhooks: bool = True
+    mutating_configuration: str = MUTATING_CONFIGURATION
+    validating_configuration: str = VALIDATING_CONFIGURATION
+    excluded_namespaces: tuple[str, ...] = field(default=("kube-system",))

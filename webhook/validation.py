@@ -1,0 +1,209 @@
+"""The /validate decision: policies that each look at a pod and say what is wrong with it.
+
+A policy is any object with a `name` and a `check(pod) -> Sequence[Violation]`; `Validator` runs
+them in order and refuses the pod with every violation found, so the user fixes them in one go.
+Checks are pure: the facts they need from the cluster (which device classes the pod's claims
+use) are resolved before they run and handed over in `PodUnderReview`. The built-in policies
+keep the gateway's contract consistent (DESIGN.md, "The gate, finalizer and release protocol");
+quota and sharing policies plug in as further `PodPolicy` objects, given to `create_app`.
+
+Every message names the pod, the container or claim, the field, and the fix. This module must
+not perform I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dra_gateway.kube import names
+from dra_gateway.translator.rules import RuleSet
+from dra_gateway.translator.translate import CLAIM_NAME, TEMPLATE_PREFIX
+from dra_gateway.webhook.reviews import Refusal
+
+REFUSED_CODE = 403
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    reason: str  # a short CamelCase word, counted in metrics
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodUnderReview:
+    """A pod being created, with the facts policies need about it.
+
+    claim_classes[i] holds the device classes of spec.resourceClaims[i] (from its template or
+    claim), or None when that object does not exist or could not be read.
+    """
+
+    pod: Mapping[str, Any]
+    namespace: str
+    rules: RuleSet
+    claim_classes: tuple[frozenset[str] | None, ...]
+    enforce: bool
+
+    @property
+    def spec(self) -> Mapping[str, Any]:
+        spec = self.pod.get("spec")
+        return spec if isinstance(spec, dict) else {}
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        meta = self.pod.get("metadata")
+        return meta if isinstance(meta, dict) else {}
+
+    @property
+    def display_name(self) -> str:
+        meta = self.metadata
+        name = meta.get("name") or (f"{meta['generateName']}*" if meta.get("generateName")
+                                    else "<unnamed>")
+        return f"pod {self.namespace}/{name}" if self.namespace else f"pod {name}"
+
+    def claims(self) -> list[Mapping[str, Any]]:
+        claims = self.spec.get("resourceClaims")
+        return [c if isinstance(c, dict) else {} for c in claims] \
+            if isinstance(claims, list) else []
+
+    def gated(self) -> bool:
+        gates = self.spec.get("schedulingGates")
+        return isinstance(gates, list) and any(
+            isinstance(g, dict) and g.get("name") == names.SCHEDULING_GATE for g in gates)
+
+
+class PodPolicy(Protocol):
+    name: str
+
+    def check(self, review: PodUnderReview) -> Sequence[Violation]:
+        ...
+
+
+def _claim_field(index: int, claim: Mapping[str, Any]) -> tuple[str, str]:
+    """(field path, "ResourceClaimTemplate x" or "ResourceClaim x") of a pod claim entry."""
+    if claim.get("resourceClaimTemplateName"):
+        return (f"spec.resourceClaims[{index}].resourceClaimTemplateName",
+                f"ResourceClaimTemplate {claim['resourceClaimTemplateName']}")
+    return (f"spec.resourceClaims[{index}].resourceClaimName",
+            f"ResourceClaim {claim.get('resourceClaimName')}")
+
+
+class TranslationConsistency:
+    """The gate and the translation annotation only ever come with what they stand for."""
+
+    name = "translation-consistency"
+
+    def check(self, review: PodUnderReview) -> Sequence[Violation]:
+        out: list[Violation] = []
+        claims = review.claims()
+        annotations = review.metadata.get("annotations")
+        if isinstance(annotations, dict) and names.ANNOTATION_TRANSLATED in annotations:
+            translated = any(
+                c.get("name") == CLAIM_NAME
+                and str(c.get("resourceClaimTemplateName") or "").startswith(TEMPLATE_PREFIX)
+                for c in claims)
+            if not translated:
+                out.append(Violation("TranslationMissing", (
+                    f"{review.display_name} carries the annotation {names.ANNOTATION_TRANSLATED} "
+                    f"(metadata.annotations) but no translation behind it: spec.resourceClaims has "
+                    f"no claim {CLAIM_NAME!r} from a {TEMPLATE_PREFIX}* ResourceClaimTemplate; "
+                    f"remove the annotation and let the dra-gateway webhook translate the pod")))
+        if review.gated():
+            gateway = any(classes and classes & names.GATEWAY_CLASSES
+                          for classes in review.claim_classes)
+            unknown = any(classes is None for classes in review.claim_classes)
+            if not gateway and not unknown:
+                out.append(Violation("GateWithoutGatewayClaim", (
+                    f"{review.display_name} carries the scheduling gate {names.SCHEDULING_GATE} "
+                    f"(spec.schedulingGates) but none of its spec.resourceClaims uses a "
+                    f"dra-gateway device class ({', '.join(sorted(names.GATEWAY_CLASSES))}), so "
+                    f"nothing would ever lift the gate; remove the gate or request a dra-gateway "
+                    f"device class")))
+        return out
+
+
+class GatedGatewayClaims:
+    """A pod using a gateway-class claim waits for the allocator behind the gate."""
+
+    name = "gateway-claims-gated"
+
+    def check(self, review: PodUnderReview) -> Sequence[Violation]:
+        if review.gated():
+            return ()
+        out: list[Violation] = []
+        for index, (claim, classes) in enumerate(zip(review.claims(), review.claim_classes,
+                                                     strict=True)):
+            gateway = sorted((classes or frozenset()) & names.GATEWAY_CLASSES)
+            if not gateway:
+                continue
+            path, what = _claim_field(index, claim)
+            out.append(Violation("UngatedGatewayClaim", (
+                f"{review.display_name} uses {what} of device class {gateway[0]} ({path}) without "
+                f"the scheduling gate {names.SCHEDULING_GATE}; add spec.schedulingGates: "
+                f"[{{name: {names.SCHEDULING_GATE}}}] (the dra-gateway mutating webhook adds it "
+                f"when it is enabled for namespace {review.namespace})")))
+        return out
+
+
+class LegacyRequestsTranslated:
+    """While enforcing, no legacy GPU request may reach the scheduler untranslated."""
+
+    name = "legacy-requests-translated"
+
+    def check(self, review: PodUnderReview) -> Sequence[Violation]:
+        if not review.enforce:
+            return ()
+        out: list[Violation] = []
+        is_legacy = review.rules.is_legacy
+        for key in ("initContainers", "containers"):
+            containers = review.spec.get(key)
+            for index, container in enumerate(containers if isinstance(containers, list) else ()):
+                resources = container.get("resources") if isinstance(container, dict) else None
+                if not isinstance(resources, dict):
+                    continue
+                reported: set[str] = set()
+                for part in ("limits", "requests"):
+                    amounts = resources.get(part)
+                    for resource in amounts if isinstance(amounts, dict) else ():
+                        if resource in reported or not is_legacy(resource):
+                            continue
+                        # One violation per resource, at limits when it is in both.
+                        reported.add(resource)
+                        out.append(Violation("UntranslatedGpuRequest", (
+                            f"{review.display_name}: container {container.get('name')!r} asks "
+                            f"for {resource} (spec.{key}[{index}].resources.{part}"
+                            f"[{json.dumps(resource)}]) but was not translated to a DRA claim; "
+                            f"enable the dra-gateway mutating webhook for namespace "
+                            f"{review.namespace} or request the GPU with a ResourceClaim")))
+        return out
+
+
+DEFAULT_POLICIES: tuple[PodPolicy, ...] = (
+    TranslationConsistency(), GatedGatewayClaims(), LegacyRequestsTranslated())
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    refusal: Refusal | None
+    violations: tuple[Violation, ...]
+    policies: tuple[str, ...]  # the policy of each violation
+
+
+class Validator:
+    def __init__(self, policies: Sequence[PodPolicy] = DEFAULT_POLICIES) -> None:
+        self.policies = tuple(policies)
+
+    def check(self, review: PodUnderReview) -> Verdict:
+        violations: list[Violation] = []
+        by: list[str] = []
+        for policy in self.policies:
+            found = policy.check(review)
+            violations.extend(found)
+            by.extend(policy.name for _ in found)
+        if not violations:
+            return Verdict(None, (), ())
+        message = "; ".join(v.message for v in violations)
+        return Verdict(Refusal(REFUSED_CODE, violations[0].reason, message), tuple(violations),
+                       tuple(by))
