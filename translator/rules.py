@@ -15,6 +15,7 @@ cluster access, no logging.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -133,7 +134,8 @@ class MatchSpec(_Model):
         default_factory=dict, description="pod annotations that must be present (with this "
         "value when one is given)")
     node_selector: dict[str, str | None] = Field(default_factory=dict, alias="nodeSelector")
-    when: CelText | None = Field(default=None, description="CEL condition on the rule's variables")
+    when: CelText | None = Field(default=None,
+                                 description="CEL condition on the rule's variables")
 
 
 class VariableSpec(_Model):
@@ -161,9 +163,11 @@ class SelectorSpec(_Model):
     cel: CelText | None = Field(default=None, description="a DRA CEL selector, used as written")
     attribute: str | None = Field(default=None, description="device attribute, e.g. productName")
     op: SelectorOp = "equals"
-    values: CelText | None = Field(default=None, description="CEL giving a string or list of strings")
+    values: CelText | None = Field(default=None,
+                                   description="CEL giving a string or list of strings")
     separator: str | None = Field(default=None, description="split string values on this")
-    when: CelText | None = Field(default=None, description="CEL condition; false skips the selector")
+    when: CelText | None = Field(default=None,
+                                 description="CEL condition; false skips the selector")
 
 
     @field_validator("attribute")
@@ -198,7 +202,8 @@ class DeviceSpec(_Model):
     memory: CelText | None = Field(default=None, description="bytes per card")
     memory_percent: CelText | None = Field(default=None, alias="memoryPercent")
     cores: CelText | None = Field(default=None, description="percent of a card's compute")
-    enforcement: CelText | None = Field(default=None, description="CEL giving none|hami-core|mps")
+    enforcement: CelText | None = Field(default=None,
+                                        description="CEL giving none|hami-core|mps")
     policy: CelText | None = Field(default=None, description="CEL giving a policy name or \"\"")
     selectors: list[SelectorSpec] = Field(default_factory=list)
     constraints: list[ConstraintSpec] = Field(default_factory=list)
@@ -645,13 +650,14 @@ def _compile_rule(entry: _Entry, problems: _Problems) -> CompiledRule | None:
         if trigger not in spec.resources:
             fail(f"match.resources[{i}]", f"{trigger} is not one of the rule's resources")
 
-    variables = list(BASE_VARIABLES)
+    # compile_expression dry-runs on these samples; rule variables get their sample values as
+    # they compile, so later expressions see them.
+    sample = _sample_activation(exact, pattern, spec, value=1, text=None)
     compiled_vars: list[tuple[str, Expression]] = []
 
     def expr(path: str, text: str) -> Expression | None:
         try:
-            return compile_expression(text, variables=tuple(variables),
-                                      what=f"rule {spec.name} {path}")
+            return compile_expression(text, variables=sample, what="")
         except CelError as exc:
             fail(path, str(exc))
             return None
@@ -659,9 +665,11 @@ def _compile_rule(entry: _Entry, problems: _Problems) -> CompiledRule | None:
     when = expr("match.when", spec.match.when) if spec.match.when else None
     for i, var in enumerate(spec.variables):
         compiled_var = expr(f"variables[{i}].expression", var.expression)
-        variables.append(var.name)
+        sample[var.name] = 0
         if compiled_var is not None:
             compiled_vars.append((var.name, compiled_var))
+            with contextlib.suppress(CelError):  # reported by the dry run below
+                sample[var.name] = compiled_var.evaluate(sample)
     refusals = []
     for i, refusal in enumerate(spec.refuse):
         compiled_refusal = expr(f"refuse[{i}].when", refusal.when)
@@ -719,24 +727,27 @@ def _compile_rule(entry: _Entry, problems: _Problems) -> CompiledRule | None:
     return rule
 
 
-def sample_activations(rule: CompiledRule) -> list[dict[str, Any]]:
+def _sample_activation(exact: Iterable[str], pattern: str | None, spec: RuleSpec, *,
+                       value: int, text: str | None) -> dict[str, Any]:
+    r = dict.fromkeys(exact, value)
+    if pattern is not None:
+        r[pattern + "*"] = value
+    keys = set(spec.annotations) | set(spec.match.annotations)
+    node_keys = set(spec.node_selector) | set(spec.match.node_selector)
+    return {
+        "r": r,
+        "container": {"name": "main", "kind": "container"},
+        "annotations": dict.fromkeys(keys, text) if text else {},
+        "nodeSelector": dict.fromkeys(node_keys, text) if text else {},
+        "namespace": "default",
+        "wildcard": "1g.5gb" if pattern is not None else "",
+    }
+
+
+def sample_activations(rule: CompiledRule, spec: RuleSpec) -> list[dict[str, Any]]:
     """Representative inputs for a dry run: nothing optional set, then everything set."""
-    out = []
-    for value, text in ((1, None), (2, "a")):
-        r = dict.fromkeys(rule.exact, value)
-        if rule.pattern is not None:
-            r[rule.pattern + "*"] = value
-        keys = set(rule.annotations) | set(rule.match_annotations)
-        node_keys = set(rule.node_selector) | set(rule.match_node_selector)
-        out.append({
-            "r": r,
-            "container": {"name": "main", "kind": "container"},
-            "annotations": dict.fromkeys(keys, text) if text else {},
-            "nodeSelector": dict.fromkeys(node_keys, text) if text else {},
-            "namespace": "default",
-            "wildcard": "1g.5gb" if rule.pattern is not None else "",
-        })
-    return out
+    return [_sample_activation(rule.exact, rule.pattern, spec, value=value, text=text)
+            for value, text in ((1, None), (2, "a"))]
 
 
 _EXPECTED: Final[Mapping[str, tuple[type, ...]]] = {
@@ -761,7 +772,7 @@ def _dry_run(rule: CompiledRule, entry: _Entry, problems: _Problems) -> None:
             problems.add(source, f"{base}.{path}", str(exc))
             return None
         if expected is not None and (not isinstance(value, expected) or
-                                     isinstance(value, bool) and bool not in expected):
+                                     (isinstance(value, bool) and bool not in expected)):
             reported.add(path)
             names_ = " or ".join(t.__name__ for t in expected)
             problems.add(source, f"{base}.{path}",
@@ -769,16 +780,16 @@ def _dry_run(rule: CompiledRule, entry: _Entry, problems: _Problems) -> None:
                          f"expected {names_}")
         return value
 
-    for activation in sample_activations(rule):
+    for activation in sample_activations(rule, entry.spec):
         check("match.when", rule.when, activation, (bool,))
-        for i, (name, expression) in enumerate(rule.variables):
-            activation[name] = check(f"variables[{i}].expression", expression, activation, None)
-        for i, (expression, _) in enumerate(rule.refusals):
-            check(f"refuse[{i}].when", expression, activation, (bool,))
-        for key, expression in (("count", rule.count), ("memory", rule.memory),
+        for i, (name, variable) in enumerate(rule.variables):
+            activation[name] = check(f"variables[{i}].expression", variable, activation, None)
+        for i, (refusal, _) in enumerate(rule.refusals):
+            check(f"refuse[{i}].when", refusal, activation, (bool,))
+        for key, output in (("count", rule.count), ("memory", rule.memory),
                                 ("memoryPercent", rule.memory_percent), ("cores", rule.cores),
                                 ("enforcement", rule.enforcement), ("policy", rule.policy)):
-            value = check(f"device.{key}", expression, activation, _EXPECTED[key])
+            value = check(f"device.{key}", output, activation, _EXPECTED[key])
             if key == "enforcement" and isinstance(value, str) and value not in ENFORCEMENTS:
                 problems.add(source, f"{base}.device.enforcement",
                              f"gives {json.dumps(value)}; expected one of "
@@ -804,8 +815,8 @@ def _dry_run(rule: CompiledRule, entry: _Entry, problems: _Problems) -> None:
                     except CelError as exc:
                         reported.add(f"{path}.values")
                         problems.add(source, f"{base}.{path}", str(exc))
-        for i, (_, expression) in enumerate(rule.constraints):
-            check(f"device.constraints[{i}].when", expression, activation, (bool,))
+        for i, (_, condition) in enumerate(rule.constraints):
+            check(f"device.constraints[{i}].when", condition, activation, (bool,))
 
 
 def selector_values(selector: CompiledSelector, value: Any) -> list[str]:
