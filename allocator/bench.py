@@ -1,0 +1,397 @@
+"""`dra-gateway bench allocator`: replay an openb-format trace through the planner, per policy.
+
+The replay follows the FGD paper's simulator (Weng et al., USENIX ATC'23;
+`../shared/data/openb/README.md`): every pod of the list plus seeded random copies until the
+GPU requests reach `--load` times the cluster's GPUs, shuffled, each placed once, no deletions;
+a pod is placed only where its CPU and memory fit and on the GPU models its `gpu_spec` allows.
+Each trace pod goes the way a real one would: a pod with legacy requests (`nvidia.com/gpu: N`
+for whole cards; Koordinator's `gpu-core` + `gpu-memory-ratio` for shares, so memory is the
+share times the card's memory) is translated by the built-in rules, its claim is made from the
+template as the claim controller would, and the nodes publish slices as the node plugin builds
+them; `plan_pod` places it and the plan is assumed. Nothing is faked: the figures are those of
+the code the allocator runs.
+
+Reported per policy: GPU allocation ratio (allocated GPU share over all GPUs, mean over seeds),
+unallocated GPUs, claims placed per second of planning time, and p50/p99 planning time per
+claim. This module does I/O (reads the CSVs, prints); the planner it drives does none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dra_gateway.allocator.planner import (
+    POLICIES,
+    ClusterState,
+    PlannerSettings,
+    TaskType,
+    Workload,
+    plan_pod,
+)
+from dra_gateway.kube import names
+
+# Card memory per trace model. P100, T4, V100 (16 and 32 GB) and A10 are public cards; the
+# trace does not disclose G1-G3, so they get the memory of the data-centre cards of their era
+# (stated here, and irrelevant to the ratio: shares are relative to the card).
+MODEL_MEMORY_GIB: dict[str, int] = {
+    "P100": 16, "T4": 16, "V100M16": 16, "V100M32": 32, "A10": 24,
+    "G1": 16, "G2": 32, "G3": 32,
+}
+_DEFAULT_MEMORY_GIB = 16
+_GIB = 1 << 30
+_MIB = 1 << 20
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message names the file, row and column."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceNode:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class TracePod:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int
+    gpu_spec: tuple[str, ...]
+
+    @property
+    def gpu_share(self) -> float:
+        """GPUs this pod takes, as the paper counts them."""
+        if self.num_gpu == 0:
+            return 0.0
+        if self.num_gpu == 1:
+            return self.gpu_milli / 1000
+        return float(self.num_gpu)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, tuple[str, ...]]:
+        return (self.cpu_milli, self.memory_mib, self.num_gpu, self.gpu_milli, self.gpu_spec)
+
+
+def _int(path: Path, row: int, column: str, value: str | None) -> int:
+    try:
+        return int(float(value or 0))
+    except ValueError:
+        raise TraceError(f"{path}: row {row}: column {column}: {value!r} is not a number") from None
+
+
+def _rows(path: Path, required: Sequence[str]) -> Iterable[tuple[int, dict[str, str]]]:
+    try:
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            missing = [c for c in required if c not in (reader.fieldnames or ())]
+            if missing:
+                raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; an openb "
+                                 f"file has {', '.join(required)}")
+            yield from enumerate(reader, start=2)
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def read_nodes(path: Path) -> list[TraceNode]:
+    nodes = [
+        TraceNode(name=row["sn"], cpu_milli=_int(path, i, "cpu_milli", row["cpu_milli"]),
+                  memory_mib=_int(path, i, "memory_mib", row["memory_mib"]),
+                  gpus=_int(path, i, "gpu", row["gpu"]), model=(row.get("model") or "").strip())
+        for i, row in _rows(path, ("sn", "cpu_milli", "memory_mib", "gpu"))
+    ]
+    if not nodes:
+        raise TraceError(f"{path}: no nodes")
+    return nodes
+
+
+def read_pods(path: Path) -> list[TracePod]:
+    pods = []
+    for i, row in _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")):
+        spec = tuple(s for s in (row.get("gpu_spec") or "").split("|") if s)
+        pods.append(TracePod(name=row["name"], cpu_milli=_int(path, i, "cpu_milli",
+                                                                row["cpu_milli"]),
+                             memory_mib=_int(path, i, "memory_mib", row["memory_mib"]),
+                             num_gpu=_int(path, i, "num_gpu", row["num_gpu"]),
+                             gpu_milli=_int(path, i, "gpu_milli", row["gpu_milli"]),
+                             gpu_spec=spec))
+    if not pods:
+        raise TraceError(f"{path}: no pods")
+    return pods
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`42-51` or `42,43,50`: the seeds of the replays."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                low, high = (int(p) for p in part.split("-", 1))
+                seeds.extend(range(low, high + 1))
+            elif part:
+                seeds.append(int(part))
+    except ValueError:
+        raise TraceError(f"--seeds {text!r}: write a range such as 42-51 or a list such as "
+                         "42,43") from None
+    if not seeds:
+        raise TraceError(f"--seeds {text!r}: no seed given")
+    return seeds
+
+
+def workload_of(pods: Sequence[TracePod]) -> list[TracePod]:
+    """All pods, then seeded copies are added by `replay`; here only validation."""
+    return list(pods)
+
+
+def sample(pods: Sequence[TracePod], total_gpus: int, load: float, seed: int) -> list[TracePod]:
+    """The paper's workload: every pod, plus random copies until GPU requests reach
+    `load` x the cluster's GPUs, shuffled with `seed`."""
+    rng = random.Random(seed)
+    out = list(pods)
+    requested = sum(p.gpu_share for p in out)
+    target = load * total_gpus
+    gpu_pods = [p for p in pods if p.num_gpu > 0]
+    while gpu_pods and requested < target:
+        extra = rng.choice(pods)
+        out.append(extra)
+        requested += extra.gpu_share
+    rng.shuffle(out)
+    return out
+
+
+class Cluster:
+    """The simulated cluster's objects, built once and fed to a fresh state per replay."""
+
+    def __init__(self, nodes: Sequence[TraceNode]) -> None:
+        from dra_gateway.node_plugin.deviceclasses import device_classes
+        from dra_gateway.node_plugin.devices import DeviceOptions, devices_of
+        from dra_gateway.node_plugin.facts import GpuFacts, NodeFacts
+        from dra_gateway.node_plugin.publish import build_slices
+
+        options = DeviceOptions(default_sharing="shared", consumable_capacity=True)
+        self.total_gpus = sum(n.gpus for n in nodes)
+        self.classes = device_classes()
+        self.nodes: list[dict[str, Any]] = []
+        self.slices: list[dict[str, Any]] = []
+        for n, node in enumerate(nodes):
+            memory = MODEL_MEMORY_GIB.get(node.model, _DEFAULT_MEMORY_GIB) * _GIB
+            facts = NodeFacts(gpus=tuple(
+                GpuFacts(index=i, uuid=f"GPU-{n:05d}-{i:02d}", product_name=node.model or "GPU",
+                         memory=memory, numa_node=i * 2 // max(node.gpus, 1),
+                         pci_bus_id=f"0000:{0x10 + i:02x}:00.0")
+                for i in range(node.gpus)))
+            devices = devices_of(facts, options)
+            self.slices += build_slices(node_name=node.name, driver=names.DRIVER,
+                                        devices=devices, generation=1, node_uid=None)
+            self.nodes.append({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": node.name,
+                             "labels": {"kubernetes.io/hostname": node.name}},
+                "status": {"allocatable": {"cpu": f"{node.cpu_milli}m",
+                                           "memory": f"{node.memory_mib}Mi", "pods": "110"}},
+            })
+
+    def state(self, settings: PlannerSettings) -> ClusterState:
+        state = ClusterState(settings)
+        for obj in self.classes:
+            state.set_device_class(obj)
+        for obj in self.nodes:
+            state.set_node(obj)
+        for obj in self.slices:
+            state.set_slice(obj)
+        return state
+
+
+class Translator:
+    """Trace pods to (pod, claims) through the built-in rules, once per pod shape."""
+
+    def __init__(self) -> None:
+        from dra_gateway.translator.rules import load_rules
+
+        self.rules = load_rules()
+        self._cache: dict[tuple[Any, ...], tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+
+    def legacy_pod(self, pod: TracePod) -> dict[str, Any]:
+        resources: dict[str, str] = {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi"}
+        limits: dict[str, str] = {}
+        annotations: dict[str, str] = {}
+        if pod.num_gpu > 1 or (pod.num_gpu == 1 and pod.gpu_milli >= 1000):
+            limits["nvidia.com/gpu"] = str(pod.num_gpu)
+        elif pod.num_gpu == 1 and pod.gpu_milli > 0:
+            percent = max(1, pod.gpu_milli // 10)
+            limits["koordinator.sh/gpu-core"] = str(percent)
+            limits["koordinator.sh/gpu-memory-ratio"] = str(percent)
+        if pod.gpu_spec and limits:
+            annotations["nvidia.com/use-gputype"] = ",".join(pod.gpu_spec)
+        return {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod.name, "namespace": "openb", "annotations": annotations},
+            "spec": {"containers": [{"name": "main", "image": "trace",
+                                     "resources": {"requests": resources,
+                                                   "limits": {**resources, **limits}}}]},
+        }
+
+    def translate(self, pod: TracePod) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        cached = self._cache.get(pod.shape)
+        if cached is not None:
+            return cached
+        import jsonpatch
+
+        from dra_gateway.translator.translate import translate
+
+        legacy = self.legacy_pod(pod)
+        plan = translate(legacy, self.rules)
+        if plan.refusal is not None:
+            raise TraceError(f"pod {pod.name}: the built-in rules refuse it: "
+                             f"{plan.refusal.message}")
+        translated = jsonpatch.apply_patch(legacy, plan.patch) if plan.patch else legacy
+        specs = [t["spec"]["spec"] for t in plan.templates]
+        self._cache[pod.shape] = (translated, specs)
+        return translated, specs
+
+
+@dataclass(slots=True)
+class RunResult:
+    ratio: float
+    unallocated: float
+    claims: int
+    seconds: float
+    per_claim_ms: list[float]
+    placed_pods: int
+    failed_pods: int
+
+
+def replay(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *,
+           policy: str, load: float, seed: int, workload: Workload) -> RunResult:
+    settings = PlannerSettings(default_policy=policy)
+    state = cluster.state(settings)
+    state.set_workload(workload)
+    allocated = 0.0
+    claims_placed = 0
+    seconds = 0.0
+    per_claim: list[float] = []
+    placed = failed = 0
+    for n, trace_pod in enumerate(sample(pods, cluster.total_gpus, load, seed)):
+        translated, specs = translator.translate(trace_pod)
+        uid = f"pod-{n}"
+        pod = {**translated, "metadata": {**translated["metadata"], "name": f"p{n}",
+                                          "uid": uid}}
+        claims = [{"metadata": {"name": f"p{n}-{i}", "namespace": "openb",
+                                "uid": f"{uid}-claim-{i}"}, "spec": spec}
+                  for i, spec in enumerate(specs)]
+        start = time.perf_counter()
+        plan = plan_pod(state, pod, claims)
+        if plan.node_name is not None:
+            state.assume(pod, plan)
+        elapsed = time.perf_counter() - start
+        if claims:
+            seconds += elapsed
+            per_claim.extend([elapsed * 1000 / len(claims)] * len(claims))
+        if plan.node_name is None:
+            failed += 1
+            continue
+        placed += 1
+        claims_placed += len(claims)
+        allocated += trace_pod.gpu_share
+    total = cluster.total_gpus
+    return RunResult(ratio=100 * allocated / total if total else 0.0,
+                     unallocated=total - allocated, claims=claims_placed, seconds=seconds,
+                     per_claim_ms=per_claim, placed_pods=placed, failed_pods=failed)
+
+
+def trace_workload(pods: Sequence[TracePod]) -> Workload:
+    """The target workload of FGD: the trace's pod types, weighted by frequency."""
+    counts: Counter[TaskType] = Counter()
+    for pod in pods:
+        if pod.num_gpu == 0:
+            continue
+        milli = pod.gpu_milli if pod.num_gpu == 1 and pod.gpu_milli < 1000 else 1000
+        counts[TaskType(pod.cpu_milli * 1, pod.memory_mib * _MIB, pod.num_gpu, milli,
+                        frozenset(pod.gpu_spec))] += 1
+    return Workload.from_counts(counts.items())
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(nodes_path: Path, pods_path: Path, *, policies: Sequence[str], load: float,
+        seeds: Sequence[int]) -> dict[str, dict[str, float]]:
+    nodes = read_nodes(nodes_path)
+    pods = read_pods(pods_path)
+    cluster = Cluster(nodes)
+    translator = Translator()
+    workload = trace_workload(pods)
+    results: dict[str, dict[str, float]] = {}
+    for policy in policies:
+        runs = [replay(cluster, translator, pods, policy=policy, load=load, seed=seed,
+                       workload=workload) for seed in seeds]
+        timings = [t for r in runs for t in r.per_claim_ms]
+        seconds = sum(r.seconds for r in runs)
+        claims = sum(r.claims for r in runs)
+        results[policy] = {
+            "allocation_ratio": round(statistics.fmean(r.ratio for r in runs), 2),
+            "unallocated_gpus": round(statistics.fmean(r.unallocated for r in runs), 1),
+            "claims_per_second": round(claims / seconds, 1) if seconds else 0.0,
+            "p50_ms": round(_percentile(timings, 0.50), 3),
+            "p99_ms": round(_percentile(timings, 0.99), 3),
+            "placed_pods": round(statistics.fmean(r.placed_pods for r in runs), 1),
+            "failed_pods": round(statistics.fmean(r.failed_pods for r in runs), 1),
+        }
+    return results
+
+
+def _table(results: Mapping[str, Mapping[str, float]], seeds: Sequence[int]) -> str:
+    header = (f"{'policy':<10} {'GPU alloc %':>11} {'unalloc GPUs':>12} {'claims/s':>9} "
+              f"{'p50 ms':>7} {'p99 ms':>7}")
+    lines = [header, "-" * len(header)]
+    for policy, r in results.items():
+        lines.append(f"{policy:<10} {r['allocation_ratio']:>11.2f} "
+                     f"{r['unallocated_gpus']:>12.1f} {r['claims_per_second']:>9.0f} "
+                     f"{r['p50_ms']:>7.3f} {r['p99_ms']:>7.3f}")
+    lines.append(f"(mean over {len(seeds)} seed(s): {','.join(map(str, seeds))})")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    policies = list(args.policies or POLICIES)
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        print(f"dra-gateway bench allocator: --policy {unknown[0]!r} is not a policy; use one "
+              f"of {', '.join(POLICIES)}", file=sys.stderr)
+        return 2
+    if not args.load > 0:
+        print("dra-gateway bench allocator: --load must be above 0, e.g. 1.3", file=sys.stderr)
+        return 2
+    try:
+        seeds = parse_seeds(args.seeds)
+        results = run(Path(args.nodes), Path(args.pods), policies=policies, load=args.load,
+                      seeds=seeds)
+    except TraceError as exc:
+        print(f"dra-gateway bench allocator: {exc}", file=sys.stderr)
+        return 2
+    if args.output == "json":
+        print(json.dumps({"policies": results, "seeds": seeds, "load": args.load}, indent=2))
+    else:
+        print(_table(results, seeds))
+    return 0

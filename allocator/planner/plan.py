@@ -1,0 +1,297 @@
+"""`plan_pod`: one node and the devices of every claim of one pod, or why not.
+
+The entry point used by the controller and the benchmark alike. Nodes are visited by
+equivalence class (`ClusterState.groups`): one search per class, memoised by the class's state
+and the pod's demand, so a cluster of 1,213 nodes costs a few dictionary lookups per node and a
+search only where something changed. Cheap checks (CPU, memory, taints) prune classes before any
+search. Pure: no I/O; the only state it touches is the state's memo and learned workload.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_gateway.allocator.planner import kubefit
+from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for, share_policy
+from dra_gateway.allocator.planner.devices import NANO
+from dra_gateway.allocator.planner.scoring import FULL, task_of
+from dra_gateway.allocator.planner.search import NodeSearch, Outcome, Pick, fits_node
+from dra_gateway.allocator.planner.settings import POLICIES
+from dra_gateway.allocator.planner.state import ClusterState
+from dra_gateway.kube import names
+
+HAMI_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
+_HAMI_POLICIES = {"binpack": "binpack", "spread": "spread"}
+_SHARE_NAMESPACE = uuid.UUID("5b0f6b8e-2a4e-4f43-9d1c-6b1f3c2a9e77")
+_MEMO_LIMIT = 400_000
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """The plan for one pod.
+
+    `allocations` maps claim uid to the `status.allocation` to write; `annotations` maps claim
+    uid to annotations to merge (the fallback world records shares there); `reason` says why
+    the pod cannot be placed, naming claim, request and the binding limit.
+    """
+
+    node_name: str | None
+    allocations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    annotations: dict[str, dict[str, str]] = field(default_factory=dict)
+    reason: str | None = None
+
+
+def _claim_label(claim: Mapping[str, Any]) -> str:
+    meta = claim.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _pinned_node(allocation: Mapping[str, Any]) -> set[str] | None:
+    """Nodes an existing allocation's nodeSelector allows by name, None when unrestricted."""
+    selector = allocation.get("nodeSelector")
+    if not selector:
+        return None
+    allowed: set[str] = set()
+    for term in selector.get("nodeSelectorTerms") or ():
+        for expr in term.get("matchFields") or ():
+            if expr.get("key") == "metadata.name" and expr.get("operator") == "In":
+                allowed.update(expr.get("values") or ())
+    return allowed or None
+
+
+def resolve_policy(state: ClusterState, pod: Mapping[str, Any], demands: Sequence[ClaimDemand],
+                   policy: str | None) -> str:
+    for demand in demands:
+        named = share_policy(demand.configs)
+        if named in POLICIES:
+            return named
+    annotation = ((pod.get("metadata") or {}).get("annotations") or {}).get(
+        HAMI_POLICY_ANNOTATION)
+    if annotation in _HAMI_POLICIES:
+        return _HAMI_POLICIES[annotation]
+    if policy in POLICIES:
+        return policy
+    return state.settings.default_policy
+
+
+def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mapping[str, Any]],
+             *, policy: str | None = None) -> PodPlan:
+    """Place every claim of one pod (gateway classes only) on ONE node, jointly, honouring the
+    pod's CPU/memory requests, node taints vs pod tolerations, node selector/affinity (required
+    terms), and the claims' requests, selectors, constraints and configs. Policy precedence:
+    GpuShareConfig.policy of the claim, then pod annotation hami.io/gpu-scheduler-policy
+    (binpack|spread), then `policy`, then settings.default_policy."""
+    meta = pod.get("metadata") or {}
+    pod_label = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    to_plan: list[tuple[Mapping[str, Any], str, ClaimDemand]] = []
+    pinned: set[str] | None = None
+    for claim in claims:
+        allocation = (claim.get("status") or {}).get("allocation")
+        if allocation:
+            allowed = _pinned_node(allocation)
+            if allowed is not None:
+                pinned = allowed if pinned is None else pinned & allowed
+            continue
+        key, demand = state.demand(claim.get("spec") or {})
+        if demand.error:
+            return PodPlan(None, reason=f"claim {_claim_label(claim)}: {demand.error}")
+        to_plan.append((claim, key, demand))
+    chosen_policy = resolve_policy(state, pod, [d for _, _, d in to_plan], policy)
+    cpu, memory = kubefit.pod_requests(pod)
+    tolerations = (pod.get("spec") or {}).get("tolerations") or ()
+    labelled = [(_claim_label(c), d) for c, _, d in to_plan]
+    if not state.workload_given:
+        state.workload.observe(_task(state, cpu, memory, labelled))
+    identity = any(d.identity_sensitive for _, d in labelled)
+    pod_sig = (tuple(k for _, k, _ in to_plan), cpu, memory,
+               json.dumps(tolerations, sort_keys=True) if tolerations else "", chosen_policy,
+               state.workload.version if chosen_policy == "default" else 0)
+    state.refresh_groups()
+    if len(state.memo) > _MEMO_LIMIT:
+        state.memo.clear()
+    spec = pod.get("spec") or {}
+    needs_labels = bool(spec.get("nodeSelector") or spec.get("affinity"))
+
+    best: tuple[tuple[float, ...], str, Outcome] | None = None
+    reasons: Counter[str] = Counter()
+    for group_key, members in state.groups.items():
+        candidates: Sequence[str] = members
+        if pinned is not None:
+            candidates = [m for m in members if m in pinned]
+            if not candidates:
+                continue
+        representative = candidates[0]
+        pruned = fits_node(state, representative, cpu, memory, tolerations)
+        if pruned is not None:
+            reasons[pruned] += len(candidates)
+            continue
+        if identity:
+            outcomes = [(m, _search(state, m, labelled, chosen_policy, cpu, memory))
+                        for m in candidates]
+        else:
+            memo_key = (group_key, pod_sig)
+            outcome = state.memo.get(memo_key)
+            if outcome is None:
+                outcome = _search(state, representative, labelled, chosen_policy, cpu, memory)
+                state.memo[memo_key] = outcome
+            outcomes = [(m, outcome) for m in candidates]
+        for member, outcome in outcomes:
+            if not outcome.ok:
+                reasons[outcome.reason or "no devices fit"] += 1 if identity else len(candidates)
+                break_after = not identity
+                if break_after:
+                    break
+                continue
+            if best is not None and (outcome.score, member) >= (best[0], best[1]):
+                if not identity:
+                    break  # members are sorted by name: later ones cannot win
+                continue
+            if needs_labels and not kubefit.pod_accepts_node(
+                pod, member, state.nodes[member].labels
+            ):
+                reasons["node(s) didn't match Pod's node affinity/selector"] += 1
+                continue
+            best = (outcome.score, member, outcome)
+            if not identity:
+                break
+    if best is None:
+        return PodPlan(None, reason=_no_node_reason(pod_label, state, reasons))
+    _, node, outcome = best
+    return _build_plan(state, node, to_plan, outcome)
+
+
+def _search(state: ClusterState, node: str, claims: Sequence[tuple[str, ClaimDemand]],
+            policy: str, cpu: int, memory: int) -> Outcome:
+    cpu_free, mem_free = state.node_free(node)
+    search = NodeSearch(state, node, claims, policy=policy, workload=state.workload,
+                        budget=state.settings.search_budget)
+    return search.run(cpu_free, mem_free, cpu, memory)
+
+
+def _no_node_reason(pod_label: str, state: ClusterState, reasons: Counter[str]) -> str:
+    total = sum(1 for n in state.nodes.values() if n.known)
+    if not reasons:
+        return f"pod {pod_label}: 0/{total} nodes are available"
+    parts = [f"{count} node(s): {reason}" for reason, count in reasons.most_common(4)]
+    return f"pod {pod_label}: 0/{total} nodes fit; " + "; ".join(parts)
+
+
+def _task(state: ClusterState, cpu: int, memory: int,
+          claims: Sequence[tuple[str, ClaimDemand]]) -> Any:
+    shares: list[int] = []
+    typical = state.typical_card_memory()
+    for _, demand in claims:
+        for request in demand.requests:
+            alt = request.alternatives[0]
+            if alt.class_name != names.GPU_CLASS:
+                continue
+            count = max(alt.count, 1)
+            if alt.whole:
+                shares.extend([FULL] * count)
+                continue
+            milli = 0
+            if alt.share.cores is not None:
+                milli = alt.share.cores * 10
+            mem = alt.capacity.get(names.CAPACITY_MEMORY)
+            mem_bytes = mem // NANO if mem is not None else memory_for(alt.share, typical)
+            if mem_bytes is not None and typical:
+                milli = max(milli, mem_bytes * FULL // typical)
+            shares.extend([min(max(milli, 1), FULL)] * count)
+    return task_of(cpu, memory, shares)
+
+
+def _build_plan(state: ClusterState, node: str,
+                to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]],
+                outcome: Outcome) -> PodPlan:
+    devices = state.node_devices.get(node, [])
+    allocations: dict[str, dict[str, Any]] = {}
+    annotations: dict[str, dict[str, str]] = {}
+    native = state.settings.consumable_capacity
+    by_claim: dict[int, list[Pick]] = {}
+    for pick in outcome.picks:
+        by_claim.setdefault(pick.claim, []).append(pick)
+    for index, (claim, _, demand) in enumerate(to_plan):
+        uid = (claim.get("metadata") or {}).get("uid", "")
+        results: list[dict[str, Any]] = []
+        recorded: list[dict[str, Any]] = []
+        class_requests: dict[str, list[str]] = {}
+        resolved_memory: dict[str, int] = {}
+        for n, pick in enumerate(by_claim.get(index, ())):
+            device = devices[pick.device]
+            alt = pick.alternative
+            result: dict[str, Any] = {"request": pick.result_name, "driver": device.driver,
+                                      "pool": device.pool, "device": device.name}
+            if alt.admin_access:
+                result["adminAccess"] = True
+            if alt.tolerations:
+                result["tolerations"] = [dict(t) for t in alt.tolerations]
+            multi = bool(device.raw.get("allowMultipleAllocations"))
+            if device.shareable and (multi or not pick.exclusive):
+                share_id = str(uuid.uuid5(_SHARE_NAMESPACE,
+                                          f"{uid}/{pick.result_name}/{n}/{device.key}"))
+                consumed = {k: str(device.quantity(k, v)) for k, v in pick.consumed.items()}
+                if native and multi:
+                    result["shareID"] = share_id
+                    result["consumedCapacity"] = consumed
+                elif not pick.exclusive:
+                    recorded.append({"request": pick.result_name, "driver": device.driver,
+                                     "pool": device.pool, "device": device.name,
+                                     "shareID": share_id, "consumedCapacity": consumed})
+            results.append(result)
+            names_ = class_requests.setdefault(alt.class_name, [])
+            if pick.result_name not in names_:
+                names_.append(pick.result_name)
+            if alt.share.memory_percent is not None and alt.share.memory is None:
+                resolved = memory_for(alt.share, device.gpu_memory)
+                if resolved is not None:
+                    resolved_memory[pick.result_name] = resolved
+        config: list[dict[str, Any]] = []
+        for class_name, requests in class_requests.items():
+            info = state.classes.get(class_name)
+            for class_config in info.configs if info is not None else ():
+                config.append({"source": "FromClass", "requests": list(requests),
+                               "opaque": dict(class_config["opaque"])})
+        config.extend(_claim_configs(demand, resolved_memory))
+        allocation: dict[str, Any] = {
+            "devices": {"results": results, **({"config": config} if config else {})},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+        }
+        allocations[uid] = allocation
+        if recorded:
+            annotations[uid] = {names.ANNOTATION_SHARES: json.dumps(recorded,
+                                                                    separators=(",", ":"))}
+    return PodPlan(node, allocations, annotations, None)
+
+
+def _claim_configs(demand: ClaimDemand, resolved: Mapping[str, int]) -> list[dict[str, Any]]:
+    """The claim's configs as DRA copies them, with relative memory made absolute per request."""
+    out: list[dict[str, Any]] = []
+    for raw in demand.configs:
+        opaque = raw.get("opaque")
+        if not opaque:
+            continue
+        targets = list(raw.get("requests") or ())
+        params = opaque.get("parameters") or {}
+        percent = (opaque.get("driver") == names.DRIVER
+                   and params.get("kind") == names.KIND_GPU_SHARE_CONFIG
+                   and params.get("memoryPercent") is not None)
+        applies = [r for r in resolved if not targets or r in targets
+                   or r.split("/", 1)[0] in targets]
+        if not percent or not applies:
+            entry: dict[str, Any] = {"source": "FromClaim", "opaque": dict(opaque)}
+            if targets:
+                entry["requests"] = targets
+            out.append(entry)
+            continue
+        for result_name in applies:
+            parameters = {k: v for k, v in params.items() if k != "memoryPercent"}
+            parameters["memory"] = resolved[result_name]
+            out.append({"source": "FromClaim", "requests": [result_name],
+                        "opaque": {"driver": opaque["driver"], "parameters": parameters}})
+    return out

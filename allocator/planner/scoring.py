@@ -1,0 +1,133 @@
+"""Scoring policies: which node and which cards, once several fit.
+
+- `first-fit`: upstream's behaviour, the baseline: nodes in name order, devices in slice order.
+- `binpack`: the node and card left with the least free GPU (best fit), CPU as a tie-break.
+- `spread`: the node with the largest free share of its GPUs, the emptiest card.
+- `default`: fragmentation gradient descent, after Weng et al., "Beware of Fragmentation:
+  Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent" (USENIX ATC'23). A node's
+  fragmentation for a task type is the free GPU share the task could not use there (all of it
+  when the task does not fit the node's CPU, memory or model; the cards with less free than the
+  task's share; for whole-card tasks, the partly used cards, or everything when too few cards are
+  free). Its expected fragmentation weighs the task types by how often they occur; a placement
+  is scored by how much it raises that expectation, and the smallest rise wins.
+
+The workload distribution is given (the benchmark passes the trace's, as the paper does) or
+learned from the pods the planner has seen. Pure: no I/O. Fragmentation values are memoised by
+node state, because the same card vectors recur across the many identical nodes of a cluster.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+FULL = 1000  # a whole card, in thousandths
+
+
+@dataclass(frozen=True, slots=True)
+class TaskType:
+    """One kind of pod in the workload: CPU (milli), memory (bytes), GPUs.
+
+    `gpus` whole cards when `milli` is 1000, else one card's share of `milli` thousandths;
+    `models` restricts the product names the task accepts (empty: any).
+    """
+
+    cpu: int
+    memory: int
+    gpus: int
+    milli: int
+    models: frozenset[str] = frozenset()
+
+
+class Workload:
+    """A distribution over task types with the memo of node fragmentation it implies."""
+
+    __slots__ = ("_frag", "_learned", "_pending", "types", "version")
+
+    # Types kept for scoring: the most frequent ones carry nearly all the mass of real traces
+    # and the cost of one fragmentation evaluation grows with their number.
+    MAX_TYPES = 64
+
+    def __init__(self, types: Iterable[tuple[TaskType, float]] = (), *, version: int = 0) -> None:
+        self.types: tuple[tuple[TaskType, float], ...] = ()
+        self._frag: dict[tuple[object, ...], float] = {}
+        self._learned: Counter[TaskType] = Counter()
+        self._pending = 0
+        self.version = version
+        self._set(types)
+
+    @classmethod
+    def from_counts(cls, counts: Iterable[tuple[TaskType, int]]) -> Workload:
+        return cls([(t, float(n)) for t, n in counts])
+
+    def _set(self, weighted: Iterable[tuple[TaskType, float]]) -> None:
+        gpu_types = sorted(((t, w) for t, w in weighted if t.gpus > 0 and w > 0),
+                           key=lambda tw: -tw[1])[: self.MAX_TYPES]
+        total = sum(w for _, w in gpu_types)
+        self.types = tuple((t, w / total) for t, w in gpu_types) if total else ()
+        self._frag.clear()
+        self.version += 1
+
+    def observe(self, task: TaskType) -> None:
+        """Learn from one pod seen; the distribution moves in steps so memos stay useful."""
+        if task.gpus <= 0:
+            return
+        self._learned[task] += 1
+        self._pending += 1
+        seen = sum(self._learned.values())
+        if not self.types or self._pending >= max(16, seen // 4):
+            self._pending = 0
+            self._set(self._learned.items())
+
+    def fragmentation(self, cards: tuple[int, ...], cpu_free: int, mem_free: int,
+                      model: str) -> float:
+        """Expected free GPU share (thousandths) the workload could not use on this node."""
+        key = (cards, cpu_free, mem_free, model)
+        cached = self._frag.get(key)
+        if cached is not None:
+            return cached
+        total = sum(cards)
+        value = 0.0
+        if total:
+            full = cards.count(FULL)
+            partial = total - FULL * full
+            for task, p in self.types:
+                if task.cpu > cpu_free or task.memory > mem_free or (
+                    task.models and model not in task.models
+                ):
+                    value += p * total
+                elif task.milli < FULL:
+                    need = task.milli
+                    value += p * sum(f for f in cards if f < need)
+                elif full < task.gpus:
+                    value += p * total
+                else:
+                    value += p * partial
+        if len(self._frag) > 500_000:
+            self._frag.clear()
+        self._frag[key] = value
+        return value
+
+
+def free_milli(capacity: dict[str, int], consumed: dict[str, int], exclusive: bool) -> int:
+    """Free share of one card in thousandths: the scarcer of its capacities."""
+    if exclusive:
+        return 0
+    if not capacity:
+        return FULL
+    least = FULL
+    for name, cap in capacity.items():
+        if cap > 0:
+            left = (cap - consumed.get(name, 0)) * FULL // cap
+            least = min(least, left)
+    return max(least, 0)
+
+
+def task_of(cpu: int, memory: int, shares: Sequence[int]) -> TaskType:
+    """The task type of a pod: `shares` lists each card's share in thousandths."""
+    if not shares:
+        return TaskType(cpu, memory, 0, 0)
+    if len(shares) == 1:
+        return TaskType(cpu, memory, 1, shares[0])
+    return TaskType(cpu, memory, len(shares), FULL)

@@ -1,0 +1,367 @@
+"""Finding devices for all claims of one pod on one node, jointly, within a bounded search.
+
+Requests are taken in order; for each, its alternatives (the request itself, or its
+`firstAvailable` subrequests in order), and for each alternative `count` devices (or all
+matching devices) from the node's candidates in the policy's preference order, under the claim's
+matchAttribute / distinctAttribute constraints. Choices are backtracked across requests and
+claims like upstream's allocator, but every device tried costs one unit of a fixed budget, so a
+request that cannot be met never takes more than the budget whatever the node looks like.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dra_gateway.allocator.planner import kubefit
+from dra_gateway.allocator.planner.demand import Alternative, ClaimDemand, Constraint, memory_for
+from dra_gateway.allocator.planner.devices import NANO, Device
+from dra_gateway.allocator.planner.scoring import FULL, Workload, free_milli
+from dra_gateway.allocator.planner.settings import BINPACK, DEFAULT, SPREAD
+from dra_gateway.kube import names
+
+
+@dataclass(slots=True)
+class Pick:
+    """One device given to one request (result)."""
+
+    claim: int  # index of the claim among those planned
+    result_name: str
+    alternative: Alternative
+    device: int  # index among the node's devices
+    consumed: dict[str, int]
+    exclusive: bool
+
+
+@dataclass(slots=True)
+class Outcome:
+    ok: bool
+    score: tuple[float, ...] = ()
+    picks: tuple[Pick, ...] = ()
+    reason: str | None = None
+
+
+class _Budget(Exception):
+    pass
+
+
+class NodeSearch:
+    """One search for one pod on one node (see module docstring)."""
+
+    def __init__(self, state: Any, node: str, claims: Sequence[tuple[str, ClaimDemand]], *,
+                 policy: str, workload: Workload, budget: int) -> None:
+        self.state = state
+        self.node = node
+        self.devices: list[Device] = state.node_devices.get(node, [])
+        self.claims = claims
+        self.policy = policy
+        self.workload = workload
+        self.budget = budget
+        # Tentative use by this pod on top of what the state records.
+        self.extra: list[dict[str, int]] = [{} for _ in self.devices]
+        self.extra_holders = [0] * len(self.devices)
+        self.extra_exclusive = [False] * len(self.devices)
+        self.picks: list[Pick] = []
+        self.failure: tuple[tuple[int, int], str] | None = None
+        self.native = state.settings.consumable_capacity
+        self._usage = [state.device_usage(d.key) for d in self.devices]
+
+    # --- reasons ------------------------------------------------------------------------------
+
+    def _fail(self, claim_i: int, request_i: int, message: str) -> None:
+        depth = (claim_i, request_i)
+        if self.failure is None or depth >= self.failure[0]:
+            label = self.claims[claim_i][0]
+            self.failure = (depth, f"claim {label}: {message}")
+
+    # --- static matching ----------------------------------------------------------------------
+
+    def _matches(self, alt: Alternative, device: Device) -> bool | str:
+        info = self.state.classes.get(alt.class_name)
+        if info is None:
+            return f"DeviceClass {alt.class_name!r} not found"
+        if info.error:
+            return info.error
+        for expression, selector in zip(info.expressions, info.selectors, strict=True):
+            verdict = self.state.verdict_for(device, expression, selector, False)
+            if verdict is not True:
+                return _verdict_reason(verdict, device, f"DeviceClass {alt.class_name}")
+        for expression, selector in zip(alt.expressions, alt.selectors, strict=True):
+            verdict = self.state.verdict_for(device, expression, selector,
+                                             alt.identity_sensitive)
+            if verdict is not True:
+                return _verdict_reason(verdict, device, "selector")
+        for taint in device.taints:
+            if taint.get("effect") in ("NoSchedule", "NoExecute") and not kubefit.tolerates(
+                alt.tolerations, taint
+            ):
+                return False
+        return True
+
+    # --- capacity -----------------------------------------------------------------------------
+
+    def consumption(self, alt: Alternative, i: int) -> dict[str, int] | None:
+        """What `alt` would consume on device `i` now, or None if it does not fit there."""
+        device = self.devices[i]
+        usage = self._usage[i]
+        if usage.exclusive or self.extra_exclusive[i]:
+            return None
+        busy = usage.holders > 0 or self.extra_holders[i] > 0
+        capacity = device.capacity
+        for cap_name in alt.capacity:
+            if cap_name not in capacity:
+                return None
+        if not device.shareable or alt.whole:
+            if busy:
+                return None
+            share_memory = memory_for(alt.share, device.gpu_memory)
+            if share_memory is not None and share_memory * NANO > capacity.get(
+                names.CAPACITY_MEMORY, 0
+            ):
+                return None
+            for cap_name, amount in alt.capacity.items():
+                if amount > capacity[cap_name]:
+                    return None
+            return dict(capacity) if device.shareable else {}
+        consumed: dict[str, int] = {}
+        extra = self.extra[i]
+        native_device = bool(device.raw.get("allowMultipleAllocations"))
+        for cap_name, cap in capacity.items():
+            wanted = alt.capacity.get(cap_name)
+            if wanted is None and cap_name == names.CAPACITY_MEMORY:
+                share_memory = memory_for(alt.share, device.gpu_memory)
+                if share_memory is not None:
+                    wanted = share_memory * NANO
+            if wanted is None and cap_name == names.CAPACITY_CORES and alt.share.cores is not None:
+                wanted = alt.share.cores * NANO
+            policy = device.policies.get(cap_name)
+            if wanted is None:
+                if policy is not None and policy.default is not None:
+                    amount = policy.default
+                elif native_device:
+                    amount = cap  # upstream: an unrequested capacity without policy is all taken
+                else:
+                    amount = 0
+            else:
+                rounded = policy.round_up(wanted) if policy is not None else wanted
+                if rounded is None:
+                    return None
+                amount = rounded
+            if amount > cap - usage.consumed.get(cap_name, 0) - extra.get(cap_name, 0):
+                return None
+            if amount:
+                consumed[cap_name] = amount
+        return consumed
+
+    def _apply(self, i: int, consumed: dict[str, int], exclusive: bool, sign: int) -> None:
+        extra = self.extra[i]
+        for cap_name, amount in consumed.items():
+            extra[cap_name] = extra.get(cap_name, 0) + sign * amount
+        self.extra_holders[i] += sign
+        if exclusive:
+            self.extra_exclusive[i] = sign > 0
+
+    def free_of(self, i: int) -> int:
+        device = self.devices[i]
+        usage = self._usage[i]
+        extra = self.extra[i]
+        if not device.shareable:
+            return 0 if (usage.holders or self.extra_holders[i]) else FULL
+        consumed = {k: usage.consumed.get(k, 0) + extra.get(k, 0)
+                    for k in device.capacity}
+        return free_milli(device.capacity, consumed, usage.exclusive > 0 or
+                          self.extra_exclusive[i])
+
+    def cards(self) -> tuple[int, ...]:
+        return tuple(sorted(self.free_of(i) for i, d in enumerate(self.devices)
+                            if d.is_gateway_gpu))
+
+    # --- search -------------------------------------------------------------------------------
+
+    def run(self, cpu_free: int, mem_free: int, cpu: int, memory: int) -> Outcome:
+        before = self.cards() if self.policy in (DEFAULT, BINPACK, SPREAD) else ()
+        try:
+            ok = self._solve(0, 0)
+        except _Budget:
+            ok = False
+            self.failure = ((len(self.claims), 0), (
+                f"gave up after trying {self.budget} device combinations on the node; "
+                "simplify the claim's constraints or spread its requests over several claims"))
+        if not ok:
+            reason = self.failure[1] if self.failure else "no devices fit"
+            return Outcome(False, reason=reason)
+        return Outcome(True, self._score(before, cpu_free, mem_free, cpu, memory),
+                       tuple(self.picks))
+
+    def _score(self, before: tuple[int, ...], cpu_free: int, mem_free: int, cpu: int,
+               memory: int) -> tuple[float, ...]:
+        if self.policy not in (DEFAULT, BINPACK, SPREAD):
+            return (0.0,)
+        after = self.cards()
+        free_after = sum(after)
+        cpu_after = cpu_free - cpu
+        if self.policy == BINPACK:
+            return (float(free_after), float(cpu_after))
+        if self.policy == SPREAD:
+            share = free_after / len(after) if after else 0.0
+            return (-share, -float(cpu_after))
+        model = self._model()
+        delta = self.workload.fragmentation(after, cpu_after, mem_free - memory, model) - \
+            self.workload.fragmentation(before, cpu_free, mem_free, model)
+        return (round(delta, 6), float(free_after), float(cpu_after))
+
+    def _model(self) -> str:
+        for device in self.devices:
+            if device.is_gateway_gpu:
+                value = device.attributes.get(f"{device.driver}/{names.ATTR_PRODUCT_NAME}")
+                return str(value) if value is not None else ""
+        return ""
+
+    def _solve(self, claim_i: int, request_i: int) -> bool:
+        if claim_i == len(self.claims):
+            return True
+        demand = self.claims[claim_i][1]
+        if request_i == len(demand.requests):
+            return self._solve(claim_i + 1, 0)
+        request = demand.requests[request_i]
+        for alt in request.alternatives:
+            candidates: list[int] = []
+            static_reason: str | None = None
+            for i, device in enumerate(self.devices):
+                verdict = self._matches(alt, device)
+                if verdict is True:
+                    candidates.append(i)
+                elif isinstance(verdict, str):
+                    static_reason = verdict
+                    if verdict.startswith(("DeviceClass", "selector evaluation")):
+                        self._fail(claim_i, request_i, f"request {alt.result_name}: {verdict}")
+                        return False
+            if not candidates:
+                self._fail(claim_i, request_i, f"request {alt.result_name}: "
+                           + (static_reason or f"no device of class {alt.class_name} matches "
+                              "its selectors and tolerations on the node"))
+                continue
+            need = len(candidates) if alt.all_devices else alt.count
+            available = [i for i in candidates if self.consumption(alt, i) is not None]
+            if len(available) < need:
+                what = "all" if alt.all_devices else str(need)
+                self._fail(claim_i, request_i,
+                           f"request {alt.result_name} needs {what} device(s) of class "
+                           f"{alt.class_name}, {len(available)} of {len(candidates)} matching "
+                           f"on the node {'have' if available else 'has'} room "
+                           f"{self._room(alt)}")
+                continue
+            ordered = self._order(alt, available)
+            constraints = [c for c in demand.constraints if c.applies(alt.result_name)]
+            if self._choose(claim_i, request_i, alt, ordered, 0, need, constraints):
+                return True
+            if constraints:
+                self._fail(claim_i, request_i, f"request {alt.result_name}: no {need} device(s) "
+                           "satisfy " + ", ".join(_describe(c) for c in constraints))
+        return False
+
+    def _room(self, alt: Alternative) -> str:
+        if alt.whole:
+            return "(a whole device must be free)"
+        parts = []
+        memory = alt.capacity.get(names.CAPACITY_MEMORY)
+        if memory is not None:
+            parts.append(f"memory {memory // NANO} bytes")
+        elif alt.share.memory is not None:
+            parts.append(f"memory {alt.share.memory} bytes")
+        elif alt.share.memory_percent is not None:
+            parts.append(f"memory {alt.share.memory_percent}%")
+        cores = alt.capacity.get(names.CAPACITY_CORES)
+        if cores is not None or alt.share.cores is not None:
+            parts.append(f"cores {cores // NANO if cores is not None else alt.share.cores}%")
+        return f"for {' and '.join(parts)}" if parts else "for the share"
+
+    def _order(self, alt: Alternative, available: list[int]) -> list[int]:
+        if self.policy == BINPACK:
+            return sorted(available, key=lambda i: (self.free_of(i), i))
+        if self.policy == SPREAD:
+            return sorted(available, key=lambda i: (-self.free_of(i), i))
+        if self.policy == DEFAULT:
+            if alt.whole or len(available) == 1:
+                return sorted(available, key=lambda i: (self.free_of(i), i))
+            return sorted(available, key=lambda i: (self._card_delta(alt, i), self.free_of(i), i))
+        return available
+
+    def _card_delta(self, alt: Alternative, i: int) -> float:
+        """Fragmentation after placing `alt` alone on card `i` (FGD's choice of card)."""
+        consumed = self.consumption(alt, i)
+        if consumed is None or not self.devices[i].is_gateway_gpu:
+            return 0.0
+        self._apply(i, consumed, False, 1)
+        after = self.cards()
+        self._apply(i, consumed, False, -1)
+        # CPU and memory are the node's either way: only the cards differ between choices.
+        return self.workload.fragmentation(after, 1 << 62, 1 << 62, self._model())
+
+    def _constraint_ok(self, claim_i: int, constraints: list[Constraint], device: Device) -> bool:
+        """Constraints hold between the devices of one claim (a device lacking the attribute
+        is never chosen, as upstream)."""
+        for constraint in constraints:
+            value = device.attributes.get(constraint.attribute)
+            if value is None:
+                return False
+            for pick in self.picks:
+                if pick.claim != claim_i or not constraint.applies(pick.result_name):
+                    continue
+                other = self.devices[pick.device].attributes.get(constraint.attribute)
+                if (other == value) == constraint.distinct:
+                    return False
+        return True
+
+    def _choose(self, claim_i: int, request_i: int, alt: Alternative, ordered: list[int],
+                start: int, need: int, constraints: list[Constraint]) -> bool:
+        if need == 0:
+            return self._solve(claim_i, request_i + 1)
+        for j in range(start, len(ordered)):
+            if len(ordered) - j < need:
+                break
+            self.budget -= 1
+            if self.budget < 0:
+                raise _Budget
+            i = ordered[j]
+            consumed = self.consumption(alt, i)
+            if consumed is None:
+                continue
+            if constraints and not self._constraint_ok(claim_i, constraints, self.devices[i]):
+                continue
+            exclusive = alt.whole or not self.devices[i].shareable
+            self._apply(i, consumed, exclusive, 1)
+            self.picks.append(Pick(claim_i, alt.result_name, alt, i, consumed, exclusive))
+            if self._choose(claim_i, request_i, alt, ordered, j + 1, need - 1, constraints):
+                return True
+            self.picks.pop()
+            self._apply(i, consumed, exclusive, -1)
+        return False
+
+
+def _verdict_reason(verdict: bool | str, device: Device, what: str) -> bool | str:
+    if isinstance(verdict, str):
+        return (f"selector evaluation failed on device {device.pool}/{device.name} ({what}): "
+                f"{verdict}")
+    return False
+
+
+def _describe(constraint: Constraint) -> str:
+    kind = "distinctAttribute" if constraint.distinct else "matchAttribute"
+    return f"{kind} {constraint.attribute}"
+
+
+def fits_node(state: Any, node: str, cpu: int, memory: int,
+              tolerations: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the pod's CPU, memory or tolerations rule the node out, or None."""
+    cpu_free, mem_free = state.node_free(node)
+    if cpu > cpu_free:
+        return "Insufficient cpu"
+    if memory > mem_free:
+        return "Insufficient memory"
+    taint = kubefit.untolerated_taint(state.nodes[node].taints, tolerations)
+    if taint is not None:
+        return f"untolerated taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}"
+    return None
