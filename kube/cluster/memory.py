@@ -62,6 +62,7 @@ from dra_gateway.kube.resources import (
     PODS,
     RESOURCE_CLAIMS,
     ResourceType,
+    by_kind,
 )
 
 Key = tuple[str, str]  # (namespace or "", name)
@@ -473,17 +474,22 @@ class MemoryCluster:
             self._history.pop(rt, None)
             self._compacted[rt] = self._rv
 
-    async def load(self, objects: Iterable[Object]) -> list[Object]:
-        """Create each object, typed by its apiVersion and kind (seed manifests, fixtures)."""
-        from dra_gateway.kube.resources import by_kind
+    async def load(self, objects: Iterable[Object], *,
+                   default_namespace: str = "default") -> list[Object]:
+        """Create each object, typed by its apiVersion and kind (seed manifests, fixtures).
 
+        Namespaced objects without a namespace go to `default_namespace`, as kubectl does.
+        """
         created = []
         for obj in objects:
             try:
                 rt = by_kind(str(obj.get("apiVersion")), str(obj.get("kind")))
             except KeyError as exc:
                 raise BadRequest(str(exc.args[0])) from None
-            created.append(await self.create(rt, obj))
+            namespace = None
+            if rt.namespaced and not (obj.get("metadata") or {}).get("namespace"):
+                namespace = default_namespace
+            created.append(await self.create(rt, obj, namespace=namespace))
         return created
 
     # The port ---------------------------------------------------------------------------------

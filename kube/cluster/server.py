@@ -422,8 +422,14 @@ class Server:
 
 @contextlib.asynccontextmanager
 async def serve(cluster: Cluster, *, host: str = "127.0.0.1", port: int = 0,
-                token: str | None = None) -> AsyncIterator[Server]:
-    """Serve `cluster` over HTTP on `host:port` (0 picks a free port) until the block exits."""
+                token: str | None = None,
+                kubeconfig: str | os.PathLike[str] | None = None) -> AsyncIterator[Server]:
+    """Serve `cluster` over HTTP on `host:port` (0 picks a free port) until the block exits.
+
+    With `kubeconfig`, a kubeconfig for the server (and `token`) is written there once it
+    listens. Leaving the block ends open watch streams and stops listening; the cluster stays
+    usable (closing it is the caller's business).
+    """
     runner = web.AppRunner(create_app(cluster, token=token), access_log=None,
                            shutdown_timeout=5.0)
     await runner.setup()
@@ -432,8 +438,10 @@ async def serve(cluster: Cluster, *, host: str = "127.0.0.1", port: int = 0,
         await site.start()
         bound_host, bound_port = runner.addresses[0][:2]
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-        yield Server(url=f"http://{shown}:{bound_port}", host=bound_host, port=bound_port,
-                     token=token)
+        url = f"http://{shown}:{bound_port}"
+        if kubeconfig is not None:
+            write_kubeconfig(kubeconfig, url, token)
+        yield Server(url=url, host=bound_host, port=bound_port, token=token)
     finally:
         await runner.cleanup()
 

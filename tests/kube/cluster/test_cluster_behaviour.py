@@ -612,3 +612,29 @@ async def test_errors_carry_a_kubernetes_status(cluster: Cluster) -> None:
     assert status["code"] == 404
     assert status["reason"] == "NotFound"
     assert status["details"]["name"] == "nope"
+
+
+async def test_strategic_patch_directives_delete_list_items(cluster: Cluster) -> None:
+    made = pod("p1", gates=["dra-gateway.io/allocation", "other.io/gate"])
+    made["metadata"]["finalizers"] = ["a.io/x", "b.io/y"]
+    await cluster.create(PODS, made, namespace=NS)
+    patched = await cluster.patch(PODS, "p1", {
+        "metadata": {"$deleteFromPrimitiveList/finalizers": ["a.io/x"]},
+        "spec": {"schedulingGates": [{"name": "dra-gateway.io/allocation",
+                                      "$patch": "delete"}]},
+    }, namespace=NS, patch_type="strategic")
+    assert patched["metadata"]["finalizers"] == ["b.io/y"]
+    assert patched["spec"]["schedulingGates"] == [{"name": "other.io/gate"}]
+    assert patched["spec"]["containers"] == [{"name": "main", "image": "busybox"}]
+
+
+async def test_slices_owned_by_a_deleted_node_are_garbage_collected(cluster: Cluster) -> None:
+    node = await cluster.create(NODES, {"metadata": {"name": "node-a"}})
+    owned = slice_("node-a-gpu", "node-a")
+    owned["metadata"]["ownerReferences"] = [{
+        "apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": node["metadata"]["uid"],
+        "controller": True}]
+    await cluster.create(RESOURCE_SLICES, owned)
+    await cluster.create(RESOURCE_SLICES, slice_("node-b-gpu", "node-b"))
+    await cluster.delete(NODES, "node-a")
+    assert names((await cluster.list(RESOURCE_SLICES)).items) == ["node-b-gpu"]
