@@ -1,0 +1,205 @@
+"""A fake `pynvml` module: the calls discovery and health make, over a scripted node.
+
+Errors are raised as the real module raises them (an `NVMLError` subclass carrying `.value`),
+so the error mapping is exercised, not bypassed.
+"""
+
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_GPU_IS_LOST = 15
+
+
+class NVMLError(Exception):
+    _strings = {3: "Not Supported", 6: "Not Found", 9: "Driver Not Loaded", 10: "Timeout",
+                12: "NVML Shared Library Not Found", 15: "GPU is lost"}
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return self._strings.get(self.value, f"error {self.value}")
+
+
+@dataclass
+class FakeMig:
+    uuid: str
+    memory_mb: int
+    gi_slices: int
+    ci_slices: int
+    profile_id: int
+    start: int
+    size: int
+    gi_id: int
+    sms: int = 14
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    name: str = "NVIDIA H100 80GB HBM3"
+    memory: int = 80 * 2**30
+    minor: int = 0
+    brand: int = 14  # NVML_BRAND_NVIDIA
+    arch: int = 9  # Hopper
+    cc: tuple[int, int] = (9, 0)
+    bus_id: bytes = b"00000000:18:00.0"
+    numa: int | None = 0
+    mig_mode: int | None = 0  # None: not supported
+    migs: list[FakeMig | None] = field(default_factory=list)
+    lost: bool = False
+
+
+class FakeNvml:
+    """Use `module()` as the `lib` argument of `Nvml`."""
+
+    def __init__(self, gpus: list[FakeGpu], *, driver: str = "550.54.15",
+                 cuda: int = 12040, init_error: int | None = None) -> None:
+        self.gpus = gpus
+        self.driver = driver
+        self.cuda = cuda
+        self.init_error = init_error
+        self.initialised = 0
+        self.shutdowns = 0
+        self.events: queue.Queue[SimpleNamespace] = queue.Queue()
+        self.registered: list[str] = []
+        self.fail_everything: int | None = None
+
+    def _check(self) -> None:
+        if self.fail_everything is not None:
+            raise NVMLError(self.fail_everything)
+        if self.initialised <= 0:
+            raise NVMLError(1)
+
+    def module(self) -> Any:
+        fake = self
+
+        def handle(i: int) -> Any:
+            fake._check()
+            return ("gpu", i)
+
+        def gpu(h: Any) -> FakeGpu:
+            fake._check()
+            g = fake.gpus[h[1]]
+            if g.lost:
+                raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+            return g
+
+        def mig(h: Any) -> FakeMig:
+            m = fake.gpus[h[1]].migs[h[2]]
+            assert m is not None
+            return m
+
+        def init() -> None:
+            if fake.init_error is not None:
+                raise NVMLError(fake.init_error)
+            fake.initialised += 1
+
+        def shutdown() -> None:
+            fake.initialised -= 1
+            fake.shutdowns += 1
+
+        def uuid(h: Any) -> str:
+            return mig(h).uuid if h[0] == "mig" else gpu(h).uuid
+
+        def memory(h: Any) -> Any:
+            if h[0] == "mig":
+                return SimpleNamespace(total=mig(h).memory_mb * 2**20)
+            return SimpleNamespace(total=gpu(h).memory)
+
+        def numa(h: Any) -> int:
+            value = gpu(h).numa
+            if value is None:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            return value
+
+        def mig_mode(h: Any) -> list[int]:
+            value = gpu(h).mig_mode
+            if value is None:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            return [value, value]
+
+        def mig_handle(h: Any, i: int) -> Any:
+            if gpu(h).migs[i] is None:
+                raise NVMLError(NVML_ERROR_NOT_FOUND)
+            return ("mig", h[1], i)
+
+        def attributes(h: Any) -> Any:
+            m = mig(h)
+            return SimpleNamespace(multiprocessorCount=m.sms, gpuInstanceSliceCount=m.gi_slices,
+                                   computeInstanceSliceCount=m.ci_slices,
+                                   memorySizeMB=m.memory_mb)
+
+        def gi_by_id(h: Any, gi_id: int) -> Any:
+            for m in gpu(h).migs:
+                if m is not None and m.gi_id == gi_id:
+                    return m
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+        def gi_info(m: FakeMig) -> Any:
+            return SimpleNamespace(profileId=m.profile_id,
+                                   placement=SimpleNamespace(start=m.start, size=m.size))
+
+        def by_uuid(u: str) -> Any:
+            fake._check()
+            for i, g in enumerate(fake.gpus):
+                if g.uuid == u:
+                    return ("gpu", i)
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+        def register(h: Any, types: int, event_set: Any) -> None:
+            fake.registered.append(gpu(h).uuid)
+
+        def wait(event_set: Any, timeout_ms: int) -> Any:
+            fake._check()
+            try:
+                return fake.events.get(timeout=min(timeout_ms, 50) / 1000)
+            except queue.Empty:
+                raise NVMLError(NVML_ERROR_TIMEOUT) from None
+
+        return SimpleNamespace(
+            NVMLError=NVMLError,
+            nvmlInit=init, nvmlShutdown=shutdown,
+            nvmlSystemGetDriverVersion=lambda: (fake._check(), fake.driver)[1],
+            nvmlSystemGetCudaDriverVersion=lambda: (fake._check(), fake.cuda)[1],
+            nvmlDeviceGetCount=lambda: (fake._check(), len(fake.gpus))[1],
+            nvmlDeviceGetHandleByIndex=handle,
+            nvmlDeviceGetHandleByUUID=by_uuid,
+            nvmlDeviceGetUUID=uuid,
+            nvmlDeviceGetName=lambda h: gpu(h).name,
+            nvmlDeviceGetMemoryInfo=memory,
+            nvmlDeviceGetMinorNumber=lambda h: gpu(h).minor,
+            nvmlDeviceGetBrand=lambda h: gpu(h).brand,
+            nvmlDeviceGetArchitecture=lambda h: gpu(h).arch,
+            nvmlDeviceGetCudaComputeCapability=lambda h: gpu(h).cc,
+            nvmlDeviceGetPciInfo=lambda h: SimpleNamespace(busId=gpu(h).bus_id),
+            nvmlDeviceGetNumaNodeId=numa,
+            nvmlDeviceGetMigMode=mig_mode,
+            nvmlDeviceGetMaxMigDeviceCount=lambda h: len(gpu(h).migs),
+            nvmlDeviceGetMigDeviceHandleByIndex=mig_handle,
+            nvmlDeviceGetAttributes=attributes,
+            nvmlDeviceGetGpuInstanceId=lambda h: mig(h).gi_id,
+            nvmlDeviceGetGpuInstanceById=gi_by_id,
+            nvmlGpuInstanceGetInfo=gi_info,
+            nvmlEventSetCreate=lambda: (fake._check(), "event-set")[1],
+            nvmlEventSetFree=lambda s: None,
+            nvmlDeviceGetSupportedEventTypes=lambda h: (gpu(h), 0x8 | 0x4)[1],
+            nvmlDeviceRegisterEvents=register,
+            nvmlEventSetWait=wait,
+        )
+
+    def xid(self, index: int, xid: int) -> None:
+        """Queue a critical XID event for card `index`."""
+        self.events.put(SimpleNamespace(device=("gpu", index), eventType=0x8, eventData=xid,
+                                        gpuInstanceId=0xFFFFFFFF,
+                                        computeInstanceId=0xFFFFFFFF))

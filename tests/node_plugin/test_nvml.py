@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dra_gateway.node_plugin.nvml import Nvml, NvmlError, discover_nvml
+
+from .fake_nvml import FakeGpu, FakeMig, FakeNvml
+
+H100 = "GPU-3a096533-5ed3-f658-6018-3170205738d1"
+A100 = "GPU-5a1e2b7c-0d3f-4e59-8a61-2c4b9e7f1a03"
+
+
+def _sysfs(tmp_path: Path) -> Path:
+    """A sysfs where 0000:18:00.0 sits under root complex pci0000:17."""
+    real = tmp_path / "devices/pci0000:17/0000:17:01.0/0000:18:00.0"
+    real.mkdir(parents=True)
+    (real / "numa_node").write_text("1\n")
+    links = tmp_path / "bus/pci/devices"
+    links.mkdir(parents=True)
+    (links / "0000:18:00.0").symlink_to(real)
+    return tmp_path
+
+
+def test_discovery_reads_every_fact_of_a_card(tmp_path: Path) -> None:
+    fake = FakeNvml([FakeGpu(uuid=H100, minor=3)])
+    facts = discover_nvml(fake.module(), sysfs=_sysfs(tmp_path))
+    (gpu,) = facts.gpus
+    assert gpu.uuid == H100
+    assert gpu.product_name == "NVIDIA H100 80GB HBM3"
+    assert gpu.memory == 80 * 2**30
+    assert (gpu.index, gpu.minor, gpu.device_number) == (0, 3, 3)
+    assert (gpu.brand, gpu.architecture) == ("Nvidia", "Hopper")
+    assert gpu.cuda_compute_capability == "9.0"
+    assert (gpu.driver_version, gpu.cuda_driver_version) == ("550.54.15", "12.4")
+    assert gpu.pci_bus_id == "0000:18:00.0"
+    assert gpu.pcie_root == "pci0000:17"
+    assert gpu.numa_node == 0
+    assert not gpu.mig_enabled
+    assert fake.initialised == 0 and fake.shutdowns == 1
+
+
+def test_numa_node_falls_back_to_sysfs_when_nvml_does_not_support_it(tmp_path: Path) -> None:
+    fake = FakeNvml([FakeGpu(uuid=H100, numa=None)])
+    (gpu,) = discover_nvml(fake.module(), sysfs=_sysfs(tmp_path)).gpus
+    assert gpu.numa_node == 1
+
+
+def test_mig_instances_are_enumerated_with_nvidia_profile_names(tmp_path: Path) -> None:
+    migs: list[FakeMig | None] = [
+        FakeMig(uuid="MIG-aaaa", memory_mb=40192, gi_slices=3, ci_slices=3, profile_id=9,
+                start=0, size=4, gi_id=2),
+        None,  # an empty slot: NVML says NotFound
+        FakeMig(uuid="MIG-bbbb", memory_mb=9856, gi_slices=1, ci_slices=1, profile_id=19,
+                start=6, size=1, gi_id=13),
+    ]
+    fake = FakeNvml([FakeGpu(uuid=A100, memory=81920 * 2**20, mig_mode=1, migs=migs)])
+    (gpu,) = discover_nvml(fake.module(), sysfs=tmp_path).gpus
+    assert gpu.mig_enabled
+    assert [(m.uuid, m.profile, m.profile_id, m.placement_start, m.placement_size)
+            for m in gpu.mig_devices] == [("MIG-aaaa", "3g.40gb", 9, 0, 4),
+                                          ("MIG-bbbb", "1g.10gb", 19, 6, 1)]
+    assert gpu.mig_devices[0].memory == 40192 * 2**20
+
+
+def test_a_card_without_mig_support_is_not_in_mig_mode(tmp_path: Path) -> None:
+    fake = FakeNvml([FakeGpu(uuid=H100, mig_mode=None)])
+    (gpu,) = discover_nvml(fake.module(), sysfs=tmp_path).gpus
+    assert not gpu.mig_enabled
+
+
+def test_a_missing_library_is_explained_with_the_fix() -> None:
+    fake = FakeNvml([], init_error=12)
+    with pytest.raises(NvmlError) as caught:
+        discover_nvml(fake.module())
+    assert str(caught.value).startswith(
+        "NVML nvmlInit failed: NVML Shared Library Not Found (libnvidia-ml.so.1 was not found")
+    assert "--inventory" in str(caught.value)
+
+
+def test_a_failing_call_names_the_call_and_the_card_and_nvml_is_shut_down(
+        tmp_path: Path) -> None:
+    fake = FakeNvml([FakeGpu(uuid=H100), FakeGpu(uuid=A100, lost=True)])
+    with pytest.raises(NvmlError) as caught:
+        discover_nvml(fake.module(), sysfs=tmp_path)
+    assert str(caught.value).startswith("NVML nvmlDeviceGetUUID (GPU 1) failed: GPU is lost (")
+    assert caught.value.gpu_lost
+    assert fake.shutdowns == 1
+
+
+def test_xid_events_name_the_card_and_timeouts_are_quiet() -> None:
+    fake = FakeNvml([FakeGpu(uuid=H100), FakeGpu(uuid=A100)])
+    with Nvml(fake.module()) as nvml:
+        events = nvml.xid_events([H100, A100])
+        assert fake.registered == [H100, A100]
+        assert events.wait(10) is None
+        fake.xid(1, 79)
+        event = events.wait(1000)
+        assert event is not None
+        assert (event.uuid, event.xid, event.is_application_error) == (A100, 79, False)
+        assert event.gpu_instance_id is None
+        events.close()
+
+
+def test_probe_reports_lost_cards() -> None:
+    fake = FakeNvml([FakeGpu(uuid=H100), FakeGpu(uuid=A100, lost=True)])
+    with Nvml(fake.module()) as nvml:
+        assert nvml.probe([H100, A100]) == {H100: False, A100: True}
