@@ -11,6 +11,7 @@ from aiohttp.test_utils import TestClient
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES
+from dra_gateway.webhook.app import STATE
 
 from .conftest import decoded_patch, hami_pod, plain_pod, review
 
@@ -55,3 +56,65 @@ async def test_a_hami_pod_comes_back_with_claims_a_gate_and_no_legacy_keys(
 async def test_a_gpu_free_pod_is_allowed_without_a_patch(client: Client) -> None:
     answer = await _post(client, "/mutate", review(plain_pod(), uid="plain-1"))
     assert answer["response"] == {"uid": "plain-1", "allowed": True}
+
+
+async def test_a_second_invocation_on_a_translated_pod_changes_nothing(client: Client) -> None:
+    pod = hami_pod()
+    first = await _post(client, "/mutate", review(pod))
+    translated = jsonpatch.apply_patch(pod, decoded_patch(first))
+    again = await _post(client, "/mutate", review(translated, uid="again"))
+    assert again["response"] == {"uid": "again", "allowed": True}
+
+
+async def test_a_dry_run_answers_the_patch_but_creates_no_template(
+    client: Client, cluster: MemoryCluster
+) -> None:
+    answer = await _post(client, "/mutate", review(hami_pod(), dry_run=True))
+    assert decoded_patch(answer)
+    listed = await cluster.list(RESOURCE_CLAIM_TEMPLATES, namespace="inference")
+    assert listed.items == []
+
+
+async def test_identical_pods_share_one_template(client: Client, cluster: MemoryCluster) -> None:
+    for i in range(3):
+        pod = hami_pod()
+        pod["metadata"]["name"] = f"llm-serve-{i}"
+        await _post(client, "/mutate", review(pod))
+    listed = await cluster.list(RESOURCE_CLAIM_TEMPLATES, namespace="inference")
+    assert len(listed.items) == 1
+
+
+async def test_an_existing_template_is_success(client: Client, cluster: MemoryCluster) -> None:
+    pod = hami_pod()
+    first = await _post(client, "/mutate", review(pod))
+    name = jsonpatch.apply_patch(pod, decoded_patch(first))["spec"]["resourceClaims"][0][
+        "resourceClaimTemplateName"]
+    # As a second replica of the webhook would (an empty cache), meet the template already there.
+    state = client.app[STATE]
+    state.templates.forget()
+    again = await _post(client, "/mutate", review(pod, uid="second"))
+    assert again["response"]["allowed"] is True
+    assert await cluster.get(RESOURCE_CLAIM_TEMPLATES, name, namespace="inference")
+    assert state.metrics.template_creates.labels("exists")._value.get() == 1
+
+
+async def test_updates_and_deletes_are_allowed_untouched(client: Client) -> None:
+    pod = hami_pod()
+    for operation in ("UPDATE", "DELETE", "CONNECT"):
+        answer = await _post(client, "/mutate", review(pod, uid=operation, operation=operation))
+        assert answer["response"] == {"uid": operation, "allowed": True}
+
+
+async def test_a_pod_the_rules_refuse_is_not_allowed_with_the_translators_message(
+    client: Client,
+) -> None:
+    pod = hami_pod()
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpucores"] = 250
+    answer = await _post(client, "/mutate", review(pod, uid="too-much"))
+    response = answer["response"]
+    assert response["uid"] == "too-much"
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 403
+    assert response["status"]["reason"] == "Forbidden"
+    assert "gpucores" in response["status"]["message"]
+    assert "patch" not in response
