@@ -50,6 +50,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        help="watch events kept per type; older resourceVersions get 410 Expired")
     serve.set_defaults(func=_serve)
 
+    measure = bench.add_parser(
+        "cluster", help="the embedded API's HTTP hop against in-memory calls, side by side",
+        description="Run one claim workload (create, get, allocate, watch) on the in-memory "
+                    "cluster and through kubernetes-asyncio against it on loopback; print both "
+                    "throughputs and their ratio.")
+    measure.add_argument("--claims", type=int, default=2000, help="claims per backend")
+    measure.add_argument("--concurrency", type=int, default=16, help="concurrent workers")
+    measure.set_defaults(func=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.claims < 1 or args.concurrency < 1:
+        print("error: --claims and --concurrency must be at least 1", file=sys.stderr)
+        return 2
+    from dra_gateway.kube.cluster import bench
+
+    return bench.main(args.claims, args.concurrency)
+
 
 def _serve(args: argparse.Namespace) -> int:
     import asyncio

@@ -70,3 +70,11 @@ async def test_a_bad_seed_file_is_refused_naming_the_document(tmp_path: Path) ->
     assert process.returncode == 2
     assert err.decode().strip() == (
         f"error: {seed} (document 2): v1 Gadget is not a resource type the project serves")
+
+
+async def test_the_cluster_benchmark_runs_both_backends_on_one_workload() -> None:
+    from dra_gateway.kube.cluster.bench import compare, report
+
+    direct, over_http = await compare(claims=20, concurrency=4)
+    assert (direct.events, over_http.events) == (40, 40)
+    assert "ratio" in report(direct, over_http)
