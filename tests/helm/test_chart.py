@@ -439,6 +439,7 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
         | _grants(CLUSTER, ["resource.k8s.io"], ["resourceslices"],
                   ["get", "list", "watch", "create", "update", "patch", "delete"])
         | _grants(CLUSTER, [""], ["nodes"], ["get"])
+        | _grants(CLUSTER, [""], ["nodes/status"], ["patch"])
         | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims/driver"],
                   ["associated-node:update", "associated-node:patch"])
     ),
@@ -632,7 +633,22 @@ def test_command_lines_are_those_of_the_components(helm: HelmRunner) -> None:
     assert container(objects, "DaemonSet", "node-plugin")["args"] == [
         "node-plugin", "serve", "--nvml", "--node-name", "$(NODE_NAME)", "--cluster", "kube",
         "--plugins-dir", "/var/lib/kubelet/plugins",
-        "--registry-dir", "/var/lib/kubelet/plugins_registry", "--cdi-dir", "/var/run/cdi"]
+        "--registry-dir", "/var/lib/kubelet/plugins_registry", "--cdi-dir", "/var/run/cdi",
+        "--state-dir", "/var/lib/dra-gateway", "--sharing", "exclusive",
+        "--no-consumable-capacity", "--no-device-taints", "--log-level", "INFO"]
+
+
+@pytest.mark.parametrize("combination", sorted(COMBINATIONS))
+@pytest.mark.parametrize(("kind", "component"), [("Deployment", "allocator"),
+                                                 ("DaemonSet", "node-plugin")])
+def test_command_lines_parse_with_the_dra_gateway_cli(helm: HelmRunner, combination: str,
+                                                       kind: str, component: str) -> None:
+    from dra_gateway.cli import build_parser
+
+    spec = container(helm.render(combination), kind, component)
+    args = [a.replace("$(NODE_NAME)", "node-a") for a in spec["args"]]
+    parsed = build_parser().parse_args(args)
+    assert callable(parsed.func)
 
 
 def test_node_plugin_mounts_host_directories_at_their_host_paths(helm: HelmRunner) -> None:
@@ -689,12 +705,21 @@ def test_device_classes_select_the_gateways_devices_by_type(helm: HelmRunner) ->
     classes = {r.name: r.obj["spec"] for r in by_kind(helm.render("default"), "DeviceClass")}
     assert classes == {
         names.GPU_CLASS: {"selectors": [{"cel": {"expression": (
-            f'device.driver == "{names.DRIVER}" && '
-            f'device.attributes["{names.DRIVER}"].{names.ATTR_TYPE} == "gpu"')}}]},
+            f"device.driver == '{names.DRIVER}' && "
+            f"device.attributes['{names.DRIVER}'].{names.ATTR_TYPE} == 'gpu'")}}]},
         names.MIG_CLASS: {"selectors": [{"cel": {"expression": (
-            f'device.driver == "{names.DRIVER}" && '
-            f'device.attributes["{names.DRIVER}"].{names.ATTR_TYPE} == "mig"')}}]},
+            f"device.driver == '{names.DRIVER}' && "
+            f"device.attributes['{names.DRIVER}'].{names.ATTR_TYPE} == 'mig'")}}]},
     }
+
+
+def test_device_classes_are_those_the_node_plugin_prints(helm: HelmRunner) -> None:
+    # Installed by the chart or by `dra-gateway node-plugin device-classes | kubectl apply`, a
+    # class must not differ: the two installers would otherwise rewrite each other's spec.
+    from dra_gateway.node_plugin.deviceclasses import device_classes
+
+    charted = {r.name: r.obj["spec"] for r in by_kind(helm.render("default"), "DeviceClass")}
+    assert charted == {c["metadata"]["name"]: c["spec"] for c in device_classes()}
 
 
 def test_rules_config_map_is_labelled_and_carries_each_document(helm: HelmRunner) -> None:
