@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources as package_resources
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -256,11 +256,24 @@ class OverrideSpec(_Model):
 
 
 class RulesDocument(_Model):
+    """The document; `rules` and `overrides` entries are validated one by one (`_validated`)
+    so that one broken rule does not hide the problems of the others."""
+
     api_version: Literal["dra-gateway.io/v1alpha1"] = Field(alias="apiVersion")
     kind: Literal["TranslationRules"]
     metadata: dict[str, Any] = Field(default_factory=dict)
-    rules: list[RuleSpec] = Field(default_factory=list)
-    overrides: list[OverrideSpec] = Field(default_factory=list)
+    rules: list[Any] = Field(default_factory=list)
+    overrides: list[Any] = Field(default_factory=list)
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+@dataclass
+class _ValidDocument:
+    source: str
+    rules: list[tuple[int, RuleSpec]]
+    overrides: list[tuple[int, OverrideSpec]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -401,12 +414,6 @@ Source = str | Path | Mapping[str, str]
 
 
 @dataclass
-class _Document:
-    source: str
-    doc: RulesDocument
-
-
-@dataclass
 class _Problems:
     errors: list[str] = field(default_factory=list)
     failed: set[tuple[str, str]] = field(default_factory=set)
@@ -414,8 +421,8 @@ class _Problems:
     def add(self, source: str, path: str, message: str) -> None:
         self.errors.append(f"{source}: {path}: {message}" if path else f"{source}: {message}")
         # Count failures per rule (or per other top-level entry) as the summary line says.
-        parts = path.split(".", 1)[0] if path else ""
-        self.failed.add((source, parts))
+        entry = re.match(r"^(rules|overrides)\[\d+\]", path)
+        self.failed.add((source, entry.group(0) if entry else ""))
 
 
 def format_path(loc: Iterable[int | str]) -> str:
@@ -519,19 +526,34 @@ def load_rules(*sources: Source, builtin: bool = True) -> RuleSet:
     for source in sources:
         raw.extend(_read_documents(source, problems))
 
-    documents: list[_Document] = []
+    documents: list[_ValidDocument] = []
     for name, data in raw:
         if not isinstance(data, dict):
             problems.add(name, "", "a rules document is a mapping with apiVersion, kind and rules")
             continue
         try:
-            documents.append(_Document(name, RulesDocument.model_validate(data)))
+            document = RulesDocument.model_validate(data)
         except ValidationError as exc:
             for error in exc.errors():
                 problems.add(name, format_path(error["loc"]), _pydantic_message(error))
-    if problems.errors:
-        raise RulesError(problems.errors, len(problems.failed))
+            continue
+        documents.append(_ValidDocument(
+            name, _validated(name, "rules", document.rules, RuleSpec, problems),
+            _validated(name, "overrides", document.overrides, OverrideSpec, problems)))
     return _assemble(documents, problems)
+
+
+def _validated(source: str, key: str, items: list[Any], model: type[_M],
+               problems: _Problems) -> list[tuple[int, _M]]:
+    out = []
+    for i, item in enumerate(items):
+        try:
+            out.append((i, model.model_validate(item)))
+        except ValidationError as exc:
+            for error in exc.errors():
+                problems.add(source, format_path((key, i, *error["loc"])),
+                             _pydantic_message(error))
+    return out
 
 
 @dataclass
@@ -543,13 +565,16 @@ class _Entry:
     precedence: int | None
     class_name: str
     units: dict[str, str]
+    order: int
 
 
-def _assemble(documents: list[_Document], problems: _Problems) -> RuleSet:
+def _assemble(documents: list[_ValidDocument], problems: _Problems) -> RuleSet:
     entries: dict[str, _Entry] = {}
+    order = 0
     for document in documents:
         seen: set[str] = set()
-        for i, spec in enumerate(document.doc.rules):
+        for i, spec in document.rules:
+            order += 1
             if spec.name in seen:
                 problems.add(document.source, f"rules[{i}].name",
                              f"rule {json.dumps(spec.name)} is defined twice in this document")
@@ -559,9 +584,9 @@ def _assemble(documents: list[_Document], problems: _Problems) -> RuleSet:
                      for name, res in spec.resources.items()}
             # The same name in a later source replaces the earlier rule as a whole.
             entries[spec.name] = _Entry(spec, document.source, f"rules[{i}]", spec.enabled,
-                                        spec.precedence, spec.device.class_name, units)
+                                        spec.precedence, spec.device.class_name, units, order)
     for document in documents:
-        for i, override in enumerate(document.doc.overrides):
+        for i, override in document.overrides:
             entry = entries.get(override.rule)
             path = f"overrides[{i}]"
             if entry is None:
@@ -864,7 +889,12 @@ def render_selector(selector: CompiledSelector, driver: str, values: Sequence[st
 
 def _check_overlaps(rules: list[CompiledRule], entries: Mapping[str, _Entry],
                     problems: _Problems) -> None:
-    """Two enabled rules reading one resource need distinct precedences to say who wins."""
+    """Two enabled rules reading one resource need distinct precedences to say who wins.
+
+    The conflict is reported at the rule loaded later (usually the administrator's), once,
+    naming every rule it collides with.
+    """
+    clashes: dict[str, dict[str, list[str]]] = {}
     for i, first in enumerate(rules):
         for second in rules[i + 1:]:
             shared = sorted(set(first.exact) & set(second.exact))
@@ -872,7 +902,7 @@ def _check_overlaps(rules: list[CompiledRule], entries: Mapping[str, _Entry],
                 for a, b in ((first, second), (second, first)):
                     if a.pattern is not None and (
                             any(n.startswith(a.pattern) for n in b.exact) or
-                            (b.pattern is not None and (b.pattern.startswith(a.pattern)))):
+                            (b.pattern is not None and b.pattern.startswith(a.pattern))):
                         shared = [a.pattern + "*"]
             if not shared:
                 continue
@@ -880,11 +910,17 @@ def _check_overlaps(rules: list[CompiledRule], entries: Mapping[str, _Entry],
             p2 = entries[second.name].precedence
             if p1 is not None and p2 is not None and p1 != p2:
                 continue
-            later = entries[second.name]
-            problems.add(later.source, f"{later.path}.precedence",
-                         f"rules {json.dumps(first.name)} and {json.dumps(second.name)} both "
-                         f"read {shared[0]} with no precedence between them; give one a "
-                         "higher precedence or disable one")
+            later, earlier = sorted((first, second), key=lambda r: -entries[r.name].order)
+            clashes.setdefault(later.name, {}).setdefault(shared[0], []).append(earlier.name)
+    for name, by_resource in sorted(clashes.items()):
+        entry = entries[name]
+        for resource, others in sorted(by_resource.items()):
+            listed = " and ".join(f'"{o}"' for o in sorted(others))
+            noun = "rule" if len(others) == 1 else "rules"
+            problems.add(entry.source, f"{entry.path}.precedence",
+                         f"rule \"{name}\" reads {resource} like {noun} {listed}, with no "
+                         "precedence between them; give it a different precedence, reuse the "
+                         "name to replace a rule, or disable one")
 
 
 def validate_rules(paths: Sequence[Source], *, builtin: bool = True) -> list[str]:

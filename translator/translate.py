@@ -185,7 +185,7 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
         if claim.get("name") == CLAIM_NAME:
             first = found[0]
             plan.refusal = Refusal(
-                message=f"the pod already has a resource claim named {CLAIM_NAME!r} but no "
+                message=f"the pod already has a resource claim named {_q(CLAIM_NAME)} but no "
                         f"{names.ANNOTATION_TRANSLATED} annotation; rename that claim",
                 container=first[2].get("name", ""), resource=", ".join(first[3] or first[4]),
                 rule="")
@@ -339,10 +339,15 @@ def _covers(main: _ContainerPlan, init: _ContainerPlan) -> bool:
     return same and main_params == init_params and main.constraints == () == init.constraints
 
 
-def _refuse(container: str, resource: str, rule: str, message: str) -> _Refused:
-    where = f" (rule {rule})" if rule else ""
-    return _Refused(Refusal(message=f"container {container!r}: {message}{where}",
+def _refuse(container: str, resource: str, rule: str, message: str, *,
+            name_rule: bool = True) -> _Refused:
+    where = f" (rule {rule})" if rule and name_rule else ""
+    return _Refused(Refusal(message=f"container {_q(container)}: {message}{where}",
                             container=container, resource=resource, rule=rule))
+
+
+def _q(text: str) -> str:
+    return orjson.dumps(text).decode()
 
 
 def _whole_value(container: str, rule: str, resource: str, limit: Any, request: Any) -> int:
@@ -396,7 +401,7 @@ def _plan_container(key: str, container: Mapping[str, Any], legacy: set[str],
         triggered.append((rule, activation))
     if not triggered:
         unmatched = ", ".join(ordered)
-        warnings.append(f"container {name!r}: {unmatched} matched no enabled rule's trigger; "
+        warnings.append(f"container {_q(name)}: {unmatched} matched no enabled rule's trigger; "
                         "left unchanged")
         return None
 
@@ -404,11 +409,13 @@ def _plan_container(key: str, container: Mapping[str, Any], legacy: set[str],
     covered = [n for n in ordered if rule.claims(n)]
     leftover = [n for n in ordered if n not in covered]
     if leftover:
-        other = rules.rules_for(leftover[0])[0].name
-        raise _refuse(name, leftover[0], rule.name,
+        owners = sorted(rules.rules_for(leftover[0]), key=lambda r: (
+            leftover[0] not in r.triggers and not r.trigger_pattern, -r.precedence, r.name))
+        other = owners[0].name
+        raise _refuse(name, f"{covered[0]}, {leftover[0]}", rule.name,
                       f"{covered[0]} (rule {rule.name}) and {leftover[0]} (rule {other}) "
                       "cannot be combined in one container; ask for one protocol per "
-                      "container")
+                      "container", name_rule=False)
     if not any(activation["r"].values()):
         return None  # only zero amounts: nothing to allocate, the container stays as it is
     resource = ", ".join(covered)
@@ -458,10 +465,10 @@ def _plan_container(key: str, container: Mapping[str, Any], legacy: set[str],
                               covered) or "none"
         if enforcement not in ENFORCEMENTS:
             raise _refuse(name, resource, rule.name,
-                          f"enforcement {enforcement!r} is not one of {', '.join(ENFORCEMENTS)}")
+                          f"enforcement {_q(enforcement)} is not one of {', '.join(ENFORCEMENTS)}")
         policy = _string(rule, "policy", rule.policy, activation, name, covered) or None
         if policy is not None and policy not in POLICY_NAMES:
-            own_warnings.append(f"container {name!r}: policy {policy!r} is not one of "
+            own_warnings.append(f"container {_q(name)}: policy {_q(policy)} is not one of "
                                 f"{', '.join(POLICY_NAMES)}; the cluster default applies")
             policy = None
         share = GpuShareConfig.model_validate({

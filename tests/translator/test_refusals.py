@@ -1,0 +1,102 @@
+"""Requests that cannot be honoured are refused with messages naming container, resource, rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from translator_support import ctr, pod
+
+from dra_gateway.translator.rules import RuleSet
+from dra_gateway.translator.translate import translate
+
+REFUSALS: list[tuple[str, dict[str, Any], str, str, str]] = [
+    # Koordinator's four validation rules.
+    ("koordinator: vendor resource mixed with the share protocol",
+     {"nvidia.com/gpu": 1, "koordinator.sh/gpu-core": 50, "koordinator.sh/gpu-memory-ratio": 50},
+     'container "train": koordinator.sh/gpu-core (rule koordinator) and nvidia.com/gpu (rule '
+     "nvidia-gpu) cannot be combined in one container; ask for one protocol per container",
+     "koordinator.sh/gpu-core, nvidia.com/gpu", "koordinator"),
+    ("koordinator: both memory forms",
+     {"koordinator.sh/gpu-memory": "8Gi", "koordinator.sh/gpu-memory-ratio": 50},
+     'container "train": set koordinator.sh/gpu-memory or koordinator.sh/gpu-memory-ratio, not '
+     "both (rule koordinator)",
+     "koordinator.sh/gpu-memory, koordinator.sh/gpu-memory-ratio", "koordinator"),
+    ("koordinator: core without memory", {"koordinator.sh/gpu-core": 50},
+     'container "train": koordinator.sh/gpu-core needs koordinator.sh/gpu-memory or '
+     "koordinator.sh/gpu-memory-ratio (rule koordinator)", "koordinator.sh/gpu-core",
+     "koordinator"),
+    ("koordinator: memory over several cards without gpu.shared",
+     {"koordinator.sh/gpu-core": 200, "koordinator.sh/gpu-memory": "8Gi"},
+     'container "train": koordinator.sh/gpu-memory over more than one card needs '
+     "koordinator.sh/gpu.shared to say how many cards share it (rule koordinator)",
+     "koordinator.sh/gpu-core, koordinator.sh/gpu-memory", "koordinator"),
+    ("fractional whole-gpu count", {"nvidia.com/gpu": "0.5"},
+     'container "train": nvidia.com/gpu is 0.5, not a whole number; ask for whole units (rule '
+     "nvidia-gpu)", "nvidia.com/gpu", "nvidia-gpu"),
+    ("negative count", {"nvidia.com/gpu": "-1"},
+     'container "train": nvidia.com/gpu is -1, a negative amount (rule nvidia-gpu)',
+     "nvidia.com/gpu", "nvidia-gpu"),
+    ("non-numeric value", {"nvidia.com/gpu": "lots"},
+     'container "train": nvidia.com/gpu: invalid quantity "lots": a quantity starts with a '
+     'number, e.g. "40Gi" or "500m" (rule nvidia-gpu)', "nvidia.com/gpu", "nvidia-gpu"),
+    ("hami: both memory forms", {"nvidia.com/gpumem": 100, "nvidia.com/gpumem-percentage": 10},
+     'container "train": set nvidia.com/gpumem or nvidia.com/gpumem-percentage, not both (rule '
+     "hami)", "nvidia.com/gpumem, nvidia.com/gpumem-percentage", "hami"),
+    ("qgpu: over 100 and not whole cards", {"tke.cloud.tencent.com/qgpu-core": 150},
+     'container "train": above 100, tke.cloud.tencent.com/qgpu-core must be a multiple of 100 '
+     "(whole cards) (rule qgpu)", "tke.cloud.tencent.com/qgpu-core", "qgpu"),
+    ("qgpu: steps of 5", {"tke.cloud.tencent.com/qgpu-core": 7},
+     'container "train": tke.cloud.tencent.com/qgpu-core goes in steps of 5 (rule qgpu)',
+     "tke.cloud.tencent.com/qgpu-core", "qgpu"),
+    ("two mig profiles in one container",
+     {"nvidia.com/mig-1g.5gb": 1, "nvidia.com/mig-2g.10gb": 1},
+     'container "train": nvidia.com/mig-1g.5gb and nvidia.com/mig-2g.10gb cannot be combined in '
+     "one container; one container asks for one kind (rule nvidia-mig)",
+     "nvidia.com/mig-1g.5gb, nvidia.com/mig-2g.10gb", "nvidia-mig"),
+    ("two vendors in one container", {"nvidia.com/gpu": 1, "amd.com/gpu": 1},
+     'container "train": amd.com/gpu (rule amd-gpu) and nvidia.com/gpu (rule nvidia-gpu) cannot '
+     "be combined in one container; ask for one protocol per container",
+     "amd.com/gpu, nvidia.com/gpu", "amd-gpu"),
+]
+
+
+@pytest.mark.parametrize(("limits", "message", "resource", "rule"),
+                         [c[1:] for c in REFUSALS], ids=[c[0] for c in REFUSALS])
+def test_refusal_names_container_resource_and_rule(
+        builtin_rules: RuleSet, limits: dict[str, Any], message: str, resource: str,
+        rule: str) -> None:
+    plan = translate(pod(ctr("train", limits=limits)), builtin_rules)
+    assert plan.refusal is not None
+    assert plan.refusal.message == message
+    assert (plan.refusal.container, plan.refusal.resource, plan.refusal.rule) == (
+        "train", resource, rule)
+    assert plan.patch == []
+    assert plan.templates == []
+
+
+def test_limit_and_request_that_differ_are_refused(builtin_rules: RuleSet) -> None:
+    plan = translate(pod(ctr("train", limits={"nvidia.com/gpu": 2},
+                             requests={"nvidia.com/gpu": 1})), builtin_rules)
+    assert plan.refusal is not None
+    assert plan.refusal.message == (
+        'container "train": nvidia.com/gpu has limit 2 but request 1; extended resources need '
+        "equal values (or set only the limit) (rule nvidia-gpu)")
+
+
+def test_a_refused_container_refuses_the_whole_pod(builtin_rules: RuleSet) -> None:
+    plan = translate(pod(ctr("ok", limits={"nvidia.com/gpu": 1}),
+                         ctr("bad", limits={"nvidia.com/gpu": "1.5"})), builtin_rules)
+    assert plan.refusal is not None
+    assert plan.refusal.container == "bad"
+    assert plan.patch == []
+
+
+def test_an_existing_claim_named_like_the_gateways_is_refused(builtin_rules: RuleSet) -> None:
+    original = pod(ctr("main", limits={"nvidia.com/gpu": 1}),
+                   resourceClaims=[{"name": "dra-gateway", "resourceClaimName": "mine"}])
+    plan = translate(original, builtin_rules)
+    assert plan.refusal is not None
+    assert plan.refusal.message == (
+        'the pod already has a resource claim named "dra-gateway" but no '
+        "dra-gateway.io/translated annotation; rename that claim")
