@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
@@ -20,8 +20,9 @@ NVML_ERROR_GPU_IS_LOST = 15
 
 
 class NVMLError(Exception):
-    _strings = {3: "Not Supported", 6: "Not Found", 9: "Driver Not Loaded", 10: "Timeout",
-                12: "NVML Shared Library Not Found", 15: "GPU is lost"}
+    _strings: ClassVar[dict[int, str]] = {
+        3: "Not Supported", 6: "Not Found", 9: "Driver Not Loaded", 10: "Timeout",
+        12: "NVML Shared Library Not Found", 15: "GPU is lost"}
 
     def __init__(self, value: int) -> None:
         super().__init__(value)
@@ -84,19 +85,23 @@ class FakeNvml:
     def module(self) -> Any:
         fake = self
 
+        def checked(value: Any) -> Any:
+            fake._check()
+            return value
+
         def handle(i: int) -> Any:
             fake._check()
             return ("gpu", i)
 
         def gpu(h: Any) -> FakeGpu:
             fake._check()
-            g = fake.gpus[h[1]]
+            g: FakeGpu = fake.gpus[h[1]]
             if g.lost:
                 raise NVMLError(NVML_ERROR_GPU_IS_LOST)
             return g
 
         def mig(h: Any) -> FakeMig:
-            m = fake.gpus[h[1]].migs[h[2]]
+            m: FakeMig | None = fake.gpus[h[1]].migs[h[2]]
             assert m is not None
             return m
 
@@ -170,9 +175,9 @@ class FakeNvml:
         return SimpleNamespace(
             NVMLError=NVMLError,
             nvmlInit=init, nvmlShutdown=shutdown,
-            nvmlSystemGetDriverVersion=lambda: (fake._check(), fake.driver)[1],
-            nvmlSystemGetCudaDriverVersion=lambda: (fake._check(), fake.cuda)[1],
-            nvmlDeviceGetCount=lambda: (fake._check(), len(fake.gpus))[1],
+            nvmlSystemGetDriverVersion=lambda: checked(fake.driver),
+            nvmlSystemGetCudaDriverVersion=lambda: checked(fake.cuda),
+            nvmlDeviceGetCount=lambda: checked(len(fake.gpus)),
             nvmlDeviceGetHandleByIndex=handle,
             nvmlDeviceGetHandleByUUID=by_uuid,
             nvmlDeviceGetUUID=uuid,
@@ -191,7 +196,7 @@ class FakeNvml:
             nvmlDeviceGetGpuInstanceId=lambda h: mig(h).gi_id,
             nvmlDeviceGetGpuInstanceById=gi_by_id,
             nvmlGpuInstanceGetInfo=gi_info,
-            nvmlEventSetCreate=lambda: (fake._check(), "event-set")[1],
+            nvmlEventSetCreate=lambda: checked("event-set"),
             nvmlEventSetFree=lambda s: None,
             nvmlDeviceGetSupportedEventTypes=lambda h: (gpu(h), 0x8 | 0x4)[1],
             nvmlDeviceRegisterEvents=register,

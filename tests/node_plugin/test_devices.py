@@ -21,9 +21,10 @@ def _validate(obj: dict[str, Any], version: str = "1.34") -> None:
     kubernetes_validate.validate(obj, version, strict=True)
 
 
-def _slices(path: Path, options: DeviceOptions = DeviceOptions(), **kw: Any) -> list[dict[str, Any]]:
+def _slices(path: Path, options: DeviceOptions | None = None, **kw: Any) -> list[dict[str, Any]]:
     return build_slices(node_name="gpu-node-1", driver=names.DRIVER,
-                        devices=devices_of(load_inventory(path), options), generation=1,
+                        devices=devices_of(load_inventory(path), options or DeviceOptions()),
+                        generation=1,
                         node_uid="5b0c1f4e-0000-4000-8000-000000000001", **kw)
 
 
@@ -152,7 +153,8 @@ def test_long_strings_are_cut_to_the_api_limit() -> None:
 def test_device_table_knows_cards_of_mig_instances(mixed: Path) -> None:
     table = device_table(load_inventory(mixed), DeviceOptions())
     assert table["gpu-0-mig-9-0-4"].card_uuid == "GPU-5a1e2b7c-0d3f-4e59-8a61-2c4b9e7f1a03"
-    assert table["gpu-1"].shared and not table["gpu-2"].shared
+    assert table["gpu-1"].shared
+    assert not table["gpu-2"].shared
 
 
 def test_device_classes_are_schema_valid_and_select_by_type() -> None:

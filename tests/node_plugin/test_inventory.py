@@ -81,7 +81,7 @@ def test_missing_fields_and_mig_overcommit_are_refused() -> None:
 
 
 def test_unreadable_and_malformed_files_name_the_file(tmp_path: Path) -> None:
-    with pytest.raises(InventoryError, match="missing.yaml: 1 error: cannot read the file"):
+    with pytest.raises(InventoryError, match=r"missing\.yaml: 1 error: cannot read the file"):
         load_inventory(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("gpus: [\n")

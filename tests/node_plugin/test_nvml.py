@@ -38,7 +38,8 @@ def test_discovery_reads_every_fact_of_a_card(tmp_path: Path) -> None:
     assert gpu.pcie_root == "pci0000:17"
     assert gpu.numa_node == 0
     assert not gpu.mig_enabled
-    assert fake.initialised == 0 and fake.shutdowns == 1
+    assert fake.initialised == 0
+    assert fake.shutdowns == 1
 
 
 def test_numa_node_falls_back_to_sysfs_when_nvml_does_not_support_it(tmp_path: Path) -> None:

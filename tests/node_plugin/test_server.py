@@ -1,0 +1,250 @@
+"""The kubelet's view: gRPC over real unix sockets against a running node plugin."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc.aio
+import pytest
+
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.memory import MemoryCluster
+from dra_gateway.kube.resources import NODES, RESOURCE_CLAIMS, RESOURCE_SLICES
+from dra_gateway.node_plugin import cdi
+from dra_gateway.node_plugin.checkpoint import Checkpoint
+from dra_gateway.node_plugin.devices import DeviceOptions
+from dra_gateway.node_plugin.inventory import load_inventory
+from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
+from dra_gateway.node_plugin.prepare import ClaimRef
+from dra_gateway.node_plugin.proto import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+
+from .claimdata import NODE, claim
+
+GiB = 1 << 30
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    # Unix socket paths are limited to 107 bytes; pytest's tmp_path can be longer.
+    path = Path(tempfile.mkdtemp(prefix="np-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[MemoryCluster]:
+    memory = MemoryCluster()
+    await memory.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    yield memory
+    await memory.close()
+
+
+def _settings(root: Path) -> PluginSettings:
+    return PluginSettings(node_name=NODE, plugins_dir=root / "plugins",
+                          registry_dir=root / "registry", cdi_dir=root / "cdi",
+                          state_dir=root / "state",
+                          devices=DeviceOptions(default_sharing="shared"))
+
+
+@contextlib.asynccontextmanager
+async def _plugin(root: Path, cluster: MemoryCluster, inventory: Path
+                  ) -> AsyncIterator[NodePlugin]:
+    plugin = NodePlugin(_settings(root), cluster, discover=lambda: load_inventory(inventory))
+    started = asyncio.Event()
+    task = asyncio.create_task(plugin.run(started=started))
+    await asyncio.wait_for(started.wait(), 5)
+    try:
+        yield plugin
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _allocated(cluster: MemoryCluster, obj: dict[str, Any]) -> dict[str, Any]:
+    status = obj.pop("status")
+    created = await cluster.create(RESOURCE_CLAIMS, obj, namespace="ml")
+    created["status"] = status
+    return await cluster.update(RESOURCE_CLAIMS, created, namespace="ml", subresource="status")
+
+
+def _claim_msg(pb2: Any, obj: dict[str, Any]) -> Any:
+    meta = obj["metadata"]
+    return pb2.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
+async def test_registration_names_the_driver_and_an_endpoint_that_exists(
+        root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    async with _plugin(root, cluster, h100x8) as plugin:
+        socket = root / "registry" / f"{names.DRIVER}-reg.sock"
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
+            info = await stub.GetInfo(pluginregistration_pb2.InfoRequest())
+            assert info.type == "DRAPlugin"
+            assert info.name == names.DRIVER
+            assert info.endpoint == str(root / "plugins" / names.DRIVER / "dra.sock")
+            assert stat.S_ISSOCK(os.stat(info.endpoint).st_mode)
+            assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+            await stub.NotifyRegistrationStatus(
+                pluginregistration_pb2.RegistrationStatus(plugin_registered=True))
+            assert plugin.server.registration.registered.is_set()
+        await asyncio.wait_for(plugin.publisher.synced.wait(), 5)
+        (slice_,) = (await cluster.list(RESOURCE_SLICES)).items
+        assert len(slice_["spec"]["devices"]) == 8
+    assert not socket.exists()
+
+
+@pytest.mark.parametrize(("pb2", "grpc_module"), [(dra_v1_pb2, dra_v1_pb2_grpc),
+                                                  (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)])
+async def test_prepare_and_unprepare_are_idempotent(root: Path, cluster: MemoryCluster,
+                                                    h100x8: Path, pb2: Any,
+                                                    grpc_module: Any) -> None:
+    obj = await _allocated(cluster, claim(devices=["gpu-2"], params={
+        "memory": 8 * GiB, "cores": 30, "enforcement": "hami-core"}))
+    uid = obj["metadata"]["uid"]
+    spec_file = root / "cdi" / f"k8s.gpu.dra-gateway.io-claim_{uid}.json"
+    async with _plugin(root, cluster, h100x8), grpc.aio.insecure_channel(
+            f"unix://{root / 'plugins' / names.DRIVER / 'dra.sock'}") as channel:
+        stub = grpc_module.DRAPluginStub(channel)
+        request = pb2.NodePrepareResourcesRequest(claims=[_claim_msg(pb2, obj)])
+        first = await stub.NodePrepareResources(request)
+        again = await stub.NodePrepareResources(request)
+        assert first == again
+        result = first.claims[uid]
+        assert result.error == ""
+        (device,) = result.devices
+        assert (list(device.request_names), device.pool_name, device.device_name) == (
+            ["gpu"], NODE, "gpu-2")
+        assert list(device.cdi_device_ids) == [f"k8s.gpu.dra-gateway.io/claim={uid}-gpu-2"]
+        spec = json.loads(spec_file.read_text())
+        assert cdi.validate_spec(spec) == []
+        env = spec["devices"][0]["containerEdits"]["env"]
+        assert "CUDA_DEVICE_MEMORY_LIMIT=8192m" in env
+        assert "CUDA_DEVICE_SM_LIMIT=30" in env
+
+        unprepare = pb2.NodeUnprepareResourcesRequest(claims=[_claim_msg(pb2, obj)])
+        for _ in range(2):
+            done = await stub.NodeUnprepareResources(unprepare)
+            assert done.claims[uid].error == ""
+            assert not spec_file.exists()
+
+
+async def test_each_claim_gets_its_own_answer(root: Path, cluster: MemoryCluster,
+                                              h100x8: Path) -> None:
+    good = await _allocated(cluster, claim(devices=["gpu-0"]))
+    elsewhere = await _allocated(cluster, claim(name="other", devices=["gpu-1"],
+                                                node="gpu-node-2"))
+    missing = claim(name="gone", uid="u-3")
+    async with _plugin(root, cluster, h100x8), grpc.aio.insecure_channel(
+            f"unix://{root / 'plugins' / names.DRIVER / 'dra.sock'}") as channel:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+        response = await stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(
+            claims=[_claim_msg(dra_v1_pb2, o) for o in (good, elsewhere, missing)]))
+    good_uid, other_uid = good["metadata"]["uid"], elsewhere["metadata"]["uid"]
+    assert sorted(response.claims) == sorted([good_uid, other_uid, "u-3"])
+    assert response.claims[good_uid].error == ""
+    assert response.claims[other_uid].error == (
+        "ResourceClaim ml/other: status.allocation.nodeSelector does not select node gpu-node-1")
+    assert response.claims["u-3"].error == "ResourceClaim ml/gone not found"
+
+
+class Crash(BaseException):
+    """Stands for the process dying: nothing after it runs."""
+
+
+async def test_a_crash_between_checkpoint_states_is_repaired_on_restart(
+        root: Path, cluster: MemoryCluster, h100x8: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    obj = await _allocated(cluster, claim(devices=["gpu-3"]))
+    uid = obj["metadata"]["uid"]
+    ref = ClaimRef(namespace="ml", name=obj["metadata"]["name"], uid=uid)
+    spec_file = root / "cdi" / f"k8s.gpu.dra-gateway.io-claim_{uid}.json"
+    checkpoint_file = root / "state" / "checkpoint.json"
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise Crash
+
+    # Prepare dies after PrepareStarted is on disk, before the CDI spec is written.
+    plugin = NodePlugin(_settings(root), cluster, discover=lambda: load_inventory(h100x8))
+    await plugin.discover_once()
+    with monkeypatch.context() as patch:
+        patch.setattr(cdi, "write_spec", crash)
+        with pytest.raises(Crash):
+            await plugin.preparer.prepare([ref])
+    assert Checkpoint(checkpoint_file).get(uid).state == "PrepareStarted"  # type: ignore[union-attr]
+
+    async with _plugin(root, cluster, h100x8) as restarted:  # restart: recover() runs first
+        assert Checkpoint(checkpoint_file).get(uid) is None
+        async with grpc.aio.insecure_channel(
+                f"unix://{root / 'plugins' / names.DRIVER / 'dra.sock'}") as channel:
+            stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+            request = dra_v1_pb2.NodePrepareResourcesRequest(
+                claims=[_claim_msg(dra_v1_pb2, obj)])
+            prepared = await stub.NodePrepareResources(request)
+        assert prepared.claims[uid].error == ""
+        assert spec_file.exists()
+        assert Checkpoint(checkpoint_file).get(uid).state == "PrepareCompleted"  # type: ignore[union-attr]
+
+        # Unprepare dies after UnprepareStarted, before the spec is removed.
+        with monkeypatch.context() as patch:
+            patch.setattr(cdi, "remove_spec", crash)
+            with pytest.raises(Crash):
+                await restarted.preparer.unprepare([ref])
+    assert Checkpoint(checkpoint_file).get(uid).state == "UnprepareStarted"  # type: ignore[union-attr]
+    assert spec_file.exists()
+
+    async with _plugin(root, cluster, h100x8):
+        assert Checkpoint(checkpoint_file).get(uid) is None
+        assert not spec_file.exists()
+
+
+async def test_a_lost_cdi_spec_of_a_prepared_claim_is_rewritten(
+        root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    obj = await _allocated(cluster, claim(devices=["gpu-4"]))
+    uid = obj["metadata"]["uid"]
+    spec_file = root / "cdi" / f"k8s.gpu.dra-gateway.io-claim_{uid}.json"
+    async with _plugin(root, cluster, h100x8) as plugin:
+        await plugin.preparer.prepare([ClaimRef("ml", obj["metadata"]["name"], uid)])
+    written = spec_file.read_text()
+    spec_file.unlink()  # /var/run/cdi is a tmpfs: a reboot empties it
+    async with _plugin(root, cluster, h100x8):
+        assert spec_file.read_text() == written
+
+
+async def test_nvml_failure_publishes_an_empty_pool_instead_of_crashing(
+        root: Path, cluster: MemoryCluster) -> None:
+    from dra_gateway.node_plugin.discovery import DiscoveryError
+
+    def broken() -> Any:
+        raise DiscoveryError("NVML nvmlInit failed: Driver Not Loaded", nvml=True)
+
+    plugin = NodePlugin(_settings(root), cluster, discover=broken)
+    started = asyncio.Event()
+    task = asyncio.create_task(plugin.run(started=started))
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        await asyncio.wait_for(plugin.publisher.synced.wait(), 5)
+        (slice_,) = (await cluster.list(RESOURCE_SLICES)).items
+        assert slice_["spec"]["devices"] == []
+        assert plugin.metrics.nvml_up._value.get() == 0
+        assert (root / "plugins" / names.DRIVER / "dra.sock").exists()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
