@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,5 +80,5 @@ def settings(tmp_path: Path) -> WebhookSettings:
 
 @pytest.fixture
 async def client(aiohttp_client: ClientFactory, settings: WebhookSettings,
-                 cluster: MemoryCluster) -> AsyncIterator[TestClient[web.Request, web.Application]]:
-    yield await aiohttp_client(create_app(settings, cluster))
+                 cluster: MemoryCluster) -> TestClient[web.Request, web.Application]:
+    return await aiohttp_client(create_app(settings, cluster))

@@ -1,0 +1,203 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import kubernetes_validate
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.memory import MemoryCluster
+from dra_gateway.kube.resources import (
+    CONFIG_MAPS,
+    EVENTS,
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    RESOURCE_CLAIM_TEMPLATES,
+    VALIDATING_WEBHOOK_CONFIGURATIONS,
+)
+from dra_gateway.translator.rules import load_rules
+from dra_gateway.webhook.app import STATE, create_app
+from dra_gateway.webhook.config import configurations
+from dra_gateway.webhook.settings import WebhookSettings
+
+from .conftest import EXAMPLES, ClientFactory, decoded_patch, review
+
+Client = TestClient[web.Request, web.Application]
+
+NPU_RULES = (EXAMPLES / "rules" / "new-vendor.yaml").read_text()
+BROKEN_RULES = NPU_RULES.replace("example.com/npu: {}", "example.com/npu: {unit: Gb}")
+
+
+def npu_pod() -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "train", "namespace": "ml"},
+            "spec": {"containers": [{"name": "trainer", "image": "trainer:1",
+                                     "resources": {"limits": {"example.com/npu": "2"}}}]}}
+
+
+def rules_config_map(data: dict[str, str], *, labelled: bool = True) -> dict[str, Any]:
+    labels = {names.RULES_LABEL: names.RULES_LABEL_VALUE} if labelled else {}
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "site-rules", "namespace": "dra-gateway", "labels": labels},
+            "data": data}
+
+
+async def eventually(condition: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+async def _mutate(client: Client, pod: dict[str, Any]) -> dict[str, Any]:
+    resp = await client.post("/mutate", data=orjson.dumps(review(pod)))
+    assert resp.status == 200
+    answer: dict[str, Any] = (await resp.json())["response"]
+    return answer
+
+
+async def _install_configurations(cluster: MemoryCluster) -> None:
+    mutating, validating = configurations(
+        load_rules(), service_namespace="dra-gateway", service_name="dra-gateway-webhook",
+        ca_bundle=b"-----BEGIN CERTIFICATE-----\n")
+    await cluster.create(MUTATING_WEBHOOK_CONFIGURATIONS, mutating)
+    await cluster.create(VALIDATING_WEBHOOK_CONFIGURATIONS, validating)
+
+
+async def _expressions(cluster: MemoryCluster) -> list[str]:
+    out = []
+    for rt in (MUTATING_WEBHOOK_CONFIGURATIONS, VALIDATING_WEBHOOK_CONFIGURATIONS):
+        obj = await cluster.get(rt, "dra-gateway")
+        out.append(obj["webhooks"][0]["matchConditions"][0]["expression"])
+    return out
+
+
+async def test_a_config_map_rule_update_takes_effect_and_a_broken_one_is_refused(
+    client: Client, cluster: MemoryCluster
+) -> None:
+    state = client.app[STATE]
+    await eventually(lambda: state.config_maps_synced)
+    # Before: no rule knows example.com/npu, the pod passes untouched.
+    assert "patch" not in await _mutate(client, npu_pod())
+
+    generation = state.store.generation
+    await cluster.create(CONFIG_MAPS, rules_config_map({"npu.yaml": NPU_RULES}))
+    await eventually(lambda: state.store.generation > generation)
+    answer = await _mutate(client, npu_pod())
+    patched = jsonpatch.apply_patch(npu_pod(), decoded_patch({"response": answer}))
+    template_name = patched["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+    template = await cluster.get(RESOURCE_CLAIM_TEMPLATES, template_name, namespace="ml")
+    request = template["spec"]["spec"]["devices"]["requests"][0]
+    assert request["exactly"]["deviceClassName"] == "npu.example.com"
+    assert request["exactly"]["count"] == 2
+
+    # A broken update: refused, counted, reported on the ConfigMap; the rules stay in force.
+    generation = state.store.generation
+    current = await cluster.get(CONFIG_MAPS, "site-rules", namespace="dra-gateway")
+    current["data"] = {"npu.yaml": BROKEN_RULES}
+    await cluster.update(CONFIG_MAPS, current)
+    metric = state.metrics.rule_reload_failures.labels("configmap")
+    await eventually(lambda: metric._value.get() == 1)
+    assert state.store.generation == generation
+    (event,) = (await cluster.list(EVENTS, namespace="dra-gateway")).items
+    assert event["involvedObject"]["kind"] == "ConfigMap"
+    assert event["involvedObject"]["name"] == "site-rules"
+    assert event["involvedObject"]["uid"] == current["metadata"]["uid"]
+    assert event["type"] == "Warning"
+    assert event["reason"] == "RulesRefused"
+    assert event["message"].startswith(
+        "rules in ConfigMap dra-gateway/site-rules refused, the previous rules stay in force: "
+        "1 rule failed to load: configmap key npu.yaml: ")
+    assert "Gb" in event["message"]
+    kubernetes_validate.validate(
+        {k: v for k, v in event.items() if k != "metadata"} | {"metadata": {
+            "name": event["metadata"]["name"], "namespace": "dra-gateway"}}, "1.34", strict=True)
+    still = await _mutate(client, npu_pod())
+    assert "patch" in still
+
+
+async def test_removing_the_label_takes_the_config_map_rules_out_of_force(
+    client: Client, cluster: MemoryCluster
+) -> None:
+    state = client.app[STATE]
+    await eventually(lambda: state.config_maps_synced)
+    await cluster.create(CONFIG_MAPS, rules_config_map({"npu.yaml": NPU_RULES}))
+    await eventually(lambda: state.store.rules is not None
+                     and state.store.rules.is_legacy("example.com/npu"))
+    current = await cluster.get(CONFIG_MAPS, "site-rules", namespace="dra-gateway")
+    current["metadata"]["labels"] = {}
+    await cluster.update(CONFIG_MAPS, current)
+    await eventually(lambda: state.store.rules is not None
+                     and not state.store.rules.is_legacy("example.com/npu"))
+
+
+async def test_an_expired_watch_relists_and_misses_nothing(
+    client: Client, cluster: MemoryCluster
+) -> None:
+    state = client.app[STATE]
+    await eventually(lambda: state.config_maps_synced)
+    cluster.expire_watches()
+    await cluster.create(CONFIG_MAPS, rules_config_map({"npu.yaml": NPU_RULES}))
+    await eventually(lambda: state.store.rules is not None
+                     and state.store.rules.is_legacy("example.com/npu"))
+
+
+async def test_match_conditions_follow_a_rule_change(
+    client: Client, cluster: MemoryCluster
+) -> None:
+    state = client.app[STATE]
+    await _install_configurations(cluster)
+    await eventually(lambda: state.config_maps_synced)
+    before = await _expressions(cluster)
+    assert all("example.com/npu" not in e for e in before)
+    await cluster.create(CONFIG_MAPS, rules_config_map({"npu.yaml": NPU_RULES}))
+    await eventually(lambda: state.metrics.config_reconciles.labels("updated")._value.get() >= 2)
+    after = await _expressions(cluster)
+    assert all('"example.com/npu"' in e for e in after)
+    for rt in (MUTATING_WEBHOOK_CONFIGURATIONS, VALIDATING_WEBHOOK_CONFIGURATIONS):
+        obj = await cluster.get(rt, "dra-gateway")
+        kubernetes_validate.validate(obj, "1.34", strict=True)
+        # The installer's caBundle and everything else stay as they were.
+        assert obj["webhooks"][0]["clientConfig"]["service"]["name"] == "dra-gateway-webhook"
+
+
+async def test_a_rules_file_change_is_picked_up_and_a_broken_one_is_refused(
+    aiohttp_client: ClientFactory, cluster: MemoryCluster, tmp_path: Path
+) -> None:
+    rules_file = tmp_path / "site.yaml"
+    rules_file.write_text("apiVersion: dra-gateway.io/v1alpha1\nkind: TranslationRules\n")
+    settings = WebhookSettings(rules_paths=(rules_file,), watch_config_maps=False,
+                               rules_poll_interval=0.02)
+    client = await aiohttp_client(create_app(settings, cluster))
+    state = client.app[STATE]
+    assert state.store.rules is not None
+    assert not state.store.rules.is_legacy("example.com/npu")
+    rules_file.write_text(NPU_RULES)
+    await eventually(lambda: state.store.rules is not None
+                     and state.store.rules.is_legacy("example.com/npu"))
+    generation = state.store.generation
+    rules_file.write_text(BROKEN_RULES)
+    await eventually(lambda: state.metrics.rule_reload_failures.labels("file")._value.get() == 1)
+    assert state.store.generation == generation
+    assert "patch" in await _mutate(client, npu_pod())
+
+
+async def test_a_broken_rules_file_at_start_stops_the_app(
+    cluster: MemoryCluster, tmp_path: Path
+) -> None:
+    rules_file = tmp_path / "site.yaml"
+    rules_file.write_text(BROKEN_RULES)
+    settings = WebhookSettings(rules_paths=(rules_file,), watch_config_maps=False)
+    runner = web.AppRunner(create_app(settings, cluster))
+    try:
+        with pytest.raises(ValueError, match=r"^1 rule failed to load: .*site\.yaml: "):
+            await runner.setup()
+    finally:
+        await runner.cleanup()
