@@ -9,6 +9,7 @@ except in CI (CI=true), where a missing helm is a failure: a chart nobody render
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import json
@@ -729,3 +730,91 @@ def test_rules_config_map_is_labelled_and_carries_each_document(helm: HelmRunner
     assert sorted(config_map["data"]) == ["raw.yaml", "site.yaml"]
     assert yaml.safe_load(config_map["data"]["site.yaml"]) == RULES_MAPPING
     assert config_map["data"]["raw.yaml"] == RULES_TEXT
+
+
+# Upgrades: lookup() against a running API server -----------------------------------------------
+# `helm template --dry-run=server` answers lookup() from the cluster of its kubeconfig; the
+# project's in-memory cluster served over loopback stands in for the one being upgraded.
+
+
+def _tls_secret(*, issued_for: str, not_after: datetime.datetime,
+                name: str = f"{RELEASE}-webhook-tls") -> Object:
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": name, "namespace": NAMESPACE, "annotations": {
+            "dra-gateway.io/issued-for": issued_for,
+            "dra-gateway.io/not-after": not_after.strftime("%Y-%m-%dT%H:%M:%SZ")}},
+        "data": {"ca.crt": CA_BUNDLE, "tls.crt": base64.b64encode(b"old cert").decode(),
+                 "tls.key": base64.b64encode(b"old key").decode()},
+    }
+
+
+async def _render_against(helm: HelmRunner, objects: list[Object],
+                          values: Object | None = None) -> list[Rendered]:
+    from dra_gateway.kube.cluster.memory import MemoryCluster
+    from dra_gateway.kube.cluster.server import serve
+    from dra_gateway.kube.resources import NAMESPACES, SECRETS
+
+    cluster = MemoryCluster()
+    try:
+        await cluster.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                          "metadata": {"name": NAMESPACE}})
+        for obj in objects:
+            await cluster.create(SECRETS, obj, namespace=NAMESPACE)
+        kubeconfig = helm.home / "kubeconfig"
+        async with serve(cluster, kubeconfig=kubeconfig):
+            process = await asyncio.create_subprocess_exec(
+                helm.path, "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                "--kube-version", KUBE_VERSION, "--dry-run=server",
+                "--values", helm.values_file(values or {}),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env={**helm.env, "KUBECONFIG": str(kubeconfig)})
+            stdout, stderr = await asyncio.wait_for(process.communicate(), 50)
+    finally:
+        await cluster.close()
+    assert process.returncode == 0, stderr.decode()
+    return parse_render(stdout.decode())
+
+
+HOST = f"{RELEASE}-webhook.{NAMESPACE}.svc"
+
+
+async def test_upgrade_keeps_a_valid_certificate(helm: HelmRunner) -> None:
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=300)
+    existing = _tls_secret(issued_for=HOST, not_after=later)
+    objects = await _render_against(helm, [existing])
+    secret = one(objects, "Secret")
+    assert secret["data"] == existing["data"]
+    assert secret["metadata"]["annotations"] == existing["metadata"]["annotations"]
+    assert {hook["clientConfig"]["caBundle"] for _, hook in _webhooks(objects)} == {CA_BUNDLE}
+
+
+@pytest.mark.parametrize(
+    ("issued_for", "days_left"),
+    [pytest.param(HOST, 29, id="within-renewBeforeDays"),
+     pytest.param(HOST, -1, id="expired"),
+     pytest.param(f"{RELEASE}-webhook.elsewhere.svc", 300, id="issued-for-another-service")],
+)
+async def test_upgrade_renews_a_certificate_that_is_due_or_foreign(
+        helm: HelmRunner, issued_for: str, days_left: int) -> None:
+    not_after = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=days_left)
+    objects = await _render_against(helm, [_tls_secret(issued_for=issued_for,
+                                                       not_after=not_after)])
+    secret = one(objects, "Secret")
+    assert secret["data"]["ca.crt"] != CA_BUNDLE
+    assert secret["metadata"]["annotations"]["dra-gateway.io/issued-for"] == HOST
+    leaf = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    leaf.verify_directly_issued_by(
+        x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"])))
+    bundles = {hook["clientConfig"]["caBundle"] for _, hook in _webhooks(objects)}
+    assert bundles == {secret["data"]["ca.crt"]}
+
+
+async def test_secret_mode_reads_the_ca_from_the_existing_secret(helm: HelmRunner) -> None:
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=300)
+    existing = _tls_secret(issued_for=HOST, not_after=later, name="corp-webhook-tls")
+    objects = await _render_against(
+        helm, [existing], {"certificates": {"mode": "secret",
+                                            "secret": {"name": "corp-webhook-tls"}}})
+    assert by_kind(objects, "Secret") == []
+    assert {hook["clientConfig"]["caBundle"] for _, hook in _webhooks(objects)} == {CA_BUNDLE}
