@@ -71,6 +71,7 @@ DEFAULT_HISTORY = 1000
 # The alphabet and length Kubernetes uses for generateName suffixes (no vowels, no look-alikes).
 _SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _SUFFIX_LENGTH = 5
+_MAX_RESERVED_FOR = 256  # ResourceClaimReservedForMaxSize
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Set by the API server, never taken from a client's update.
@@ -327,9 +328,20 @@ def _validate_update(rt: ResourceType, old: Object, new: Object,
         if old_alloc is not None and new_alloc is not None and old_alloc != new_alloc:
             errors.append(FieldError("status.allocation", "Invalid", "field is immutable",
                                      new_alloc))
-        if new_status.get("reservedFor") and new_alloc is None:
+        reserved = new_status.get("reservedFor") or []
+        if reserved and new_alloc is None:
             errors.append(FieldError("status.reservedFor", "Forbidden",
                                      "may not be specified when `allocated` is not set"))
+        if len(reserved) > _MAX_RESERVED_FOR:
+            errors.append(FieldError("status.reservedFor", "Invalid",
+                                     f"must have at most {_MAX_RESERVED_FOR} items",
+                                     len(reserved)))
+        if old["metadata"].get("deletionTimestamp"):
+            before = {r.get("uid") for r in old_status.get("reservedFor") or []}
+            if any(r.get("uid") not in before for r in reserved):
+                errors.append(FieldError("status.reservedFor", "Forbidden",
+                                         "new entries may not be added while "
+                                         "`deletionTimestamp` is set"))
     if rt is PODS and subresource is None:
         old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
         old_gates = {g.get("name") for g in old_spec.get("schedulingGates") or []}

@@ -638,3 +638,21 @@ async def test_slices_owned_by_a_deleted_node_are_garbage_collected(cluster: Clu
     await cluster.create(RESOURCE_SLICES, slice_("node-b-gpu", "node-b"))
     await cluster.delete(NODES, "node-a")
     assert names((await cluster.list(RESOURCE_SLICES)).items) == ["node-b-gpu"]
+
+
+async def test_a_deleting_claim_takes_no_new_reservations(cluster: Cluster) -> None:
+    made = claim("c1")
+    made["metadata"]["finalizers"] = ["dra-gateway.io/allocation"]
+    await cluster.create(RESOURCE_CLAIMS, made, namespace=NS)
+    first = {"resource": "pods", "name": "p1", "uid": "uid-1"}
+    await cluster.patch(RESOURCE_CLAIMS, "c1", {"status": {
+        "allocation": allocation("gpu-0"), "reservedFor": [first]}},
+        namespace=NS, subresource="status")
+    await cluster.delete(RESOURCE_CLAIMS, "c1", namespace=NS)
+    second = {"resource": "pods", "name": "p2", "uid": "uid-2"}
+    with pytest.raises(Invalid, match="new entries may not be added"):
+        await cluster.patch(RESOURCE_CLAIMS, "c1", {"status": {"reservedFor": [first, second]}},
+                            namespace=NS, subresource="status")
+    released = await cluster.patch(RESOURCE_CLAIMS, "c1", {"status": {"reservedFor": None}},
+                                   namespace=NS, subresource="status")
+    assert "reservedFor" not in released["status"]
