@@ -39,7 +39,7 @@ def _dump(objects: list[dict[str, Any]], output: str, out: TextIO) -> None:
         yaml.safe_dump_all(objects, out, sort_keys=False)
 
 
-def discover(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def discover(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         facts = discover_facts(inventory=args.inventory, nvml=args.nvml)
         devices = devices_of(facts, _options(args))
@@ -50,7 +50,7 @@ def discover(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
                           generation=0, node_uid=None,
                           max_devices=MAX_DEVICES_PER_SLICE_WITH_TAINTS if args.device_taints
                           else MAX_DEVICES_PER_SLICE)
-    _dump(slices, args.output, out)
+    _dump(slices, args.output, out or sys.stdout)
     return 0
 
 

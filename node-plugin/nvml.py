@@ -9,7 +9,6 @@ NVML only: it builds `NodeFacts`, never Kubernetes objects.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
 import os
@@ -293,7 +292,6 @@ class XidEventSet:
         lib = nvml._lib
         self._lib = lib
         self._set = nvml._call("nvmlEventSetCreate", lib.nvmlEventSetCreate)
-        self._uuid_by_handle: dict[int, str] = {}
         self.unsupported: list[str] = []
         for uuid in uuids:
             handle = nvml._call(f"nvmlDeviceGetHandleByUUID({uuid})",
@@ -305,7 +303,6 @@ class XidEventSet:
                 continue
             nvml._call(f"nvmlDeviceRegisterEvents ({uuid})", lib.nvmlDeviceRegisterEvents,
                        handle, _XID_CRITICAL_EVENT, self._set)
-            self._uuid_by_handle[_handle_key(handle)] = uuid
 
     def wait(self, timeout_ms: int) -> XidEvent | None:
         """The next XID, or None when `timeout_ms` passed quietly. NvmlError on failure."""
@@ -317,10 +314,9 @@ class XidEventSet:
             raise self._nvml._error("nvmlEventSetWait", err) from None
         if not int(data.eventType) & _XID_CRITICAL_EVENT:
             return None
-        uuid = self._uuid_by_handle.get(_handle_key(data.device))
-        if uuid is None:
-            uuid = _text(self._nvml._call("nvmlDeviceGetUUID (event)",
-                                          self._lib.nvmlDeviceGetUUID, data.device))
+        # Asking the handle for its UUID is cheap and, unlike comparing handles, exact.
+        uuid = _text(self._nvml._call("nvmlDeviceGetUUID (event)", self._lib.nvmlDeviceGetUUID,
+                                      data.device))
         gi = int(data.gpuInstanceId)
         ci = int(data.computeInstanceId)
         # 0xFFFFFFFF marks "not a MIG event" in NVML.
@@ -333,14 +329,6 @@ class XidEventSet:
             self._lib.nvmlEventSetFree(self._set)
         except self._lib.NVMLError as err:
             log.warning("nvmlEventSetFree failed: %s", err)
-
-
-def _handle_key(handle: Any) -> int:
-    """A hashable identity for an NVML device handle (a ctypes pointer or a test object)."""
-    try:
-        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
-    except (TypeError, ctypes.ArgumentError):
-        return id(handle)
 
 
 def _text(value: Any) -> str:

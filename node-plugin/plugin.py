@@ -50,6 +50,8 @@ class PluginSettings:
     device_taints: bool = False
     enforcement: cdi.EnforcementSettings = field(default_factory=cdi.EnforcementSettings)
     rediscover_seconds: float = 60.0
+    # How long the health watcher waits before reopening NVML after it failed.
+    nvml_retry_seconds: float = 30.0
 
 
 class NodePlugin:
@@ -135,7 +137,8 @@ class NodePlugin:
                 ok = await self.discover_once()
             if self._nvml_factory is not None:
                 self._spawn(watch_nvml(health=self.health, nvml_factory=self._nvml_factory,
-                                       cards=devices_by_card(self._table), metrics=self.metrics),
+                                       cards=devices_by_card(self._table), metrics=self.metrics,
+                                       retry_seconds=self.settings.nvml_retry_seconds),
                             "nvml-health")
             if started is not None:
                 started.set()

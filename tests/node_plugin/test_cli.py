@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from dra_gateway.cli import main
+
+
+def test_discover_prints_the_slices_as_yaml(h100x8: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["node-plugin", "discover", "--inventory", str(h100x8),
+                 "--node-name", "gpu-node-1"]) == 0
+    (slice_,) = list(yaml.safe_load_all(capsys.readouterr().out))
+    kubernetes_validate.validate(slice_, "1.34", strict=True)
+    assert len(slice_["spec"]["devices"]) == 8
+
+
+def test_discover_prints_a_json_list_with_consumable_capacity(
+        mixed: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["node-plugin", "discover", "--inventory", str(mixed), "--node-name", "m",
+                 "-o", "json", "--consumable-capacity"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["kind"] == "List"
+    shared = [d["name"] for d in listed["items"][0]["spec"]["devices"]
+              if d.get("allowMultipleAllocations")]
+    assert shared == ["gpu-1"]
+
+
+def test_a_broken_inventory_is_one_clear_line(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpus:\n  - {index: 0, uuid: GPU-1, productName: x, memory: 80GB}\n")
+    assert main(["node-plugin", "discover", "--inventory", str(bad), "--node-name", "n"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f'error: {bad}: 1 error: gpus[0].memory: invalid quantity "80GB"')
+    assert "Traceback" not in err
+
+
+def test_device_classes_are_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["node-plugin", "device-classes"]) == 0
+    classes = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [c["metadata"]["name"] for c in classes] == ["gpu.dra-gateway.io",
+                                                        "mig.dra-gateway.io"]
+    for cls in classes:
+        kubernetes_validate.validate(cls, "1.34", strict=True)

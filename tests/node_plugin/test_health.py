@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.memory import MemoryCluster
+from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
+from dra_gateway.node_plugin.devices import DeviceOptions
+from dra_gateway.node_plugin.nvml import Nvml, discover_nvml
+from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
+
+from .fake_nvml import FakeGpu, FakeNvml
+
+NODE = "gpu-node-1"
+UUIDS = [f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd" for i in range(3)]
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="np-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[MemoryCluster]:
+    memory = MemoryCluster()
+    await memory.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    yield memory
+    await memory.close()
+
+
+@contextlib.asynccontextmanager
+async def _running(root: Path, cluster: MemoryCluster, fake: FakeNvml, *,
+                   taints: bool) -> AsyncIterator[NodePlugin]:
+    settings = PluginSettings(node_name=NODE, plugins_dir=root / "p", registry_dir=root / "r",
+                              cdi_dir=root / "c", state_dir=root / "s", device_taints=taints,
+                              devices=DeviceOptions(), nvml_retry_seconds=0.05)
+    module = fake.module()
+    plugin = NodePlugin(settings, cluster, discover=lambda: discover_nvml(module),
+                        nvml_factory=lambda: Nvml(module))
+    started = asyncio.Event()
+    task = asyncio.create_task(plugin.run(started=started))
+    await asyncio.wait_for(started.wait(), 5)
+    try:
+        yield plugin
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _until(check: Callable[[], Any], what: str) -> Any:
+    for _ in range(500):
+        value = await check()
+        if value:
+            return value
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _fake() -> FakeNvml:
+    return FakeNvml([FakeGpu(uuid=u, minor=i, bus_id=f"00000000:1{i}:00.0".encode())
+                     for i, u in enumerate(UUIDS)])
+
+
+async def test_a_critical_xid_taints_the_card_where_the_cluster_keeps_taints(
+        root: Path, cluster: MemoryCluster) -> None:
+    fake = _fake()
+    async with _running(root, cluster, fake, taints=True) as plugin:
+        await _until(lambda: _async(fake.registered), "XID registration")
+        fake.xid(1, 79)
+
+        async def tainted() -> Any:
+            (slice_,) = (await cluster.list(RESOURCE_SLICES)).items
+            return [d for d in slice_["spec"]["devices"] if "taints" in d] and slice_
+
+        slice_ = await _until(tainted, "a tainted device")
+        kubernetes_validate.validate(slice_, "1.34", strict=True)
+        (device,) = [d for d in slice_["spec"]["devices"] if "taints" in d]
+        assert device["name"] == "gpu-1"
+        assert device["taints"][0]["key"] == f"{names.DRIVER}/unhealthy"
+        assert device["taints"][0]["value"] == "xid-79"
+        assert device["taints"][0]["effect"] == "NoSchedule"
+        assert len(slice_["spec"]["devices"]) == 3
+        assert plugin.metrics.unhealthy_devices._value.get() == 1
+
+
+async def test_without_taints_the_card_is_withheld_and_the_node_says_why(
+        root: Path, cluster: MemoryCluster) -> None:
+    fake = _fake()
+    async with _running(root, cluster, fake, taints=False):
+        await _until(lambda: _async(fake.registered), "XID registration")
+        fake.xid(0, 13)  # an application error: the card stays
+        fake.xid(2, 48)
+
+        async def withheld() -> Any:
+            (slice_,) = (await cluster.list(RESOURCE_SLICES)).items
+            return [d["name"] for d in slice_["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+
+        await _until(withheld, "gpu-2 to be withheld")
+
+        async def condition() -> Any:
+            node = await cluster.get(NODES, NODE)
+            conditions = node.get("status", {}).get("conditions", [])
+            return [c for c in conditions if c["type"] == "GpuDevicesUnhealthy"]
+
+        (cond,) = await _until(condition, "the node condition")
+        assert cond["status"] == "True"
+        assert cond["message"] == "1 gpu.dra-gateway.io device(s) withheld: gpu-2 (xid-48)"
+
+
+async def test_an_nvml_outage_means_no_healthy_devices_until_it_recovers(
+        root: Path, cluster: MemoryCluster) -> None:
+    fake = _fake()
+    async with _running(root, cluster, fake, taints=False) as plugin:
+        await _until(lambda: _async(fake.registered), "XID registration")
+        fake.fail_everything = 9  # the driver went away
+
+        async def devices() -> list[str]:
+            (slice_,) = (await cluster.list(RESOURCE_SLICES)).items
+            return [d["name"] for d in slice_["spec"]["devices"]]
+
+        await _until(lambda: _async(len(plugin.health.problems) == 3), "all devices unhealthy")
+        await _until(lambda: _async_call(devices, []), "an empty pool")
+        assert plugin.metrics.nvml_up._value.get() == 0
+        fake.fail_everything = None
+        await _until(lambda: _async_call(devices, ["gpu-0", "gpu-1", "gpu-2"]), "recovery")
+        assert plugin.metrics.nvml_up._value.get() == 1
+
+
+async def _async(value: Any) -> Any:
+    return value
+
+
+async def _async_call(fn: Callable[[], Any], expected: Any) -> bool:
+    return bool(await fn() == expected)
