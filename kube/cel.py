@@ -367,14 +367,17 @@ def _fn_lower_ascii(*args: Any) -> str:
     _strings("lowerAscii", args, 1)
     if len(args) != 1:
         raise _no_overload("lowerAscii", args)
-    return str(args[0]).translate(_ASCII_LOWER)
+    text = str(args[0])
+    # str.lower() also folds non-ASCII letters, which lowerAscii must leave alone.
+    return text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
 
 
 def _fn_upper_ascii(*args: Any) -> str:
     _strings("upperAscii", args, 1)
     if len(args) != 1:
         raise _no_overload("upperAscii", args)
-    return str(args[0]).translate(_ASCII_UPPER)
+    text = str(args[0])
+    return text.upper() if text.isascii() else text.translate(_ASCII_UPPER)
 
 
 def _fn_trim(*args: Any) -> str:
