@@ -1,10 +1,163 @@
-"""Subcommands of this component for the `dra-gateway` command (light imports only)."""
+"""Subcommands of this component for the `dra-gateway` command (light imports only).
+
+`webhook` serves /mutate and /validate over TLS; `webhook-config` prints the Mutating- and
+ValidatingWebhookConfiguration for the loaded rules as YAML.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not HOST:PORT, e.g. 0.0.0.0:8443 or [::]:8443")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _service(value: str) -> tuple[str, str]:
+    namespace, sep, name = value.partition("/")
+    if not sep or not namespace or not name or "/" in name:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not NAMESPACE/NAME of the webhook's Service, e.g. "
+            f"dra-gateway/dra-gateway-webhook")
+    return namespace, name
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
              bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this component's subcommands; handlers import their heavy modules themselves."""
+    serve = sub.add_parser("webhook", help="serve the admission webhooks over TLS")
+    serve.add_argument("--listen", type=_listen, default=("0.0.0.0", 8443), metavar="HOST:PORT",
+                       help="address to serve on (default: 0.0.0.0:8443)")
+    serve.add_argument("--tls-dir", required=True, metavar="DIR",
+                       help="folder with tls.crt and tls.key (reloaded when they change)")
+    serve.add_argument("--rules", action="append", default=[], metavar="PATH",
+                       help="rules file or folder, added to the built-in rules (repeatable; "
+                       "reloaded when it changes)")
+    serve.add_argument("--no-builtin-rules", action="store_true",
+                       help="do not load the built-in rule sets")
+    serve.add_argument("--cluster", choices=("kube", "memory"), default="kube",
+                       help="kube: the kubeconfig's cluster (default); memory: in-process")
+    serve.add_argument("--kubeconfig", metavar="FILE",
+                       help="kubeconfig file (default: in-cluster, then $KUBECONFIG, then "
+                       "~/.kube/config)")
+    serve.add_argument("--namespace", default="dra-gateway",
+                       help="the gateway's namespace: rule ConfigMaps are read there "
+                       "(default: %(default)s)")
+    serve.add_argument("--no-config-maps", action="store_true",
+                       help="do not read rules from ConfigMaps")
+    serve.add_argument("--client-ca", metavar="FILE",
+                       help="require client certificates signed by this CA")
+    serve.add_argument("--ca-file", metavar="FILE",
+                       help="CA to inject as caBundle into the webhook configurations")
+    serve.add_argument("--no-reconcile", action="store_true",
+                       help="do not update the webhook configurations' matchConditions")
+    serve.add_argument("--no-enforce", action="store_true",
+                       help="let pods whose legacy GPU requests escaped translation through "
+                       "/validate")
+    serve.add_argument("--workers", type=int, default=1, metavar="N",
+                       help="server processes sharing the port (SO_REUSEPORT; default: 1)")
+    serve.add_argument("--log-level", default="info",
+                       choices=("debug", "info", "warning", "error"))
+    serve.set_defaults(func=_serve)
+
+    config = sub.add_parser("webhook-config",
+                            help="print the webhook configurations for the rules as YAML")
+    config.add_argument("--service", type=_service, required=True, metavar="NS/NAME",
+                        help="namespace and name of the webhook's Service")
+    config.add_argument("--ca-file", required=True, metavar="FILE",
+                        help="CA certificate (PEM) that signed the serving certificate")
+    config.add_argument("--rules", action="append", default=[], metavar="PATH",
+                        help="rules file or folder, added to the built-in rules (repeatable)")
+    config.add_argument("--no-builtin-rules", action="store_true")
+    config.add_argument("--namespace", help="the gateway's namespace, excluded from admission "
+                        "(default: the Service's)")
+    config.add_argument("--port", type=int, default=443, help="Service port (default: 443)")
+    config.set_defaults(func=_config)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+    from pathlib import Path
+
+    from dra_gateway.kube.cluster.connect import ClusterConfigError
+    from dra_gateway.translator.rules import RulesError
+    from dra_gateway.webhook.server import ServeOptions, run
+    from dra_gateway.webhook.settings import WebhookSettings
+
+    tls_dir = Path(args.tls_dir)
+    missing = [f for f in ("tls.crt", "tls.key") if not (tls_dir / f).is_file()]
+    if missing:
+        print(f"webhook: {' and '.join(missing)} not found in --tls-dir {tls_dir}; create them "
+              f"with `dra-gateway certs generate --out {tls_dir} --dns NAME`", file=sys.stderr)
+        return 2
+    if args.workers < 1:
+        print(f"webhook: --workers {args.workers} must be at least 1", file=sys.stderr)
+        return 2
+    host, port = args.listen
+    if args.workers > 1 and (port == 0 or args.cluster == "memory"):
+        print("webhook: --workers above 1 needs a fixed --listen port and --cluster kube (each "
+              "worker would otherwise serve its own port or its own in-memory cluster)",
+              file=sys.stderr)
+        return 2
+    settings = WebhookSettings(
+        namespace=args.namespace,
+        rules_paths=tuple(Path(p) for p in args.rules),
+        builtin_rules=not args.no_builtin_rules,
+        watch_config_maps=not args.no_config_maps,
+        tls_dir=tls_dir,
+        ca_file=Path(args.ca_file) if args.ca_file else None,
+        enforce=not args.no_enforce,
+        reconcile_webhooks=not args.no_reconcile,
+    )
+    options = ServeOptions(
+        host=host, port=port, cluster=args.cluster, kubeconfig=args.kubeconfig,
+        client_ca=Path(args.client_ca) if args.client_ca else None, workers=args.workers,
+        log_level=getattr(logging, args.log_level.upper()),
+    )
+    try:
+        return run(settings, options)
+    except RulesError as exc:
+        print(f"webhook: {exc}", file=sys.stderr)
+        return 2
+    except ClusterConfigError as exc:
+        print(f"webhook: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"webhook: cannot serve on {host}:{port}: {exc.strerror}", file=sys.stderr)
+        return 1
+
+
+def _config(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from dra_gateway.translator.rules import RulesError, load_rules
+    from dra_gateway.webhook.config import configurations
+
+    try:
+        ca_bundle = Path(args.ca_file).read_bytes()
+    except OSError as exc:
+        print(f"webhook-config: cannot read --ca-file {args.ca_file}: {exc.strerror}",
+              file=sys.stderr)
+        return 2
+    if b"-----BEGIN CERTIFICATE-----" not in ca_bundle:
+        print(f"webhook-config: --ca-file {args.ca_file} holds no PEM certificate; pass the "
+              f"ca.crt written by `dra-gateway certs generate`", file=sys.stderr)
+        return 2
+    try:
+        rules = load_rules(*args.rules, builtin=not args.no_builtin_rules)
+    except RulesError as exc:
+        print(f"webhook-config: {exc}", file=sys.stderr)
+        return 2
+    namespace, name = args.service
+    documents = configurations(rules, service_namespace=namespace, service_name=name,
+                               ca_bundle=ca_bundle, gateway_namespace=args.namespace or namespace,
+                               port=args.port)
+    sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False, width=100))
+    return 0

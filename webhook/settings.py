@@ -5,7 +5,7 @@ It must not read the environment or files: the CLI does that and hands the resul
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 MAX_BODY_BYTES = 3 * 1024 * 1024  # the API server caps admission requests at 3 MiB as well
@@ -48,4 +48,3 @@ class WebhookSettings:
     reconcile_webhooks: bool = True
     mutating_configuration: str = MUTATING_CONFIGURATION
     validating_configuration: str = VALIDATING_CONFIGURATION
-    excluded_namespaces: tuple[str, ...] = field(default=("kube-system",))

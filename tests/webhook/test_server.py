@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+import yaml
+
+from dra_gateway.certs.generate import make_bundle, write_bundle
+from dra_gateway.cli import main
+from dra_gateway.kube.cluster.memory import MemoryCluster
+from dra_gateway.kube.cluster.port import Object
+from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES, ResourceType
+from dra_gateway.webhook.server import ServeOptions, serve
+from dra_gateway.webhook.settings import WebhookSettings
+
+from .conftest import decoded_patch, hami_pod, review
+
+
+class _SlowTemplates(MemoryCluster):
+    """Takes its time creating templates, as a busy API server does."""
+
+    delay = 0.0
+
+    async def create(self, rt: ResourceType, obj: Object, *, namespace: str | None = None,
+                     dry_run: bool = False) -> Object:
+        if rt is RESOURCE_CLAIM_TEMPLATES:
+            await asyncio.sleep(self.delay)
+        return await super().create(rt, obj, namespace=namespace, dry_run=dry_run)
+
+
+@dataclass
+class Running:
+    url: str
+    ssl: ssl.SSLContext
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+    cluster: _SlowTemplates
+
+
+@pytest.fixture
+async def running(tmp_path: Path) -> AsyncIterator[Running]:
+    write_bundle(make_bundle(dns_names=["localhost"], ip_addresses=["127.0.0.1"]), tmp_path)
+    settings = WebhookSettings(tls_dir=tmp_path, template_timeout=5)
+    cluster = _SlowTemplates()
+    stop = asyncio.Event()
+    port: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(serve(
+        settings, ServeOptions(host="127.0.0.1", port=0, shutdown_timeout=5), cluster=cluster,
+        stop=stop, started=port.set_result))
+    await asyncio.wait_for(asyncio.shield(port), 10)
+    ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+    yield Running(f"https://localhost:{port.result()}", ctx, stop, task, cluster)
+    stop.set()
+    await task
+
+
+async def test_the_server_answers_reviews_over_tls_with_keep_alive(running: Running) -> None:
+    connector = aiohttp.TCPConnector(ssl=running.ssl, limit=1)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for path in ("/healthz", "/readyz"):
+            async with session.get(running.url + path) as resp:
+                assert (resp.status, await resp.text()) == (200, "ok\n")
+        peers = set()
+        for i in range(3):
+            async with session.post(running.url + "/mutate",
+                                    data=orjson.dumps(review(hami_pod(), uid=f"k-{i}"))) as resp:
+                answer = await resp.json()
+                assert answer["response"]["uid"] == f"k-{i}"
+                assert decoded_patch(answer)
+                peers.add(id(resp.connection.transport) if resp.connection else None)
+        assert len(peers) == 1  # one keep-alive connection served all three
+        async with session.get(running.url + "/metrics") as resp:
+            text = await resp.text()
+    assert 'dra_gateway_webhook_request_duration_seconds_count{endpoint="mutate"} 3.0' in text
+    assert 'dra_gateway_webhook_translations_total{rule="hami"} 3.0' in text
+
+
+async def test_shutdown_finishes_in_flight_reviews(running: Running) -> None:
+    running.cluster.delay = 0.5
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=running.ssl)) as session:
+        async def slow() -> Any:
+            async with session.post(running.url + "/mutate",
+                                    data=orjson.dumps(review(hami_pod(), uid="slow"))) as resp:
+                return resp.status, await resp.json()
+
+        pending = asyncio.create_task(slow())
+        await asyncio.sleep(0.2)  # the review is waiting on its template
+        running.stop.set()
+        status, answer = await pending
+    assert status == 200
+    assert answer["response"]["allowed"] is True
+    assert decoded_patch(answer)
+    await running.task  # the server is gone...
+    with pytest.raises(aiohttp.ClientConnectorError):  # ...and accepts nothing new
+        async with aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=running.ssl)) as session:
+            await session.get(running.url + "/healthz")
+
+
+def test_webhook_config_prints_both_configurations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = write_bundle(make_bundle(dns_names=["dra-gateway-webhook.dra-gateway.svc"]), tmp_path)
+    assert main(["webhook-config", "--service", "dra-gateway/dra-gateway-webhook",
+                 "--ca-file", str(paths.ca_cert)]) == 0
+    mutating, validating = yaml.safe_load_all(capsys.readouterr().out)
+    assert mutating["kind"] == "MutatingWebhookConfiguration"
+    assert validating["kind"] == "ValidatingWebhookConfiguration"
+    import base64
+    assert base64.b64decode(mutating["webhooks"][0]["clientConfig"]["caBundle"]) == \
+        paths.ca_cert.read_bytes()
+
+
+@pytest.mark.parametrize(("argv", "error"), [
+    (["webhook-config", "--service", "dra-gateway", "--ca-file", "x"],
+     "argument --service: 'dra-gateway' is not NAMESPACE/NAME of the webhook's Service, e.g. "
+     "dra-gateway/dra-gateway-webhook"),
+    (["webhook", "--listen", "8443", "--tls-dir", "x"],
+     "argument --listen: '8443' is not HOST:PORT, e.g. 0.0.0.0:8443 or [::]:8443"),
+])
+def test_bad_arguments_say_what_is_expected(
+    argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(error)
+
+
+def test_webhook_without_certificates_says_how_to_make_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["webhook", "--listen", "127.0.0.1:0", "--tls-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"webhook: tls.crt and tls.key not found in --tls-dir {tmp_path}; create them with "
+        f"`dra-gateway certs generate --out {tmp_path} --dns NAME`\n")
