@@ -103,6 +103,9 @@ async def _serve(args: argparse.Namespace) -> int:
         await plugin.run()
     except asyncio.CancelledError:
         logging.getLogger(__name__).info("stopping")
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         await cluster.close()
     return 0

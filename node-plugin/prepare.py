@@ -100,6 +100,15 @@ class Preparer:
                     out[ref.uid] = PrepareResult(
                         error=f"ResourceClaim {ref.namespace}/{ref.name}: {message}")
                     self._metrics.prepares.labels("error").inc()
+                except Exception as exc:
+                    # A fault with one claim must not fail the kubelet's whole batch (a gRPC
+                    # error discards every answer in it): report it on that claim only.
+                    log.exception("preparing ResourceClaim %s/%s failed unexpectedly",
+                                  ref.namespace, ref.name)
+                    out[ref.uid] = PrepareResult(
+                        error=f"ResourceClaim {ref.namespace}/{ref.name}: internal error in the "
+                              f"node plugin: {exc!r}; see the plugin's log")
+                    self._metrics.prepares.labels("error").inc()
             if out[ref.uid].error:
                 log.warning("prepare failed: %s", out[ref.uid].error)
         return out

@@ -88,7 +88,6 @@ def _comparable(obj: Object) -> tuple[Any, ...]:
     meta = obj.get("metadata", {})
     spec = copy.deepcopy(obj.get("spec", {}))
     spec.get("pool", {}).pop("generation", None)
-    # The API server stamps timeAdded on taints it receives without one; ours always carry it.
     labels = {k: v for k, v in (meta.get("labels") or {}).items()
               if k == names.LABEL_MANAGED_BY}
     return (meta.get("name"), labels, meta.get("ownerReferences") or [], spec)
@@ -111,6 +110,7 @@ class Publisher:
         self._max_retry = max_retry_seconds
         self._generation = 0
         self._node_uid: str | None = None
+        self._warned_no_node = False
         self._dirty = asyncio.Event()
         self._written: set[str] = set()  # resourceVersions of our own writes
         self.synced = asyncio.Event()  # set after each successful reconcile, cleared on change
@@ -144,9 +144,11 @@ class Publisher:
             node = await self._cluster.get(NODES, self.node_name)
         except NotFound:
             # Without the Node there is no owner to point at; the slices are still published,
-            # and the owner reference is added once the Node appears.
-            log.warning("Node %s not found: publishing ResourceSlices without an owner "
-                        "reference (check --node-name)", self.node_name)
+            # and the owner reference is added by the first reconcile after the Node appears.
+            if not self._warned_no_node:
+                self._warned_no_node = True
+                log.warning("Node %s not found: publishing ResourceSlices without an owner "
+                            "reference (check --node-name)", self.node_name)
             return
         self._node_uid = str(node["metadata"]["uid"])
 
@@ -175,6 +177,8 @@ class Publisher:
             else:
                 written = await self._cluster.create(RESOURCE_SLICES, obj)
                 self._metrics.slice_writes.labels("create").inc()
+            if len(self._written) > 1024:  # events of old writes were missed (a relist)
+                self._written.clear()
             self._written.add(str(written["metadata"].get("resourceVersion")))
         wanted = {o["metadata"]["name"] for o in desired}
         for name, obj in existing.items():

@@ -150,7 +150,11 @@ class PluginServer:
         # A socket left by a previous run would make the bind fail.
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        server.add_insecure_port(f"unix://{path}")
+        try:
+            server.add_insecure_port(f"unix://{path}")
+        except RuntimeError as exc:  # grpc reports a failed bind this way
+            raise OSError(f"cannot listen on {path}: {exc}; check that the directory is "
+                          "writable and no other plugin instance is running") from None
         await server.start()
         self._servers.append(server)
         log.info("serving %s", path)
