@@ -512,11 +512,83 @@ def test_webhook_configurations_send_pod_creates_safely(helm: HelmRunner) -> Non
         assert hook["namespaceSelector"] == {"matchExpressions": [{
             "key": "kubernetes.io/metadata.name", "operator": "NotIn",
             "values": ["kube-system", NAMESPACE]}]}
-        assert [c["name"] for c in hook["matchConditions"]] == ["not-a-mirror-pod"]
+        assert [c["name"] for c in hook["matchConditions"]] == ["gpu-pods"]
         assert hook["clientConfig"]["service"] == {
             "name": service["metadata"]["name"], "namespace": NAMESPACE,
             "path": hook["clientConfig"]["service"]["path"], "port": 443}
     assert hooks[0][1]["reinvocationPolicy"] == "IfNeeded"
+
+
+def _pod(*, limits: dict[str, str] | None = None, requests: dict[str, str] | None = None,
+         init: bool = False, annotations: dict[str, str] | None = None,
+         claims: bool = False, gate: str | None = None) -> Object:
+    resources: Object = {}
+    if limits:
+        resources["limits"] = limits
+    if requests:
+        resources["requests"] = requests
+    worker: Object = {"name": "main", "image": "busybox"}
+    spec: Object = {"containers": [dict(worker)]}
+    if resources:
+        (spec.setdefault("initContainers", []) if init else spec["containers"]).append(
+            {"name": "gpu", "image": "cuda", "resources": resources})
+    if claims:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
+    if gate:
+        spec["schedulingGates"] = [{"name": gate}]
+    metadata: Object = {"name": "p", "namespace": "team-a"}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def _sent(expression: str, pod: Object) -> bool:
+    import cel
+
+    return bool(cel.evaluate(expression, {"object": pod}))
+
+
+def _chart_expression(helm: HelmRunner) -> str:
+    _, hook = _webhooks(helm.render("default"))[0]
+    conditions = hook["matchConditions"]
+    assert len(conditions) == 1
+    return str(conditions[0]["expression"])
+
+
+def test_default_match_condition_leaves_ordinary_pods_alone(helm: HelmRunner) -> None:
+    expression = _chart_expression(helm)
+    ordinary = [
+        _pod(),
+        _pod(limits={"cpu": "2", "memory": "1Gi", "hugepages-2Mi": "64Mi"},
+             requests={"ephemeral-storage": "1Gi"}),
+        _pod(annotations={"kubectl.kubernetes.io/default-container": "main",
+                          "prometheus.io/scrape": "true"}),
+        _pod(gate="example.com/other-gate"),
+    ]
+    assert [_sent(expression, pod) for pod in ordinary] == [False] * len(ordinary)
+
+
+def test_default_match_condition_covers_what_the_webhook_will_select(helm: HelmRunner) -> None:
+    # Until the webhook narrows the conditions to its rules, the chart's must send at least
+    # every pod the webhook's own expression (built-in rules) would.
+    from dra_gateway.translator.rules import load_rules
+    from dra_gateway.webhook.config import MATCH_CONDITION_NAME, match_expression
+
+    assert MATCH_CONDITION_NAME == "gpu-pods"
+    rules = load_rules()
+    webhook_expression = match_expression(rules)
+    resources = sorted(rules.legacy_resource_names()) + [
+        f"{prefix}1g.10gb" for prefix in sorted(rules.legacy_resource_prefixes())]
+    pods = [_pod(limits={name: "1"}) for name in resources]
+    pods += [_pod(requests={name: "1"}, init=True) for name in resources]
+    pods += [_pod(annotations={key: "x"}) for key in sorted(rules.annotation_keys())]
+    pods += [_pod(annotations={names.ANNOTATION_TRANSLATED: "x"}), _pod(claims=True),
+             _pod(gate=names.SCHEDULING_GATE), _pod(limits={"example.com/fpga": "1"})]
+    chart_expression = _chart_expression(helm)
+    missed = [pod for pod in pods
+              if _sent(webhook_expression, pod) and not _sent(chart_expression, pod)]
+    assert missed == []
+    assert sum(_sent(webhook_expression, pod) for pod in pods) >= len(resources) * 2
 
 
 def test_excluded_namespaces_add_to_the_fixed_ones(helm: HelmRunner) -> None:
