@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 EXIT_OK = 0
@@ -69,7 +70,7 @@ def _read_stream(name: str, stdin: TextIO) -> list[Any]:
 
     import yaml
 
-    text = stdin.read() if name == "-" else open(name, encoding="utf-8").read()  # noqa: SIM115
+    text = stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
     stripped = text.lstrip()
     if stripped.startswith(("[", "{")):
         try:

@@ -39,7 +39,8 @@ def test_a_whole_gpu_pod_gets_the_complete_patch(builtin_rules: RuleSet) -> None
     assert plan.templates[0]["metadata"] == {
         "name": template, "namespace": "team-a",
         "labels": {names.LABEL_MANAGED_BY: names.MANAGED_BY}}
-    assert template.startswith("dra-gateway-") and len(template) == len("dra-gateway-") + 10
+    assert template.startswith("dra-gateway-")
+    assert len(template) == len("dra-gateway-") + 10
 
 
 def test_existing_claims_gates_and_annotations_are_appended_to(builtin_rules: RuleSet) -> None:

@@ -8,7 +8,7 @@ import pytest
 from translator_support import checked, ctr, only_request, parameters_of, pod
 
 from dra_gateway.kube import names
-from dra_gateway.translator.rules import RuleSet, RulesError, load_rules
+from dra_gateway.translator.rules import RulesError, RuleSet, load_rules
 from dra_gateway.translator.translate import translate
 
 HEADER = "apiVersion: dra-gateway.io/v1alpha1\nkind: TranslationRules\n"

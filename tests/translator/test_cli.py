@@ -1,0 +1,183 @@
+"""`dra-gateway translate` and `dra-gateway rules check`: output, messages and exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from dra_gateway.cli import main
+from dra_gateway.kube import names
+from dra_gateway.translator.manifests import pod_specs
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def gpu_template(limits: dict[str, Any]) -> dict[str, Any]:
+    return {"spec": {"containers": [{"name": "main", "image": "x",
+                                     "resources": {"limits": limits}}]}}
+
+
+STREAM: list[dict[str, Any]] = [
+    {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "a"},
+     "spec": {"template": gpu_template({"nvidia.com/gpu": 1})}},
+    {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "s", "namespace": "a"},
+     "spec": {"template": gpu_template({"nvidia.com/gpumem": 4000})}},
+    {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "ds"},
+     "spec": {"template": gpu_template({"amd.com/gpu": 1})}},
+    {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "c", "namespace": "b"},
+     "spec": {"jobTemplate": {"spec": {"template": gpu_template({"nvidia.com/gpu": 1})}}}},
+    {"apiVersion": "kubeflow.org/v1", "kind": "MPIJob", "metadata": {"name": "m", "namespace": "a"},
+     "spec": {"mpiReplicaSpecs": {"Launcher": {"template": gpu_template({"cpu": "1"})},
+                                  "Worker": {"template": gpu_template({"nvidia.com/gpu": 8})}}}},
+    {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+     "metadata": {"name": "j", "namespace": "a"},
+     "spec": {"replicatedJobs": [{"name": "w", "template": {"spec": {
+         "template": gpu_template({"koordinator.sh/gpu-core": 50,
+                                   "koordinator.sh/gpu-memory-ratio": 50})}}}]}},
+    {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "r", "namespace": "a"},
+     "spec": {"rayClusterSpec": {
+         "headGroupSpec": {"template": gpu_template({"cpu": "2"})},
+         "workerGroupSpecs": [{"template": gpu_template({"nvidia.com/gpu": 1})}]}}},
+    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}, "data": {"a": "b"}},
+    {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "svc"},
+     "spec": {"ports": [{"port": 80}]}},
+]
+
+
+def test_a_stream_of_workloads_is_rewritten_with_templates(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    source = tmp_path / "in.yaml"
+    source.write_text(yaml.safe_dump_all(STREAM))
+    code, out, err = run(capsys, "translate", "-f", str(source))
+    assert (code, err) == (0, "")
+    documents = list(yaml.safe_load_all(out))
+    rewritten, templates = documents[:len(STREAM)], documents[len(STREAM):]
+    assert rewritten[7:] == STREAM[7:]
+    assert rewritten[4]["spec"]["mpiReplicaSpecs"]["Launcher"] == STREAM[4]["spec"][
+        "mpiReplicaSpecs"]["Launcher"]
+    for document in rewritten[:7]:
+        for path, spec in pod_specs(document):
+            if path.endswith("Launcher.template") or "headGroupSpec" in path:
+                continue
+            assert spec["spec"]["resourceClaims"][0]["name"] == "dra-gateway", path
+            assert names.ANNOTATION_TRANSLATED in spec["metadata"]["annotations"]
+            assert "limits" not in spec["spec"]["containers"][0]["resources"]
+    assert [t["kind"] for t in templates] == ["ResourceClaimTemplate"] * len(templates)
+    # a/whole gpu, a/hami, (no namespace)/amd, b/whole gpu, a/8 gpus, a/koordinator;
+    # the RayJob worker reuses a/whole gpu.
+    assert len(templates) == 6
+    for template in templates:
+        kubernetes_validate.validate(template, "1.34", strict=True)
+    gates = rewritten[0]["spec"]["template"]["spec"]["schedulingGates"]
+    assert gates == [{"name": names.SCHEDULING_GATE}]
+    assert "schedulingGates" not in rewritten[2]["spec"]["template"]["spec"]
+
+
+def test_json_output_is_one_list(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "translate", "-f", str(EXAMPLES / "pods" / "hami.yaml"),
+                       "-o", "json")
+    documents = json.loads(out)
+    assert code == 0
+    assert [d["kind"] for d in documents] == ["Pod", "ResourceClaimTemplate"]
+    exactly = documents[1]["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    assert exactly["capacity"] == {"requests": {"memory": "8000Mi", "cores": "30"}}
+
+
+def test_standard_input_and_json_input(capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(pod)))
+    code, out, _ = run(capsys, "translate", "-f", "-", "-o", "json")
+    assert code == 0
+    assert [d["kind"] for d in json.loads(out)] == ["Pod", "ResourceClaimTemplate"]
+
+
+def test_a_refusal_exits_1_and_names_document_container_and_resource(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = {"apiVersion": "apps/v1", "kind": "Deployment",
+           "metadata": {"name": "half", "namespace": "ml"},
+           "spec": {"template": gpu_template({"nvidia.com/gpu": "0.5"})}}
+    source = tmp_path / "in.yaml"
+    source.write_text(yaml.safe_dump_all([STREAM[0], bad]))
+    code, out, err = run(capsys, "translate", "-f", str(source))
+    assert code == 1
+    assert err == ('refused: Deployment ml/half (spec.template): container "main": '
+                   "nvidia.com/gpu is 0.5, not a whole number; ask for whole units (rule "
+                   "nvidia-gpu)\n")
+    documents = list(yaml.safe_load_all(out))
+    assert documents[1] == bad  # a refused document comes back as it was
+    assert len(documents) == 3  # the good Deployment's template is still written
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("kind: [unclosed\n", "is not valid YAML or JSON at line 2"),
+    (None, "cannot read"),
+])
+def test_unreadable_input_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                  content: str | None, message: str) -> None:
+    source = tmp_path / "in.yaml"
+    if content is not None:
+        source.write_text(content)
+    code, out, err = run(capsys, "translate", "-f", str(source))
+    assert (code, out) == (2, "")
+    assert err.startswith("error: ")
+    assert message in err
+
+
+def test_broken_extra_rules_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("apiVersion: dra-gateway.io/v1alpha1\nkind: TranslationRules\nrulez: []\n")
+    code, _, err = run(capsys, "translate", "-f", str(EXAMPLES / "pods" / "hami.yaml"),
+                       "--rules", str(rules))
+    assert code == 2
+    assert err == f"error: 1 rule failed to load: {rules}: rulez: unknown field\n"
+
+
+def test_rules_check_reports_every_error_with_its_path(capsys: pytest.CaptureFixture[str],
+                                                       tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("""\
+apiVersion: dra-gateway.io/v1alpha1
+kind: TranslationRules
+rules:
+  - name: npu
+    resources: {example.com/npu: {unit: Gb}}
+    device: {className: npu.example.com}
+  - name: tpu
+    resources: {google.com/tpu: {}}
+    device: {className: tpu.example.com, count: 'r["google.com/tpu"] +'}
+""")
+    code, out, _ = run(capsys, "rules", "check", str(broken))
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0] == "2 rules failed to load:"
+    assert lines[1] == (f'  {broken}: rules[0].resources["example.com/npu"].unit: unknown unit '
+                        '"Gb"; use one of "", "Ki", "Mi", "Gi", "Ti", "k", "M", "G", "T"')
+    assert lines[2].startswith(f"  {broken}: rules[1].device.count: CEL expression ")
+
+
+def test_rules_check_accepts_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "rules", "check", str(EXAMPLES / "rules"))
+    assert (code, out) == (0, "ok: 14 rules enabled, 3 disabled\n")
+
+
+def test_example_pods_translate_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
+    for example in sorted((EXAMPLES / "pods").glob("*.yaml")):
+        code, out, err = run(capsys, "translate", "-f", str(example))
+        assert (code, err) == (0, ""), example
+        for document in yaml.safe_load_all(out):
+            if document["kind"] == "ResourceClaimTemplate":
+                kubernetes_validate.validate(document, "1.34", strict=True)
