@@ -48,6 +48,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        help="accept requests without a token (loopback addresses only)")
     serve.add_argument("--history", type=int, default=1000, metavar="EVENTS",
                        help="watch events kept per type; older resourceVersions get 410 Expired")
+    serve.add_argument("--no-control-plane", action="store_true",
+                       help="do not run the embedded stand-ins for the ResourceClaim controller "
+                            "(claims from templates) and the scheduler (binding)")
     serve.set_defaults(func=_serve)
 
     measure = bench.add_parser(
@@ -118,19 +121,27 @@ async def _serve_async(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
 
+    from dra_gateway.kube.cluster.controlplane import ControlPlane
+
+    control_plane = None if args.no_control_plane else ControlPlane(cluster)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        async with serve(cluster, host=host, port=port, token=token) as server:
+        async with contextlib.AsyncExitStack() as stack:
+            server = await stack.enter_async_context(
+                serve(cluster, host=host, port=port, token=token))
+            if control_plane is not None:
+                await stack.enter_async_context(control_plane.running())
             try:
                 write_kubeconfig(args.kubeconfig, server.url, token)
             except OSError as exc:
                 print(f"error: cannot write the kubeconfig {args.kubeconfig}: "
                       f"{exc.strerror or exc}", file=sys.stderr)
                 return 2
-            print(f"serving the Kubernetes API on {server.url} ({len(seeded)} objects seeded); "
+            print(f"serving the Kubernetes API on {server.url} ({len(seeded)} objects seeded"
+                  f"{'' if control_plane else ', no control plane'}); "
                   f"kubeconfig: {args.kubeconfig}", flush=True)
             await stop.wait()
             print("stopping", flush=True)

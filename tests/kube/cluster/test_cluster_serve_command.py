@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 from pathlib import Path
 
 from dra_gateway.kube.cluster.connect import connect
-from dra_gateway.kube.resources import DEVICE_CLASSES, NODES
+from dra_gateway.kube.resources import (
+    DEVICE_CLASSES,
+    NODES,
+    PODS,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+)
 
 SEED = """\
 apiVersion: v1
@@ -45,6 +52,20 @@ async def test_serve_seeds_writes_a_kubeconfig_and_stops_on_sigterm(tmp_path: Pa
             assert node["metadata"]["uid"]
             classes = await cluster.list(DEVICE_CLASSES)
             assert [c["metadata"]["name"] for c in classes.items] == ["gpu.dra-gateway.io"]
+            # The embedded control plane turns the pod's template into its claim.
+            await cluster.create(RESOURCE_CLAIM_TEMPLATES, {
+                "metadata": {"name": "one-gpu", "namespace": "default"},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": "gpu.dra-gateway.io"}}]}}}})
+            await cluster.create(PODS, {
+                "metadata": {"name": "web-0", "namespace": "default"},
+                "spec": {"containers": [{"name": "main", "image": "busybox"}],
+                         "resourceClaims": [{"name": "gpu",
+                                             "resourceClaimTemplateName": "one-gpu"}]}})
+            claims = cluster.watch(RESOURCE_CLAIMS, namespace="default")
+            async with asyncio.timeout(10), contextlib.aclosing(claims) as events:  # type: ignore[type-var]
+                first = await anext(events)
+            assert first.object["metadata"]["name"].startswith("web-0-gpu-")
         finally:
             await cluster.close()
         process.send_signal(signal.SIGTERM)
