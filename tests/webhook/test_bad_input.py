@@ -32,6 +32,12 @@ def _without(key: str) -> bytes:
     return orjson.dumps(body)
 
 
+def _with_object_field(key: str, value: Any) -> bytes:
+    body = review(hami_pod(), uid="u-1")
+    body["request"]["object"][key] = value
+    return orjson.dumps(body)
+
+
 def _config_map_review() -> bytes:
     body = review(hami_pod(), uid="u-1")
     body["request"]["kind"] = {"group": "", "version": "v1", "kind": "ConfigMap"}
@@ -54,6 +60,11 @@ def _config_map_review() -> bytes:
     (orjson.dumps({**review(hami_pod(), uid="u-1"),
                    "request": {**review(hami_pod(), uid="u-1")["request"], "object": [1]}}),
      "request u-1 (CREATE) carries a list as its object, not a pod"),
+    (_with_object_field("spec", {"containers": ["nginx"]}),
+     "request u-1: the pod's spec.containers[0] is not a container with a name; it is not a "
+     "valid Pod"),
+    (_with_object_field("kind", "Service"),
+     "request u-1 carries an object that is not a pod with a spec"),
     (b"", "the body is not valid JSON: Input is a zero-length, empty document: line 1 column 1 "
           "(char 0)"),
 ])
