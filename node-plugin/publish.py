@@ -111,6 +111,11 @@ class Publisher:
         self._generation = 0
         self._node_uid: str | None = None
         self._warned_no_node = False
+        self._warned_dropped = False
+        # Slice name to (what we sent, what the API server stored), both as `_comparable`
+        # (generation aside): a server that drops fields of a disabled feature gate must not
+        # make every pass look like drift.
+        self._stored_as: dict[str, tuple[Any, Any]] = {}
         self._dirty = asyncio.Event()
         self._written: set[str] = set()  # resourceVersions of our own writes
         self.synced = asyncio.Event()  # set after each successful reconcile, cleared on change
@@ -160,8 +165,7 @@ class Publisher:
                       key=lambda s: str(s["metadata"]["name"]))
         generations = {int(s["spec"]["pool"].get("generation", 0)) for s in ours}
         current = max(generations, default=-1)
-        if len(generations) == 1 and (
-                [_comparable(s) for s in ours] == [_comparable(s) for s in self.desired(current)]):
+        if len(generations) == 1 and self._in_sync(ours, self.desired(current)):
             self._generation = current
             self._metrics.published_devices.set(len(self._devices))
             return False
@@ -170,6 +174,7 @@ class Publisher:
         existing = {str(s["metadata"]["name"]): s for s in ours}
         for obj in desired:
             name = obj["metadata"]["name"]
+            sent = _comparable(obj)  # before the write: a client may not hand it back intact
             if name in existing:
                 obj["metadata"]["resourceVersion"] = existing[name]["metadata"]["resourceVersion"]
                 written = await self._cluster.update(RESOURCE_SLICES, obj)
@@ -180,6 +185,7 @@ class Publisher:
             if len(self._written) > 1024:  # events of old writes were missed (a relist)
                 self._written.clear()
             self._written.add(str(written["metadata"].get("resourceVersion")))
+            self._note_stored(name, sent, written)
         wanted = {o["metadata"]["name"] for o in desired}
         for name, obj in existing.items():
             if name not in wanted:
@@ -192,6 +198,26 @@ class Publisher:
         log.info("published %d device(s) of node %s in %d ResourceSlice(s), generation %d",
                  len(self._devices), self.node_name, len(desired), generation)
         return True
+
+    def _in_sync(self, ours: list[Object], desired: list[Object]) -> bool:
+        if len(ours) != len(desired):
+            return False
+        for have, want in zip(ours, desired, strict=True):
+            stored, wanted = _comparable(have), _comparable(want)
+            if stored != wanted and self._stored_as.get(str(want["metadata"]["name"])) != (
+                    wanted, stored):
+                return False
+        return True
+
+    def _note_stored(self, name: str, sent_form: Any, stored: Object) -> None:
+        stored_form = _comparable(stored)
+        self._stored_as[name] = (sent_form, stored_form)
+        if sent_form != stored_form and not self._warned_dropped:
+            self._warned_dropped = True
+            log.warning("the API server changed ResourceSlice %s as it stored it (fields of a "
+                        "disabled feature gate are dropped): if the cluster lacks "
+                        "DRAConsumableCapacity or DRADeviceTaints, run the plugin with "
+                        "--no-consumable-capacity / --no-device-taints", name)
 
     async def run(self) -> None:
         """Reconcile now and whenever the slices or the devices change; never returns."""

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -174,3 +175,37 @@ async def test_other_nodes_and_drivers_are_left_alone(cluster: MemoryCluster,
         f"{NODE}-{names.DRIVER}-0", "other"]
     assert await publisher.unpublish() == 1
     assert [s["metadata"]["name"] for s in await _slices(cluster)] == ["other"]
+
+
+class GateOffCluster(MemoryCluster):
+    """An API server without DRAConsumableCapacity: it drops the fields silently."""
+
+    @staticmethod
+    def _drop(obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        for device in obj.get("spec", {}).get("devices", []):
+            device.pop("allowMultipleAllocations", None)
+            for capacity in device.get("capacity", {}).values():
+                capacity.pop("requestPolicy", None)
+        return obj
+
+    async def create(self, rt: Any, obj: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        return await super().create(rt, self._drop(obj), **kw)
+
+    async def update(self, rt: Any, obj: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        return await super().update(rt, self._drop(obj), **kw)
+
+
+async def test_fields_dropped_by_the_server_are_not_drift(mixed: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    cluster = GateOffCluster()
+    try:
+        devices = devices_of(load_inventory(mixed), DeviceOptions(consumable_capacity=True))
+        publisher = Publisher(cluster, node_name=NODE, devices=devices)
+        assert await publisher.reconcile() is True
+        assert await publisher.reconcile() is False
+        assert "run the plugin with --no-consumable-capacity" in caplog.text
+        (slice_,) = await _slices(cluster)
+        assert slice_["spec"]["pool"]["generation"] == 1
+    finally:
+        await cluster.close()
