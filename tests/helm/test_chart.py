@@ -591,6 +591,26 @@ def test_default_match_condition_covers_what_the_webhook_will_select(helm: HelmR
     assert sum(_sent(webhook_expression, pod) for pod in pods) >= len(resources) * 2
 
 
+def test_webhook_configurations_have_the_names_the_webhook_reconciles(helm: HelmRunner) -> None:
+    from dra_gateway.webhook.settings import MUTATING_CONFIGURATION, VALIDATING_CONFIGURATION
+
+    # Another release name changes every namespaced name but not these two.
+    result = helm.run("template", "gpu-gateway", str(CHART), "--namespace", NAMESPACE,
+                      "--kube-version", KUBE_VERSION)
+    assert result.returncode == 0, result.stderr
+    objects = parse_render(result.stdout)
+    assert one(objects, "MutatingWebhookConfiguration")["metadata"]["name"] == (
+        MUTATING_CONFIGURATION)
+    assert one(objects, "ValidatingWebhookConfiguration")["metadata"]["name"] == (
+        VALIDATING_CONFIGURATION)
+    rules = one(objects, "ClusterRole", "webhook")["rules"]
+    named = [rule for rule in rules if "resourceNames" in rule]
+    assert [rule["resourceNames"] for rule in named] == [
+        sorted({MUTATING_CONFIGURATION, VALIDATING_CONFIGURATION})]
+    service = one(objects, "Service", "webhook")
+    assert service["metadata"]["name"] == "gpu-gateway-dra-gateway-webhook"
+
+
 def test_excluded_namespaces_add_to_the_fixed_ones(helm: HelmRunner) -> None:
     for _, hook in _webhooks(helm.render("hardened-node-plugin")):
         values = hook["namespaceSelector"]["matchExpressions"][0]["values"]
@@ -700,7 +720,7 @@ def test_command_lines_are_those_of_the_components(helm: HelmRunner) -> None:
     objects = helm.render("default")
     assert container(objects, "Deployment", "webhook")["args"] == [
         "webhook", "--listen", "0.0.0.0:8443", "--tls-dir", "/tls", "--cluster", "kube",
-        "--namespace", NAMESPACE]
+        "--namespace", NAMESPACE, "--log-level", "info"]
     assert container(objects, "Deployment", "allocator")["args"] == [
         "allocator", "--cluster", "kube", "--namespace", NAMESPACE, "--policy", "default"]
     assert container(objects, "DaemonSet", "node-plugin")["args"] == [
@@ -712,7 +732,8 @@ def test_command_lines_are_those_of_the_components(helm: HelmRunner) -> None:
 
 
 @pytest.mark.parametrize("combination", sorted(COMBINATIONS))
-@pytest.mark.parametrize(("kind", "component"), [("Deployment", "allocator"),
+@pytest.mark.parametrize(("kind", "component"), [("Deployment", "webhook"),
+                                                 ("Deployment", "allocator"),
                                                  ("DaemonSet", "node-plugin")])
 def test_command_lines_parse_with_the_dra_gateway_cli(helm: HelmRunner, combination: str,
                                                        kind: str, component: str) -> None:

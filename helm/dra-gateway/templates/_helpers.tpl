@@ -82,9 +82,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s.%s.svc" (include "dra-gateway.webhookServiceName" .) .Release.Namespace }}
 {{- end }}
 
-{{/* Name of both webhook configurations (cluster-wide, hence prefixed by the release). */}}
+{{/*
+Name of both webhook configurations: the name the webhook reconciles (its settings'
+MUTATING_CONFIGURATION and VALIDATING_CONFIGURATION), whatever the release is called. Like the
+DeviceClasses, they make the gateway one release per cluster.
+*/}}
 {{- define "dra-gateway.webhookConfigurationName" -}}
-{{- include "dra-gateway.fullname" . }}
+dra-gateway
 {{- end }}
 
 {{/* Name of the Secret holding the webhook's serving certificate, whatever the mode. */}}
