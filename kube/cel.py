@@ -135,6 +135,9 @@ def _to_engine(value: Any) -> Any:
         return {k: _to_engine(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_to_engine(v) for v in value]
+    if _is_int(value) and not _INT64_MIN <= value <= _INT64_MAX:
+        # The engine would silently turn it into an inexact double.
+        raise _Fail(f"integer {value} does not fit in a CEL int (64 bits)")
     return value
 
 
@@ -993,11 +996,11 @@ class Expression:
         if missing:
             listed = ", ".join(sorted(missing))
             raise CelError(self.expression, f"no value for variable(s) {listed}", what=self.what)
-        context = _engine.Context(
-            variables={name: _to_engine(activation[name]) for name in self.variables},
-            functions=_FUNCTIONS,
-        )
         try:
+            context = _engine.Context(
+                variables={name: _to_engine(activation[name]) for name in self.variables},
+                functions=_FUNCTIONS,
+            )
             result = self._program.execute(context)
         except Exception as exc:  # every engine failure becomes a CelError with its reason
             raise CelError(self.expression, _reason(exc), what=self.what) from None

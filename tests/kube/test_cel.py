@@ -512,3 +512,9 @@ def test_the_samples_use_the_gateway_names() -> None:
     assert compile_selector(
         f'device.attributes["{names.DRIVER}"].{names.ATTR_TYPE} == "gpu"'
     ).matches(view)
+
+
+def test_an_integer_beyond_64_bits_is_refused_not_rounded() -> None:
+    expression = compile_expression("n + 1", variables={"n": 1}, what="r")
+    with pytest.raises(CelError, match=r"integer 18446744073709551616 does not fit in a CEL int"):
+        expression.evaluate({"n": 2**64})
