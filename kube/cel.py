@@ -157,12 +157,19 @@ def _from_engine(value: Any) -> Any:
 
 @lru_cache(maxsize=4096)
 def _parse_quantity(text: str) -> dict[str, str]:
+    # The result is shared by every caller (and every view): never mutated.
     return quantity_value(Quantity.parse(text))
 
 
 @lru_cache(maxsize=4096)
 def _semver_of(text: str) -> Semver:
     return Semver.parse(text)
+
+
+@lru_cache(maxsize=4096)
+def _version_value(text: str) -> dict[str, str]:
+    # Shared between views (every card of a node reports the same driver version): never mutated.
+    return semver_value(Semver.parse(text))
 
 
 # --- the function library -----------------------------------------------------------------------
@@ -794,6 +801,7 @@ class DeviceView:
 
     Build one per device with `device_view` when its slice changes and keep it: the engine
     context and the selector verdicts it caches are only valid for that device content.
+    `value` is the `device` map itself; treat it as read-only (parts are shared between views).
     """
 
     __slots__ = ("_context", "_verdicts", "driver", "name", "value")
@@ -832,7 +840,7 @@ def _attribute_value(driver: str, name: str, attribute: Any) -> Any:
         return value
     if kind == "version" and isinstance(value, str):
         try:
-            return semver_value(Semver.parse(value))
+            return _version_value(value)
         except SemverError as exc:
             raise ValueError(f"{where}: {exc}") from None
     raise ValueError(
@@ -858,10 +866,14 @@ def device_view(driver: str, device: Mapping[str, Any]) -> DeviceView:
         if raw is None:
             raise ValueError(f"device capacity {name!r} of driver {driver!r}: no value")
         try:
-            amount = Quantity.parse(raw) if isinstance(raw, str) else Quantity.from_int(raw)
+            amount = (
+                _parse_quantity(raw)
+                if isinstance(raw, str)
+                else quantity_value(Quantity.from_int(raw))
+            )
         except (QuantityError, TypeError) as exc:
             raise ValueError(f"device capacity {name!r} of driver {driver!r}: {exc}") from None
-        capacity.setdefault(domain, {})[ident] = quantity_value(amount)
+        capacity.setdefault(domain, {})[ident] = amount
     value = {
         "driver": driver,
         "attributes": attributes,
