@@ -6,6 +6,11 @@ share of a card comes, in order, from the allocation's `consumedCapacity` (clust
 consumable capacity), the claim's `GpuShareConfig` (memory in bytes or `memoryPercent` of the
 card), then the gateway's shares annotation (written by the allocator where the cluster drops
 consumable-capacity fields); a card with none of these is whole.
+
+The shares annotation (`dra-gateway.io/shares`) is a JSON object; the entry for an allocated
+device is looked up under `<request>/<pool>/<device>`, `<pool>/<device>`, `<device>`, then
+`<request>`, and reads `{"memory": "8Gi" | <bytes>, "cores": <percent>}`. A missing or
+malformed annotation counts as absent.
 """
 
 from __future__ import annotations

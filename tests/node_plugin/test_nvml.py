@@ -108,3 +108,17 @@ def test_probe_reports_lost_cards() -> None:
     fake = FakeNvml([FakeGpu(uuid=H100), FakeGpu(uuid=A100, lost=True)])
     with Nvml(fake.module()) as nvml:
         assert nvml.probe([H100, A100]) == {H100: False, A100: True}
+
+
+def test_the_real_pynvml_module_fails_with_a_clear_message_or_discovers() -> None:
+    """Runs against nvidia-ml-py itself: without a driver its error must still be mapped."""
+    error: NvmlError | None = None
+    try:
+        facts = discover_nvml()
+    except NvmlError as exc:
+        error = exc
+    if error is None:
+        assert all(g.uuid.startswith("GPU-") for g in facts.gpus)
+    else:
+        assert str(error).startswith("NVML nvmlInit failed: ")
+        assert error.code is not None
