@@ -18,6 +18,10 @@ It must not guess: unknown or invalid fields are refused, every message names th
         migDevices:                   # optional: the card is in MIG mode
           - {profile: 1g.10gb, uuid: MIG-..., memory: 9856Mi, profileId: 19,
              placement: {start: 0, size: 1}}
+
+Optional per card: `minor` (names the device `gpu-<minor>`, default the index), `brand`,
+`pcieRoot`, `driverVersion`, `cudaDriverVersion`, `sharing`; per MIG instance `profileId`
+with `placement` (NVIDIA's device names) and `multiprocessors`.
 """
 
 from __future__ import annotations

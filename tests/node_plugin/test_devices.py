@@ -9,7 +9,7 @@ import pytest
 from dra_gateway.kube import names
 from dra_gateway.node_plugin.deviceclasses import device_classes
 from dra_gateway.node_plugin.devices import DeviceOptions, device_table, devices_of
-from dra_gateway.node_plugin.facts import GpuFacts, NodeFacts
+from dra_gateway.node_plugin.facts import GpuFacts, MigFacts, NodeFacts
 from dra_gateway.node_plugin.inventory import load_inventory
 from dra_gateway.node_plugin.publish import build_slices
 from dra_gateway.node_plugin.versions import semver
@@ -79,6 +79,7 @@ def test_shared_cards_get_request_policies_whose_default_is_the_whole_card(
         mixed: Path) -> None:
     (slice_,) = _slices(mixed, DeviceOptions(consumable_capacity=True))
     _validate(slice_)
+    _validate(slice_, "1.36")  # beta there: the fields must stay valid as the API moves on
     named = {d["name"]: d for d in slice_["spec"]["devices"]}
     shared = named["gpu-1"]
     assert shared["allowMultipleAllocations"] is True
@@ -166,3 +167,12 @@ def test_device_classes_are_schema_valid_and_select_by_type() -> None:
     assert gpu["spec"]["selectors"][0]["cel"]["expression"] == (
         "device.driver == 'gpu.dra-gateway.io' && "
         "device.attributes['gpu.dra-gateway.io'].type == 'gpu'")
+
+
+def test_mig_instances_without_a_known_slot_are_named_by_profile_and_position() -> None:
+    migs = (MigFacts(uuid="MIG-a", profile="1g.10gb", memory=10 << 30),
+            MigFacts(uuid="MIG-b", profile="1g.10gb", memory=10 << 30))
+    gpu = GpuFacts(index=1, minor=4, uuid="GPU-1", product_name="A100", memory=80 << 30,
+                   mig_enabled=True, mig_devices=migs)
+    assert [d["name"] for d in devices_of(NodeFacts(gpus=(gpu,)), DeviceOptions())] == [
+        "gpu-4-mig-1g-10gb-0", "gpu-4-mig-1g-10gb-1"]
