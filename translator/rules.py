@@ -16,6 +16,7 @@ cluster access, no logging.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -319,6 +320,12 @@ class CompiledRule:
     policy: Expression | None
     selectors: tuple[CompiledSelector, ...]
     constraints: tuple[tuple[str, Expression | None], ...]
+    # The same expressions batched into one list each, because every evaluation pays for a
+    # fresh engine context: refusal conditions; [count, memory, memoryPercent, cores,
+    # enforcement, policy] with 0 / "" for unset; selector then constraint conditions.
+    refusal_batch: Expression | None = None
+    output_batch: Expression | None = None
+    condition_batch: Expression | None = None
 
     def claims(self, resource: str) -> bool:
         """Whether this rule reads `resource`."""
@@ -749,7 +756,30 @@ def _compile_rule(entry: _Entry, problems: _Problems) -> CompiledRule | None:
     _dry_run(rule, entry, problems)
     if len(problems.errors) > errors_before:
         return None
-    return rule
+    return _batched(rule, spec, sample)
+
+
+def _batch_text(parts: Sequence[str]) -> str:
+    return "[" + ", ".join(f"({part})" for part in parts) + "]"
+
+
+def _batched(rule: CompiledRule, spec: RuleSpec, sample: dict[str, Any]) -> CompiledRule:
+    """The rule with its batched expressions (each part already compiled and dry-run alone)."""
+    device = spec.device
+    outputs = [device.count, device.memory or "0", device.memory_percent or "0",
+               device.cores or "0", device.enforcement or '""', device.policy or '""']
+    conditions = [sel.when or "true" for sel in device.selectors]
+    conditions += [con.when or "true" for con in device.constraints]
+
+    def batch(parts: Sequence[str]) -> Expression | None:
+        if not parts:
+            return None
+        return compile_expression(_batch_text(parts), variables=sample,
+                                  what=f"rule {spec.name}")
+
+    return dataclasses.replace(
+        rule, refusal_batch=batch([r.when for r in spec.refuse]),
+        output_batch=batch(outputs), condition_batch=batch(conditions))
 
 
 def _sample_activation(exact: Iterable[str], pattern: str | None, spec: RuleSpec, *,

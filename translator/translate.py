@@ -20,7 +20,7 @@ from typing import Any, Final
 import orjson
 
 from dra_gateway.kube import names
-from dra_gateway.kube.cel import CelError
+from dra_gateway.kube.cel import CelError, Expression
 from dra_gateway.kube.models import ENFORCEMENTS, POLICY_NAMES, GpuShareConfig
 from dra_gateway.kube.quantity import Quantity, QuantityError
 from dra_gateway.translator.rules import (
@@ -422,37 +422,50 @@ def _plan_container(key: str, container: Mapping[str, Any], legacy: set[str],
     for index, (variable, expression) in enumerate(rule.variables):
         activation[variable] = _evaluate(rule, f"variables[{index}]", expression, activation,
                                          name, covered)
-    for expression, message in rule.refusals:
-        if _evaluate(rule, "refuse", expression, activation, name, covered) is True:
+    flags = _evaluate_all(rule, rule.refusal_batch,
+                          [(f"refuse[{i}].when", e) for i, (e, _) in enumerate(rule.refusals)],
+                          activation, name, covered)
+    for flag, (_, message) in zip(flags, rule.refusals, strict=True):
+        if flag is True:
             raise _refuse(name, resource, rule.name, message)
 
-    count = _integer(rule, "count", rule.count, activation, name, covered)
-    if count is None or count < 1:
+    outputs = _evaluate_all(rule, rule.output_batch, [
+        ("device.count", rule.count), ("device.memory", rule.memory),
+        ("device.memoryPercent", rule.memory_percent), ("device.cores", rule.cores),
+        ("device.enforcement", rule.enforcement), ("device.policy", rule.policy)],
+        activation, name, covered)
+    count, memory, percent, cores = (
+        _whole(rule, what, value, name, covered) for what, value in
+        zip(("count", "memory", "memoryPercent", "cores"), outputs[:4], strict=True))
+    enforcement_value, policy_value = (
+        _text(rule, what, value, name, covered) for what, value in
+        zip(("enforcement", "policy"), outputs[4:], strict=True))
+    if count < 1:
         raise _refuse(name, resource, rule.name,
                       f"{resource} gives a device count of {count}; at least 1 is needed")
-    memory = _integer(rule, "memory", rule.memory, activation, name, covered) or None
-    percent = _integer(rule, "memoryPercent", rule.memory_percent, activation, name,
-                       covered) or None
-    cores = _integer(rule, "cores", rule.cores, activation, name, covered) or None
     for label, value in (("memory share", percent), ("compute share", cores)):
-        if value is not None and not 0 < value <= names.CORES_PER_CARD:
+        if not 0 <= value <= names.CORES_PER_CARD:
             raise _refuse(name, resource, rule.name,
                           f"{resource} gives a {label} of {value}% of a card; a share is "
                           "1 to 100 per card (ask for more cards instead)")
-    if memory is not None and memory < 0:
+    if memory < 0:
         raise _refuse(name, resource, rule.name, f"{resource} gives negative memory")
-    if memory is None and percent in (None, 100) and cores in (None, 100):
-        percent = cores = None  # the whole memory and compute of a card is a whole card
+    if memory == 0 and percent in (0, 100) and cores in (0, 100):
+        percent = cores = 0  # the whole memory and compute of a card is a whole card
+    conditions = _evaluate_all(rule, rule.condition_batch, [
+        *((f"device.selectors[{i}].when", sel.when) for i, sel in enumerate(rule.selectors)),
+        *((f"device.constraints[{i}].when", con) for i, (_, con) in
+          enumerate(rule.constraints))], activation, name, covered)
 
     exactly: dict[str, Any] = {"deviceClassName": rule.class_name,
                                "allocationMode": "ExactCount", "count": count}
-    selectors = _selectors(rule, activation, name, covered)
+    selectors = _selectors(rule, conditions[:len(rule.selectors)], activation, name, covered)
     if selectors:
         exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
     capacity: dict[str, str] = {}
-    if memory is not None:
+    if memory:
         capacity[names.CAPACITY_MEMORY] = str(Quantity.from_bytes(memory))
-    if cores is not None:
+    if cores:
         capacity[names.CAPACITY_CORES] = str(cores)
     if capacity:
         exactly["capacity"] = {"requests": capacity}
@@ -461,26 +474,25 @@ def _plan_container(key: str, container: Mapping[str, Any], legacy: set[str],
     own_warnings: list[str] = []
     config = None
     if rule.gateway_class:
-        enforcement = _string(rule, "enforcement", rule.enforcement, activation, name,
-                              covered) or "none"
+        enforcement = enforcement_value or "none"
         if enforcement not in ENFORCEMENTS:
             raise _refuse(name, resource, rule.name,
                           f"enforcement {_q(enforcement)} is not one of {', '.join(ENFORCEMENTS)}")
-        policy = _string(rule, "policy", rule.policy, activation, name, covered) or None
+        policy = policy_value or None
         if policy is not None and policy not in POLICY_NAMES:
             own_warnings.append(f"container {_q(name)}: policy {_q(policy)} is not one of "
                                 f"{', '.join(POLICY_NAMES)}; the cluster default applies")
             policy = None
         share = GpuShareConfig.model_validate({
-            "memory": memory, "memoryPercent": percent, "cores": cores,
+            "memory": memory or None, "memoryPercent": percent or None, "cores": cores or None,
             "enforcement": enforcement, "policy": policy})
         config = {"requests": [name],
                   "opaque": {"driver": names.DRIVER, "parameters": share.to_parameters()}}
     constraints = []
     if count > 1:
-        for attribute, condition in rule.constraints:
-            if condition is None or _evaluate(rule, "device.constraints", condition, activation,
-                                              name, covered) is True:
+        for (attribute, _), holds in zip(rule.constraints, conditions[len(rule.selectors):],
+                                         strict=True):
+            if holds is True:
                 constraints.append({"requests": [name],
                                     "matchAttribute": f"{rule.driver}/{attribute}"})
     return _ContainerPlan(rule.name, request, config, tuple(constraints), rule.gated,
@@ -541,44 +553,60 @@ def _evaluate(rule: CompiledRule, what: str, expression: Any, activation: dict[s
             from None
 
 
-def _integer(rule: CompiledRule, what: str, expression: Any, activation: dict[str, Any],
-             container: str, resources: list[str]) -> int | None:
-    if expression is None:
-        return None
-    value = _evaluate(rule, f"device.{what}", expression, activation, container, resources)
+def _evaluate_all(rule: CompiledRule, batch: Expression | None,
+                  singles: list[tuple[str, Expression | None]], activation: dict[str, Any],
+                  container: str, resources: list[str]) -> list[Any]:
+    """Values of `singles` (None where absent) through one batched evaluation.
+
+    On an error the expressions are evaluated one by one so the refusal names the one that
+    failed.
+    """
+    if batch is None:
+        return []
+    try:
+        values = batch.evaluate(activation)
+    except CelError:
+        for what, expression in singles:
+            if expression is not None:
+                _evaluate(rule, what, expression, activation, container, resources)
+        raise
+    if not isinstance(values, list) or len(values) != len(singles):
+        raise AssertionError(f"rule {rule.name}: batched expression gave {values!r}")
+    return values
+
+
+def _whole(rule: CompiledRule, what: str, value: Any, container: str,
+           resources: list[str]) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _refuse(container, ", ".join(resources), rule.name,
                       f"device.{what} gave {value!r}, not a whole number")
     return value
 
 
-def _string(rule: CompiledRule, what: str, expression: Any, activation: dict[str, Any],
-            container: str, resources: list[str]) -> str | None:
-    if expression is None:
-        return None
-    value = _evaluate(rule, f"device.{what}", expression, activation, container, resources)
+def _text(rule: CompiledRule, what: str, value: Any, container: str,
+          resources: list[str]) -> str:
     if not isinstance(value, str):
         raise _refuse(container, ", ".join(resources), rule.name,
                       f"device.{what} gave {value!r}, not a string")
     return value
 
 
-def _selectors(rule: CompiledRule, activation: dict[str, Any], container: str,
-               resources: list[str]) -> list[str]:
+def _selectors(rule: CompiledRule, enabled: list[Any], activation: dict[str, Any],
+               container: str, resources: list[str]) -> list[str]:
     out = []
-    for selector in rule.selectors:
-        if selector.when is not None and _evaluate(
-                rule, "device.selectors.when", selector.when, activation, container,
-                resources) is not True:
+    for index, (selector, on) in enumerate(zip(rule.selectors, enabled, strict=True)):
+        if on is not True:
             continue
         if selector.cel is not None:
             out.append(selector.cel)
             continue
-        value = _evaluate(rule, "device.selectors.values", selector.values, activation,
-                          container, resources)
-        if not isinstance(value, (str, list)):
+        value = _evaluate(rule, f"device.selectors[{index}].values", selector.values,
+                          activation, container, resources)
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise _refuse(container, ", ".join(resources), rule.name,
-                          f"device.selectors.values gave {value!r}, not strings")
+                          f"device.selectors[{index}].values gave {value!r}, not strings")
         rendered = render_selector(selector, rule.driver, selector_values(selector, value))
         if rendered is not None:
             out.append(rendered)
