@@ -338,6 +338,14 @@ def test_every_value_is_in_the_schema() -> None:
     assert schema.get("additionalProperties") is False
 
 
+def test_schema_offers_exactly_the_allocators_policies() -> None:
+    from dra_gateway.allocator.planner import POLICIES
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    policy = schema["properties"]["allocator"]["properties"]["policy"]
+    assert sorted(policy["enum"]) == sorted(POLICIES)
+
+
 def test_schema_refuses_an_unknown_value_with_its_path(helm: HelmRunner) -> None:
     result = helm.template({"webhook": {"replica": 3}, "certificates": {"mode": "vault"}})
     assert result.returncode != 0
