@@ -518,3 +518,17 @@ def test_an_integer_beyond_64_bits_is_refused_not_rounded() -> None:
     expression = compile_expression("n + 1", variables={"n": 1}, what="r")
     with pytest.raises(CelError, match=r"integer 18446744073709551616 does not fit in a CEL int"):
         expression.evaluate({"n": 2**64})
+
+
+def test_a_null_variable_resolves_to_null() -> None:
+    expression = compile_expression("x == null", variables={"x": None}, what="r")
+    assert expression.evaluate({"x": None}) is True
+    assert expression.evaluate({"x": 1}) is False
+
+
+def test_an_expression_evaluates_each_activation_on_its_own() -> None:
+    expression = compile_expression("a + b", variables={"a": 1, "b": 2}, what="r")
+    assert [expression.evaluate({"a": i, "b": 10}) for i in range(3)] == [10, 11, 12]
+    with pytest.raises(CelError, match="No such overload"):
+        expression.evaluate({"a": 1, "b": "x"})
+    assert expression.evaluate({"a": 5, "b": 5}) == 10
