@@ -417,7 +417,9 @@ class RuleSet:
 # Loading.
 
 
-Source = str | Path | Mapping[str, str]
+# A file or folder path; a ConfigMap's data; or (label, data) such as
+# ("ConfigMap dra-gateway/site-rules", data) so that messages name the ConfigMap.
+Source = str | Path | Mapping[str, str] | tuple[str, Mapping[str, str]]
 
 
 @dataclass
@@ -468,10 +470,14 @@ def _read_documents(source: Source, problems: _Problems) -> list[tuple[str, Any]
 
 def _source_texts(source: Source, problems: _Problems) -> list[tuple[str, str]]:
     texts: list[tuple[str, str]] = []
-    if isinstance(source, Mapping):
+    if isinstance(source, tuple):
+        label, data = source
+        for key in sorted(data):
+            texts.append((f"{label} key {key}", data[key]))
+    elif isinstance(source, Mapping):
+        # A ConfigMap labelled as rules holds rule documents under every key.
         for key in sorted(source):
-            if key.endswith((".yaml", ".yml", ".json")) or len(source) == 1:
-                texts.append((f"configmap key {key}", source[key]))
+            texts.append((f"configmap key {key}", source[key]))
     else:
         path = Path(source)
         if path.is_dir():
@@ -522,8 +528,9 @@ def builtin_sources() -> list[tuple[str, str]]:
 def load_rules(*sources: Source, builtin: bool = True) -> RuleSet:
     """Load rules: the built-in files first (unless `builtin=False`), then each source in order.
 
-    A source is a file, a folder (its .yaml/.yml/.json files in name order) or a ConfigMap's
-    `data` mapping. A later rule with the same name replaces an earlier one; `overrides` apply
+    A source is a file, a folder (its .yaml/.yml/.json files in name order), a ConfigMap's
+    `data` mapping (every key a rules document), or `(label, data)` to name that ConfigMap in
+    messages. A later rule with the same name replaces an earlier one; `overrides` apply
     after every rule is known. Raises `RulesError` listing every problem with its path.
     """
     problems = _Problems()
@@ -787,13 +794,17 @@ def _sample_activation(exact: Iterable[str], pattern: str | None, spec: RuleSpec
     r = dict.fromkeys(exact, value)
     if pattern is not None:
         r[pattern + "*"] = value
-    keys = set(spec.annotations) | set(spec.match.annotations)
-    node_keys = set(spec.node_selector) | set(spec.match.node_selector)
+    # Keys the rule's match requires are always there when it runs; the others are absent in
+    # the first sample and present in the second.
+    annotations = dict.fromkeys(spec.annotations, text) if text else {}
+    annotations.update({k: v or "a" for k, v in spec.match.annotations.items()})
+    node_selector = dict.fromkeys(spec.node_selector, text) if text else {}
+    node_selector.update({k: v or "a" for k, v in spec.match.node_selector.items()})
     return {
         "r": r,
         "container": {"name": "main", "kind": "container"},
-        "annotations": dict.fromkeys(keys, text) if text else {},
-        "nodeSelector": dict.fromkeys(node_keys, text) if text else {},
+        "annotations": annotations,
+        "nodeSelector": node_selector,
         "namespace": "default",
         "wildcard": "1g.5gb" if pattern is not None else "",
     }
@@ -809,6 +820,12 @@ _EXPECTED: Final[Mapping[str, tuple[type, ...]]] = {
     "count": (int,), "memory": (int,), "memoryPercent": (int,), "cores": (int,),
     "enforcement": (str,), "policy": (str,),
 }
+
+
+def _text_free(activation: Mapping[str, Any]) -> bool:
+    """Whether a sample carries no pod-provided text (a policy from pod text may be anything)."""
+    return all(v != "a" for v in activation["annotations"].values()) and \
+        all(v != "a" for v in activation["nodeSelector"].values())
 
 
 def _dry_run(rule: CompiledRule, entry: _Entry, problems: _Problems) -> None:
@@ -851,7 +868,7 @@ def _dry_run(rule: CompiledRule, entry: _Entry, problems: _Problems) -> None:
                              f"{', '.join(ENFORCEMENTS)}")
                 reported.add("device.enforcement")
             if key == "policy" and isinstance(value, str) and value and (
-                    value not in POLICY_NAMES and activation["annotations"] == {}):
+                    value not in POLICY_NAMES and _text_free(activation)):
                 problems.add(source, f"{base}.device.policy",
                              f"gives {json.dumps(value)}; expected one of "
                              f"{', '.join(POLICY_NAMES)} or \"\"")

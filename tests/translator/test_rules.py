@@ -221,3 +221,43 @@ rules:
     plan = translate(pod(ctr("main", limits={"amd.com/gpu": 3})), rules)
     assert only_request(plan)["exactly"]["deviceClassName"] == "gpu.amd.example"
     assert rules.rule("amd-gpu").source == str(tmp_path / "r.yaml")
+
+
+def test_configmap_sources_are_named_in_errors() -> None:
+    with pytest.raises(RulesError) as caught:
+        load_rules(("ConfigMap dra-gateway/site", {"rules": HEADER + "rules: 3\n"}))
+    assert str(caught.value) == (
+        "1 rule failed to load: ConfigMap dra-gateway/site key rules: rules: Input should be a "
+        "valid list")
+
+
+def test_a_rule_can_match_on_the_node_selector(tmp_path: Path) -> None:
+    (tmp_path / "h100.yaml").write_text(HEADER + """\
+rules:
+  - name: h100-whole
+    precedence: 40
+    match:
+      resources: [nvidia.com/gpumem]
+      nodeSelector: {nvidia.com/gpu.product: null}
+    nodeSelector: [nvidia.com/gpu.product]
+    resources:
+      nvidia.com/gpu: {}
+      nvidia.com/gpumem: {unit: Mi}
+    device:
+      className: gpu.dra-gateway.io
+      count: 'r["nvidia.com/gpu"] > 0 ? r["nvidia.com/gpu"] : 1'
+      selectors:
+        - attribute: productName
+          op: containsAnyIgnoreCase
+          values: 'nodeSelector["nvidia.com/gpu.product"].replace("-", " ")'
+""")
+    rules = load_rules(tmp_path / "h100.yaml")
+    assert "nvidia.com/gpu.product" in rules.node_selector_keys()
+    pinned = pod(ctr("main", limits={"nvidia.com/gpumem": 1000}),
+                 nodeSelector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
+    plan = translate(pinned, rules)
+    assert plan.rules_applied == ["h100-whole"]
+    (selector,) = only_request(plan)["exactly"]["selectors"]
+    assert selector["cel"]["expression"].endswith('.contains("nvidia h100 80gb hbm3")')
+    loose = translate(pod(ctr("main", limits={"nvidia.com/gpumem": 1000})), rules)
+    assert loose.rules_applied == ["hami"]
