@@ -87,7 +87,8 @@ def run(iterations: int, rules: RuleSet) -> list[dict[str, Any]]:
     results = []
     for label, pod in PODS.items():
         plan = translate(pod, rules)
-        assert plan.refusal is None and plan.patch, label
+        if plan.refusal is not None or not plan.patch:
+            raise SystemExit(f"{label}: the sample pod did not translate: {plan.refusal}")
 
         def cold(pod: dict[str, Any] = pod) -> Any:
             rules.cache.clear()
