@@ -950,6 +950,9 @@ def _sample_device(driver: str, kind: str) -> dict[str, Any]:
     }
 
 
+_SAMPLES_LOCK: Final = threading.Lock()
+
+
 @lru_cache(maxsize=1)
 def _sample_views() -> tuple[DeviceView, ...]:
     return tuple(
@@ -974,7 +977,10 @@ def compile_selector(expression: str) -> Selector:
     selector = Selector(expression, program)
     for view in _sample_views():
         try:
-            result = program.execute(view.context())
+            # The sample contexts are shared by every compilation; engine contexts are not
+            # thread-safe.
+            with _SAMPLES_LOCK:
+                result = program.execute(view.context())
         except _MISSING_DATA:
             continue
         except RuntimeError as exc:
