@@ -24,6 +24,15 @@ def _listen_address(text: str) -> tuple[str, int]:
     return host, number
 
 
+def _service(text: str) -> tuple[str, str]:
+    service, sep, address = text.partition("=")
+    namespace, slash, name = service.partition("/")
+    if not sep or not slash or not namespace or not name or ":" not in address:
+        raise argparse.ArgumentTypeError(
+            f'"{text}" is not NAMESPACE/NAME=HOST:PORT (e.g. dra-gateway/webhook=127.0.0.1:8443)')
+    return service, address
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
              bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this component's subcommands; handlers import their heavy modules themselves."""
@@ -48,6 +57,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        help="accept requests without a token (loopback addresses only)")
     serve.add_argument("--history", type=int, default=1000, metavar="EVENTS",
                        help="watch events kept per type; older resourceVersions get 410 Expired")
+    serve.add_argument("--webhook-service", action="append", default=[], type=_service,
+                       metavar="NAMESPACE/NAME=HOST:PORT",
+                       help="where a webhook configuration's clientConfig.service listens "
+                            "(repeatable); its TLS name stays NAME.NAMESPACE.svc")
+    serve.add_argument("--no-admission", action="store_true",
+                       help="do not call the admission webhooks registered in the cluster")
     serve.add_argument("--no-control-plane", action="store_true",
                        help="do not run the embedded stand-ins for the ResourceClaim controller "
                             "(claims from templates) and the scheduler (binding)")
@@ -131,7 +146,9 @@ async def _serve_async(args: argparse.Namespace) -> int:
     try:
         async with contextlib.AsyncExitStack() as stack:
             server = await stack.enter_async_context(
-                serve(cluster, host=host, port=port, token=token))
+                serve(cluster, host=host, port=port, token=token,
+                      admission=not args.no_admission,
+                      webhook_services=dict(args.webhook_service)))
             if control_plane is not None:
                 await stack.enter_async_context(control_plane.running())
             try:

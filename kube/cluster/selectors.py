@@ -317,3 +317,37 @@ def parse_field_selector(selector: str | None, rt: ResourceType) -> FieldSelecto
                              f"{name} (on {rt.plural}: {', '.join(fields)})")
         requirements.append(FieldRequirement(name, fields[name], op == "!=", _unescape(value)))
     return FieldSelector(tuple(requirements))
+
+
+def label_selector_matches(selector: Mapping[str, Any] | None,
+                           labels: Mapping[str, str] | None) -> bool:
+    """A metav1.LabelSelector (`matchLabels`, `matchExpressions`) against labels.
+
+    None matches everything; an empty selector `{}` also matches everything, as in webhook
+    namespace and object selectors.
+    """
+    if not selector:
+        return True
+    labels = labels or {}
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or []:
+        key = expression.get("key")
+        operator = expression.get("operator")
+        values = expression.get("values") or []
+        present = key in labels
+        if operator == "In":
+            ok = present and labels[key] in values
+        elif operator == "NotIn":
+            ok = not present or labels[key] not in values
+        elif operator == "Exists":
+            ok = present
+        elif operator == "DoesNotExist":
+            ok = not present
+        else:
+            raise BadRequest(f'label selector operator "{operator}" is not one of In, NotIn, '
+                             "Exists, DoesNotExist")
+        if not ok:
+            return False
+    return True

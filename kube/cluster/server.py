@@ -22,11 +22,15 @@ import orjson
 import yaml
 from aiohttp import web
 
+from dra_gateway.kube.cluster.admission import Admission, AdmissionRequest
+from dra_gateway.kube.cluster.memory import apply_patch, copy_object
 from dra_gateway.kube.cluster.port import (
     ApiError,
     BadRequest,
     Cluster,
+    Conflict,
     NotFound,
+    Object,
     PatchType,
     WatchEvent,
 )
@@ -51,6 +55,9 @@ _BY_PATH: dict[tuple[str, str, str], ResourceType] = {
 CLUSTER_KEY = web.AppKey("cluster", Cluster)
 TOKEN_KEY = web.AppKey("token", str)
 STOPPING_KEY = web.AppKey("stopping", asyncio.Event)
+ADMISSION_KEY: web.AppKey[Admission | None] = web.AppKey("admission")
+# Patches re-read and re-admit the object when another writer got in between.
+_PATCH_ATTEMPTS = 5
 # How often an idle watch checks that its client is still there.
 _LIVENESS_CHECK_S = 2.0
 
@@ -228,6 +235,10 @@ class _Handler:
                 obj = await _body(request)
                 if not isinstance(obj, dict):
                     raise BadRequest(f"the body must be a {rt.kind} object")
+                admission = self.app[ADMISSION_KEY]
+                if admission is not None and await admission.wants(rt, "CREATE"):
+                    obj = await self._admit_create(admission, rt, obj, target.namespace,
+                                                   dry_run)
                 created = await self.cluster.create(rt, obj, namespace=target.namespace,
                                                     dry_run=dry_run)
                 return _json(created, status=201)
@@ -248,6 +259,12 @@ class _Handler:
             if in_body != name:
                 raise BadRequest(f"the name of the object ({in_body}) does not match the name "
                                  f"on the URL ({name})")
+            admission = self.app[ADMISSION_KEY]
+            if (admission is not None and target.subresource is None
+                    and await admission.wants(rt, "UPDATE")):
+                old = await self.cluster.get(rt, name, namespace=target.namespace)
+                obj = await admission.admit(AdmissionRequest(
+                    rt, "UPDATE", target.namespace, name, obj, old, False)) or obj
             return _json(await self.cluster.update(rt, obj, namespace=target.namespace,
                                                    subresource=target.subresource))
         if method == "PATCH":
@@ -263,6 +280,11 @@ class _Handler:
                                + ", ".join(_PATCH_TYPES), code=415,
                                reason="UnsupportedMediaType")
             patch = await _body(request)
+            admission = self.app[ADMISSION_KEY]
+            if (admission is not None and target.subresource is None
+                    and await admission.wants(rt, "UPDATE")):
+                return _json(await self._admit_patch(admission, rt, name, patch, patch_type,
+                                                     target.namespace))
             return _json(await self.cluster.patch(rt, name, patch, namespace=target.namespace,
                                                   patch_type=patch_type,
                                                   subresource=target.subresource))
@@ -271,6 +293,11 @@ class _Handler:
                 raise ApiError("DELETE is not supported on a subresource", code=405,
                                reason="MethodNotAllowed")
             precondition = await self._delete_precondition(request)
+            admission = self.app[ADMISSION_KEY]
+            if admission is not None and await admission.wants(rt, "DELETE"):
+                old = await self.cluster.get(rt, name, namespace=target.namespace)
+                await admission.admit(AdmissionRequest(rt, "DELETE", target.namespace, name,
+                                                       None, old, False))
             deleted = await self.cluster.delete(rt, name, namespace=target.namespace,
                                                 resource_version=precondition)
             if deleted is None:
@@ -281,6 +308,41 @@ class _Handler:
             return _json(deleted, status=202 if pending else 200)
         raise ApiError(f"{method} is not supported on {rt.plural}", code=405,
                        reason="MethodNotAllowed")
+
+    async def _admit_create(self, admission: Admission, rt: ResourceType, obj: Object,
+                            namespace: str | None, dry_run: bool) -> Object:
+        meta = obj.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise BadRequest(f"metadata of a {rt.kind} must be a JSON object")
+        if rt.namespaced and namespace and not meta.get("namespace"):
+            meta["namespace"] = namespace  # webhooks see the namespace of the URL, as upstream
+        obj.setdefault("apiVersion", rt.api_version)
+        obj.setdefault("kind", rt.kind)
+        # A generated name is not known yet: webhooks see "" (admission/v1).
+        admitted = await admission.admit(AdmissionRequest(
+            rt, "CREATE", namespace, str(meta.get("name") or ""), obj, None, dry_run))
+        return admitted if admitted is not None else obj
+
+    async def _admit_patch(self, admission: Admission, rt: ResourceType, name: str,
+                           patch: Any, patch_type: PatchType,
+                           namespace: str | None) -> Object:
+        """Patch, admit the patched object, store it if nothing changed meanwhile."""
+        for _ in range(_PATCH_ATTEMPTS):
+            current = await self.cluster.get(rt, name, namespace=namespace)
+            patched = apply_patch(copy_object(current), copy_object(patch), patch_type)
+            patched.setdefault("metadata", {})["resourceVersion"] = (
+                patched.get("metadata") or {}).get("resourceVersion") or \
+                current["metadata"]["resourceVersion"]
+            admitted = await admission.admit(AdmissionRequest(
+                rt, "UPDATE", namespace, name, patched, current, False)) or patched
+            try:
+                return await self.cluster.update(rt, admitted, namespace=namespace)
+            except Conflict:
+                if (patched.get("metadata") or {}).get("resourceVersion") != \
+                        current["metadata"]["resourceVersion"]:
+                    raise  # the patch itself carried a stale resourceVersion
+        raise Conflict(f"the patch of {rt.plural} \"{name}\" kept conflicting with other "
+                       "writers; retry it")
 
     async def _delete_precondition(self, request: web.Request) -> str | None:
         raw = await request.read()
@@ -399,11 +461,17 @@ async def _stop_watches(app: web.Application) -> None:
     app[STOPPING_KEY].set()
 
 
-def create_app(cluster: Cluster, *, token: str | None = None) -> web.Application:
-    """The API server application over `cluster`; with `token`, requests need that bearer."""
+def create_app(cluster: Cluster, *, token: str | None = None,
+               admission: Admission | None = None) -> web.Application:
+    """The API server application over `cluster`; with `token`, requests need that bearer.
+
+    With `admission` (entered by the caller), creates, updates, patches and deletes of main
+    resources go through the admission webhooks registered in the cluster.
+    """
     app = web.Application(client_max_size=16 * 1024 * 1024)
     app[CLUSTER_KEY] = cluster
     app[TOKEN_KEY] = token or ""
+    app[ADMISSION_KEY] = admission
     app[STOPPING_KEY] = asyncio.Event()
     app.router.add_route("*", "/{tail:.*}", _Handler(app).handle)
     app.on_shutdown.append(_stop_watches)
@@ -423,15 +491,31 @@ class Server:
 @contextlib.asynccontextmanager
 async def serve(cluster: Cluster, *, host: str = "127.0.0.1", port: int = 0,
                 token: str | None = None,
-                kubeconfig: str | os.PathLike[str] | None = None) -> AsyncIterator[Server]:
+                kubeconfig: str | os.PathLike[str] | None = None,
+                admission: bool = True,
+                webhook_services: Mapping[str, str] | None = None) -> AsyncIterator[Server]:
     """Serve `cluster` over HTTP on `host:port` (0 picks a free port) until the block exits.
 
     With `kubeconfig`, a kubeconfig for the server (and `token`) is written there once it
-    listens. Leaving the block ends open watch streams and stops listening; the cluster stays
-    usable (closing it is the caller's business).
+    listens. With `admission`, the webhooks registered in the cluster are called as
+    kube-apiserver calls them; `webhook_services` maps their `clientConfig.service`
+    ("namespace/name") to a "host:port". Leaving the block ends open watch streams and stops
+    listening; the cluster stays usable (closing it is the caller's business).
     """
-    runner = web.AppRunner(create_app(cluster, token=token), access_log=None,
-                           shutdown_timeout=5.0)
+    async with contextlib.AsyncExitStack() as stack:
+        chain = None
+        if admission:
+            chain = await stack.enter_async_context(
+                Admission(cluster, services=webhook_services))
+        yield await stack.enter_async_context(
+            _listen(create_app(cluster, token=token, admission=chain), host, port, token,
+                    kubeconfig))
+
+
+@contextlib.asynccontextmanager
+async def _listen(app: web.Application, host: str, port: int, token: str | None,
+                  kubeconfig: str | os.PathLike[str] | None) -> AsyncIterator[Server]:
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
