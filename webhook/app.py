@@ -60,6 +60,7 @@ class WebhookState:
     store: RuleStore
     templates: Templates
     validator: Validator
+    plans: mutation.PlanCache
     tls: CertificateReloader | None = None
     config_maps_synced: bool = False
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -83,6 +84,7 @@ def create_app(settings: WebhookSettings, cluster: Cluster, *,
                             cache_size=settings.template_cache_size,
                             ttl=settings.template_cache_ttl),
         validator=Validator(policies),
+        plans=mutation.PlanCache(settings.plan_cache_size),
         tls=tls,
     )
     # One byte over the limit is enough to know a body is too large; aiohttp's own 413 is
@@ -134,6 +136,8 @@ async def _serve(request: web.Request, endpoint: str) -> web.Response:
             body = await _answer_mutate(state, review)
         else:
             body = await _answer_validate(state, review)
+    except BadReview as exc:
+        return _bad_request(state, endpoint, str(exc))
     except Exception:
         state.metrics.internal_errors.labels(endpoint).inc()
         state.metrics.outcome(endpoint, "error")
@@ -196,10 +200,20 @@ async def _answer_mutate(state: WebhookState, review: Review) -> bytes:
         return _refuse(state, "mutate", review, NOT_READY)
     namespace = _namespace(review)
     pod = review.object
-    if pod["spec"].get("resourceClaims"):
-        # Natively written claims: learn their classes so a gateway-class one gets the gate.
-        await _claim_classes(state, namespace, pod)
-    decision = mutation.decide(pod, namespace, rules, class_lookup=_class_lookup(state))
+    generation = state.store.generation
+    key = state.plans.key(pod, namespace)
+    decision = state.plans.get(key, generation) if key is not None else None
+    if decision is None:
+        state.metrics.plan_miss.inc()
+        reviews.check_pod_shape(review)
+        if pod["spec"].get("resourceClaims"):
+            # Natively written claims: learn their classes so a gateway-class one is gated.
+            await _claim_classes(state, namespace, pod)
+        decision = mutation.decide(pod, namespace, rules, class_lookup=_class_lookup(state))
+        if key is not None:
+            state.plans.put(key, generation, decision)
+    else:
+        state.metrics.plan_hit.inc()
     if decision.refusal is not None:
         return _refuse(state, "mutate", review, decision.refusal, decision.warnings)
     if decision.templates:
@@ -222,6 +236,7 @@ async def _answer_validate(state: WebhookState, review: Review) -> bytes:
     rules = state.store.rules
     if rules is None:
         return _refuse(state, "validate", review, NOT_READY)
+    reviews.check_pod_shape(review)
     namespace = _namespace(review)
     under_review = PodUnderReview(
         pod=review.object, namespace=namespace, rules=rules,

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import ClassLookup, translate
 from dra_gateway.webhook.reviews import Refusal, encode_patch
@@ -33,6 +35,47 @@ class Mutation:
 
 
 NO_CHANGE = Mutation()
+
+
+class PlanCache:
+    """Decisions per distinct pod, for the rules of one generation.
+
+    Replicas of one workload arrive as byte-identical pods (a generateName, no name), so the
+    serialised pod and its namespace make an exact key: a hit skips the shape check and the
+    translation. Pods naming their own claims are not cached (their decision depends on the
+    classes of those claims, which can change). Bounded; a full cache is dropped whole, as
+    shapes repeat heavily and recency tracking would cost more than it saves.
+    """
+
+    def __init__(self, size: int = 2048) -> None:
+        self._size = size
+        self._generation = -1
+        self._entries: dict[bytes, Mutation] = {}
+
+    @staticmethod
+    def key(pod: Mapping[str, Any], namespace: str) -> bytes | None:
+        spec = pod.get("spec")
+        if isinstance(spec, dict) and spec.get("resourceClaims"):
+            return None
+        try:
+            return namespace.encode() + b"\0" + orjson.dumps(pod)
+        except TypeError:  # not JSON-shaped (e.g. an integer beyond 64 bits): decide uncached
+            return None
+
+    def get(self, key: bytes, generation: int) -> Mutation | None:
+        if generation != self._generation:
+            self._entries.clear()
+            self._generation = generation
+            return None
+        return self._entries.get(key)
+
+    def put(self, key: bytes, generation: int, mutation: Mutation) -> None:
+        if generation != self._generation:
+            self._entries.clear()
+            self._generation = generation
+        if len(self._entries) >= self._size:
+            self._entries.clear()
+        self._entries[key] = mutation
 
 
 def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,

@@ -96,9 +96,6 @@ def parse(body: bytes) -> Review:
                             f"not a pod")
         if obj.get("kind", "Pod") != "Pod" or not isinstance(obj.get("spec"), dict):
             raise BadReview(f"request {uid} carries an object that is not a pod with a spec")
-        problem = pod_shape_problem(obj)
-        if problem:
-            raise BadReview(f"request {uid}: the pod's {problem}; it is not a valid Pod")
     else:
         obj = {}
     namespace = request.get("namespace") or ""
@@ -147,6 +144,14 @@ def _containers_problem(spec: dict[str, Any], key: str) -> str | None:
                                        and all(isinstance(c, dict) for c in claims)):
             return f"spec.{key}[{i}].resources.claims is not a list of objects"
     return None
+
+
+def check_pod_shape(review: Review) -> None:
+    """Raise BadReview when the review's pod could not have come from an API server."""
+    if review.object:
+        problem = pod_shape_problem(review.object)
+        if problem:
+            raise BadReview(f"request {review.uid}: the pod's {problem}; it is not a valid Pod")
 
 
 def pod_shape_problem(pod: dict[str, Any]) -> str | None:

@@ -118,3 +118,15 @@ async def test_a_pod_the_rules_refuse_is_not_allowed_with_the_translators_messag
     assert response["status"]["reason"] == "Forbidden"
     assert "gpucores" in response["status"]["message"]
     assert "patch" not in response
+
+
+async def test_replicas_of_one_workload_reuse_the_plan(client: Client) -> None:
+    pod = hami_pod()
+    del pod["metadata"]["name"]
+    pod["metadata"]["generateName"] = "llm-serve-"
+    first = await _post(client, "/mutate", review(pod, uid="r-1"))
+    second = await _post(client, "/mutate", review(pod, uid="r-2"))
+    assert second["response"] == {**first["response"], "uid": "r-2"}
+    metrics = client.app[STATE].metrics
+    assert (metrics.plan_miss._value.get(), metrics.plan_hit._value.get()) == (1, 1)
+    assert metrics.translations.labels("hami")._value.get() == 2
