@@ -261,3 +261,14 @@ rules:
     assert selector["cel"]["expression"].endswith('.contains("nvidia h100 80gb hbm3")')
     loose = translate(pod(ctr("main", limits={"nvidia.com/gpumem": 1000})), rules)
     assert loose.rules_applied == ["hami"]
+
+
+def test_the_reference_example_in_the_translator_readme_loads() -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "translator" / "README.md").read_text()
+    match = re.search(r"```yaml\n(.*?)```", readme, re.S)
+    assert match is not None
+    rules = load_rules({"readme.yaml": match.group(1)})
+    assert "example-npu" in rules.rule_names
+    assert "amd-gpu" in rules.disabled
