@@ -180,6 +180,8 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
         plan.refusal = pod_plan.refusal
         return plan
     if pod_plan.template is None:
+        if _references_gateway_class(spec, namespace, class_lookup):
+            _add_gate(spec, plan.patch)
         return plan
     for claim in spec.get("resourceClaims") or ():
         if claim.get("name") == CLAIM_NAME:

@@ -201,3 +201,13 @@ def test_the_input_pod_is_not_modified(builtin_rules: RuleSet) -> None:
 
 def test_json_pointer_escaping() -> None:
     assert escape_pointer("a/b~c") == "a~1b~0c"
+
+
+def test_a_native_gateway_pod_with_zero_legacy_amounts_is_still_gated(
+        builtin_rules: RuleSet) -> None:
+    native = pod(ctr("main", resources={"limits": {"nvidia.com/gpu": 0},
+                                        "claims": [{"name": "gpu"}]}),
+                 resourceClaims=[{"name": "gpu",
+                                  "resourceClaimTemplateName": "dra-gateway-0123456789"}])
+    assert translate(native, builtin_rules).patch == [
+        {"op": "add", "path": "/spec/schedulingGates", "value": [GATE]}]
