@@ -100,7 +100,7 @@ class _ContainerPlan:
 class _PodPlan:
     """The cached, position-independent part of a pod's translation."""
 
-    template: dict[str, Any] | None
+    template: bytes | None  # the ResourceClaimTemplate as JSON, without namespace
     request_of: Mapping[str, str]  # container name -> request name it refers to
     removed: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]  # limits, requests keys
     annotation: str
@@ -162,12 +162,13 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
         namespace,
         tuple(
             (key, container.get("name", ""), _is_sidecar(key, container),
-             tuple((n, (container["resources"].get("limits") or {}).get(n)) for n in lim),
-             tuple((n, (container["resources"].get("requests") or {}).get(n)) for n in req))
+             tuple((n, _key((container["resources"].get("limits") or {}).get(n))) for n in lim),
+             tuple((n, _key((container["resources"].get("requests") or {}).get(n)))
+                   for n in req))
             for key, _, container, lim, req in found
         ),
-        tuple(annotations.get(k) for k in _annotation_keys(rules)),
-        tuple(node_selector.get(k) for k in _node_keys(rules)),
+        tuple(_key(annotations.get(k)) for k in _annotation_keys(rules)),
+        tuple(_key(node_selector.get(k)) for k in _node_keys(rules)),
     )
     pod_plan: _PodPlan | None = rules.cache.get(shape)
     if pod_plan is None:
@@ -193,7 +194,8 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
                 rule="")
             return plan
 
-    template = dict(pod_plan.template)
+    # A fresh object per plan: callers may change what they get without touching the cache.
+    template = orjson.loads(pod_plan.template)
     if namespace:
         template["metadata"] = {"name": template["metadata"]["name"], "namespace": namespace,
                                 "labels": dict(_MANAGED)}
@@ -203,6 +205,11 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
     if pod_plan.gated or _references_gateway_class(spec, namespace, class_lookup):
         _add_gate(spec, plan.patch)
     return plan
+
+
+def _key(value: Any) -> Any:
+    """`value` usable in a cache key; a malformed one (a list, a map) by its text."""
+    return value if value is None or isinstance(value, (str, int, float)) else repr(value)
 
 
 def _annotation_keys(rules: RuleSet) -> tuple[str, ...]:
@@ -323,12 +330,13 @@ def _plan_pod(found: list[tuple[str, int, Mapping[str, Any], tuple[str, ...], tu
         "spec": template_spec,
     }
     applied = tuple(sorted({p.rule for _, _, p in per_container}))
+    template_json = orjson.dumps(template)
     annotation = orjson.dumps({"containers": record}, option=orjson.OPT_SORT_KEYS).decode()
     gated = any(p.gated for _, _, p in per_container)
     for _, _, result in per_container:
         warnings.extend(result.warnings)
-    return _PodPlan(template, request_of, removed, annotation, gated, tuple(warnings), applied,
-                    None)
+    return _PodPlan(template_json, request_of, removed, annotation, gated, tuple(warnings),
+                    applied, None)
 
 
 def _covers(main: _ContainerPlan, init: _ContainerPlan) -> bool:

@@ -211,3 +211,24 @@ def test_a_native_gateway_pod_with_zero_legacy_amounts_is_still_gated(
                                   "resourceClaimTemplateName": "dra-gateway-0123456789"}])
     assert translate(native, builtin_rules).patch == [
         {"op": "add", "path": "/spec/schedulingGates", "value": [GATE]}]
+
+
+def test_changing_a_returned_template_does_not_change_later_plans(
+        builtin_rules: RuleSet) -> None:
+    original = pod(ctr("main", limits={"nvidia.com/gpu": 3}))
+    first = translate(original, builtin_rules)
+    first.templates[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 99
+    first.templates[0]["metadata"]["labels"]["x"] = "y"
+    second = translate(original, builtin_rules)
+    assert only_request(second)["exactly"]["count"] == 3
+    assert second.templates[0]["metadata"]["labels"] == {
+        names.LABEL_MANAGED_BY: names.MANAGED_BY}
+
+
+def test_malformed_values_are_refused_not_crashed_on(builtin_rules: RuleSet) -> None:
+    plan = translate(pod(ctr("main", limits={"nvidia.com/gpu": [1]}),
+                         annotations={"nvidia.com/use-gputype": "A100"}), builtin_rules)
+    assert plan.refusal is not None
+    assert plan.refusal.message == (
+        'container "main": nvidia.com/gpu: invalid quantity "[1]": a quantity starts with a '
+        'number, e.g. "40Gi" or "500m" (rule nvidia-gpu)')
