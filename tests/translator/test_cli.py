@@ -50,6 +50,15 @@ STREAM: list[dict[str, Any]] = [
      "spec": {"rayClusterSpec": {
          "headGroupSpec": {"template": gpu_template({"cpu": "2"})},
          "workerGroupSpecs": [{"template": gpu_template({"nvidia.com/gpu": 1})}]}}},
+    {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "job", "namespace": "a"},
+     "spec": {"template": gpu_template({"nvidia.com/gpu": 1})}},
+    {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "rs"},
+     "spec": {"template": gpu_template({"amd.com/gpu": "1"})}},
+    {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+     "metadata": {"name": "pt", "namespace": "a"},
+     "spec": {"pytorchReplicaSpecs": {
+         "Master": {"template": gpu_template({"nvidia.com/mig-1g.10gb": 1})},
+         "Worker": {"template": gpu_template({"nvidia.com/mig-1g.10gb": 1})}}}},
     {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}, "data": {"a": "b"}},
     {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "svc"},
      "spec": {"ports": [{"port": 80}]}},
@@ -64,10 +73,10 @@ def test_a_stream_of_workloads_is_rewritten_with_templates(
     assert (code, err) == (0, "")
     documents = list(yaml.safe_load_all(out))
     rewritten, templates = documents[:len(STREAM)], documents[len(STREAM):]
-    assert rewritten[7:] == STREAM[7:]
+    assert rewritten[10:] == STREAM[10:]
     assert rewritten[4]["spec"]["mpiReplicaSpecs"]["Launcher"] == STREAM[4]["spec"][
         "mpiReplicaSpecs"]["Launcher"]
-    for document in rewritten[:7]:
+    for document in rewritten[:10]:
         for path, spec in pod_specs(document):
             if path.endswith("Launcher.template") or "headGroupSpec" in path:
                 continue
@@ -75,9 +84,10 @@ def test_a_stream_of_workloads_is_rewritten_with_templates(
             assert names.ANNOTATION_TRANSLATED in spec["metadata"]["annotations"]
             assert "limits" not in spec["spec"]["containers"][0]["resources"]
     assert [t["kind"] for t in templates] == ["ResourceClaimTemplate"] * len(templates)
-    # a/whole gpu, a/hami, (no namespace)/amd, b/whole gpu, a/8 gpus, a/koordinator;
-    # the RayJob worker reuses a/whole gpu.
-    assert len(templates) == 6
+    # a/whole gpu, a/hami, (no namespace)/amd, b/whole gpu, a/8 gpus, a/koordinator,
+    # a/mig 1g.10gb; the RayJob worker and the Job reuse a/whole gpu, the ReplicaSet the AMD
+    # one, and the PyTorchJob's worker its master's.
+    assert len(templates) == 7
     for template in templates:
         kubernetes_validate.validate(template, "1.34", strict=True)
     gates = rewritten[0]["spec"]["template"]["spec"]["schedulingGates"]
