@@ -11,7 +11,9 @@ Both servers run, one after the other, in a separate process pinned to one core
 The client (pinned to another core) is a minimal asyncio TLS client with keep-alive, so that it
 costs as little as possible and the server is what is measured. It reports AdmissionReviews per
 second and p50/p99 latency with one connection (sequential requests) and the throughput with
-several connections, then the webhook/bare ratios. Goal: at least half the bare throughput and
+several connections, then the webhook/bare ratios. Because a shared machine's load disturbs
+wall-clock figures, it also reports reviews per server CPU-second (from /proc), which is what one
+dedicated core would sustain. Goal: at least half the bare throughput and
 p99 under 5 ms with one connection.
 """
 
@@ -245,6 +247,12 @@ async def _many_connections(port: int, ctx: ssl.SSLContext, requests: list[bytes
     return elapsed
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc), immune to other processes' load."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -269,15 +277,19 @@ def measure(name: str, target: Any, tls_dir: str, args: argparse.Namespace,
         par = [http_request("/mutate", review_body(pod)) for _ in range(args.requests * 2)]
 
         async def run() -> dict[str, float]:
+            assert process.pid is not None
             await _wait_ready(port, ctx, warm[0])
             await _one_connection(port, ctx, warm, check)
             elapsed, latencies = await _one_connection(port, ctx, seq, check)
+            cpu_before = _cpu_seconds(process.pid)
             many = await _many_connections(port, ctx, par, args.connections)
+            cpu = _cpu_seconds(process.pid) - cpu_before
             return {
                 "rps_1": len(seq) / elapsed,
                 "p50_ms": statistics.median(latencies) * 1000,
                 "p99_ms": _percentile(latencies, 99) * 1000,
                 "rps_n": len(par) / many,
+                "per_cpu_s": len(par) / cpu,
             }
 
         result = asyncio.run(run())
@@ -286,7 +298,8 @@ def measure(name: str, target: Any, tls_dir: str, args: argparse.Namespace,
         process.join(10)
     print(f"{name:8} 1 conn: {result['rps_1']:8.0f} reviews/s  p50 {result['p50_ms']:.3f} ms  "
           f"p99 {result['p99_ms']:.3f} ms   {args.connections} conns: "
-          f"{result['rps_n']:8.0f} reviews/s", flush=True)
+          f"{result['rps_n']:8.0f} reviews/s  ({result['per_cpu_s']:.0f} per server CPU-second)",
+          flush=True)
     return result
 
 
@@ -297,6 +310,8 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--server-core", type=int, default=1)
     parser.add_argument("--client-core", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternate bare and webhook this many times (default: 3)")
     args = parser.parse_args()
     cores = os.sched_getaffinity(0)
     if args.server_core not in cores or args.client_core not in cores:
@@ -313,11 +328,34 @@ def main() -> int:
         print(f"review body {body} bytes; server pinned to core {args.server_core}, client to "
               f"core {args.client_core}; {args.requests} sequential and {args.requests * 2} "
               f"spread over {args.connections} connections, after {args.warmup} warm-up")
-        bare = measure("bare", _bare_server, tls_dir, args, check=False)
-        hook = measure("webhook", _webhook_server, tls_dir, args, check=True)
-    print(f"ratio webhook/bare: 1 conn {hook['rps_1'] / bare['rps_1']:.2f}, "
-          f"{args.connections} conns {hook['rps_n'] / bare['rps_n']:.2f}; "
-          f"webhook p99 {hook['p99_ms']:.2f} ms (goal: ratio >= 0.5, p99 < 5 ms)")
+        bares, hooks = [], []
+        for _ in range(args.rounds):
+            bares.append(measure("bare", _bare_server, tls_dir, args, check=False))
+            hooks.append(measure("webhook", _webhook_server, tls_dir, args, check=True))
+
+    def best(runs: list[dict[str, float]]) -> dict[str, float]:
+        # On a shared machine other processes only ever slow a run down: the best round of
+        # each is the least disturbed measurement of it.
+        return {"rps_1": max(r["rps_1"] for r in runs), "rps_n": max(r["rps_n"] for r in runs),
+                "p50_ms": min(r["p50_ms"] for r in runs), "p99_ms": min(r["p99_ms"] for r in runs),
+                "per_cpu_s": max(r["per_cpu_s"] for r in runs)}
+
+    def median_ratio(key: str) -> float:
+        return statistics.median(h[key] / b[key] for h, b in zip(hooks, bares, strict=True))
+
+    bare, hook = best(bares), best(hooks)
+    print(f"best of {args.rounds}: bare 1 conn {bare['rps_1']:.0f}/s p99 {bare['p99_ms']:.2f} ms,"
+          f" {args.connections} conns {bare['rps_n']:.0f}/s; webhook 1 conn {hook['rps_1']:.0f}/s "
+          f"p50 {hook['p50_ms']:.3f} ms p99 {hook['p99_ms']:.2f} ms, {args.connections} conns "
+          f"{hook['rps_n']:.0f}/s")
+    print(f"ratio webhook/bare (best rounds): 1 conn {hook['rps_1'] / bare['rps_1']:.2f}, "
+          f"{args.connections} conns {hook['rps_n'] / bare['rps_n']:.2f}; median of per-round "
+          f"ratios: 1 conn {median_ratio('rps_1'):.2f}, {args.connections} conns "
+          f"{median_ratio('rps_n'):.2f} (goal: >= 0.5 and webhook p99 < 5 ms)")
+    print(f"reviews per server CPU-second (load-independent): bare {bare['per_cpu_s']:.0f}, "
+          f"webhook {hook['per_cpu_s']:.0f}, ratio {hook['per_cpu_s'] / bare['per_cpu_s']:.2f}; "
+          f"cost per review: bare {1e6 / bare['per_cpu_s']:.0f} us, webhook "
+          f"{1e6 / hook['per_cpu_s']:.0f} us")
     return 0
 
 
