@@ -6,11 +6,12 @@ import json
 from typing import Any
 
 import pytest
-from translator_support import checked, ctr, only_request, pod
 
 from dra_gateway.kube import names
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import escape_pointer, translate
+
+from .translator_support import checked, ctr, only_request, pod
 
 GATE = {"name": names.SCHEDULING_GATE}
 CLAIM = "dra-gateway"

@@ -8,11 +8,12 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from translator_support import checked
 
 from dra_gateway.kube import names
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import CLAIM_NAME, translate
+
+from .translator_support import checked
 
 # Valid requests of each protocol, plus resources no rule knows.
 LEGACY = st.one_of(

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from translator_support import checked, ctr, only_request, parameters_of, pod
 
 from dra_gateway.kube import names
 from dra_gateway.translator.rules import RuleSet, load_rules
 from dra_gateway.translator.translate import translate
+
+from .translator_support import checked, ctr, only_request, parameters_of, pod
 
 GPU = names.GPU_CLASS
 MIG = names.MIG_CLASS

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from translator_support import ctr, pod
 
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import translate
+
+from .translator_support import ctr, pod
 
 REFUSALS: list[tuple[str, dict[str, Any], str, str, str]] = [
     # Koordinator's four validation rules.

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from translator_support import checked, ctr, only_request, parameters_of, pod
 
 from dra_gateway.kube import names
 from dra_gateway.translator.rules import RulesError, RuleSet, load_rules
 from dra_gateway.translator.translate import translate
+
+from .translator_support import checked, ctr, only_request, parameters_of, pod
 
 HEADER = "apiVersion: dra-gateway.io/v1alpha1\nkind: TranslationRules\n"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
