@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Collection, Sequence
@@ -298,14 +299,10 @@ async def _reconcile(state: WebhookState, rules: RuleSet) -> None:
         state.metrics.config_reconciles.labels("updated").inc()
 
 
-async def _on_rules_changed(state: WebhookState, rules: RuleSet) -> None:
-    await _reconcile(state, rules)
-
-
 async def _background(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     rules = state.store.load_files()
-    state.store.listeners.append(lambda r: _on_rules_changed(state, r))
+    state.store.listeners.append(functools.partial(_reconcile, state))
     tasks = state.tasks
     if state.settings.rules_paths:
         tasks.append(asyncio.create_task(state.store.poll_files(), name="rules-files"))

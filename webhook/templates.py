@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cachetools import TTLCache
@@ -185,8 +185,3 @@ class Templates:
                  else device_classes(spec) if isinstance(spec, dict) else frozenset())
         self._known[key] = found
         return found
-
-    def remember(self, namespace: str, templates: Iterable[Mapping[str, Any]]) -> None:
-        """Record templates known to exist (e.g. made by an earlier admission)."""
-        for t in templates:
-            self._known[("template", namespace, t["metadata"]["name"])] = _template_classes(t)
