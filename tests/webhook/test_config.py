@@ -9,9 +9,14 @@ import pytest
 import yaml
 
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.memory import MemoryCluster
+from dra_gateway.kube.resources import (
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    VALIDATING_WEBHOOK_CONFIGURATIONS,
+)
 from dra_gateway.translator.rules import RuleSet, load_rules
 from dra_gateway.translator.translate import translate
-from dra_gateway.webhook.config import configurations, match_expression
+from dra_gateway.webhook.config import configurations, match_expression, reconcile
 
 from .conftest import EXAMPLES, hami_pod, plain_pod
 
@@ -138,3 +143,16 @@ def test_the_match_condition_follows_the_rules() -> None:
     assert not _matches(base, npu)
     assert _matches(more, npu)
     assert _matches(more, hami_pod())
+
+
+async def test_reconcile_injects_the_ca_bundle_and_is_idempotent(rules: RuleSet) -> None:
+    cluster = MemoryCluster()
+    assert await reconcile(cluster, rules, ca_bundle=b"PEM") == []  # nothing installed yet
+    mutating, validating = configurations(rules, service_namespace="dra-gateway",
+                                          service_name="dra-gateway-webhook", ca_bundle=None)
+    await cluster.create(MUTATING_WEBHOOK_CONFIGURATIONS, mutating)
+    await cluster.create(VALIDATING_WEBHOOK_CONFIGURATIONS, validating)
+    assert await reconcile(cluster, rules, ca_bundle=b"PEM") == ["dra-gateway", "dra-gateway"]
+    stored = await cluster.get(MUTATING_WEBHOOK_CONFIGURATIONS, "dra-gateway")
+    assert stored["webhooks"][0]["clientConfig"]["caBundle"] == base64.b64encode(b"PEM").decode()
+    assert await reconcile(cluster, rules, ca_bundle=b"PEM") == []

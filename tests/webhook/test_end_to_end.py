@@ -1,0 +1,104 @@
+"""The webhook behind the embedded API server, as kube-apiserver would call it.
+
+The API server serves a MemoryCluster over loopback HTTP and calls the webhooks registered in
+it (from `webhook-config`'s objects: matchConditions, namespaceSelector, caBundle and all); the
+webhook reaches the cluster through the kubernetes-asyncio adapter with a kubeconfig.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dra_gateway.certs.generate import make_bundle, write_bundle
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.connect import connect
+from dra_gateway.kube.cluster.memory import MemoryCluster
+from dra_gateway.kube.cluster.port import ApiError, Cluster
+from dra_gateway.kube.cluster.server import serve as serve_api
+from dra_gateway.kube.resources import (
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    PODS,
+    RESOURCE_CLAIM_TEMPLATES,
+    VALIDATING_WEBHOOK_CONFIGURATIONS,
+)
+from dra_gateway.translator.rules import load_rules
+from dra_gateway.webhook.config import configurations
+from dra_gateway.webhook.server import ServeOptions, serve
+from dra_gateway.webhook.settings import WebhookSettings
+
+from .conftest import hami_pod, plain_pod
+
+SERVICE = "dra-gateway/dra-gateway-webhook"
+
+
+@dataclass
+class Stack:
+    cluster: MemoryCluster
+    client: Cluster
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    tls = write_bundle(make_bundle(dns_names=["dra-gateway-webhook.dra-gateway.svc"],
+                                   ip_addresses=["127.0.0.1"]), tmp_path / "tls")
+    cluster = MemoryCluster()
+    for obj in configurations(load_rules(), service_namespace="dra-gateway",
+                              service_name="dra-gateway-webhook",
+                              ca_bundle=tls.ca_cert.read_bytes()):
+        await cluster.create(MUTATING_WEBHOOK_CONFIGURATIONS if obj["kind"].startswith("Mut")
+                             else VALIDATING_WEBHOOK_CONFIGURATIONS, obj)
+    stop = asyncio.Event()
+    port: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    kubeconfig = tmp_path / "kubeconfig"
+    # The API server needs the webhook's port before it starts: take a free one first.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        webhook_port = s.getsockname()[1]
+    async with serve_api(cluster, kubeconfig=kubeconfig,
+                         webhook_services={SERVICE: f"127.0.0.1:{webhook_port}"}):
+        settings = WebhookSettings(tls_dir=tmp_path / "tls", ca_file=tls.ca_cert)
+        task = asyncio.create_task(serve(
+            settings, ServeOptions(host="127.0.0.1", port=webhook_port, cluster="kube",
+                                   kubeconfig=str(kubeconfig)),
+            stop=stop, started=port.set_result))
+        await asyncio.wait_for(asyncio.shield(port), 20)
+        client = await connect("kube", str(kubeconfig))
+        try:
+            yield Stack(cluster, client)
+        finally:
+            await client.close()
+            stop.set()
+            await task
+
+
+async def test_a_hami_pod_created_through_the_api_is_translated(stack: Stack) -> None:
+    created = await stack.client.create(PODS, hami_pod(), namespace="inference")
+    spec = created["spec"]
+    assert spec["schedulingGates"] == [{"name": names.SCHEDULING_GATE}]
+    (claim,) = spec["resourceClaims"]
+    assert "nvidia.com/gpu" not in spec["containers"][0]["resources"].get("limits", {})
+    template = await stack.cluster.get(RESOURCE_CLAIM_TEMPLATES,
+                                       claim["resourceClaimTemplateName"], namespace="inference")
+    assert template["metadata"]["labels"][names.LABEL_MANAGED_BY] == names.MANAGED_BY
+
+
+async def test_a_gpu_free_pod_goes_through_untouched(stack: Stack) -> None:
+    created = await stack.client.create(PODS, plain_pod(), namespace="inference")
+    assert "resourceClaims" not in created["spec"]
+    assert "schedulingGates" not in created["spec"]
+
+
+async def test_a_pod_the_validating_webhook_refuses_gets_its_message(stack: Stack) -> None:
+    pod = plain_pod()
+    pod["metadata"]["annotations"] = {names.ANNOTATION_TRANSLATED: "{}"}
+    with pytest.raises(ApiError) as exc:
+        await stack.client.create(PODS, pod, namespace="inference")
+    assert "pod inference/web carries the annotation dra-gateway.io/translated" in \
+        exc.value.message
