@@ -36,6 +36,9 @@ class Mutation:
 
 NO_CHANGE = Mutation()
 
+# Pods are a few KiB; a huge one is decided uncached so the cache stays within a few MiB.
+MAX_CACHED_POD_BYTES = 32 * 1024
+
 
 class PlanCache:
     """Decisions per distinct pod, for the rules of one generation.
@@ -58,9 +61,12 @@ class PlanCache:
         if isinstance(spec, dict) and spec.get("resourceClaims"):
             return None
         try:
-            return namespace.encode() + b"\0" + orjson.dumps(pod)
+            text = orjson.dumps(pod)
         except TypeError:  # not JSON-shaped (e.g. an integer beyond 64 bits): decide uncached
             return None
+        if len(text) > MAX_CACHED_POD_BYTES:
+            return None
+        return namespace.encode() + b"\0" + text
 
     def get(self, key: bytes, generation: int) -> Mutation | None:
         if generation != self._generation:

@@ -38,6 +38,7 @@ Listener = Callable[[RuleSet], Awaitable[None]]
 _FileStamp = tuple[tuple[str, int, int, int], ...]
 _EVENT_MESSAGE_LIMIT = 1024  # the API server truncates longer Event messages anyway
 COMPONENT = "dra-gateway-webhook"
+_MAX_RETRY_DELAY = 30.0
 
 
 def _stamp(path: Path) -> _FileStamp:
@@ -135,7 +136,12 @@ class RuleStore:
         """List and watch the rule ConfigMaps; runs until cancelled."""
         ns = self._settings.namespace
         resource_version: str | None = None
+        failures = 0
         while True:
+            if failures:
+                # Back off while the API is unreachable or refusing, up to half a minute.
+                await asyncio.sleep(min(self._settings.watch_retry_delay * 2 ** (failures - 1),
+                                        _MAX_RETRY_DELAY))
             try:
                 if resource_version is None:
                     listed = await self._cluster.list(CONFIG_MAPS, namespace=ns,
@@ -144,6 +150,7 @@ class RuleStore:
                     resource_version = listed.resource_version
                     if self.on_synced is not None:
                         self.on_synced()
+                failures = 0
                 async for event in self._cluster.watch(
                         CONFIG_MAPS, namespace=ns, label_selector=self.selector,
                         resource_version=resource_version):
@@ -160,11 +167,11 @@ class RuleStore:
                 log.warning("rules ConfigMap watch failed, relisting",
                             extra={"namespace": ns, "reason": exc.reason, "error": exc.message})
                 resource_version = None
-                await asyncio.sleep(self._settings.watch_retry_delay)
+                failures += 1
             except Exception:
                 log.exception("rules ConfigMap watch failed, relisting", extra={"namespace": ns})
                 resource_version = None
-                await asyncio.sleep(self._settings.watch_retry_delay)
+                failures += 1
 
     async def sync(self, items: list[Object]) -> None:
         """Bring the sources in line with a full list of the rule ConfigMaps."""

@@ -120,7 +120,13 @@ class Templates:
         try:
             created = await self._create(template, namespace)
         except BaseException as exc:
-            future.set_exception(exc)
+            # Waiters must see a refusal they can answer with, never this task's cancellation
+            # (that would cancel their own requests).
+            shared = exc if isinstance(exc, TemplateUnavailable) else TemplateUnavailable(
+                f"the creation of ResourceClaimTemplate {namespace}/{name} for this pod was "
+                f"interrupted; the pod was not admitted and can be retried (controllers retry "
+                f"on their own)")
+            future.set_exception(shared)
             # Consumed here so a waiter-less failure is not reported as never retrieved.
             future.exception()
             raise
@@ -179,6 +185,11 @@ class Templates:
             obj = await self._cluster.get(rt, name, namespace=namespace)
         except NotFound:
             # Not cached: it may be created a moment later (a template made by hand).
+            return None
+        except ApiError as exc:
+            log.warning("cannot read a pod's claim or template; its classes are unknown",
+                        extra={"namespace": namespace, "kind": rt.kind, "name": name,
+                               "reason": exc.reason, "error": exc.message})
             return None
         spec = obj.get("spec")
         found = (_template_classes(obj) if rt is RESOURCE_CLAIM_TEMPLATES

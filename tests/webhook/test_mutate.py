@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import jsonpatch
@@ -10,10 +11,12 @@ from aiohttp.test_utils import TestClient
 
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.memory import MemoryCluster
-from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES
-from dra_gateway.webhook.app import STATE
+from dra_gateway.kube.cluster.port import Object
+from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES, ResourceType
+from dra_gateway.webhook.app import STATE, create_app
+from dra_gateway.webhook.settings import WebhookSettings
 
-from .conftest import decoded_patch, hami_pod, plain_pod, review
+from .conftest import ClientFactory, decoded_patch, hami_pod, plain_pod, review
 
 Client = TestClient[web.Request, web.Application]
 
@@ -130,3 +133,27 @@ async def test_replicas_of_one_workload_reuse_the_plan(client: Client) -> None:
     metrics = client.app[STATE].metrics
     assert (metrics.plan_miss._value.get(), metrics.plan_hit._value.get()) == (1, 1)
     assert metrics.translations.labels("hami")._value.get() == 2
+
+
+class _CountingCluster(MemoryCluster):
+    def __init__(self) -> None:
+        super().__init__()
+        self.template_creates = 0
+
+    async def create(self, rt: ResourceType, obj: Object, *, namespace: str | None = None,
+                     dry_run: bool = False) -> Object:
+        if rt is RESOURCE_CLAIM_TEMPLATES:
+            self.template_creates += 1
+            await asyncio.sleep(0.1)
+        return await super().create(rt, obj, namespace=namespace, dry_run=dry_run)
+
+
+async def test_concurrent_admissions_of_one_template_share_one_create(
+    aiohttp_client: ClientFactory,
+) -> None:
+    cluster = _CountingCluster()
+    client = await aiohttp_client(create_app(WebhookSettings(watch_config_maps=False), cluster))
+    answers = await asyncio.gather(*(
+        _post(client, "/mutate", review(hami_pod(), uid=f"c-{i}")) for i in range(5)))
+    assert all(a["response"]["allowed"] for a in answers)
+    assert cluster.template_creates == 1
