@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_gateway.allocator.planner.devices import MIB_NANOS, NANO, IDENTITY_ATTRIBUTES
+from dra_gateway.allocator.planner.devices import IDENTITY_ATTRIBUTES, MIB_NANOS, NANO
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
 
@@ -87,7 +87,8 @@ def _share_config(configs: Sequence[Mapping[str, Any]], result_name: str) -> Sha
             continue
         opaque = config.get("opaque") or {}
         params = opaque.get("parameters") or {}
-        if opaque.get("driver") != names.DRIVER or params.get("kind") != names.KIND_GPU_SHARE_CONFIG:
+        if (opaque.get("driver") != names.DRIVER
+                or params.get("kind") != names.KIND_GPU_SHARE_CONFIG):
             continue
         share = Share(
             memory=int(params["memory"]) if params.get("memory") is not None else None,

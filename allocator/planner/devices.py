@@ -78,9 +78,26 @@ def qualify(driver: str, name: str) -> str:
 class Device:
     """One published device, node-local, with parsed attributes, capacities and taints."""
 
-    __slots__ = ("attributes", "capacity", "capacity_format", "driver", "key",
-                 "name", "node", "policies", "pool", "raw", "shareable", "taints", "verdicts",
-                 "_view", "gpu_memory", "is_gateway_gpu", "group", "group_id")
+    __slots__ = (
+        "_view",
+        "attributes",
+        "capacity",
+        "capacity_format",
+        "driver",
+        "gpu_memory",
+        "group",
+        "group_id",
+        "is_gateway_gpu",
+        "key",
+        "name",
+        "node",
+        "policies",
+        "pool",
+        "raw",
+        "shareable",
+        "taints",
+        "verdicts",
+    )
 
     def __init__(self, *, driver: str, pool: str, node: str | None, raw: Mapping[str, Any],
                  consumable_capacity: bool) -> None:

@@ -107,7 +107,7 @@ def node_taints(node: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 def _match_expression(values: Mapping[str, str], expr: Mapping[str, Any]) -> bool:
     key = expr.get("key", "")
     operator = expr.get("operator", "")
-    wanted = expr.get("values") or ()
+    wanted: Sequence[str] = expr.get("values") or []
     present = key in values
     if operator == "In":
         return present and values[key] in wanted

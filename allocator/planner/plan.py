@@ -9,10 +9,11 @@ search. Pure: no I/O; the only state it touches is the state's memo and learned 
 
 from __future__ import annotations
 
+import heapq
 import json
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for, share_policy
 from dra_gateway.allocator.planner.devices import NANO
 from dra_gateway.allocator.planner.scoring import FULL, task_of
-from dra_gateway.allocator.planner.search import NodeSearch, Outcome, Pick, fits_node
+from dra_gateway.allocator.planner.search import NodeSearch, Outcome, Pick, fits_node, score
 from dra_gateway.allocator.planner.settings import POLICIES
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names
@@ -108,15 +109,66 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     if not state.workload_given:
         state.workload.observe(_task(state, cpu, memory, labelled))
     identity = any(d.identity_sensitive for _, d in labelled)
-    pod_sig = (tuple(k for _, k, _ in to_plan), cpu, memory,
+    claims_sig = tuple(k for _, k, _ in to_plan)
+    version = state.workload.version if chosen_policy == "default" else 0
+    ctx = _Context(state, labelled, chosen_policy, cpu, memory, tolerations,
+                   (claims_sig, chosen_policy, version))
+    pod_sig = (claims_sig, cpu, memory,
                json.dumps(tolerations, sort_keys=True) if tolerations else "", chosen_policy,
-               state.workload.version if chosen_policy == "default" else 0)
+               version)
     state.refresh_groups()
     if len(state.memo) > _MEMO_LIMIT:
         state.memo.clear()
+        state.rankings.clear()
     spec = pod.get("spec") or {}
     needs_labels = bool(spec.get("nodeSelector") or spec.get("affinity"))
+    if pinned is None and not needs_labels and not identity:
+        found, reasons = _ranked_best(ctx, pod_sig)
+        if found is None:
+            return PodPlan(None, reason=_no_node_reason(pod_label, state, reasons))
+        return _build_plan(state, found[0], to_plan, found[1])
+    return _scan(ctx, pod, to_plan, pod_label, pinned=pinned, needs_labels=needs_labels,
+                 identity=identity)
 
+
+@dataclass(slots=True)
+class _Context:
+    state: ClusterState
+    claims: Sequence[tuple[str, ClaimDemand]]
+    policy: str
+    cpu: int
+    memory: int
+    tolerations: Sequence[Mapping[str, Any]]
+    device_sig: tuple[object, ...]  # what device search results depend on besides the node
+
+    def evaluate(self, group_key: tuple[object, ...] | None, node: str,
+                 ) -> tuple[Outcome, tuple[float, ...]]:
+        """Devices for the pod on `node` (memoised per node class) and the policy's score."""
+        state = self.state
+        outcome: Outcome | None = None
+        memo_key: tuple[object, ...] | None = None
+        if group_key is not None:
+            memo_key = (group_key[0], group_key[1], self.device_sig)
+            outcome = state.memo.get(memo_key)
+        if outcome is None:
+            outcome = NodeSearch(state, node, self.claims, policy=self.policy,
+                                 workload=state.workload,
+                                 budget=state.settings.search_budget).run()
+            if memo_key is not None:
+                state.memo[memo_key] = outcome
+        if not outcome.ok:
+            return outcome, ()
+        cpu_free, mem_free = state.node_free(node)
+        return outcome, score(outcome, self.policy, state.workload, cpu_free=cpu_free,
+                              mem_free=mem_free, cpu=self.cpu, memory=self.memory)
+
+
+def _scan(ctx: _Context, pod: Mapping[str, Any],
+          to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]], pod_label: str, *,
+          pinned: set[str] | None, needs_labels: bool, identity: bool) -> PodPlan:
+    """Every node class, for pods the rankings cannot serve (pinned, node affinity, selectors
+    on identity attributes)."""
+    state = ctx.state
     best: tuple[tuple[float, ...], str, Outcome] | None = None
     reasons: Counter[str] = Counter()
     for group_key, members in state.groups.items():
@@ -125,56 +177,107 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
             candidates = [m for m in members if m in pinned]
             if not candidates:
                 continue
-        representative = candidates[0]
-        pruned = fits_node(state, representative, cpu, memory, tolerations)
+        pruned = fits_node(state, candidates[0], ctx.cpu, ctx.memory, ctx.tolerations)
         if pruned is not None:
             reasons[pruned] += len(candidates)
             continue
-        if identity:
-            outcomes = [(m, _search(state, m, labelled, chosen_policy, cpu, memory))
-                        for m in candidates]
-        else:
-            memo_key = (group_key, pod_sig)
-            outcome = state.memo.get(memo_key)
-            if outcome is None:
-                outcome = _search(state, representative, labelled, chosen_policy, cpu, memory)
-                state.memo[memo_key] = outcome
-            outcomes = [(m, outcome) for m in candidates]
-        for member, outcome in outcomes:
+        for member in candidates:
+            outcome, node_score = ctx.evaluate(None if identity else group_key, member)
             if not outcome.ok:
                 reasons[outcome.reason or "no devices fit"] += 1 if identity else len(candidates)
-                break_after = not identity
-                if break_after:
-                    break
-                continue
-            if best is not None and (outcome.score, member) >= (best[0], best[1]):
-                if not identity:
-                    break  # members are sorted by name: later ones cannot win
-                continue
-            if needs_labels and not kubefit.pod_accepts_node(
-                pod, member, state.nodes[member].labels
-            ):
+                if identity:
+                    continue
+                break
+            if best is not None and (node_score, member) >= (best[0], best[1]):
+                if identity:
+                    continue
+                break  # members are sorted by name: later ones cannot win
+            if needs_labels and not kubefit.pod_accepts_node(pod, member,
+                                                             state.nodes[member].labels):
                 reasons["node(s) didn't match Pod's node affinity/selector"] += 1
                 continue
-            best = (outcome.score, member, outcome)
+            best = (node_score, member, outcome)
             if not identity:
                 break
     if best is None:
         return PodPlan(None, reason=_no_node_reason(pod_label, state, reasons))
-    _, node, outcome = best
-    return _build_plan(state, node, to_plan, outcome)
+    return _build_plan(state, best[1], to_plan, best[2])
 
 
-def _search(state: ClusterState, node: str, claims: Sequence[tuple[str, ClaimDemand]],
-            policy: str, cpu: int, memory: int) -> Outcome:
-    cpu_free, mem_free = state.node_free(node)
-    search = NodeSearch(state, node, claims, policy=policy, workload=state.workload,
-                        budget=state.settings.search_budget)
-    return search.run(cpu_free, mem_free, cpu, memory)
+@dataclass(slots=True)
+class Ranking:
+    """Feasible node classes for one pod signature, best first, kept across pods.
+
+    Entries are (score, first member, class key). A class's score never changes (the class
+    key is its whole state), so an entry only goes stale when its class empties or its first
+    member changes; both are checked when the entry reaches the top. Classes created or joined
+    since the signature was last planned are read from the state's log and evaluated then, so
+    a pod costs the classes that changed, not the cluster. `failures` keeps why the other
+    classes do not fit, for the reason of an unplaceable pod.
+    """
+
+    heap: list[tuple[tuple[float, ...], str, tuple[object, ...]]]
+    position: int
+    failures: dict[tuple[object, ...], str]
+
+
+def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...],
+                 ) -> tuple[tuple[str, Outcome] | None, Counter[str]]:
+    state = ctx.state
+    ranking: Ranking | None = state.rankings.get(pod_sig)
+    log = state.group_log
+    fresh: Iterable[tuple[object, ...]]
+    if ranking is None:
+        ranking = Ranking([], len(log), {})
+        state.rankings[pod_sig] = ranking
+        fresh = list(state.groups)
+    else:
+        # Only classes created or joined since: at most the nodes that changed.
+        fresh = set(log[ranking.position:])
+        ranking.position = len(log)
+        if len(ranking.heap) > 2 * len(state.groups) + 64:
+            ranking.heap = [e for e in ranking.heap
+                            if (state.groups.get(e[2]) or ("",))[0] == e[1]]
+            heapq.heapify(ranking.heap)
+    heap = ranking.heap
+    failures = ranking.failures
+    for group_key in fresh:
+        members = state.groups.get(group_key)
+        if not members:
+            continue
+        pruned = fits_node(state, members[0], ctx.cpu, ctx.memory, ctx.tolerations)
+        if pruned is not None:
+            failures[group_key] = pruned
+            continue
+        outcome, node_score = ctx.evaluate(group_key, members[0])
+        if outcome.ok:
+            heapq.heappush(heap, (node_score, members[0], group_key))
+        else:
+            failures[group_key] = outcome.reason or "no devices fit"
+    while heap:
+        node_score, name, group_key = heap[0]
+        members = state.groups.get(group_key)
+        if not members:
+            heapq.heappop(heap)
+            continue
+        if members[0] != name:
+            heapq.heapreplace(heap, (node_score, members[0], group_key))
+            continue
+        outcome, _ = ctx.evaluate(group_key, name)
+        return (name, outcome), Counter()
+    reasons: Counter[str] = Counter()
+    live: dict[tuple[object, ...], str] = {}
+    for group_key, reason in failures.items():
+        members = state.groups.get(group_key)
+        if members:
+            live[group_key] = reason
+            reasons[reason] += len(members)
+    ranking.failures = live
+    return None, reasons
 
 
 def _no_node_reason(pod_label: str, state: ClusterState, reasons: Counter[str]) -> str:
-    total = sum(1 for n in state.nodes.values() if n.known)
+    total = len(state.node_group)
     if not reasons:
         return f"pod {pod_label}: 0/{total} nodes are available"
     parts = [f"{count} node(s): {reason}" for reason, count in reasons.most_common(4)]

@@ -18,6 +18,7 @@ node state, because the same card vectors recur across the many identical nodes 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ class TaskType:
 class Workload:
     """A distribution over task types with the memo of node fragmentation it implies."""
 
-    __slots__ = ("_frag", "_learned", "_pending", "types", "version")
+    __slots__ = ("_cpus", "_frag", "_learned", "_mems", "_pending", "types", "version")
 
     # Types kept for scoring: the most frequent ones carry nearly all the mass of real traces
     # and the cost of one fragmentation evaluation grows with their number.
@@ -51,6 +52,8 @@ class Workload:
 
     def __init__(self, types: Iterable[tuple[TaskType, float]] = (), *, version: int = 0) -> None:
         self.types: tuple[tuple[TaskType, float], ...] = ()
+        self._cpus: list[int] = []
+        self._mems: list[int] = []
         self._frag: dict[tuple[object, ...], float] = {}
         self._learned: Counter[TaskType] = Counter()
         self._pending = 0
@@ -66,6 +69,8 @@ class Workload:
                            key=lambda tw: -tw[1])[: self.MAX_TYPES]
         total = sum(w for _, w in gpu_types)
         self.types = tuple((t, w / total) for t, w in gpu_types) if total else ()
+        self._cpus = sorted({t.cpu for t, _ in self.types})
+        self._mems = sorted({t.memory for t, _ in self.types})
         self._frag.clear()
         self.version += 1
 
@@ -83,7 +88,10 @@ class Workload:
     def fragmentation(self, cards: tuple[int, ...], cpu_free: int, mem_free: int,
                       model: str) -> float:
         """Expected free GPU share (thousandths) the workload could not use on this node."""
-        key = (cards, cpu_free, mem_free, model)
+        # Which task types fit the node's CPU and memory depends only on where the free amounts
+        # fall among the types' requests: memoise by those ranks, not the exact amounts.
+        key = (cards, bisect_right(self._cpus, cpu_free), bisect_right(self._mems, mem_free),
+               model)
         cached = self._frag.get(key)
         if cached is not None:
             return cached
@@ -99,7 +107,7 @@ class Workload:
                     value += p * total
                 elif task.milli < FULL:
                     need = task.milli
-                    value += p * sum(f for f in cards if f < need)
+                    value += p * sum([f for f in cards if f < need])
                 elif full < task.gpus:
                     value += p * total
                 else:

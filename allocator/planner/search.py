@@ -20,6 +20,7 @@ from dra_gateway.allocator.planner.demand import Alternative, ClaimDemand, Const
 from dra_gateway.allocator.planner.devices import NANO, Device
 from dra_gateway.allocator.planner.scoring import FULL, Workload, free_milli
 from dra_gateway.allocator.planner.settings import BINPACK, DEFAULT, SPREAD
+from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names
 
 
@@ -37,10 +38,32 @@ class Pick:
 
 @dataclass(slots=True)
 class Outcome:
+    """Devices found on a node (or why not), independent of the node's CPU and memory."""
+
     ok: bool
-    score: tuple[float, ...] = ()
     picks: tuple[Pick, ...] = ()
     reason: str | None = None
+    before: tuple[int, ...] = ()  # free share of each gateway card, sorted, before and after
+    after: tuple[int, ...] = ()
+    model: str = ""
+
+
+def score(outcome: Outcome, policy: str, workload: Workload, *, cpu_free: int, mem_free: int,
+          cpu: int, memory: int) -> tuple[float, ...]:
+    """The policy's score of a found placement; lower is better, ties go to the node name."""
+    if policy not in (DEFAULT, BINPACK, SPREAD):
+        return (0.0,)
+    after = outcome.after
+    free_after = sum(after)
+    cpu_after = cpu_free - cpu
+    if policy == BINPACK:
+        return (float(free_after), float(cpu_after))
+    if policy == SPREAD:
+        share = free_after / len(after) if after else 0.0
+        return (-share, -float(cpu_after))
+    delta = workload.fragmentation(after, cpu_after, mem_free - memory, outcome.model) - \
+        workload.fragmentation(outcome.before, cpu_free, mem_free, outcome.model)
+    return (round(delta, 6), float(free_after), float(cpu_after))
 
 
 class _Budget(Exception):
@@ -50,7 +73,7 @@ class _Budget(Exception):
 class NodeSearch:
     """One search for one pod on one node (see module docstring)."""
 
-    def __init__(self, state: Any, node: str, claims: Sequence[tuple[str, ClaimDemand]], *,
+    def __init__(self, state: ClusterState, node: str, claims: Sequence[tuple[str, ClaimDemand]], *,
                  policy: str, workload: Workload, budget: int) -> None:
         self.state = state
         self.node = node
@@ -59,6 +82,8 @@ class NodeSearch:
         self.policy = policy
         self.workload = workload
         self.budget = budget
+        self.initial_budget = budget
+        self._current = 0
         # Tentative use by this pod on top of what the state records.
         self.extra: list[dict[str, int]] = [{} for _ in self.devices]
         self.extra_holders = [0] * len(self.devices)
@@ -67,6 +92,8 @@ class NodeSearch:
         self.failure: tuple[tuple[int, int], str] | None = None
         self.native = state.settings.consumable_capacity
         self._usage = [state.device_usage(d.key) for d in self.devices]
+        self._gpus = [i for i, d in enumerate(self.devices) if d.is_gateway_gpu]
+        self._base_free = [self._compute_free(i) for i in range(len(self.devices))]
 
     # --- reasons ------------------------------------------------------------------------------
 
@@ -164,6 +191,11 @@ class NodeSearch:
             self.extra_exclusive[i] = sign > 0
 
     def free_of(self, i: int) -> int:
+        if self.extra_holders[i] == 0:
+            return self._base_free[i]
+        return self._compute_free(i)
+
+    def _compute_free(self, i: int) -> int:
         device = self.devices[i]
         usage = self._usage[i]
         extra = self.extra[i]
@@ -175,42 +207,24 @@ class NodeSearch:
                           self.extra_exclusive[i])
 
     def cards(self) -> tuple[int, ...]:
-        return tuple(sorted(self.free_of(i) for i, d in enumerate(self.devices)
-                            if d.is_gateway_gpu))
+        return tuple(sorted([self.free_of(i) for i in self._gpus]))
 
     # --- search -------------------------------------------------------------------------------
 
-    def run(self, cpu_free: int, mem_free: int, cpu: int, memory: int) -> Outcome:
-        before = self.cards() if self.policy in (DEFAULT, BINPACK, SPREAD) else ()
+    def run(self) -> Outcome:
+        before = self.cards()
         try:
             ok = self._solve(0, 0)
         except _Budget:
             ok = False
+            label = self.claims[self._current][0]
             self.failure = ((len(self.claims), 0), (
-                f"gave up after trying {self.budget} device combinations on the node; "
-                "simplify the claim's constraints or spread its requests over several claims"))
+                f"claim {label}: gave up after trying {self.initial_budget} device combinations "
+                "on the node; simplify the claim's constraints or split its requests"))
         if not ok:
             reason = self.failure[1] if self.failure else "no devices fit"
             return Outcome(False, reason=reason)
-        return Outcome(True, self._score(before, cpu_free, mem_free, cpu, memory),
-                       tuple(self.picks))
-
-    def _score(self, before: tuple[int, ...], cpu_free: int, mem_free: int, cpu: int,
-               memory: int) -> tuple[float, ...]:
-        if self.policy not in (DEFAULT, BINPACK, SPREAD):
-            return (0.0,)
-        after = self.cards()
-        free_after = sum(after)
-        cpu_after = cpu_free - cpu
-        if self.policy == BINPACK:
-            return (float(free_after), float(cpu_after))
-        if self.policy == SPREAD:
-            share = free_after / len(after) if after else 0.0
-            return (-share, -float(cpu_after))
-        model = self._model()
-        delta = self.workload.fragmentation(after, cpu_after, mem_free - memory, model) - \
-            self.workload.fragmentation(before, cpu_free, mem_free, model)
-        return (round(delta, 6), float(free_after), float(cpu_after))
+        return Outcome(True, tuple(self.picks), None, before, self.cards(), self._model())
 
     def _model(self) -> str:
         for device in self.devices:
@@ -244,7 +258,8 @@ class NodeSearch:
                               "its selectors and tolerations on the node"))
                 continue
             need = len(candidates) if alt.all_devices else alt.count
-            available = [i for i in candidates if self.consumption(alt, i) is not None]
+            fits = {i: c for i in candidates if (c := self.consumption(alt, i)) is not None}
+            available = list(fits)
             if len(available) < need:
                 what = "all" if alt.all_devices else str(need)
                 self._fail(claim_i, request_i,
@@ -253,7 +268,7 @@ class NodeSearch:
                            f"on the node {'have' if available else 'has'} room "
                            f"{self._room(alt)}")
                 continue
-            ordered = self._order(alt, available)
+            ordered = self._order(alt, available, fits)
             constraints = [c for c in demand.constraints if c.applies(alt.result_name)]
             if self._choose(claim_i, request_i, alt, ordered, 0, need, constraints):
                 return True
@@ -278,7 +293,8 @@ class NodeSearch:
             parts.append(f"cores {cores // NANO if cores is not None else alt.share.cores}%")
         return f"for {' and '.join(parts)}" if parts else "for the share"
 
-    def _order(self, alt: Alternative, available: list[int]) -> list[int]:
+    def _order(self, alt: Alternative, available: list[int],
+               fits: dict[int, dict[str, int]]) -> list[int]:
         if self.policy == BINPACK:
             return sorted(available, key=lambda i: (self.free_of(i), i))
         if self.policy == SPREAD:
@@ -286,19 +302,29 @@ class NodeSearch:
         if self.policy == DEFAULT:
             if alt.whole or len(available) == 1:
                 return sorted(available, key=lambda i: (self.free_of(i), i))
-            return sorted(available, key=lambda i: (self._card_delta(alt, i), self.free_of(i), i))
+            seen: dict[tuple[int, int], float] = {}
+            return sorted(available, key=lambda i: (self._card_delta(i, fits[i], seen),
+                                                    self.free_of(i), i))
         return available
 
-    def _card_delta(self, alt: Alternative, i: int) -> float:
-        """Fragmentation after placing `alt` alone on card `i` (FGD's choice of card)."""
-        consumed = self.consumption(alt, i)
-        if consumed is None or not self.devices[i].is_gateway_gpu:
+    def _card_delta(self, i: int, consumed: dict[str, int],
+                    seen: dict[tuple[int, int], float]) -> float:
+        """Fragmentation after placing the share alone on card `i` (FGD's choice of card);
+        cards of one size with the same free share give the same answer."""
+        device = self.devices[i]
+        if not device.is_gateway_gpu:
             return 0.0
+        key = (self.free_of(i), device.gpu_memory)
+        cached = seen.get(key)
+        if cached is not None:
+            return cached
         self._apply(i, consumed, False, 1)
         after = self.cards()
         self._apply(i, consumed, False, -1)
         # CPU and memory are the node's either way: only the cards differ between choices.
-        return self.workload.fragmentation(after, 1 << 62, 1 << 62, self._model())
+        value = self.workload.fragmentation(after, 1 << 62, 1 << 62, self._model())
+        seen[key] = value
+        return value
 
     def _constraint_ok(self, claim_i: int, constraints: list[Constraint], device: Device) -> bool:
         """Constraints hold between the devices of one claim (a device lacking the attribute
@@ -324,6 +350,7 @@ class NodeSearch:
                 break
             self.budget -= 1
             if self.budget < 0:
+                self._current = claim_i
                 raise _Budget
             i = ordered[j]
             consumed = self.consumption(alt, i)
@@ -353,7 +380,7 @@ def _describe(constraint: Constraint) -> str:
     return f"{kind} {constraint.attribute}"
 
 
-def fits_node(state: Any, node: str, cpu: int, memory: int,
+def fits_node(state: ClusterState, node: str, cpu: int, memory: int,
               tolerations: Sequence[Mapping[str, Any]]) -> str | None:
     """Why the pod's CPU, memory or tolerations rule the node out, or None."""
     cpu_free, mem_free = state.node_free(node)
@@ -363,5 +390,6 @@ def fits_node(state: Any, node: str, cpu: int, memory: int,
         return "Insufficient memory"
     taint = kubefit.untolerated_taint(state.nodes[node].taints, tolerations)
     if taint is not None:
-        return f"untolerated taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}"
+        return (f"untolerated taint {taint.get('key')}={taint.get('value', '')}:"
+                f"{taint.get('effect')}")
     return None

@@ -130,6 +130,9 @@ class ClusterState:
         self._sig_ids: dict[object, int] = {}
         self.generation = 0  # bumped on changes that can alter a memoised plan
         self.memo: dict[tuple[object, ...], Any] = {}
+        # Classes created or joined, in order: rankings of pod signatures catch up from here.
+        self.group_log: list[tuple[object, ...]] = []
+        self.rankings: dict[tuple[object, ...], Any] = {}
         self._demands: dict[str, ClaimDemand] = {}
         self.verdicts: dict[tuple[int, str], bool | str] = {}
 
@@ -433,9 +436,13 @@ class ClusterState:
     def _changed(self) -> None:
         self.generation += 1
         self.memo.clear()
+        self.rankings.clear()
 
     def refresh_groups(self) -> None:
         """Move dirty nodes to the equivalence class of their current state."""
+        if len(self.group_log) > 200_000:
+            self.group_log.clear()
+            self.rankings.clear()
         for node in self._dirty:
             old = self.node_group.pop(node, None)
             if old is not None:
@@ -450,6 +457,7 @@ class ClusterState:
             key = self.group_key(node)
             self.node_group[node] = key
             insort(self.groups.setdefault(key, []), node)
+            self.group_log.append(key)
         self._dirty.clear()
 
     def group_key(self, node: str) -> tuple[object, ...]:

@@ -1,0 +1,644 @@
+"""The pure planner: devices, shares, constraints, node fit, policies and the records it keeps."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from dra_gateway.allocator.planner import (
+    ClusterState,
+    PlannerSettings,
+    PodPlan,
+    TaskType,
+    Workload,
+    plan_pod,
+)
+from dra_gateway.kube import names
+
+GI = 1 << 30
+MI = 1 << 20
+DRIVER = names.DRIVER
+
+
+# --- builders ----------------------------------------------------------------------------------
+
+
+def gpu(index: int, *, memory_gib: int = 16, product: str = "T4", numa: int = 0,
+        shared: bool = True, taints: list[dict[str, Any]] | None = None,
+        policy: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A GPU device as the node plugin publishes it (consumable capacity when shared)."""
+    device: dict[str, Any] = {
+        "name": f"gpu-{index}",
+        "attributes": {
+            "type": {"string": "gpu"}, "uuid": {"string": f"GPU-{index:04d}-{memory_gib}"},
+            "productName": {"string": product}, "index": {"int": index},
+            "numaNode": {"int": numa},
+        },
+    }
+    memory = f"{memory_gib}Gi"
+    if shared:
+        device["allowMultipleAllocations"] = True
+        device["capacity"] = {
+            "memory": {"value": memory, "requestPolicy": policy or {
+                "default": memory, "validRange": {"min": "1Mi", "step": "1Mi"}}},
+            "cores": {"value": "100", "requestPolicy": {
+                "default": "100", "validRange": {"min": "1", "step": "1"}}},
+        }
+    else:
+        device["capacity"] = {"memory": {"value": memory}, "cores": {"value": "100"}}
+    if taints:
+        device["taints"] = taints
+    return device
+
+
+def mig(index: int, profile: str, memory_gib: int) -> dict[str, Any]:
+    return {
+        "name": f"gpu-0-mig-{profile.replace('.', '-')}-{index}",
+        "attributes": {"type": {"string": "mig"}, "profile": {"string": profile},
+                       "productName": {"string": "A100"}, "index": {"int": 0}},
+        "capacity": {"memory": {"value": f"{memory_gib}Gi"}},
+    }
+
+
+def resource_slice(node: str, devices: list[dict[str, Any]], *, generation: int = 1,
+                   driver: str = DRIVER) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{driver}-0"},
+        "spec": {"driver": driver, "nodeName": node, "devices": devices,
+                 "pool": {"name": node, "generation": generation, "resourceSliceCount": 1}},
+    }
+
+
+def device_class(name: str, device_type: str) -> dict[str, Any]:
+    expression = (f"device.driver == '{DRIVER}' && "
+                  f"device.attributes['{DRIVER}'].type == '{device_type}'")
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]}}
+
+
+def node(name: str, *, cpu: str = "64", memory: str = "256Gi",
+         taints: list[dict[str, Any]] | None = None,
+         labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels or {}},
+            "spec": {"taints": taints or []},
+            "status": {"allocatable": {"cpu": cpu, "memory": memory}}}
+
+
+def pod(name: str = "p", *, cpu: str = "1", memory: str = "1Gi", uid: str | None = None,
+        node_name: str | None = None, annotations: dict[str, str] | None = None,
+        **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ns", "uid": uid or f"uid-{name}",
+                         "annotations": annotations or {}},
+            "spec": {"containers": [{"name": "main", "image": "x", "resources": {
+                "requests": {"cpu": cpu, "memory": memory}}}],
+                     **({"nodeName": node_name} if node_name else {}), **spec}}
+
+
+def share_config(requests: list[str] | None = None, **params: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {"opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": names.API_VERSION, "kind": "GpuShareConfig", **params}}}
+    if requests is not None:
+        config["requests"] = requests
+    return config
+
+
+def exactly(*, count: int = 1, cls: str = names.GPU_CLASS, mode: str = "ExactCount",
+            selectors: list[str] | None = None, capacity: dict[str, str] | None = None,
+            tolerations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"deviceClassName": cls, "allocationMode": mode}
+    if mode == "ExactCount":
+        body["count"] = count
+    if selectors:
+        body["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    if capacity:
+        body["capacity"] = {"requests": capacity}
+    if tolerations:
+        body["tolerations"] = tolerations
+    return body
+
+
+def claim(name: str = "c", *, requests: list[dict[str, Any]] | None = None,
+          constraints: list[dict[str, Any]] | None = None,
+          config: list[dict[str, Any]] | None = None, uid: str | None = None,
+          **main: Any) -> dict[str, Any]:
+    devices: dict[str, Any] = {
+        "requests": requests or [{"name": "main", "exactly": exactly(**main)}]}
+    if constraints:
+        devices["constraints"] = constraints
+    if config:
+        devices["config"] = config
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "ns", "uid": uid or f"uid-{name}"},
+            "spec": {"devices": devices}}
+
+
+def cluster(nodes: dict[str, list[dict[str, Any]]], *, policy: str = "first-fit",
+            consumable_capacity: bool = True, **node_args: Any) -> ClusterState:
+    state = ClusterState(PlannerSettings(default_policy=policy,
+                                         consumable_capacity=consumable_capacity))
+    state.set_device_class(device_class(names.GPU_CLASS, "gpu"))
+    state.set_device_class(device_class(names.MIG_CLASS, "mig"))
+    for name, devices in nodes.items():
+        state.set_node(node(name, **node_args))
+        state.set_slice(resource_slice(name, devices))
+    return state
+
+
+def place(state: ClusterState, p: dict[str, Any], *claims: dict[str, Any],
+          policy: str | None = None) -> PodPlan:
+    """Plan and assume, as the controller does before writing."""
+    plan = plan_pod(state, p, list(claims), policy=policy)
+    if plan.node_name is not None:
+        state.assume(p, plan)
+    return plan
+
+
+def results(plan: PodPlan, c: dict[str, Any]) -> list[dict[str, Any]]:
+    allocation = plan.allocations[c["metadata"]["uid"]]
+    return list(allocation["devices"]["results"])
+
+
+def devices_of(plan: PodPlan, c: dict[str, Any]) -> list[str]:
+    return [r["device"] for r in results(plan, c)]
+
+
+def validate_allocated(c: dict[str, Any], plan: PodPlan) -> None:
+    obj = json.loads(json.dumps(c))
+    obj["status"] = {"allocation": plan.allocations[c["metadata"]["uid"]]}
+    kubernetes_validate.validate(obj, "1.34", strict=True)
+
+
+# --- whole cards and shares --------------------------------------------------------------------
+
+
+def test_whole_card_claim_gets_a_free_card_pinned_to_its_node() -> None:
+    state = cluster({"n1": [gpu(0), gpu(1)]})
+    c = claim()
+    plan = place(state, pod(), c)
+    assert plan.node_name == "n1"
+    assert results(plan, c) == [{"request": "main", "driver": DRIVER, "pool": "n1",
+                                 "device": "gpu-0", "shareID": results(plan, c)[0]["shareID"],
+                                 "consumedCapacity": {"memory": "16Gi", "cores": "100"}}]
+    assert plan.allocations["uid-c"]["nodeSelector"] == {"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}
+    validate_allocated(c, plan)
+
+
+def test_share_consumes_memory_and_cores_with_a_lowercase_share_id() -> None:
+    state = cluster({"n1": [gpu(0)]})
+    c = claim(capacity={"memory": "4Gi", "cores": "30"})
+    plan = place(state, pod(), c)
+    (result,) = results(plan, c)
+    assert result["consumedCapacity"] == {"memory": "4Gi", "cores": "30"}
+    assert result["shareID"] == result["shareID"].lower()
+    assert len(result["shareID"]) == 36
+    validate_allocated(c, plan)
+
+
+def test_shares_fill_a_card_until_its_memory_runs_out() -> None:
+    state = cluster({"n1": [gpu(0)]})
+    placed = [place(state, pod(f"p{i}"), claim(f"c{i}", capacity={"memory": "5Gi",
+                                                                     "cores": "10"}))
+              for i in range(4)]
+    assert [p.node_name for p in placed] == ["n1", "n1", "n1", None]
+    assert placed[3].reason is not None
+    assert "claim ns/c3: request main needs 1 device(s)" in placed[3].reason
+
+
+def test_a_whole_card_never_shares_a_card_with_a_share() -> None:
+    state = cluster({"n1": [gpu(0), gpu(1)]})
+    share = claim("share", capacity={"memory": "1Gi", "cores": "1"})
+    assert devices_of(place(state, pod("a"), share), share) == ["gpu-0"]
+    whole = claim("whole")
+    assert devices_of(place(state, pod("b"), whole), whole) == ["gpu-1"]
+    later = claim("later", capacity={"memory": "1Gi", "cores": "1"})
+    assert devices_of(place(state, pod("c"), later), later) == ["gpu-0"]
+    assert place(state, pod("d"), claim("whole2")).node_name is None
+
+
+def test_relative_memory_is_resolved_per_card_and_rounded_down_to_mib() -> None:
+    state = cluster({"n1": [gpu(0, memory_gib=24)]})
+    c = claim(capacity={"cores": "33"}, config=[share_config(["main"], memoryPercent=33,
+                                                             cores=33)])
+    plan = place(state, pod(), c)
+    expected = 24 * GI * 33 // 100 // MI * MI
+    (result,) = results(plan, c)
+    assert result["consumedCapacity"]["memory"] == f"{expected // MI}Mi"
+    claim_configs = [cfg for cfg in plan.allocations["uid-c"]["devices"]["config"]
+                     if cfg["source"] == "FromClaim"]
+    assert claim_configs[0]["opaque"]["parameters"]["memory"] == expected
+    assert "memoryPercent" not in claim_configs[0]["opaque"]["parameters"]
+    validate_allocated(c, plan)
+
+
+def test_request_policy_rounds_a_request_up_to_the_next_step() -> None:
+    policy = {"default": "1Gi", "validRange": {"min": "1Gi", "max": "8Gi", "step": "1Gi"}}
+    state = cluster({"n1": [gpu(0, memory_gib=8, policy=policy)]})
+    c = claim(capacity={"memory": "1500Mi", "cores": "10"})
+    (result,) = results(place(state, pod(), c), c)
+    assert result["consumedCapacity"]["memory"] == "2Gi"
+    too_big = claim("big", capacity={"memory": "9Gi"})
+    assert place(state, pod("q"), too_big).node_name is None
+
+
+def test_request_policy_valid_values_take_the_smallest_that_fits() -> None:
+    policy = {"default": "2Gi", "validValues": ["2Gi", "4Gi", "8Gi"]}
+    state = cluster({"n1": [gpu(0, memory_gib=8, policy=policy)]})
+    c = claim(capacity={"memory": "3Gi", "cores": "10"})
+    assert results(place(state, pod(), c), c)[0]["consumedCapacity"]["memory"] == "4Gi"
+    # Unrequested memory takes the policy's default.
+    d = claim("d", capacity={"cores": "10"})
+    assert results(place(state, pod("q"), d), d)[0]["consumedCapacity"]["memory"] == "2Gi"
+
+
+# --- counts, alternatives, constraints ---------------------------------------------------------
+
+
+def test_exact_count_takes_that_many_cards_on_one_node() -> None:
+    state = cluster({"n1": [gpu(0)], "n2": [gpu(0), gpu(1), gpu(2)]})
+    c = claim(count=3)
+    plan = place(state, pod(), c)
+    assert plan.node_name == "n2"
+    assert devices_of(plan, c) == ["gpu-0", "gpu-1", "gpu-2"]
+
+
+def test_allocation_mode_all_takes_every_matching_device_or_nothing() -> None:
+    state = cluster({"n1": [gpu(0), gpu(1)]})
+    first = claim("first", capacity={"memory": "1Gi", "cores": "1"})
+    place(state, pod("a"), first)
+    c = claim(mode="All")
+    plan = place(state, pod("b"), c)
+    assert plan.node_name is None
+    assert plan.reason is not None
+    assert "needs all device(s)" in plan.reason
+    state2 = cluster({"n1": [gpu(0), gpu(1)]})
+    assert devices_of(place(state2, pod("b"), c), c) == ["gpu-0", "gpu-1"]
+
+
+def test_first_available_falls_back_to_the_next_subrequest() -> None:
+    state = cluster({"n1": [gpu(0, product="T4")]})
+    big = {"name": "big", **exactly(selectors=[
+        f"device.attributes['{DRIVER}'].productName == 'A100'"])}
+    small = {"name": "small", **exactly()}
+    c = claim(requests=[{"name": "gpu", "firstAvailable": [big, small]}])
+    plan = place(state, pod(), c)
+    assert results(plan, c)[0]["request"] == "gpu/small"
+    validate_allocated(c, plan)
+
+
+def test_match_attribute_keeps_devices_on_one_numa_node() -> None:
+    devices = [gpu(0, numa=0), gpu(1, numa=1), gpu(2, numa=1), gpu(3, numa=0), gpu(4, numa=2)]
+    state = cluster({"n1": devices})
+    blocker = claim("blocker")
+    place(state, pod("a"), blocker)  # takes gpu-0 (NUMA 0)
+    c = claim(count=2, constraints=[{"matchAttribute": f"{DRIVER}/numaNode"}])
+    assert devices_of(place(state, pod("b"), c), c) == ["gpu-1", "gpu-2"]
+    c2 = claim("c2", count=2, constraints=[{"matchAttribute": f"{DRIVER}/numaNode"}])
+    plan = place(state, pod("c"), c2)
+    assert plan.node_name is None
+    assert plan.reason is not None
+    assert "claim ns/c2: request main: no 2 device(s) satisfy matchAttribute" in plan.reason
+
+
+def test_distinct_attribute_spreads_requests_over_different_cards() -> None:
+    state = cluster({"n1": [gpu(0), gpu(1)]})
+    request = {"capacity": {"memory": "1Gi", "cores": "1"}}
+    c = claim(requests=[{"name": "a", "exactly": exactly(**request)},
+                        {"name": "b", "exactly": exactly(**request)}],
+              constraints=[{"distinctAttribute": f"{DRIVER}/index", "requests": ["a", "b"]}])
+    assert devices_of(place(state, pod(), c), c) == ["gpu-0", "gpu-1"]
+
+
+def test_n_plus_one_devices_on_n_device_nodes_is_refused_naming_claim_and_request() -> None:
+    state = cluster({f"n{i}": [gpu(0), gpu(1)] for i in range(3)})
+    plan = place(state, pod(), claim("greedy", count=3))
+    assert plan.node_name is None
+    assert plan.reason == (
+        "pod ns/p: 0/3 nodes fit; 3 node(s): claim ns/greedy: request main needs 3 device(s) "
+        "of class gpu.dra-gateway.io, 2 of 2 matching on the node have room (a whole device "
+        "must be free)")
+
+
+def test_the_search_budget_bounds_constraints_that_cannot_be_met() -> None:
+    # Eight cards on eight NUMA nodes and a claim for 4 cards of one NUMA node: the search
+    # gives up after the budget instead of enumerating combinations.
+    settings = PlannerSettings(default_policy="first-fit", search_budget=50)
+    state = ClusterState(settings)
+    state.set_device_class(device_class(names.GPU_CLASS, "gpu"))
+    state.set_node(node("n1"))
+    state.set_slice(resource_slice("n1", [gpu(i, numa=i) for i in range(8)]))
+    calls = 0
+    original = state.verdict_for
+
+    def counting(*args: Any) -> bool | str:
+        nonlocal calls
+        calls += 1
+        return original(*args)
+
+    state.verdict_for = counting  # type: ignore[method-assign]
+    c = claim(requests=[{"name": f"r{i}", "exactly": exactly(count=1)} for i in range(6)],
+              constraints=[{"matchAttribute": f"{DRIVER}/numaNode"}])
+    plan = place(state, pod(), c)
+    assert plan.node_name is None
+    assert plan.reason is not None
+    assert "claim ns/c:" in plan.reason
+    assert calls <= 6 * 8 * 2  # static matching per request and device, not per combination
+
+
+# --- selectors, classes, taints ----------------------------------------------------------------
+
+
+def test_selectors_on_product_name_pick_the_model() -> None:
+    state = cluster({"n1": [gpu(0, product="T4")], "n2": [gpu(0, product="V100M32")]})
+    c = claim(selectors=[f"device.attributes['{DRIVER}'].productName == 'V100M32'"])
+    assert place(state, pod(), c).node_name == "n2"
+
+
+def test_a_selector_evaluation_error_makes_the_claim_unallocatable_with_its_message() -> None:
+    state = cluster({"n1": [gpu(0)]})
+    c = claim(selectors=[f"device.attributes['{DRIVER}'].noSuchAttribute == 'x'"])
+    plan = place(state, pod(), c)
+    assert plan.node_name is None
+    assert plan.reason is not None
+    assert "claim ns/c: request main: selector evaluation failed on device n1/gpu-0" in \
+        plan.reason
+
+
+def test_a_selector_that_does_not_compile_names_the_field() -> None:
+    state = cluster({"n1": [gpu(0)]})
+    plan = place(state, pod(), claim(selectors=["device.driver =="]))
+    assert plan.reason is not None
+    assert plan.reason.startswith(
+        "claim ns/c: spec.devices.requests[0].exactly.selectors[0].cel.expression:")
+
+
+def test_a_missing_device_class_is_named() -> None:
+    state = cluster({"n1": [gpu(0)]})
+    plan = place(state, pod(), claim(cls="nope.example.com"))
+    assert plan.reason is not None
+    assert "DeviceClass 'nope.example.com' not found" in plan.reason
+
+
+def test_mig_instances_are_allocated_whole_through_their_class() -> None:
+    state = cluster({"n1": [mig(0, "1g.10gb", 10), mig(1, "1g.10gb", 10)]})
+    a, b, c = (claim(n, cls=names.MIG_CLASS) for n in "abc")
+    assert devices_of(place(state, pod("a"), a), a) == ["gpu-0-mig-1g-10gb-0"]
+    assert devices_of(place(state, pod("b"), b), b) == ["gpu-0-mig-1g-10gb-1"]
+    assert place(state, pod("c"), c).node_name is None
+    assert "consumedCapacity" not in results(plan_pod(cluster({"n1": [mig(0, "1g.10gb", 10)]}),
+                                                      pod("a"), [a]), a)[0]
+
+
+def test_device_taints_need_a_toleration_in_the_request() -> None:
+    taint = {"key": "gpu.dra-gateway.io/unhealthy", "value": "xid", "effect": "NoSchedule"}
+    state = cluster({"n1": [gpu(0, taints=[taint]), gpu(1)]})
+    c = claim()
+    assert devices_of(place(state, pod(), c), c) == ["gpu-1"]
+    tolerant = claim("t", tolerations=[{"key": taint["key"], "operator": "Exists"}])
+    plan = place(state, pod("t"), tolerant)
+    assert devices_of(plan, tolerant) == ["gpu-0"]
+    assert results(plan, tolerant)[0]["tolerations"] == [{"key": taint["key"],
+                                                          "operator": "Exists"}]
+
+
+def test_node_taints_need_a_pod_toleration() -> None:
+    taint = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
+    state = cluster({"n1": [gpu(0)]}, taints=[taint])
+    plan = place(state, pod(), claim())
+    assert plan.node_name is None
+    assert plan.reason is not None
+    assert "untolerated taint dedicated=ml:NoSchedule" in plan.reason
+    tolerated = pod("t", tolerations=[{"key": "dedicated", "operator": "Equal", "value": "ml",
+                                       "effect": "NoSchedule"}])
+    assert place(state, tolerated, claim("t")).node_name == "n1"
+
+
+def test_node_selector_and_required_affinity_are_honoured() -> None:
+    state = ClusterState(PlannerSettings(default_policy="first-fit"))
+    state.set_device_class(device_class(names.GPU_CLASS, "gpu"))
+    for name, zone in (("n1", "a"), ("n2", "b")):
+        state.set_node(node(name, labels={"zone": zone}))
+        state.set_slice(resource_slice(name, [gpu(0)]))
+    assert place(state, pod("s", nodeSelector={"zone": "b"}), claim("s")).node_name == "n2"
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "zone", "operator": "In", "values": ["a"]}]}]}}}
+    assert place(state, pod("a", affinity=affinity), claim("a")).node_name == "n1"
+
+
+# --- CPU, memory and other writers -------------------------------------------------------------
+
+
+def test_pod_cpu_and_memory_must_fit_next_to_the_pods_bound_there() -> None:
+    state = cluster({"n1": [gpu(0), gpu(1)], "n2": [gpu(0)]}, cpu="8", memory="32Gi")
+    state.set_pod(pod("bound", cpu="6", node_name="n1"))
+    plan = place(state, pod("big", cpu="4"), claim("c", capacity={"memory": "1Gi",
+                                                                   "cores": "1"}))
+    assert plan.node_name == "n2"
+    plan = place(state, pod("huge", cpu="7"), claim("d"))
+    assert plan.node_name is None
+    assert plan.reason is not None
+    assert "Insufficient cpu" in plan.reason
+
+
+def test_a_pod_without_claims_is_placed_by_cpu_and_memory() -> None:
+    state = cluster({"n1": [gpu(0)]}, cpu="2")
+    assert place(state, pod("a", cpu="1500m")).node_name == "n1"
+    assert place(state, pod("b", cpu="1")).node_name is None
+
+
+def test_allocations_by_other_writers_are_counted() -> None:
+    state = cluster({"n1": [gpu(0), gpu(1)]})
+    by_scheduler = claim("sched")
+    by_scheduler["status"] = {"allocation": {"devices": {"results": [
+        {"request": "main", "driver": DRIVER, "pool": "n1", "device": "gpu-0"}]}}}
+    state.set_claim(by_scheduler)
+    share_elsewhere = claim("other")
+    share_elsewhere["status"] = {"allocation": {"devices": {"results": [
+        {"request": "main", "driver": DRIVER, "pool": "n1", "device": "gpu-1",
+         "shareID": "8f6a3a4e-1d2b-4c3d-9e8f-0a1b2c3d4e5f",
+         "consumedCapacity": {"memory": "15Gi", "cores": "10"}}]}}}
+    state.set_claim(share_elsewhere)
+    assert place(state, pod(), claim("whole")).node_name is None
+    assert place(state, pod("s"), claim("s", capacity={"memory": "2Gi"})).node_name is None
+    fits = claim("fits", capacity={"memory": "1Gi", "cores": "10"})
+    assert devices_of(place(state, pod("f"), fits), fits) == ["gpu-1"]
+    state.remove_claim("uid-sched")
+    assert place(state, pod("w"), claim("w")).node_name == "n1"
+
+
+def test_assume_then_forget_gives_the_devices_back() -> None:
+    state = cluster({"n1": [gpu(0)]}, cpu="2")
+    p, c = pod(cpu="2"), claim()
+    plan = place(state, p, c)
+    assert place(state, pod("q"), claim("q")).node_name is None
+    state.forget(p, plan)
+    assert plan_pod(state, pod("q"), [claim("q")]).node_name == "n1"
+
+
+def test_a_pod_with_an_allocated_claim_is_kept_on_that_node() -> None:
+    state = cluster({"n1": [gpu(0)], "n2": [gpu(0)]})
+    done = claim("done")
+    done["status"] = {"allocation": {"devices": {"results": [
+        {"request": "main", "driver": DRIVER, "pool": "n2", "device": "gpu-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["n2"]}]}]}}}
+    state.set_claim(done)
+    plan = place(state, pod(), done, claim("more", capacity={"memory": "1Gi"}))
+    assert plan.node_name is None  # n2's card is taken whole, and n1 is not allowed
+    more = claim("more2")
+    state2 = cluster({"n1": [gpu(0)], "n2": [gpu(0), gpu(1)]})
+    state2.set_claim(done)
+    assert place(state2, pod(), done, more).node_name == "n2"
+
+
+def test_all_claims_of_a_pod_land_on_one_node_jointly() -> None:
+    state = cluster({"n1": [gpu(0)], "n2": [gpu(0), gpu(1)]})
+    a, b = claim("a"), claim("b")
+    plan = place(state, pod(), a, b)
+    assert plan.node_name == "n2"
+    assert devices_of(plan, a) + devices_of(plan, b) == ["gpu-0", "gpu-1"]
+
+
+def test_a_newer_pool_generation_replaces_the_devices() -> None:
+    state = cluster({"n1": [gpu(0)]})
+    state.set_slice(resource_slice("n1", [gpu(0, product="A10")], generation=2))
+    c = claim(selectors=[f"device.attributes['{DRIVER}'].productName == 'A10'"])
+    assert place(state, pod(), c).node_name == "n1"
+    state.remove_slice("n1-gpu.dra-gateway.io-0")
+    assert place(state, pod("q"), claim("q")).node_name is None
+
+
+# --- fallback world ----------------------------------------------------------------------------
+
+
+def test_without_consumable_capacity_shares_are_recorded_in_an_annotation() -> None:
+    state = cluster({"n1": [gpu(0, shared=False)]}, consumable_capacity=False)
+    c = claim(config=[share_config(["main"], memory=4 * GI, cores=25)])
+    plan = place(state, pod(), c)
+    (result,) = results(plan, c)
+    assert "shareID" not in result
+    assert "consumedCapacity" not in result
+    recorded = json.loads(plan.annotations["uid-c"][names.ANNOTATION_SHARES])
+    assert recorded == [{"request": "main", "driver": DRIVER, "pool": "n1", "device": "gpu-0",
+                         "shareID": recorded[0]["shareID"],
+                         "consumedCapacity": {"memory": "4Gi", "cores": "25"}}]
+    validate_allocated(c, plan)
+    # A restart rebuilds the share from the claim as the API serves it.
+    fresh = cluster({"n1": [gpu(0, shared=False)]}, consumable_capacity=False)
+    written = json.loads(json.dumps(c))
+    written["metadata"]["annotations"] = plan.annotations["uid-c"]
+    written["status"] = {"allocation": plan.allocations["uid-c"]}
+    fresh.set_claim(written)
+    big = claim("big", config=[share_config(["main"], memory=13 * GI, cores=10)])
+    assert place(fresh, pod("b"), big).node_name is None
+    fits = claim("fits", config=[share_config(["main"], memory=12 * GI, cores=75)])
+    assert place(fresh, pod("f"), fits).node_name == "n1"
+    assert place(fresh, pod("w"), claim("whole")).node_name is None
+
+
+# --- policies ----------------------------------------------------------------------------------
+
+
+def _share(name: str) -> dict[str, Any]:
+    return claim(name, capacity={"memory": "4Gi", "cores": "25"})
+
+
+def test_first_fit_takes_nodes_in_name_order_and_devices_in_slice_order() -> None:
+    state = cluster({"b": [gpu(0), gpu(1)], "a": [gpu(0), gpu(1)]})
+    c1, c2 = _share("c1"), _share("c2")
+    p1, p2 = place(state, pod("1"), c1), place(state, pod("2"), c2)
+    assert (p1.node_name, devices_of(p1, c1)) == ("a", ["gpu-0"])
+    assert (p2.node_name, devices_of(p2, c2)) == ("a", ["gpu-0"])
+
+
+def test_binpack_fills_the_busiest_node_and_spread_the_emptiest() -> None:
+    for policy, expected in (("binpack", "b"), ("spread", "a")):
+        state = cluster({"a": [gpu(0), gpu(1)], "b": [gpu(0), gpu(1)]}, policy=policy)
+        seed = _share("seed")
+        seed["status"] = {"allocation": {"devices": {"results": [
+            {"request": "main", "driver": DRIVER, "pool": "b", "device": "gpu-0",
+             "shareID": "8f6a3a4e-1d2b-4c3d-9e8f-0a1b2c3d4e5f",
+             "consumedCapacity": {"memory": "4Gi", "cores": "25"}}]}}}
+        state.set_claim(seed)
+        c = _share("c")
+        plan = place(state, pod(), c)
+        assert plan.node_name == expected, policy
+        if policy == "binpack":
+            assert devices_of(plan, c) == ["gpu-0"]
+
+
+def test_spread_puts_shares_on_the_emptiest_card() -> None:
+    state = cluster({"a": [gpu(0), gpu(1)]}, policy="spread")
+    c1, c2 = _share("c1"), _share("c2")
+    assert devices_of(place(state, pod("1"), c1), c1) == ["gpu-0"]
+    assert devices_of(place(state, pod("2"), c2), c2) == ["gpu-1"]
+
+
+def test_default_policy_keeps_whole_cards_free_for_the_workload() -> None:
+    # Node a has one card a quarter used, node b two empty cards. First-fit puts a 25% share
+    # on a's partly used card... and a's free card too would be fine; FGD picks what leaves the
+    # fewest unusable fractions given a workload of whole-card and half-card tasks.
+    workload = Workload([(TaskType(1000, GI, 1, 1000), 1.0), (TaskType(1000, GI, 1, 500), 1.0)])
+    state = cluster({"a": [gpu(0), gpu(1)], "b": [gpu(0), gpu(1)]}, policy="default")
+    state.set_workload(workload)
+    seed = claim("seed", capacity={"memory": "8Gi", "cores": "50"})
+    place(state, pod("seed"), seed)  # a/gpu-0 half used
+    c = claim("c", capacity={"memory": "8Gi", "cores": "50"})
+    plan = place(state, pod(), c)
+    # The second half-card share completes a/gpu-0 instead of breaking a free card.
+    assert (plan.node_name, devices_of(plan, c)) == ("a", ["gpu-0"])
+    quarter = claim("q", capacity={"memory": "4Gi", "cores": "25"})
+    spread_state = cluster({"a": [gpu(0), gpu(1)]}, policy="spread")
+    assert devices_of(place(spread_state, pod("s"), quarter), quarter) == ["gpu-0"]
+
+
+def test_policy_precedence_claim_config_then_hami_annotation_then_argument() -> None:
+    def fresh() -> ClusterState:
+        state = cluster({"a": [gpu(0), gpu(1)]}, policy="first-fit")
+        seed = _share("seed")
+        place(state, pod("seed"), seed)  # a/gpu-0 a quarter used
+        return state
+
+    spread_claim = claim("s", capacity={"memory": "4Gi", "cores": "25"},
+                         config=[share_config(["main"], policy="spread")])
+    assert devices_of(place(fresh(), pod(), spread_claim, policy="binpack"),
+                      spread_claim) == ["gpu-1"]
+    annotated = pod(annotations={"hami.io/gpu-scheduler-policy": "spread"})
+    c = _share("c")
+    assert devices_of(place(fresh(), annotated, c, policy="binpack"), c) == ["gpu-1"]
+    assert devices_of(place(fresh(), pod(), c, policy="spread"), c) == ["gpu-1"]
+    assert devices_of(place(fresh(), pod(), c), c) == ["gpu-0"]
+
+
+def test_unknown_default_policy_is_refused_with_the_choices() -> None:
+    with pytest.raises(ValueError, match="default_policy: unknown policy 'best'; use one of"):
+        PlannerSettings(default_policy="best")
+
+
+def test_identical_nodes_are_evaluated_once_per_class() -> None:
+    state = cluster({f"n{i:03d}": [gpu(0), gpu(1)] for i in range(200)}, policy="default")
+    searches = 0
+    import dra_gateway.allocator.planner.plan as plan_module
+
+    original = plan_module.NodeSearch.run
+
+    def counting(self: Any) -> Any:
+        nonlocal searches
+        searches += 1
+        return original(self)
+
+    plan_module.NodeSearch.run = counting  # type: ignore[method-assign]
+    try:
+        plan = place(state, pod(), _share("c"))
+    finally:
+        plan_module.NodeSearch.run = original  # type: ignore[method-assign]
+    assert plan.node_name == "n000"
+    assert searches == 1
