@@ -45,6 +45,7 @@ class ServeOptions:
     client_ca: Path | None = None
     workers: int = 1
     shutdown_timeout: float = 10.0
+    certificate_poll_interval: float = 2.0
     log_level: int = logging.INFO
 
 
@@ -55,7 +56,8 @@ async def serve(settings: WebhookSettings, options: ServeOptions, *,
     """Serve until `stop` is set, or until SIGTERM/SIGINT when no event is given."""
     if settings.tls_dir is None:
         raise ValueError("the webhook serves TLS only: give --tls-dir with tls.crt and tls.key")
-    tls = CertificateReloader.from_dir(settings.tls_dir, client_ca=options.client_ca)
+    tls = CertificateReloader.from_dir(settings.tls_dir, client_ca=options.client_ca,
+                                       interval=options.certificate_poll_interval)
     own_cluster = cluster is None
     if cluster is None:
         cluster = await connect(options.cluster, options.kubeconfig)

@@ -42,6 +42,7 @@ class Running:
     stop: asyncio.Event
     task: asyncio.Task[None]
     cluster: _SlowTemplates
+    tls_dir: Path
 
 
 @pytest.fixture
@@ -52,11 +53,12 @@ async def running(tmp_path: Path) -> AsyncIterator[Running]:
     stop = asyncio.Event()
     port: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(serve(
-        settings, ServeOptions(host="127.0.0.1", port=0, shutdown_timeout=5), cluster=cluster,
+        settings, ServeOptions(host="127.0.0.1", port=0, shutdown_timeout=5,
+                               certificate_poll_interval=0.05), cluster=cluster,
         stop=stop, started=port.set_result))
     await asyncio.wait_for(asyncio.shield(port), 10)
     ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
-    yield Running(f"https://localhost:{port.result()}", ctx, stop, task, cluster)
+    yield Running(f"https://localhost:{port.result()}", ctx, stop, task, cluster, tmp_path)
     stop.set()
     await task
 
@@ -80,6 +82,42 @@ async def test_the_server_answers_reviews_over_tls_with_keep_alive(running: Runn
             text = await resp.text()
     assert 'dra_gateway_webhook_request_duration_seconds_count{endpoint="mutate"} 3.0' in text
     assert 'dra_gateway_webhook_translations_total{rule="hami"} 3.0' in text
+
+
+async def test_a_renewed_certificate_is_served_while_open_connections_keep_working(
+    running: Running,
+) -> None:
+    host, port = "127.0.0.1", int(running.url.rsplit(":", 1)[1])
+    old_ca = (running.tls_dir / "ca.crt").read_bytes()
+    keep = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=running.ssl, limit=1))
+    async with keep:
+        async with keep.post(running.url + "/mutate",
+                             data=orjson.dumps(review(hami_pod(), uid="before"))) as resp:
+            assert resp.status == 200
+        write_bundle(make_bundle(dns_names=["localhost"], ip_addresses=["127.0.0.1"]),
+                     running.tls_dir)
+        new_ca = (running.tls_dir / "ca.crt").read_bytes()
+        both = ssl.create_default_context(cadata=(old_ca + new_ca).decode())
+        for _ in range(200):
+            _, writer = await asyncio.open_connection(host, port, ssl=both,
+                                                      server_hostname="localhost")
+            served = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+            writer.close()
+            await writer.wait_closed()
+            if served == _der(running.tls_dir / "tls.crt"):
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the renewed certificate was never served")
+        # The keep-alive connection opened before the renewal still answers (a new connection
+        # would fail: this session trusts the old CA only).
+        async with keep.post(running.url + "/mutate",
+                             data=orjson.dumps(review(hami_pod(), uid="after"))) as resp:
+            assert (await resp.json())["response"]["uid"] == "after"
+
+
+def _der(path: Path) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(path.read_text())
 
 
 async def test_shutdown_finishes_in_flight_reviews(running: Running) -> None:
