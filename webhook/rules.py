@@ -67,6 +67,7 @@ class RuleStore:
         self.listeners: list[Listener] = []
         self.on_synced: Callable[[], None] | None = None  # after the first ConfigMap list
         self._config_maps: dict[str, dict[str, str]] = {}  # name -> last good data
+        self._refused: dict[str, dict[str, str]] = {}  # name -> data refused (reported once)
         self._stamps: dict[Path, _FileStamp] = {}
         self._lock = asyncio.Lock()
 
@@ -184,15 +185,17 @@ class RuleStore:
     async def config_map_changed(self, config_map: Object) -> bool:
         name = config_map["metadata"]["name"]
         data = {str(k): str(v) for k, v in (config_map.get("data") or {}).items()}
-        if self._config_maps.get(name) == data:
-            return False
+        if self._config_maps.get(name) == data or self._refused.get(name) == data:
+            return False  # nothing new: already in force, or already refused and reported
         async with self._lock:
             candidate = {**self._config_maps, name: data}
             try:
                 rules = self._build(candidate)
             except RulesError as exc:
+                self._refused[name] = data
                 await self._refuse(config_map, exc)
                 return False
+            self._refused.pop(name, None)
             self._config_maps = candidate
             self._commit(rules, "configmap")
         await self._notify()
@@ -200,6 +203,7 @@ class RuleStore:
 
     async def config_map_deleted(self, config_map: Object) -> bool:
         name = config_map["metadata"]["name"]
+        self._refused.pop(name, None)
         if name not in self._config_maps:
             return False
         async with self._lock:

@@ -121,6 +121,9 @@ async def test_a_config_map_rule_update_takes_effect_and_a_broken_one_is_refused
             "name": event["metadata"]["name"], "namespace": "dra-gateway"}}, "1.34", strict=True)
     still = await _mutate(client, npu_pod())
     assert "patch" in still
+    # Seeing the same broken data again (a relist) reports nothing new.
+    assert await state.store.config_map_changed(current) is False
+    assert len((await cluster.list(EVENTS, namespace="dra-gateway")).items) == 1
 
 
 async def test_removing_the_label_takes_the_config_map_rules_out_of_force(
