@@ -5,8 +5,8 @@ The replay follows the FGD paper's simulator (Weng et al., USENIX ATC'23;
 GPU requests reach `--load` times the cluster's GPUs, shuffled, each placed once, no deletions;
 a pod is placed only where its CPU and memory fit and on the GPU models its `gpu_spec` allows.
 Each trace pod goes the way a real one would: a pod with legacy requests (`nvidia.com/gpu: N`
-for whole cards; Koordinator's `gpu-core` + `gpu-memory-ratio` for shares, so memory is the
-share times the card's memory) is translated by the built-in rules, its claim is made from the
+for whole cards; HAMi's `gpucores` + `gpumem-percentage` for shares, so memory is the share
+times the card's memory; `gpu_spec` as HAMi's `nvidia.com/use-gputype`) is translated by the built-in rules, its claim is made from the
 template as the claim controller would, and the nodes publish slices as the node plugin builds
 them; `plan_pod` places it and the plan is assumed. Nothing is faked: the figures are those of
 the code the allocator runs.
@@ -238,8 +238,9 @@ class Translator:
             limits["nvidia.com/gpu"] = str(pod.num_gpu)
         elif pod.num_gpu == 1 and pod.gpu_milli > 0:
             percent = max(1, pod.gpu_milli // 10)
-            limits["koordinator.sh/gpu-core"] = str(percent)
-            limits["koordinator.sh/gpu-memory-ratio"] = str(percent)
+            limits["nvidia.com/gpu"] = "1"
+            limits["nvidia.com/gpucores"] = str(percent)
+            limits["nvidia.com/gpumem-percentage"] = str(percent)
         if pod.gpu_spec and limits:
             annotations["nvidia.com/use-gputype"] = ",".join(pod.gpu_spec)
         return {

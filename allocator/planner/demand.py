@@ -16,7 +16,7 @@ from dra_gateway.allocator.planner.devices import IDENTITY_ATTRIBUTES, MIB_NANOS
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
 
-MACRO_MARKERS = (".all(", ".exists(", ".exists_one(", ".map(", ".filter(", "size(", " in ")
+MACRO_MARKERS = (".all(", ".exists(", ".exists_one(", ".map(", ".filter(")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,105 @@
+"""The trace benchmark: openb files in, per-policy figures out, through the real planner."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from dra_gateway.allocator import bench
+from dra_gateway.allocator.planner import PlannerSettings, plan_pod
+from dra_gateway.cli import main as cli_main
+
+DATA = Path(__file__).parent / "data"
+NODES = DATA / "openb_nodes_tiny.csv"
+PODS = DATA / "openb_pods_tiny.csv"
+
+
+def _args(**overrides: object) -> argparse.Namespace:
+    values: dict[str, object] = {"nodes": str(NODES), "pods": str(PODS), "policies": None,
+                                 "load": 1.3, "seeds": "42-43", "output": "json"}
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def test_json_output_has_every_policy_with_the_agreed_fields(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert bench.main(_args()) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["policies"]) == {"default", "binpack", "spread", "first-fit"}
+    for figures in out["policies"].values():
+        assert {"allocation_ratio", "claims_per_second", "p50_ms", "p99_ms",
+                "unallocated_gpus"} <= set(figures)
+        assert 0 < figures["allocation_ratio"] <= 100
+        assert figures["p50_ms"] <= figures["p99_ms"]
+    assert out["seeds"] == [42, 43]
+
+
+def test_the_command_line_prints_a_table_for_the_chosen_policies(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli_main(["bench", "allocator", "--nodes", str(NODES), "--pods", str(PODS),
+                     "--policy", "first-fit", "--policy", "default", "--seeds", "7"])
+    assert code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["policy", "GPU", "alloc"]
+    assert [line.split()[0] for line in lines[2:4]] == ["first-fit", "default"]
+    assert lines[-1] == "(mean over 1 seed(s): 7)"
+
+
+def test_a_larger_sample_replays_with_every_policy_above_a_sane_ratio(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = _args(nodes=str(DATA / "openb_nodes_small.csv"),
+                 pods=str(DATA / "openb_pods_small.csv"), seeds="42")
+    assert bench.main(args) == 0
+    ratios = {name: f["allocation_ratio"]
+              for name, f in json.loads(capsys.readouterr().out)["policies"].items()}
+    assert all(r > 80 for r in ratios.values()), ratios
+
+
+def test_gpu_spec_restricts_the_models_a_pod_may_use() -> None:
+    cluster = bench.Cluster(bench.read_nodes(NODES))
+    translator = bench.Translator()
+    state = cluster.state(PlannerSettings(default_policy="first-fit"))
+    trace_pod = bench.TracePod("x", 1000, 1024, 1, 250, ("V100M32",))
+    pod, specs = translator.translate(trace_pod)
+    pod = {**pod, "metadata": {**pod["metadata"], "uid": "u"}}
+    claims = [{"metadata": {"name": "c", "namespace": "openb", "uid": "c"}, "spec": s}
+              for s in specs]
+    assert plan_pod(state, pod, claims).node_name == "node-b"
+
+
+def test_the_sample_reaches_the_load_and_keeps_every_pod() -> None:
+    pods = bench.read_pods(PODS)
+    sample = bench.sample(pods, total_gpus=7, load=1.3, seed=1)
+    assert sum(p.gpu_share for p in sample) >= 1.3 * 7
+    assert {p.name for p in pods} <= {p.name for p in sample}
+    assert bench.sample(pods, 7, 1.3, 1) == sample
+
+
+def test_seeds_are_ranges_or_lists() -> None:
+    assert bench.parse_seeds("42-44,50") == [42, 43, 44, 50]
+    with pytest.raises(bench.TraceError, match="--seeds 'x': write a range such as 42-51"):
+        bench.parse_seeds("x")
+
+
+def test_a_file_without_the_openb_columns_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    broken = tmp_path / "nodes.csv"
+    broken.write_text("name,cpu\nn1,1\n")
+    assert bench.main(_args(nodes=str(broken))) == 2
+    err = capsys.readouterr().err
+    assert "nodes.csv: missing column(s) sn, cpu_milli, memory_mib, gpu" in err
+
+
+def test_an_unknown_policy_is_refused_with_the_choices(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert bench.main(_args(policies=["best"])) == 2
+    assert "--policy 'best' is not a policy; use one of default, binpack, spread, first-fit" in \
+        capsys.readouterr().err

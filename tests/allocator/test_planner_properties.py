@@ -1,0 +1,73 @@
+"""Random claim sequences never overcommit a card and never share a whole one."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dra_gateway.allocator.planner import POLICIES
+from dra_gateway.kube import names
+from dra_gateway.kube.quantity import parse_quantity
+
+from .test_planner import claim, cluster, gpu, place, pod, share_config
+
+GI = 1 << 30
+
+request = st.one_of(
+    st.tuples(st.just("whole"), st.integers(1, 3)),
+    st.tuples(st.just("share"), st.integers(1, 16), st.integers(1, 100)),  # GiB, cores
+    st.tuples(st.just("percent"), st.integers(1, 100), st.integers(1, 100)),
+)
+
+
+def _claim_for(n: int, spec: tuple[Any, ...]) -> dict[str, Any]:
+    kind = spec[0]
+    if kind == "whole":
+        return claim(f"c{n}", count=spec[1])
+    if kind == "share":
+        return claim(f"c{n}", capacity={"memory": f"{spec[1]}Gi", "cores": str(spec[2])})
+    return claim(f"c{n}", capacity={"cores": str(spec[2])},
+                 config=[share_config(["main"], memoryPercent=spec[1], cores=spec[2])])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=st.lists(request, min_size=1, max_size=30), policy=st.sampled_from(POLICIES),
+       releases=st.lists(st.integers(0, 29), max_size=8))
+def test_random_claims_never_exceed_a_card_or_share_a_whole_one(
+    specs: list[tuple[Any, ...]], policy: str, releases: list[int]
+) -> None:
+    memory = {"n1": 16, "n2": 24}
+    state = cluster({"n1": [gpu(0, memory_gib=16), gpu(1, memory_gib=16)],
+                     "n2": [gpu(0, memory_gib=24), gpu(1, memory_gib=24), gpu(2, memory_gib=24)]},
+                    policy=policy)
+    allocations: dict[str, dict[str, Any]] = {}
+    for n, spec in enumerate(specs):
+        c = _claim_for(n, spec)
+        plan = place(state, pod(f"p{n}", cpu="10m"), c)
+        if plan.node_name is not None:
+            allocations[c["metadata"]["uid"]] = plan.allocations[c["metadata"]["uid"]]
+        if n in releases and allocations:
+            # The owning pod went away: release its claim, as the controller does.
+            uid = sorted(allocations)[0]
+            state.remove_claim(uid)
+            del allocations[uid]
+    used_memory: dict[tuple[str, str], int] = defaultdict(int)
+    used_cores: dict[tuple[str, str], int] = defaultdict(int)
+    holders: dict[tuple[str, str], list[bool]] = defaultdict(list)
+    for allocation in allocations.values():
+        for result in allocation["devices"]["results"]:
+            key = (result["pool"], result["device"])
+            consumed = result["consumedCapacity"]
+            used_memory[key] += parse_quantity(consumed[names.CAPACITY_MEMORY]).value()
+            used_cores[key] += parse_quantity(consumed[names.CAPACITY_CORES]).value()
+            whole = used_cores[key] and consumed[names.CAPACITY_CORES] == "100" and (
+                parse_quantity(consumed[names.CAPACITY_MEMORY]).value() == memory[key[0]] * GI)
+            holders[key].append(bool(whole))
+    for key, amount in used_memory.items():
+        assert amount <= memory[key[0]] * GI, key
+        assert used_cores[key] <= names.CORES_PER_CARD, key
+        if any(holders[key]):
+            assert len(holders[key]) == 1, f"whole card {key} shared: {holders[key]}"
