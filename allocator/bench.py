@@ -6,10 +6,10 @@ GPU requests reach `--load` times the cluster's GPUs, shuffled, each placed once
 a pod is placed only where its CPU and memory fit and on the GPU models its `gpu_spec` allows.
 Each trace pod goes the way a real one would: a pod with legacy requests (`nvidia.com/gpu: N`
 for whole cards; HAMi's `gpucores` + `gpumem-percentage` for shares, so memory is the share
-times the card's memory; `gpu_spec` as HAMi's `nvidia.com/use-gputype`) is translated by the built-in rules, its claim is made from the
-template as the claim controller would, and the nodes publish slices as the node plugin builds
-them; `plan_pod` places it and the plan is assumed. Nothing is faked: the figures are those of
-the code the allocator runs.
+times the card's memory; `gpu_spec` as HAMi's `nvidia.com/use-gputype`) is translated by the
+built-in rules, its claim is made from the template as the claim controller would, and the
+nodes publish slices as the node plugin builds them; `plan_pod` places it and the plan is
+assumed. Nothing is faked: the figures are those of the code the allocator runs.
 
 Reported per policy: GPU allocation ratio (allocated GPU share over all GPUs, mean over seeds),
 unallocated GPUs, claims placed per second of planning time, and p50/p99 planning time per
