@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -71,6 +72,11 @@ async def serve(settings: WebhookSettings, options: ServeOptions, *,
         runner = web.AppRunner(create_app(settings, cluster, tls=tls), access_log=None,
                                handle_signals=False, shutdown_timeout=options.shutdown_timeout)
         await runner.setup()
+        # Everything loaded so far (rules, compiled CEL, modules) lives as long as the process:
+        # moved out of the collector's reach, it no longer lengthens the collections that run
+        # between reviews, which shows in tail latency.
+        gc.collect()
+        gc.freeze()
         try:
             site = web.TCPSite(runner, options.host, options.port, ssl_context=tls.context,
                                reuse_port=reuse_port or None, backlog=1024)
@@ -85,6 +91,7 @@ async def serve(settings: WebhookSettings, options: ServeOptions, *,
                      extra={"timeout": options.shutdown_timeout})
         finally:
             await runner.cleanup()
+            gc.unfreeze()
     finally:
         if own_cluster:
             await cluster.close()
