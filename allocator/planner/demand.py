@@ -44,6 +44,8 @@ class Alternative:
     whole: bool  # no amount asked: whole devices, never shared
     admin_access: bool
     identity_sensitive: bool
+    # Verdicts of the static match per device content, filled by the search.
+    static: dict[tuple[int, object], bool | str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -94,6 +94,7 @@ class Device:
         "policies",
         "pool",
         "raw",
+        "serial",
         "shareable",
         "taints",
         "verdicts",
@@ -144,6 +145,7 @@ class Device:
         self._view: Any = None
         self.group = self.group_sig()
         self.group_id = -1  # interned by the state
+        self.serial = -1  # unique per device version, set by the state
 
     def view(self) -> Any:
         """The CEL `device` value, built once per slice version."""

@@ -93,7 +93,8 @@ class NodeSearch:
         self.native = state.settings.consumable_capacity
         self._usage = [state.device_usage(d.key) for d in self.devices]
         self._gpus = [i for i, d in enumerate(self.devices) if d.is_gateway_gpu]
-        self._base_free = [self._compute_free(i) for i in range(len(self.devices))]
+        self._base_free = [self._compute_free(i) if u.holders else FULL
+                           for i, u in enumerate(self._usage)]
 
     # --- reasons ------------------------------------------------------------------------------
 
@@ -106,6 +107,20 @@ class NodeSearch:
     # --- static matching ----------------------------------------------------------------------
 
     def _matches(self, alt: Alternative, device: Device) -> bool | str:
+        """Class selectors, request selectors and device taints; remembered per device
+        content (per device for selectors that read identity attributes) until the classes or
+        the device's slice change."""
+        key = (self.state.generation,
+               device.serial if alt.identity_sensitive else device.group_id)
+        verdict = alt.static.get(key)
+        if verdict is None:
+            if len(alt.static) > 50_000:
+                alt.static.clear()
+            verdict = self._match(alt, device)
+            alt.static[key] = verdict
+        return verdict
+
+    def _match(self, alt: Alternative, device: Device) -> bool | str:
         info = self.state.classes.get(alt.class_name)
         if info is None:
             return f"DeviceClass {alt.class_name!r} not found"

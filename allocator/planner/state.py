@@ -128,6 +128,7 @@ class ClusterState:
         self.groups: dict[tuple[object, ...], list[str]] = {}
         self._static_sig: dict[str, int] = {}
         self._sig_ids: dict[object, int] = {}
+        self._serial = 0
         self.generation = 0  # bumped on changes that can alter a memoised plan
         self.memo: dict[tuple[object, ...], Any] = {}
         # Classes created or joined, in order: rankings of pod signatures catch up from here.
@@ -201,6 +202,8 @@ class ClusterState:
                     device = Device(driver=pool[0], pool=pool[1], node=node, raw=raw,
                                     consumable_capacity=self.settings.consumable_capacity)
                     device.group_id = self._intern(device.group)
+                    self._serial += 1
+                    device.serial = self._serial
                     self.devices[device.key] = device
                     devices.append(device)
                     if node:

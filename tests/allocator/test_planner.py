@@ -642,3 +642,20 @@ def test_identical_nodes_are_evaluated_once_per_class() -> None:
         plan_module.NodeSearch.run = original  # type: ignore[method-assign]
     assert plan.node_name == "n000"
     assert searches == 1
+
+
+def test_selectors_on_identity_attributes_are_evaluated_per_device() -> None:
+    # Nodes with identical cards differ only by UUID: a selector naming one UUID must not be
+    # answered from another node's verdict.
+    state = cluster({f"n{i}": [gpu(0, memory_gib=16 + i)] for i in range(3)})
+    for n in range(3):
+        state.set_slice(resource_slice(f"n{n}", [gpu(0)], generation=2))
+    wanted = "GPU-0000-16"
+    assert all(d.attributes[f"{DRIVER}/uuid"] == wanted for d in state.devices.values())
+    state.set_slice(resource_slice("n2", [{**gpu(0), "attributes": {
+        **gpu(0)["attributes"], "uuid": {"string": "GPU-other"}}}], generation=3))
+    c = claim(selectors=[f"device.attributes['{DRIVER}'].uuid == 'GPU-other'"])
+    assert place(state, pod(), c).node_name == "n2"
+    state.set_slice(resource_slice("n2", [gpu(0)], generation=4))
+    assert place(state, pod("q"), claim("q", selectors=[
+        f"device.attributes['{DRIVER}'].uuid == 'GPU-other'"])).node_name is None
