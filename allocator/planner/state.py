@@ -284,8 +284,14 @@ class ClusterState:
         """Count a pod's CPU and memory on its node once it is bound (spec.nodeName)."""
         uid = (obj.get("metadata") or {}).get("uid", "")
         node = (obj.get("spec") or {}).get("nodeName")
-        if not node or kubefit.pod_is_finished(obj):
+        if kubefit.pod_is_finished(obj):
             self.remove_pod(uid)
+            return
+        if not node:
+            # Not bound yet: a plan assumed for it keeps its CPU and memory reserved.
+            old = self.pods.get(uid)
+            if old is not None and not old.assumed:
+                self.remove_pod(uid)
             return
         cpu, memory = kubefit.pod_requests(obj)
         self._put_pod(uid, PodRecord(node, cpu, memory, assumed=False))
@@ -373,9 +379,11 @@ class ClusterState:
                     continue
             # A result without a share (no consumedCapacity, nowhere recorded) holds the device
             # alone: that is how the scheduler and non-sharing drivers allocate.
-            exclusive = consumed_raw is None
-            if exclusive:
-                device = self.devices.get(key)
+            device = self.devices.get(key)
+            exclusive = consumed_raw is None or (
+                # A share of everything is a whole card, whoever wrote it.
+                device is not None and bool(device.capacity) and consumed == device.capacity)
+            if consumed_raw is None:
                 consumed = dict(device.capacity) if device is not None else {}
             previous = uses.get(key)
             if previous is not None:

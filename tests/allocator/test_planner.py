@@ -659,3 +659,27 @@ def test_selectors_on_identity_attributes_are_evaluated_per_device() -> None:
     state.set_slice(resource_slice("n2", [gpu(0)], generation=4))
     assert place(state, pod("q"), claim("q", selectors=[
         f"device.attributes['{DRIVER}'].uuid == 'GPU-other'"])).node_name is None
+
+
+def test_an_assumed_pod_keeps_its_cpu_while_it_waits_for_binding() -> None:
+    state = cluster({"n1": [gpu(0), gpu(1)]}, cpu="2")
+    gated = pod("g", cpu="2")
+    place(state, gated, claim("g"))
+    state.set_pod(gated)  # the watch sees it, still without a node
+    assert place(state, pod("q", cpu="1"), claim("q")).node_name is None
+    state.set_pod({**gated, "spec": {**gated["spec"], "nodeName": "n1"}})
+    assert place(state, pod("r", cpu="1"), claim("r")).node_name is None
+    state.set_pod({**gated, "status": {"phase": "Succeeded"}})
+    assert place(state, pod("s", cpu="1"), claim("s")).node_name == "n1"
+
+
+def test_a_share_of_a_whole_card_written_by_another_writer_blocks_the_card() -> None:
+    state = cluster({"n1": [gpu(0)]})
+    whole = claim("whole")
+    whole["status"] = {"allocation": {"devices": {"results": [
+        {"request": "main", "driver": DRIVER, "pool": "n1", "device": "gpu-0",
+         "shareID": "8f6a3a4e-1d2b-4c3d-9e8f-0a1b2c3d4e5f",
+         "consumedCapacity": {"memory": "16Gi", "cores": "100"}}]}}}
+    state.set_claim(whole)
+    assert state.usage[(DRIVER, "n1", "gpu-0")].exclusive == 1
+    assert place(state, pod(), claim("tiny", capacity={"memory": "1Mi"})).node_name is None
