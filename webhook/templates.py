@@ -72,9 +72,6 @@ class Templates:
         self._known: TTLCache[Key, frozenset[str]] = TTLCache(cache_size, ttl)
         self._inflight: dict[Key, asyncio.Future[frozenset[str]]] = {}
 
-    def known(self, namespace: str, name: str) -> bool:
-        return ("template", namespace, name) in self._known
-
     def cached_classes(self, kind: str, namespace: str, name: str) -> frozenset[str] | None:
         """Classes of a template ("template") or claim ("claim") already known, without I/O."""
         return self._known.get((kind, namespace, name))
@@ -92,10 +89,13 @@ class Templates:
                    if ("template", namespace, t["metadata"]["name"]) not in self._known]
         if not missing or dry_run:
             return 0
+        created = 0
         try:
             async with asyncio.timeout(self._timeout):
-                results = await asyncio.gather(*(self._ensure_one(t, namespace)
-                                                 for t in missing))
+                # One after the other: the translator makes one template per pod, and a gather
+                # would leave the others running unsupervised when one fails.
+                for template in missing:
+                    created += await self._ensure_one(template, namespace)
         except TimeoutError:
             self._metrics.template_creates.labels("failed").inc()
             names = ", ".join(t["metadata"]["name"] for t in missing)
@@ -104,7 +104,7 @@ class Templates:
                 f"created within {self._timeout:g}s; the pod was not admitted and can be "
                 f"retried (controllers retry on their own)"
             ) from None
-        return sum(results)
+        return created
 
     async def _ensure_one(self, template: Mapping[str, Any], namespace: str) -> bool:
         name = template["metadata"]["name"]
