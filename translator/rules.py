@@ -47,6 +47,7 @@ __all__ = [
     "RuleSet",
     "RulesDocument",
     "RulesError",
+    "Source",
     "load_rules",
     "render_selector",
 ]
@@ -78,7 +79,6 @@ _RESOURCE_RE: Final = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _PATTERN_RE: Final = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[-A-Za-z0-9_.]*\*$")
 _MAX_EXPRESSION: Final = 4096
-_SHARE_FIELDS: Final = ("memory", "memoryPercent", "cores", "enforcement", "policy")
 
 
 class RulesError(ValueError):
@@ -810,7 +810,7 @@ def _sample_activation(exact: Iterable[str], pattern: str | None, spec: RuleSpec
     }
 
 
-def sample_activations(rule: CompiledRule, spec: RuleSpec) -> list[dict[str, Any]]:
+def _sample_activations(rule: CompiledRule, spec: RuleSpec) -> list[dict[str, Any]]:
     """Representative inputs for a dry run: nothing optional set, then everything set."""
     return [_sample_activation(rule.exact, rule.pattern, spec, value=value, text=text)
             for value, text in ((1, None), (2, "a"))]
@@ -852,7 +852,7 @@ def _dry_run(rule: CompiledRule, entry: _Entry, problems: _Problems) -> None:
                          f"expected {names_}")
         return value
 
-    for activation in sample_activations(rule, entry.spec):
+    for activation in _sample_activations(rule, entry.spec):
         check("match.when", rule.when, activation, (bool,))
         for i, (name, variable) in enumerate(rule.variables):
             activation[name] = check(f"variables[{i}].expression", variable, activation, None)
@@ -968,13 +968,3 @@ def _check_overlaps(rules: list[CompiledRule], entries: Mapping[str, _Entry],
                          f"rule \"{name}\" reads {resource} like {noun} {listed}, with no "
                          "precedence between them; give it a different precedence, reuse the "
                          "name to replace a rule, or disable one")
-
-
-def validate_rules(paths: Sequence[Source], *, builtin: bool = True) -> list[str]:
-    """Every problem of the given rule sources (empty when they load)."""
-    try:
-        load_rules(*paths, builtin=builtin)
-    except RulesError as exc:
-        return exc.errors
-    return []
-
