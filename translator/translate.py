@@ -125,17 +125,23 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
               class_lookup: ClassLookup | None = None) -> TranslationPlan:
     """The plan for one pod (a plain dict as the API serves it); the pod is not modified.
 
-    A pod that carries the gateway's `translated` annotation is left alone, which makes
-    translation idempotent. `class_lookup`, when given, tells which device classes the pod's
-    own claims and templates request, so that a pod using a gateway class natively is gated
-    too; without it only references to `dra-gateway-*` templates are recognised as such.
+    A pod that carries the gateway's `translated` annotation is not translated again (it only
+    gets the scheduling gate if it lacks one), which makes translation idempotent.
+    `class_lookup`, when given, tells which device classes the pod's own claims and templates
+    request, so that a pod using a gateway class natively is gated too; without it only
+    references to `dra-gateway-*` templates are recognised as such.
     """
     metadata = pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
-    if names.ANNOTATION_TRANSLATED in annotations:
-        return TranslationPlan()
     spec = pod.get("spec") or {}
     namespace = metadata.get("namespace") or ""
+    if names.ANNOTATION_TRANSLATED in annotations:
+        # Translated already (by an earlier admission, or by `dra-gateway translate` in a
+        # workload's pod template): only make sure the gate is there.
+        plan = TranslationPlan()
+        if _references_gateway_class(spec, namespace, class_lookup):
+            _add_gate(spec, plan.patch)
+        return plan
 
     found: list[tuple[str, int, Mapping[str, Any], tuple[str, ...], tuple[str, ...]]] = []
     is_legacy = rules.is_legacy

@@ -233,3 +233,13 @@ def test_malformed_values_are_refused_not_crashed_on(builtin_rules: RuleSet) -> 
     assert plan.refusal.message == (
         'container "main": nvidia.com/gpu: invalid quantity "[1]": a quantity starts with a '
         'number, e.g. "40Gi" or "500m" (rule nvidia-gpu)')
+
+
+def test_a_translated_pod_template_that_lost_its_gate_gets_it_back(
+        builtin_rules: RuleSet) -> None:
+    original = pod(ctr("main", limits={"nvidia.com/gpu": 1}))
+    translated = checked(translate(original, builtin_rules), original)
+    del translated["spec"]["schedulingGates"]
+    again = translate(translated, builtin_rules)
+    assert (again.patch, again.templates) == (
+        [{"op": "add", "path": "/spec/schedulingGates", "value": [GATE]}], [])
