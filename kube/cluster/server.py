@@ -530,7 +530,7 @@ async def _listen(app: web.Application, host: str, port: int, token: str | None,
         await runner.cleanup()
 
 
-def kubeconfig(server_url: str, token: str | None = None, *,
+def kubeconfig_document(server_url: str, token: str | None = None, *,
                name: str = "dra-gateway") -> dict[str, Any]:
     """A kubeconfig document with one cluster, one user, one context, selected."""
     user: dict[str, Any] = {"token": token} if token else {}
@@ -549,7 +549,7 @@ def kubeconfig(server_url: str, token: str | None = None, *,
 def write_kubeconfig(path: str | os.PathLike[str], server_url: str,
                      token: str | None = None) -> None:
     """Write a kubeconfig for `server_url` (readable by its owner only: it may hold a token)."""
-    text = yaml.safe_dump(kubeconfig(server_url, token), sort_keys=False)
+    text = yaml.safe_dump(kubeconfig_document(server_url, token), sort_keys=False)
     fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
