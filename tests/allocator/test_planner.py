@@ -683,3 +683,45 @@ def test_a_share_of_a_whole_card_written_by_another_writer_blocks_the_card() -> 
     state.set_claim(whole)
     assert state.usage[(DRIVER, "n1", "gpu-0")].exclusive == 1
     assert place(state, pod(), claim("tiny", capacity={"memory": "1Mi"})).node_name is None
+
+
+def test_class_and_claim_configs_are_copied_into_the_allocation() -> None:
+    state = cluster({"n1": [gpu(0)]})
+    with_config = device_class(names.GPU_CLASS, "gpu")
+    class_opaque = {"driver": DRIVER, "parameters": {"apiVersion": names.API_VERSION,
+                                                     "kind": "GpuShareConfig",
+                                                     "enforcement": "mps"}}
+    with_config["spec"]["config"] = [{"opaque": class_opaque}]
+    state.set_device_class(with_config)
+    other = {"opaque": {"driver": "example.com", "parameters": {"a": 1}}}
+    c = claim(capacity={"memory": "2Gi", "cores": "20"},
+              config=[other, share_config(["main"], memory=2 * GI, cores=20)])
+    plan = place(state, pod(), c)
+    config = plan.allocations["uid-c"]["devices"]["config"]
+    assert config == [
+        {"source": "FromClass", "requests": ["main"], "opaque": class_opaque},
+        {"source": "FromClaim", "opaque": other["opaque"]},
+        {"source": "FromClaim", "requests": ["main"],
+         "opaque": share_config(memory=2 * GI, cores=20)["opaque"]},
+    ]
+    validate_allocated(c, plan)
+
+
+def test_fragmentation_follows_the_fgd_definition() -> None:
+    workload = Workload([(TaskType(1000, GI, 1, 1000), 1.0), (TaskType(1000, GI, 1, 600), 1.0),
+                         (TaskType(1000, GI, 2, 1000), 2.0), (TaskType(0, 0, 0, 0), 5.0)])
+    # CPU-only types do not count; whole-card tasks lose the partly used cards, or everything
+    # when too few cards are free; shares lose the cards with less free than they need.
+    cards = (500, 1000)
+    assert workload.fragmentation(cards, 8000, 8 * GI, "T4") == pytest.approx(
+        0.25 * 500 + 0.25 * 500 + 0.5 * 1500)
+    assert workload.fragmentation(cards, 500, 8 * GI, "T4") == pytest.approx(1500)
+    assert workload.fragmentation((1000, 1000), 8000, 8 * GI, "T4") == pytest.approx(0)
+
+
+def test_the_learned_workload_follows_the_pods_planned() -> None:
+    state = cluster({"a": [gpu(0), gpu(1)]}, policy="default")
+    for n in range(20):
+        place(state, pod(f"p{n}", cpu="100m"), claim(f"c{n}", capacity={
+            "cores": "25"}, config=[share_config(["main"], memoryPercent=25, cores=25)]))
+    assert [(t.gpus, t.milli) for t, _ in state.workload.types] == [(1, 250)]
