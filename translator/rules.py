@@ -349,6 +349,10 @@ class RuleSet:
     cache: dict[Any, Any] = field(default_factory=dict)
     cache_size: int = 4096
 
+    def __repr__(self) -> str:
+        return (f"RuleSet(rules={list(self.rule_names)}, disabled={list(self.disabled)}, "
+                f"cached={len(self.cache)})")
+
     def __post_init__(self) -> None:
         index: dict[str, list[CompiledRule]] = {}
         prefixes: list[tuple[str, CompiledRule]] = []

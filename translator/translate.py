@@ -137,9 +137,10 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
     namespace = metadata.get("namespace") or ""
     if names.ANNOTATION_TRANSLATED in annotations:
         # Translated already (by an earlier admission, or by `dra-gateway translate` in a
-        # workload's pod template): only make sure the gate is there.
+        # workload's pod template): only make sure the gate is there if it is needed.
         plan = TranslationPlan()
-        if _references_gateway_class(spec, namespace, class_lookup):
+        if _recorded_gate(annotations[names.ANNOTATION_TRANSLATED]) or \
+                _references_gateway_class(spec, namespace, class_lookup, by_name=False):
             _add_gate(spec, plan.patch)
         return plan
 
@@ -238,20 +239,34 @@ def _is_sidecar(key: str, container: Mapping[str, Any]) -> bool:
     return key == "initContainers" and container.get("restartPolicy") == "Always"
 
 
+def _recorded_gate(annotation: Any) -> bool:
+    """Whether the translation recorded in the annotation needed the gate."""
+    try:
+        record = orjson.loads(annotation)
+    except (orjson.JSONDecodeError, TypeError):
+        return False
+    return isinstance(record, dict) and record.get("gated") is True
+
+
 def _references_gateway_class(spec: Mapping[str, Any], namespace: str,
-                              class_lookup: ClassLookup | None) -> bool:
+                              class_lookup: ClassLookup | None, *, by_name: bool = True) -> bool:
+    """Whether the pod's own claims use a gateway-allocated class.
+
+    `class_lookup` answers where it knows the claim or template. Otherwise, with `by_name`, a
+    `dra-gateway-*` template counts as one: most of the gateway's templates are, and a pod
+    gated without need is only delayed until the allocator sees it, while one left ungated
+    would be allocated by the scheduler behind the allocator's back.
+    """
     for claim in spec.get("resourceClaims") or ():
         template = claim.get("resourceClaimTemplateName")
-        if template and template.startswith(TEMPLATE_PREFIX):
-            return True
-        if class_lookup is None:
-            continue
         kind, ref = (("ResourceClaimTemplate", template) if template else
                      ("ResourceClaim", claim.get("resourceClaimName")))
-        if ref:
-            classes = class_lookup(kind, namespace, ref)
-            if classes and any(c in names.GATEWAY_CLASSES for c in classes):
+        classes = class_lookup(kind, namespace, ref) if class_lookup and ref else None
+        if classes is not None:
+            if any(c in names.GATEWAY_CLASSES for c in classes):
                 return True
+        elif by_name and template and template.startswith(TEMPLATE_PREFIX):
+            return True
     return False
 
 
@@ -337,8 +352,9 @@ def _plan_pod(found: list[tuple[str, int, Mapping[str, Any], tuple[str, ...], tu
     }
     applied = tuple(sorted({p.rule for _, _, p in per_container}))
     template_json = orjson.dumps(template)
-    annotation = orjson.dumps({"containers": record}, option=orjson.OPT_SORT_KEYS).decode()
     gated = any(p.gated for _, _, p in per_container)
+    annotation = orjson.dumps({"containers": record, "gated": gated},
+                              option=orjson.OPT_SORT_KEYS).decode()
     for _, _, result in per_container:
         warnings.extend(result.warnings)
     return _PodPlan(template_json, request_of, removed, annotation, gated, tuple(warnings),

@@ -24,7 +24,7 @@ def test_a_whole_gpu_pod_gets_the_complete_patch(builtin_rules: RuleSet) -> None
     template = plan.templates[0]["metadata"]["name"]
     annotation = json.dumps({"containers": {"main": {
         "limits": {"nvidia.com/gpu": "1"}, "request": "main", "requests": {"nvidia.com/gpu": "1"},
-        "rule": "nvidia-gpu"}}}, separators=(",", ":"), sort_keys=True)
+        "rule": "nvidia-gpu"}}, "gated": True}, separators=(",", ":"), sort_keys=True)
     assert plan.patch == [
         {"op": "add", "path": "/spec/resourceClaims",
          "value": [{"name": CLAIM, "resourceClaimTemplateName": template}]},
@@ -243,3 +243,19 @@ def test_a_translated_pod_template_that_lost_its_gate_gets_it_back(
     again = translate(translated, builtin_rules)
     assert (again.patch, again.templates) == (
         [{"op": "add", "path": "/spec/schedulingGates", "value": [GATE]}], [])
+
+
+def test_retranslating_a_scheduler_served_pod_adds_no_gate(builtin_rules: RuleSet) -> None:
+    original = pod(ctr("main", limits={"amd.com/gpu": 1}))
+    translated = checked(translate(original, builtin_rules), original)
+    assert translate(translated, builtin_rules).patch == []
+
+
+def test_class_lookup_overrides_the_template_name_heuristic(builtin_rules: RuleSet) -> None:
+    native = pod(ctr("main", resources={"claims": [{"name": "gpu"}]}),
+                 resourceClaims=[{"name": "gpu",
+                                  "resourceClaimTemplateName": "dra-gateway-0123456789"}])
+    amd = frozenset({names.AMD_GPU_CLASS})
+    assert translate(native, builtin_rules, class_lookup=lambda *_: amd).patch == []
+    assert translate(native, builtin_rules, class_lookup=lambda *_: None).patch == [
+        {"op": "add", "path": "/spec/schedulingGates", "value": [GATE]}]
