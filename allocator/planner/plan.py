@@ -30,6 +30,7 @@ HAMI_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
 _HAMI_POLICIES = {"binpack": "binpack", "spread": "spread"}
 _SHARE_NAMESPACE = uuid.UUID("5b0f6b8e-2a4e-4f43-9d1c-6b1f3c2a9e77")
 _MEMO_LIMIT = 400_000
+_RANKINGS_LIMIT = 4_096
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,8 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
                json.dumps(tolerations, sort_keys=True) if tolerations else "", chosen_policy,
                version)
     state.refresh_groups()
-    if len(state.memo) > _MEMO_LIMIT:
+    if len(state.memo) > _MEMO_LIMIT or len(state.rankings) > _RANKINGS_LIMIT:
+        # Bounded memory whatever the variety of pods: start again from the classes.
         state.memo.clear()
         state.rankings.clear()
     spec = pod.get("spec") or {}

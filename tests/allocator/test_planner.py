@@ -725,3 +725,33 @@ def test_the_learned_workload_follows_the_pods_planned() -> None:
         place(state, pod(f"p{n}", cpu="100m"), claim(f"c{n}", capacity={
             "cores": "25"}, config=[share_config(["main"], memoryPercent=25, cores=25)]))
     assert [(t.gpus, t.milli) for t, _ in state.workload.types] == [(1, 250)]
+
+
+def test_an_unsatisfiable_numa_constraint_costs_one_search_per_node_class() -> None:
+    eight = [gpu(i, numa=i // 4) for i in range(8)]
+    state = cluster({f"n{i:04d}": eight for i in range(300)}, policy="default")
+    import dra_gateway.allocator.planner.plan as plan_module
+
+    searches: list[int] = []
+    original = plan_module.NodeSearch.run
+
+    def counting(self: Any) -> Any:
+        outcome = original(self)
+        searches.append(self.initial_budget - self.budget)
+        return outcome
+
+    plan_module.NodeSearch.run = counting  # type: ignore[method-assign]
+    try:
+        c = claim(count=5, constraints=[{"matchAttribute": f"{DRIVER}/numaNode"}])
+        plan = place(state, pod(), c)
+        again = place(state, pod("again"), claim("again", count=5, constraints=[
+            {"matchAttribute": f"{DRIVER}/numaNode"}]))
+    finally:
+        plan_module.NodeSearch.run = original  # type: ignore[method-assign]
+    assert plan.node_name is None
+    assert again.node_name is None
+    assert plan.reason == (
+        "pod ns/p: 0/300 nodes fit; 300 node(s): claim ns/c: request main: no 5 device(s) "
+        f"satisfy matchAttribute {DRIVER}/numaNode")
+    assert len(searches) == 1  # one class of identical nodes, and the second pod is memoised
+    assert searches[0] <= 200  # device choices tried, far below C(8, 5) x 5!
