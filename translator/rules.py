@@ -348,6 +348,9 @@ class RuleSet:
     by_prefix: tuple[tuple[str, CompiledRule], ...] = ()
     cache: dict[Any, Any] = field(default_factory=dict)
     cache_size: int = 4096
+    # Sorted pod annotation and nodeSelector keys some rule reads: part of the shape key.
+    annotation_order: tuple[str, ...] = ()
+    node_selector_order: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return (f"RuleSet(rules={list(self.rule_names)}, disabled={list(self.disabled)}, "
@@ -363,6 +366,8 @@ class RuleSet:
                 prefixes.append((rule.pattern, rule))
         self.by_resource = {k: tuple(v) for k, v in index.items()}
         self.by_prefix = tuple(prefixes)
+        self.annotation_order = tuple(sorted(self.annotation_keys()))
+        self.node_selector_order = tuple(sorted(self.node_selector_keys()))
 
     @property
     def rule_names(self) -> tuple[str, ...]:

@@ -174,8 +174,8 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
                    for n in req))
             for key, _, container, lim, req in found
         ),
-        tuple(_key(annotations.get(k)) for k in _annotation_keys(rules)),
-        tuple(_key(node_selector.get(k)) for k in _node_keys(rules)),
+        tuple(_key(annotations.get(k)) for k in rules.annotation_order),
+        tuple(_key(node_selector.get(k)) for k in rules.node_selector_order),
     )
     pod_plan: _PodPlan | None = rules.cache.get(shape)
     if pod_plan is None:
@@ -217,22 +217,6 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
 def _key(value: Any) -> Any:
     """`value` usable in a cache key; a malformed one (a list, a map) by its text."""
     return value if value is None or isinstance(value, (str, int, float)) else repr(value)
-
-
-def _annotation_keys(rules: RuleSet) -> tuple[str, ...]:
-    keys: tuple[str, ...] | None = rules.cache.get("__annotation_keys__")
-    if keys is None:
-        keys = tuple(sorted(rules.annotation_keys()))
-        rules.cache["__annotation_keys__"] = keys
-    return keys
-
-
-def _node_keys(rules: RuleSet) -> tuple[str, ...]:
-    keys: tuple[str, ...] | None = rules.cache.get("__node_keys__")
-    if keys is None:
-        keys = tuple(sorted(rules.node_selector_keys()))
-        rules.cache["__node_keys__"] = keys
-    return keys
 
 
 def _is_sidecar(key: str, container: Mapping[str, Any]) -> bool:
