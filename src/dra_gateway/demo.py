@@ -1,15 +1,868 @@
-"""`dra-gateway demo`: the main job on the embedded default, no cluster needed."""
+"""`dra-gateway demo`: the main job on the embedded default, no cluster needed.
+
+It starts, as separate processes of the same Python interpreter, the embedded API server
+(`cluster serve`, with its control-plane stand-in), the webhook, the allocator and one node
+plugin per simulated GPU node, each against the served API through the same kubernetes-asyncio
+code it uses in production; then it creates the example pods through that API, waits until
+they are bound and shows what each asked for, the claim template it was translated to and the
+GPU share it got. The embedded cluster runs no workload controllers, so for a Deployment, Job,
+CronJob or training job the demo creates the pods such a controller would (`<name>-<role>-<i>`).
+
+Every child process is stopped (SIGTERM, then SIGKILL after a grace period) whatever happens,
+errors and Ctrl-C included; each writes its log into the work directory, and a failure names
+the step, the process and the tail of its log. This module decides nothing about pods: it
+drives the components and reports what they did.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dra_gateway.kube.cluster.port import Cluster
+
+EXAMPLES = Path(__file__).resolve().parent / "examples"
+DEMO_DIR = EXAMPLES / "demo"
+DEFAULT_PODS = tuple(sorted((EXAMPLES / "pods").glob("*.yaml")))
+# The simulated GPU nodes: node name -> inventory (the seed holds their Node objects).
+NODES: tuple[tuple[str, str], ...] = (
+    ("gpu-a100-1", "gpu-a100-1.yaml"),
+    ("gpu-h100-1", "gpu-h100-1.yaml"),
+)
+NAMESPACE = "dra-gateway"
+WEBHOOK_SERVICE = "dra-gateway-webhook"
+GRACE_S = 5.0
+LOG_TAIL_LINES = 25
+_POLL_S = 0.2
+# Resource names the demo does not count as a legacy GPU request when it shows one.
+_PLAIN_RESOURCES = ("cpu", "memory", "ephemeral-storage", "pods")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("demo", help="run the gateway end to end on an embedded cluster")
+    parser = sub.add_parser(
+        "demo", help="run the gateway end to end on an embedded cluster",
+        description="Start the embedded API server, the webhook, the allocator and node plugins "
+                    "for simulated GPU nodes as separate processes, create example pods that "
+                    "ask for GPUs the legacy way, and show how each was translated and placed.")
+    parser.add_argument("--pods", action="append", default=[], metavar="FILE", type=Path,
+                        help="manifests to create instead of the bundled examples (Pods, or "
+                             "workloads whose pods the demo creates; repeatable)")
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="how long each wait may take: startup, then placement "
+                             "(default: %(default)s)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the work directory (logs, kubeconfig, certificates) and "
+                             "print where it is")
+    parser.add_argument("--work-dir", type=Path, metavar="DIR",
+                        help="work in DIR (created if missing, never removed) instead of a "
+                             "temporary directory")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                        help="table for people (default) or a JSON summary on standard output")
     parser.set_defaults(func=run)
 
 
+class DemoError(Exception):
+    """A step of the demo failed; `log` is the log file of the process at fault, if any."""
+
+    def __init__(self, step: str, message: str, *, log: Path | None = None) -> None:
+        super().__init__(f"{step}: {message}")
+        self.step = step
+        self.message = message
+        self.log = log
+
+
+class _Terminated(BaseException):
+    """SIGTERM reached the demo: unwind like Ctrl-C so that every child is stopped."""
+
+
+# Workloads -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class DemoPod:
+    """A pod to create, and the manifest document it came from."""
+
+    pod: dict[str, Any]
+    source: str  # e.g. "Deployment research/notebook"
+
+    @property
+    def namespace(self) -> str:
+        return str(self.pod["metadata"].get("namespace") or "default")
+
+    @property
+    def name(self) -> str:
+        return str(self.pod["metadata"]["name"])
+
+
+def _replicas(document: Any, path: str) -> int:
+    """Replicas of the pod template at `path` (its parent's `replicas`, else 1)."""
+    parts = [p for p in path.replace("[", ".[").split(".") if p]
+    parent: Any = document
+    for part in parts[:-1]:
+        parent = parent[int(part[1:-1])] if part.startswith("[") else parent[part]
+    value = parent.get("replicas") if isinstance(parent, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int):
+        return 1
+    return max(value, 0)
+
+
+def _role(path: str) -> str:
+    """`spec.pytorchReplicaSpecs.Worker.template` -> "worker"; a plain pod template -> ""."""
+    parts = [p for p in path.split(".") if p and not p.startswith("[")]
+    if len(parts) >= 2 and parts[-1] == "template" and parts[-2] not in ("spec", "jobTemplate"):
+        return parts[-2].lower()
+    return ""
+
+
+def pods_of(documents: Sequence[Any], source: str) -> list[DemoPod]:
+    """The pods to create for manifests: Pods as they are, workloads expanded to their pods."""
+    from dra_gateway.translator.manifests import describe, pod_specs
+
+    pods: list[DemoPod] = []
+    for index, document in enumerate(documents):
+        where = f"{source} (document {index + 1})"
+        if not isinstance(document, dict) or not isinstance(document.get("metadata"), dict):
+            raise DemoError("reading pods", f"{where}: expected a Kubernetes object with "
+                            "apiVersion, kind and metadata")
+        meta = document["metadata"]
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            raise DemoError("reading pods", f"{where}: metadata.name is required")
+        namespace = str(meta.get("namespace") or "default")
+        found = list(pod_specs(document))
+        if not found:
+            raise DemoError("reading pods", f"{where}: {describe(document, index)} holds no pod "
+                            "(no spec.containers anywhere); give Pods or workloads")
+        label = describe(document, index)
+        if document.get("kind") == "Pod" and not found[0][0]:
+            pod = dict(document)
+            pod["metadata"] = {**meta, "namespace": namespace}
+            pods.append(DemoPod(pod, label))
+            continue
+        for path, template in found:
+            role = _role(path)
+            for replica in range(_replicas(document, path)):
+                pod_meta = dict(template.get("metadata") or {})
+                pod_meta["name"] = "-".join(p for p in (name, role, str(replica)) if p)
+                pod_meta["namespace"] = namespace
+                pod = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta,
+                       "spec": template["spec"]}
+                pods.append(DemoPod(pod, label))
+    seen: set[tuple[str, str]] = set()
+    for item in pods:
+        key = (item.namespace, item.name)
+        if key in seen:
+            raise DemoError("reading pods", f"pod {item.namespace}/{item.name} ({item.source}) "
+                            "appears twice; give each pod or workload its own name")
+        seen.add(key)
+    return pods
+
+
+def read_pods(paths: Sequence[Path]) -> list[DemoPod]:
+    import yaml
+
+    pods: list[DemoPod] = []
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise DemoError("reading pods", f"cannot read {path}: {exc.strerror or exc}; pass "
+                            "an existing manifest file to --pods") from None
+        try:
+            documents = [d for d in yaml.safe_load_all(text) if d is not None]
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or exc
+            raise DemoError("reading pods", f"{path} is not valid YAML{where}: "
+                            f"{problem}") from None
+        pods.extend(pods_of(documents, str(path)))
+    if not pods:
+        raise DemoError("reading pods", f"no pods in {', '.join(map(str, paths))}: give at "
+                        "least one Pod or workload")
+    return pods
+
+
+# Child processes -------------------------------------------------------------------------------
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    tail = text.rstrip("\n").splitlines()[-lines:]
+    return "\n".join(tail) if tail else "(empty log)"
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen[bytes]
+
+    def exited(self) -> int | None:
+        return self.process.poll()
+
+    def check(self, step: str) -> None:
+        code = self.process.poll()
+        if code is not None:
+            raise DemoError(step, f"{self.name} exited with code {code}", log=self.log)
+
+
+@dataclass
+class Children:
+    """The processes the demo started, stopped together and always."""
+
+    log_dir: Path
+    started: list[Child] = field(default_factory=list)
+
+    def start(self, name: str, *args: str) -> Child:
+        argv = [sys.executable, "-m", "dra_gateway", *args]
+        log = self.log_dir / f"{name}.log"
+        with log.open("wb") as out:
+            out.write(("$ " + " ".join(argv) + "\n").encode())
+            out.flush()
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                       stderr=subprocess.STDOUT, env=env)
+        child = Child(name, argv, log, process)
+        self.started.append(child)
+        return child
+
+    def check(self, step: str) -> None:
+        for child in self.started:
+            child.check(step)
+
+    def stop(self, grace: float = GRACE_S) -> list[str]:
+        """SIGTERM every child, SIGKILL what is left after `grace`; names of those killed.
+
+        The first child (the API server) goes last, so the others can still release their
+        Lease and say goodbye through it.
+        """
+        killed = self._stop(self.started[1:], grace)
+        return killed + self._stop(self.started[:1], grace)
+
+    @staticmethod
+    def _stop(children: Sequence[Child], grace: float) -> list[str]:
+        for child in children:
+            if child.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        killed: list[str] = []
+        for child in children:
+            try:
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                killed.append(child.name)
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.kill()
+                child.process.wait()
+        return killed
+
+
+def free_port() -> int:
+    """A loopback port free right now (the API server must know the webhook's before both run)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# Setup -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    root: Path
+
+    @property
+    def certs(self) -> Path:
+        return self.root / "certs"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def seed(self) -> Path:
+        return self.root / "seed-gateway.yaml"
+
+    def node(self, name: str) -> Path:
+        # Short: kubelet plugin sockets live below it and unix socket paths are limited.
+        return self.root / "n" / name
+
+
+def prepare(layout: Layout) -> None:
+    """Certificates and the gateway's cluster-wide objects, written into the work directory."""
+    import yaml
+
+    from dra_gateway.certs.generate import make_bundle, write_bundle
+    from dra_gateway.node_plugin.deviceclasses import device_classes
+    from dra_gateway.translator.rules import load_rules
+    from dra_gateway.webhook.config import configurations
+
+    for folder in (layout.logs, layout.root / "n"):
+        folder.mkdir(parents=True, exist_ok=True)
+    # The API server dials the webhook as NAME.NAMESPACE.svc (checked against the certificate)
+    # at the loopback address it was given for that Service.
+    bundle = make_bundle(dns_names=[f"{WEBHOOK_SERVICE}.{NAMESPACE}.svc"],
+                         ip_addresses=["127.0.0.1"])
+    paths = write_bundle(bundle, layout.certs)
+    mutating, validating = configurations(
+        load_rules(), service_namespace=NAMESPACE, service_name=WEBHOOK_SERVICE,
+        ca_bundle=paths.ca_cert.read_bytes(), gateway_namespace=NAMESPACE)
+    documents = [*device_classes(), mutating, validating]
+    layout.seed.write_text(yaml.safe_dump_all(documents, sort_keys=False), encoding="utf-8")
+
+
+def start_api(children: Children, layout: Layout, webhook_port: int) -> Child:
+    return children.start(
+        "cluster", "cluster", "serve", "--listen", "127.0.0.1:0",
+        "--kubeconfig", str(layout.kubeconfig),
+        "--seed", str(DEMO_DIR / "seed.yaml"), "--seed", str(layout.seed),
+        "--webhook-service", f"{NAMESPACE}/{WEBHOOK_SERVICE}=127.0.0.1:{webhook_port}")
+
+
+def start_components(children: Children, layout: Layout, webhook_port: int) -> None:
+    kube = ("--cluster", "kube", "--kubeconfig", str(layout.kubeconfig))
+    # The embedded API server keeps consumable-capacity fields (as Kubernetes 1.36 does), so
+    # the node plugins publish shared cards natively and the allocator hands out native shares.
+    children.start("webhook", "webhook", "--listen", f"127.0.0.1:{webhook_port}",
+                   "--tls-dir", str(layout.certs), "--ca-file", str(layout.certs / "ca.crt"),
+                   "--namespace", NAMESPACE, *kube)
+    children.start("allocator", "allocator", "--namespace", NAMESPACE, *kube)
+    for node, inventory in NODES:
+        base = layout.node(node)
+        children.start(f"node-plugin-{node}", "node-plugin", "serve",
+                       "--inventory", str(DEMO_DIR / inventory), "--node-name", node,
+                       "--plugins-dir", str(base / "plugins"),
+                       "--registry-dir", str(base / "registry"),
+                       "--cdi-dir", str(base / "cdi"), "--state-dir", str(base / "state"),
+                       "--consumable-capacity", *kube)
+
+
+async def wait_for(step: str, children: Children, deadline: float, culprit: Child | None,
+                   ready: Callable[[], Awaitable[bool]], waiting_for: str) -> None:
+    """Poll the coroutine function `ready` until true; children dying or time running out fail."""
+    while True:
+        children.check(step)
+        if await ready():
+            return
+        if time.monotonic() > deadline:
+            raise DemoError(step, f"timed out waiting for {waiting_for}",
+                            log=culprit.log if culprit else None)
+        await asyncio.sleep(_POLL_S)
+
+
+def _api_started(layout: Layout, api: Child) -> bool:
+    return layout.kubeconfig.is_file() and "serving the Kubernetes API" in log_tail(api.log, 200)
+
+
+def _webhook_ssl(layout: Layout) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(layout.certs / "ca.crt"))
+
+
+async def webhook_ready(port: int, context: ssl.SSLContext) -> bool:
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession() as session, session.get(
+                f"https://127.0.0.1:{port}/readyz", ssl=context,
+                timeout=aiohttp.ClientTimeout(total=2)) as response:
+            return response.status == 200
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        return False
+
+
+async def slices_published(cluster: Cluster) -> set[str]:
+    from dra_gateway.kube import names
+    from dra_gateway.kube.resources import RESOURCE_SLICES
+
+    listed = await cluster.list(RESOURCE_SLICES)
+    return {str(s["spec"].get("nodeName")) for s in listed.items
+            if s["spec"].get("driver") == names.DRIVER and s["spec"].get("devices")}
+
+
+async def allocator_leads(cluster: Cluster) -> bool:
+    from dra_gateway.kube.cluster.port import NotFound
+    from dra_gateway.kube.resources import LEASES
+
+    try:
+        lease = await cluster.get(LEASES, "dra-gateway-allocator", namespace=NAMESPACE)
+    except NotFound:
+        return False
+    return bool((lease.get("spec") or {}).get("holderIdentity"))
+
+
+# Placement -------------------------------------------------------------------------------------
+
+@dataclass
+class PodReport:
+    namespace: str
+    name: str
+    source: str
+    legacy: str
+    rule: str
+    templates: list[str]
+    expected: str  # "bound" | "pending"
+    why_pending: str = ""
+    node: str | None = None
+    claims: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "name": self.name, "source": self.source,
+                "legacyRequest": self.legacy, "rule": self.rule or None,
+                "templates": self.templates, "expected": self.expected,
+                "whyPending": self.why_pending or None, "node": self.node,
+                "claims": self.claims, "ok": self.ok, "problems": self.problems}
+
+
+def legacy_request(original: Mapping[str, Any], created: Mapping[str, Any]) -> tuple[str, str]:
+    """What the pod asked for the legacy way, and the rule that translated it."""
+    from dra_gateway.kube import names
+
+    annotations = (created.get("metadata") or {}).get("annotations") or {}
+    recorded = annotations.get(names.ANNOTATION_TRANSLATED)
+    parts: list[str] = []
+    rules: list[str] = []
+    if recorded:
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            for container in (json.loads(recorded).get("containers") or {}).values():
+                amounts = {**(container.get("requests") or {}), **(container.get("limits") or {})}
+                parts.extend(f"{k}={v}" for k, v in amounts.items())
+                if container.get("rule") and container["rule"] not in rules:
+                    rules.append(str(container["rule"]))
+    if not parts:
+        spec = original.get("spec") or {}
+        for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+            resources = container.get("resources") or {}
+            amounts = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+            parts.extend(f"{k}={v}" for k, v in amounts.items()
+                         if k not in _PLAIN_RESOURCES and not k.startswith("hugepages-"))
+        if not parts and spec.get("resourceClaims"):
+            parts.append("DRA claims (native)")
+    return " ".join(parts) or "no GPU", ",".join(rules)
+
+
+def _quantity_bytes(value: Any) -> int | None:
+    from dra_gateway.kube.quantity import QuantityError, bytes_of
+
+    try:
+        return int(bytes_of(value))
+    except (QuantityError, ValueError, TypeError):
+        return None
+
+
+def human_bytes(amount: int | None) -> str:
+    if amount is None:
+        return "?"
+    for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20)):
+        if amount >= size:
+            return f"{amount / size:.4g}{unit}"
+    return str(amount)
+
+
+def _recorded_shares(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    from dra_gateway.kube import names
+
+    raw = ((claim.get("metadata") or {}).get("annotations") or {}).get(names.ANNOTATION_SHARES)
+    if not raw:
+        return []
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return []
+    return [d for d in data if isinstance(d, Mapping)] if isinstance(data, list) else []
+
+
+def claim_devices(claim: Mapping[str, Any], slices: Mapping[tuple[str, str, str], Any]
+                  ) -> list[dict[str, Any]]:
+    """Each allocated device with its node and the share of it the claim holds."""
+    from dra_gateway.kube import names
+
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    recorded = _recorded_shares(claim)
+    devices: list[dict[str, Any]] = []
+    for result in (allocation.get("devices") or {}).get("results") or []:
+        key = (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
+        published = slices.get(key) or {}
+        capacity = {k: (v or {}).get("value") for k, v in
+                    ((published.get("device") or {}).get("capacity") or {}).items()}
+        consumed = result.get("consumedCapacity")
+        if consumed is None:
+            consumed = next((r.get("consumedCapacity") for r in recorded
+                             if (r.get("request"), r.get("driver"), r.get("pool"),
+                                 r.get("device"))
+                             == (result.get("request"), *key)), None)
+        held = consumed if consumed is not None else capacity
+        memory = _quantity_bytes(held.get("memory")) if held.get("memory") is not None else None
+        cores = held.get("cores")
+        if consumed is None and cores is None and published.get("type") == "gpu":
+            cores = str(names.CORES_PER_CARD)
+        # A share of the whole card's capacity is the whole card, whatever the world.
+        whole = consumed is None or all(
+            _quantity_bytes(consumed.get(k)) == _quantity_bytes(capacity.get(k))
+            for k in capacity)
+        devices.append({
+            "request": result.get("request"), "driver": key[0], "pool": key[1],
+            "device": key[2], "node": published.get("node"),
+            "share": "whole" if whole else "shared",
+            "memory": memory, "cores": int(str(cores)) if cores is not None else None,
+        })
+    return devices
+
+
+def describe_devices(devices: Sequence[Mapping[str, Any]]) -> str:
+    parts = []
+    for d in devices:
+        what = [human_bytes(d["memory"])] if d["memory"] is not None else []
+        if d["cores"] is not None:
+            what.append(f"{d['cores']}% cores")
+        parts.append(f"{d['device']} ({d['share']}: {', '.join(what) or 'device'})")
+    return "; ".join(parts) or "-"
+
+
+# The run ---------------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    reports: list[PodReport]
+    template: dict[str, Any] | None
+    template_of: str | None
+
+
+def _index_slices(items: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], Any]:
+    index: dict[tuple[str, str, str], Any] = {}
+    for item in items:
+        spec = item.get("spec") or {}
+        pool = (spec.get("pool") or {}).get("name")
+        for device in spec.get("devices") or []:
+            attributes = device.get("attributes") or {}
+            kind = (attributes.get("type") or {}).get("string")
+            index[(str(spec.get("driver")), str(pool), str(device.get("name")))] = {
+                "node": spec.get("nodeName"), "device": device, "type": kind}
+    return index
+
+
+async def _template_classes(cluster: Cluster, namespace: str, name: str) -> set[str]:
+    from dra_gateway.kube.cluster.port import NotFound
+    from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES
+
+    try:
+        template = await cluster.get(RESOURCE_CLAIM_TEMPLATES, name, namespace=namespace)
+    except NotFound:
+        return set()
+    requests = (((template.get("spec") or {}).get("spec") or {}).get("devices") or {}).get(
+        "requests") or []
+    classes: set[str] = set()
+    for request in requests:
+        if (request.get("exactly") or {}).get("deviceClassName"):
+            classes.add(str(request["exactly"]["deviceClassName"]))
+        for alternative in request.get("firstAvailable") or []:
+            if alternative.get("deviceClassName"):
+                classes.add(str(alternative["deviceClassName"]))
+    return classes
+
+
+async def create_pods(cluster: Cluster, pods: Sequence[DemoPod]) -> list[PodReport]:
+    from dra_gateway.kube.cluster.port import ApiError
+    from dra_gateway.kube.resources import DEVICE_CLASSES, PODS
+
+    installed = {c["metadata"]["name"] for c in (await cluster.list(DEVICE_CLASSES)).items}
+    reports = []
+    for item in pods:
+        try:
+            created = await cluster.create(PODS, item.pod, namespace=item.namespace)
+        except ApiError as exc:
+            raise DemoError("creating pods", f"the API refused pod {item.namespace}/{item.name} "
+                            f"({item.source}): {exc.message}") from None
+        legacy, rule = legacy_request(item.pod, created)
+        templates = [str(e["resourceClaimTemplateName"])
+                     for e in (created.get("spec") or {}).get("resourceClaims") or []
+                     if e.get("resourceClaimTemplateName")]
+        missing: set[str] = set()
+        for template in templates:
+            missing |= await _template_classes(cluster, item.namespace, template) - installed
+        report = PodReport(item.namespace, item.name, item.source, legacy, rule, templates,
+                           expected="pending" if missing else "bound")
+        if missing:
+            report.why_pending = (f"DeviceClass {', '.join(sorted(missing))} is not installed "
+                                  "here: on a real cluster its vendor's DRA driver serves it")
+        reports.append(report)
+    return reports
+
+
+async def wait_bound(cluster: Cluster, children: Children, reports: Sequence[PodReport],
+                     deadline: float) -> None:
+    from dra_gateway.kube.resources import PODS
+
+    waiting = {(r.namespace, r.name) for r in reports if r.expected == "bound"}
+    while waiting:
+        children.check("placing pods")
+        for namespace, name in sorted(waiting):
+            pod = await cluster.get(PODS, name, namespace=namespace)
+            if (pod.get("spec") or {}).get("nodeName"):
+                waiting.discard((namespace, name))
+        if waiting and time.monotonic() > deadline:
+            return  # the caller reports each pod still unbound
+        if waiting:
+            await asyncio.sleep(_POLL_S)
+
+
+async def inspect(cluster: Cluster, reports: Sequence[PodReport]) -> None:
+    """Fill in each pod's node and claims, and note every way it differs from what it should."""
+    from dra_gateway.kube.cluster.port import NotFound
+    from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
+
+    slices = _index_slices((await cluster.list(RESOURCE_SLICES)).items)
+    for report in reports:
+        pod = await cluster.get(PODS, report.name, namespace=report.namespace)
+        spec = pod.get("spec") or {}
+        report.node = spec.get("nodeName")
+        generated = {s.get("name"): s.get("resourceClaimName")
+                     for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+        for entry in spec.get("resourceClaims") or []:
+            claim_name = entry.get("resourceClaimName") or generated.get(entry.get("name"))
+            info: dict[str, Any] = {"name": claim_name, "podClaim": entry.get("name"),
+                                    "template": entry.get("resourceClaimTemplateName"),
+                                    "allocated": False, "devices": []}
+            report.claims.append(info)
+            if not claim_name:
+                if report.expected == "bound":
+                    report.problems.append(f"claim {entry.get('name')} was never created")
+                continue
+            try:
+                claim = await cluster.get(RESOURCE_CLAIMS, claim_name,
+                                          namespace=report.namespace)
+            except NotFound:
+                report.problems.append(f"claim {claim_name} does not exist")
+                continue
+            info["allocated"] = bool((claim.get("status") or {}).get("allocation"))
+            info["devices"] = claim_devices(claim, slices)
+            if report.expected == "pending":
+                continue
+            if not info["allocated"]:
+                report.problems.append(f"claim {claim_name} is not allocated")
+            elif not info["devices"]:
+                report.problems.append(f"claim {claim_name} is allocated no device")
+            for device in info["devices"]:
+                if device["node"] is None:
+                    report.problems.append(f"claim {claim_name}: device {device['pool']}/"
+                                           f"{device['device']} is published by no slice")
+                elif report.node and device["node"] != report.node:
+                    report.problems.append(f"claim {claim_name}: device {device['device']} is "
+                                           f"on {device['node']}, the pod on {report.node}")
+        if report.expected == "bound" and not report.node:
+            gates = [g.get("name") for g in spec.get("schedulingGates") or []]
+            report.problems.insert(0, "not bound" + (f" (still gated by {', '.join(gates)})"
+                                                     if gates else ""))
+        if report.expected == "pending" and report.node:
+            report.problems.append(f"bound to {report.node} although {report.why_pending}")
+
+
+async def show_template(cluster: Cluster, reports: Sequence[PodReport]
+                        ) -> tuple[dict[str, Any] | None, str | None]:
+    """One translated pod's ResourceClaimTemplate, preferring a shared (fractional) one."""
+    from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES
+
+    candidates = [r for r in reports if r.rule and r.templates]
+    candidates.sort(key=lambda r: not any(d["share"] == "shared" for c in r.claims
+                                          for d in c["devices"]))
+    for report in candidates:
+        template = await cluster.get(RESOURCE_CLAIM_TEMPLATES, report.templates[0],
+                                     namespace=report.namespace)
+        meta = template.get("metadata") or {}
+        for noisy in ("uid", "resourceVersion", "creationTimestamp", "managedFields",
+                      "generation"):
+            meta.pop(noisy, None)
+        return template, f"{report.namespace}/{report.name}"
+    return None, None
+
+
+async def demo(layout: Layout, children: Children, pods: Sequence[DemoPod], wait_s: float,
+               say: Callable[[str], None]) -> Outcome:
+    from dra_gateway.kube.cluster.connect import ClusterConfigError, connect
+    from dra_gateway.kube.cluster.port import ApiError
+
+    webhook_port = free_port()
+    say("starting the embedded API server")
+    api = start_api(children, layout, webhook_port)
+    deadline = time.monotonic() + wait_s
+
+    async def api_up() -> bool:
+        return _api_started(layout, api)
+
+    await wait_for("starting the API server", children, deadline, api, api_up,
+                   "the API server to write its kubeconfig")
+    say("starting the webhook, the allocator and node plugins for "
+        + ", ".join(n for n, _ in NODES))
+    start_components(children, layout, webhook_port)
+    try:
+        cluster = await connect("kube", str(layout.kubeconfig))
+    except ClusterConfigError as exc:
+        raise DemoError("connecting to the API server", str(exc), log=api.log) from None
+    try:
+        by_name = {c.name: c for c in children.started}
+        context = _webhook_ssl(layout)
+
+        async def webhook_up() -> bool:
+            return await webhook_ready(webhook_port, context)
+
+        await wait_for("starting the webhook", children, deadline, by_name["webhook"],
+                       webhook_up, f"the webhook's /readyz on 127.0.0.1:{webhook_port}")
+        for node, _ in NODES:
+            async def published(node: str = node) -> bool:
+                return node in await slices_published(cluster)
+
+            await wait_for("starting the node plugins", children, deadline,
+                           by_name[f"node-plugin-{node}"], published,
+                           f"node {node}'s ResourceSlices")
+
+        async def leads() -> bool:
+            return await allocator_leads(cluster)
+
+        await wait_for("starting the allocator", children, deadline, by_name["allocator"],
+                       leads, f"the allocator to take its Lease {NAMESPACE}/"
+                       "dra-gateway-allocator")
+        say(f"creating {len(pods)} pods")
+        reports = await create_pods(cluster, pods)
+        await wait_bound(cluster, children, reports, time.monotonic() + wait_s)
+        # Pods expected to stay pending are judged once the others settled.
+        await inspect(cluster, reports)
+        template, template_of = await show_template(cluster, reports)
+        return Outcome(reports, template, template_of)
+    except ApiError as exc:
+        raise DemoError("talking to the API server", exc.message, log=api.log) from None
+    finally:
+        await cluster.close()
+
+
+def print_table(reports: Sequence[PodReport], out: IO[str]) -> None:
+    rows = [("POD", "LEGACY REQUEST", "TEMPLATE", "NODE", "DEVICES (SHARE)")]
+    for r in reports:
+        devices = "; ".join(describe_devices(c["devices"]) for c in r.claims if c["devices"])
+        node = r.node or ("(pending)" if r.expected == "pending" else "(not bound)")
+        rows.append((f"{r.namespace}/{r.name}", r.legacy + (f" [{r.rule}]" if r.rule else ""),
+                     ", ".join(r.templates) or "-", node, devices or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        out.write("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4]))
+                  + "  " + row[4] + "\n")
+    for r in reports:
+        if r.expected == "pending" and r.ok:
+            out.write(f"\n{r.namespace}/{r.name} stays pending as expected: {r.why_pending}.\n")
+        for problem in r.problems:
+            out.write(f"\nFAILED {r.namespace}/{r.name}: {problem}\n")
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated
+
+
 def run(args: argparse.Namespace) -> int:
-    print("demo: not wired yet")
-    return 0
+    err = sys.stderr
+    as_json = args.output == "json"
+
+    def say(text: str) -> None:
+        if not as_json:
+            print(f"demo: {text}", flush=True)
+
+    if args.timeout <= 0:
+        print(f"demo: --timeout {args.timeout} must be positive", file=err)
+        return 2
+    try:
+        pods = read_pods(args.pods or DEFAULT_PODS)
+    except DemoError as exc:
+        print(f"demo: {exc}", file=err)
+        return 2
+    if args.work_dir is not None:
+        root = args.work_dir.resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        remove = False
+    else:
+        root = Path(tempfile.mkdtemp(prefix="dra-gateway-demo-"))
+        remove = not args.keep
+    layout = Layout(root)
+    children = Children(layout.logs)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    code = 1
+    outcome: Outcome | None = None
+    failure: DemoError | None = None
+    try:
+        say(f"work directory {root}")
+        prepare(layout)
+        outcome = asyncio.run(demo(layout, children, pods, args.timeout, say))
+        code = 0 if all(r.ok for r in outcome.reports) else 1
+    except DemoError as exc:
+        failure = exc
+    except (KeyboardInterrupt, _Terminated):
+        print("demo: interrupted; stopping every process it started", file=err)
+        code = 130
+    finally:
+        killed = children.stop()
+        signal.signal(signal.SIGTERM, previous)
+    if killed:
+        print(f"demo: {', '.join(killed)} did not stop within {GRACE_S:g}s of SIGTERM and was "
+              "killed", file=err)
+    if failure is not None:
+        print(f"demo: failed at step \"{failure.step}\": {failure.message}", file=err)
+        if failure.log is not None:
+            print(f"--- last lines of {failure.log} ---\n{log_tail(failure.log)}\n---", file=err)
+        remove = False  # the logs are what the user needs now
+    if outcome is not None:
+        if as_json:
+            summary = {"ok": code == 0, "workDir": str(root) if not remove else None,
+                       "pods": [r.to_json() for r in outcome.reports],
+                       "template": {"pod": outcome.template_of, "object": outcome.template}}
+            json.dump(summary, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            _print_outcome(outcome, sys.stdout)
+        if code != 0:
+            failed = [f"{r.namespace}/{r.name}" for r in outcome.reports if not r.ok]
+            print(f"demo: failed at step \"checking placements\": {len(failed)} pod"
+                  f"{'s' if len(failed) != 1 else ''} not placed as expected: "
+                  f"{', '.join(failed)}; see the allocator's log {layout.logs / 'allocator.log'}"
+                  f"\n--- last lines ---\n{log_tail(layout.logs / 'allocator.log')}\n---",
+                  file=err)
+            remove = False
+    if remove:
+        shutil.rmtree(root, ignore_errors=True)
+    elif code != 130 or args.keep:
+        print(f"demo: logs, kubeconfig and certificates kept in {root}", file=err)
+    return code
+
+
+def _print_outcome(outcome: Outcome, out: IO[str]) -> None:
+    import yaml
+
+    out.write("\n")
+    print_table(outcome.reports, out)
+    if outcome.template is not None:
+        out.write(f"\nThe ResourceClaimTemplate pod {outcome.template_of} was translated to:\n\n")
+        out.write(yaml.safe_dump(outcome.template, sort_keys=False))
