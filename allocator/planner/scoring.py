@@ -44,17 +44,19 @@ class TaskType:
 class Workload:
     """A distribution over task types with the memo of node fragmentation it implies."""
 
-    __slots__ = ("_cpus", "_frag", "_learned", "_mems", "_pending", "types", "version")
+    __slots__ = ("_cpus", "_frag", "_learned", "_mems", "_pending", "_profiles", "types",
+                 "version")
 
     # Types kept for scoring: the most frequent ones carry nearly all the mass of real traces
     # and the cost of one fragmentation evaluation grows with their number.
-    MAX_TYPES = 64
+    MAX_TYPES = 1024
 
     def __init__(self, types: Iterable[tuple[TaskType, float]] = (), *, version: int = 0) -> None:
         self.types: tuple[tuple[TaskType, float], ...] = ()
         self._cpus: list[int] = []
         self._mems: list[int] = []
         self._frag: dict[tuple[object, ...], float] = {}
+        self._profiles: dict[tuple[object, ...], _Profile] = {}
         self._learned: Counter[TaskType] = Counter()
         self._pending = 0
         self.version = version
@@ -72,6 +74,7 @@ class Workload:
         self._cpus = sorted({t.cpu for t, _ in self.types})
         self._mems = sorted({t.memory for t, _ in self.types})
         self._frag.clear()
+        self._profiles.clear()
         self.version += 1
 
     def observe(self, task: TaskType) -> None:
@@ -98,23 +101,71 @@ class Workload:
         total = sum(cards)
         value = 0.0
         if total:
-            full = cards.count(FULL)
-            partial = total - FULL * full
-            for task, p in self.types:
-                if task.cpu > cpu_free or task.memory > mem_free or (
-                    task.models and model not in task.models
-                ):
-                    value += p * total
-                elif task.milli < FULL:
-                    need = task.milli
-                    value += p * sum([f for f in cards if f < need])
-                elif full < task.gpus:
-                    value += p * total
-                else:
-                    value += p * partial
+            profile = self._profiles.get(key[1:])
+            if profile is None:
+                profile = self._profile(cpu_free, mem_free, model)
+                self._profiles[key[1:]] = profile
+            value = profile.fragmentation(cards, total)
         if len(self._frag) > 500_000:
             self._frag.clear()
         self._frag[key] = value
+        return value
+
+    def _profile(self, cpu_free: int, mem_free: int, model: str) -> _Profile:
+        """The workload as seen by nodes with this much CPU and memory and this model."""
+        no_fit = 0.0
+        shares: dict[int, float] = {}
+        wholes: dict[int, float] = {}
+        for task, p in self.types:
+            if task.cpu > cpu_free or task.memory > mem_free or (
+                task.models and model not in task.models
+            ):
+                no_fit += p
+            elif task.milli < FULL:
+                shares[task.milli] = shares.get(task.milli, 0.0) + p
+            else:
+                wholes[task.gpus] = wholes.get(task.gpus, 0.0) + p
+        needs = sorted(shares)
+        # above[i]: probability of a share task needing more than needs[i - 1] (all for i = 0).
+        above = [0.0] * (len(needs) + 1)
+        for i in range(len(needs) - 1, -1, -1):
+            above[i] = above[i + 1] + shares[needs[i]]
+        counts = sorted(wholes)
+        at_most = [0.0]
+        for k in counts:
+            at_most.append(at_most[-1] + wholes[k])
+        return _Profile(no_fit, needs, above, counts, at_most)
+
+
+class _Profile:
+    """Aggregated task types for one fit: fragmentation in O(cards x log types).
+
+    F = P(no fit) x S + sum over cards of f x P(share needs more than f)
+        + P(whole tasks that find enough free cards) x (S - free of full cards)
+        + P(whole tasks that do not) x S.
+    """
+
+    __slots__ = ("above", "at_most", "counts", "needs", "no_fit", "whole")
+
+    def __init__(self, no_fit: float, needs: list[int], above: list[float], counts: list[int],
+                 at_most: list[float]) -> None:
+        self.no_fit = no_fit
+        self.needs = needs
+        self.above = above
+        self.counts = counts
+        self.at_most = at_most
+        self.whole = at_most[-1]
+
+    def fragmentation(self, cards: tuple[int, ...], total: int) -> float:
+        value = self.no_fit * total
+        needs, above = self.needs, self.above
+        for f in cards:
+            if f:
+                value += f * above[bisect_right(needs, f)]
+        if self.whole:
+            full = cards.count(FULL)
+            satisfied = self.at_most[bisect_right(self.counts, full)]
+            value += satisfied * (total - FULL * full) + (self.whole - satisfied) * total
         return value
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dra_gateway.allocator.planner import POLICIES
+from dra_gateway.allocator.planner import POLICIES, TaskType, Workload
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import parse_quantity
 
@@ -71,3 +72,52 @@ def test_random_claims_never_exceed_a_card_or_share_a_whole_one(
         assert used_cores[key] <= names.CORES_PER_CARD, key
         if any(holders[key]):
             assert len(holders[key]) == 1, f"whole card {key} shared: {holders[key]}"
+
+
+def _direct_fragmentation(types: list[tuple[TaskType, float]], cards: tuple[int, ...],
+                          cpu: int, memory: int, model: str) -> float:
+    """FGD's definition written out task by task, to check the aggregated evaluation."""
+    total = sum(cards)
+    full = cards.count(1000)
+    mass = sum(w for t, w in types if t.gpus > 0)
+    value = 0.0
+    for task, weight in types:
+        if task.gpus == 0:
+            continue
+        p = weight / mass
+        if task.cpu > cpu or task.memory > memory or (task.models and model not in task.models):
+            value += p * total
+        elif task.milli < 1000:
+            value += p * sum(f for f in cards if f < task.milli)
+        elif full < task.gpus:
+            value += p * total
+        else:
+            value += p * (total - 1000 * full)
+    return value
+
+
+task_type = st.builds(
+    TaskType, cpu=st.integers(0, 8), memory=st.integers(0, 8),
+    gpus=st.integers(0, 4), milli=st.sampled_from([100, 250, 500, 750, 1000]),
+    models=st.sampled_from([frozenset(), frozenset({"T4"}), frozenset({"A10", "T4"})]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(types=st.lists(st.tuples(task_type, st.floats(0.1, 10)), min_size=1, max_size=12),
+       cards=st.lists(st.integers(0, 1000), max_size=8), cpu=st.integers(0, 8),
+       memory=st.integers(0, 8), model=st.sampled_from(["T4", "A10", "P100"]))
+def test_aggregated_fragmentation_equals_the_definition(
+    types: list[tuple[TaskType, float]], cards: list[int], cpu: int, memory: int, model: str
+) -> None:
+    normalised = [(t if t.milli == 1000 or t.gpus <= 1 else TaskType(t.cpu, t.memory, t.gpus,
+                                                                      1000, t.models), w)
+                  for t, w in types]
+    if not any(t.gpus > 0 for t, _ in normalised):
+        return
+    merged: dict[TaskType, float] = {}
+    for t, w in normalised:
+        merged[t] = merged.get(t, 0.0) + w
+    workload = Workload(list(merged.items()))
+    key = tuple(sorted(cards))
+    assert workload.fragmentation(key, cpu, memory, model) == pytest.approx(
+        _direct_fragmentation(list(merged.items()), key, cpu, memory, model))
