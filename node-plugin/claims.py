@@ -2,15 +2,15 @@
 
 Pure: it takes the claim as the API returns it, the node's name and labels and its published
 devices, and returns a plan or a `ClaimError` whose message names the claim and the field. The
-share of a card comes, in order, from the allocation's `consumedCapacity` (clusters with
-consumable capacity), the claim's `GpuShareConfig` (memory in bytes or `memoryPercent` of the
-card), then the gateway's shares annotation (written by the allocator where the cluster drops
-consumable-capacity fields); a card with none of these is whole.
+share of a card comes, in order, from what the allocation consumed (the result's
+`consumedCapacity` where the cluster keeps consumable capacity, else the allocator's record of
+it in the claim's shares annotation), then the claim's `GpuShareConfig` (memory in bytes or
+`memoryPercent` of the card); a card with none of these is whole.
 
-The shares annotation (`dra-gateway.io/shares`) is a JSON object; the entry for an allocated
-device is looked up under `<request>/<pool>/<device>`, `<pool>/<device>`, `<device>`, then
-`<request>`, and reads `{"memory": "8Gi" | <bytes>, "cores": <percent>}`. A missing or
-malformed annotation counts as absent.
+The shares annotation (`dra-gateway.io/shares`) is the allocator's: a JSON list with one entry
+per shared result, `{"request", "driver", "pool", "device", "shareID", "consumedCapacity"}`
+(allocator/planner/plan.py). Entries are matched to results by driver, pool, device and request,
+in order. A missing or malformed annotation counts as absent.
 """
 
 from __future__ import annotations
@@ -143,7 +143,9 @@ def _share_config(claim: Mapping[str, Any], request: str, driver: str,
                          f"{detail}") from None
 
 
-def _annotation_shares(claim: Mapping[str, Any]) -> Mapping[str, Any]:
+def _recorded_shares(claim: Mapping[str, Any]) -> dict[tuple[str, str, str, str],
+                                                       list[Mapping[str, Any]]]:
+    """The allocator's shares annotation, by (driver, pool, device, request), in order."""
     raw = (claim.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_SHARES)
     if not raw:
         return {}
@@ -151,16 +153,13 @@ def _annotation_shares(claim: Mapping[str, Any]) -> Mapping[str, Any]:
         data = json.loads(raw)
     except ValueError:
         return {}
-    return data if isinstance(data, Mapping) else {}
-
-
-def _from_annotation(shares: Mapping[str, Any], *, request: str, pool: str,
-                     device: str) -> Mapping[str, Any]:
-    for key in (f"{request}/{pool}/{device}", f"{pool}/{device}", device, request):
-        value = shares.get(key)
-        if isinstance(value, Mapping):
-            return value
-    return {}
+    recorded: dict[tuple[str, str, str, str], list[Mapping[str, Any]]] = {}
+    for entry in data if isinstance(data, list) else ():
+        if isinstance(entry, Mapping) and isinstance(entry.get("consumedCapacity"), Mapping):
+            key = (str(entry.get("driver")), str(entry.get("pool")), str(entry.get("device")),
+                   str(entry.get("request")))
+            recorded.setdefault(key, []).append(entry["consumedCapacity"])
+    return recorded
 
 
 def _bytes(value: Any, where: str) -> int:
@@ -200,7 +199,7 @@ def plan_claim(claim: Mapping[str, Any], *, uid: str, node_name: str,
                          f"{node_name}")
     results = [r for r in (allocation.get("devices") or {}).get("results") or []
                if r.get("driver") == driver]
-    annotation = _annotation_shares(claim)
+    recorded = _recorded_shares(claim)
     counts: dict[str, int] = {}
     for r in results:
         counts[r.get("device", "")] = counts.get(r.get("device", ""), 0) + 1
@@ -218,22 +217,23 @@ def plan_claim(claim: Mapping[str, Any], *, uid: str, node_name: str,
         enforcement_by_request[str(request).split("/", 1)[0]] = config.enforcement
         memory: int | None = None
         cores: int | None = None
-        consumed = result.get("consumedCapacity") or {}
-        noted = _from_annotation(annotation, request=str(request), pool=pool, device=str(device))
+        consumed = result.get("consumedCapacity")
+        cwhere = f"{rwhere}.consumedCapacity"
+        if consumed is None:
+            # Without consumable capacity the allocator records the share in the annotation.
+            entries = recorded.get((driver, str(pool), str(device), str(request)))
+            consumed = entries.pop(0) if entries else {}
+            cwhere = f"{where}: annotation {names.ANNOTATION_SHARES}, device {device}"
         if names.CAPACITY_MEMORY in consumed:
-            memory = _bytes(consumed[names.CAPACITY_MEMORY], f"{rwhere}.consumedCapacity.memory")
+            memory = _bytes(consumed[names.CAPACITY_MEMORY], f"{cwhere}.memory")
         elif config.memory is not None:
             memory = config.memory
         elif config.memory_percent is not None:
             memory = info.memory * config.memory_percent // 100
-        elif "memory" in noted:
-            memory = _bytes(noted["memory"], f"{where}: annotation {names.ANNOTATION_SHARES}")
         if names.CAPACITY_CORES in consumed:
-            cores = _percent(consumed[names.CAPACITY_CORES], f"{rwhere}.consumedCapacity.cores")
+            cores = _percent(consumed[names.CAPACITY_CORES], f"{cwhere}.cores")
         elif config.cores is not None:
             cores = config.cores
-        elif "cores" in noted:
-            cores = _percent(noted["cores"], f"{where}: annotation {names.ANNOTATION_SHARES}")
         if info.kind == "mig" or (memory is not None and memory >= info.memory):
             memory = None  # a MIG instance is isolated by hardware; a full share is the card
         if info.kind == "mig" or cores == names.CORES_PER_CARD:

@@ -15,7 +15,7 @@ def claim(*, uid: str = UID, name: str = "train-gpu-abcde", namespace: str = "ml
           devices: list[str] | None = None, request: str = "gpu",
           params: dict[str, Any] | None = None, consumed: dict[str, str] | None = None,
           node: str = NODE, in_spec: bool = False,
-          annotation: dict[str, Any] | None = None) -> dict[str, Any]:
+          annotation: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     results = []
     for device in devices if devices is not None else ["gpu-0"]:
         result: dict[str, Any] = {"request": request, "driver": names.DRIVER, "pool": node,

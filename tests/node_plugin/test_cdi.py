@@ -80,14 +80,37 @@ def test_the_config_is_read_from_the_claim_spec_when_the_allocation_has_none(
     assert _env(plan)[2:] == [f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={A100}=8192M"]
 
 
-def test_the_shares_annotation_is_the_last_resort(table: dict[str, Any]) -> None:
+def _recorded(device: str, consumed: dict[str, str], request: str = "gpu") -> dict[str, Any]:
+    # One entry of the allocator's shares annotation, as allocator/planner/plan.py writes it.
+    return {"request": request, "driver": names.DRIVER, "pool": NODE, "device": device,
+            "shareID": "2860bb2c-8c9c-5cc4-8da5-f5d34bf3d978", "consumedCapacity": consumed}
+
+
+def test_the_allocators_shares_annotation_gives_the_share_without_consumable_capacity(
+        table: dict[str, Any]) -> None:
     obj = claim(devices=["gpu-1"], params={"enforcement": "hami-core"},
-                annotation={f"{NODE}/gpu-1": {"memory": "8Gi", "cores": 30}})
+                annotation=[_recorded("gpu-1", {"memory": "8Gi", "cores": "30"})])
     assert _env(_plan(obj, table))[2:4] == ["CUDA_DEVICE_MEMORY_LIMIT=8192m",
                                              "CUDA_DEVICE_SM_LIMIT=30"]
+
+
+def test_shares_recorded_for_another_device_or_request_do_not_apply(
+        table: dict[str, Any]) -> None:
+    obj = claim(devices=["gpu-1"], params={"enforcement": "hami-core"},
+                annotation=[_recorded("gpu-2", {"memory": "8Gi"}),
+                            _recorded("gpu-1", {"memory": "8Gi"}, request="other")])
+    assert _env(_plan(obj, table)) == VISIBLE
     broken = claim(devices=["gpu-1"], params={"enforcement": "hami-core"})
     broken["metadata"]["annotations"] = {names.ANNOTATION_SHARES: "{not json"}
     assert _env(_plan(broken, table)) == VISIBLE  # a whole card, no limits
+
+
+def test_a_malformed_recorded_share_names_the_annotation(table: dict[str, Any]) -> None:
+    obj = claim(devices=["gpu-1"], params={"enforcement": "hami-core"},
+                annotation=[_recorded("gpu-1", {"memory": "8 gigs"})])
+    with pytest.raises(ClaimError, match=r"annotation dra-gateway.io/shares, device gpu-1"
+                                         r"\.memory"):
+        _plan(obj, table)
 
 
 def test_whole_cards_of_one_request_share_one_environment(table: dict[str, Any]) -> None:
