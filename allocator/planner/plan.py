@@ -20,8 +20,15 @@ from typing import Any
 from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for, share_policy
 from dra_gateway.allocator.planner.devices import NANO
-from dra_gateway.allocator.planner.scoring import FULL, task_of
-from dra_gateway.allocator.planner.search import NodeSearch, Outcome, Pick, fits_node, score
+from dra_gateway.allocator.planner.scoring import FULL, TaskType, task_of
+from dra_gateway.allocator.planner.search import (
+    NodeSearch,
+    Outcome,
+    Pick,
+    fill_claims,
+    fits_node,
+    score,
+)
 from dra_gateway.allocator.planner.settings import POLICIES
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names
@@ -127,7 +134,7 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     if pinned is None and not needs_labels and not identity:
         found, reasons = _ranked_best(ctx, pod_sig)
         if found is None:
-            return PodPlan(None, reason=_no_node_reason(pod_label, state, reasons))
+            return PodPlan(None, reason=_no_node_reason(pod_label, state, reasons, labelled))
         return _build_plan(state, found[0], to_plan, found[1])
     return _scan(ctx, pod, to_plan, pod_label, pinned=pinned, needs_labels=needs_labels,
                  identity=identity)
@@ -202,7 +209,7 @@ def _scan(ctx: _Context, pod: Mapping[str, Any],
             if not identity:
                 break
     if best is None:
-        return PodPlan(None, reason=_no_node_reason(pod_label, state, reasons))
+        return PodPlan(None, reason=_no_node_reason(pod_label, state, reasons, ctx.claims))
     return _build_plan(state, best[1], to_plan, best[2])
 
 
@@ -278,16 +285,20 @@ def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...],
     return None, reasons
 
 
-def _no_node_reason(pod_label: str, state: ClusterState, reasons: Counter[str]) -> str:
+def _no_node_reason(pod_label: str, state: ClusterState, reasons: Counter[str],
+                    claims: Sequence[tuple[str, ClaimDemand]]) -> str:
     total = len(state.node_group)
     if not reasons:
         return f"pod {pod_label}: 0/{total} nodes are available"
-    parts = [f"{count} node(s): {reason}" for reason, count in reasons.most_common(4)]
+    labels = [label for label, _ in claims]
+    parts = [f"{count} node(s): {fill_claims(reason, labels)}"
+             for reason, count in reasons.most_common(4)]
     return f"pod {pod_label}: 0/{total} nodes fit; " + "; ".join(parts)
 
 
 def _task(state: ClusterState, cpu: int, memory: int,
-          claims: Sequence[tuple[str, ClaimDemand]]) -> Any:
+          claims: Sequence[tuple[str, ClaimDemand]]) -> TaskType:
+    """The pod as a task type of the learned workload (shares relative to a typical card)."""
     shares: list[int] = []
     typical = state.typical_card_memory()
     for _, demand in claims:

@@ -11,6 +11,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from dra_gateway.allocator.planner.scoring import FULL, Workload, free_milli
 from dra_gateway.allocator.planner.settings import BINPACK, DEFAULT, SPREAD
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names
+from dra_gateway.kube.quantity import Quantity
 
 
 @dataclass(slots=True)
@@ -90,7 +92,6 @@ class NodeSearch:
         self.extra_exclusive = [False] * len(self.devices)
         self.picks: list[Pick] = []
         self.failure: tuple[tuple[int, int], str] | None = None
-        self.native = state.settings.consumable_capacity
         self._usage = [state.device_usage(d.key) for d in self.devices]
         self._gpus = [i for i, d in enumerate(self.devices) if d.is_gateway_gpu]
         self._base_free = [self._compute_free(i) if u.holders else FULL
@@ -101,8 +102,7 @@ class NodeSearch:
     def _fail(self, claim_i: int, request_i: int, message: str) -> None:
         depth = (claim_i, request_i)
         if self.failure is None or depth >= self.failure[0]:
-            label = self.claims[claim_i][0]
-            self.failure = (depth, f"claim {label}: {message}")
+            self.failure = (depth, f"claim {claim_placeholder(claim_i)}: {message}")
 
     # --- static matching ----------------------------------------------------------------------
 
@@ -232,10 +232,10 @@ class NodeSearch:
             ok = self._solve(0, 0)
         except _Budget:
             ok = False
-            label = self.claims[self._current][0]
             self.failure = ((len(self.claims), 0), (
-                f"claim {label}: gave up after trying {self.initial_budget} device combinations "
-                "on the node; simplify the claim's constraints or split its requests"))
+                f"claim {claim_placeholder(self._current)}: gave up after trying "
+                f"{self.initial_budget} device combinations on the node; simplify the claim's "
+                "constraints or split its requests"))
         if not ok:
             reason = self.failure[1] if self.failure else "no devices fit"
             return Outcome(False, reason=reason)
@@ -298,9 +298,9 @@ class NodeSearch:
         parts = []
         memory = alt.capacity.get(names.CAPACITY_MEMORY)
         if memory is not None:
-            parts.append(f"memory {memory // NANO} bytes")
+            parts.append(f"memory {Quantity.from_bytes(memory // NANO)}")
         elif alt.share.memory is not None:
-            parts.append(f"memory {alt.share.memory} bytes")
+            parts.append(f"memory {Quantity.from_bytes(alt.share.memory)}")
         elif alt.share.memory_percent is not None:
             parts.append(f"memory {alt.share.memory_percent}%")
         cores = alt.capacity.get(names.CAPACITY_CORES)
@@ -381,6 +381,19 @@ class NodeSearch:
             self.picks.pop()
             self._apply(i, consumed, exclusive, -1)
         return False
+
+
+def claim_placeholder(index: int) -> str:
+    """Where a reason names the claim: outcomes are memoised across pods whose claims have the
+    same spec but other names, so the name is filled in when the reason is reported."""
+    return f"\x00{index}\x00"
+
+
+def fill_claims(reason: str, labels: Sequence[str]) -> str:
+    return _PLACEHOLDER.sub(lambda m: labels[int(m.group(1))], reason)
+
+
+_PLACEHOLDER = re.compile("\x00(\\d+)\x00")
 
 
 def _verdict_reason(verdict: bool | str, device: Device, what: str) -> bool | str:

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 from bisect import insort
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.demand import ClaimDemand, compile_claim
-from dra_gateway.allocator.planner.devices import NANO, Device
+from dra_gateway.allocator.planner.devices import Device
 from dra_gateway.allocator.planner.scoring import Workload
 from dra_gateway.allocator.planner.settings import PlannerSettings
 from dra_gateway.kube import names
@@ -516,10 +516,3 @@ class ClusterState:
         except cel.CelError as exc:
             return str(exc) or "evaluation error"
 
-
-def nanos_of(amount: int) -> int:
-    return amount * NANO
-
-
-def uses_total(uses: Iterable[Use]) -> int:
-    return sum(len(u.consumed) for u in uses)

@@ -209,7 +209,10 @@ def test_shares_fill_a_card_until_its_memory_runs_out() -> None:
               for i in range(4)]
     assert [p.node_name for p in placed] == ["n1", "n1", "n1", None]
     assert placed[3].reason is not None
-    assert "claim ns/c3: request main needs 1 device(s)" in placed[3].reason
+    assert placed[3].reason == (
+        "pod ns/p3: 0/1 nodes fit; 1 node(s): claim ns/c3: request main needs 1 device(s) of "
+        "class gpu.dra-gateway.io, 0 of 1 matching on the node has room for memory 5Gi and "
+        "cores 10%")
 
 
 def test_a_whole_card_never_shares_a_card_with_a_share() -> None:
@@ -753,5 +756,7 @@ def test_an_unsatisfiable_numa_constraint_costs_one_search_per_node_class() -> N
     assert plan.reason == (
         "pod ns/p: 0/300 nodes fit; 300 node(s): claim ns/c: request main: no 5 device(s) "
         f"satisfy matchAttribute {DRIVER}/numaNode")
+    assert again.reason is not None
+    assert again.reason.startswith("pod ns/again: 0/300 nodes fit; 300 node(s): claim ns/again:")
     assert len(searches) == 1  # one class of identical nodes, and the second pod is memoised
     assert searches[0] <= 200  # device choices tried, far below C(8, 5) x 5!
