@@ -51,6 +51,8 @@ WEBHOOK_SERVICE = "dra-gateway-webhook"
 GRACE_S = 5.0
 LOG_TAIL_LINES = 25
 _POLL_S = 0.2
+# Longest work directory whose node folders still fit a kubelet socket path (107 bytes).
+_SHORT_PATH = 48
 # Resource names the demo does not count as a legacy GPU request when it shows one.
 _PLAIN_RESOURCES = ("cpu", "memory", "ephemeral-storage", "pods")
 
@@ -290,6 +292,9 @@ def free_port() -> int:
 @dataclass(frozen=True, slots=True)
 class Layout:
     root: Path
+    # Node plugins' kubelet sockets live below here: a unix socket path holds at most 107
+    # bytes, so a deep work directory gets a short temporary one beside it.
+    nodes_root: Path
 
     @property
     def certs(self) -> Path:
@@ -308,8 +313,7 @@ class Layout:
         return self.root / "seed-gateway.yaml"
 
     def node(self, name: str) -> Path:
-        # Short: kubelet plugin sockets live below it and unix socket paths are limited.
-        return self.root / "n" / name
+        return self.nodes_root / name
 
 
 def prepare(layout: Layout) -> None:
@@ -321,7 +325,7 @@ def prepare(layout: Layout) -> None:
     from dra_gateway.translator.rules import load_rules
     from dra_gateway.webhook.config import configurations
 
-    for folder in (layout.logs, layout.root / "n"):
+    for folder in (layout.logs, layout.nodes_root):
         folder.mkdir(parents=True, exist_ok=True)
     # The API server dials the webhook as NAME.NAMESPACE.svc (checked against the certificate)
     # at the loopback address it was given for that Service.
@@ -481,7 +485,11 @@ def _quantity_bytes(value: Any) -> int | None:
 def human_bytes(amount: int | None) -> str:
     if amount is None:
         return "?"
-    for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20)):
+    units = (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
+    for unit, size in units:  # exact first: 8000Mi stays 8000Mi, not 7.812Gi
+        if amount >= size and amount % size == 0:
+            return f"{amount // size}{unit}"
+    for unit, size in units:
         if amount >= size:
             return f"{amount / size:.4g}{unit}"
     return str(amount)
@@ -807,7 +815,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         root = Path(tempfile.mkdtemp(prefix="dra-gateway-demo-"))
         remove = not args.keep
-    layout = Layout(root)
+    if len(str(root)) <= _SHORT_PATH:
+        nodes_root, remove_nodes = root / "n", False
+    else:
+        nodes_root, remove_nodes = Path(tempfile.mkdtemp(prefix="dra-gateway-n-")), not args.keep
+    layout = Layout(root, nodes_root)
     children = Children(layout.logs)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     code = 1
@@ -851,6 +863,10 @@ def run(args: argparse.Namespace) -> int:
                   f"\n--- last lines ---\n{log_tail(layout.logs / 'allocator.log')}\n---",
                   file=err)
             remove = False
+    if remove_nodes:
+        shutil.rmtree(nodes_root, ignore_errors=True)
+    elif nodes_root.parent != root:
+        print(f"demo: the node plugins' sockets and CDI specs are in {nodes_root}", file=err)
     if remove:
         shutil.rmtree(root, ignore_errors=True)
     elif code != 130 or args.keep:

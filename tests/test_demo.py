@@ -1,0 +1,151 @@
+"""`dra-gateway demo` run for real: separate processes on loopback, example pods placed.
+
+The demo is started as a subprocess (as a user runs it), so these tests see its exit code,
+its JSON summary and whether it left any of its child processes behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+EXAMPLE_PODS = {
+    # pod -> node it must be on (None: any GPU node), or "pending" for a pod it cannot place
+    "inference/llm-serve": None,
+    "research/notebook-0": None,
+    "research/notebook-1": None,
+    "batch/embed-0": None,
+    "batch/nightly-eval-0": "gpu-h100-1",  # two cards' worth of shares: only the H100 node
+    "ml/finetune-master-0": "gpu-a100-1",  # MIG 3g.40gb instances exist there only
+    "ml/finetune-worker-0": "gpu-a100-1",
+    "ml/finetune-worker-1": "gpu-a100-1",
+    "ml/finetune-worker-2": "gpu-a100-1",
+    "ml/rocm-smoke": "pending",  # AMD's class: no AMD driver in the demo
+    "default/web": "cpu-1",  # no GPU: the first node
+    "ml/native-dra": None,
+    "ml/train-resnet": None,
+}
+GPU_NODES = {"gpu-a100-1", "gpu-h100-1"}
+
+
+def _demo(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dra_gateway", "demo", *args],
+                          capture_output=True, text=True, timeout=timeout, check=False,
+                          stdin=subprocess.DEVNULL)
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes naming `text` (the demo's children name its work dir)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+@pytest.mark.timeout(180)
+def test_demo_places_every_example_pod_on_the_node_of_its_devices(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    done = _demo("-o", "json", "--work-dir", str(work), "--timeout", "90")
+
+    assert done.returncode == 0, done.stderr
+    summary: dict[str, Any] = json.loads(done.stdout)
+    assert summary["ok"] is True
+    pods = {f"{p['namespace']}/{p['name']}": p for p in summary["pods"]}
+    assert set(pods) == set(EXAMPLE_PODS)
+    seen_devices: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for key, where in EXAMPLE_PODS.items():
+        pod = pods[key]
+        assert pod["ok"] is True, (key, pod["problems"])
+        if where == "pending":
+            assert pod["expected"] == "pending"
+            assert pod["node"] is None
+            assert "gpu.amd.com" in pod["whyPending"]
+            continue
+        assert pod["expected"] == "bound"
+        assert pod["node"] == where if where else pod["node"] in GPU_NODES, key
+        for claim in pod["claims"]:
+            assert claim["allocated"] is True, (key, claim)
+            assert claim["devices"], (key, claim)
+            for device in claim["devices"]:
+                assert device["node"] == pod["node"], (key, device)
+                seen_devices.setdefault((device["pool"], device["device"]), []).append(device)
+    # Translation shows: templates named by the gateway, the legacy request and its rule.
+    assert pods["inference/llm-serve"]["rule"] == "hami"
+    assert "nvidia.com/gpumem=8000" in pods["inference/llm-serve"]["legacyRequest"]
+    assert pods["inference/llm-serve"]["templates"][0].startswith("dra-gateway-")
+    assert pods["default/web"]["claims"] == []
+    # Shares are shares; whole cards and MIG instances are never handed out twice.
+    hami = pods["inference/llm-serve"]["claims"][0]["devices"][0]
+    assert (hami["share"], hami["memory"], hami["cores"]) == ("shared", 8000 * 2**20, 30)
+    for (pool, device), holders in seen_devices.items():
+        if any(h["share"] == "whole" for h in holders):
+            assert len(holders) == 1, (pool, device, holders)
+        else:
+            assert sum(h["cores"] for h in holders) <= 100, (pool, device, holders)
+    template = summary["template"]["object"]
+    assert template["kind"] == "ResourceClaimTemplate"
+    kubernetes_validate.validate(template, "1.34", strict=True)
+    # Every process is gone; an explicit work dir stays, with each component's log.
+    assert _processes_mentioning(str(work)) == []
+    logs = {p.name for p in (work / "logs").iterdir()}
+    assert logs == {"cluster.log", "webhook.log", "allocator.log",
+                    "node-plugin-gpu-a100-1.log", "node-plugin-gpu-h100-1.log"}
+
+
+def test_pods_file_that_is_not_yaml_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    pods = tmp_path / "pods.yaml"
+    pods.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: [unclosed\n", encoding="utf-8")
+    work = tmp_path / "w"
+
+    done = _demo("--pods", str(pods), "--work-dir", str(work), timeout=60)
+
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"demo: reading pods: {pods} is not valid YAML at line ")
+    assert "Traceback" not in done.stderr
+    assert not work.exists()
+
+
+def test_pods_file_without_a_pod_names_the_document(tmp_path: Path) -> None:
+    pods = tmp_path / "pods.yaml"
+    pods.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\n",
+                    encoding="utf-8")
+
+    done = _demo("--pods", str(pods), "--work-dir", str(tmp_path / "w"), timeout=60)
+
+    assert done.returncode == 2
+    assert done.stderr == (f"demo: reading pods: {pods} (document 1): ConfigMap settings holds "
+                           "no pod (no spec.containers anywhere); give Pods or workloads\n")
+
+
+@pytest.mark.timeout(120)
+def test_pod_the_gateway_refuses_fails_the_demo_and_stops_every_process(tmp_path: Path) -> None:
+    pods = tmp_path / "pods.yaml"
+    pods.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: too-much, namespace: ml}\n"
+        "spec:\n  containers:\n    - name: c\n      image: busybox\n      resources:\n"
+        "        limits: {nvidia.com/gpu: 1, nvidia.com/gpumem-percentage: 150}\n",
+        encoding="utf-8")
+    work = tmp_path / "w"
+
+    done = _demo("--pods", str(pods), "--work-dir", str(work), "--timeout", "60")
+
+    assert done.returncode == 1, done.stderr
+    assert 'demo: failed at step "creating pods": the API refused pod ml/too-much' in done.stderr
+    assert "nvidia.com/gpumem-percentage is a share of one card, at most 100" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert _processes_mentioning(str(work)) == []
+    assert os.listdir(work / "logs")
