@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dra_gateway.kube import names
+from dra_gateway.kube.quantity import QuantityError, parse_quantity
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import CLAIM_NAME, TEMPLATE_PREFIX
 from dra_gateway.webhook.reviews import Refusal
@@ -166,8 +167,10 @@ class LegacyRequestsTranslated:
                 reported: set[str] = set()
                 for part in ("limits", "requests"):
                     amounts = resources.get(part)
-                    for resource in amounts if isinstance(amounts, dict) else ():
-                        if resource in reported or not is_legacy(resource):
+                    if not isinstance(amounts, dict):
+                        continue
+                    for resource, amount in amounts.items():
+                        if resource in reported or not is_legacy(resource) or _is_zero(amount):
                             continue
                         # One violation per resource, at limits when it is in both.
                         reported.add(resource)
@@ -178,6 +181,15 @@ class LegacyRequestsTranslated:
                             f"enable the dra-gateway mutating webhook for namespace "
                             f"{review.namespace} or request the GPU with a ResourceClaim")))
         return out
+
+
+def _is_zero(amount: Any) -> bool:
+    """A zero amount asks for nothing: /mutate leaves it, and the scheduler ignores it (charts
+    often carry `nvidia.com/gpu: 0` as a default). An unreadable amount is not zero."""
+    try:
+        return parse_quantity(amount).is_zero()
+    except (QuantityError, TypeError):
+        return False
 
 
 DEFAULT_POLICIES: tuple[PodPolicy, ...] = (

@@ -87,6 +87,17 @@ async def test_an_untranslated_legacy_request_is_refused_while_enforcing(client:
         "the GPU with a ResourceClaim")}
 
 
+async def test_a_zero_legacy_request_passes_mutate_and_validate_unchanged(
+        client: Client) -> None:
+    # Charts often default to `nvidia.com/gpu: 0`: nothing to translate and nothing to refuse.
+    pod = plain_pod()
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "0",
+                                                            "nvidia.com/gpumem": 0}}
+    mutated = await (await client.post("/mutate", data=orjson.dumps(review(pod)))).json()
+    assert "patch" not in mutated["response"]
+    assert await _validate(client, pod) == {"uid": "v-1", "allowed": True}
+
+
 async def test_an_untranslated_legacy_request_is_allowed_when_not_enforcing(
     aiohttp_client: ClientFactory, cluster: MemoryCluster
 ) -> None:
