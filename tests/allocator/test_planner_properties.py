@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -24,54 +25,63 @@ request = st.one_of(
 )
 
 
-def _claim_for(n: int, spec: tuple[Any, ...]) -> dict[str, Any]:
+def _claim_for(n: int, spec: tuple[Any, ...], native: bool) -> dict[str, Any]:
     kind = spec[0]
     if kind == "whole":
         return claim(f"c{n}", count=spec[1])
     if kind == "share":
-        return claim(f"c{n}", capacity={"memory": f"{spec[1]}Gi", "cores": str(spec[2])})
-    return claim(f"c{n}", capacity={"cores": str(spec[2])},
+        if not native:  # the API server drops capacity.requests: the config carries it
+            return claim(f"c{n}", config=[share_config(["main"], memory=spec[1] * GI,
+                                                       cores=spec[2])])
+        return claim(f"c{n}", capacity={"memory": f"{spec[1]}Gi", "cores": str(spec[2])},
+                     config=[share_config(["main"], memory=spec[1] * GI, cores=spec[2])])
+    return claim(f"c{n}", capacity={"cores": str(spec[2])} if native else None,
                  config=[share_config(["main"], memoryPercent=spec[1], cores=spec[2])])
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(specs=st.lists(request, min_size=1, max_size=30), policy=st.sampled_from(POLICIES),
-       releases=st.lists(st.integers(0, 29), max_size=8))
+       releases=st.lists(st.integers(0, 29), max_size=8), native=st.booleans())
 def test_random_claims_never_exceed_a_card_or_share_a_whole_one(
-    specs: list[tuple[Any, ...]], policy: str, releases: list[int]
+    specs: list[tuple[Any, ...]], policy: str, releases: list[int], native: bool
 ) -> None:
     memory = {"n1": 16, "n2": 24}
-    state = cluster({"n1": [gpu(0, memory_gib=16), gpu(1, memory_gib=16)],
-                     "n2": [gpu(0, memory_gib=24), gpu(1, memory_gib=24), gpu(2, memory_gib=24)]},
-                    policy=policy)
-    allocations: dict[str, dict[str, Any]] = {}
+    state = cluster({"n1": [gpu(0, memory_gib=16, shared=native),
+                            gpu(1, memory_gib=16, shared=native)],
+                     "n2": [gpu(i, memory_gib=24, shared=native) for i in range(3)]},
+                    policy=policy, consumable_capacity=native)
+    placed: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {}
     for n, spec in enumerate(specs):
-        c = _claim_for(n, spec)
+        c = _claim_for(n, spec, native)
+        uid = c["metadata"]["uid"]
         plan = place(state, pod(f"p{n}", cpu="10m"), c)
         if plan.node_name is not None:
-            allocations[c["metadata"]["uid"]] = plan.allocations[c["metadata"]["uid"]]
-        if n in releases and allocations:
+            placed[uid] = (spec[0], plan.allocations[uid], plan.annotations.get(uid, {}))
+        if n in releases and placed:
             # The owning pod went away: release its claim, as the controller does.
-            uid = sorted(allocations)[0]
-            state.remove_claim(uid)
-            del allocations[uid]
+            gone = sorted(placed)[0]
+            state.remove_claim(gone)
+            del placed[gone]
     used_memory: dict[tuple[str, str], int] = defaultdict(int)
     used_cores: dict[tuple[str, str], int] = defaultdict(int)
-    holders: dict[tuple[str, str], list[bool]] = defaultdict(list)
-    for allocation in allocations.values():
+    holders: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for kind, allocation, notes in placed.values():
+        recorded = json.loads(notes.get(names.ANNOTATION_SHARES, "[]"))
         for result in allocation["devices"]["results"]:
             key = (result["pool"], result["device"])
-            consumed = result["consumedCapacity"]
+            holders[key].append(kind)
+            consumed = result.get("consumedCapacity")
+            if consumed is None:
+                entries = [e for e in recorded if (e["pool"], e["device"]) == key]
+                consumed = entries[0]["consumedCapacity"] if entries else {
+                    names.CAPACITY_MEMORY: f"{memory[key[0]]}Gi", names.CAPACITY_CORES: "100"}
             used_memory[key] += parse_quantity(consumed[names.CAPACITY_MEMORY]).value()
             used_cores[key] += parse_quantity(consumed[names.CAPACITY_CORES]).value()
-            whole = used_cores[key] and consumed[names.CAPACITY_CORES] == "100" and (
-                parse_quantity(consumed[names.CAPACITY_MEMORY]).value() == memory[key[0]] * GI)
-            holders[key].append(bool(whole))
     for key, amount in used_memory.items():
         assert amount <= memory[key[0]] * GI, key
         assert used_cores[key] <= names.CORES_PER_CARD, key
-        if any(holders[key]):
-            assert len(holders[key]) == 1, f"whole card {key} shared: {holders[key]}"
+        if "whole" in holders[key]:
+            assert holders[key] == ["whole"], f"whole card {key} shared: {holders[key]}"
 
 
 def _direct_fragmentation(types: list[tuple[TaskType, float]], cards: tuple[int, ...],
