@@ -253,6 +253,7 @@ class Translator:
         }
 
     def translate(self, pod: TracePod) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The translated pod and the ResourceClaimTemplates it points at, in its order."""
         cached = self._cache.get(pod.shape)
         if cached is not None:
             return cached
@@ -266,9 +267,40 @@ class Translator:
             raise TraceError(f"pod {pod.name}: the built-in rules refuse it: "
                              f"{plan.refusal.message}")
         translated = jsonpatch.apply_patch(legacy, plan.patch) if plan.patch else legacy
-        specs = [t["spec"]["spec"] for t in plan.templates]
-        self._cache[pod.shape] = (translated, specs)
-        return translated, specs
+        by_name = {t["metadata"]["name"]: t for t in plan.templates}
+        templates = [by_name[entry["resourceClaimTemplateName"]]
+                     for entry in (translated.get("spec") or {}).get("resourceClaims") or ()
+                     if entry.get("resourceClaimTemplateName") in by_name]
+        self._cache[pod.shape] = (translated, templates)
+        return translated, templates
+
+
+def claims_for(pod: Mapping[str, Any],
+               templates: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The ResourceClaims the claim controller makes from the pod's templates: named after the
+    pod and its claim entry, owned by the pod, with the template's labels and annotations."""
+    meta = pod["metadata"]
+    entries = [e for e in (pod.get("spec") or {}).get("resourceClaims") or ()
+               if e.get("resourceClaimTemplateName")]
+    claims = []
+    for i, (entry, template) in enumerate(zip(entries, templates, strict=False)):
+        template_meta = (template.get("spec") or {}).get("metadata") or {}
+        claims.append({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {
+                "name": f"{meta['name']}-{entry['name']}-{i}",
+                "namespace": meta.get("namespace", ""),
+                "uid": f"{meta['uid']}-claim-{i}",
+                "labels": dict(template_meta.get("labels") or {}),
+                "annotations": {**(template_meta.get("annotations") or {}),
+                                names.K8S_POD_CLAIM_NAME_ANNOTATION: entry["name"]},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                                     "uid": meta["uid"], "controller": True,
+                                     "blockOwnerDeletion": True}],
+            },
+            "spec": template["spec"]["spec"],
+        })
+    return claims
 
 
 @dataclass(slots=True)
@@ -301,13 +333,11 @@ def replay(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *
     wall_seconds = 0.0
     placed = failed = 0
     for n, trace_pod in enumerate(sample(pods, cluster.total_gpus, load, seed)):
-        translated, specs = translator.translate(trace_pod)
+        translated, templates = translator.translate(trace_pod)
         uid = f"pod-{n}"
         pod = {**translated, "metadata": {**translated["metadata"], "name": f"p{n}",
                                           "uid": uid}}
-        claims = [{"metadata": {"name": f"p{n}-{i}", "namespace": "openb",
-                                "uid": f"{uid}-claim-{i}"}, "spec": spec}
-                  for i, spec in enumerate(specs)]
+        claims = claims_for(pod, templates)
         start = time.thread_time()
         wall_start = time.perf_counter()
         plan = plan_pod(state, pod, claims)

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 
 from dra_gateway.allocator import bench
@@ -66,11 +67,15 @@ def test_gpu_spec_restricts_the_models_a_pod_may_use() -> None:
     translator = bench.Translator()
     state = cluster.state(PlannerSettings(default_policy="first-fit"))
     trace_pod = bench.TracePod("x", 1000, 1024, 1, 250, ("V100M32",))
-    pod, specs = translator.translate(trace_pod)
+    pod, templates = translator.translate(trace_pod)
     pod = {**pod, "metadata": {**pod["metadata"], "uid": "u"}}
-    claims = [{"metadata": {"name": "c", "namespace": "openb", "uid": "c"}, "spec": s}
-              for s in specs]
-    assert plan_pod(state, pod, claims).node_name == "node-b"
+    claims = bench.claims_for(pod, templates)
+    assert len(claims) == 1
+    kubernetes_validate.validate(claims[0], "1.34", strict=True)
+    plan = plan_pod(state, pod, claims)
+    assert plan.node_name == "node-b"
+    allocated = {**claims[0], "status": {"allocation": plan.allocations["u-claim-0"]}}
+    kubernetes_validate.validate(allocated, "1.34", strict=True)
 
 
 def test_the_sample_reaches_the_load_and_keeps_every_pod() -> None:
