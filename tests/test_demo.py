@@ -80,6 +80,9 @@ def test_demo_places_every_example_pod_on_the_node_of_its_devices(tmp_path: Path
         for claim in pod["claims"]:
             assert claim["allocated"] is True, (key, claim)
             assert claim["devices"], (key, claim)
+            # The node plugin, asked as the kubelet asks, prepared it into CDI devices.
+            assert claim["prepared"]["error"] is None, (key, claim)
+            assert claim["prepared"]["cdiDevices"], (key, claim)
             for device in claim["devices"]:
                 assert device["node"] == pod["node"], (key, device)
                 seen_devices.setdefault((device["pool"], device["device"]), []).append(device)
@@ -91,6 +94,8 @@ def test_demo_places_every_example_pod_on_the_node_of_its_devices(tmp_path: Path
     # Shares are shares; whole cards and MIG instances are never handed out twice.
     hami = pods["inference/llm-serve"]["claims"][0]["devices"][0]
     assert (hami["share"], hami["memory"], hami["cores"]) == ("shared", 8000 * 2**20, 30)
+    hami_env = pods["inference/llm-serve"]["claims"][0]["prepared"]["env"]
+    assert {"CUDA_DEVICE_MEMORY_LIMIT=8000m", "CUDA_DEVICE_SM_LIMIT=30"} <= set(hami_env)
     for (pool, device), holders in seen_devices.items():
         if any(h["share"] == "whole" for h in holders):
             assert len(holders) == 1, (pool, device, holders)

@@ -5,8 +5,11 @@ It starts, as separate processes of the same Python interpreter, the embedded AP
 plugin per simulated GPU node, each against the served API through the same kubernetes-asyncio
 code it uses in production; then it creates the example pods through that API, waits until
 they are bound and shows what each asked for, the claim template it was translated to and the
-GPU share it got. The embedded cluster runs no workload controllers, so for a Deployment, Job,
-CronJob or training job the demo creates the pods such a controller would (`<name>-<role>-<i>`).
+GPU share it got. Playing the kubelet, it then asks each node plugin over its DRA gRPC socket to
+prepare the claims of the pods bound to its node, and shows what a container would see (the CDI
+devices and their environment). The embedded cluster runs no workload controllers, so for a
+Deployment, Job, CronJob or training job the demo creates the pods such a controller would
+(`<name>-<role>-<i>`).
 
 Every child process is stopped (SIGTERM, then SIGKILL after a grace period) whatever happens,
 errors and Ctrl-C included; each writes its log into the work directory, and a failure names
@@ -670,6 +673,7 @@ async def inspect(cluster: Cluster, reports: Sequence[PodReport]) -> None:
             except NotFound:
                 report.problems.append(f"claim {claim_name} does not exist")
                 continue
+            info["uid"] = claim["metadata"].get("uid")
             info["allocated"] = bool((claim.get("status") or {}).get("allocation"))
             info["devices"] = claim_devices(claim, slices)
             if report.expected == "pending":
@@ -691,6 +695,70 @@ async def inspect(cluster: Cluster, reports: Sequence[PodReport]) -> None:
                                                      if gates else ""))
         if report.expected == "pending" and report.node:
             report.problems.append(f"bound to {report.node} although {report.why_pending}")
+
+
+def _cdi_env(cdi_dir: Path) -> dict[str, list[str]]:
+    """Environment per qualified CDI device name (`vendor/class=name`) of the specs in a dir."""
+    env: dict[str, list[str]] = {}
+    for path in sorted(cdi_dir.glob("*.json")):
+        try:
+            spec = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        common = list((spec.get("containerEdits") or {}).get("env") or [])
+        for device in spec.get("devices") or []:
+            edits = device.get("containerEdits") or {}
+            env[f"{spec.get('kind')}={device.get('name')}"] = [*common,
+                                                                *(edits.get("env") or [])]
+    return env
+
+
+async def prepare_on_nodes(layout: Layout, reports: Sequence[PodReport]) -> None:
+    """Play the kubelet: ask each node's plugin to prepare the claims of the pods bound there.
+
+    Over the plugin's DRA gRPC socket, as the kubelet does before starting a container; the
+    CDI specs the plugin writes say what each container would see (devices and limits).
+    """
+    import grpc
+    import grpc.aio
+
+    from dra_gateway.kube import names
+    from dra_gateway.node_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
+    from dra_gateway.node_plugin.server import dra_socket_path
+
+    simulated = {node for node, _ in NODES}
+    for node in sorted(simulated):
+        work = [(r, c) for r in reports if r.node == node for c in r.claims
+                if c["allocated"] and c.get("uid")
+                and any(d["driver"] == names.DRIVER for d in c["devices"])]
+        if not work:
+            continue
+        socket_path = dra_socket_path(layout.node(node) / "plugins")
+        request = dra_v1_pb2.NodePrepareResourcesRequest(claims=[
+            dra_v1_pb2.Claim(namespace=r.namespace, name=c["name"], uid=c["uid"])
+            for r, c in work])
+        try:
+            async with grpc.aio.insecure_channel(f"unix://{socket_path}") as channel:
+                response = await dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    request, timeout=30)
+        except grpc.aio.AioRpcError as exc:
+            raise DemoError("preparing claims on the nodes", f"NodePrepareResources on "
+                            f"{socket_path} failed: {exc.code().name}: {exc.details()}",
+                            log=layout.logs / f"node-plugin-{node}.log") from None
+        env = _cdi_env(layout.node(node) / "cdi")
+        for report, claim in work:
+            result = response.claims[claim["uid"]]
+            ids = [i for d in result.devices for i in d.cdi_device_ids]
+            claim["prepared"] = {"error": result.error or None, "cdiDevices": ids,
+                                 # Devices of one request carry the same environment.
+                                 "env": list(dict.fromkeys(e for i in ids
+                                                           for e in env.get(i, [])))}
+            if result.error:
+                report.problems.append(f"node plugin on {node} could not prepare claim "
+                                       f"{claim['name']}: {result.error}")
+            elif not ids:
+                report.problems.append(f"node plugin on {node} prepared claim {claim['name']} "
+                                       "without any CDI device")
 
 
 async def show_template(cluster: Cluster, reports: Sequence[PodReport]
@@ -762,6 +830,7 @@ async def demo(layout: Layout, children: Children, pods: Sequence[DemoPod], wait
         await wait_bound(cluster, children, reports, time.monotonic() + wait_s)
         # Pods expected to stay pending are judged once the others settled.
         await inspect(cluster, reports)
+        await prepare_on_nodes(layout, reports)
         template, template_of = await show_template(cluster, reports)
         return Outcome(reports, template, template_of)
     except ApiError as exc:
@@ -882,3 +951,12 @@ def _print_outcome(outcome: Outcome, out: IO[str]) -> None:
     if outcome.template is not None:
         out.write(f"\nThe ResourceClaimTemplate pod {outcome.template_of} was translated to:\n\n")
         out.write(yaml.safe_dump(outcome.template, sort_keys=False))
+        shown = next((r for r in outcome.reports
+                      if f"{r.namespace}/{r.name}" == outcome.template_of), None)
+        prepared = [c["prepared"] for c in (shown.claims if shown else [])
+                    if c.get("prepared")]
+        if prepared:
+            ids = ", ".join(i for p in prepared for i in p["cdiDevices"])
+            out.write("\nIts node plugin prepared the claim as the kubelet asks it to; the "
+                      f"container sees (CDI {ids}):\n\n")
+            out.write("".join(f"  {e}\n" for p in prepared for e in p["env"]))
