@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +22,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from dra_gateway.kube.files import atomic_write
 
 CA_FILE = "ca.crt"
 CERT_FILE = "tls.crt"
@@ -160,25 +160,6 @@ def make_bundle(*, dns_names: Sequence[str], ip_addresses: Sequence[str] = (),
         cert=cert.public_bytes(serialization.Encoding.PEM),
         key=_key_pem(key),
     )
-
-
-def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Replace `path` with `data` so a reader sees the old or the new file, never a torn one.
-
-    The temporary file gets its final mode before any byte is written, so a private key is
-    never readable by others, not even for an instant.
-    """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_bundle(bundle: Bundle, out_dir: Path) -> BundlePaths:

@@ -9,15 +9,14 @@ visibility and share limits follows the in-container conventions of HAMi-core an
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from dra_gateway.kube.files import atomic_write, fsync_dir
 
 CDI_VERSION = "0.6.0"  # the first version with spec annotations, which name the claim
 Enforcement = Literal["none", "hami-core", "mps"]
@@ -198,30 +197,5 @@ def remove_spec(cdi_dir: Path, kind: str, claim_uid: str) -> bool:
         path.unlink()
     except FileNotFoundError:
         return False
-    _fsync_dir(cdi_dir)
+    fsync_dir(cdi_dir)
     return True
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    # The rename is durable only once the directory entry is on disk.
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dra_gateway.node_plugin.cdi import atomic_write
+from dra_gateway.kube.files import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -34,6 +35,7 @@ from dra_gateway.kube.cluster.port import (
     PatchType,
     WatchEvent,
 )
+from dra_gateway.kube.files import atomic_write
 from dra_gateway.kube.resources import ALL, ResourceType
 
 log = logging.getLogger(__name__)
@@ -550,6 +552,6 @@ def write_kubeconfig(path: str | os.PathLike[str], server_url: str,
                      token: str | None = None) -> None:
     """Write a kubeconfig for `server_url` (readable by its owner only: it may hold a token)."""
     text = yaml.safe_dump(kubeconfig_document(server_url, token), sort_keys=False)
-    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    # Atomic: clients started alongside the server wait for this file and must never read it
+    # half written; and a file left from an earlier run must not keep a wider mode.
+    atomic_write(Path(path), text.encode("utf-8"), mode=0o600)
