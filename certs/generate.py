@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,23 @@ def _parse_ips(ips: Iterable[str]) -> list[ipaddress.IPv4Address | ipaddress.IPv
     return parsed
 
 
+_DNS_LABEL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?$")
+
+
+def _check_dns_names(dns_names: Iterable[str]) -> None:
+    # A name the TLS clients can never match would only show up as a handshake failure of the
+    # API server, far from its cause.
+    for value in dns_names:
+        labels = value.split(".")
+        if labels[0] == "*" and len(labels) > 1:
+            labels = labels[1:]  # a wildcard for one label, as in *.dra-gateway.svc
+        if len(value) > 253 or not all(_DNS_LABEL.match(label) for label in labels):
+            raise ValueError(
+                f"--dns {value!r} is not a DNS name: use letters, digits and '-' in labels "
+                f"separated by dots, e.g. dra-gateway.dra-gateway.svc; pass addresses with --ip"
+            )
+
+
 def make_ca(common_name: str = "dra-gateway-ca", *, days: int = DEFAULT_CA_DAYS,
             now: dt.datetime | None = None) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     """A self-signed CA allowed to sign serving certificates only (path length 0)."""
@@ -115,6 +133,7 @@ def make_serving_cert(
     """A server certificate signed by the CA whose SANs are the given names and addresses."""
     if not dns_names and not ip_addresses:
         raise ValueError("a serving certificate needs at least one --dns name or --ip address")
+    _check_dns_names(dns_names)
     now = now or dt.datetime.now(dt.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]

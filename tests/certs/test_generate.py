@@ -72,6 +72,21 @@ def test_generate_with_a_bad_address_names_it(
         "or pass host names with --dns\n")
 
 
+def test_generate_with_a_bad_dns_name_names_it_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["certs", "generate", "--out", str(tmp_path), "--dns", "svc.ns.svc",
+                 "--dns", "bad name!"]) == 2
+    assert capsys.readouterr().err == (
+        "certs generate: --dns 'bad name!' is not a DNS name: use letters, digits and '-' in "
+        "labels separated by dots, e.g. dra-gateway.dra-gateway.svc; pass addresses with --ip\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_accepts_a_wildcard_dns_name(tmp_path: Path) -> None:
+    assert main(["certs", "generate", "--out", str(tmp_path), "--dns", "*.dra-gateway.svc"]) == 0
+
+
 def test_the_ca_verifies_the_serving_certificate_with_openssl(tmp_path: Path) -> None:
     paths = write_bundle(make_bundle(dns_names=["localhost"]), tmp_path)
     try:
