@@ -3,8 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _dns_subdomain(what: str, longest: int) -> Callable[[str], str]:
+    # Node and driver names become slice, pool and socket names: the API server would refuse
+    # every slice of a malformed one, far from the flag that caused it.
+    def check(value: str) -> str:
+        if len(value) > longest or not _DNS_SUBDOMAIN.match(value):
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not a valid {what}: lowercase letters, digits, '-' and '.', at "
+                f"most {longest} characters, starting and ending with a letter or digit")
+        return value
+    return check
 
 
 def _source(parser: argparse.ArgumentParser) -> None:
@@ -12,8 +28,10 @@ def _source(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--inventory", type=Path, metavar="FILE",
                        help="YAML inventory of the node's GPUs (simulated nodes, tests)")
     group.add_argument("--nvml", action="store_true", help="discover the GPUs through NVML")
-    parser.add_argument("--node-name", required=True, help="this node's name (the pool name)")
+    parser.add_argument("--node-name", required=True, type=_dns_subdomain("node name", 253),
+                        help="this node's name (the pool name)")
     parser.add_argument("--driver", default="gpu.dra-gateway.io",
+                        type=_dns_subdomain("DRA driver name", 63),
                         help="DRA driver name (default: %(default)s)")
     parser.add_argument("--sharing", choices=("exclusive", "shared"), default="exclusive",
                         help="sharing of cards whose inventory does not say (default: "
@@ -65,6 +83,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
 
     classes = commands.add_parser("device-classes", help="print the gateway's DeviceClasses")
     classes.add_argument("--driver", default="gpu.dra-gateway.io",
+                         type=_dns_subdomain("DRA driver name", 63),
                          help="DRA driver name (default: %(default)s)")
     classes.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     classes.set_defaults(func=_device_classes)

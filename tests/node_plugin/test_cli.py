@@ -40,6 +40,18 @@ def test_a_broken_inventory_is_one_clear_line(tmp_path: Path,
     assert "Traceback" not in err
 
 
+def test_a_node_name_the_api_would_refuse_is_a_usage_error(
+        h100x8: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["node-plugin", "discover", "--inventory", str(h100x8), "--node-name", "GPU_Node"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.endswith("argument --node-name: 'GPU_Node' is not a valid node name: lowercase "
+                        "letters, digits, '-' and '.', at most 253 characters, starting and "
+                        "ending with a letter or digit\n")
+    assert "Traceback" not in err
+
+
 def test_device_classes_are_printed(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["node-plugin", "device-classes"]) == 0
     classes = list(yaml.safe_load_all(capsys.readouterr().out))
