@@ -5,7 +5,8 @@ devices, and returns a plan or a `ClaimError` whose message names the claim and 
 share of a card comes, in order, from what the allocation consumed (the result's
 `consumedCapacity` where the cluster keeps consumable capacity, else the allocator's record of
 it in the claim's shares annotation), then the claim's `GpuShareConfig` (memory in bytes or
-`memoryPercent` of the card); a card with none of these is whole.
+`memoryPercent` of the card); a card with none of these is whole. Only the capacities the
+share names are limits (see `_limited`): the others are consumed for accounting only.
 
 The shares annotation (`dra-gateway.io/shares`) is the allocator's: a JSON list with one entry
 per shared result, `{"request", "driver", "pool", "device", "shareID", "consumedCapacity"}`
@@ -16,7 +17,7 @@ in order. A missing or malformed annotation counts as absent.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,6 +163,33 @@ def _recorded_shares(claim: Mapping[str, Any]) -> dict[tuple[str, str, str, str]
     return recorded
 
 
+def _requested_capacity(claim: Mapping[str, Any], request: str) -> Collection[str]:
+    """Capacity names the claim's spec requests for `request` (`req` or `req/sub`)."""
+    name, _, sub = request.partition("/")
+    for entry in (claim.get("spec", {}).get("devices", {}).get("requests") or []):
+        if entry.get("name") != name:
+            continue
+        bodies = [entry.get("exactly") or {}] if not sub else [
+            s for s in entry.get("firstAvailable") or [] if s.get("name") == sub]
+        return {k for b in bodies for k in ((b.get("capacity") or {}).get("requests") or {})}
+    return ()
+
+
+def _limited(config: GpuShareConfig, claim: Mapping[str, Any], request: str,
+             consumed: Mapping[str, Any]) -> Collection[str]:
+    """The capacities whose share the container is limited to.
+
+    Those the GpuShareConfig names, when it names any: a share states its other capacities at
+    the smallest amount only so that the request policy's default (the whole card) is not
+    consumed, and that amount must not become a limit. Otherwise (a claim written without
+    amounts in its config) those the request asked for, then those the allocation consumed.
+    """
+    named = {c for c, on in ((names.CAPACITY_MEMORY, config.memory is not None
+                              or config.memory_percent is not None),
+                             (names.CAPACITY_CORES, config.cores is not None)) if on}
+    return named or _requested_capacity(claim, request) or set(consumed)
+
+
 def _bytes(value: Any, where: str) -> int:
     try:
         return bytes_of(value)
@@ -224,13 +252,18 @@ def plan_claim(claim: Mapping[str, Any], *, uid: str, node_name: str,
             entries = recorded.get((driver, str(pool), str(device), str(request)))
             consumed = entries.pop(0) if entries else {}
             cwhere = f"{where}: annotation {names.ANNOTATION_SHARES}, device {device}"
-        if names.CAPACITY_MEMORY in consumed:
+        limited = _limited(config, claim, str(request), consumed)
+        if names.CAPACITY_MEMORY not in limited:
+            pass
+        elif names.CAPACITY_MEMORY in consumed:
             memory = _bytes(consumed[names.CAPACITY_MEMORY], f"{cwhere}.memory")
         elif config.memory is not None:
             memory = config.memory
         elif config.memory_percent is not None:
             memory = info.memory * config.memory_percent // 100
-        if names.CAPACITY_CORES in consumed:
+        if names.CAPACITY_CORES not in limited:
+            pass
+        elif names.CAPACITY_CORES in consumed:
             cores = _percent(consumed[names.CAPACITY_CORES], f"{cwhere}.cores")
         elif config.cores is not None:
             cores = config.cores

@@ -63,8 +63,28 @@ def test_no_enforcement_gives_visibility_only(table: dict[str, Any]) -> None:
 
 def test_consumed_capacity_wins_over_the_config(table: dict[str, Any]) -> None:
     plan = _plan(claim(devices=["gpu-1"], consumed={"memory": "8Gi", "cores": "30"},
-                       params={"memoryPercent": 50, "enforcement": "hami-core"}), table)
+                       params={"memoryPercent": 50, "cores": 25, "enforcement": "hami-core"}),
+                 table)
     assert _env(plan)[2:4] == ["CUDA_DEVICE_MEMORY_LIMIT=8192m", "CUDA_DEVICE_SM_LIMIT=30"]
+
+
+def test_a_memory_share_is_not_limited_by_the_cores_it_consumes_for_accounting(
+        table: dict[str, Any]) -> None:
+    # The translator states a memory share's cores at the smallest amount (1) so that the
+    # request policy's default (all 100) is not consumed; that amount is no compute limit.
+    plan = _plan(claim(devices=["gpu-1"], consumed={"memory": "8Gi", "cores": "1"},
+                       params={"memory": 8 * GiB, "enforcement": "hami-core"}), table)
+    assert _env(plan)[2:] == ["CUDA_DEVICE_MEMORY_LIMIT=8192m",
+                              "LD_PRELOAD=/usr/local/vgpu/libvgpu.so"]
+
+
+def test_a_claim_without_amounts_in_its_config_is_limited_to_what_it_requested(
+        table: dict[str, Any]) -> None:
+    obj = claim(devices=["gpu-1"], consumed={"memory": "8Gi", "cores": "100"},
+                params={"enforcement": "mps"})
+    obj["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": {
+        "memory": "8Gi"}}
+    assert _env(_plan(obj, table))[2:] == [f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={A100}=8192M"]
 
 
 def test_memory_percent_is_a_share_of_the_card(table: dict[str, Any]) -> None:
