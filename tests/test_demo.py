@@ -154,3 +154,26 @@ def test_pod_the_gateway_refuses_fails_the_demo_and_stops_every_process(tmp_path
     assert "Traceback" not in done.stderr
     assert _processes_mentioning(str(work)) == []
     assert os.listdir(work / "logs")
+
+
+@pytest.mark.timeout(120)
+def test_pod_no_node_can_hold_fails_the_demo_with_the_allocators_reason(tmp_path: Path) -> None:
+    pods = tmp_path / "pods.yaml"
+    pods.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: nine-gpus, namespace: ml}\n"
+        "spec:\n  containers:\n    - name: c\n      image: busybox\n      resources:\n"
+        "        limits: {nvidia.com/gpu: 9}\n",
+        encoding="utf-8")
+    work = tmp_path / "w"
+
+    done = _demo("--pods", str(pods), "--work-dir", str(work), "--timeout", "5", "-o", "json")
+
+    assert done.returncode == 1, done.stderr
+    (pod,) = json.loads(done.stdout)["pods"]
+    assert pod["ok"] is False
+    assert pod["problems"][0] == "not bound (still gated by dra-gateway.io/allocation)"
+    assert pod["problems"][1].startswith(
+        "dra-gateway-allocator: AllocationFailed: pod ml/nine-gpus: 0/3 nodes fit")
+    assert ('demo: failed at step "checking placements": 1 pod not placed as expected: '
+            "ml/nine-gpus") in done.stderr
+    assert _processes_mentioning(str(work)) == []

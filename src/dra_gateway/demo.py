@@ -70,7 +70,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         help="manifests to create instead of the bundled examples (Pods, or "
                              "workloads whose pods the demo creates; repeatable)")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
-                        help="how long each wait may take: startup, then placement "
+                        help="how long to wait for the pods to be placed (default: %(default)s)")
+    parser.add_argument("--startup-timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="how long the components may take to start and become ready "
                              "(default: %(default)s)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (logs, kubeconfig, certificates) and "
@@ -693,8 +695,26 @@ async def inspect(cluster: Cluster, reports: Sequence[PodReport]) -> None:
             gates = [g.get("name") for g in spec.get("schedulingGates") or []]
             report.problems.insert(0, "not bound" + (f" (still gated by {', '.join(gates)})"
                                                      if gates else ""))
+            reason = await _latest_warning(cluster, report.namespace, report.name)
+            if reason:
+                report.problems.insert(1, reason)
         if report.expected == "pending" and report.node:
             report.problems.append(f"bound to {report.node} although {report.why_pending}")
+
+
+async def _latest_warning(cluster: Cluster, namespace: str, pod: str) -> str | None:
+    """The last Warning event about a pod (the allocator says there why it cannot place it)."""
+    from dra_gateway.kube.resources import EVENTS
+
+    events = [e for e in (await cluster.list(EVENTS, namespace=namespace)).items
+              if e.get("type") == "Warning"
+              and (e.get("involvedObject") or {}).get("kind") == "Pod"
+              and (e.get("involvedObject") or {}).get("name") == pod]
+    if not events:
+        return None
+    last = max(events, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    source = (last.get("source") or {}).get("component") or last.get("reportingComponent")
+    return f"{source or 'event'}: {last.get('reason')}: {last.get('message')}"
 
 
 def _cdi_env(cdi_dir: Path) -> dict[str, list[str]]:
@@ -780,15 +800,15 @@ async def show_template(cluster: Cluster, reports: Sequence[PodReport]
     return None, None
 
 
-async def demo(layout: Layout, children: Children, pods: Sequence[DemoPod], wait_s: float,
-               say: Callable[[str], None]) -> Outcome:
+async def demo(layout: Layout, children: Children, pods: Sequence[DemoPod], *,
+               startup_s: float, place_s: float, say: Callable[[str], None]) -> Outcome:
     from dra_gateway.kube.cluster.connect import ClusterConfigError, connect
     from dra_gateway.kube.cluster.port import ApiError
 
     webhook_port = free_port()
     say("starting the embedded API server")
     api = start_api(children, layout, webhook_port)
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + startup_s
 
     async def api_up() -> bool:
         return _api_started(layout, api)
@@ -827,7 +847,7 @@ async def demo(layout: Layout, children: Children, pods: Sequence[DemoPod], wait
                        "dra-gateway-allocator")
         say(f"creating {len(pods)} pods")
         reports = await create_pods(cluster, pods)
-        await wait_bound(cluster, children, reports, time.monotonic() + wait_s)
+        await wait_bound(cluster, children, reports, time.monotonic() + place_s)
         # Pods expected to stay pending are judged once the others settled.
         await inspect(cluster, reports)
         await prepare_on_nodes(layout, reports)
@@ -869,9 +889,11 @@ def run(args: argparse.Namespace) -> int:
         if not as_json:
             print(f"demo: {text}", flush=True)
 
-    if args.timeout <= 0:
-        print(f"demo: --timeout {args.timeout} must be positive", file=err)
-        return 2
+    for option, value in (("--timeout", args.timeout), ("--startup-timeout",
+                                                         args.startup_timeout)):
+        if not value > 0:
+            print(f"demo: {option} {value:g} must be a positive number of seconds", file=err)
+            return 2
     try:
         pods = read_pods(args.pods or DEFAULT_PODS)
     except DemoError as exc:
@@ -897,7 +919,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         say(f"work directory {root}")
         prepare(layout)
-        outcome = asyncio.run(demo(layout, children, pods, args.timeout, say))
+        outcome = asyncio.run(demo(layout, children, pods, startup_s=args.startup_timeout,
+                                   place_s=args.timeout, say=say))
         code = 0 if all(r.ok for r in outcome.reports) else 1
     except DemoError as exc:
         failure = exc
