@@ -177,3 +177,49 @@ def test_pod_no_node_can_hold_fails_the_demo_with_the_allocators_reason(tmp_path
     assert ('demo: failed at step "checking placements": 1 pod not placed as expected: '
             "ml/nine-gpus") in done.stderr
     assert _processes_mentioning(str(work)) == []
+
+
+def test_workloads_become_the_pods_their_controllers_would_create() -> None:
+    from dra_gateway.demo import pods_of
+
+    container = {"name": "c", "image": "busybox"}
+    template = {"metadata": {"labels": {"app": "a"}}, "spec": {"containers": [container]}}
+    documents = [
+        {"apiVersion": "apps/v1", "kind": "Deployment",
+         "metadata": {"name": "web", "namespace": "team"},
+         "spec": {"replicas": 2, "template": template}},
+        {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "nightly"},
+         "spec": {"jobTemplate": {"spec": {"template": template}}}},
+        {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "ft"},
+         "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": template},
+                                          "Worker": {"replicas": 2, "template": template}}}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "solo"},
+         "spec": {"containers": [container]}},
+    ]
+
+    pods = pods_of(documents, "pods.yaml")
+
+    assert [(p.namespace, p.name, p.source) for p in pods] == [
+        ("team", "web-0", "Deployment team/web"), ("team", "web-1", "Deployment team/web"),
+        ("default", "nightly-0", "CronJob nightly"),
+        ("default", "ft-master-0", "PyTorchJob ft"), ("default", "ft-worker-0", "PyTorchJob ft"),
+        ("default", "ft-worker-1", "PyTorchJob ft"),
+        ("default", "solo", "Pod solo"),
+    ]
+    assert pods[0].pod == {"apiVersion": "v1", "kind": "Pod",
+                           "metadata": {"labels": {"app": "a"}, "name": "web-0",
+                                        "namespace": "team"},
+                           "spec": {"containers": [container]}}
+
+
+def test_the_same_pod_twice_is_refused_by_name() -> None:
+    from dra_gateway.demo import DemoError, pods_of
+
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a", "namespace": "ml"},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+
+    with pytest.raises(DemoError) as caught:
+        pods_of([pod, pod], "pods.yaml")
+
+    assert str(caught.value) == ("reading pods: pod ml/a (Pod ml/a) appears twice; give each "
+                                 "pod or workload its own name")

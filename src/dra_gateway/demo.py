@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,9 +224,6 @@ class Child:
     argv: list[str]
     log: Path
     process: subprocess.Popen[bytes]
-
-    def exited(self) -> int | None:
-        return self.process.poll()
 
     def check(self, step: str) -> None:
         code = self.process.poll()
@@ -899,17 +897,23 @@ def run(args: argparse.Namespace) -> int:
     except DemoError as exc:
         print(f"demo: {exc}", file=err)
         return 2
-    if args.work_dir is not None:
-        root = args.work_dir.resolve()
-        root.mkdir(parents=True, exist_ok=True)
-        remove = False
-    else:
-        root = Path(tempfile.mkdtemp(prefix="dra-gateway-demo-"))
-        remove = not args.keep
-    if len(str(root)) <= _SHORT_PATH:
-        nodes_root, remove_nodes = root / "n", False
-    else:
-        nodes_root, remove_nodes = Path(tempfile.mkdtemp(prefix="dra-gateway-n-")), not args.keep
+    try:
+        if args.work_dir is not None:
+            root = args.work_dir.resolve()
+            root.mkdir(parents=True, exist_ok=True)
+            remove = False
+        else:
+            root = Path(tempfile.mkdtemp(prefix="dra-gateway-demo-"))
+            remove = not args.keep
+        if len(str(root)) <= _SHORT_PATH:
+            nodes_root, remove_nodes = root / "n", False
+        else:
+            nodes_root = Path(tempfile.mkdtemp(prefix="dra-gateway-n-"))
+            remove_nodes = not args.keep
+    except OSError as exc:
+        print(f"demo: cannot create the work directory {exc.filename or ''}: "
+              f"{exc.strerror or exc}; pass a writable --work-dir", file=err)
+        return 2
     layout = Layout(root, nodes_root)
     children = Children(layout.logs)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -927,13 +931,31 @@ def run(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, _Terminated):
         print("demo: interrupted; stopping every process it started", file=err)
         code = 130
+    except OSError as exc:
+        failure = DemoError("setting up", f"{exc.filename or 'the work directory'}: "
+                            f"{exc.strerror or exc}")
+    except Exception as exc:  # a bug: keep the trace for a report, but show no trace
+        trace = layout.logs / "demo-error.log"
+        with contextlib.suppress(OSError):
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            trace.write_text(traceback.format_exc(), encoding="utf-8")
+        failure = DemoError("running the demo", f"unexpected {type(exc).__name__}: {exc} "
+                            f"(please report it with {trace})")
     finally:
-        killed = children.stop()
+        try:
+            killed = children.stop()
+        except (KeyboardInterrupt, _Terminated):
+            killed = children.stop(grace=0)  # asked twice: no more patience
         signal.signal(signal.SIGTERM, previous)
     if killed:
         print(f"demo: {', '.join(killed)} did not stop within {GRACE_S:g}s of SIGTERM and was "
               "killed", file=err)
     if failure is not None:
+        if as_json:
+            json.dump({"ok": False, "failedStep": failure.step, "message": failure.message,
+                       "log": str(failure.log) if failure.log else None, "workDir": str(root)},
+                      sys.stdout, indent=2)
+            sys.stdout.write("\n")
         print(f"demo: failed at step \"{failure.step}\": {failure.message}", file=err)
         if failure.log is not None:
             print(f"--- last lines of {failure.log} ---\n{log_tail(failure.log)}\n---", file=err)
@@ -972,7 +994,8 @@ def _print_outcome(outcome: Outcome, out: IO[str]) -> None:
     out.write("\n")
     print_table(outcome.reports, out)
     if outcome.template is not None:
-        out.write(f"\nThe ResourceClaimTemplate pod {outcome.template_of} was translated to:\n\n")
+        out.write(f"\nThe ResourceClaimTemplate of pod {outcome.template_of}, as the webhook "
+                  "translated its legacy request:\n\n")
         out.write(yaml.safe_dump(outcome.template, sort_keys=False))
         shown = next((r for r in outcome.reports
                       if f"{r.namespace}/{r.name}" == outcome.template_of), None)
