@@ -55,6 +55,9 @@ ATTR_INDEX: Final = "index"
 CAPACITY_MEMORY: Final = "memory"
 CAPACITY_CORES: Final = "cores"
 CORES_PER_CARD: Final = 100
+# Granularity of memory shares: the node plugin's request-policy step and minimum for shared
+# cards, and the amount the translator states for a share that names no memory.
+MEMORY_STEP: Final = 1 << 20
 
 # Kubernetes' own names the gateway reads or must avoid.
 K8S_DELETE_PROTECTION_FINALIZER: Final = "resource.kubernetes.io/delete-protection"

@@ -37,7 +37,7 @@ class DeviceOptions:
     # it does not, the API server would drop them silently, so they are not sent at all.
     consumable_capacity: bool = False
     # Granularity of memory shares: requests are rounded up to a multiple of this.
-    memory_step: int = 1 << 20
+    memory_step: int = names.MEMORY_STEP
 
 
 @dataclass(frozen=True, slots=True)

@@ -483,6 +483,15 @@ def _plan_container(key: str, container: Mapping[str, Any], legacy: set[str],
         capacity[names.CAPACITY_MEMORY] = str(Quantity.from_bytes(memory))
     if cores:
         capacity[names.CAPACITY_CORES] = str(cores)
+    if rule.gateway_class and (memory or percent or cores):
+        # A share states every capacity of the card: one it leaves out is consumed at the
+        # request policy's default, the whole card, and the share would hold the card alone.
+        # The smallest amount accounts for it; the GpuShareConfig (which leaves it out) says
+        # what is enforced.
+        if not cores:
+            capacity[names.CAPACITY_CORES] = "1"
+        if not memory and not percent:
+            capacity[names.CAPACITY_MEMORY] = str(Quantity.from_bytes(names.MEMORY_STEP))
     if capacity:
         exactly["capacity"] = {"requests": capacity}
     request = {"name": name, "exactly": exactly}

@@ -31,27 +31,31 @@ CASES: list[tuple[str, dict[str, Any], dict[str, str], str, int, dict[str, str] 
      True),
     ("nvidia four gpus", {"nvidia.com/gpu": "4"}, {}, GPU, 4, None, share(enforcement="none"),
      True),
-    ("nvidia time-sliced replica", {"nvidia.com/gpu.shared": 1}, {}, GPU, 1, {"cores": "10"},
+    ("nvidia time-sliced replica", {"nvidia.com/gpu.shared": 1}, {}, GPU, 1,
+     {"memory": "1Mi", "cores": "10"},
      share(cores=10, enforcement="none"), True),
     ("nvidia mig profile", {"nvidia.com/mig-1g.5gb": 2}, {}, MIG, 2, None,
      share(enforcement="none"), True),
     ("hami memory in MiB per card", {"nvidia.com/gpumem": 8000}, {}, GPU, 1,
-     {"memory": "8000Mi"}, share(memory=8000 * MIB, enforcement="hami-core"), True),
+     {"memory": "8000Mi", "cores": "1"}, share(memory=8000 * MIB, enforcement="hami-core"),
+     True),
     ("hami cores per card times two cards",
-     {"nvidia.com/gpu": 2, "nvidia.com/gpucores": 30}, {}, GPU, 2, {"cores": "30"},
+     {"nvidia.com/gpu": 2, "nvidia.com/gpucores": 30}, {}, GPU, 2,
+     {"memory": "1Mi", "cores": "30"},
      share(cores=30, enforcement="hami-core"), True),
     ("hami memory and cores", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": "4096",
                                "nvidia.com/gpucores": "25"}, {}, GPU, 1,
      {"memory": "4Gi", "cores": "25"}, share(memory=4 * GIB, cores=25, enforcement="hami-core"),
      True),
     ("hami memory percentage stays relative", {"nvidia.com/gpumem-percentage": 50}, {}, GPU, 1,
-     None, share(memoryPercent=50, enforcement="hami-core"), True),
+     {"cores": "1"}, share(memoryPercent=50, enforcement="hami-core"), True),
     ("hami 100 percent memory and cores is a whole card",
      {"nvidia.com/gpumem-percentage": 100, "nvidia.com/gpucores": 100}, {}, GPU, 1, None,
      share(enforcement="hami-core"), True),
     ("hami mps mode and policy", {"nvidia.com/gpumem": 1024},
      {"nvidia.com/vgpu-mode": "mps", "hami.io/gpu-scheduler-policy": "binpack"}, GPU, 1,
-     {"memory": "1Gi"}, share(memory=GIB, enforcement="mps", policy="binpack"), True),
+     {"memory": "1Gi", "cores": "1"}, share(memory=GIB, enforcement="mps", policy="binpack"),
+     True),
     ("hami priority alone keeps the card whole",
      {"nvidia.com/gpu": 1, "nvidia.com/priority": 1}, {}, GPU, 1, None,
      share(enforcement="hami-core"), True),
@@ -70,12 +74,13 @@ CASES: list[tuple[str, dict[str, Any], dict[str, str], str, int, dict[str, str] 
      share(memory=8 * GIB, cores=50, enforcement="hami-core"), True),
     ("koordinator deprecated gpu", {"koordinator.sh/gpu": 25}, {}, GPU, 1, {"cores": "25"},
      share(memoryPercent=25, cores=25, enforcement="hami-core"), True),
-    ("gpushare GiB", {"aliyun.com/gpu-mem": 8}, {}, GPU, 1, {"memory": "8Gi"},
+    ("gpushare GiB", {"aliyun.com/gpu-mem": 8}, {}, GPU, 1, {"memory": "8Gi", "cores": "1"},
      share(memory=8 * GIB, enforcement="none"), True),
     ("gpushare total split over cards", {"aliyun.com/gpu-mem": 8, "aliyun.com/gpu-count": 2},
-     {}, GPU, 2, {"memory": "4Gi"}, share(memory=4 * GIB, enforcement="none"), True),
+     {}, GPU, 2, {"memory": "4Gi", "cores": "1"}, share(memory=4 * GIB, enforcement="none"), True),
     ("gpushare split rounds down to MiB", {"aliyun.com/gpu-mem": 1, "aliyun.com/gpu-count": 3},
-     {}, GPU, 3, {"memory": "341Mi"}, share(memory=341 * MIB, enforcement="none"), True),
+     {}, GPU, 3, {"memory": "341Mi", "cores": "1"}, share(memory=341 * MIB, enforcement="none"),
+     True),
     ("gpushare count alone is whole cards", {"aliyun.com/gpu-count": 2}, {}, GPU, 2, None,
      share(enforcement="none"), True),
     ("cgpu core percentage", {"aliyun.com/gpu-mem": 4, "aliyun.com/gpu-core.percentage": 30},
@@ -94,7 +99,8 @@ CASES: list[tuple[str, dict[str, Any], dict[str, str], str, int, dict[str, str] 
     ("volcano vgpu", {"volcano.sh/vgpu-number": 2, "volcano.sh/vgpu-memory": 4096,
                       "volcano.sh/vgpu-cores": 25}, {}, GPU, 2, {"memory": "4Gi", "cores": "25"},
      share(memory=4 * GIB, cores=25, enforcement="hami-core"), True),
-    ("aws vgpu slices", {"k8s.amazonaws.com/vgpu": 3}, {}, GPU, 1, {"cores": "30"},
+    ("aws vgpu slices", {"k8s.amazonaws.com/vgpu": 3}, {}, GPU, 1,
+     {"memory": "1Mi", "cores": "30"},
      share(cores=30, enforcement="mps"), True),
     ("amd whole gpus", {"amd.com/gpu": 2}, {}, names.AMD_GPU_CLASS, 2, None, None, False),
     ("intel i915", {"gpu.intel.com/i915": 1}, {}, names.INTEL_GPU_CLASS, 1, None, None, False),
@@ -137,7 +143,8 @@ def test_requests_only_limits_only_and_both_give_the_same_claim(
     original = pod(ctr("main", limits=limits, requests=requests))
     plan = translate(original, builtin_rules)
     patched = checked(plan, original)
-    assert only_request(plan)["exactly"]["capacity"] == {"requests": {"memory": "2Gi"}}
+    assert only_request(plan)["exactly"]["capacity"] == {"requests": {"memory": "2Gi",
+                                                                      "cores": "1"}}
     assert patched["spec"]["containers"][0]["resources"] == {
         "claims": [{"name": "dra-gateway", "request": "main"}]}
 
@@ -206,7 +213,8 @@ def test_gpushare_units_are_a_setting(tmp_path: Any) -> None:
         "overrides:\n  - rule: gpushare\n    units: {aliyun.com/gpu-mem: Mi}\n")
     rules = load_rules(tmp_path / "units.yaml")
     plan = translate(pod(ctr("main", limits={"aliyun.com/gpu-mem": 8000})), rules)
-    assert only_request(plan)["exactly"]["capacity"] == {"requests": {"memory": "8000Mi"}}
+    assert only_request(plan)["exactly"]["capacity"] == {"requests": {"memory": "8000Mi",
+                                                                      "cores": "1"}}
     assert parameters_of(plan, "main") == share(memory=8000 * MIB, enforcement="none")
 
 

@@ -172,7 +172,8 @@ def test_a_new_vendor_an_override_and_a_disabled_rule_need_only_rule_files() -> 
                                 "allocationMode": "ExactCount", "count": 1}
     assert "rocm" not in requests  # amd-gpu is disabled: the container is left as it was
     assert patched["spec"]["containers"][2]["resources"] == {"limits": {"amd.com/gpu": 1}}
-    assert requests["share"]["capacity"] == {"requests": {"memory": "2Gi"}}  # MiB now
+    assert requests["share"]["capacity"] == {"requests": {"memory": "2Gi",  # MiB now
+                                                          "cores": "1"}}
     assert requests["neuron"]["deviceClassName"] == "neuron.aws.com"
     assert parameters_of(plan, "cuda") is None  # the scheduler serves NVIDIA's class
     assert parameters_of(plan, "share") is not None

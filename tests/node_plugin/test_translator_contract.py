@@ -1,0 +1,84 @@
+"""The translator's claims as the node plugin's shared cards and prepare read them.
+
+Consumption follows upstream consumable capacity: a requested amount rounded up to the request
+policy's range, an amount not requested at the policy's default (the whole card).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_gateway.kube import names
+from dra_gateway.kube.quantity import parse_quantity
+from dra_gateway.node_plugin import cdi
+from dra_gateway.node_plugin.claims import plan_claim
+from dra_gateway.node_plugin.devices import DeviceOptions, device_table, devices_of
+from dra_gateway.node_plugin.inventory import load_inventory
+from dra_gateway.translator.rules import load_rules
+from dra_gateway.translator.translate import translate
+
+from .claimdata import NODE, UID
+
+SHARES = [
+    {"aliyun.com/gpu-mem": "6"},
+    {"nvidia.com/gpumem": "4000"},
+    {"nvidia.com/gpumem-percentage": "25"},
+    {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"},
+    {"nvidia.com/gpu.shared": "1"},
+    {"k8s.amazonaws.com/vgpu": "2"},
+    {"koordinator.sh/gpu-core": "20", "koordinator.sh/gpu-memory-ratio": "20"},
+    {"tke.cloud.tencent.com/qgpu-core": "50", "tke.cloud.tencent.com/qgpu-memory": "4"},
+]
+
+
+def _consumed(requested: dict[str, str], capacity: dict[str, Any]) -> dict[str, int]:
+    out = {}
+    for name, entry in capacity.items():
+        policy = entry["requestPolicy"]
+        if name not in requested:
+            out[name] = parse_quantity(policy["default"]).nanos
+            continue
+        amount = parse_quantity(requested[name]).nanos
+        low = parse_quantity(policy["validRange"]["min"]).nanos
+        step = parse_quantity(policy["validRange"].get("step", "0")).nanos or 1
+        amount = max(amount, low)
+        out[name] = low + -(-(amount - low) // step) * step
+    return out
+
+
+@pytest.mark.parametrize("limits", SHARES, ids=lambda limits: ",".join(limits))
+def test_a_translated_share_consumes_only_what_it_asks_and_is_limited_to_its_config(
+        limits: dict[str, str], mixed: Path) -> None:
+    facts = load_inventory(mixed)
+    options = DeviceOptions(consumable_capacity=True)
+    (card,) = [d for d in devices_of(facts, options) if d.get("allowMultipleAllocations")]
+    pod = {"metadata": {"name": "p", "namespace": "ml"},
+           "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]}}
+    plan = translate(pod, load_rules())
+    (template,) = plan.templates
+    spec = template["spec"]["spec"]
+    (request,) = spec["devices"]["requests"]
+    params = spec["devices"]["config"][0]["opaque"]["parameters"]
+    consumed = _consumed(request["exactly"]["capacity"]["requests"], card["capacity"])
+    whole = {n: parse_quantity(c["value"]).nanos for n, c in card["capacity"].items()}
+    if "memoryPercent" in params:
+        # Relative memory has no absolute request: the allocator resolves it per card.
+        consumed["memory"] = whole["memory"] * params["memoryPercent"] // 100
+    # Nothing is taken at the default: the card stays open to other shares.
+    assert all(consumed[n] < whole[n] for n in whole), consumed
+
+    claim = {"metadata": {"name": "p-main", "namespace": "ml", "uid": UID}, "spec": spec,
+             "status": {"allocation": {"devices": {"results": [{
+                 "request": "main", "driver": names.DRIVER, "pool": NODE,
+                 "device": card["name"], "shareID": "5b0f6b8e-2a4e-4f43-9d1c-6b1f3c2a9e77",
+                 "consumedCapacity": {n: str(parse_quantity(f"{v}n")) for n, v in
+                                      consumed.items()}}]}}}}
+    kind = cdi.cdi_kind(names.DRIVER)
+    prepared = plan_claim(claim, uid=UID, node_name=NODE, node_labels={}, driver=names.DRIVER,
+                          kind=kind, devices=device_table(facts, options))
+    share = prepared.devices[0].card
+    assert (share.memory is not None) == ("memory" in params or "memoryPercent" in params)
+    assert (share.cores is not None) == ("cores" in params)
