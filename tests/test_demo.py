@@ -22,7 +22,7 @@ EXAMPLE_PODS = {
     "research/notebook-0": None,
     "research/notebook-1": None,
     "batch/embed-0": None,
-    "batch/nightly-eval-0": "gpu-h100-1",  # two cards' worth of shares: only the H100 node
+    "batch/nightly-eval-0": None,
     "ml/finetune-master-0": "gpu-a100-1",  # MIG 3g.40gb instances exist there only
     "ml/finetune-worker-0": "gpu-a100-1",
     "ml/finetune-worker-1": "gpu-a100-1",
@@ -94,6 +94,7 @@ def test_demo_places_every_example_pod_on_the_node_of_its_devices(tmp_path: Path
     # Shares are shares; whole cards and MIG instances are never handed out twice.
     hami = pods["inference/llm-serve"]["claims"][0]["devices"][0]
     assert (hami["share"], hami["memory"], hami["cores"]) == ("shared", 8000 * 2**20, 30)
+    assert hami["enforcement"] == "hami-core"
     hami_env = pods["inference/llm-serve"]["claims"][0]["prepared"]["env"]
     assert {"CUDA_DEVICE_MEMORY_LIMIT=8000m", "CUDA_DEVICE_SM_LIMIT=30"} <= set(hami_env)
     for (pool, device), holders in seen_devices.items():

@@ -539,13 +539,32 @@ def claim_devices(claim: Mapping[str, Any], slices: Mapping[tuple[str, str, str]
         whole = consumed is None or all(
             _quantity_bytes(consumed.get(k)) == _quantity_bytes(capacity.get(k))
             for k in capacity)
+        request = str(result.get("request") or "")
         devices.append({
             "request": result.get("request"), "driver": key[0], "pool": key[1],
             "device": key[2], "node": published.get("node"),
             "share": "whole" if whole else "shared",
             "memory": memory, "cores": int(str(cores)) if cores is not None else None,
+            "enforcement": _share_config(allocation, request).get("enforcement"),
         })
     return devices
+
+
+def _share_config(allocation: Mapping[str, Any], request: str) -> dict[str, Any]:
+    """The GpuShareConfig parameters the allocation hands a request (later entries win)."""
+    from dra_gateway.kube import names
+
+    merged: dict[str, Any] = {}
+    base = request.split("/", 1)[0]  # a firstAvailable result names "request/alternative"
+    for config in (allocation.get("devices") or {}).get("config") or []:
+        opaque = config.get("opaque") or {}
+        targets = config.get("requests") or []
+        if opaque.get("driver") == names.DRIVER and (
+                not targets or request in targets or base in targets):
+            params = opaque.get("parameters")
+            if isinstance(params, Mapping):
+                merged.update(params)
+    return merged
 
 
 def describe_devices(devices: Sequence[Mapping[str, Any]]) -> str:
@@ -554,6 +573,10 @@ def describe_devices(devices: Sequence[Mapping[str, Any]]) -> str:
         what = [human_bytes(d["memory"])] if d["memory"] is not None else []
         if d["cores"] is not None:
             what.append(f"{d['cores']}% cores")
+        if d["share"] == "shared" and d.get("enforcement"):
+            # What the share's numbers mean in the container: limits or only accounting.
+            what.append("not enforced" if d["enforcement"] == "none"
+                        else f"{d['enforcement']} limits")
         parts.append(f"{d['device']} ({d['share']}: {', '.join(what) or 'device'})")
     return "; ".join(parts) or "-"
 
