@@ -286,8 +286,10 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _reconcile(state: WebhookState, rules: RuleSet) -> None:
     if not state.settings.reconcile_webhooks:
         return
-    ca_bundle = state.settings.ca_file.read_bytes() if state.settings.ca_file else None
     try:
+        # Read at every reconcile (the CA rotates); a file gone for a moment must not end the
+        # background task, whose error would otherwise surface only at shutdown.
+        ca_bundle = state.settings.ca_file.read_bytes() if state.settings.ca_file else None
         updated = await config.reconcile(
             state.cluster, rules, mutating_name=state.settings.mutating_configuration,
             validating_name=state.settings.validating_configuration, ca_bundle=ca_bundle)

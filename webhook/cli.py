@@ -95,6 +95,10 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"webhook: {' and '.join(missing)} not found in --tls-dir {tls_dir}; create them "
               f"with `dra-gateway certs generate --out {tls_dir} --dns NAME`", file=sys.stderr)
         return 2
+    if args.ca_file and not Path(args.ca_file).is_file():
+        print(f"webhook: --ca-file {args.ca_file} not found; pass the ca.crt written by "
+              f"`dra-gateway certs generate`, or leave --ca-file out", file=sys.stderr)
+        return 2
     if args.workers < 1:
         print(f"webhook: --workers {args.workers} must be at least 1", file=sys.stderr)
         return 2

@@ -204,3 +204,30 @@ async def test_a_broken_rules_file_at_start_stops_the_app(
             await runner.setup()
     finally:
         await runner.cleanup()
+
+
+async def test_a_missing_ca_file_is_a_counted_reconcile_failure_not_a_dead_task(
+    aiohttp_client: ClientFactory, cluster: MemoryCluster, tmp_path: Path
+) -> None:
+    await _install_configurations(cluster)
+    settings = WebhookSettings(watch_config_maps=False, ca_file=tmp_path / "gone.crt")
+    client = await aiohttp_client(create_app(settings, cluster))
+    state = client.app[STATE]
+    await eventually(lambda: state.metrics.config_reconciles.labels("failed")._value.get() >= 1)
+    assert all(task.done() for task in state.tasks if task.get_name() ==
+               "webhook-configurations")
+    assert not [t for t in state.tasks if t.done() and not t.cancelled() and t.exception()]
+
+
+def test_the_webhook_refuses_a_missing_ca_file_before_serving(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dra_gateway.certs.generate import make_bundle, write_bundle
+    from dra_gateway.cli import main
+
+    write_bundle(make_bundle(dns_names=["svc.ns.svc"]), tmp_path)
+    assert main(["webhook", "--listen", "127.0.0.1:0", "--tls-dir", str(tmp_path),
+                 "--cluster", "memory", "--ca-file", str(tmp_path / "gone.crt")]) == 2
+    assert capsys.readouterr().err == (
+        f"webhook: --ca-file {tmp_path / 'gone.crt'} not found; pass the ca.crt written by "
+        "`dra-gateway certs generate`, or leave --ca-file out\n")
