@@ -36,7 +36,7 @@ from dra_gateway.kube import names
 HAMI_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
 _HAMI_POLICIES = {"binpack": "binpack", "spread": "spread"}
 _SHARE_NAMESPACE = uuid.UUID("5b0f6b8e-2a4e-4f43-9d1c-6b1f3c2a9e77")
-_MEMO_LIMIT = 400_000
+_MEMO_LIMIT = 200_000
 _RANKINGS_LIMIT = 4_096
 
 
@@ -125,9 +125,12 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
                json.dumps(tolerations, sort_keys=True) if tolerations else "", chosen_policy,
                version)
     state.refresh_groups()
-    if len(state.memo) > _MEMO_LIMIT or len(state.rankings) > _RANKINGS_LIMIT:
-        # Bounded memory whatever the variety of pods: start again from the classes.
-        state.memo.clear()
+    if len(state.memo) > _MEMO_LIMIT:
+        # Bounded memory without a cliff: the young generation becomes the old one, entries
+        # still in use are promoted back on their next hit, dead ones go with the old.
+        state.memo_old = state.memo
+        state.memo = {}
+    if len(state.rankings) > _RANKINGS_LIMIT:
         state.rankings.clear()
     spec = pod.get("spec") or {}
     needs_labels = bool(spec.get("nodeSelector") or spec.get("affinity"))
@@ -159,6 +162,10 @@ class _Context:
         if group_key is not None:
             memo_key = (group_key[0], group_key[1], self.device_sig)
             outcome = state.memo.get(memo_key)
+            if outcome is None:
+                outcome = state.memo_old.get(memo_key)
+                if outcome is not None:
+                    state.memo[memo_key] = outcome
         if outcome is None:
             outcome = NodeSearch(state, node, self.claims, policy=self.policy,
                                  workload=state.workload,

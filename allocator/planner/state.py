@@ -131,6 +131,7 @@ class ClusterState:
         self._serial = 0
         self.generation = 0  # bumped on changes that can alter a memoised plan
         self.memo: dict[tuple[object, ...], Any] = {}
+        self.memo_old: dict[tuple[object, ...], Any] = {}
         # Classes created or joined, in order: rankings of pod signatures catch up from here.
         self.group_log: list[tuple[object, ...]] = []
         self.rankings: dict[tuple[object, ...], Any] = {}
@@ -447,6 +448,7 @@ class ClusterState:
     def _changed(self) -> None:
         self.generation += 1
         self.memo.clear()
+        self.memo_old.clear()
         self.rankings.clear()
 
     def refresh_groups(self) -> None:
