@@ -34,16 +34,37 @@ from dra_gateway.certs.generate import CERT_FILE, KEY_FILE
 log = logging.getLogger(__name__)
 
 
+class TlsFilesError(ValueError):
+    """The certificate, key or client CA files cannot be used; the message names them."""
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, ssl.SSLError):
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
 def server_context(cert_file: Path, key_file: Path, *,
                    client_ca: Path | None = None) -> ssl.SSLContext:
     """A server context: TLS 1.2 or newer, the given pair, client certificates required when a
     client CA is given (the API server then presents the certificate named in its
-    admission-control kubeconfig)."""
+    admission-control kubeconfig). Raises TlsFilesError naming the file that failed."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert_file, key_file)
+    try:
+        ctx.load_cert_chain(cert_file, key_file)
+    except (OSError, ValueError) as exc:
+        raise TlsFilesError(
+            f"cannot load the serving certificate {cert_file} with its key {key_file}: "
+            f"{_reason(exc)}; write a matching PEM pair, e.g. with `dra-gateway certs "
+            f"generate`") from None
     if client_ca is not None:
-        ctx.load_verify_locations(cafile=str(client_ca))
+        try:
+            ctx.load_verify_locations(cafile=str(client_ca))
+        except (OSError, ValueError) as exc:
+            raise TlsFilesError(
+                f"cannot load the client CA {client_ca}: {_reason(exc)}; pass a PEM file with "
+                f"the CA of the API server's client certificate") from None
         ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
 

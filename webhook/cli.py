@@ -84,6 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
     import logging
     from pathlib import Path
 
+    from dra_gateway.certs.tls import TlsFilesError
     from dra_gateway.kube.cluster.connect import ClusterConfigError
     from dra_gateway.translator.rules import RulesError
     from dra_gateway.webhook.server import ServeOptions, run
@@ -128,7 +129,7 @@ def _serve(args: argparse.Namespace) -> int:
     except RulesError as exc:
         print(f"webhook: {exc}", file=sys.stderr)
         return 2
-    except ClusterConfigError as exc:
+    except (ClusterConfigError, TlsFilesError) as exc:
         print(f"webhook: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

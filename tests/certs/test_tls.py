@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from dra_gateway.certs.generate import make_bundle, make_ca, write_bundle
-from dra_gateway.certs.tls import CertificateReloader, server_context
+from dra_gateway.certs.tls import CertificateReloader, TlsFilesError, server_context
 
 
 async def _hello(request: web.Request) -> web.Response:
@@ -210,3 +210,24 @@ async def test_a_client_certificate_is_required_when_a_client_ca_is_given(
         await writer.wait_closed()
     finally:
         await runner.cleanup()
+
+
+def test_a_broken_certificate_names_its_files_and_the_fix(tmp_path: Path) -> None:
+    write_bundle(make_bundle(dns_names=["localhost"]), tmp_path)
+    (tmp_path / "tls.crt").write_text("not a certificate\n")
+    with pytest.raises(TlsFilesError) as raised:
+        CertificateReloader.from_dir(tmp_path)
+    assert str(raised.value).startswith(
+        f"cannot load the serving certificate {tmp_path / 'tls.crt'} with its key "
+        f"{tmp_path / 'tls.key'}: ")
+    assert str(raised.value).endswith(
+        "; write a matching PEM pair, e.g. with `dra-gateway certs generate`")
+
+
+def test_a_missing_client_ca_names_the_file(tmp_path: Path) -> None:
+    write_bundle(make_bundle(dns_names=["localhost"]), tmp_path)
+    with pytest.raises(TlsFilesError) as raised:
+        CertificateReloader.from_dir(tmp_path, client_ca=tmp_path / "gone.crt")
+    assert str(raised.value) == (
+        f"cannot load the client CA {tmp_path / 'gone.crt'}: No such file or directory; pass a "
+        "PEM file with the CA of the API server's client certificate")

@@ -231,3 +231,16 @@ def test_the_webhook_refuses_a_missing_ca_file_before_serving(
     assert capsys.readouterr().err == (
         f"webhook: --ca-file {tmp_path / 'gone.crt'} not found; pass the ca.crt written by "
         "`dra-gateway certs generate`, or leave --ca-file out\n")
+
+
+def test_the_webhook_names_a_client_ca_it_cannot_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dra_gateway.certs.generate import make_bundle, write_bundle
+    from dra_gateway.cli import main
+
+    write_bundle(make_bundle(dns_names=["svc.ns.svc"]), tmp_path)
+    assert main(["webhook", "--listen", "127.0.0.1:0", "--tls-dir", str(tmp_path),
+                 "--cluster", "memory", "--client-ca", str(tmp_path / "gone.crt")]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"webhook: cannot load the client CA {tmp_path / 'gone.crt'}: No such file")
