@@ -1,10 +1,15 @@
 """`plan_pod`: one node and the devices of every claim of one pod, or why not.
 
 The entry point used by the controller and the benchmark alike. Nodes are visited by
-equivalence class (`ClusterState.groups`): one search per class, memoised by the class's state
-and the pod's demand, so a cluster of 1,213 nodes costs a few dictionary lookups per node and a
-search only where something changed. Cheap checks (CPU, memory, taints) prune classes before any
-search. Pure: no I/O; the only state it touches is the state's memo and learned workload.
+equivalence class (`ClusterState.groups`): one device search per class state and claim shape,
+memoised, and for each pod signature a ranking of the feasible classes kept up to date from the
+log of classes that changed, so a pod costs the nodes that changed since a pod like it was
+planned, not the whole cluster. Cheap checks (CPU, memory, taints) prune classes before any
+search. Pods the rankings cannot serve (node affinity, a claim already allocated, selectors on
+identity attributes) take a full pass over the classes.
+
+Pure: no I/O, no clock, no logging; it touches only the state's memos, rankings and learned
+workload. It never writes to the API: the controller writes what it returns.
 """
 
 from __future__ import annotations
