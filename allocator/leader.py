@@ -9,7 +9,9 @@ write is an optimistic update carrying the resourceVersion read, so two candidat
 win. Losing the lease cancels the leader's work at once; a graceful stop releases the Lease
 so that a standby takes over without waiting for it to expire.
 
-This module knows nothing of allocation: it runs whatever coroutine it is given.
+Timeouts use `asyncio.timeout`, not `asyncio.wait_for`, which in Python 3.11 can swallow a
+cancellation that arrives as the awaited call completes (and then a stopped replica would keep
+renewing). This module knows nothing of allocation: it runs whatever coroutine it is given.
 """
 
 from __future__ import annotations
@@ -103,8 +105,8 @@ class LeaderElector:
         self._leading = False
         s = self.settings
         try:
-            lease = await asyncio.wait_for(
-                self.cluster.get(LEASES, s.name, namespace=s.namespace), s.retry_period)
+            async with asyncio.timeout(s.retry_period):
+                lease = await self.cluster.get(LEASES, s.name, namespace=s.namespace)
             spec = lease.get("spec") or {}
             if spec.get("holderIdentity") != s.identity:
                 return
@@ -112,8 +114,8 @@ class LeaderElector:
             lease["spec"] = {**spec, "leaseDurationSeconds": 1, "renewTime": now,
                              "acquireTime": now}
             lease["spec"].pop("holderIdentity", None)
-            await asyncio.wait_for(self.cluster.update(LEASES, lease, namespace=s.namespace),
-                                   s.retry_period)
+            async with asyncio.timeout(s.retry_period):
+                await self.cluster.update(LEASES, lease, namespace=s.namespace)
             log.info("released the lease", extra={"lease": self._lease_ref(),
                                                    "identity": s.identity})
         except (ApiError, OSError, TimeoutError) as err:
@@ -124,8 +126,9 @@ class LeaderElector:
         logged_waiting = False
         while True:
             try:
-                if await asyncio.wait_for(self.try_acquire_or_renew(),
-                                          self.settings.renew_deadline):
+                async with asyncio.timeout(self.settings.renew_deadline):
+                    acquired = await self.try_acquire_or_renew()
+                if acquired:
                     self._leading = True
                     self.transitions_seen += 1
                     log.info("became the leader", extra={"lease": self._lease_ref(),
@@ -151,7 +154,8 @@ class LeaderElector:
             renewed = False
             if remaining > 0:
                 try:
-                    renewed = await asyncio.wait_for(self.try_acquire_or_renew(), remaining)
+                    async with asyncio.timeout(remaining):
+                        renewed = await self.try_acquire_or_renew()
                 except (ApiError, OSError, TimeoutError) as err:
                     log.warning("failed to renew the lease",
                                 extra={"lease": self._lease_ref(), "error": str(err)})

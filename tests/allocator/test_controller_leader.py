@@ -13,11 +13,12 @@ from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import ApiError, Object
 from dra_gateway.kube.resources import LEASES, ResourceType
 
-FAST = {"lease_duration": 0.6, "renew_deadline": 0.4, "retry_period": 0.05}
+LEASE_DURATION = 0.6
 
 
 def settings(identity: str) -> LeaseSettings:
-    return LeaseSettings(identity=identity, namespace="dra-gateway", **FAST)
+    return LeaseSettings(identity=identity, namespace="dra-gateway",
+                         lease_duration=LEASE_DURATION, renew_deadline=0.4, retry_period=0.05)
 
 
 class Unreachable:
@@ -107,7 +108,7 @@ async def test_a_stopped_leader_releases_and_the_standby_takes_over_at_once() ->
         await asyncio.gather(task_a, return_exceptions=True)
         assert work.stopped == ["a"]
         # Released: b need not wait out the lease duration.
-        await eventually(lambda: "b" in work.running, within=FAST["lease_duration"])
+        await eventually(lambda: "b" in work.running, within=LEASE_DURATION)
         lease = await cluster.get(LEASES, "dra-gateway-allocator", namespace="dra-gateway")
         assert lease["spec"]["holderIdentity"] == "b"
         assert lease["spec"]["leaseTransitions"] == 1

@@ -1,0 +1,1066 @@
+"""The allocator controller: gated pods in, claim allocations and ungated pods out.
+
+It mirrors ResourceClaims, ResourceSlices, DeviceClasses, Nodes and live Pods with informers,
+feeds them into the planner's `ClusterState`, and works through a queue of pods and claims:
+
+- a pod carrying the gateway's scheduling gate waits until every claim it names exists;
+  its unallocated gateway-class claims are then planned jointly (`plan_pod`), each gets the
+  allocator's finalizer (and, in the fallback world, the planner's share annotations) before
+  its `status.allocation` is written through the `/status` subresource; only when every
+  gateway claim of the pod is allocated is the gate removed, with a JSON patch that tests the
+  gate's index and the pod's uid;
+- a claim carrying the finalizer is released (allocation cleared, then finalizer removed)
+  once every pod that owns or uses it is gone or finished, confirmed by reading the pod from
+  the API rather than trusting `reservedFor`, which is empty until binding.
+
+Every write is optimistic (resourceVersion) and a conflict rereads and retries: an allocation
+found already set is accepted as it is, since the API allows it only to be cleared. A plan is
+`assume`d in the state while its writes are in flight so that concurrent workers never hand
+out the same share, and the writes are applied to the local mirror as soon as they succeed.
+Nothing is kept anywhere but in the API: a new leader rebuilds everything from a list.
+
+This module must not make placement decisions (the planner does) nor talk to Kubernetes other
+than through the cluster port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from dra_gateway.allocator.informer import Change, Informer
+from dra_gateway.allocator.leader import LeaderElector, LeaseSettings
+from dra_gateway.allocator.metrics import Metrics
+from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
+from dra_gateway.allocator.workqueue import WorkQueue
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import (
+    ApiError,
+    Cluster,
+    Conflict,
+    Invalid,
+    NotFound,
+    Object,
+)
+from dra_gateway.kube.resources import (
+    DEVICE_CLASSES,
+    EVENTS,
+    NODES,
+    PODS,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+)
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "dra-gateway-allocator"
+EVENT_ALLOCATION_FAILED = "AllocationFailed"
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+# Pods that still exist and may still run: finished pods drop out of the watch (DELETED).
+LIVE_PODS_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+PROBE_SLICE_NAME = "dra-gateway-feature-probe"
+_MAX_WRITE_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    policy: str = "default"
+    workers: int = 4
+    # Retry timings of the work queue: base * 2**failures, capped.
+    base_delay: float = 0.05
+    max_delay: float = 60.0
+    # Every key is requeued this often as a safety net against a missed event.
+    resync_period: float = 300.0
+    # When capacity frees up, unplaceable pods are retried after this pause (debounce).
+    retry_unplaceable_after: float = 0.2
+    # None: detect whether the API server keeps consumable-capacity fields; True/False: force.
+    consumable_capacity: bool | None = None
+    identity: str = ""
+    watch_timeout: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class PodKey:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimKey:
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+WorkKey = PodKey | ClaimKey
+_NO_PLAN = PodPlan(node_name=None, allocations={}, annotations={}, reason=None)
+Outcome = Literal["done", "retry", "wait"]
+
+
+class _Replan(Exception):
+    """The world changed under a plan (claim allocated elsewhere, deleted): plan again."""
+
+
+# Object helpers --------------------------------------------------------------------------------
+
+def _meta(obj: Object) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _uid(obj: Object) -> str:
+    return str(_meta(obj).get("uid") or "")
+
+
+def _rv(obj: Object) -> str:
+    return str(_meta(obj).get("resourceVersion") or "")
+
+
+def is_gated(pod: Object) -> bool:
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(g.get("name") == names.SCHEDULING_GATE for g in gates)
+
+
+def is_allocated(claim: Object) -> bool:
+    return bool((claim.get("status") or {}).get("allocation"))
+
+
+def has_finalizer(obj: Object) -> bool:
+    return names.FINALIZER in (_meta(obj).get("finalizers") or [])
+
+
+def request_classes(claim: Object) -> set[str]:
+    """Device classes named by a claim's requests (exactly and firstAvailable)."""
+    classes: set[str] = set()
+    for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        exactly = request.get("exactly") or {}
+        if exactly.get("deviceClassName"):
+            classes.add(exactly["deviceClassName"])
+        for sub in request.get("firstAvailable") or []:
+            if sub.get("deviceClassName"):
+                classes.add(sub["deviceClassName"])
+    return classes
+
+
+def is_gateway_claim(claim: Object) -> bool:
+    return bool(request_classes(claim) & names.GATEWAY_CLASSES)
+
+
+def controller_owner_uid(obj: Object) -> str | None:
+    for ref in _meta(obj).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1":
+            return str(ref.get("uid") or "") or None
+    return None
+
+
+def _owner_and_reserved(claim: Object) -> set[str]:
+    uids = set()
+    owner = controller_owner_uid(claim)
+    if owner:
+        uids.add(owner)
+    for reserved in (claim.get("status") or {}).get("reservedFor") or []:
+        if reserved.get("resource") == "pods" and reserved.get("uid"):
+            uids.add(str(reserved["uid"]))
+    return uids
+
+
+def claim_names_of(pod: Object) -> set[str]:
+    """Names of the claims a pod refers to, directly or through its claim statuses."""
+    found: set[str] = set()
+    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+        if ref.get("resourceClaimName"):
+            found.add(str(ref["resourceClaimName"]))
+    for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+        if status.get("resourceClaimName"):
+            found.add(str(status["resourceClaimName"]))
+    return found
+
+
+def allocation_node(allocation: Object) -> str | None:
+    """The node a node-local allocation names (`matchFields metadata.name In [node]`)."""
+    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
+        for requirement in term.get("matchFields") or []:
+            if (requirement.get("key") == "metadata.name" and requirement.get("operator") == "In"
+                    and len(requirement.get("values") or []) == 1):
+                return str(requirement["values"][0])
+    return None
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# Feature detection ------------------------------------------------------------------------------
+
+async def detect_consumable_capacity(cluster: Cluster) -> tuple[bool | None, str]:
+    """Does the API server keep `allowMultipleAllocations`? (value or None, and how we know).
+
+    First a dry-run create of a probe slice (nothing is stored), read back; when that is not
+    allowed, the slices the node plugins published: the field survives only with the gate on.
+    """
+    probe = {
+        "apiVersion": RESOURCE_SLICES.api_version, "kind": RESOURCE_SLICES.kind,
+        "metadata": {"name": PROBE_SLICE_NAME},
+        "spec": {"driver": names.DRIVER, "allNodes": True,
+                 "pool": {"name": PROBE_SLICE_NAME, "generation": 0, "resourceSliceCount": 1},
+                 "devices": [{"name": "probe", "allowMultipleAllocations": True,
+                              "capacity": {names.CAPACITY_MEMORY: {"value": "1Gi"}}}]},
+    }
+    try:
+        echoed = await cluster.create(RESOURCE_SLICES, probe, dry_run=True)
+        devices = (echoed.get("spec") or {}).get("devices") or [{}]
+        return devices[0].get("allowMultipleAllocations") is True, "dry-run probe slice"
+    except ApiError as err:
+        log.info("dry-run probe of consumable capacity refused; reading published slices",
+                 extra={"code": err.code, "reason": err.reason, "error": err.message})
+    published = await cluster.list(RESOURCE_SLICES, field_selector=f"spec.driver={names.DRIVER}")
+    verdict = slices_show_consumable_capacity(published.items)
+    return verdict, "published slices"
+
+
+def slices_show_consumable_capacity(slices: Iterable[Object]) -> bool | None:
+    """True when a published device kept allowMultipleAllocations; None with no devices."""
+    seen_device = False
+    for obj in slices:
+        for device in (obj.get("spec") or {}).get("devices") or []:
+            seen_device = True
+            if device.get("allowMultipleAllocations") is True:
+                return True
+    return False if seen_device else None
+
+
+# The controller ---------------------------------------------------------------------------------
+
+@dataclass
+class _EventRecord:
+    name: str
+    message: str
+    count: int
+    first: str
+
+
+@dataclass
+class _Stats:
+    """What tests and logs want to know about a running controller."""
+    plans: int = 0
+    pods_ungated: int = 0
+    claims_allocated: int = 0
+    claims_released: int = 0
+    conflicts: int = 0
+    failures: int = 0
+    errors: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class Controller:
+    """One leader's worth of allocation work; build a new one for each term of leadership."""
+
+    def __init__(self, cluster: Cluster, settings: ControllerSettings | None = None, *,
+                 metrics: Metrics | None = None) -> None:
+        self.cluster = cluster
+        self.settings = settings or ControllerSettings()
+        self.metrics = metrics or Metrics()
+        self.stats = _Stats()
+        self.queue: WorkQueue[WorkKey] = WorkQueue(base_delay=self.settings.base_delay,
+                                                   max_delay=self.settings.max_delay)
+        self.consumable_capacity: bool | None = self.settings.consumable_capacity
+        self.state = ClusterState(PlannerSettings(default_policy=self.settings.policy,
+                                                  consumable_capacity=bool(
+                                                      self.consumable_capacity)))
+        timeout = self.settings.watch_timeout
+        self.claims = Informer(cluster, RESOURCE_CLAIMS, self._on_claim, watch_timeout=timeout)
+        self.slices = Informer(cluster, RESOURCE_SLICES, self._on_slice, watch_timeout=timeout)
+        self.classes = Informer(cluster, DEVICE_CLASSES, self._on_class, watch_timeout=timeout)
+        self.nodes = Informer(cluster, NODES, self._on_node, watch_timeout=timeout)
+        self.pods = Informer(cluster, PODS, self._on_pod, field_selector=LIVE_PODS_SELECTOR,
+                             watch_timeout=timeout)
+        self.informers = (self.classes, self.nodes, self.slices, self.claims, self.pods)
+        # Indexes: which pods refer to a claim by name, and where a pod uid lives.
+        self._pod_by_uid: dict[str, tuple[str, str]] = {}
+        self._claim_users: dict[tuple[str, str], set[str]] = {}
+        self._claims_of_pod: dict[str, set[tuple[str, str]]] = {}
+        # Claims by the pods that own them or are in their reservedFor, and back.
+        self._pods_of_claim: dict[ClaimKey, set[str]] = {}
+        self._claims_by_pod: dict[str, set[ClaimKey]] = {}
+        self._unplaceable: set[PodKey] = set()
+        self._retry_handle: asyncio.TimerHandle | None = None
+        self._events: dict[str, _EventRecord] = {}
+        self._inflight: dict[str, PodPlan] = {}  # pod uid -> plan being written
+        self._detected = asyncio.Event()
+        self.ready = asyncio.Event()  # informers synced, workers running
+
+    # Running -------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Detect the API's features, sync every informer, then work until cancelled."""
+        await self._detect()
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            for informer in self.informers:
+                tasks.append(asyncio.create_task(informer.run(),
+                                                 name=f"informer-{informer.rt.plural}"))
+            # Planning before every mirror is complete could hand out what is already taken.
+            synced = asyncio.ensure_future(self._all_synced())
+            try:
+                await asyncio.wait({synced, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                synced.cancel()
+                await asyncio.gather(synced, return_exceptions=True)
+            for task in tasks:
+                if task.done():
+                    task.result()  # an informer stopped: only a bug does that, surface it
+            log.info("caches synced", extra={
+                "claims": len(self.claims.store), "slices": len(self.slices.store),
+                "nodes": len(self.nodes.store), "pods": len(self.pods.store),
+                "deviceClasses": len(self.classes.store)})
+            for n in range(max(1, self.settings.workers)):
+                tasks.append(asyncio.create_task(self._worker(), name=f"allocator-worker-{n}"))
+            tasks.append(asyncio.create_task(self._resync(), name="allocator-resync"))
+            self.ready.set()
+            await asyncio.gather(*tasks)
+        finally:
+            self.queue.shutdown()
+            if self._retry_handle is not None:
+                self._retry_handle.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _all_synced(self) -> None:
+        for informer in self.informers:
+            await informer.synced.wait()
+
+    async def _detect(self) -> None:
+        if self.consumable_capacity is None:
+            try:
+                verdict, how = await detect_consumable_capacity(self.cluster)
+            except ApiError as err:
+                verdict, how = None, f"detection failed: {err.message}"
+            if verdict is not None:
+                self._set_capacity_mode(verdict, how)
+            else:
+                log.warning("cannot tell yet whether the API server keeps consumable capacity; "
+                            "recording shares in annotations until a published slice shows it",
+                            extra={"how": how})
+        else:
+            self._set_capacity_mode(self.consumable_capacity, "forced by settings")
+
+    def _set_capacity_mode(self, enabled: bool, how: str) -> None:
+        changed = self.consumable_capacity != enabled or not self._detected.is_set()
+        self.consumable_capacity = enabled
+        self._detected.set()
+        self.metrics.consumable_capacity.set(1 if enabled else 0)
+        if changed:
+            log.info("consumable capacity %s", "on: shares are native (shareID, "
+                     "consumedCapacity)" if enabled else "off: shares are recorded in claim "
+                     "annotations and gateway config", extra={"consumableCapacity": enabled,
+                                                              "detectedBy": how})
+        if self.state.settings.consumable_capacity != enabled:
+            self._rebuild_state()
+
+    def _rebuild_state(self) -> None:
+        """A fresh planner state from the mirrors (after the feature mode changed)."""
+        self.state = ClusterState(PlannerSettings(default_policy=self.settings.policy,
+                                                  consumable_capacity=bool(
+                                                      self.consumable_capacity)))
+        for obj in self.classes.values():
+            self.state.set_device_class(obj)
+        for obj in self.nodes.values():
+            self.state.set_node(obj)
+        for obj in self.slices.values():
+            self.state.set_slice(obj)
+        for obj in self.claims.values():
+            self.state.set_claim(obj)
+        for obj in self.pods.values():
+            self.state.set_pod(obj)
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                if isinstance(key, PodKey):
+                    outcome = await self._sync_pod(key)
+                else:
+                    outcome = await self._sync_claim(key)
+            except asyncio.CancelledError:
+                self.queue.done(key)
+                raise
+            except Conflict as err:
+                self.stats.conflicts += 1
+                self.metrics.conflicts.inc()
+                log.info("write conflict, retrying", extra={"key": str(key),
+                                                            "error": err.message})
+                outcome = "retry"
+            except ApiError as err:
+                self.stats.errors += 1
+                log.warning("API call failed, retrying", extra={
+                    "key": str(key), "code": err.code, "reason": err.reason,
+                    "error": err.message})
+                outcome = "retry"
+            except (OSError, TimeoutError) as err:
+                self.stats.errors += 1
+                log.warning("API unreachable, retrying", extra={"key": str(key),
+                                                                "error": str(err)})
+                outcome = "retry"
+            except Exception:
+                # A bug must not stop the other keys: log it loudly and back off this one.
+                self.stats.errors += 1
+                log.exception("unexpected failure handling key", extra={"key": str(key)})
+                outcome = "retry"
+            if outcome == "retry":
+                delay = self.queue.add_rate_limited(key)
+                log.debug("requeued", extra={"key": str(key), "delay": delay})
+            elif outcome == "done":
+                self.queue.forget(key)
+            self.queue.done(key)
+            self.metrics.queue_depth.set(len(self.queue))
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.resync_period)
+            self._enqueue_everything()
+
+    def _enqueue_everything(self) -> None:
+        for pod in list(self.pods.values()):
+            if is_gated(pod):
+                self.queue.add(self._pod_key(pod))
+        for claim in list(self.claims.values()):
+            if has_finalizer(claim):
+                self.queue.add(self._claim_key(claim))
+
+    # Informer handlers (synchronous: each runs atomically on the loop) -----------------------
+
+    def _on_slice(self, change: Change, obj: Object, old: Object | None) -> None:
+        name = str(_meta(obj).get("name") or "")
+        if change == "deleted":
+            self.state.remove_slice(name)
+        else:
+            if not self._detected.is_set() and (obj.get("spec") or {}).get(
+                    "driver") == names.DRIVER:
+                verdict = slices_show_consumable_capacity([obj])
+                if verdict is not None:
+                    self._set_capacity_mode(verdict, "published slices")
+            self.state.set_slice(obj)
+        self._capacity_changed()
+
+    def _on_class(self, change: Change, obj: Object, old: Object | None) -> None:
+        if change == "deleted":
+            self.state.remove_device_class(str(_meta(obj).get("name") or ""))
+        else:
+            self.state.set_device_class(obj)
+        self._capacity_changed()
+
+    def _on_node(self, change: Change, obj: Object, old: Object | None) -> None:
+        if change == "deleted":
+            self.state.remove_node(str(_meta(obj).get("name") or ""))
+        else:
+            self.state.set_node(obj)
+        self._capacity_changed()
+
+    def _on_pod(self, change: Change, obj: Object, old: Object | None) -> None:
+        uid = _uid(obj)
+        meta = _meta(obj)
+        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        if change == "deleted":
+            self.state.remove_pod(uid)
+            self._pod_by_uid.pop(uid, None)
+            self._events.pop(uid, None)
+            self._unplaceable.discard(PodKey(ns, name, uid))
+            refs = self._claims_of_pod.pop(uid, set())
+            for ref in refs:
+                users = self._claim_users.get(ref)
+                if users is not None:
+                    users.discard(uid)
+                    if not users:
+                        del self._claim_users[ref]
+            self._release_claims_of(uid, refs, ns)
+            self._capacity_changed()
+            return
+        self.state.set_pod(obj)
+        self._pod_by_uid[uid] = (ns, name)
+        self._refresh_placement(obj)
+        refs = {(ns, claim) for claim in claim_names_of(obj)}
+        before = self._claims_of_pod.get(uid, set())
+        if refs != before:
+            for ref in before - refs:
+                users = self._claim_users.get(ref)
+                if users is not None:
+                    users.discard(uid)
+                    if not users:
+                        del self._claim_users[ref]
+            for ref in refs - before:
+                self._claim_users.setdefault(ref, set()).add(uid)
+            self._claims_of_pod[uid] = refs
+        key = PodKey(ns, name, uid)
+        if is_gated(obj) and not meta.get("deletionTimestamp"):
+            self.queue.add(key)
+        else:
+            self._unplaceable.discard(key)
+        if (obj.get("status") or {}).get("phase") in FINISHED_PHASES:
+            self._release_claims_of(uid, refs, ns)
+
+    def _on_claim(self, change: Change, obj: Object, old: Object | None) -> None:
+        meta = _meta(obj)
+        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        key = ClaimKey(ns, name)
+        for uid in self._pods_of_claim.pop(key, set()):
+            keys = self._claims_by_pod.get(uid)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._claims_by_pod[uid]
+        if change == "deleted":
+            self.state.remove_claim(_uid(obj))
+        else:
+            self.state.set_claim(obj)
+            pods = _owner_and_reserved(obj)
+            if pods:
+                self._pods_of_claim[key] = pods
+                for uid in pods:
+                    self._claims_by_pod.setdefault(uid, set()).add(key)
+            if has_finalizer(obj):
+                self.queue.add(key)
+        was_allocated = old is not None and is_allocated(old)
+        if was_allocated and (change == "deleted" or not is_allocated(obj)):
+            self._capacity_changed()
+        # Gated pods waiting for this claim (to appear, or to be planned again), and the
+        # CPU and memory of unbound pods placed through it.
+        for uid in self._users_of(obj):
+            where = self._pod_by_uid.get(uid)
+            if where is None:
+                continue
+            pod = self.pods.get(*where)
+            if pod is None:
+                continue
+            self._refresh_placement(pod)
+            if is_gated(pod):
+                self.queue.add(PodKey(where[0], where[1], uid))
+
+    def _refresh_placement(self, pod: Object) -> None:
+        """Count the CPU and memory of a pod that is placed but not yet bound.
+
+        The planner counts bound pods itself; between our allocation and the scheduler's
+        binding the pod's node is known only from its claims' node selectors (or from the plan
+        being written). Derived from the API each time, so a new leader counts it too.
+        """
+        self.state.forget(pod, _NO_PLAN)  # drops only an assumed pod record
+        spec = pod.get("spec") or {}
+        if spec.get("nodeName") or (pod.get("status") or {}).get("phase") in FINISHED_PHASES:
+            return
+        inflight = self._inflight.get(_uid(pod))
+        node = inflight.node_name if inflight is not None else self._placed_on(pod)
+        if node:
+            self.state.assume(pod, PodPlan(node_name=node, allocations={}, annotations={},
+                                           reason=None))
+
+    def _placed_on(self, pod: Object) -> str | None:
+        ns = str(_meta(pod).get("namespace") or "")
+        for claim_name in sorted(claim_names_of(pod)):
+            claim = self.claims.get(ns, claim_name)
+            if claim is None or not is_allocated(claim) or not is_gateway_claim(claim):
+                continue
+            node = allocation_node(claim["status"]["allocation"])
+            if node:
+                return node
+        return None
+
+    def _users_of(self, claim: Object) -> set[str]:
+        meta = _meta(claim)
+        uids = set(self._claim_users.get((str(meta.get("namespace") or ""),
+                                          str(meta.get("name") or "")), set()))
+        return uids | _owner_and_reserved(claim)
+
+    def _release_claims_of(self, pod_uid: str, refs: Iterable[tuple[str, str]],
+                           namespace: str) -> None:
+        """Queue a release check for every claim a gone or finished pod used."""
+        keys = {ClaimKey(ns, name) for ns, name in refs}
+        keys |= self._claims_by_pod.get(pod_uid, set())
+        for key in keys:
+            claim = self.claims.get(key.namespace, key.name)
+            if claim is not None and has_finalizer(claim):
+                self.queue.add(key)
+
+    def _capacity_changed(self) -> None:
+        """Something freed or added capacity: give unplaceable pods another go, soon."""
+        if not self._unplaceable or self._retry_handle is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover - handlers always run on the loop
+            return
+        self._retry_handle = loop.call_later(self.settings.retry_unplaceable_after,
+                                             self._retry_unplaceable)
+
+    def _retry_unplaceable(self) -> None:
+        self._retry_handle = None
+        for key in list(self._unplaceable):
+            self.queue.add(key)
+
+    # Pods: plan, write, ungate ---------------------------------------------------------------
+
+    async def _sync_pod(self, key: PodKey) -> Outcome:
+        pod = self.pods.get(key.namespace, key.name)
+        if pod is None or _uid(pod) != key.uid or not is_gated(pod) or _meta(pod).get(
+                "deletionTimestamp"):
+            self._unplaceable.discard(key)
+            return "done"
+        claims, waiting = self._claims_for(pod)
+        if waiting:
+            # The claim controller has not created them yet: their arrival requeues the pod.
+            log.debug("waiting for claims", extra={"pod": str(key), "waitingFor": waiting})
+            return "wait"
+        gateway = [c for c in claims if is_gateway_claim(c)]
+        pending = [c for c in gateway if not is_allocated(c)]
+        if pending:
+            try:
+                outcome = await self._allocate(key, pod, gateway, pending)
+            except _Replan as why:
+                log.info("planning again", extra={"pod": str(key), "why": str(why)})
+                return "retry"
+            if outcome != "done":
+                return outcome
+        return await self._ungate(key)
+
+    def _claims_for(self, pod: Object) -> tuple[list[Object], list[str]]:
+        """The pod's claims from the mirror, and what is still missing (as messages)."""
+        meta = _meta(pod)
+        ns = str(meta.get("namespace") or "")
+        statuses = {str(s.get("name")): s.get("resourceClaimName")
+                    for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+        claims: list[Object] = []
+        waiting: list[str] = []
+        for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+            pod_claim = str(ref.get("name") or "")
+            claim_name = ref.get("resourceClaimName")
+            from_template = not claim_name
+            if from_template:
+                if pod_claim not in statuses:
+                    waiting.append(f"{pod_claim}: claim from template "
+                                   f"{ref.get('resourceClaimTemplateName')} not created yet")
+                    continue
+                claim_name = statuses[pod_claim]
+                if not claim_name:
+                    continue  # the claim controller decided no claim is needed
+            claim = self.claims.get(ns, str(claim_name))
+            if claim is None:
+                waiting.append(f"{pod_claim}: ResourceClaim {ns}/{claim_name} not found")
+                continue
+            if from_template and controller_owner_uid(claim) != _uid(pod):
+                waiting.append(f"{pod_claim}: ResourceClaim {ns}/{claim_name} is not owned by "
+                               "this pod")
+                continue
+            if _meta(claim).get("deletionTimestamp"):
+                waiting.append(f"{pod_claim}: ResourceClaim {ns}/{claim_name} is being deleted")
+                continue
+            claims.append(claim)
+        return claims, waiting
+
+    async def _allocate(self, key: PodKey, pod: Object, gateway: list[Object],
+                        pending: list[Object]) -> Outcome:
+        started = time.perf_counter()
+        plan = plan_pod(self.state, pod, gateway, policy=self.settings.policy)
+        self.metrics.plan_seconds.observe(time.perf_counter() - started)
+        self.stats.plans += 1
+        if plan.node_name is None:
+            self.stats.failures += 1
+            self.metrics.allocation_failures.inc()
+            self._unplaceable.add(key)
+            reason = plan.reason or "no node can hold every claim of the pod"
+            log.info("pod cannot be placed", extra={"pod": str(key), "reason": reason})
+            await self._record_failure(pod, reason)
+            return "retry"
+        self._unplaceable.discard(key)
+        missing = [c for c in pending if _uid(c) not in plan.allocations]
+        if missing:
+            names_missing = ", ".join(str(_meta(c).get("name")) for c in missing)
+            raise RuntimeError(f"the planner placed pod {key} on {plan.node_name} without "
+                               f"allocating claims {names_missing}")
+        writes: list[tuple[str, Object]] = []
+        self.state.assume(pod, plan)
+        self._inflight[key.uid] = plan
+        try:
+            for claim in sorted(pending, key=lambda c: str(_meta(c).get("name"))):
+                await self._write_claim(claim, plan, writes)
+        finally:
+            # No await between these: the assumption becomes the written truth atomically.
+            del self._inflight[key.uid]
+            self.state.forget(pod, plan)
+            for base_rv, written in writes:
+                self._observe_claim(base_rv, written)
+            live = self.pods.get(key.namespace, key.name)
+            if live is not None and _uid(live) == key.uid:
+                self._refresh_placement(live)
+        log.info("allocated", extra={"pod": str(key), "node": plan.node_name,
+                                     "claims": [str(_meta(c).get("name")) for c in pending]})
+        return "done"
+
+    async def _write_claim(self, claim: Object, plan: PodPlan,
+                           writes: list[tuple[str, Object]]) -> None:
+        """Finalizer and annotations, then status.allocation; conflicts reread and retry."""
+        uid = _uid(claim)
+        meta = _meta(claim)
+        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        allocation = plan.allocations[uid]
+        annotations = plan.annotations.get(uid) or {}
+        current = claim
+        for _attempt in range(_MAX_WRITE_ATTEMPTS):
+            if _uid(current) != uid or _meta(current).get("deletionTimestamp"):
+                raise _Replan(f"ResourceClaim {ns}/{name} was deleted or replaced")
+            if is_allocated(current):
+                # Allocation is immutable once set: accept whoever wrote it.
+                raise _Replan(f"ResourceClaim {ns}/{name} was allocated meanwhile")
+            try:
+                current_meta = _meta(current)
+                have = current_meta.get("annotations") or {}
+                if not has_finalizer(current) or any(have.get(k) != v
+                                                     for k, v in annotations.items()):
+                    updated = copy.deepcopy(current)
+                    umeta = updated["metadata"]
+                    umeta["finalizers"] = [*(umeta.get("finalizers") or []), names.FINALIZER] \
+                        if names.FINALIZER not in (umeta.get("finalizers") or []) \
+                        else umeta["finalizers"]
+                    if annotations:
+                        umeta["annotations"] = {**(umeta.get("annotations") or {}),
+                                                **annotations}
+                    base = _rv(current)
+                    current = await self.cluster.update(RESOURCE_CLAIMS, updated, namespace=ns)
+                    writes.append((base, current))
+                updated = copy.deepcopy(current)
+                updated["status"] = {**(updated.get("status") or {}), "allocation": allocation}
+                base = _rv(current)
+                current = await self.cluster.update(RESOURCE_CLAIMS, updated, namespace=ns,
+                                                    subresource="status")
+                writes.append((base, current))
+                self.stats.claims_allocated += 1
+                self.metrics.claims_allocated.inc()
+                return
+            except Conflict:
+                self.stats.conflicts += 1
+                self.metrics.conflicts.inc()
+                try:
+                    current = await self.cluster.get(RESOURCE_CLAIMS, name, namespace=ns)
+                except NotFound as err:
+                    raise _Replan(f"ResourceClaim {ns}/{name} was deleted") from err
+            except NotFound as err:
+                raise _Replan(f"ResourceClaim {ns}/{name} was deleted") from err
+        raise Conflict(f"ResourceClaim {ns}/{name} kept changing: gave up after "
+                       f"{_MAX_WRITE_ATTEMPTS} attempts")
+
+    def _observe_claim(self, base_rv: str, written: Object) -> None:
+        """Apply our own write to the mirror unless the watch already brought it (or later)."""
+        stored = self.claims.get(*_ns_name(written))
+        if stored is not None and _rv(stored) == base_rv and _uid(stored) == _uid(written):
+            self.claims.observe_write(written)
+
+    async def _ungate(self, key: PodKey) -> Outcome:
+        pod = self.pods.get(key.namespace, key.name)
+        for _attempt in range(_MAX_WRITE_ATTEMPTS):
+            if pod is None or _uid(pod) != key.uid:
+                return "done"
+            claims, waiting = self._claims_for(pod)
+            gateway = [c for c in claims if is_gateway_claim(c)]
+            if waiting or any(not is_allocated(c) for c in gateway):
+                return "retry"  # something changed since planning: go round again
+            gates = (pod.get("spec") or {}).get("schedulingGates") or []
+            index = next((i for i, g in enumerate(gates)
+                          if g.get("name") == names.SCHEDULING_GATE), None)
+            if index is None:
+                return "done"
+            # The gate cannot be put back: confirm with the API, not the mirror, that every
+            # allocation is still there (a claim may have been wiped a moment ago).
+            for claim in gateway:
+                ns, name = _ns_name(claim)
+                try:
+                    fresh = await self.cluster.get(RESOURCE_CLAIMS, name, namespace=ns)
+                except NotFound:
+                    return "retry"
+                if not is_allocated(fresh) or _uid(fresh) != _uid(claim):
+                    return "retry"
+            patch = [
+                {"op": "test", "path": "/metadata/uid", "value": key.uid},
+                {"op": "test", "path": f"/spec/schedulingGates/{index}",
+                 "value": gates[index]},
+                {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
+            ]
+            try:
+                await self.cluster.patch(PODS, key.name, patch, namespace=key.namespace,
+                                         patch_type="json")
+            except NotFound:
+                return "done"
+            except (Conflict, Invalid):
+                # The gate list moved (another gate removed) or the pod was replaced: reread.
+                self.stats.conflicts += 1
+                try:
+                    pod = await self.cluster.get(PODS, key.name, namespace=key.namespace)
+                except NotFound:
+                    return "done"
+                continue
+            self.stats.pods_ungated += 1
+            self.metrics.pods_allocated.inc()
+            self._unplaceable.discard(key)
+            log.info("scheduling gate removed", extra={
+                "pod": str(key), "claims": [str(_meta(c).get("name")) for c in gateway]})
+            return "done"
+        raise Conflict(f"pod {key} kept changing while its scheduling gate was being removed")
+
+    async def _record_failure(self, pod: Object, message: str) -> None:
+        """A Warning Event on the pod, once per message (later repeats bump its count)."""
+        meta = _meta(pod)
+        uid, ns, name = _uid(pod), str(meta.get("namespace") or ""), str(meta.get("name"))
+        message = message[:1024]
+        now = _now()
+        record = self._events.get(uid)
+        try:
+            if record is not None and record.message == message:
+                record.count += 1
+                await self.cluster.patch(EVENTS, record.name, {
+                    "count": record.count, "lastTimestamp": now}, namespace=ns)
+                return
+            event_name = f"{name}.{time.time_ns():x}"
+            event = {
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": event_name, "namespace": ns},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name,
+                                   "namespace": ns, "uid": uid},
+                "reason": EVENT_ALLOCATION_FAILED, "message": message, "type": "Warning",
+                "source": {"component": COMPONENT},
+                "reportingComponent": COMPONENT,
+                "reportingInstance": self.settings.identity or COMPONENT,
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            }
+            await self.cluster.create(EVENTS, event, namespace=ns)
+            self._events[uid] = _EventRecord(event_name, message, 1, now)
+        except NotFound:
+            self._events.pop(uid, None)  # the event expired: the next failure creates one
+        except (ApiError, OSError, TimeoutError) as err:
+            # Events are advice to humans: failing to write one must not stop allocation.
+            log.warning("could not record an event", extra={"pod": f"{ns}/{name}",
+                                                            "error": str(err)})
+
+    # Claims: release -------------------------------------------------------------------------
+
+    async def _sync_claim(self, key: ClaimKey) -> Outcome:
+        claim = self.claims.get(key.namespace, key.name)
+        if claim is None or not has_finalizer(claim):
+            return "done"
+        if await self._in_use(claim):
+            return "done"
+        await self._release(claim)
+        return "done"
+
+    async def _in_use(self, claim: Object) -> bool:
+        """Is any pod that owns or uses the claim still there and not finished?"""
+        ns = str(_meta(claim).get("namespace") or "")
+        candidates: dict[str, str | None] = {}  # uid -> name when known
+        for uid in self._users_of(claim):
+            where = self._pod_by_uid.get(uid)
+            candidates[uid] = where[1] if where else None
+        for reserved in (claim.get("status") or {}).get("reservedFor") or []:
+            if reserved.get("resource") == "pods" and reserved.get("uid"):
+                candidates[str(reserved["uid"])] = str(reserved.get("name") or "") or None
+        owner_uid = controller_owner_uid(claim)
+        for ref in _meta(claim).get("ownerReferences") or []:
+            if ref.get("uid") == owner_uid:
+                candidates[str(owner_uid)] = str(ref.get("name") or "") or None
+        for uid, pod_name in candidates.items():
+            if pod_name is None:
+                continue  # a uid we cannot look up by name was never a pod we saw
+            live = self.pods.get(ns, pod_name)
+            if live is not None and _uid(live) == uid:
+                return True
+            # Not in the mirror: confirm with the API before releasing anything.
+            try:
+                pod = await self.cluster.get(PODS, pod_name, namespace=ns)
+            except NotFound:
+                continue
+            if _uid(pod) == uid and (pod.get("status") or {}).get(
+                    "phase") not in FINISHED_PHASES:
+                return True
+        return False
+
+    async def _release(self, claim: Object) -> None:
+        meta = _meta(claim)
+        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        current = claim
+        writes: list[tuple[str, Object]] = []
+        try:
+            for _attempt in range(_MAX_WRITE_ATTEMPTS):
+                try:
+                    if is_allocated(current) or (current.get("status") or {}).get(
+                            "reservedFor"):
+                        updated = copy.deepcopy(current)
+                        status = dict(updated.get("status") or {})
+                        # reservedFor and device status are only valid with an allocation.
+                        for stale in ("allocation", "reservedFor", "devices"):
+                            status.pop(stale, None)
+                        updated["status"] = status
+                        base = _rv(current)
+                        current = await self.cluster.update(RESOURCE_CLAIMS, updated,
+                                                            namespace=ns, subresource="status")
+                        writes.append((base, current))
+                        self.stats.claims_released += 1
+                        self.metrics.claims_released.inc()
+                    updated = copy.deepcopy(current)
+                    umeta = updated["metadata"]
+                    umeta["finalizers"] = [f for f in umeta.get("finalizers") or []
+                                           if f != names.FINALIZER]
+                    annotations = dict(umeta.get("annotations") or {})
+                    if annotations.pop(names.ANNOTATION_SHARES, None) is not None:
+                        umeta["annotations"] = annotations
+                    base = _rv(current)
+                    current = await self.cluster.update(RESOURCE_CLAIMS, updated, namespace=ns)
+                    writes.append((base, current))
+                    log.info("released", extra={"claim": f"{ns}/{name}"})
+                    return
+                except Conflict:
+                    self.stats.conflicts += 1
+                    self.metrics.conflicts.inc()
+                    current = await self.cluster.get(RESOURCE_CLAIMS, name, namespace=ns)
+                    if not has_finalizer(current):
+                        return
+                    if await self._in_use(current):
+                        return  # a pod picked the claim up meanwhile
+        except NotFound:
+            return
+        finally:
+            for base_rv, written in writes:
+                self._observe_claim(base_rv, written)
+            if writes:
+                self._capacity_changed()
+        raise Conflict(f"ResourceClaim {ns}/{name} kept changing while being released")
+
+    # Helpers ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _pod_key(pod: Object) -> PodKey:
+        meta = _meta(pod)
+        return PodKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""), _uid(pod))
+
+    @staticmethod
+    def _claim_key(claim: Object) -> ClaimKey:
+        return ClaimKey(*_ns_name(claim))
+
+
+def _ns_name(obj: Object) -> tuple[str, str]:
+    meta = _meta(obj)
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+# The process ------------------------------------------------------------------------------------
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+async def run_allocator(cluster: Cluster, *, namespace: str, identity: str,
+                        settings: ControllerSettings | None = None,
+                        lease: LeaseSettings | None = None,
+                        metrics: Metrics | None = None,
+                        stop: asyncio.Event | None = None) -> None:
+    """Campaign for the Lease and run a fresh Controller in each term until `stop` is set."""
+    metrics = metrics or Metrics()
+    lease = lease or LeaseSettings(identity=identity, namespace=namespace)
+    base = settings or ControllerSettings()
+    settings = ControllerSettings(**{**base.__dict__, "identity": identity})
+    elector = LeaderElector(cluster, lease)
+
+    async def lead() -> None:
+        metrics.leader.set(1)
+        try:
+            # Every term starts from the API alone: nothing carries over from a lost term.
+            await Controller(cluster, settings, metrics=metrics).run()
+        finally:
+            metrics.leader.set(0)
+
+    campaign = asyncio.ensure_future(elector.run(lead))
+    if stop is None:
+        await campaign
+        return
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({campaign, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (campaign, stopping):
+            task.cancel()
+        await asyncio.gather(campaign, stopping, return_exceptions=True)
+    if campaign.done() and not campaign.cancelled() and campaign.exception() is not None:
+        raise campaign.exception()  # type: ignore[misc]
+
+
+def main(args: argparse.Namespace) -> int:
+    """`dra-gateway allocator`: run until SIGTERM or SIGINT; 0 on a clean stop."""
+    from dra_gateway.allocator import logs
+
+    logs.configure()
+    try:
+        return asyncio.run(_main(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _main(args: argparse.Namespace) -> int:
+    identity = args.identity or default_identity()
+    from dra_gateway.kube.cluster import ClusterConfigError
+
+    try:
+        cluster = await _connect(args)
+    except (ClusterConfigError, ApiError, OSError, ValueError) as err:
+        log.error("cannot reach the cluster", extra={
+            "cluster": args.cluster, "kubeconfig": args.kubeconfig, "error": str(err),
+            "fix": "check --kubeconfig (or KUBECONFIG) and that the API server is reachable"})
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    log.info("allocator starting", extra={"identity": identity, "leaseNamespace":
+                                          args.namespace, "policy": args.policy,
+                                          "cluster": args.cluster})
+    try:
+        await run_allocator(cluster, namespace=args.namespace, identity=identity,
+                            settings=ControllerSettings(policy=args.policy), stop=stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+        await cluster.close()
+    log.info("allocator stopped", extra={"identity": identity})
+    return 0
+
+
+async def _connect(args: argparse.Namespace) -> Cluster:
+    from dra_gateway.kube.cluster import connect
+
+    if args.cluster == "memory":
+        log.warning("running against an in-process memory cluster: nothing else can reach it, "
+                    "so this only shows the allocator starting (smoke test)")
+    return await connect(args.cluster, args.kubeconfig)
+
+
+__all__ = [
+    "ClaimKey",
+    "Controller",
+    "ControllerSettings",
+    "PodKey",
+    "detect_consumable_capacity",
+    "main",
+    "run_allocator",
+]

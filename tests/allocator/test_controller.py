@@ -1,0 +1,230 @@
+"""The allocator controller's protocol: gate, finalizer, allocation, release, events."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kubernetes_validate
+
+from dra_gateway.allocator.controller import ControllerSettings
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.memory import MemoryCluster
+from dra_gateway.kube.cluster.port import ApiError
+from dra_gateway.kube.resources import EVENTS, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
+
+from .conftest import (
+    FAST,
+    NAMESPACE,
+    World,
+    check_no_overcommit,
+    eventually,
+    is_ungated,
+    running_controller,
+    share_claim_spec,
+    whole_claim_spec,
+)
+
+
+def node_of(claim: dict[str, Any]) -> str:
+    terms = claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"]
+    return str(terms[0]["matchFields"][0]["values"][0])
+
+
+async def test_a_gated_pod_gets_every_claim_allocated_on_one_node_then_loses_only_its_gate(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=2, gpus=2)
+    async with running_controller(memory_cluster) as controller:
+        await world.gated_pod("train", [share_claim_spec(memory_gib=20, cores=30),
+                                        whole_claim_spec()])
+        pod = await eventually(lambda: _ungated(world, "train"))
+        assert [g["name"] for g in pod["spec"]["schedulingGates"]] == ["example.com/other"]
+        claims = await world.claims_of("train")
+        assert all(names.FINALIZER in c["metadata"]["finalizers"] for c in claims)
+        assert len({node_of(c) for c in claims}) == 1
+        shared = claims[0]["status"]["allocation"]["devices"]["results"][0]
+        assert shared["consumedCapacity"] == {"memory": "20Gi", "cores": "30"}
+        assert shared["shareID"]
+        for claim in claims:
+            kubernetes_validate.validate(claim, "1.34", strict=True)
+        assert controller.consumable_capacity is True
+        assert controller.metrics.consumable_capacity._value.get() == 1
+        check_no_overcommit(await _all_claims(memory_cluster), memory_cluster.objects(
+            RESOURCE_SLICES))
+
+
+async def test_the_gate_stays_until_every_claim_of_the_pod_exists(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=2)
+    async with running_controller(memory_cluster) as controller:
+        await world.gated_pod("waits", [share_claim_spec(memory_gib=10)], create_claims=False)
+        await asyncio.sleep(0.2)
+        assert not is_ungated(await world.pod("waits"))
+        assert controller.stats.plans == 0
+        await world.create_claims("waits", [share_claim_spec(memory_gib=10)])
+        await eventually(lambda: _ungated(world, "waits"))
+        (claim,) = await world.claims_of("waits")
+        assert claim["status"]["allocation"]
+
+
+async def test_an_unplaceable_pod_gets_one_warning_event_and_is_placed_once_capacity_comes(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=1, memory_gib=40)
+    async with running_controller(memory_cluster):
+        await world.gated_pod("big", [share_claim_spec(memory_gib=60)])
+
+        def events() -> list[dict[str, Any]]:
+            return [e for e in memory_cluster.objects(EVENTS)
+                    if e["involvedObject"]["name"] == "big"]
+
+        await eventually(lambda: [e for e in events() if e["count"] >= 3])
+        (event,) = events()
+        assert event["reason"] == "AllocationFailed"
+        assert event["type"] == "Warning"
+        assert event["involvedObject"]["uid"] == world.pods["big"]["metadata"]["uid"]
+        assert event["message"]
+        kubernetes_validate.validate(event, "1.34", strict=True)
+        assert not is_ungated(await world.pod("big"))
+        await world.add_node("node-big", gpus=1, memory_gib=80)
+        await eventually(lambda: _ungated(world, "big"))
+        (claim,) = await world.claims_of("big")
+        assert node_of(claim) == "node-big"
+
+
+async def test_a_deleted_pod_has_its_claims_released_and_their_finalizer_removed(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=1)
+    async with running_controller(memory_cluster):
+        await world.gated_pod("short", [whole_claim_spec()])
+        await eventually(lambda: _ungated(world, "short"))
+        await memory_cluster.delete(PODS, "short", namespace=NAMESPACE)
+        # The claim is garbage collected once the allocator lets go of it.
+        await eventually(lambda: not memory_cluster.objects(RESOURCE_CLAIMS))
+        # The card is free again for the next pod.
+        await world.gated_pod("next", [whole_claim_spec()])
+        await eventually(lambda: _ungated(world, "next"))
+
+
+async def test_a_finished_pod_has_its_claims_released_but_the_claims_stay(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=1)
+    async with running_controller(memory_cluster) as controller:
+        await world.gated_pod("job", [share_claim_spec(memory_gib=30)])
+        await eventually(lambda: _ungated(world, "job"))
+        await world.finish("job", "Failed")
+
+        async def released() -> bool:
+            (claim,) = await world.claims_of("job")
+            return not claim.get("status", {}).get("allocation") and names.FINALIZER not in (
+                claim["metadata"].get("finalizers") or [])
+
+        await eventually(released)
+        assert controller.stats.claims_released == 1
+
+
+async def test_a_claim_allocated_by_someone_else_is_kept_and_pins_the_other_claims(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=3, gpus=2)
+    pod = await world.gated_pod("pinned", [whole_claim_spec(), share_claim_spec(memory_gib=8)],
+                                create_claims=False)
+    first, second = await world.create_claims(
+        "pinned", [whole_claim_spec(), share_claim_spec(memory_gib=8)])
+    first["status"] = {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": names.DRIVER, "pool": "node-2",
+                                 "device": "gpu-1"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-2"]}]}]}}}
+    await memory_cluster.update(RESOURCE_CLAIMS, first, namespace=NAMESPACE,
+                                subresource="status")
+    del pod, second
+    async with running_controller(memory_cluster):
+        await eventually(lambda: _ungated(world, "pinned"))
+        claims = await world.claims_of("pinned")
+        assert [node_of(c) for c in claims] == ["node-2", "node-2"]
+        assert claims[0]["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-1"
+        # The scheduler's allocation is not ours to release: no finalizer was added to it.
+        assert names.FINALIZER not in (claims[0]["metadata"].get("finalizers") or [])
+        assert claims[1]["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
+
+
+async def test_in_the_fallback_world_shares_are_recorded_in_annotations(
+        memory_cluster: MemoryCluster) -> None:
+    world = World(memory_cluster, native=False)
+    await world.setup(nodes=1, gpus=1)
+    settings = ControllerSettings(**{**FAST.__dict__, "consumable_capacity": False})
+    async with running_controller(memory_cluster, settings) as controller:
+        await world.gated_pod("a", [share_claim_spec(memory_gib=50)])
+        await world.gated_pod("b", [share_claim_spec(memory_gib=50)])
+        await eventually(lambda: _ungated(world, "a"))
+        await asyncio.sleep(0.1)
+        assert not is_ungated(await world.pod("b"))  # 50 + 50 > 80 on the only card
+        (claim,) = await world.claims_of("a")
+        result = claim["status"]["allocation"]["devices"]["results"][0]
+        assert "shareID" not in result
+        assert "consumedCapacity" not in result
+        assert names.ANNOTATION_SHARES in claim["metadata"]["annotations"]
+        assert controller.metrics.consumable_capacity._value.get() == 0
+        await world.finish("a")
+        await eventually(lambda: _ungated(world, "b"))
+        (released,) = await world.claims_of("a")
+        assert names.ANNOTATION_SHARES not in (released["metadata"].get("annotations") or {})
+
+
+async def test_the_controller_detects_a_server_that_drops_consumable_capacity() -> None:
+    class DropsGatedFields(MemoryCluster):
+        """An API server with DRAConsumableCapacity off: the gated field does not survive."""
+
+        async def create(self, rt: Any, obj: dict[str, Any], *, namespace: str | None = None,
+                         dry_run: bool = False) -> dict[str, Any]:
+            if rt is RESOURCE_SLICES:
+                for device in obj["spec"].get("devices") or []:
+                    device.pop("allowMultipleAllocations", None)
+            return await super().create(rt, obj, namespace=namespace, dry_run=dry_run)
+
+    cluster = DropsGatedFields()
+    await World(cluster, native=False).setup(nodes=1, gpus=1)
+    async with running_controller(cluster) as controller:
+        assert controller.consumable_capacity is False
+        assert controller.state.settings.consumable_capacity is False
+        assert controller.metrics.consumable_capacity._value.get() == 0
+
+
+async def test_a_pod_is_planned_again_when_its_allocation_is_wiped_while_still_gated(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=2)
+    allowed = asyncio.Event()
+    original_patch = memory_cluster.patch
+    calls: list[str] = []
+
+    async def patch(rt: Any, name: str, body: Any, **kw: Any) -> dict[str, Any]:
+        # Hold the gate removal back until the allocation has been wiped.
+        if rt is PODS and kw.get("patch_type") == "json":
+            calls.append(name)
+            if not allowed.is_set():
+                raise ApiError("try later", code=503, reason="ServiceUnavailable")
+        return await original_patch(rt, name, body, **kw)
+
+    memory_cluster.patch = patch  # type: ignore[method-assign,assignment]
+    async with running_controller(memory_cluster) as controller:
+        await world.gated_pod("wiped", [share_claim_spec(memory_gib=10)])
+        await eventually(lambda: calls)
+        (claim,) = await world.claims_of("wiped")
+        assert claim["status"]["allocation"]
+        claim["status"] = {}
+        await memory_cluster.update(RESOURCE_CLAIMS, claim, namespace=NAMESPACE,
+                                    subresource="status")
+        plans = controller.stats.plans
+        allowed.set()
+        await eventually(lambda: _ungated(world, "wiped"))
+        (claim,) = await world.claims_of("wiped")
+        assert claim["status"]["allocation"]
+        assert controller.stats.plans > plans
+
+
+async def _ungated(world: World, name: str) -> dict[str, Any] | None:
+    pod = await world.pod(name)
+    return pod if is_ungated(pod) else None
+
+
+async def _all_claims(cluster: MemoryCluster) -> list[dict[str, Any]]:
+    return cluster.objects(RESOURCE_CLAIMS)
