@@ -30,7 +30,8 @@ def read_manifests(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
         try:
             documents = list(yaml.safe_load_all(text))
         except yaml.YAMLError as exc:
-            raise ManifestError(f"manifest {path} is not valid YAML or JSON: {exc}") from None
+            raise ManifestError(f"manifest {path} is not valid YAML or JSON{_where(exc)}") \
+                from None
         for index, document in enumerate(documents):
             if document is None:
                 continue
@@ -45,6 +46,14 @@ def read_manifests(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
             else:
                 objects.append(_checked(document, where))
     return objects
+
+
+def _where(exc: yaml.YAMLError) -> str:
+    """`at line L, column C: problem`, on one line (PyYAML's own text spans several)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{at}: {problem}"
 
 
 def _checked(obj: Any, where: str) -> dict[str, Any]:

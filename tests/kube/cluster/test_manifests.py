@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dra_gateway.kube.cluster.manifests import ManifestError, read_manifests
+
+
+def test_a_manifest_that_is_not_yaml_is_one_line_naming_file_and_place(tmp_path: Path) -> None:
+    seed = tmp_path / "seed.yaml"
+    seed.write_text("apiVersion: v1\nkind: [\n")
+    with pytest.raises(ManifestError) as raised:
+        read_manifests([seed])
+    assert str(raised.value) == (
+        f"manifest {seed} is not valid YAML or JSON at line 3, column 1: expected the node "
+        "content, but found '<stream end>'")
