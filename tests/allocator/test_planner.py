@@ -409,6 +409,7 @@ def test_device_taints_need_a_toleration_in_the_request() -> None:
     assert devices_of(plan, tolerant) == ["gpu-0"]
     assert results(plan, tolerant)[0]["tolerations"] == [{"key": taint["key"],
                                                           "operator": "Exists"}]
+    validate_allocated(tolerant, plan)
 
 
 def test_node_taints_need_a_pod_toleration() -> None:
