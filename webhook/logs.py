@@ -1,49 +1,11 @@
-"""Structured logs for the webhook: one JSON object per line on stderr.
+"""Structured logs for the webhook: the core's JSON lines (`dra_gateway.kube.logs`).
 
 Fields passed with `extra=` (`uid`, `namespace`, `pod`, `configmap`, ...) become keys of the
 object, so an operator can follow one admission request by its UID. Admission answers are not
 logged at INFO on the hot path (it would cost more than the answer); refusals and failures are.
-This module only formats; it decides nothing about what is logged.
+This module only names the formatter the webhook uses; it decides nothing about what is logged.
 """
 
-from __future__ import annotations
+from dra_gateway.kube.logs import JsonFormatter, configure
 
-import logging
-import sys
-from datetime import UTC, datetime
-from typing import Any
-
-import orjson
-
-# Attributes every LogRecord has; anything else came from `extra=`.
-_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
-    "message", "asctime", "taskName"}
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(
-                timespec="milliseconds").replace("+00:00", "Z"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
-                entry[key] = value
-        if record.exc_info:
-            entry["stack"] = self.formatException(record.exc_info)
-        return orjson.dumps(entry, default=str).decode()
-
-
-def configure(level: int = logging.INFO) -> None:
-    """Route the `dra_gateway` loggers to stderr as JSON lines (idempotent)."""
-    logger = logging.getLogger("dra_gateway")
-    if any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    logger.addHandler(handler)
-    logger.setLevel(level)
-    logger.propagate = False
+__all__ = ["JsonFormatter", "configure"]
