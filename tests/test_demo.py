@@ -158,25 +158,32 @@ def test_pod_the_gateway_refuses_fails_the_demo_and_stops_every_process(tmp_path
 
 
 @pytest.mark.timeout(120)
-def test_pod_no_node_can_hold_fails_the_demo_with_the_allocators_reason(tmp_path: Path) -> None:
+def test_pods_not_placed_as_expected_fail_the_demo_and_say_why(tmp_path: Path) -> None:
     pods = tmp_path / "pods.yaml"
     pods.write_text(
         "apiVersion: v1\nkind: Pod\nmetadata: {name: nine-gpus, namespace: ml}\n"
         "spec:\n  containers:\n    - name: c\n      image: busybox\n      resources:\n"
-        "        limits: {nvidia.com/gpu: 9}\n",
+        "        limits: {nvidia.com/gpu: 9}\n"
+        "---\n"  # the webhook skips the gateway's own namespace: nothing translates this one
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: skipped, namespace: dra-gateway}\n"
+        "spec:\n  containers:\n    - name: c\n      image: busybox\n      resources:\n"
+        "        limits: {nvidia.com/gpu: 1}\n",
         encoding="utf-8")
     work = tmp_path / "w"
 
     done = _demo("--pods", str(pods), "--work-dir", str(work), "--timeout", "5", "-o", "json")
 
     assert done.returncode == 1, done.stderr
-    (pod,) = json.loads(done.stdout)["pods"]
-    assert pod["ok"] is False
-    assert pod["problems"][0] == "not bound (still gated by dra-gateway.io/allocation)"
-    assert pod["problems"][1].startswith(
+    unplaced, skipped = json.loads(done.stdout)["pods"]
+    assert unplaced["ok"] is False
+    assert unplaced["problems"][0] == "not bound (still gated by dra-gateway.io/allocation)"
+    assert unplaced["problems"][1].startswith(
         "dra-gateway-allocator: AllocationFailed: pod ml/nine-gpus: 0/3 nodes fit")
-    assert ('demo: failed at step "checking placements": 1 pod not placed as expected: '
-            "ml/nine-gpus") in done.stderr
+    assert skipped["problems"] == [
+        "its request nvidia.com/gpu=1 was not translated into a claim: no rule matches it, or "
+        "the webhook skips its namespace (it skips dra-gateway and kube-system)"]
+    assert ('demo: failed at step "checking placements": 2 pods not placed as expected: '
+            "ml/nine-gpus, dra-gateway/skipped") in done.stderr
     assert _processes_mentioning(str(work)) == []
 
 

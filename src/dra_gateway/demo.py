@@ -647,6 +647,11 @@ async def create_pods(cluster: Cluster, pods: Sequence[DemoPod]) -> list[PodRepo
         if missing:
             report.why_pending = (f"DeviceClass {', '.join(sorted(missing))} is not installed "
                                   "here: on a real cluster its vendor's DRA driver serves it")
+        if not rule and not templates and legacy != "no GPU":
+            # Nothing in the embedded cluster would stop such a pod from being bound.
+            report.problems.append(
+                f"its request {legacy} was not translated into a claim: no rule matches it, or "
+                f"the webhook skips its namespace (it skips {NAMESPACE} and kube-system)")
         reports.append(report)
     return reports
 
@@ -996,9 +1001,11 @@ def run(args: argparse.Namespace) -> int:
             failed = [f"{r.namespace}/{r.name}" for r in outcome.reports if not r.ok]
             print(f"demo: failed at step \"checking placements\": {len(failed)} pod"
                   f"{'s' if len(failed) != 1 else ''} not placed as expected: "
-                  f"{', '.join(failed)}; see the allocator's log {layout.logs / 'allocator.log'}"
-                  f"\n--- last lines ---\n{log_tail(layout.logs / 'allocator.log')}\n---",
-                  file=err)
+                  f"{', '.join(failed)}; each component's log is in {layout.logs}", file=err)
+            if any(not r.ok and not r.node and r.expected == "bound" for r in outcome.reports):
+                allocator_log = layout.logs / "allocator.log"
+                print(f"--- last lines of {allocator_log} ---\n{log_tail(allocator_log)}\n---",
+                      file=err)
             remove = False
     if remove_nodes:
         shutil.rmtree(nodes_root, ignore_errors=True)
