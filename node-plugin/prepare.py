@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,7 +86,16 @@ class Preparer:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         out: dict[str, PrepareResult] = {}
-        node_labels = await self._node_labels() if claims else {}
+        fetched: list[dict[str, str]] = []
+
+        async def node_labels() -> dict[str, str]:
+            # Read once per call, and only for a claim not prepared yet: a kubelet restarting
+            # while the API server is unreachable still gets its prepared claims back, and a
+            # failed read is that claim's error rather than the whole batch's.
+            if not fetched:
+                fetched.append(await self._node_labels())
+            return fetched[0]
+
         for ref in claims:
             async with self._lock:
                 try:
@@ -120,7 +129,8 @@ class Preparer:
             return {}
         return dict(node.get("metadata", {}).get("labels") or {})
 
-    async def _prepare_one(self, ref: ClaimRef, node_labels: Mapping[str, str]) -> list[
+    async def _prepare_one(self, ref: ClaimRef,
+                           node_labels: Callable[[], Awaitable[Mapping[str, str]]]) -> list[
             dict[str, Any]]:
         entry = self.checkpoint.get(ref.uid)
         if entry is not None and entry.state == "PrepareCompleted":
@@ -132,7 +142,8 @@ class Preparer:
             claim = await self._cluster.get(RESOURCE_CLAIMS, ref.name, namespace=ref.namespace)
         except NotFound:
             raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} not found") from None
-        plan = plan_claim(claim, uid=ref.uid, node_name=self.node_name, node_labels=node_labels,
+        plan = plan_claim(claim, uid=ref.uid, node_name=self.node_name,
+                          node_labels=await node_labels(),
                           driver=self.driver, kind=self.kind, devices=self._devices(),
                           enforcement=self._enforcement)
         devices = plan.response_devices(self.kind)

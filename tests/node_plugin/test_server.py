@@ -18,6 +18,7 @@ import pytest
 
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.memory import MemoryCluster
+from dra_gateway.kube.cluster.port import ApiError
 from dra_gateway.kube.resources import NODES, RESOURCE_CLAIMS, RESOURCE_SLICES
 from dra_gateway.node_plugin import cdi
 from dra_gateway.node_plugin.checkpoint import Checkpoint
@@ -248,3 +249,33 @@ async def test_nvml_failure_publishes_an_empty_pool_instead_of_crashing(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+class _NodesUnreadable(MemoryCluster):
+    """The API server answers claims but fails on the Node (a flaky apiserver, missing RBAC)."""
+
+    async def get(self, rt: Any, name: str, *, namespace: str | None = None) -> Any:
+        if rt is NODES:
+            raise ApiError("etcdserver: request timed out", code=500)
+        return await super().get(rt, name, namespace=namespace)
+
+
+async def test_an_unreadable_node_fails_only_the_claims_that_need_it(
+        root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    done = await _allocated(cluster, claim(devices=["gpu-5"]))
+    async with _plugin(root, cluster, h100x8) as plugin:
+        await plugin.preparer.prepare([ClaimRef("ml", done["metadata"]["name"],
+                                                done["metadata"]["uid"])])
+    flaky = _NodesUnreadable()
+    await flaky.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    fresh = await _allocated(flaky, claim(devices=["gpu-6"], name="fresh"))
+    plugin = NodePlugin(_settings(root), flaky, discover=lambda: load_inventory(h100x8))
+    await plugin.discover_once()
+    results = await plugin.preparer.prepare([
+        ClaimRef("ml", done["metadata"]["name"], done["metadata"]["uid"]),
+        ClaimRef("ml", "fresh", fresh["metadata"]["uid"])])
+    await flaky.close()
+    assert results[done["metadata"]["uid"]].error == ""
+    assert results[done["metadata"]["uid"]].devices[0]["device_name"] == "gpu-5"
+    assert results[fresh["metadata"]["uid"]].error == (
+        "ResourceClaim ml/fresh: etcdserver: request timed out")
