@@ -246,11 +246,6 @@ _EXTRA_FIELDS: dict[tuple[str, str], dict[str, FieldGetter]] = {
 }
 
 
-def supported_fields(rt: ResourceType) -> tuple[str, ...]:
-    """The field labels a field selector may use on `rt`."""
-    return (*_COMMON_FIELDS, *_EXTRA_FIELDS.get((rt.group, rt.plural), {}))
-
-
 @dataclass(frozen=True, slots=True)
 class FieldRequirement:
     field: str
