@@ -14,7 +14,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
         "allocator", help="run the allocator controller (one active replica through a Lease)"
     )
     controller.add_argument("--cluster", choices=("kube", "memory"), default="kube",
-                            help="kube: the kubeconfig's cluster (default); memory: in-process")
+                            help="kube: the kubeconfig's cluster (default); memory: an empty "
+                            "in-process cluster nothing else can reach (a smoke test only)")
     controller.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then "
                             "$KUBECONFIG, then ~/.kube/config)")
     controller.add_argument("--namespace", default="dra-gateway",

@@ -1016,7 +1016,13 @@ def main(args: argparse.Namespace) -> int:
 
 
 async def _main(args: argparse.Namespace) -> int:
+    from dra_gateway.allocator.planner import POLICIES
+
     identity = args.identity or default_identity()
+    if args.policy not in POLICIES:
+        log.error("unknown scoring policy", extra={
+            "policy": args.policy, "fix": f"pass --policy with one of {', '.join(POLICIES)}"})
+        return 2
     from dra_gateway.kube.cluster import ClusterConfigError
 
     try:
