@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from dra_gateway.kube import names
 from dra_gateway.kube.models import GpuShareConfig
+from dra_gateway.kube.nodeselectors import node_selector_matches
 from dra_gateway.kube.quantity import QuantityError, bytes_of, parse_quantity
 from dra_gateway.node_plugin.cdi import (
     DEFAULT_ENFORCEMENT,
@@ -70,47 +71,6 @@ class ClaimPlan:
                 entry["share_id"] = d.share_id
             out.append(entry)
         return out
-
-
-def node_selector_matches(selector: Mapping[str, Any] | None, *, node_name: str,
-                          node_labels: Mapping[str, str]) -> bool:
-    """A core NodeSelector (terms ORed, requirements ANDed) against this node."""
-    if not selector:
-        return True
-    terms = selector.get("nodeSelectorTerms") or []
-    return any(_term_matches(t, node_name, node_labels) for t in terms)
-
-
-def _term_matches(term: Mapping[str, Any], node_name: str, labels: Mapping[str, str]) -> bool:
-    fields = {"metadata.name": node_name}
-    reqs = [(r, fields) for r in term.get("matchFields") or []] + [
-        (r, labels) for r in term.get("matchExpressions") or []]
-    if not reqs:
-        return False  # an empty term matches nothing (core/v1 NodeSelectorTerm)
-    for req, source in reqs:
-        key, op = req.get("key"), req.get("operator")
-        values = list(req.get("values") or [])
-        present = key in source
-        value = source.get(key)
-        if op == "In":
-            ok = present and value in values
-        elif op == "NotIn":
-            ok = not present or value not in values
-        elif op == "Exists":
-            ok = present
-        elif op == "DoesNotExist":
-            ok = not present
-        elif op in ("Gt", "Lt") and present and values:
-            try:
-                left, right = int(str(value)), int(values[0])
-            except ValueError:
-                return False
-            ok = left > right if op == "Gt" else left < right
-        else:
-            ok = False
-        if not ok:
-            return False
-    return True
 
 
 def _applies(requests: Sequence[str] | None, request: str) -> bool:
@@ -221,8 +181,8 @@ def plan_claim(claim: Mapping[str, Any], *, uid: str, node_name: str,
     allocation = (claim.get("status") or {}).get("allocation")
     if not allocation:
         raise ClaimError(f"{where} is not allocated (status.allocation is empty)")
-    if not node_selector_matches(allocation.get("nodeSelector"), node_name=node_name,
-                                 node_labels=node_labels):
+    if not node_selector_matches(allocation.get("nodeSelector"), name=node_name,
+                                 labels=node_labels):
         raise ClaimError(f"{where}: status.allocation.nodeSelector does not select node "
                          f"{node_name}")
     results = [r for r in (allocation.get("devices") or {}).get("results") or []

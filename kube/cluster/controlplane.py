@@ -34,6 +34,7 @@ from dra_gateway.kube.cluster.port import (
     NotFound,
     Object,
 )
+from dra_gateway.kube.nodeselectors import node_selector_matches
 from dra_gateway.kube.resources import (
     NODES,
     PODS,
@@ -59,49 +60,6 @@ def claim_generate_name(pod_name: str, claim_name: str) -> str:
         base = (pod_name[: len(pod_name) * _MAX_GENERATE_BASE // len(base)] + "-"
                 + claim_name[: len(claim_name) * _MAX_GENERATE_BASE // len(base)])
     return base + "-"
-
-
-def node_selector_matches(selector: Mapping[str, Any] | None, node: Mapping[str, Any]) -> bool:
-    """core/v1 NodeSelector semantics: terms are ORed, a term's requirements ANDed."""
-    if not selector:
-        return True
-    terms = selector.get("nodeSelectorTerms") or []
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    fields = {"metadata.name": (node.get("metadata") or {}).get("name")}
-    return any(_term_matches(term, labels, fields) for term in terms)
-
-
-def _term_matches(term: Mapping[str, Any], labels: Mapping[str, str],
-                  fields: Mapping[str, Any]) -> bool:
-    expressions = term.get("matchExpressions") or []
-    field_expressions = term.get("matchFields") or []
-    if not expressions and not field_expressions:
-        return False  # an empty term matches no node, as upstream
-    return (all(_requirement(r, labels) for r in expressions)
-            and all(_requirement(r, fields) for r in field_expressions))
-
-
-def _requirement(requirement: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
-    key = requirement.get("key")
-    operator = requirement.get("operator")
-    wanted = requirement.get("values") or []
-    present = key in values
-    have = values.get(str(key))
-    if operator == "In":
-        return present and have in wanted
-    if operator == "NotIn":
-        return not present or have not in wanted
-    if operator == "Exists":
-        return present
-    if operator == "DoesNotExist":
-        return not present
-    if operator in ("Gt", "Lt") and present and wanted:
-        try:
-            number, bound = int(str(have)), int(str(wanted[0]))
-        except ValueError:
-            return False
-        return number > bound if operator == "Gt" else number < bound
-    return False
 
 
 class ControlPlane:
@@ -355,7 +313,9 @@ class ControlPlane:
                      and all(((n.get("metadata") or {}).get("labels") or {}).get(k) == v
                              for k, v in wanted_labels.items())
                      and all(node_selector_matches(c["status"]["allocation"].get("nodeSelector"),
-                                                   n) for c in claims)), None)
+                                                   name=(n.get("metadata") or {}).get("name", ""),
+                                                   labels=(n.get("metadata") or {}).get("labels")
+                                                   or {}) for c in claims)), None)
         if node is None:
             return  # a new node or allocation brings the pod back
         consumer = {"resource": "pods", "name": meta["name"], "uid": meta["uid"]}

@@ -9,11 +9,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from dra_gateway.kube.cluster.controlplane import (
-    ControlPlane,
-    claim_generate_name,
-    node_selector_matches,
-)
+from dra_gateway.kube.cluster.controlplane import ControlPlane, claim_generate_name
 from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import NotFound
 from dra_gateway.kube.resources import NODES, PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
@@ -181,16 +177,3 @@ def test_claim_names_are_cut_in_proportion_like_upstream() -> None:
     assert claim_generate_name("web-0", "gpu") == "web-0-gpu-"
     long = claim_generate_name("p" * 60, "c" * 20)
     assert long == "p" * 42 + "-" + "c" * 14 + "-"
-
-
-def test_node_selectors_follow_core_semantics() -> None:
-    node = {"metadata": {"name": "node-a", "labels": {"zone": "z1", "gpus": "8"}}}
-    assert node_selector_matches(None, node)
-    assert node_selector_matches(on_node("node-a"), node)
-    assert not node_selector_matches(on_node("node-b"), node)
-    either = {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z2"]}]},
-        {"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["4"]},
-                              {"key": "spot", "operator": "DoesNotExist"}]}]}
-    assert node_selector_matches(either, node)
-    assert not node_selector_matches({"nodeSelectorTerms": [{}]}, node)
