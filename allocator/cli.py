@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                             help="cluster-wide scoring policy (default: %(default)s)")
     controller.add_argument("--identity", help="holder identity in the Lease (default: host name "
                             "and process id)")
+    controller.add_argument("--metrics-address", metavar="HOST:PORT",
+                            help="serve /metrics, /healthz and /readyz there, e.g. :8080 "
+                            "(default: off)")
     controller.set_defaults(func=_run_controller)
 
     replay = bench.add_parser(

@@ -88,6 +88,8 @@ class ControllerSettings:
     consumable_capacity: bool | None = None
     identity: str = ""
     watch_timeout: float = 300.0
+    # A repeated failure updates its Event's count at most this often (spam filter).
+    event_interval: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,8 +254,9 @@ def slices_show_consumable_capacity(slices: Iterable[Object]) -> bool | None:
 class _EventRecord:
     name: str
     message: str
-    count: int
-    first: str
+    count: int  # failures seen
+    written_count: int  # the count the API has
+    written_at: float  # monotonic time of the last write
 
 
 @dataclass
@@ -683,6 +686,20 @@ class Controller:
             self.metrics.allocation_failures.inc()
             self._unplaceable.add(key)
             reason = plan.reason or "no node can hold every claim of the pod"
+            held = [c for c in gateway
+                    if is_allocated(c) and has_finalizer(c) and controller_owner_uid(c) == key.uid
+                    and not (c.get("status") or {}).get("reservedFor")]
+            if held:
+                # Part of the pod was allocated earlier (a crash or a conflict between two
+                # claims' writes) and now pins the rest to a node where it no longer fits.
+                # Nothing uses those claims while the pod is gated: let go and plan them all
+                # together.
+                log.info("releasing a partial allocation to plan the pod's claims together",
+                         extra={"pod": str(key), "reason": reason,
+                                "claims": [str(_meta(c).get("name")) for c in held]})
+                for claim in held:
+                    await self._release(claim, replanning=True)
+                return "retry"
             log.info("pod cannot be placed", extra={"pod": str(key), "reason": reason})
             await self._record_failure(pod, reason)
             return "retry"
@@ -830,8 +847,11 @@ class Controller:
         try:
             if record is not None and record.message == message:
                 record.count += 1
+                if time.monotonic() - record.written_at < self.settings.event_interval:
+                    return  # counted; written with a later repeat
                 await self.cluster.patch(EVENTS, record.name, {
                     "count": record.count, "lastTimestamp": now}, namespace=ns)
+                record.written_count, record.written_at = record.count, time.monotonic()
                 return
             event_name = f"{name}.{time.time_ns():x}"
             event = {
@@ -846,7 +866,7 @@ class Controller:
                 "firstTimestamp": now, "lastTimestamp": now, "count": 1,
             }
             await self.cluster.create(EVENTS, event, namespace=ns)
-            self._events[uid] = _EventRecord(event_name, message, 1, now)
+            self._events[uid] = _EventRecord(event_name, message, 1, 1, time.monotonic())
         except NotFound:
             self._events.pop(uid, None)  # the event expired: the next failure creates one
         except (ApiError, OSError, TimeoutError) as err:
@@ -895,7 +915,7 @@ class Controller:
                 return True
         return False
 
-    async def _release(self, claim: Object) -> None:
+    async def _release(self, claim: Object, *, replanning: bool = False) -> None:
         meta = _meta(claim)
         ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
         current = claim
@@ -935,7 +955,10 @@ class Controller:
                     current = await self.cluster.get(RESOURCE_CLAIMS, name, namespace=ns)
                     if not has_finalizer(current):
                         return
-                    if await self._in_use(current):
+                    if replanning:
+                        if (current.get("status") or {}).get("reservedFor"):
+                            return  # being bound after all: keep it
+                    elif await self._in_use(current):
                         return  # a pod picked the claim up meanwhile
         except NotFound:
             return
@@ -1040,9 +1063,24 @@ async def _main(args: argparse.Namespace) -> int:
     log.info("allocator starting", extra={"identity": identity, "leaseNamespace":
                                           args.namespace, "policy": args.policy,
                                           "cluster": args.cluster})
+    metrics = Metrics()
     try:
-        await run_allocator(cluster, namespace=args.namespace, identity=identity,
-                            settings=ControllerSettings(policy=args.policy), stop=stop)
+        async with contextlib.AsyncExitStack() as stack:
+            address = getattr(args, "metrics_address", None)
+            if address:
+                from dra_gateway.allocator.serving import serving
+
+                try:
+                    port = await stack.enter_async_context(serving(metrics, address))
+                except (ValueError, OSError) as err:
+                    log.error("cannot serve metrics", extra={
+                        "address": address, "error": str(err),
+                        "fix": "pass --metrics-address as HOST:PORT with a free port"})
+                    return 2
+                log.info("serving metrics", extra={"address": address, "port": port})
+            await run_allocator(cluster, namespace=args.namespace, identity=identity,
+                                settings=ControllerSettings(policy=args.policy),
+                                metrics=metrics, stop=stop)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -274,7 +274,7 @@ async def eventually(check: Callable[[], Any], *, within: float = 10.0,
 
 
 FAST = ControllerSettings(base_delay=0.01, max_delay=0.2, retry_unplaceable_after=0.02,
-                          resync_period=5.0, identity="test-allocator")
+                          resync_period=5.0, identity="test-allocator", event_interval=0.0)
 
 
 @contextlib.asynccontextmanager

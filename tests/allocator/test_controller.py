@@ -228,3 +228,42 @@ async def _ungated(world: World, name: str) -> dict[str, Any] | None:
 
 async def _all_claims(cluster: MemoryCluster) -> list[dict[str, Any]]:
     return cluster.objects(RESOURCE_CLAIMS)
+
+
+async def test_a_partial_allocation_that_pins_the_pod_where_it_no_longer_fits_is_undone(
+        memory_cluster: MemoryCluster) -> None:
+    world = World(memory_cluster)
+    await world.setup(nodes=0)
+    await world.add_node("node-0", gpus=1)
+    await world.add_node("node-1", gpus=2)
+    await world.gated_pod("pair", [whole_claim_spec(), whole_claim_spec()],
+                          create_claims=False)
+    first, _ = await world.create_claims("pair", [whole_claim_spec(), whole_claim_spec()])
+    # As if an earlier allocator wrote one claim and stopped before the other.
+    first["metadata"]["finalizers"] = [names.FINALIZER]
+    first = await memory_cluster.update(RESOURCE_CLAIMS, first, namespace=NAMESPACE)
+    first["status"] = {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": names.DRIVER, "pool": "node-0",
+                                 "device": "gpu-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-0"]}]}]}}}
+    await memory_cluster.update(RESOURCE_CLAIMS, first, namespace=NAMESPACE,
+                                subresource="status")
+    async with running_controller(memory_cluster):
+        await eventually(lambda: _ungated(world, "pair"))
+        claims = await world.claims_of("pair")
+        assert [node_of(c) for c in claims] == ["node-1", "node-1"]
+        check_no_overcommit(memory_cluster.objects(RESOURCE_CLAIMS),
+                            memory_cluster.objects(RESOURCE_SLICES))
+
+
+async def test_repeated_failures_update_the_event_at_most_once_per_interval(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=1, memory_gib=40)
+    settings = ControllerSettings(**{**FAST.__dict__, "event_interval": 3600.0})
+    async with running_controller(memory_cluster, settings) as controller:
+        await world.gated_pod("big", [share_claim_spec(memory_gib=60)])
+        await eventually(lambda: controller.stats.failures >= 5)
+        (event,) = [e for e in memory_cluster.objects(EVENTS)
+                    if e["involvedObject"]["name"] == "big"]
+        assert event["count"] == 1

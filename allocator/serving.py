@@ -1,0 +1,58 @@
+"""The allocator's small HTTP endpoint: `/metrics` (Prometheus), `/healthz` and `/readyz`.
+
+Off unless `--metrics-address` is given. It reports; it never changes what the controller
+does. `/readyz` is ready once the process runs: a standby replica is as ready as the leader,
+since only the Lease decides which one works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from dra_gateway.allocator.metrics import Metrics
+
+_METRICS = web.AppKey("metrics", Metrics)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[_METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+async def _ok(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def create_app(metrics: Metrics) -> web.Application:
+    app = web.Application()
+    app[_METRICS] = metrics
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/healthz", _ok)
+    app.router.add_get("/readyz", _ok)
+    return app
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """`HOST:PORT` or `:PORT` (all interfaces); ValueError naming the fix otherwise."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--metrics-address {address!r}: use HOST:PORT or :PORT, e.g. :8080")
+    # `:PORT` means every interface: in a pod that is the pod's own IP, which probes use.
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@contextlib.asynccontextmanager
+async def serving(metrics: Metrics, address: str) -> AsyncIterator[int]:
+    """Serve until the block exits; yields the bound port."""
+    host, port = parse_address(address)
+    runner = web.AppRunner(create_app(metrics), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        yield int(runner.addresses[0][1])
+    finally:
+        await runner.cleanup()
