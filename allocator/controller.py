@@ -393,6 +393,13 @@ class Controller:
             self.state.set_claim(obj)
         for obj in self.pods.values():
             self.state.set_pod(obj)
+            # Placed-but-unbound pods, and plans still being written, hold capacity too.
+            self._refresh_placement(obj)
+        for uid, plan in self._inflight.items():
+            where = self._pod_by_uid.get(uid)
+            pod = self.pods.get(*where) if where else None
+            if pod is not None:
+                self.state.assume(pod, plan)
 
     async def _worker(self) -> None:
         while True:
