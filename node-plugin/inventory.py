@@ -271,6 +271,9 @@ def load_inventory(path: Path) -> NodeFacts:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InventoryError(str(path), [f"cannot read the file: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError:
+        raise InventoryError(str(path), ["not a text file (not UTF-8): give the YAML "
+                                         "inventory"]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

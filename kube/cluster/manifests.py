@@ -27,6 +27,9 @@ def read_manifests(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ManifestError(f"cannot read manifest {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise ManifestError(f"manifest {path} is not a text file (not UTF-8): give YAML or "
+                                f"JSON manifests") from None
         try:
             documents = list(yaml.safe_load_all(text))
         except yaml.YAMLError as exc:

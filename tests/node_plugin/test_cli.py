@@ -40,6 +40,15 @@ def test_a_broken_inventory_is_one_clear_line(tmp_path: Path,
     assert "Traceback" not in err
 
 
+def test_a_binary_inventory_is_one_line_naming_the_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "inventory.bin"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    assert main(["node-plugin", "discover", "--inventory", str(bad), "--node-name", "n"]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {bad}: 1 error: not a text file (not UTF-8): give the YAML inventory\n")
+
+
 def test_a_node_name_the_api_would_refuse_is_a_usage_error(
         h100x8: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:

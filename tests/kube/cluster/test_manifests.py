@@ -15,3 +15,12 @@ def test_a_manifest_that_is_not_yaml_is_one_line_naming_file_and_place(tmp_path:
     assert str(raised.value) == (
         f"manifest {seed} is not valid YAML or JSON at line 3, column 1: expected the node "
         "content, but found '<stream end>'")
+
+
+def test_a_binary_manifest_is_refused_naming_the_file(tmp_path: Path) -> None:
+    seed = tmp_path / "seed.bin"
+    seed.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ManifestError) as raised:
+        read_manifests([seed])
+    assert str(raised.value) == (
+        f"manifest {seed} is not a text file (not UTF-8): give YAML or JSON manifests")
