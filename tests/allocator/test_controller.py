@@ -10,7 +10,7 @@ import kubernetes_validate
 from dra_gateway.allocator.controller import ControllerSettings
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.memory import MemoryCluster
-from dra_gateway.kube.cluster.port import ApiError
+from dra_gateway.kube.cluster.port import ApiError, Forbidden
 from dra_gateway.kube.resources import EVENTS, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
 
 from .conftest import (
@@ -267,3 +267,29 @@ async def test_repeated_failures_update_the_event_at_most_once_per_interval(
         (event,) = [e for e in memory_cluster.objects(EVENTS)
                     if e["involvedObject"]["name"] == "big"]
         assert event["count"] == 1
+
+
+async def test_without_a_dry_run_the_mode_is_learned_from_the_first_published_slice() -> None:
+    class NoDryRun(MemoryCluster):
+        """RBAC without create on ResourceSlices: the probe is refused."""
+
+        async def create(self, rt: Any, obj: dict[str, Any], *, namespace: str | None = None,
+                         dry_run: bool = False) -> dict[str, Any]:
+            if dry_run:
+                raise Forbidden('resourceslices.resource.k8s.io is forbidden: User '
+                                '"system:serviceaccount:dra-gateway:allocator" cannot create '
+                                'resource "resourceslices"')
+            return await super().create(rt, obj, namespace=namespace, dry_run=dry_run)
+
+    cluster = NoDryRun()
+    world = World(cluster)
+    await world.setup(nodes=0)
+    async with running_controller(cluster) as controller:
+        assert controller.consumable_capacity is None
+        await world.add_node("node-0", gpus=1)
+        await eventually(lambda: controller.consumable_capacity is True)
+        assert controller.metrics.consumable_capacity._value.get() == 1
+        await world.gated_pod("native", [share_claim_spec(memory_gib=8)])
+        await eventually(lambda: _ungated(world, "native"))
+        (claim,) = await world.claims_of("native")
+        assert claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
