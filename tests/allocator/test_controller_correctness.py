@@ -1,11 +1,11 @@
 """No double allocation, whatever the interleaving: hypothesis drives the cluster and the faults.
 
 Each example builds a small GPU cluster, then runs a random script of pod creations, deletions,
-completions, controller restarts, vanished and returning slices, with conflicts and yields
-injected into the API calls, against concurrent workers. After every step no device may give
-more memory or cores than it has and no whole card may be shared; an ungated live pod must have
-every claim allocated. At the end every pod goes, everything must be released, and a whole-card
-pod per GPU must fit again: nothing leaked.
+completions, controller restarts, expired watches, vanished and returning slices, with
+conflicts and yields injected into the API calls, against concurrent workers. After every step
+no device may give more memory or cores than it has and no whole card may be shared; an
+ungated live pod must have every claim allocated. At the end every pod goes, everything must
+be released, and a whole-card pod per GPU must fit again: nothing leaked.
 """
 
 from __future__ import annotations
@@ -124,6 +124,7 @@ STEP = st.one_of(
     st.tuples(st.just("restart"), st.integers(1, 4)),
     st.tuples(st.just("vanish"), st.integers(0, 2)),
     st.tuples(st.just("settle"), st.integers(0, 3)),
+    st.tuples(st.just("expire"), st.just(0)),
 )
 
 
@@ -208,6 +209,9 @@ async def run_scenario(scenario: Scenario) -> None:
             elif action == "restart":
                 await stop(task)
                 controller, task = await start(arg)
+            elif action == "expire":
+                # An API server restart: every watch ends with 410 and history is gone.
+                memory.expire_watches()
             elif action == "vanish":
                 name = sorted(slices)[arg % len(slices)]
                 present = {s["metadata"]["name"] for s in memory.objects(RESOURCE_SLICES)}
