@@ -16,6 +16,7 @@ from typing import Any
 
 import jsonpatch
 
+from dra_gateway.translator.pods import pod_shape_problem
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import translate
 
@@ -93,6 +94,12 @@ def rewrite_manifests(documents: Iterable[Any], rules: RuleSet) -> ManifestResul
                 # A pod template takes its namespace from the document that holds it.
                 view = {**pod, "metadata": {**(pod.get("metadata") or {}),
                                             "namespace": namespace}}
+            problem = pod_shape_problem(view)
+            if problem is not None:
+                result.refusals.append(f"{where}: the pod's {problem}; it is not a valid pod "
+                                       f"spec")
+                refused = True
+                continue
             plan = translate(view, rules)
             result.warnings.extend(f"{where}: {w}" for w in plan.warnings)
             if plan.refusal is not None:

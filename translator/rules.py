@@ -522,6 +522,9 @@ def _read_text(path: Path, problems: _Problems) -> str:
     except OSError as exc:
         problems.add(str(path), "", f"cannot be read: {exc.strerror or exc}")
         return ""
+    except UnicodeDecodeError:
+        problems.add(str(path), "", "not a text file (not UTF-8): rules are YAML or JSON")
+        return ""
 
 
 def builtin_sources() -> list[tuple[str, str]]:

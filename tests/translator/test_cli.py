@@ -147,6 +147,29 @@ def test_unreadable_input_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert message in err
 
 
+def test_a_malformed_pod_spec_is_a_refusal_not_a_traceback(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    odd = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "odd"},
+           "spec": {"containers": [{"name": "main", "resources": {"limits": [1]}}]}}
+    source = tmp_path / "in.yaml"
+    source.write_text(yaml.safe_dump(odd))
+    code, out, err = run(capsys, "translate", "-f", str(source))
+    assert code == 1
+    assert err == ("refused: Pod odd: the pod's spec.containers[0].resources.limits is not a "
+                   "map of quantities; it is not a valid pod spec\n")
+    assert list(yaml.safe_load_all(out)) == [odd]
+
+
+def test_rules_that_are_not_text_are_a_load_error(capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_bytes(b"\xff\xfe\x00garbage")
+    code, out, _ = run(capsys, "rules", "check", str(rules))
+    assert code == 1
+    assert out == (f"1 rule failed to load:\n  {rules}: not a text file (not UTF-8): rules are "
+                   "YAML or JSON\n")
+
+
 def test_broken_extra_rules_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     rules = tmp_path / "rules.yaml"
     rules.write_text("apiVersion: dra-gateway.io/v1alpha1\nkind: TranslationRules\nrulez: []\n")
