@@ -93,6 +93,12 @@ async def _serve(args: argparse.Namespace) -> int:
         await cluster.close()
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        # The state directory (checkpoint) cannot be read: name the path and the flag.
+        await cluster.close()
+        print(f"error: cannot use {exc.filename or args.state_dir}: {exc.strerror or exc}; "
+              "check --state-dir and --plugins-dir", file=sys.stderr)
+        return 1
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     if task is not None:

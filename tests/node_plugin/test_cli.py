@@ -68,3 +68,17 @@ def test_device_classes_are_printed(capsys: pytest.CaptureFixture[str]) -> None:
                                                         "mig.dra-gateway.io"]
     for cls in classes:
         kubernetes_validate.validate(cls, "1.34", strict=True)
+
+
+def test_serve_with_an_unusable_state_directory_is_one_line(
+        h100x8: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "plugins"
+    blocker.write_text("a file where a directory should be\n")
+    code = main(["node-plugin", "serve", "--inventory", str(h100x8), "--node-name", "n",
+                 "--cluster", "memory", "--plugins-dir", str(blocker),
+                 "--registry-dir", str(tmp_path / "registry"),
+                 "--cdi-dir", str(tmp_path / "cdi")])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: cannot use {blocker}/gpu.dra-gateway.io/checkpoint.json: Not a "
+                   "directory; check --state-dir and --plugins-dir\n")
