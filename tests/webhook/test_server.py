@@ -158,8 +158,16 @@ def test_webhook_config_prints_both_configurations(
 
 @pytest.mark.parametrize(("argv", "error"), [
     (["webhook-config", "--service", "dra-gateway", "--ca-file", "x"],
-     "argument --service: 'dra-gateway' is not NAMESPACE/NAME of the webhook's Service, e.g. "
-     "dra-gateway/dra-gateway-webhook"),
+     "argument --service: 'dra-gateway' is not NAMESPACE/NAME of the webhook's Service (two DNS "
+     "labels), e.g. dra-gateway/dra-gateway-webhook"),
+    (["webhook-config", "--service", "Bad NS/web", "--ca-file", "x"],
+     "argument --service: 'Bad NS/web' is not NAMESPACE/NAME of the webhook's Service (two DNS "
+     "labels), e.g. dra-gateway/dra-gateway-webhook"),
+    (["webhook-config", "--service", "ns/web", "--ca-file", "x", "--port", "99999"],
+     "argument --port: '99999' is not a port number from 1 to 65535"),
+    (["webhook-config", "--service", "ns/web", "--ca-file", "x", "--namespace", "BAD NS"],
+     "argument --namespace: 'BAD NS' is not a namespace name (a DNS label: lowercase letters, "
+     "digits, '-')"),
     (["webhook", "--listen", "8443", "--tls-dir", "x"],
      "argument --listen: '8443' is not HOST:PORT, e.g. 0.0.0.0:8443 or [::]:8443"),
 ])
