@@ -355,6 +355,12 @@ def _covers(main: _ContainerPlan, init: _ContainerPlan) -> bool:
     return same and main_params == init_params and main.constraints == () == init.constraints
 
 
+
+def _is_trigger(rule: CompiledRule, resource: str) -> bool:
+    """Whether asking for `resource` makes the rule apply (a claimed hint alone does not)."""
+    return resource in rule.triggers or (
+        rule.trigger_pattern and rule.pattern is not None and resource.startswith(rule.pattern))
+
 def _refuse(container: str, resource: str, rule: str, message: str, *,
             name_rule: bool = True) -> _Refused:
     where = f" (rule {rule})" if rule and name_rule else ""
@@ -404,8 +410,7 @@ def _plan_container(key: str, container: Mapping[str, Any], legacy: set[str],
     triggered: list[tuple[CompiledRule, dict[str, Any]]] = []
     for rule in sorted(candidates.values(), key=lambda r: (-r.precedence, r.name)):
         mine = [n for n in ordered if rule.claims(n)]
-        if not any(n in rule.triggers or (rule.trigger_pattern and rule.pattern is not None
-                                          and n.startswith(rule.pattern)) for n in mine):
+        if not any(_is_trigger(rule, n) for n in mine):
             continue
         if not _conditions_hold(rule, annotations, node_selector):
             continue
@@ -432,8 +437,12 @@ def _plan_container(key: str, container: Mapping[str, Any], legacy: set[str],
                       f"{covered[0]} (rule {rule.name}) and {leftover[0]} (rule {other}) "
                       "cannot be combined in one container; ask for one protocol per "
                       "container", name_rule=False)
-    if not any(activation["r"].values()):
-        return None  # only zero amounts: nothing to allocate, the container stays as it is
+    amounts = activation["r"]
+    if not any(amounts.get(n, amounts.get(f"{rule.pattern}*")) for n in covered
+               if _is_trigger(rule, n)):
+        # Only zero amounts of what asks for cards (a hint such as a priority does not):
+        # nothing to allocate, the container stays as it is.
+        return None
     resource = ", ".join(covered)
     for index, (variable, expression) in enumerate(rule.variables):
         activation[variable] = _evaluate(rule, f"variables[{index}]", expression, activation,

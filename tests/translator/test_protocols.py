@@ -31,6 +31,11 @@ CASES: list[tuple[str, dict[str, Any], dict[str, str], str, int, dict[str, str] 
      True),
     ("nvidia four gpus", {"nvidia.com/gpu": "4"}, {}, GPU, 4, None, share(enforcement="none"),
      True),
+    ("hami priority beside whole gpus", {"nvidia.com/gpu": 2, "nvidia.com/priority": 1}, {},
+     GPU, 2, None, share(enforcement="none"), True),
+    ("hami priority beside a share", {"nvidia.com/gpumem": 8000, "nvidia.com/priority": 0}, {},
+     GPU, 1, {"memory": "8000Mi", "cores": "1"},
+     share(memory=8000 * MIB, enforcement="hami-core"), True),
     ("nvidia time-sliced replica", {"nvidia.com/gpu.shared": 1}, {}, GPU, 1,
      {"memory": "1Mi", "cores": "10"},
      share(cores=10, enforcement="none"), True),
@@ -56,9 +61,6 @@ CASES: list[tuple[str, dict[str, Any], dict[str, str], str, int, dict[str, str] 
      {"nvidia.com/vgpu-mode": "mps", "hami.io/gpu-scheduler-policy": "binpack"}, GPU, 1,
      {"memory": "1Gi", "cores": "1"}, share(memory=GIB, enforcement="mps", policy="binpack"),
      True),
-    ("hami priority alone keeps the card whole",
-     {"nvidia.com/gpu": 1, "nvidia.com/priority": 1}, {}, GPU, 1, None,
-     share(enforcement="hami-core"), True),
     ("koordinator half a card", {"koordinator.sh/gpu-core": 50,
                                  "koordinator.sh/gpu-memory-ratio": 50}, {}, GPU, 1,
      {"cores": "50"}, share(memoryPercent=50, cores=50, enforcement="hami-core"), True),
@@ -225,3 +227,15 @@ def test_invalid_policy_annotation_is_a_warning_not_a_refusal(builtin_rules: Rul
     assert plan.warnings == ['container "main": policy "fastest" is not one of default, '
                              "binpack, spread, first-fit; the cluster default applies"]
     assert parameters_of(plan, "main") == share(enforcement="none")
+
+
+@pytest.mark.parametrize("limits", [
+    {"nvidia.com/priority": 1},
+    {"nvidia.com/gpu": 0, "nvidia.com/priority": 1},
+], ids=["priority alone", "zero gpus with a priority"])
+def test_a_priority_hint_alone_asks_for_no_card(builtin_rules: RuleSet,
+                                                 limits: dict[str, Any]) -> None:
+    plan = translate(pod(ctr("main", limits=limits)), builtin_rules)
+    assert plan.refusal is None
+    assert plan.patch == []
+    assert plan.templates == []
