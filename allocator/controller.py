@@ -1036,7 +1036,7 @@ async def run_allocator(cluster: Cluster, *, namespace: str, identity: str,
 
 def main(args: argparse.Namespace) -> int:
     """`dra-gateway allocator`: run until SIGTERM or SIGINT; 0 on a clean stop."""
-    from dra_gateway.allocator import logs
+    from dra_gateway.kube import logs
 
     logs.configure()
     try:

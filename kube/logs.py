@@ -38,12 +38,13 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(level: int = logging.INFO) -> None:
-    """Route the `dra_gateway` loggers to stderr as JSON lines (idempotent)."""
+    """Route the `dra_gateway` loggers to stderr as JSON lines at `level` (idempotent: a second
+    call only sets the level)."""
     logger = logging.getLogger("dra_gateway")
+    logger.setLevel(level)
     if any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     logger.addHandler(handler)
-    logger.setLevel(level)
     logger.propagate = False

@@ -60,8 +60,9 @@ def device_classes(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from dra_gateway.kube import logs
+
+    logs.configure(getattr(logging, args.log_level))
     try:
         return asyncio.run(_serve(args))
     except KeyboardInterrupt:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import kubernetes_validate
@@ -8,6 +9,7 @@ import pytest
 import yaml
 
 from dra_gateway.cli import main
+from dra_gateway.kube.logs import JsonFormatter
 
 
 def test_discover_prints_the_slices_as_yaml(h100x8: Path,
@@ -82,3 +84,25 @@ def test_serve_with_an_unusable_state_directory_is_one_line(
     err = capsys.readouterr().err
     assert err == (f"error: cannot use {blocker}/gpu.dra-gateway.io/checkpoint.json: Not a "
                    "directory; check --state-dir and --plugins-dir\n")
+
+
+def test_serve_logs_json_lines_as_the_other_components_do(
+        h100x8: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    logger = logging.getLogger("dra_gateway")
+    before = (list(logger.handlers), logger.level, logger.propagate)
+    blocker = tmp_path / "plugins"
+    blocker.write_text("not a directory\n")
+    try:
+        main(["node-plugin", "serve", "--inventory", str(h100x8), "--node-name", "n",
+              "--cluster", "memory", "--plugins-dir", str(blocker), "--log-level", "DEBUG"])
+        (handler,) = [h for h in logger.handlers if isinstance(h.formatter, JsonFormatter)]
+        assert logger.level == logging.DEBUG
+        record = logging.LogRecord("dra_gateway.node_plugin", logging.INFO, __file__, 1,
+                                   "published %d slices", (1,), None)
+        assert handler.formatter is not None
+        entry = json.loads(handler.formatter.format(record))
+        assert (entry["level"], entry["msg"]) == ("info", "published 1 slices")
+    finally:
+        logger.handlers[:] = before[0]
+        logger.setLevel(before[1])
+        logger.propagate = before[2]
