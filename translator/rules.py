@@ -333,6 +333,12 @@ class CompiledRule:
             return True
         return self.pattern is not None and resource.startswith(self.pattern)
 
+    def triggered_by(self, resource: str) -> bool:
+        """Whether asking for `resource` makes this rule apply (a hint it reads does not)."""
+        return resource in self.triggers or (
+            self.trigger_pattern and self.pattern is not None
+            and resource.startswith(self.pattern))
+
 
 @dataclass(slots=True)
 class RuleSet:
@@ -406,6 +412,12 @@ class RuleSet:
         if resource in self.by_resource:
             return True
         return any(resource.startswith(prefix) for prefix, _ in self.by_prefix)
+
+    def asks_for_devices(self, resource: str) -> bool:
+        """Whether `resource` asks for devices: some enabled rule applies when a container asks
+        for it. A resource rules only read alongside others (HAMi's nvidia.com/priority, or
+        nvidia.com/gpu when only the HAMi rule is enabled) does not."""
+        return any(rule.triggered_by(resource) for rule in self.rules_for(resource))
 
     def rules_for(self, resource: str) -> tuple[CompiledRule, ...]:
         found = self.by_resource.get(resource, ())

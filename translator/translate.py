@@ -358,8 +358,7 @@ def _covers(main: _ContainerPlan, init: _ContainerPlan) -> bool:
 
 def _is_trigger(rule: CompiledRule, resource: str) -> bool:
     """Whether asking for `resource` makes the rule apply (a claimed hint alone does not)."""
-    return resource in rule.triggers or (
-        rule.trigger_pattern and rule.pattern is not None and resource.startswith(rule.pattern))
+    return rule.triggered_by(resource)
 
 def _refuse(container: str, resource: str, rule: str, message: str, *,
             name_rule: bool = True) -> _Refused:
@@ -439,9 +438,10 @@ def _plan_container(key: str, container: Mapping[str, Any], legacy: set[str],
                       "container", name_rule=False)
     amounts = activation["r"]
     if not any(amounts.get(n, amounts.get(f"{rule.pattern}*")) for n in covered
-               if _is_trigger(rule, n)):
-        # Only zero amounts of what asks for cards (a hint such as a priority does not):
-        # nothing to allocate, the container stays as it is.
+               if rules.asks_for_devices(n)):
+        # Only zero amounts of what asks for cards (a hint such as a priority does not; a
+        # resource that triggers another rule does, such as nvidia.com/gpu: 1 beside a zero
+        # nvidia.com/gpucores): nothing to allocate, the container stays as it is.
         return None
     resource = ", ".join(covered)
     for index, (variable, expression) in enumerate(rule.variables):

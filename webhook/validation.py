@@ -157,7 +157,9 @@ class LegacyRequestsTranslated:
         if not review.enforce:
             return ()
         out: list[Violation] = []
-        is_legacy = review.rules.is_legacy
+        # Only what asks for devices: a hint the translator leaves alone on its own (HAMi's
+        # nvidia.com/priority without a GPU request) reaches the scheduler harmlessly.
+        asks = review.rules.asks_for_devices
         for key in ("initContainers", "containers"):
             containers = review.spec.get(key)
             for index, container in enumerate(containers if isinstance(containers, list) else ()):
@@ -170,7 +172,7 @@ class LegacyRequestsTranslated:
                     if not isinstance(amounts, dict):
                         continue
                     for resource, amount in amounts.items():
-                        if resource in reported or not is_legacy(resource) or _is_zero(amount):
+                        if resource in reported or not asks(resource) or _is_zero(amount):
                             continue
                         # One violation per resource, at limits when it is in both.
                         reported.add(resource)

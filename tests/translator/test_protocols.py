@@ -239,3 +239,19 @@ def test_a_priority_hint_alone_asks_for_no_card(builtin_rules: RuleSet,
     assert plan.refusal is None
     assert plan.patch == []
     assert plan.templates == []
+
+
+@pytest.mark.parametrize("zero", ["nvidia.com/gpucores", "nvidia.com/gpumem",
+                                  "nvidia.com/gpumem-percentage"])
+def test_a_zero_hami_share_beside_whole_gpus_is_still_translated(
+        builtin_rules: RuleSet, zero: str) -> None:
+    # Charts default the HAMi amounts to 0: the cards asked for must not be left behind for a
+    # device plugin that the DRA cluster does not run (nor be refused by /validate).
+    original = pod(ctr("main", limits={"nvidia.com/gpu": 2, zero: 0}))
+    plan = translate(original, builtin_rules)
+    assert plan.refusal is None
+    after = checked(plan, original)
+    assert "limits" not in after["spec"]["containers"][0]["resources"]
+    assert only_request(plan)["exactly"] == {
+        "deviceClassName": GPU, "allocationMode": "ExactCount", "count": 2}
+    assert parameters_of(plan, "main") == share(enforcement="hami-core")

@@ -183,3 +183,23 @@ async def test_further_policies_plug_into_validate(
     else:
         assert answer["status"] == {"code": 403, "reason": "TooManyContainers",
                                     "message": "pod inference/web: one container only"}
+
+
+async def test_validate_refuses_only_what_mutate_would_have_translated(
+    aiohttp_client: ClientFactory, cluster: MemoryCluster, tmp_path: Any
+) -> None:
+    # With nvidia-gpu disabled, plain nvidia.com/gpu stays with the device plugin: the HAMi
+    # rule only reads it beside its own amounts. Neither it nor a lone HAMi priority hint
+    # escaped a translation, so /validate lets them through while enforcing.
+    (tmp_path / "site.yaml").write_text(
+        "apiVersion: dra-gateway.io/v1alpha1\nkind: TranslationRules\n"
+        "overrides: [{rule: nvidia-gpu, enabled: false}]\n")
+    client = await aiohttp_client(create_app(
+        WebhookSettings(watch_config_maps=False, rules_paths=(tmp_path / "site.yaml",)),
+        cluster))
+    for limits in ({"nvidia.com/gpu": "1"}, {"nvidia.com/priority": "1"}):
+        pod = plain_pod()
+        pod["spec"]["containers"][0]["resources"] = {"limits": limits}
+        mutated = await (await client.post("/mutate", data=orjson.dumps(review(pod)))).json()
+        assert "patch" not in mutated["response"]
+        assert await _validate(client, pod) == {"uid": "v-1", "allowed": True}
