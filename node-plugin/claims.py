@@ -61,10 +61,17 @@ class ClaimPlan:
     cdi_spec: dict[str, Any] | None  # None when no device of this driver was allocated
 
     def response_devices(self, kind: str) -> list[dict[str, Any]]:
-        """The kubelet's `Device` entries, as plain data for the checkpoint and the gRPC reply."""
+        """The kubelet's `Device` entries, as plain data for the checkpoint and the gRPC reply.
+
+        `request_names` carry the request, never a firstAvailable subrequest (`gpu/large` is
+        `gpu`): the kubelet matches them against a container's `resources.claims[].request`,
+        which names a request, so a subrequest name would hide the device from the container
+        (the DRA library strips it the same way, `stripSubrequestNames`).
+        """
         out = []
         for d in self.devices:
-            entry: dict[str, Any] = {"request_names": [d.request], "pool_name": d.pool,
+            entry: dict[str, Any] = {"request_names": [d.request.split("/", 1)[0]],
+                                     "pool_name": d.pool,
                                      "device_name": d.device,
                                      "cdi_device_ids": [qualified_name(kind, d.cdi_name)]}
             if d.share_id:

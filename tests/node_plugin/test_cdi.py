@@ -146,6 +146,15 @@ def test_whole_cards_of_one_request_share_one_environment(table: dict[str, Any])
          "cdi_device_ids": [f"k8s.gpu.dra-gateway.io/claim={UID}-gpu-2"]}]
 
 
+def test_a_first_available_subrequest_is_reported_under_its_request(
+        table: dict[str, Any]) -> None:
+    # The kubelet hands a container the devices whose request_names hold the container's
+    # `resources.claims[].request`, a request name: "gpu/whole" would match no container.
+    obj = claim(devices=["gpu-1"], request="gpu/whole")
+    plan = _plan(obj, table)
+    assert [d["request_names"] for d in plan.response_devices(KIND)] == [["gpu"]]
+
+
 def test_hami_core_numbers_limits_per_card_when_several_are_visible() -> None:
     cards = [cdi.CardShare("GPU-a", memory=8 * GiB, cores=30),
              cdi.CardShare("GPU-b", memory=4 * GiB, cores=50)]
