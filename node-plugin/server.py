@@ -124,8 +124,10 @@ class PluginServer:
     def __init__(self, preparer: Preparer, *, driver: str = names.DRIVER,
                  plugins_dir: Path = DEFAULT_PLUGINS_DIR,
                  registry_dir: Path = DEFAULT_REGISTRY_DIR) -> None:
-        self.dra_socket = dra_socket_path(plugins_dir, driver)
-        self.registration_socket = registration_socket_path(registry_dir, driver)
+        # Absolute: the kubelet dials the endpoint it is given from its own working directory,
+        # and gRPC reads "unix://<relative path>" as a host name and fails to bind.
+        self.dra_socket = dra_socket_path(plugins_dir.absolute(), driver)
+        self.registration_socket = registration_socket_path(registry_dir.absolute(), driver)
         for path in (self.dra_socket, self.registration_socket):
             if len(str(path).encode()) > MAX_UNIX_PATH:
                 raise ValueError(f"socket path {path} is longer than {MAX_UNIX_PATH} bytes, the "

@@ -111,6 +111,32 @@ async def test_registration_names_the_driver_and_an_endpoint_that_exists(
     assert not socket.exists()
 
 
+async def test_relative_socket_directories_serve_an_absolute_endpoint(
+        root: Path, cluster: MemoryCluster, h100x8: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(root)
+    settings = PluginSettings(node_name=NODE, plugins_dir=Path("plugins"),
+                              registry_dir=Path("registry"), cdi_dir=Path("cdi"),
+                              state_dir=Path("state"))
+    plugin = NodePlugin(settings, cluster, discover=lambda: load_inventory(h100x8))
+    started = asyncio.Event()
+    task = asyncio.create_task(plugin.run(started=started))
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        socket = root / "registry" / f"{names.DRIVER}-reg.sock"
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
+            info = await stub.GetInfo(pluginregistration_pb2.InfoRequest())
+        assert Path(info.endpoint).is_absolute()
+        assert stat.S_ISSOCK(os.stat(info.endpoint).st_mode)
+        assert os.stat(info.endpoint).st_ino == os.stat(
+            root / "plugins" / names.DRIVER / "dra.sock").st_ino
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 @pytest.mark.parametrize(("pb2", "grpc_module"), [(dra_v1_pb2, dra_v1_pb2_grpc),
                                                   (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)])
 async def test_prepare_and_unprepare_are_idempotent(root: Path, cluster: MemoryCluster,
