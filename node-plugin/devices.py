@@ -81,14 +81,20 @@ def _label(name: str) -> str:
 
 def _string(value: str) -> dict[str, Any]:
     # The API refuses longer strings; a product name that long would still be recognisable.
-    return {"string": value[:MAX_STRING]}
+    # The limit counts UTF-8 bytes (Go's len), so cut there, never inside a character.
+    return {"string": value.encode()[:MAX_STRING].decode(errors="ignore")}
 
 
 def _version(value: str, *, device: str, attribute: str) -> dict[str, Any]:
     try:
-        return {"version": semver(value)}
+        version = semver(value)
     except ValueError as exc:
         raise ValueError(f"device {device}: attribute {attribute}: {exc}") from None
+    if len(version) > MAX_STRING:
+        # A version cannot be cut without changing it: refuse it here, not at the API server.
+        raise ValueError(f'device {device}: attribute {attribute}: version "{version}" is '
+                         f"longer than the API's {MAX_STRING} characters")
+    return {"version": version}
 
 
 def _common_attributes(gpu: GpuFacts, device: str) -> dict[str, dict[str, Any]]:

@@ -151,6 +151,25 @@ def test_long_strings_are_cut_to_the_api_limit() -> None:
     assert device["attributes"]["productName"] == {"string": "x" * 64}
 
 
+def test_long_strings_are_cut_to_64_bytes_not_64_characters() -> None:
+    # The API server counts bytes (Go's len); a cut never splits a character.
+    gpu = GpuFacts(index=0, uuid="GPU-1", product_name="Grafikkarte für Übungen " * 4,
+                   brand="é" * 40, memory=1 << 30)
+    (device,) = devices_of(NodeFacts(gpus=(gpu,)), DeviceOptions())
+    for attribute in ("productName", "brand"):
+        value = device["attributes"][attribute]["string"]
+        assert len(value.encode()) <= 64
+        assert len(value.encode()) >= 63
+    assert device["attributes"]["brand"] == {"string": "é" * 32}
+
+
+def test_a_version_longer_than_the_api_allows_is_refused_naming_it() -> None:
+    gpu = GpuFacts(index=0, uuid="GPU-1", product_name="a", memory=1 << 30,
+                   driver_version="1" * 40 + "." + "2" * 30)
+    with pytest.raises(ValueError, match=r"device gpu-0: attribute driverVersion: .*longer"):
+        devices_of(NodeFacts(gpus=(gpu,)), DeviceOptions())
+
+
 def test_device_table_knows_cards_of_mig_instances(mixed: Path) -> None:
     table = device_table(load_inventory(mixed), DeviceOptions())
     assert table["gpu-0-mig-9-0-4"].card_uuid == "GPU-5a1e2b7c-0d3f-4e59-8a61-2c4b9e7f1a03"
