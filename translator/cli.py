@@ -79,7 +79,25 @@ def _read_stream(name: str, stdin: TextIO) -> list[Any]:
             pass  # YAML flow style also starts with a bracket; let the YAML parser decide.
         else:
             return data if isinstance(data, list) else [data]
-    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    return [doc for doc in yaml.load_all(text, Loader=_manifest_loader()) if doc is not None]
+
+
+def _manifest_loader() -> type[Any]:
+    """PyYAML's safe loader, reading unquoted dates as the strings Kubernetes sees.
+
+    The API server's YAML decoding keeps `2024-01-01` a string; PyYAML would make it a date,
+    which JSON output cannot hold and YAML output would not write back as it was read.
+    """
+    import yaml
+
+    class ManifestLoader(yaml.SafeLoader):
+        pass
+
+    ManifestLoader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers
+                if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    return ManifestLoader
 
 
 def _run_translate(args: argparse.Namespace) -> int:
@@ -115,7 +133,14 @@ def _run_translate(args: argparse.Namespace) -> int:
         print(f"refused: {refusal}", file=sys.stderr)
     out = [*result.documents, *result.templates]
     if args.output == "json":
-        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        try:
+            # An explicitly tagged YAML value (`!!timestamp`) is written as its text.
+            text = json.dumps(out, indent=2, default=str)
+        except (TypeError, ValueError) as exc:  # e.g. a YAML mapping key that is a list
+            print(f"error: {source} holds a value JSON cannot represent ({exc}); use -o yaml",
+                  file=sys.stderr)
+            return EXIT_UNREADABLE
+        sys.stdout.write(text + "\n")
     else:
         sys.stdout.write(yaml.safe_dump_all(out, sort_keys=False, explicit_start=True))
     return EXIT_REFUSED if result.refusals else EXIT_OK

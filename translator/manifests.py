@@ -45,24 +45,42 @@ def pod_specs(document: Any, path: str = "") -> Iterator[tuple[str, dict[str, An
     A pod-like object is a Pod or a pod template (`metadata` + `spec`); the walk does not look
     inside one, since pods do not nest.
     """
+    for found_path, pod, _ in _pod_specs(document, path, None):
+        yield found_path, pod
+
+
+def _pod_specs(document: Any, path: str, owner: dict[str, Any] | None
+               ) -> Iterator[tuple[str, dict[str, Any], dict[str, Any] | None]]:
+    """As `pod_specs`, with the innermost Kubernetes object (apiVersion and kind) holding each
+    pod-like object: the item of a `kind: List`, say, whose namespace a pod template takes."""
     if isinstance(document, dict):
+        if "apiVersion" in document and "kind" in document:
+            owner = document
         if _is_pod_like(document):
-            yield path, document
+            yield path, document, owner
             return
         for key, value in document.items():
             if isinstance(value, (dict, list)):
-                yield from pod_specs(value, f"{path}.{key}" if path else str(key))
+                yield from _pod_specs(value, f"{path}.{key}" if path else str(key), owner)
     elif isinstance(document, list):
         for index, value in enumerate(document):
             if isinstance(value, (dict, list)):
-                yield from pod_specs(value, f"{path}[{index}]")
+                yield from _pod_specs(value, f"{path}[{index}]", owner)
+
+
+def _namespace_of(obj: dict[str, Any] | None) -> str:
+    metadata = obj.get("metadata") if obj is not None else None
+    namespace = metadata.get("namespace") if isinstance(metadata, dict) else None
+    return namespace if isinstance(namespace, str) else ""
 
 
 def describe(document: Any, index: int) -> str:
     """How messages name a document: `Deployment team-a/train`, or its position."""
     if isinstance(document, dict):
         kind = document.get("kind") or "document"
-        metadata = document.get("metadata") or {}
+        metadata = document.get("metadata")
+        if not isinstance(metadata, dict):
+            metadata = {}  # a malformed document is still named, by its position
         name = metadata.get("name") or metadata.get("generateName") or f"#{index + 1}"
         namespace = metadata.get("namespace")
         return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
@@ -74,25 +92,25 @@ def rewrite_manifests(documents: Iterable[Any], rules: RuleSet) -> ManifestResul
     result = ManifestResult()
     seen: set[tuple[str, str]] = set()
     for index, document in enumerate(documents):
-        found = list(pod_specs(document))
+        found = list(_pod_specs(document, "", None))
         if not found:
             result.documents.append(document)
             continue
-        namespace = ""
-        if isinstance(document, dict):
-            namespace = (document.get("metadata") or {}).get("namespace") or ""
-        label = describe(document, index)
         rewritten = copy.deepcopy(document)
         targets = list(pod_specs(rewritten))
         refused = False
         templates: list[dict[str, Any]] = []
         changed = False
-        for (path, pod), (_, target) in zip(found, targets, strict=True):
+        for (path, pod, owner), (_, target) in zip(found, targets, strict=True):
+            # Named after the object that holds the pod (an item of a List is its own object).
+            label = describe(owner if owner is not None else document, index)
             where = f"{label} ({path})" if path else label
+            namespace = _namespace_of(owner)
             view = pod
-            if namespace and not (pod.get("metadata") or {}).get("namespace"):
-                # A pod template takes its namespace from the document that holds it.
-                view = {**pod, "metadata": {**(pod.get("metadata") or {}),
+            if namespace and not _namespace_of(pod):
+                # A pod template takes its namespace from the object that holds it.
+                metadata = pod.get("metadata")
+                view = {**pod, "metadata": {**(metadata if isinstance(metadata, dict) else {}),
                                             "namespace": namespace}}
             problem = pod_shape_problem(view)
             if problem is not None:
@@ -107,8 +125,9 @@ def rewrite_manifests(documents: Iterable[Any], rules: RuleSet) -> ManifestResul
                 refused = True
                 continue
             if plan.patch:
-                if view is not pod and "metadata" not in pod:
-                    # The patch assumed the namespaced view's metadata exists.
+                if view is not pod and not isinstance(pod.get("metadata"), dict):
+                    # The patch assumed the namespaced view's metadata exists (the template
+                    # may have none, or an empty `metadata:`).
                     target["metadata"] = {}
                 jsonpatch.apply_patch(target, plan.patch, in_place=True)
                 changed = True

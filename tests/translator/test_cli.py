@@ -214,3 +214,80 @@ def test_example_pods_translate_cleanly(capsys: pytest.CaptureFixture[str]) -> N
         for document in yaml.safe_load_all(out):
             if document["kind"] == "ResourceClaimTemplate":
                 kubernetes_validate.validate(document, "1.34", strict=True)
+
+
+def test_the_items_of_a_list_keep_their_own_namespaces(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # `kubectl get deployments -A -o yaml` writes one `kind: List` whose items carry the
+    # namespaces: each needs the template in its own namespace, and refusals name the item.
+    def listed(*limits: dict[str, Any]) -> Path:
+        items = [{"apiVersion": "apps/v1", "kind": "Deployment",
+                  "metadata": {"name": "train", "namespace": f"team-{i}"},
+                  "spec": {"template": gpu_template(amounts)}}
+                 for i, amounts in enumerate(limits)]
+        source = tmp_path / "list.yaml"
+        source.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
+        return source
+
+    code, out, err = run(capsys, "translate", "-f",
+                         str(listed({"nvidia.com/gpu": 1}, {"nvidia.com/gpu": 1})))
+    assert (code, err) == (0, "")
+    _, *templates = yaml.safe_load_all(out)
+    assert [t["metadata"]["namespace"] for t in templates] == ["team-0", "team-1"]
+    assert templates[0]["metadata"]["name"] == templates[1]["metadata"]["name"]
+
+    code, out, err = run(capsys, "translate", "-f",
+                         str(listed({"nvidia.com/gpu": 1}, {"nvidia.com/gpu": "0.5"})))
+    assert code == 1
+    assert err == ('refused: Deployment team-1/train (items[1].spec.template): container '
+                   '"main": nvidia.com/gpu is 0.5, not a whole number; ask for whole units '
+                   "(rule nvidia-gpu)\n")
+
+
+def test_a_pod_template_with_empty_metadata_is_translated(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    source = tmp_path / "in.yaml"
+    source.write_text("apiVersion: apps/v1\nkind: Deployment\n"
+                      "metadata: {name: d, namespace: a}\n"
+                      "spec:\n  template:\n    metadata:\n    spec:\n      containers:\n"
+                      "      - name: main\n        resources: {limits: {nvidia.com/gpu: 1}}\n")
+    code, out, err = run(capsys, "translate", "-f", str(source))
+    assert (code, err) == (0, "")
+    deployment, template = yaml.safe_load_all(out)
+    assert names.ANNOTATION_TRANSLATED in deployment["spec"]["template"]["metadata"][
+        "annotations"]
+    assert template["metadata"]["namespace"] == "a"
+
+
+def test_a_document_with_malformed_metadata_is_not_a_traceback(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    source = tmp_path / "in.yaml"
+    source.write_text("apiVersion: apps/v1\nkind: Deployment\nmetadata: oops\n"
+                      "spec:\n  template:\n    spec:\n      containers:\n"
+                      "      - name: main\n        resources: {limits: {nvidia.com/gpu: x}}\n")
+    code, _, err = run(capsys, "translate", "-f", str(source))
+    assert code == 1
+    assert err.startswith('refused: Deployment #1 (spec.template): container "main": '
+                          'nvidia.com/gpu: invalid quantity "x"')
+
+
+@pytest.mark.parametrize("output", ["json", "yaml"])
+def test_unquoted_dates_are_read_as_kubernetes_reads_them(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, output: str) -> None:
+    source = tmp_path / "in.yaml"
+    source.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n"
+                      "data: {since: 2024-01-01}\n")
+    code, out, err = run(capsys, "translate", "-f", str(source), "-o", output)
+    assert (code, err) == (0, "")
+    (document,) = json.loads(out) if output == "json" else yaml.safe_load_all(out)
+    assert document["data"] == {"since": "2024-01-01"}
+
+
+def test_json_output_writes_an_explicit_yaml_timestamp_as_text(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    source = tmp_path / "in.yaml"
+    source.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n"
+                      "data: {at: !!timestamp 2024-01-02}\n")
+    code, out, err = run(capsys, "translate", "-f", str(source), "-o", "json")
+    assert (code, err) == (0, "")
+    assert json.loads(out)[0]["data"] == {"at": "2024-01-02"}
