@@ -685,6 +685,12 @@ def _compile_rule(entry: _Entry, problems: _Problems) -> CompiledRule | None:
     elif not _NAME_RE.match(class_name) or len(class_name) > 253:
         fail("device.className", f"{json.dumps(class_name)} is not a DeviceClass name")
     gateway_class = class_name in names.GATEWAY_CLASSES
+    if not gateway_class and class_name != device.class_name and (
+            device.enforcement is not None or device.policy is not None):
+        # An override moved the rule to another driver's class (NVIDIA's, say): how the
+        # gateway would enforce and place a card is moot there, and not an error of the rule.
+        device = device.model_copy(update={"enforcement": None, "policy": None})
+        spec = spec.model_copy(update={"device": device})
     allocator = device.allocator or ("gateway" if gateway_class else "scheduler")
     if allocator == "gateway" and not gateway_class:
         fail("device.allocator", f"the gateway's allocator serves only "

@@ -274,3 +274,36 @@ def test_the_reference_example_in_the_translator_readme_loads() -> None:
     rules = load_rules({"readme.yaml": match.group(1)})
     assert "example-npu" in rules.rule_names
     assert "amd-gpu" in rules.disabled
+
+
+def test_an_override_moves_nvidia_rules_to_nvidias_classes() -> None:
+    # DESIGN: rules can retarget NVIDIA's classes where that driver serves the node. The
+    # built-in rules read HAMi's policy annotation, which means nothing to another driver.
+    rules = load_rules({"site.yaml": HEADER + (
+        "overrides:\n"
+        "  - {rule: nvidia-gpu, className: gpu.nvidia.com}\n"
+        "  - {rule: nvidia-mig, className: mig.nvidia.com}\n")})
+    original = pod(ctr("main", limits={"nvidia.com/gpu": 1}),
+                   ctr("mig", limits={"nvidia.com/mig-1g.10gb": 1}),
+                   annotations={"nvidia.com/use-gputype": "H100",
+                                "hami.io/gpu-scheduler-policy": "binpack"})
+    plan = translate(original, rules)
+    patched = checked(plan, original)
+    (template,) = plan.templates
+    devices = template["spec"]["spec"]["devices"]
+    assert "config" not in devices  # no GpuShareConfig for another driver
+    assert [(r["exactly"]["deviceClassName"], r["exactly"]["selectors"][0]["cel"]["expression"])
+            for r in devices["requests"]] == [
+        ("gpu.nvidia.com", '"productName" in device.attributes["gpu.nvidia.com"] && '
+         'device.attributes["gpu.nvidia.com"].productName.lowerAscii().contains("h100")'),
+        ("mig.nvidia.com", '"profile" in device.attributes["gpu.nvidia.com"] && '
+         'device.attributes["gpu.nvidia.com"].profile == "1g.10gb"')]
+    assert "schedulingGates" not in patched["spec"]  # the scheduler allocates these classes
+
+
+def test_an_override_cannot_move_a_share_to_a_class_of_whole_devices() -> None:
+    with pytest.raises(RulesError) as caught:
+        load_rules({"site.yaml": HEADER + "overrides: [{rule: hami, className: gpu.nvidia.com}]\n"})
+    assert caught.value.errors[0] == (
+        "builtin/nvidia.yaml: rules[1].device.memory: shares need a gateway class "
+        "(gpu.dra-gateway.io or mig.dra-gateway.io); gpu.nvidia.com takes whole devices")
