@@ -76,8 +76,12 @@ class RuleStore:
         return f"{names.RULES_LABEL}={names.RULES_LABEL_VALUE}"
 
     def _build(self, config_maps: Mapping[str, Mapping[str, str]]) -> RuleSet:
+        # Labelled, so that an error names its ConfigMap: rule ConfigMaps often share key names
+        # such as rules.yaml, and a conflict is reported at one ConfigMap about another.
+        ns = self._settings.namespace
         sources: list[Source] = [*self._settings.rules_paths,
-                                 *(config_maps[name] for name in sorted(config_maps))]
+                                 *((f"ConfigMap {ns}/{name}", config_maps[name])
+                                   for name in sorted(config_maps))]
         return load_rules(*sources, builtin=self._settings.builtin_rules)
 
     def load_files(self) -> RuleSet:

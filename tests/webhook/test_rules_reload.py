@@ -114,7 +114,7 @@ async def test_a_config_map_rule_update_takes_effect_and_a_broken_one_is_refused
     assert event["reason"] == "RulesRefused"
     assert event["message"].startswith(
         "rules in ConfigMap dra-gateway/site-rules refused, the previous rules stay in force: "
-        "1 rule failed to load: configmap key npu.yaml: ")
+        "1 rule failed to load: ConfigMap dra-gateway/site-rules key npu.yaml: ")
     assert "Gb" in event["message"]
     kubernetes_validate.validate(
         {k: v for k, v in event.items() if k != "metadata"} | {"metadata": {
@@ -244,3 +244,28 @@ def test_the_webhook_names_a_client_ca_it_cannot_load(
                  "--cluster", "memory", "--client-ca", str(tmp_path / "gone.crt")]) == 2
     assert capsys.readouterr().err.startswith(
         f"webhook: cannot load the client CA {tmp_path / 'gone.crt'}: No such file")
+
+
+async def test_a_refusal_names_the_config_maps_involved(
+    client: Client, cluster: MemoryCluster
+) -> None:
+    # Rule ConfigMaps usually share key names (rules.yaml): the errors say which one they mean.
+    state = client.app[STATE]
+    await eventually(lambda: state.config_maps_synced)
+    first = rules_config_map({"rules.yaml": NPU_RULES})
+    assert await state.store.config_map_changed(first) is True
+    second = rules_config_map({"rules.yaml": NPU_RULES.replace(
+        "name: example-npu\n    precedence: 10", "name: other-npu")})
+    second["metadata"]["name"] = "team-rules"
+    assert await state.store.config_map_changed(second) is False
+    (event,) = (await cluster.list(EVENTS, namespace="dra-gateway")).items
+    assert event["involvedObject"]["name"] == "team-rules"
+    assert event["message"] == (
+        "rules in ConfigMap dra-gateway/team-rules refused, the previous rules stay in force: "
+        "1 rule failed to load: ConfigMap dra-gateway/team-rules key rules.yaml: "
+        'rules[0].precedence: rule "other-npu" reads example.com/npu like rule "example-npu", '
+        "with no precedence between them; give it a different precedence, reuse the name to "
+        "replace a rule, or disable one")
+    assert state.store.rules is not None
+    assert [r.source for r in state.store.rules.rules if r.name == "example-npu"] == [
+        "ConfigMap dra-gateway/site-rules key rules.yaml"]
