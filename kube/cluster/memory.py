@@ -74,6 +74,7 @@ _SUFFIX_LENGTH = 5
 _MAX_RESERVED_FOR = 256  # ResourceClaimReservedForMaxSize
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_RV_ON_CREATE = "resourceVersion should not be set on objects to be created"
 # Set by the API server, never taken from a client's update.
 _SYSTEM_METADATA = ("uid", "creationTimestamp", "deletionTimestamp",
                     "deletionGracePeriodSeconds", "generation", "resourceVersion")
@@ -501,6 +502,11 @@ class MemoryCluster:
             namespace = None
             if rt.namespaced and not (obj.get("metadata") or {}).get("namespace"):
                 namespace = default_namespace
+            meta = obj.get("metadata")
+            if isinstance(meta, Mapping) and meta.get("resourceVersion"):
+                # A manifest saved from a cluster (`kubectl get -o yaml`) carries one.
+                obj = {**obj, "metadata": {k: v for k, v in meta.items()
+                                           if k != "resourceVersion"}}
             created.append(await self.create(rt, obj, namespace=namespace))
         return created
 
@@ -615,6 +621,13 @@ class MemoryCluster:
         errors = _validate_name(rt, name)
         if errors:
             raise invalid(rt, name, errors)
+        if meta.get("resourceVersion") and not dry_run:
+            # The API server's storage refuses it (before looking for the name), with a Status
+            # that is not a typed error: a client creating an object it read back must clear
+            # the version, or it works here and fails on a real cluster.
+            raise ApiError(_RV_ON_CREATE, code=500, reason="", status={
+                "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                "message": _RV_ON_CREATE, "code": 500})
         key = (ns, name)
         store = self._store.setdefault(rt, {})
         if key in store:

@@ -113,6 +113,21 @@ async def test_creating_an_existing_name_is_already_exists(cluster: Cluster) -> 
     assert caught.value.message == 'resourceclaims.resource.k8s.io "c1" already exists'
 
 
+async def test_creating_an_object_that_carries_a_resource_version_is_refused(
+        cluster: Cluster) -> None:
+    # The API server's storage refuses it: a client re-creating an object it read back must
+    # clear the version, so that mistake fails here as it would on a real cluster.
+    created = await cluster.create(RESOURCE_CLAIMS, claim("c1"), namespace=NS)
+    again = claim("c2")
+    again["metadata"]["resourceVersion"] = created["metadata"]["resourceVersion"]
+    with pytest.raises(ApiError) as caught:
+        await cluster.create(RESOURCE_CLAIMS, again, namespace=NS)
+    assert caught.value.code == 500
+    assert caught.value.message == "resourceVersion should not be set on objects to be created"
+    with pytest.raises(NotFound):
+        await cluster.get(RESOURCE_CLAIMS, "c2", namespace=NS)
+
+
 async def test_getting_a_missing_object_is_not_found_worded_as_kubernetes_does(
         cluster: Cluster) -> None:
     with pytest.raises(NotFound) as caught:

@@ -24,3 +24,15 @@ def test_a_binary_manifest_is_refused_naming_the_file(tmp_path: Path) -> None:
         read_manifests([seed])
     assert str(raised.value) == (
         f"manifest {seed} is not a text file (not UTF-8): give YAML or JSON manifests")
+
+
+async def test_a_seed_saved_from_a_cluster_loads_despite_its_resource_version() -> None:
+    from dra_gateway.kube.cluster.memory import MemoryCluster
+
+    cluster = MemoryCluster()
+    (created,) = await cluster.load([{
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "saved", "resourceVersion": "123456"}, "data": {"a": "b"}}])
+    assert created["metadata"]["namespace"] == "default"
+    assert created["metadata"]["resourceVersion"] != "123456"
+    await cluster.close()
