@@ -174,7 +174,7 @@ async def _reconcile_one(cluster: Cluster, rt: ResourceType, name: str, hook: st
             current = await cluster.get(rt, name)
         except NotFound:
             log.info("webhook configuration not installed, nothing to reconcile",
-                     extra={"kind": rt.kind, "name": name})
+                     extra={"kind": rt.kind, "object": name})
             return False
         changed = False
         for webhook in current.get("webhooks") or ():
@@ -195,11 +195,11 @@ async def _reconcile_one(cluster: Cluster, rt: ResourceType, name: str, hook: st
             continue  # someone else wrote it meanwhile: read again and redo
         except ApiError as exc:
             log.error("cannot update the webhook configuration",
-                      extra={"kind": rt.kind, "name": name, "reason": exc.reason,
+                      extra={"kind": rt.kind, "object": name, "reason": exc.reason,
                              "error": exc.message})
             raise
         log.info("webhook configuration follows the rules",
-                 extra={"kind": rt.kind, "name": name})
+                 extra={"kind": rt.kind, "object": name})
         return True
     raise Conflict(f"{rt.kind} {name} kept changing under {_CONFLICT_RETRIES} updates; "
                    f"it will be reconciled at the next rule change")

@@ -188,7 +188,7 @@ class Templates:
             return None
         except ApiError as exc:
             log.warning("cannot read a pod's claim or template; its classes are unknown",
-                        extra={"namespace": namespace, "kind": rt.kind, "name": name,
+                        extra={"namespace": namespace, "kind": rt.kind, "object": name,
                                "reason": exc.reason, "error": exc.message})
             return None
         spec = obj.get("spec")
