@@ -128,8 +128,9 @@ def configurations(rules: RuleSet, *, service_namespace: str, service_name: str,
             "clientConfig": _client_config(service_namespace, service_name, "/mutate", port,
                                            ca_bundle),
             **common,
-            # Another webhook may add a GPU request after ours: run again; a translated pod
-            # translates to nothing, so the second pass is a no-op.
+            # Another webhook may change the pod after ours: run again. A translated pod only
+            # gets its scheduling gate back if that webhook dropped it; a GPU request added
+            # after the translation is left to /validate, which refuses it with that reason.
             "reinvocationPolicy": "IfNeeded",
         }],
     }

@@ -157,6 +157,15 @@ class LegacyRequestsTranslated:
         if not review.enforce:
             return ()
         out: list[Violation] = []
+        annotations = review.metadata.get("annotations")
+        if isinstance(annotations, dict) and names.ANNOTATION_TRANSLATED in annotations:
+            # The gateway translated this pod, then a later mutating webhook added the request.
+            fix = ("it was added after dra-gateway translated the pod (by another mutating "
+                   "webhook); have that webhook run before dra-gateway's, or request the GPU "
+                   "with a ResourceClaim")
+        else:
+            fix = (f"enable the dra-gateway mutating webhook for namespace {review.namespace} "
+                   "or request the GPU with a ResourceClaim")
         # Only what asks for devices: a hint the translator leaves alone on its own (HAMi's
         # nvidia.com/priority without a GPU request) reaches the scheduler harmlessly.
         asks = review.rules.asks_for_devices
@@ -180,8 +189,7 @@ class LegacyRequestsTranslated:
                             f"{review.display_name}: container {container.get('name')!r} asks "
                             f"for {resource} (spec.{key}[{index}].resources.{part}"
                             f"[{json.dumps(resource)}]) but was not translated to a DRA claim; "
-                            f"enable the dra-gateway mutating webhook for namespace "
-                            f"{review.namespace} or request the GPU with a ResourceClaim")))
+                            f"{fix}")))
         return out
 
 

@@ -87,6 +87,26 @@ async def test_an_untranslated_legacy_request_is_refused_while_enforcing(client:
         "the GPU with a ResourceClaim")}
 
 
+async def test_a_request_added_after_translation_is_refused_with_its_cause(
+        client: Client) -> None:
+    # A later mutating webhook adds a GPU container; the reinvoked /mutate changes nothing.
+    pod = hami_pod()
+    mutated = await client.post("/mutate", data=orjson.dumps(review(pod)))
+    translated = jsonpatch.apply_patch(pod, decoded_patch(await mutated.json()))
+    translated["spec"]["containers"].append(
+        {"name": "injected", "image": "busybox",
+         "resources": {"limits": {"nvidia.com/gpu": "1"}}})
+    again = await (await client.post("/mutate", data=orjson.dumps(review(translated)))).json()
+    assert "patch" not in again["response"]
+    answer = await _validate(client, translated)
+    assert answer["status"] == {"code": 403, "reason": "UntranslatedGpuRequest", "message": (
+        "pod inference/llm-serve: container 'injected' asks for nvidia.com/gpu "
+        "(spec.containers[1].resources.limits[\"nvidia.com/gpu\"]) but was not translated to a "
+        "DRA claim; it was added after dra-gateway translated the pod (by another mutating "
+        "webhook); have that webhook run before dra-gateway's, or request the GPU with a "
+        "ResourceClaim")}
+
+
 async def test_a_zero_legacy_request_passes_mutate_and_validate_unchanged(
         client: Client) -> None:
     # Charts often default to `nvidia.com/gpu: 0`: nothing to translate and nothing to refuse.
