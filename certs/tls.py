@@ -3,15 +3,19 @@
 The API server keeps connections to a webhook open for a long time; a restart to pick up a
 renewed certificate would drop them and fail admissions. `CertificateReloader` polls the
 certificate and key files (mtime, inode, size: a Secret volume swaps a symlink, which changes the
-inode) and loads the new pair into the *same* SSLContext. OpenSSL copies the context's
-certificate into each connection at handshake, so new handshakes get the new certificate and
-open connections keep theirs. inotify was rejected: it misses the symlink swap of Secret
-volumes on some kernels and adds a dependency for a check that costs microseconds a second.
+inode) and loads the new pair into a *fresh* SSLContext; the context the server listens with has
+an SNI callback that hands each new handshake the latest one (OpenSSL calls it for every
+ClientHello, with or without a server name). Open connections keep the certificate they got.
+inotify was rejected: it misses the symlink swap of Secret volumes on some kernels and adds a
+dependency for a check that costs microseconds a second.
 
-A new pair is checked in a scratch context first: loading a certificate whose key does not match
-into the live context would leave it with a certificate and no key, failing every handshake. The
-check and the live load read the same snapshot of the files, so a half-finished rotation on disk
-is simply retried at the next poll.
+The pair is never loaded into the listening context itself: OpenSSL keeps one certificate per
+key type in a context, so loading an RSA pair over an ECDSA one (or back) would add it beside
+the old one, and handshakes would go on getting the old certificate until it expired.
+
+A new pair that does not load (a key that does not match, a half-finished rotation on disk)
+leaves the previous context serving; the state is not recorded, so it is retried at the next
+poll. The certificate and key are read once, as one snapshot, for the check and the load.
 
 This module must not talk to the cluster or know about webhooks.
 """
@@ -97,16 +101,28 @@ class CertificateReloader:
     """
 
     def __init__(self, context: ssl.SSLContext, cert_file: Path, key_file: Path, *,
-                 interval: float = 2.0) -> None:
-        self.context = context
+                 client_ca: Path | None = None, interval: float = 2.0) -> None:
+        self.context = context  # the one the server listens with; it never changes
         self.cert_file = cert_file
         self.key_file = key_file
+        self.client_ca = client_ca
         self.interval = interval
         self.loaded = False
         self.fingerprint: str | None = None
         self.reloads = 0
         self.failures = 0
         self._seen: tuple[_FileState | None, _FileState | None] | None = None
+        self._current = context
+        context.sni_callback = self._select
+
+    def _select(self, ssl_object: ssl.SSLObject, server_name: str | None,
+                context: ssl.SSLContext) -> None:
+        # During the ClientHello: the handshake goes on with the latest pair. The protocol
+        # bounds and the verify mode stay those of the listening context; the client CA store
+        # is the new context's, which loaded the same client CA.
+        current = self._current
+        if current is not context:
+            ssl_object.context = current
 
     @classmethod
     def from_dir(cls, tls_dir: Path, *, client_ca: Path | None = None,
@@ -114,7 +130,7 @@ class CertificateReloader:
         """A context loaded from `tls.crt` / `tls.key` in `tls_dir`, with its reloader."""
         cert, key = tls_dir / CERT_FILE, tls_dir / KEY_FILE
         ctx = server_context(cert, key, client_ca=client_ca)
-        reloader = cls(ctx, cert, key, interval=interval)
+        reloader = cls(ctx, cert, key, client_ca=client_ca, interval=interval)
         reloader.loaded = True
         reloader._seen = (_state(cert), _state(key))
         reloader.fingerprint = _fingerprint(cert.read_bytes())
@@ -144,17 +160,16 @@ class CertificateReloader:
         return True
 
     def _load_snapshot(self, cert_pem: bytes, key_pem: bytes) -> None:
-        # load_cert_chain only reads paths: the snapshot goes to private temporary files so the
-        # scratch check and the live load see the same bytes.
+        # load_cert_chain only reads paths: the snapshot goes to private temporary files so that
+        # what is loaded is exactly what was read.
         with tempfile.TemporaryDirectory(prefix="dra-gateway-tls-") as tmp:
             cert_path, key_path = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
             for path, data in ((cert_path, cert_pem), (key_path, key_pem)):
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
-            scratch = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            scratch.load_cert_chain(cert_path, key_path)
-            self.context.load_cert_chain(cert_path, key_path)
+            fresh = server_context(cert_path, key_path, client_ca=self.client_ca)
+        self._current = fresh
 
     async def run(self) -> None:
         while True:

@@ -5,13 +5,14 @@ import datetime as dt
 import ssl
 import warnings
 from collections.abc import AsyncIterator
+from ipaddress import ip_address
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from dra_gateway.certs.generate import make_bundle, make_ca, write_bundle
@@ -231,3 +232,111 @@ def test_a_missing_client_ca_names_the_file(tmp_path: Path) -> None:
     assert str(raised.value) == (
         f"cannot load the client CA {tmp_path / 'gone.crt'}: No such file or directory; pass a "
         "PEM file with the CA of the API server's client certificate")
+
+
+def _write_rsa_pair(out: Path) -> bytes:
+    """Write an RSA serving pair for localhost (as Helm's genSignedCert or a corporate CA
+    issues) over tls.crt / tls.key, its CA into ca.crt; the certificate's DER."""
+    ca_key, ca_cert = make_ca("rsa-ca")
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                    x509.IPAddress(ip_address("127.0.0.1"))]),
+                       critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    (out / "ca.crt").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    (out / "tls.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                    serialization.PrivateFormat.PKCS8,
+                                                    serialization.NoEncryption()))
+    (out / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert.public_bytes(serialization.Encoding.DER)
+
+
+async def _peer_without_sni(port: int, ca_file: Path) -> bytes:
+    ctx = _client_context(ca_file)
+    ctx.check_hostname = False  # an IP address and no server name: no SNI extension is sent
+    _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
+    peer: bytes = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    writer.close()
+    await writer.wait_closed()
+    return peer
+
+
+@pytest.mark.parametrize("first", ["ecdsa", "rsa"])
+async def test_a_certificate_of_another_key_type_replaces_the_old_one(
+    tmp_path: Path, first: str
+) -> None:
+    # OpenSSL keeps one certificate per key type in a context: loading an RSA pair into the
+    # context that served an ECDSA one (or back) used to leave the old certificate served.
+    if first == "ecdsa":
+        write_bundle(make_bundle(dns_names=["localhost"], ip_addresses=["127.0.0.1"]), tmp_path)
+    else:
+        _write_rsa_pair(tmp_path)
+    reloader = CertificateReloader.from_dir(tmp_path)
+    app = web.Application()
+    app.router.add_get("/", _hello)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=reloader.context)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        if first == "ecdsa":
+            new_cert = _write_rsa_pair(tmp_path)
+        else:
+            paths = write_bundle(make_bundle(dns_names=["localhost"],
+                                             ip_addresses=["127.0.0.1"]), tmp_path)
+            new_cert = x509.load_pem_x509_certificate(paths.cert.read_bytes()).public_bytes(
+                serialization.Encoding.DER)
+        assert reloader.check() is True
+        reader, writer, peer = await _connect(port, _client_context(tmp_path / "ca.crt"))
+        assert peer == new_cert
+        assert await _get(reader, writer) == b"HTTP/1.1 200 OK hello"
+        writer.close()
+        await writer.wait_closed()
+        assert await _peer_without_sni(port, tmp_path / "ca.crt") == new_cert
+    finally:
+        await runner.cleanup()
+
+
+async def test_client_certificates_are_still_required_after_a_reload(tmp_path: Path) -> None:
+    server_dir, client_dir = tmp_path / "server", tmp_path / "client"
+    write_bundle(make_bundle(dns_names=["localhost"]), server_dir)
+    client_dir.mkdir()
+    client_ca = client_dir / "client-ca.crt"
+    client_cert, client_key = _client_pair(client_ca, client_dir)
+    reloader = CertificateReloader.from_dir(server_dir, client_ca=client_ca)
+    app = web.Application()
+    app.router.add_get("/", _hello)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=reloader.context)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        renewed = write_bundle(make_bundle(dns_names=["localhost"]), server_dir)
+        assert reloader.check() is True
+        with pytest.raises((ssl.SSLError, ConnectionResetError, asyncio.IncompleteReadError)):
+            await _connect_and_get(port, _client_context(renewed.ca_cert))
+        with_cert = _client_context(renewed.ca_cert)
+        with_cert.load_cert_chain(client_cert, client_key)
+        assert await _connect_and_get(port, with_cert) == b"HTTP/1.1 200 OK hello"
+        # A certificate from another CA is refused by the renewed context too.
+        other_ca = client_dir / "other-ca.crt"
+        other_cert, other_key = _client_pair(other_ca, client_dir)
+        with_other = _client_context(renewed.ca_cert)
+        with_other.load_cert_chain(other_cert, other_key)
+        with pytest.raises((ssl.SSLError, ConnectionResetError, asyncio.IncompleteReadError)):
+            await _connect_and_get(port, with_other)
+    finally:
+        await runner.cleanup()
