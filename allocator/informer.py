@@ -62,6 +62,8 @@ class Informer:
         self.synced = asyncio.Event()
         self.relists = 0  # how many times the store was rebuilt from a list (first one included)
         self._resource_version = ""
+        # Objects whose own write was applied ahead of the watch: key -> that write's rv.
+        self._ahead: dict[Key, str] = {}
 
     def get(self, namespace: str | None, name: str) -> Object | None:
         return self.store.get((namespace or "", name))
@@ -120,6 +122,7 @@ class Informer:
                                          label_selector=self.label_selector,
                                          field_selector=self.field_selector)
         fresh: dict[Key, Object] = {object_key(obj): obj for obj in listed.items}
+        self._ahead.clear()  # the list is at least as new as any write of ours
         # Deliver the difference in one synchronous pass: handlers see a consistent store.
         old_store = self.store
         self.store = {}
@@ -167,10 +170,18 @@ class Informer:
         The caller checks that the store still holds the version the write was based on, so
         `obj` is exactly the next state the watch will report. The watch position is left
         alone: resuming from this object's resourceVersion could skip other objects' events.
+        Until the watch reaches this version, its older events for the object are stale and
+        do not roll the store back (two writes in a row would otherwise reappear one by one).
         """
+        key = object_key(obj)
+        previous = self.store.get(key)
+        if previous is not None and _rv(previous) == _rv(obj):
+            return  # a write that changed nothing: no event will follow
         position = self._resource_version
+        self._ahead.pop(key, None)  # this write is newer than any earlier one of ours
         self._apply("MODIFIED", obj)
         self._resource_version = position
+        self._ahead[key] = _rv(obj)
 
     def _apply(self, type_: str, obj: Object) -> None:
         rv = _rv(obj)
@@ -180,6 +191,15 @@ class Informer:
             return
         key = object_key(obj)
         previous = self.store.get(key)
+        ahead = self._ahead.get(key)
+        if ahead is not None:
+            if (type_ != "DELETED" and previous is not None and _uid(previous) == _uid(obj)
+                    and rv != ahead):
+                # Older than the write we already applied: the watch is catching up.
+                if rv:
+                    self._resource_version = rv
+                return
+            del self._ahead[key]
         if type_ == "DELETED":
             self.store.pop(key, None)
             self.handler("deleted", obj, previous)

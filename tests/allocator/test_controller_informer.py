@@ -123,3 +123,26 @@ async def test_selectors_are_passed_to_list_and_watch(selector: str) -> None:
     seen = Recorder()
     async with running(Informer(cluster, PODS, seen, field_selector=selector)) as informer:
         assert [key[1] for key in informer.store] == ["on-n1"]
+
+
+async def test_the_watch_catching_up_with_two_writes_of_ours_never_rolls_the_store_back() -> None:
+    cluster = MemoryCluster()
+    await cluster.create(NODES, node("a", v="1"))
+    seen = Recorder()
+    async with running(Informer(cluster, NODES, seen)) as informer:
+        first = await cluster.patch(NODES, "a", {"metadata": {"labels": {"v": "2"}}})
+        second = await cluster.patch(NODES, "a", {"metadata": {"labels": {"v": "3"}}})
+        informer.observe_write(first)
+        informer.observe_write(second)
+        labels: list[str] = []
+        for _ in range(20):  # every step of the watch catching up
+            labels.append(informer.get(None, "a")["metadata"]["labels"]["v"])
+            await asyncio.sleep(0)
+        assert set(labels) == {"3"}
+        assert [e[2] for e in seen.events[1:]] == ["2", "3", "3"]
+        # Once caught up, later changes flow again; so they do after a write that changed
+        # nothing (no event follows it).
+        informer.observe_write(await cluster.get(NODES, "a"))
+        await cluster.patch(NODES, "a", {"metadata": {"labels": {"v": "4"}}})
+        await seen.wait_for(5)
+        assert informer.get(None, "a")["metadata"]["labels"]["v"] == "4"
