@@ -911,8 +911,24 @@ async def test_upgrade_renews_a_certificate_that_is_due_or_foreign(
     assert secret["data"]["ca.crt"] != CA_BUNDLE
     assert secret["metadata"]["annotations"]["dra-gateway.io/issued-for"] == HOST
     leaf = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
-    leaf.verify_directly_issued_by(
-        x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"])))
+    new_ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    leaf.verify_directly_issued_by(new_ca)
+    # The configurations trust the new CA and, until the webhook pods serve the new certificate,
+    # the old one (a bundle of the new CA only failed the admissions old pods still answered).
+    bundles = {hook["clientConfig"]["caBundle"] for _, hook in _webhooks(objects)}
+    assert len(bundles) == 1
+    trusted = x509.load_pem_x509_certificates(base64.b64decode(bundles.pop()))
+    old_ca = x509.load_pem_x509_certificate(base64.b64decode(CA_BUNDLE))
+    assert trusted == [new_ca, old_ca]
+
+
+async def test_upgrade_renewing_a_secret_without_a_ca_trusts_the_new_ca_only(
+        helm: HelmRunner) -> None:
+    not_after = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=10)
+    existing = _tls_secret(issued_for=HOST, not_after=not_after)
+    existing["data"]["ca.crt"] = base64.b64encode(b"not a certificate").decode()
+    objects = await _render_against(helm, [existing])
+    secret = one(objects, "Secret")
     bundles = {hook["clientConfig"]["caBundle"] for _, hook in _webhooks(objects)}
     assert bundles == {secret["data"]["ca.crt"]}
 

@@ -121,11 +121,12 @@ dra-gateway
 {{- end }}
 
 {{/*
-The certificate of mode helm, as YAML (caCert, tlsCert, tlsKey: base64 PEM; notAfter: RFC 3339).
-Computed once per render and kept on the root context: the Secret and both webhook
-configurations must agree, and each genCA call would draw a new CA. An existing Secret is
-reused as long as it was issued for this Service and is not within renewBeforeDays of expiry,
-so that upgrades do not rotate the certificate (and restart nothing) without need.
+The certificate of mode helm, as YAML (caCert, tlsCert, tlsKey: base64 PEM; notAfter: RFC 3339;
+previousCaCert: base64 PEM of the CA being replaced, when one is). Computed once per render and
+kept on the root context: the Secret and both webhook configurations must agree, and each genCA
+call would draw a new CA. An existing Secret is reused as long as it was issued for this Service
+and is not within renewBeforeDays of expiry, so that upgrades do not rotate the certificate (and
+restart nothing) without need.
 */}}
 {{- define "dra-gateway.helmCertificate" -}}
 {{- if not (hasKey . "draGatewayHelmCertificate") }}
@@ -153,6 +154,10 @@ so that upgrades do not rotate the certificate (and restart nothing) without nee
 {{- $cert := genSignedCert $host nil $names $days $ca }}
 {{- $notAfter := dateInZone "2006-01-02T15:04:05Z07:00" (now | dateModify (printf "+%dh" (mul $days 24))) "UTC" }}
 {{- $reused = dict "caCert" ($ca.Cert | b64enc) "tlsCert" ($cert.Cert | b64enc) "tlsKey" ($cert.Key | b64enc) "notAfter" $notAfter }}
+{{- $previousCa := index (default dict $existing.data) "ca.crt" | default "" }}
+{{- if and $previousCa (contains "-----BEGIN CERTIFICATE-----" (b64dec $previousCa)) }}
+{{- $_ := set $reused "previousCaCert" $previousCa }}
+{{- end }}
 {{- end }}
 {{- $_ := set . "draGatewayHelmCertificate" $reused }}
 {{- end }}
@@ -161,11 +166,20 @@ so that upgrades do not rotate the certificate (and restart nothing) without nee
 
 {{/*
 The caBundle of the webhook configurations (base64 PEM), or nothing in mode cert-manager, where
-cert-manager's CA injector writes it.
+cert-manager's CA injector writes it. When mode helm replaces a CA, the bundle trusts the old CA
+as well: the configurations change at once, while running webhook pods serve the old certificate
+until the kubelet refreshes their Secret volume (a minute or more) and the rollout replaces them;
+trusting only the new CA would fail every admission that reaches them meanwhile. The next
+upgrade that keeps the certificate drops the old CA.
 */}}
 {{- define "dra-gateway.caBundle" -}}
 {{- if eq .Values.certificates.mode "helm" }}
-{{- (include "dra-gateway.helmCertificate" . | fromYaml).caCert }}
+{{- $certificate := include "dra-gateway.helmCertificate" . | fromYaml }}
+{{- if $certificate.previousCaCert }}
+{{- printf "%s\n%s" (b64dec $certificate.caCert | trimSuffix "\n") (b64dec $certificate.previousCaCert) | b64enc }}
+{{- else }}
+{{- $certificate.caCert }}
+{{- end }}
 {{- else if eq .Values.certificates.mode "secret" }}
 {{- if .Values.certificates.secret.caBundle }}
 {{- .Values.certificates.secret.caBundle }}
