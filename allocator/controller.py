@@ -684,6 +684,15 @@ class Controller:
 
     async def _allocate(self, key: PodKey, pod: Object, gateway: list[Object],
                         pending: list[Object]) -> Outcome:
+        # A claim shared with another pod whose plan is being written: planning it again
+        # would replace that plan's reservation in the state and free its device for others.
+        # Its write lands (or fails) soon, and the claim's change requeues this pod.
+        busy = {uid for other, plan in self._inflight.items() if other != key.uid
+                for uid in plan.allocations}
+        if any(_uid(c) in busy for c in pending):
+            log.debug("a claim of the pod is being allocated for another pod",
+                      extra={"pod": str(key)})
+            return "retry"
         started = time.perf_counter()
         plan = plan_pod(self.state, pod, gateway, policy=self.settings.policy)
         self.metrics.plan_seconds.observe(time.perf_counter() - started)
