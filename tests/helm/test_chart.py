@@ -683,7 +683,8 @@ def test_cert_manager_mode_issues_the_certificate_and_injects_its_ca(
         helm: HelmRunner, combination: str) -> None:
     objects = helm.render(combination)
     assert by_kind(objects, "Secret") == []
-    certificate = one(objects, "Certificate")
+    certificate = next(c.obj for c in by_kind(objects, "Certificate")
+                       if not c.obj["spec"].get("isCA"))
     assert certificate["apiVersion"] == CERT_MANAGER_API
     service = f"{RELEASE}-webhook"
     spec = certificate["spec"]
@@ -696,13 +697,26 @@ def test_cert_manager_mode_issues_the_certificate_and_injects_its_ca(
         assert "caBundle" not in hook["clientConfig"]
     volumes = one(objects, "Deployment", "webhook")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "tls", "secret": {"secretName": spec["secretName"]}} in volumes
-    issuers = by_kind(objects, "Issuer")
+    issuers = {i.name: i.obj["spec"] for i in by_kind(objects, "Issuer")}
     if combination == "cert-manager":
-        assert [i.obj["spec"] for i in issuers] == [{"selfSigned": {}}]
-        assert spec["issuerRef"] == {"name": issuers[0].name, "kind": "Issuer",
+        # A self-signed Issuer signs a long-lived CA, whose Issuer signs the serving certificate:
+        # its renewals then leave the injected caBundle alone (a self-signed serving certificate
+        # is its own CA, and every renewal failed admissions until the pods reloaded it).
+        assert len(issuers) == 2
+        self_signed = next(name for name, s in issuers.items() if s == {"selfSigned": {}})
+        ca_issuer = next(name for name, s in issuers.items() if "ca" in s)
+        ca = next(c.obj for c in by_kind(objects, "Certificate")
+                  if c.obj["spec"].get("isCA"))
+        assert ca["spec"]["issuerRef"] == {"name": self_signed, "kind": "Issuer",
+                                           "group": "cert-manager.io"}
+        assert issuers[ca_issuer] == {"ca": {"secretName": ca["spec"]["secretName"]}}
+        assert ca["spec"]["privateKey"]["rotationPolicy"] == "Never"
+        assert "cert sign" in ca["spec"]["usages"]
+        assert spec["issuerRef"] == {"name": ca_issuer, "kind": "Issuer",
                                      "group": "cert-manager.io"}
+        assert ca["spec"]["secretName"] != spec["secretName"]
     else:
-        assert issuers == []
+        assert issuers == {}
         assert spec["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer",
                                      "group": "cert-manager.io"}
 

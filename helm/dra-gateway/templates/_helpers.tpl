@@ -110,6 +110,14 @@ dra-gateway
 {{- printf "%s-selfsigned" (include "dra-gateway.fullname" .) }}
 {{- end }}
 
+{{/*
+Name of the CA the chart creates in mode cert-manager without an issuerRef: its Certificate, its
+Secret and the CA Issuer that signs the serving certificate with it.
+*/}}
+{{- define "dra-gateway.caName" -}}
+{{- printf "%s-ca" (include "dra-gateway.fullname" .) }}
+{{- end }}
+
 {{/* Name of the administrator's rules ConfigMap. */}}
 {{- define "dra-gateway.rulesConfigMapName" -}}
 {{- printf "%s-rules" (include "dra-gateway.fullname" .) }}
