@@ -123,16 +123,16 @@ class Informer:
                                          field_selector=self.field_selector)
         fresh: dict[Key, Object] = {object_key(obj): obj for obj in listed.items}
         self._ahead.clear()  # the list is at least as new as any write of ours
-        # Deliver the difference in one synchronous pass: handlers see a consistent store.
+        # Deliver the difference in one synchronous pass: handlers see a consistent store,
+        # the whole list (a handler looking up another object must not miss an unchanged one).
         old_store = self.store
-        self.store = {}
+        self.store = fresh
         for key, old in old_store.items():
             if key not in fresh:
                 self.handler("deleted", old, old)
         for key in sorted(fresh):
             obj = fresh[key]
             previous = old_store.get(key)
-            self.store[key] = obj
             if previous is None:
                 self.handler("added", obj, None)
             elif _rv(previous) != _rv(obj) or _uid(previous) != _uid(obj):

@@ -13,6 +13,8 @@ from dra_gateway.allocator.informer import Change, Informer
 from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.resources import NODES, PODS
 
+from .conftest import eventually
+
 
 def node(name: str, **labels: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
@@ -146,3 +148,24 @@ async def test_the_watch_catching_up_with_two_writes_of_ours_never_rolls_the_sto
         await cluster.patch(NODES, "a", {"metadata": {"labels": {"v": "4"}}})
         await seen.wait_for(5)
         assert informer.get(None, "a")["metadata"]["labels"]["v"] == "4"
+
+
+async def test_handlers_of_a_relist_see_the_whole_new_list_in_the_store() -> None:
+    cluster = MemoryCluster()
+    for name in ("a", "b", "c"):
+        await cluster.create(NODES, node(name, v="1"))
+    seen: list[tuple[Change, str, set[str]]] = []
+    informer: Informer
+
+    def handler(change: Change, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        seen.append((change, obj["metadata"]["name"], {k[1] for k in informer.store}))
+
+    informer = Informer(cluster, NODES, handler, min_backoff=0.01)
+    async with running(informer):
+        # While disconnected: one goes, one changes; "c" (unchanged) must be visible throughout.
+        cluster.expire_watches()
+        await cluster.delete(NODES, "b")
+        await cluster.patch(NODES, "a", {"metadata": {"labels": {"v": "2"}}})
+        await eventually(lambda: informer.relists >= 2)
+        relist = [entry for entry in seen[3:] if entry[1] in ("a", "b")][:2]
+        assert sorted(relist) == [("deleted", "b", {"a", "c"}), ("modified", "a", {"a", "c"})]
