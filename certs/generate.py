@@ -81,6 +81,15 @@ def _check_dns_names(dns_names: Iterable[str]) -> None:
     # A name the TLS clients can never match would only show up as a handshake failure of the
     # API server, far from its cause.
     for value in dns_names:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            pass
+        else:
+            # TLS clients match an address only against IP SANs: a DNS SAN of 10.0.0.5 never
+            # verifies a connection to https://10.0.0.5.
+            raise ValueError(f"--dns {value!r} is an IP address, which clients only match "
+                             f"against IP SANs: pass it with --ip {value}")
         labels = value.split(".")
         if labels[0] == "*" and len(labels) > 1:
             labels = labels[1:]  # a wildcard for one label, as in *.dra-gateway.svc

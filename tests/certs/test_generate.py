@@ -96,3 +96,16 @@ def test_the_ca_verifies_the_serving_certificate_with_openssl(tmp_path: Path) ->
     except FileNotFoundError:
         pytest.skip("openssl command not installed")
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("address", ["10.0.0.5", "::1"])
+def test_generate_refuses_an_address_given_as_a_dns_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], address: str
+) -> None:
+    # Go's crypto/x509 (the API server) matches an IP host against IP SANs only: a certificate
+    # with the address as a DNS SAN would fail every handshake.
+    assert main(["certs", "generate", "--out", str(tmp_path), "--dns", address]) == 2
+    assert capsys.readouterr().err == (
+        f"certs generate: --dns '{address}' is an IP address, which clients only match against "
+        f"IP SANs: pass it with --ip {address}\n")
+    assert list(tmp_path.iterdir()) == []
