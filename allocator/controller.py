@@ -205,6 +205,13 @@ def allocation_node(allocation: Object) -> str | None:
     return None
 
 
+def _node_fit(node: Object) -> tuple[Any, ...]:
+    """What placement may read of a Node: labels, spec (taints, unschedulable), resources."""
+    status = node.get("status") or {}
+    return (_meta(node).get("labels"), node.get("spec"), status.get("allocatable"),
+            status.get("capacity"))
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -478,6 +485,10 @@ class Controller:
         self._capacity_changed()
 
     def _on_node(self, change: Change, obj: Object, old: Object | None) -> None:
+        if change == "modified" and old is not None and _node_fit(old) == _node_fit(obj):
+            # Heartbeats, conditions, images: nothing the planner reads. Retrying every
+            # unplaceable pod on each would bypass their backoff for as long as nodes report.
+            return
         if change == "deleted":
             self.state.remove_node(str(_meta(obj).get("name") or ""))
         else:

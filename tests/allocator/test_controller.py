@@ -11,7 +11,7 @@ from dra_gateway.allocator.controller import ControllerSettings
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import ApiError, Forbidden
-from dra_gateway.kube.resources import EVENTS, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
+from dra_gateway.kube.resources import EVENTS, NODES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
 
 from .conftest import (
     FAST,
@@ -293,3 +293,22 @@ async def test_without_a_dry_run_the_mode_is_learned_from_the_first_published_sl
         await eventually(lambda: _ungated(world, "native"))
         (claim,) = await world.claims_of("native")
         assert claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
+
+
+async def test_node_heartbeats_do_not_replan_unplaceable_pods_but_a_resource_change_does(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=1, memory_gib=40)
+    slow_backoff = ControllerSettings(base_delay=30.0, max_delay=60.0,
+                                      retry_unplaceable_after=0.01, identity="test-allocator")
+    async with running_controller(memory_cluster, slow_backoff) as controller:
+        await world.gated_pod("big", [share_claim_spec(memory_gib=60)])
+        await eventually(lambda: controller.stats.failures >= 1)
+        for second in range(20):
+            await memory_cluster.patch(NODES, "node-0", {"status": {"conditions": [
+                {"type": "Ready", "status": "True",
+                 "lastHeartbeatTime": f"2025-01-01T00:00:{second:02d}Z"}]}},
+                subresource="status")
+            await asyncio.sleep(0.02)
+        assert controller.stats.plans == 1
+        await memory_cluster.patch(NODES, "node-0", {"metadata": {"labels": {"pool": "a"}}})
+        await eventually(lambda: controller.stats.plans >= 2)
