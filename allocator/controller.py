@@ -363,6 +363,10 @@ class Controller:
                 verdict, how = await detect_consumable_capacity(self.cluster)
             except ApiError as err:
                 verdict, how = None, f"detection failed: {err.message}"
+            except (OSError, TimeoutError) as err:
+                # The API is briefly unreachable as the term starts: the informers retry on
+                # their own, and the first published slice tells the mode just as well.
+                verdict, how = None, f"detection failed: {err!r}"
             if verdict is not None:
                 self._set_capacity_mode(verdict, how)
             else:

@@ -312,3 +312,25 @@ async def test_node_heartbeats_do_not_replan_unplaceable_pods_but_a_resource_cha
         assert controller.stats.plans == 1
         await memory_cluster.patch(NODES, "node-0", {"metadata": {"labels": {"pool": "a"}}})
         await eventually(lambda: controller.stats.plans >= 2)
+
+
+async def test_an_unreachable_api_during_detection_does_not_end_the_term() -> None:
+    class Unreachable(MemoryCluster):
+        """The API server drops the first connections of the term (a restart, a network blip)."""
+
+        failures = 2
+
+        async def create(self, rt: Any, obj: dict[str, Any], *, namespace: str | None = None,
+                         dry_run: bool = False) -> dict[str, Any]:
+            if dry_run and self.failures:
+                self.failures -= 1
+                raise ConnectionRefusedError(111, "Connect call failed")
+            return await super().create(rt, obj, namespace=namespace, dry_run=dry_run)
+
+    cluster = Unreachable()
+    world = World(cluster)
+    await world.setup(nodes=1, gpus=1)
+    async with running_controller(cluster) as controller:
+        assert controller.consumable_capacity is True  # learned from the published slice
+        await world.gated_pod("after-blip", [share_claim_spec(memory_gib=8)])
+        await eventually(lambda: _ungated(world, "after-blip"))
