@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -219,7 +220,9 @@ class LeaderElector:
 
 
 def _seconds(settings: LeaseSettings) -> int:
-    return max(1, round(settings.lease_duration))
+    # Rounded up: a Lease that says less than lease_duration lets a standby take over while
+    # this replica may still be working (up to renew_deadline + retry_period after a renewal).
+    return max(1, math.ceil(settings.lease_duration))
 
 
 async def _cancel(*tasks: asyncio.Future[Any]) -> None:

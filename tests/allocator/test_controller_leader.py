@@ -168,3 +168,13 @@ async def test_work_that_fails_ends_the_campaign_with_its_error() -> None:
 def test_lease_timings_must_let_the_leader_stop_before_the_lease_expires() -> None:
     with pytest.raises(ValueError, match="retry_period < renew_deadline < lease_duration"):
         LeaseSettings(identity="a", lease_duration=5, renew_deadline=10, retry_period=2)
+
+
+async def test_the_lease_never_says_less_than_the_configured_duration() -> None:
+    cluster = MemoryCluster()
+    elector = LeaderElector(cluster, LeaseSettings(
+        identity="a", lease_duration=1.4, renew_deadline=1.3, retry_period=0.1))
+    assert await elector.try_acquire_or_renew()
+    lease = await cluster.get(LEASES, "dra-gateway-allocator", namespace="dra-gateway")
+    # Rounded down to 1 s, a standby could start 0.3 s before this leader must have stopped.
+    assert lease["spec"]["leaseDurationSeconds"] == 2
