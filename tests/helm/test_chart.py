@@ -427,7 +427,6 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
         _grants(NS, [""], ["configmaps"], ["get", "list", "watch"])
         | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaimtemplates"], ["get", "create"])
         | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims"], ["get"])
-        | _grants(CLUSTER, ["resource.k8s.io"], ["deviceclasses"], ["get", "list", "watch"])
         | _grants(CLUSTER, ["admissionregistration.k8s.io"],
                   ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
                   ["get", "list", "watch"])
