@@ -392,6 +392,11 @@ def test_validation_lists_every_problem_with_its_fix(helm: HelmRunner) -> None:
         pytest.param({"allocator": {"replicas": 1}}, (), NAMESPACE,
                      "allocator.podDisruptionBudget.minAvailable: 1 with allocator.replicas 1 "
                      "would block every node drain", id="allocator-budget"),
+        pytest.param({"certificates": {"helm": {"validityDays": 30, "renewBeforeDays": 30}}},
+                     (), NAMESPACE,
+                     "certificates.helm.renewBeforeDays: 30 is not below "
+                     "certificates.helm.validityDays 30, so every upgrade would renew the "
+                     "certificate and roll the webhook", id="renewal-window-covers-validity"),
         pytest.param({}, (), "default",
                      "release namespace default: the webhook never sees pods of its own "
                      "namespace, so pods there would not be translated; install into a namespace "
