@@ -763,6 +763,16 @@ def test_command_lines_are_those_of_the_components(helm: HelmRunner) -> None:
         "--no-consumable-capacity", "--no-device-taints", "--log-level", "INFO"]
 
 
+def test_an_ipv6_listen_address_binds_every_ipv6_address(helm: HelmRunner) -> None:
+    from dra_gateway.cli import build_parser
+
+    result = helm.template({"webhook": {"listenAddress": "::"}})
+    assert result.returncode == 0, result.stderr
+    args = container(parse_render(result.stdout), "Deployment", "webhook")["args"]
+    assert args[args.index("--listen") + 1] == "[::]:8443"
+    assert build_parser().parse_args(args).listen == ("::", 8443)
+
+
 @pytest.mark.parametrize("combination", sorted(COMBINATIONS))
 @pytest.mark.parametrize(("kind", "component"), [("Deployment", "webhook"),
                                                  ("Deployment", "allocator"),
