@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable, Iterable
 from typing import Literal
 
@@ -30,6 +31,8 @@ Handler = Callable[[Change, Object, Object | None], None]
 """handler(change, obj, old): `old` is the previous stored state (None when added)."""
 
 Key = tuple[str, str]  # (namespace or "", name)
+# A watch that ends sooner than this without a single event is treated as a failure.
+_SHORT_WATCH_SECONDS = 1.0
 
 
 def object_key(obj: Object) -> Key:
@@ -84,7 +87,18 @@ class Informer:
                     await self._list()
                     need_list = False
                     failures = 0
-                await self._watch()
+                started = time.monotonic()
+                events = await self._watch()
+                if events == 0 and time.monotonic() - started < _SHORT_WATCH_SECONDS:
+                    # Closed at once, nothing delivered (a proxy or a server shedding load):
+                    # like client-go's "very short watch", back off rather than spin on it.
+                    failures += 1
+                    delay = self._backoff(failures)
+                    log.warning("watch closed at once, resuming after backoff",
+                                extra={"resource": self.rt.plural,
+                                       "retryInSeconds": round(delay, 3)})
+                    await asyncio.sleep(delay)
+                    continue
                 # The watch ended on its own (server timeout): resume from where it was.
                 failures = 0
             except asyncio.CancelledError:
@@ -146,7 +160,8 @@ class Informer:
         self.relists += 1
         self.synced.set()
 
-    async def _watch(self) -> None:
+    async def _watch(self) -> int:
+        """Apply one watch's events until it ends; returns how many it delivered."""
         # Jitter the timeout so that many informers do not all reconnect at once.
         timeout = self.watch_timeout * (0.9 + random.random() / 5)
         stream = self.cluster.watch(self.rt, namespace=self.namespace,
@@ -154,8 +169,10 @@ class Informer:
                                     label_selector=self.label_selector,
                                     field_selector=self.field_selector,
                                     timeout_seconds=timeout)
+        events = 0
         try:
             async for event in stream:
+                events += 1
                 self._apply(event.type, event.object)
         finally:
             # Close the stream now, not when the garbage collector finds it: an open watch
@@ -163,6 +180,7 @@ class Informer:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
+        return events
 
     def observe_write(self, obj: Object) -> None:
         """Apply the result of our own successful write before its watch event arrives.

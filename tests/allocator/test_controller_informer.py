@@ -169,3 +169,26 @@ async def test_handlers_of_a_relist_see_the_whole_new_list_in_the_store() -> Non
         await eventually(lambda: informer.relists >= 2)
         relist = [entry for entry in seen[3:] if entry[1] in ("a", "b")][:2]
         assert sorted(relist) == [("deleted", "b", {"a", "c"}), ("modified", "a", {"a", "c"})]
+
+
+async def test_a_watch_that_closes_at_once_is_retried_with_backoff_not_in_a_loop() -> None:
+    class ClosesWatches(MemoryCluster):
+        """Accepts every watch and ends it at once, without an event (a proxy shedding load)."""
+
+        watches = 0
+
+        async def _closed(self) -> AsyncIterator[Any]:
+            self.watches += 1
+            return
+            yield
+
+        def watch(self, rt: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            return self._closed()
+
+    cluster = ClosesWatches()
+    await cluster.create(NODES, node("a", v="1"))
+    seen = Recorder()
+    async with running(Informer(cluster, NODES, seen, min_backoff=0.05, max_backoff=0.2)):
+        await asyncio.sleep(0.5)
+    assert 1 <= cluster.watches <= 12
+    assert seen.events == [("added", "a", "1")]
