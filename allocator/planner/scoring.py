@@ -8,8 +8,12 @@
   fragmentation for a task type is the free GPU share the task could not use there (all of it
   when the task does not fit the node's CPU, memory or model; the cards with less free than the
   task's share; for whole-card tasks, the partly used cards, or everything when too few cards are
-  free). Its expected fragmentation weighs the task types by how often they occur; a placement
-  is scored by how much it raises that expectation, and the smallest rise wins.
+  free). Its expected fragmentation weighs the task types by how often they occur. FGD sees CPU
+  and memory only once a task no longer fits them, so a node can hand out its CPU long before its
+  cards and strand them; the expected loss therefore adds the free share the node's CPU or
+  memory cannot carry at the workload's average CPU and memory per share of a card (a fluid
+  estimate of where filling the node with the workload ends). A placement is scored by how much
+  it raises the expected loss, and the smallest rise wins.
 
 The workload distribution is given (the benchmark passes the trace's, as the paper does) or
 learned from the pods the planner has seen. Pure: no I/O. Fragmentation values are memoised by
@@ -44,8 +48,8 @@ class TaskType:
 class Workload:
     """A distribution over task types with the memo of node fragmentation it implies."""
 
-    __slots__ = ("_cpus", "_frag", "_learned", "_mems", "_pending", "_profiles", "types",
-                 "version")
+    __slots__ = ("_cpus", "_frag", "_learned", "_mems", "_pending", "_profiles",
+                 "cpu_per_milli", "memory_per_milli", "types", "version")
 
     # Types kept for scoring: the most frequent ones carry nearly all the mass of real traces
     # and the cost of one fragmentation evaluation grows with their number.
@@ -55,6 +59,8 @@ class Workload:
         self.types: tuple[tuple[TaskType, float], ...] = ()
         self._cpus: list[int] = []
         self._mems: list[int] = []
+        self.cpu_per_milli = 0.0
+        self.memory_per_milli = 0.0
         self._frag: dict[tuple[object, ...], float] = {}
         self._profiles: dict[tuple[object, ...], _Profile] = {}
         self._learned: Counter[TaskType] = Counter()
@@ -73,6 +79,9 @@ class Workload:
         self.types = tuple((t, w / total) for t, w in gpu_types) if total else ()
         self._cpus = sorted({t.cpu for t, _ in self.types})
         self._mems = sorted({t.memory for t, _ in self.types})
+        milli = sum(p * t.gpus * t.milli for t, p in self.types)
+        self.cpu_per_milli = sum(p * t.cpu for t, p in self.types) / milli if milli else 0.0
+        self.memory_per_milli = sum(p * t.memory for t, p in self.types) / milli if milli else 0.0
         self._frag.clear()
         self._profiles.clear()
         self.version += 1
@@ -110,6 +119,27 @@ class Workload:
             self._frag.clear()
         self._frag[key] = value
         return value
+
+    def stranded(self, free: int, cpu_free: int, mem_free: int) -> float:
+        """Free GPU share (thousandths) that the node's CPU or memory cannot carry.
+
+        The workload asks on average `cpu_per_milli` CPU and `memory_per_milli` memory with each
+        thousandth of a card; a node filled from it runs out of the scarcer of the two with
+        `free` minus what that leaves room for still unallocated. FGD's fragmentation counts
+        such cards only once no task fits the CPU or memory left; this sees it coming.
+        """
+        carried = float(free)
+        if self.cpu_per_milli > 0:
+            carried = min(carried, max(cpu_free, 0) / self.cpu_per_milli)
+        if self.memory_per_milli > 0:
+            carried = min(carried, max(mem_free, 0) / self.memory_per_milli)
+        return free - carried
+
+    def expected_loss(self, cards: tuple[int, ...], cpu_free: int, mem_free: int,
+                      model: str) -> float:
+        """What the `default` policy minimises: fragmentation plus the stranded share."""
+        return (self.fragmentation(cards, cpu_free, mem_free, model)
+                + self.stranded(sum(cards), cpu_free, mem_free))
 
     def _profile(self, cpu_free: int, mem_free: int, model: str) -> _Profile:
         """The workload as seen by nodes with this much CPU and memory and this model."""

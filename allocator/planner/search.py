@@ -63,8 +63,8 @@ def score(outcome: Outcome, policy: str, workload: Workload, *, cpu_free: int, m
     if policy == SPREAD:
         share = free_after / len(after) if after else 0.0
         return (-share, -float(cpu_after))
-    delta = workload.fragmentation(after, cpu_after, mem_free - memory, outcome.model) - \
-        workload.fragmentation(outcome.before, cpu_free, mem_free, outcome.model)
+    delta = workload.expected_loss(after, cpu_after, mem_free - memory, outcome.model) - \
+        workload.expected_loss(outcome.before, cpu_free, mem_free, outcome.model)
     return (round(delta, 6), float(free_after), float(cpu_after))
 
 

@@ -723,6 +723,35 @@ def test_fragmentation_follows_the_fgd_definition() -> None:
     assert workload.fragmentation((1000, 1000), 8000, 8 * GI, "T4") == pytest.approx(0)
 
 
+def test_expected_loss_adds_the_share_the_cpu_left_cannot_carry() -> None:
+    # Whole cards with 4 CPUs, half cards with 1 CPU, equally often: on average 2.5 CPUs and
+    # 1 Gi per 750 thousandths of a card.
+    workload = Workload([(TaskType(4000, GI, 1, 1000), 1.0), (TaskType(1000, GI, 1, 500), 1.0)])
+    assert workload.cpu_per_milli == pytest.approx(2500 / 750)
+    assert workload.memory_per_milli == pytest.approx(GI / 750)
+    # Two free cards and 4 CPUs: the CPU carries 1.2 cards of the workload, 0.8 are stranded;
+    # half a Gi of memory carries 0.375 of a card.
+    assert workload.stranded(2000, 4000, 64 * GI) == pytest.approx(800)
+    assert workload.stranded(2000, 64_000, 64 * GI) == 0
+    assert workload.stranded(2000, 64_000, GI // 2) == pytest.approx(2000 - 375)
+    cards = (1000, 1000)
+    assert workload.expected_loss(cards, 4000, 64 * GI, "T4") == pytest.approx(
+        workload.fragmentation(cards, 4000, 64 * GI, "T4") + 800)
+
+
+def test_default_policy_keeps_cpu_next_to_free_cards() -> None:
+    # A CPU-heavy share goes where CPU is plentiful for the cards left, not where it would
+    # leave free cards without the CPU their tasks need.
+    workload = Workload([(TaskType(2000, GI, 1, 1000), 1.0), (TaskType(2000, GI, 1, 500), 1.0)])
+    state = cluster({"a": [gpu(0), gpu(1)], "b": [gpu(0), gpu(1)]}, policy="default", cpu="4")
+    state.set_node(node("b", cpu="16"))
+    state.set_workload(workload)
+    # Either node is left with the same cards, (500, 1000); a's 2 CPUs left would carry 0.75
+    # cards of the workload, b's 14 CPUs all of them. FGD alone ties and takes a by name.
+    c = claim("c", capacity={"memory": "8Gi", "cores": "50"})
+    assert place(state, pod(cpu="2"), c).node_name == "b"
+
+
 def test_the_learned_workload_follows_the_pods_planned() -> None:
     state = cluster({"a": [gpu(0), gpu(1)]}, policy="default")
     for n in range(20):
