@@ -84,6 +84,10 @@ class ControllerSettings:
     resync_period: float = 300.0
     # When capacity frees up, unplaceable pods are retried after this pause (debounce).
     retry_unplaceable_after: float = 0.2
+    # ...but each pod at most once per this interval: in a busy cluster capacity changes all
+    # the time (every pod that ends), and each change would otherwise replan every
+    # unplaceable pod, bypassing its backoff.
+    unplaceable_retry_interval: float = 2.0
     # None: detect whether the API server keeps consumable-capacity fields; True/False: force.
     consumable_capacity: bool | None = None
     identity: str = ""
@@ -311,6 +315,7 @@ class Controller:
         self._claims_by_pod: dict[str, set[ClaimKey]] = {}
         self._unplaceable: set[PodKey] = set()
         self._retry_handle: asyncio.TimerHandle | None = None
+        self._capacity_retried: dict[PodKey, float] = {}  # last retry for capacity (monotonic)
         self._events: dict[str, _EventRecord] = {}
         self._inflight: dict[str, PodPlan] = {}  # pod uid -> plan being written
         self._detected = asyncio.Event()
@@ -635,8 +640,18 @@ class Controller:
 
     def _retry_unplaceable(self) -> None:
         self._retry_handle = None
+        now = time.monotonic()
+        interval = self.settings.unplaceable_retry_interval
+        retried = {k: t for k, t in self._capacity_retried.items() if k in self._unplaceable}
         for key in list(self._unplaceable):
-            self.queue.add(key)
+            wait = retried.get(key, now - interval) + interval - now
+            if wait > 0:
+                self.queue.add_after(key, wait)  # an earlier pending retry is kept
+                retried[key] = now + wait
+            else:
+                self.queue.add(key)
+                retried[key] = now
+        self._capacity_retried = retried
 
     # Pods: plan, write, ungate ---------------------------------------------------------------
 

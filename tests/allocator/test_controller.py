@@ -334,3 +334,26 @@ async def test_an_unreachable_api_during_detection_does_not_end_the_term() -> No
         assert controller.consumable_capacity is True  # learned from the published slice
         await world.gated_pod("after-blip", [share_claim_spec(memory_gib=8)])
         await eventually(lambda: _ungated(world, "after-blip"))
+
+
+async def test_pods_ending_all_the_time_replan_an_unplaceable_pod_at_most_once_per_interval(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=1, memory_gib=40)
+    churn = ControllerSettings(base_delay=30.0, max_delay=60.0, retry_unplaceable_after=0.01,
+                               unplaceable_retry_interval=0.5, identity="test-allocator")
+    async with running_controller(memory_cluster, churn) as controller:
+        await world.gated_pod("big", [share_claim_spec(memory_gib=60)])
+        await eventually(lambda: controller.stats.failures >= 1)
+        # Other workloads come and go on the node: each one ending frees CPU and memory.
+        for i in range(30):
+            await memory_cluster.create(PODS, {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"batch-{i}", "namespace": NAMESPACE},
+                "spec": {"nodeName": "node-0", "containers": [
+                    {"name": "c", "image": "i", "resources": {"requests": {"cpu": "1"}}}]}},
+                namespace=NAMESPACE)
+            await asyncio.sleep(0.01)
+            await memory_cluster.delete(PODS, f"batch-{i}", namespace=NAMESPACE)
+            await asyncio.sleep(0.02)
+        # About 1 s of churn: the first plan, then one retry per 0.5 s at most.
+        assert 2 <= controller.stats.plans <= 4
