@@ -144,8 +144,13 @@ class NodeSearch:
 
     # --- capacity -----------------------------------------------------------------------------
 
-    def consumption(self, alt: Alternative, i: int) -> dict[str, int] | None:
-        """What `alt` would consume on device `i` now, or None if it does not fit there."""
+    def consumption(self, alt: Alternative, i: int,
+                    short: list[str] | None = None) -> dict[str, int] | None:
+        """What `alt` would consume on device `i` now, or None if it does not fit there.
+
+        With `short`, a share that does not fit notes there each capacity it lacks room for
+        (for the reason; the search itself never passes it).
+        """
         device = self.devices[i]
         usage = self._usage[i]
         if usage.exclusive or self.extra_exclusive[i]:
@@ -169,33 +174,25 @@ class NodeSearch:
             return dict(capacity) if device.shareable else {}
         consumed: dict[str, int] = {}
         extra = self.extra[i]
-        native_device = bool(device.raw.get("allowMultipleAllocations"))
+        lacking = False
         for cap_name, cap in capacity.items():
-            wanted = alt.capacity.get(cap_name)
-            if wanted is None and cap_name == names.CAPACITY_MEMORY:
-                share_memory = memory_for(alt.share, device.gpu_memory)
-                if share_memory is not None:
-                    wanted = share_memory * NANO
-            if wanted is None and cap_name == names.CAPACITY_CORES and alt.share.cores is not None:
-                wanted = alt.share.cores * NANO
+            wanted = wanted_amount(alt, device, cap_name)
             policy = device.policies.get(cap_name)
             if wanted is None:
-                if policy is not None and policy.default is not None:
-                    amount = policy.default
-                elif native_device:
-                    amount = cap  # upstream: an unrequested capacity without policy is all taken
-                else:
-                    amount = 0
+                amount = unnamed_charge(alt, device, cap_name)[0]
             else:
                 rounded = policy.round_up(wanted) if policy is not None else wanted
                 if rounded is None:
                     return None
                 amount = rounded
             if amount > cap - usage.consumed.get(cap_name, 0) - extra.get(cap_name, 0):
-                return None
+                if short is None:
+                    return None
+                short.append(cap_name)
+                lacking = True
             if amount:
                 consumed[cap_name] = amount
-        return consumed
+        return None if lacking else consumed
 
     def _apply(self, i: int, consumed: dict[str, int], exclusive: bool, sign: int) -> None:
         extra = self.extra[i]
@@ -281,7 +278,7 @@ class NodeSearch:
                            f"request {alt.result_name} needs {what} device(s) of class "
                            f"{alt.class_name}, {len(available)} of {len(candidates)} matching "
                            f"on the node {'have' if available else 'has'} room "
-                           f"{self._room(alt)}")
+                           f"{self._room(alt, [i for i in candidates if i not in fits])}")
                 continue
             ordered = self._order(alt, available, fits)
             constraints = [c for c in demand.constraints if c.applies(alt.result_name)]
@@ -292,7 +289,9 @@ class NodeSearch:
                            "satisfy " + ", ".join(_describe(c) for c in constraints))
         return False
 
-    def _room(self, alt: Alternative) -> str:
+    def _room(self, alt: Alternative, full: Sequence[int]) -> str:
+        """What `alt` asks of each device, with what it is charged for the capacities it leaves
+        out, and which capacities the devices in `full` (those without room) lack."""
         if alt.whole:
             return "(a whole device must be free)"
         parts = []
@@ -306,7 +305,26 @@ class NodeSearch:
         cores = alt.capacity.get(names.CAPACITY_CORES)
         if cores is not None or alt.share.cores is not None:
             parts.append(f"cores {cores // NANO if cores is not None else alt.share.cores}%")
-        return f"for {' and '.join(parts)}" if parts else "for the share"
+        shortages: dict[str, int] = {}
+        for i in full:
+            device = self.devices[i]
+            for cap_name in device.capacity:
+                if wanted_amount(alt, device, cap_name) is not None:
+                    continue
+                amount, why = unnamed_charge(alt, device, cap_name)
+                if amount:
+                    part = f"{_capacity_text(device, cap_name, amount)} ({why})"
+                    if part not in parts:
+                        parts.append(part)
+            short: list[str] = []
+            if device.shareable and self.consumption(alt, i, short) is None:
+                for cap_name in short:
+                    shortages[cap_name] = shortages.get(cap_name, 0) + 1
+        room = f"for {' and '.join(parts)}" if parts else "for the share"
+        if shortages:
+            room += "; short of " + ", ".join(f"{cap_name} on {count}"
+                                              for cap_name, count in shortages.items())
+        return room
 
     def _order(self, alt: Alternative, available: list[int],
                fits: dict[int, dict[str, int]]) -> list[int]:
@@ -381,6 +399,48 @@ class NodeSearch:
             self.picks.pop()
             self._apply(i, consumed, exclusive, -1)
         return False
+
+
+def wanted_amount(alt: Alternative, device: Device, cap_name: str) -> int | None:
+    """The amount of `cap_name` (nanos) a share names on `device`, or None if it names none:
+    `capacity.requests` first, else the GpuShareConfig (memory resolved for the card)."""
+    wanted = alt.capacity.get(cap_name)
+    if wanted is None and cap_name == names.CAPACITY_MEMORY:
+        share_memory = memory_for(alt.share, device.gpu_memory)
+        if share_memory is not None:
+            wanted = share_memory * NANO
+    if wanted is None and cap_name == names.CAPACITY_CORES and alt.share.cores is not None:
+        wanted = alt.share.cores * NANO
+    return wanted
+
+
+def unnamed_charge(alt: Alternative, device: Device, cap_name: str) -> tuple[int, str]:
+    """What a share is charged (nanos) for a capacity of `device` it names no amount of, and why.
+
+    Upstream's rule for `capacity.requests`: a capacity left out is charged its request
+    policy's default, or the whole capacity where it has no policy. Without the
+    DRAConsumableCapacity gate the devices carry no policy, so a request that states
+    `capacity.requests` there is charged the whole capacity it leaves out: what the node
+    plugin's policy (whose default is the whole card) charges it with the gate on, so the same
+    claim gets the same share in both worlds. A share given by its GpuShareConfig alone is
+    charged nothing for what it leaves out: that is how every share reaches the planner
+    without the gate (the API server drops `capacity.requests`), and a memory-only share
+    (gpushare, HAMi `gpumem`) limits no compute and shares the card with others.
+    """
+    policy = device.policies.get(cap_name)
+    if policy is not None and policy.default is not None:
+        return policy.default, "the request policy's default"
+    if device.raw.get("allowMultipleAllocations"):
+        return device.capacity[cap_name], "all of it: the device has no request policy for it"
+    if alt.capacity:
+        return device.capacity[cap_name], "all of it: capacity.requests leaves it out"
+    return 0, ""
+
+
+def _capacity_text(device: Device, cap_name: str, nanos: int) -> str:
+    if cap_name == names.CAPACITY_CORES:
+        return f"cores {device.quantity(cap_name, nanos)}%"
+    return f"{cap_name} {device.quantity(cap_name, nanos)}"
 
 
 def claim_placeholder(index: int) -> str:

@@ -212,7 +212,7 @@ def test_shares_fill_a_card_until_its_memory_runs_out() -> None:
     assert placed[3].reason == (
         "pod ns/p3: 0/1 nodes fit; 1 node(s): claim ns/c3: request main needs 1 device(s) of "
         "class gpu.dra-gateway.io, 0 of 1 matching on the node has room for memory 5Gi and "
-        "cores 10%")
+        "cores 10%; short of memory on 1")
 
 
 def test_a_whole_card_never_shares_a_card_with_a_share() -> None:
@@ -546,6 +546,92 @@ def test_without_consumable_capacity_shares_are_recorded_in_an_annotation() -> N
     fits = claim("fits", config=[share_config(["main"], memory=12 * GI, cores=75)])
     assert place(fresh, pod("f"), fits).node_name == "n1"
     assert place(fresh, pod("w"), claim("whole")).node_name is None
+
+
+# --- capacities a share leaves out, in both worlds ---------------------------------------------
+
+
+def _consumed(plan: PodPlan, c: dict[str, Any]) -> dict[str, str]:
+    """The share's consumed capacity: native in the result, else from the annotation."""
+    (result,) = results(plan, c)
+    if "consumedCapacity" in result:
+        return dict(result["consumedCapacity"])
+    (recorded,) = json.loads(plan.annotations[c["metadata"]["uid"]][names.ANNOTATION_SHARES])
+    return dict(recorded["consumedCapacity"])
+
+
+def test_a_share_short_of_the_cores_its_request_policy_charges_says_so() -> None:
+    # capacity.requests names memory only: upstream charges cores their policy's default (100),
+    # so the third share finds memory free on both cards but no cores, and the reason says so.
+    state = cluster({"n1": [gpu(0, memory_gib=80), gpu(1, memory_gib=80)]})
+    for i in range(2):
+        c = claim(f"c{i}", capacity={"memory": "10Gi"})
+        assert _consumed(place(state, pod(f"p{i}"), c), c) == {"memory": "10Gi", "cores": "100"}
+    plan = place(state, pod("p2"), claim("c2", capacity={"memory": "10Gi"}))
+    assert plan.reason == (
+        "pod ns/p2: 0/1 nodes fit; 1 node(s): claim ns/c2: request main needs 1 device(s) of "
+        "class gpu.dra-gateway.io, 0 of 2 matching on the node has room for memory 10Gi and "
+        "cores 100% (the request policy's default); short of cores on 2")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_capacity_requests_leaving_cores_out_take_them_all_in_both_worlds(native: bool) -> None:
+    # The same claim gets the same share with the gate on (cores' policy default: the whole
+    # card) and off (devices carry no policy there: what the request leaves out is all taken).
+    state = cluster({"n1": [gpu(0, memory_gib=80, shared=native)]},
+                    consumable_capacity=native)
+    first = claim("first", capacity={"memory": "10Gi"})
+    assert _consumed(place(state, pod("a"), first), first) == {"memory": "10Gi", "cores": "100"}
+    why = ("the request policy's default" if native
+           else "all of it: capacity.requests leaves it out")
+    assert place(state, pod("b"), claim("second", capacity={"memory": "10Gi"})).reason == (
+        "pod ns/b: 0/1 nodes fit; 1 node(s): claim ns/second: request main needs 1 device(s) "
+        "of class gpu.dra-gateway.io, 0 of 1 matching on the node has room for memory 10Gi and "
+        f"cores 100% ({why}); short of cores on 1")
+    # It holds every core of the card in both worlds: not even one more core fits next to it.
+    small = claim("small", capacity={"memory": "10Gi", "cores": "1"})
+    assert place(state, pod("c"), small).node_name is None
+
+
+def _translated_claim(name: str, *, served_without_the_gate: bool) -> dict[str, Any]:
+    """A gpushare pod's claim (10 GiB, no compute share) as the translator writes it; without
+    the DRAConsumableCapacity gate the API server drops its `capacity.requests`."""
+    from dra_gateway.translator.rules import load_rules
+    from dra_gateway.translator.translate import translate
+
+    legacy = {"apiVersion": "v1", "kind": "Pod",
+              "metadata": {"name": name, "namespace": "ns", "annotations": {}},
+              "spec": {"containers": [{"name": "main", "image": "x", "resources": {
+                  "limits": {"aliyun.com/gpu-mem": "10"}}}]}}
+    (template,) = translate(legacy, load_rules()).templates
+    spec = json.loads(json.dumps(template["spec"]["spec"]))
+    exactly_ = spec["devices"]["requests"][0]["exactly"]
+    assert exactly_["capacity"] == {"requests": {"memory": "10Gi", "cores": "1"}}
+    if served_without_the_gate:
+        del exactly_["capacity"]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"}, "spec": spec}
+
+
+@pytest.mark.parametrize(("native", "served_without_the_gate", "consumed"), [
+    (True, False, {"memory": "10Gi", "cores": "1"}),
+    (False, True, {"memory": "10Gi"}),  # as a cluster without the gate serves it
+    (False, False, {"memory": "10Gi", "cores": "1"}),  # fields kept from before the gate went
+])
+def test_translated_memory_only_shares_share_a_card_in_both_worlds(
+        native: bool, served_without_the_gate: bool, consumed: dict[str, str]) -> None:
+    # The translator states every capacity of its shares, so what a capacity left out would be
+    # charged never applies to them; read from the GpuShareConfig alone, a share without cores
+    # limits no compute. Either way eight 10 GiB shares fill one 80 GiB card.
+    state = cluster({"n1": [gpu(0, memory_gib=80, shared=native)]},
+                    consumable_capacity=native)
+    for i in range(8):
+        c = _translated_claim(f"c{i}", served_without_the_gate=served_without_the_gate)
+        plan = place(state, pod(f"p{i}"), c)
+        assert devices_of(plan, c) == ["gpu-0"]
+        assert _consumed(plan, c) == consumed
+    extra = _translated_claim("c8", served_without_the_gate=served_without_the_gate)
+    assert place(state, pod("p8"), extra).node_name is None
 
 
 # --- policies ----------------------------------------------------------------------------------
