@@ -27,8 +27,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
         description="Read a YAML or JSON stream of manifests and write it back with every pod "
                     "spec that asks for legacy GPU resources rewritten to use DRA, followed by "
                     "the ResourceClaimTemplates the rewritten pods need.")
-    translate.add_argument("-f", "--filename", required=True, metavar="FILE",
-                           help="manifests to translate ('-' reads standard input)")
+    translate.add_argument("-f", "--filename", required=True, action="append", metavar="FILE",
+                           help="manifests to translate ('-' reads standard input); repeatable, "
+                                "as with kubectl: the files are read in order")
     translate.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
                            help="yaml: a document stream (default); json: one JSON list")
     translate.add_argument("--rules", action="append", default=[], metavar="PATH",
@@ -70,7 +71,13 @@ def _read_stream(name: str, stdin: TextIO) -> list[Any]:
 
     import yaml
 
-    text = stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
+    if name == "-":
+        # Decoded strictly as files are: a text stdin may decode with surrogateescape, and the
+        # YAML parser would then blame an "unacceptable character" of its own making.
+        raw = getattr(stdin, "buffer", None)
+        text = raw.read().decode("utf-8") if raw is not None else stdin.read()
+    else:
+        text = Path(name).read_text(encoding="utf-8")
     stripped = text.lstrip()
     if stripped.startswith(("[", "{")):
         try:
@@ -113,18 +120,25 @@ def _run_translate(args: argparse.Namespace) -> int:
     except RulesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
-    source = "standard input" if args.filename == "-" else args.filename
-    try:
-        documents = _read_stream(args.filename, sys.stdin)
-    except OSError as exc:
-        print(f"error: cannot read {source}: {exc.strerror or exc}", file=sys.stderr)
+    if args.filename.count("-") > 1:
+        print("error: -f - (standard input) can be given only once", file=sys.stderr)
         return EXIT_UNREADABLE
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or exc
-        print(f"error: {source} is not valid YAML or JSON{where}: {problem}", file=sys.stderr)
-        return EXIT_UNREADABLE
+    documents: list[Any] = []
+    for filename in args.filename:
+        source = "standard input" if filename == "-" else filename
+        try:
+            documents.extend(_read_stream(filename, sys.stdin))
+        except OSError as exc:
+            print(f"error: cannot read {source}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_UNREADABLE
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or exc
+            print(f"error: {source} is not valid YAML or JSON{where}: {problem}",
+                  file=sys.stderr)
+            return EXIT_UNREADABLE
+    source = ", ".join("standard input" if f == "-" else f for f in args.filename)
 
     result = rewrite_manifests(documents, ruleset)
     for warning in result.warnings:

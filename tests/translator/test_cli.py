@@ -291,3 +291,33 @@ def test_json_output_writes_an_explicit_yaml_timestamp_as_text(
     code, out, err = run(capsys, "translate", "-f", str(source), "-o", "json")
     assert (code, err) == (0, "")
     assert json.loads(out)[0]["data"] == {"at": "2024-01-02"}
+
+
+def test_filename_is_repeatable_and_read_in_order(capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Path) -> None:
+    # `-f a -f b`, as with kubectl; the second -f used to replace the first without a word.
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(yaml.safe_dump(STREAM[10]))
+    second.write_text(yaml.safe_dump(STREAM[11]))
+    code, out, err = run(capsys, "translate", "-f", str(first), "-f", str(second))
+    assert (code, err) == (0, "")
+    assert list(yaml.safe_load_all(out)) == [STREAM[10], STREAM[11]]
+
+
+def test_standard_input_twice_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "translate", "-f", "-", "-f", "-")
+    assert (code, out) == (2, "")
+    assert err == "error: -f - (standard input) can be given only once\n"
+
+
+def test_standard_input_that_is_not_utf8_is_named_as_such(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A text stdin decodes with surrogateescape under a C locale: the YAML parser then blamed
+    # an "unacceptable character #xdcff" instead of the encoding.
+    stdin = io.TextIOWrapper(io.BytesIO(b"a: \xff\n"), encoding="utf-8",
+                             errors="surrogateescape")
+    monkeypatch.setattr("sys.stdin", stdin)
+    code, out, err = run(capsys, "translate", "-f", "-")
+    assert (code, out) == (2, "")
+    assert err.startswith("error: standard input is not valid YAML or JSON: 'utf-8' codec "
+                          "can't decode byte 0xff")
