@@ -87,7 +87,9 @@ def resource_slice(node_name: str, gpus: int, *, memory_gib: int = 80, native: b
 
 def share_claim_spec(*, memory_gib: int | None = None, cores: int | None = None,
                      count: int = 1) -> Object:
-    """A claim spec as the translator writes it: capacity requests plus a GpuShareConfig."""
+    """A claim spec as the translator writes it: capacity requests plus a GpuShareConfig; a
+    share states the capacity it leaves open at its smallest amount (1 core, 1Mi), so that
+    it is not charged the request policy's default (the whole card)."""
     exactly: dict[str, Any] = {"deviceClassName": names.GPU_CLASS, "count": count}
     requests: dict[str, str] = {}
     params: dict[str, Any] = {"apiVersion": names.API_VERSION,
@@ -99,6 +101,8 @@ def share_claim_spec(*, memory_gib: int | None = None, cores: int | None = None,
         requests[names.CAPACITY_CORES] = str(cores)
         params["cores"] = cores
     if requests:
+        requests.setdefault(names.CAPACITY_MEMORY, "1Mi")
+        requests.setdefault(names.CAPACITY_CORES, "1")
         exactly["capacity"] = {"requests": requests}
     return {"devices": {
         "requests": [{"name": "gpu", "exactly": exactly}],
