@@ -231,3 +231,66 @@ def test_the_same_pod_twice_is_refused_by_name() -> None:
 
     assert str(caught.value) == ("reading pods: pod ml/a (Pod ml/a) appears twice; give each "
                                  "pod or workload its own name")
+
+
+@pytest.mark.timeout(120)
+def test_json_summary_of_a_failed_run_names_the_work_directory_it_kept(tmp_path: Path) -> None:
+    # Without --work-dir the demo keeps its temporary directory when a pod is not placed; the
+    # summary said "workDir": null while stderr said where the logs were kept. And a $TMPDIR
+    # too long for the node plugins' sockets made the demo fail to start (it put the node
+    # folders there too).
+    pods = tmp_path / "pods.yaml"
+    pods.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: nine-gpus, namespace: ml}\n"
+        "spec:\n  containers:\n    - name: c\n      image: busybox\n      resources:\n"
+        "        limits: {nvidia.com/gpu: 9}\n", encoding="utf-8")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+
+    done = subprocess.run(
+        [sys.executable, "-m", "dra_gateway", "demo", "--pods", str(pods), "--timeout", "3",
+         "-o", "json"], capture_output=True, text=True, timeout=100, check=False,
+        stdin=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(temp)})
+
+    assert done.returncode == 1, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["ok"] is False
+    assert "failedStep" not in summary, summary  # it started: a long $TMPDIR is no matter
+    assert summary["pods"][0]["problems"][0] == ("not bound (still gated by "
+                                                 "dra-gateway.io/allocation)")
+    assert summary["workDir"] is not None
+    work = Path(summary["workDir"])
+    assert (work / "logs" / "allocator.log").is_file()
+    assert f"demo: logs, kubeconfig and certificates kept in {work}" in done.stderr
+    assert _processes_mentioning(str(work)) == []
+
+
+def test_pods_file_that_is_not_text_is_refused_without_a_traceback(tmp_path: Path) -> None:
+    from dra_gateway.demo import DemoError, read_pods
+
+    pods = tmp_path / "pods.yaml"
+    pods.write_bytes(b"\xff\xfe\x00binary")
+
+    with pytest.raises(DemoError) as caught:
+        read_pods([pods])
+
+    assert str(caught.value) == (f"reading pods: {pods} is not a text file (not UTF-8): pass "
+                                 "YAML or JSON manifests to --pods")
+
+
+def test_the_items_of_a_list_are_pods_of_their_own() -> None:
+    # What `kubectl get pods -o yaml` writes: the demo refused it as not a Kubernetes object.
+    from dra_gateway.demo import DemoError, pods_of
+
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a", "namespace": "ml"},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    listed = {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
+              "items": [pod, {**pod, "metadata": {"name": "b"}}]}
+
+    pods = pods_of([listed], "pods.yaml")
+
+    assert [(p.namespace, p.name) for p in pods] == [("ml", "a"), ("default", "b")]
+    with pytest.raises(DemoError) as caught:
+        pods_of([{**listed, "items": [pod, {"kind": "Pod"}]}], "pods.yaml")
+    assert str(caught.value) == ("reading pods: pods.yaml (document 1, item 2): expected a "
+                                 "Kubernetes object with apiVersion, kind and metadata")

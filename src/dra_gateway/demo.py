@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -138,13 +138,26 @@ def _role(path: str) -> str:
     return ""
 
 
+def _objects(documents: Sequence[Any], source: str) -> Iterator[tuple[int, str, Any]]:
+    """(index, how messages name it, object) per object; the items of a `kind: List` (what
+    `kubectl get -o yaml` writes) are objects of their own."""
+    for index, document in enumerate(documents):
+        where = f"{source} (document {index + 1})"
+        items = document.get("items") if isinstance(document, dict) else None
+        if (isinstance(items, list) and isinstance(document.get("kind"), str)
+                and document["kind"].endswith("List")):
+            for number, item in enumerate(items):
+                yield number, f"{where[:-1]}, item {number + 1})", item
+        else:
+            yield index, where, document
+
+
 def pods_of(documents: Sequence[Any], source: str) -> list[DemoPod]:
     """The pods to create for manifests: Pods as they are, workloads expanded to their pods."""
     from dra_gateway.translator.manifests import describe, pod_specs
 
     pods: list[DemoPod] = []
-    for index, document in enumerate(documents):
-        where = f"{source} (document {index + 1})"
+    for index, where, document in _objects(documents, source):
         if not isinstance(document, dict) or not isinstance(document.get("metadata"), dict):
             raise DemoError("reading pods", f"{where}: expected a Kubernetes object with "
                             "apiVersion, kind and metadata")
@@ -192,6 +205,9 @@ def read_pods(paths: Sequence[Path]) -> list[DemoPod]:
         except OSError as exc:
             raise DemoError("reading pods", f"cannot read {path}: {exc.strerror or exc}; pass "
                             "an existing manifest file to --pods") from None
+        except UnicodeDecodeError:
+            raise DemoError("reading pods", f"{path} is not a text file (not UTF-8): pass YAML "
+                            "or JSON manifests to --pods") from None
         try:
             documents = [d for d in yaml.safe_load_all(text) if d is not None]
         except yaml.YAMLError as exc:
@@ -903,6 +919,14 @@ def print_table(reports: Sequence[PodReport], out: IO[str]) -> None:
             out.write(f"\nFAILED {r.namespace}/{r.name}: {problem}\n")
 
 
+def _short_temp_dir() -> str:
+    """Where the node folders go when the work directory is too long for their sockets: the
+    temporary directory if short enough (mkdtemp adds 23 characters), else /tmp ($TMPDIR may
+    be as long as the work directory)."""
+    temp = tempfile.gettempdir()
+    return temp if len(temp) + 23 <= _SHORT_PATH else "/tmp"
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise _Terminated
 
@@ -936,7 +960,7 @@ def run(args: argparse.Namespace) -> int:
         if len(str(root)) <= _SHORT_PATH:
             nodes_root, remove_nodes = root / "n", False
         else:
-            nodes_root = Path(tempfile.mkdtemp(prefix="dra-gateway-n-"))
+            nodes_root = Path(tempfile.mkdtemp(prefix="dra-gateway-n-", dir=_short_temp_dir()))
             remove_nodes = not args.keep
     except OSError as exc:
         print(f"demo: cannot create the work directory {exc.filename or ''}: "
@@ -988,6 +1012,8 @@ def run(args: argparse.Namespace) -> int:
         if failure.log is not None:
             print(f"--- last lines of {failure.log} ---\n{log_tail(failure.log)}\n---", file=err)
         remove = False  # the logs are what the user needs now
+    if outcome is not None and code != 0:
+        remove = False  # the logs explain the failure; the JSON summary must say where they are
     if outcome is not None:
         if as_json:
             summary = {"ok": code == 0, "workDir": str(root) if not remove else None,
@@ -1006,7 +1032,6 @@ def run(args: argparse.Namespace) -> int:
                 allocator_log = layout.logs / "allocator.log"
                 print(f"--- last lines of {allocator_log} ---\n{log_tail(allocator_log)}\n---",
                       file=err)
-            remove = False
     if remove_nodes:
         shutil.rmtree(nodes_root, ignore_errors=True)
     elif nodes_root.parent != root:
