@@ -33,6 +33,16 @@ def _service(text: str) -> tuple[str, str]:
     return service, address
 
 
+def _token(text: str) -> str:
+    # An empty token was replaced by a random one without a word; a token with spaces or
+    # control characters cannot travel in an Authorization header.
+    if not text or not text.isprintable() or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a bearer token: give printable characters without spaces, or "
+            "leave --token out for a random one")
+    return text
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
              bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this component's subcommands; handlers import their heavy modules themselves."""
@@ -50,13 +60,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        help="where to write the kubeconfig clients use")
     serve.add_argument("--seed", action="append", default=[], metavar="FILE",
                        help="YAML or JSON manifests to create at start (repeatable)")
-    serve.add_argument("--token", default=None,
-                       help="bearer token clients must send (default: a random one, written "
-                            "into the kubeconfig)")
-    serve.add_argument("--no-token", action="store_true",
-                       help="accept requests without a token (loopback addresses only)")
+    auth = serve.add_mutually_exclusive_group()
+    auth.add_argument("--token", default=None, type=_token,
+                      help="bearer token clients must send (default: a random one, written "
+                           "into the kubeconfig)")
+    auth.add_argument("--no-token", action="store_true",
+                      help="accept requests without a token (loopback addresses only)")
     serve.add_argument("--history", type=int, default=1000, metavar="EVENTS",
-                       help="watch events kept per type; older resourceVersions get 410 Expired")
+                       help="watch events kept per type; older resourceVersions get 410 Expired "
+                            "(default: %(default)s)")
     serve.add_argument("--webhook-service", action="append", default=[], type=_service,
                        metavar="NAMESPACE/NAME=HOST:PORT",
                        help="where a webhook configuration's clientConfig.service listens "
@@ -73,8 +85,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
         description="Run one claim workload (create, get, allocate, watch) on the in-memory "
                     "cluster and through kubernetes-asyncio against it on loopback; print both "
                     "throughputs and their ratio.")
-    measure.add_argument("--claims", type=int, default=2000, help="claims per backend")
-    measure.add_argument("--concurrency", type=int, default=16, help="concurrent workers")
+    measure.add_argument("--claims", type=int, default=2000,
+                         help="claims per backend (default: %(default)s)")
+    measure.add_argument("--concurrency", type=int, default=16,
+                         help="concurrent workers (default: %(default)s)")
     measure.set_defaults(func=_bench)
 
 
