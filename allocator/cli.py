@@ -6,6 +6,18 @@ Light imports only; each handler imports its module when it runs.
 from __future__ import annotations
 
 import argparse
+import re
+import sys
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _namespace(value: str) -> str:
+    # The Lease lives there: a name the API server refuses failed only at the first election.
+    if not _DNS_LABEL.match(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a namespace name (a DNS label: lowercase letters, digits, '-')")
+    return value
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -18,7 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                             "in-process cluster nothing else can reach (a smoke test only)")
     controller.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then "
                             "$KUBECONFIG, then ~/.kube/config)")
-    controller.add_argument("--namespace", default="dra-gateway",
+    controller.add_argument("--namespace", default="dra-gateway", type=_namespace,
                             help="namespace of the allocator's Lease (default: %(default)s)")
     controller.add_argument("--policy", default="default",
                             help="cluster-wide scoring policy (default: %(default)s)")
@@ -51,6 +63,19 @@ def _run_controller(args: argparse.Namespace) -> int:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from dra_gateway.allocator import bench
+
+    for flag, name in (("--nodes", args.nodes), ("--pods", args.pods)):
+        try:
+            Path(name).read_bytes().decode("utf-8")
+        except OSError:
+            pass  # the benchmark names a file it cannot read
+        except UnicodeDecodeError:
+            # The CSV reader would end in a UnicodeDecodeError traceback.
+            print(f"dra-gateway bench allocator: {name}: not a text file (not UTF-8); give "
+                  f"{flag} an openb CSV", file=sys.stderr)
+            return 2
 
     return bench.main(args)
