@@ -32,9 +32,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
 
 
 def _generate(args: argparse.Namespace) -> int:
+    import datetime as dt
     from pathlib import Path
 
-    from dra_gateway.certs.generate import make_bundle, write_bundle
+    from dra_gateway.certs.generate import CA_FILE, CERT_FILE, KEY_FILE, make_bundle, write_bundle
 
     if not args.dns and not args.ip:
         print("certs generate: give at least one --dns NAME or --ip ADDR for the certificate's "
@@ -45,10 +46,23 @@ def _generate(args: argparse.Namespace) -> int:
         print(f"certs generate: --days {args.days} must be at least 1 and no more than "
               f"--ca-days {args.ca_days}", file=sys.stderr)
         return 2
+    # X.509 dates end with the year 9999; a longer validity ended in an OverflowError trace.
+    longest = (dt.datetime(9999, 12, 31, tzinfo=dt.UTC) - dt.datetime.now(dt.UTC)).days
+    if args.ca_days > longest:
+        print(f"certs generate: --ca-days {args.ca_days} would end after 9999-12-31, the last "
+              f"date a certificate can hold; give at most {longest}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    for name in (CA_FILE, CERT_FILE, KEY_FILE):
+        # Refused before writing: one unwritable file left a new CA beside the old pair.
+        if (out / name).exists() and not (out / name).is_file():
+            print(f"certs generate: cannot write {out / name}: it exists and is not a file; "
+                  f"remove it or choose another --out directory", file=sys.stderr)
+            return 1
     try:
         bundle = make_bundle(dns_names=args.dns, ip_addresses=args.ip, days=args.days,
                              ca_days=args.ca_days)
-        paths = write_bundle(bundle, Path(args.out))
+        paths = write_bundle(bundle, out)
     except ValueError as exc:
         print(f"certs generate: {exc}", file=sys.stderr)
         return 2

@@ -109,3 +109,37 @@ def test_generate_refuses_an_address_given_as_a_dns_name(
         f"certs generate: --dns '{address}' is an IP address, which clients only match against "
         f"IP SANs: pass it with --ip {address}\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_refuses_a_validity_past_the_last_x509_date(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Was an OverflowError traceback from the date arithmetic.
+    assert main(["certs", "generate", "--out", str(tmp_path), "--dns", "svc.ns.svc",
+                 "--ca-days", "99999999"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("certs generate: --ca-days 99999999 would end after 9999-12-31, the "
+                          "last date a certificate can hold; give at most ")
+    longest = int(err.rsplit(" ", 1)[1])
+    assert list(tmp_path.iterdir()) == []
+    assert main(["certs", "generate", "--out", str(tmp_path), "--dns", "svc.ns.svc",
+                 "--days", str(longest), "--ca-days", str(longest)]) == 0
+
+
+def test_generate_writes_nothing_when_a_file_it_must_replace_is_a_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # ca.crt used to be replaced before tls.key failed: a new CA beside the old pair.
+    out = tmp_path / "tls"
+    assert main(["certs", "generate", "--out", str(out), "--dns", "svc.ns.svc"]) == 0
+    old_ca = (out / "ca.crt").read_bytes()
+    (out / "tls.key").unlink()
+    (out / "tls.key").mkdir()
+    capsys.readouterr()
+
+    assert main(["certs", "generate", "--out", str(out), "--dns", "svc.ns.svc"]) == 1
+
+    assert capsys.readouterr().err == (
+        f"certs generate: cannot write {out / 'tls.key'}: it exists and is not a file; remove "
+        "it or choose another --out directory\n")
+    assert (out / "ca.crt").read_bytes() == old_ca
