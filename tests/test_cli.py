@@ -66,3 +66,25 @@ def test_bench_allocator_names_a_trace_that_is_not_text(
     assert code == 2  # was a UnicodeDecodeError traceback
     assert capsys.readouterr().err == (f"dra-gateway bench allocator: {nodes}: not a text file "
                                        "(not UTF-8); give --nodes an openb CSV\n")
+
+
+def test_webhook_tls_dir_that_is_a_file_is_named_as_such(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # It said "tls.crt and tls.key not found" and suggested `certs generate --out FILE`,
+    # which fails on a file too.
+    tls = tmp_path / "tls.crt"
+    tls.write_text("")
+    assert main(["webhook", "--listen", "127.0.0.1:0", "--tls-dir", str(tls)]) == 2
+    assert capsys.readouterr().err == (f"webhook: --tls-dir {tls} is a file; pass the folder "
+                                       "that holds tls.crt and tls.key\n")
+
+
+@pytest.mark.parametrize(("command", "text"), [
+    ("webhook", "--log-level {debug,info,warning,error} least severe level logged (default: "
+                "info)"),
+    ("webhook-config", "--no-builtin-rules derive the configurations from the --rules files")])
+def test_every_webhook_option_is_explained(command: str, text: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert text in " ".join(capsys.readouterr().out.split())

@@ -81,7 +81,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     serve.add_argument("--workers", type=int, default=1, metavar="N",
                        help="server processes sharing the port (SO_REUSEPORT; default: 1)")
     serve.add_argument("--log-level", default="info",
-                       choices=("debug", "info", "warning", "error"))
+                       choices=("debug", "info", "warning", "error"),
+                       help="least severe level logged (default: %(default)s)")
     serve.set_defaults(func=_serve)
 
     config = sub.add_parser("webhook-config",
@@ -92,7 +93,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                         help="CA certificate (PEM) that signed the serving certificate")
     config.add_argument("--rules", action="append", default=[], metavar="PATH",
                         help="rules file or folder, added to the built-in rules (repeatable)")
-    config.add_argument("--no-builtin-rules", action="store_true")
+    config.add_argument("--no-builtin-rules", action="store_true",
+                        help="derive the configurations from the --rules files only")
     config.add_argument("--namespace", type=_namespace, help="the gateway's namespace, "
                         "excluded from admission (default: the Service's)")
     config.add_argument("--port", type=_port, default=443, help="Service port (default: 443)")
@@ -110,6 +112,11 @@ def _serve(args: argparse.Namespace) -> int:
     from dra_gateway.webhook.settings import WebhookSettings
 
     tls_dir = Path(args.tls_dir)
+    if tls_dir.exists() and not tls_dir.is_dir():
+        # `certs generate --out` would fail on it too: do not suggest it.
+        print(f"webhook: --tls-dir {tls_dir} is a file; pass the folder that holds tls.crt and "
+              "tls.key", file=sys.stderr)
+        return 2
     missing = [f for f in ("tls.crt", "tls.key") if not (tls_dir / f).is_file()]
     if missing:
         print(f"webhook: {' and '.join(missing)} not found in --tls-dir {tls_dir}; create them "
