@@ -77,8 +77,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     serve.add_argument("--hami-library", default="/usr/local/vgpu/libvgpu.so",
                        help="HAMi-core library preloaded for hami-core shares "
                             "(default: %(default)s)")
-    serve.add_argument("--log-level", default="INFO",
-                       choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    serve.add_argument("--log-level", default="INFO", type=str.upper,
+                       choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                       help="least severe level logged, in any case "
+                            "(default: %(default)s)")
     serve.set_defaults(func=_serve)
 
     classes = commands.add_parser("device-classes", help="print the gateway's DeviceClasses")

@@ -80,11 +80,19 @@ def test_webhook_tls_dir_that_is_a_file_is_named_as_such(
 
 
 @pytest.mark.parametrize(("command", "text"), [
-    ("webhook", "--log-level {debug,info,warning,error} least severe level logged (default: "
-                "info)"),
+    ("webhook", "--log-level {debug,info,warning,error} least severe level logged, in any "
+                "case (default: info)"),
     ("webhook-config", "--no-builtin-rules derive the configurations from the --rules files")])
 def test_every_webhook_option_is_explained(command: str, text: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main([command, "--help"])
     assert text in " ".join(capsys.readouterr().out.split())
+
+
+def test_log_levels_are_accepted_in_either_case() -> None:
+    # The node plugin took only DEBUG..ERROR and the webhook only debug..error.
+    base = ["node-plugin", "serve", "--inventory", "i.yaml", "--node-name", "n"]
+    assert build_parser().parse_args([*base, "--log-level", "debug"]).log_level == "DEBUG"
+    args = build_parser().parse_args(["webhook", "--tls-dir", "t", "--log-level", "WARNING"])
+    assert args.log_level == "warning"

@@ -80,9 +80,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        "/validate")
     serve.add_argument("--workers", type=int, default=1, metavar="N",
                        help="server processes sharing the port (SO_REUSEPORT; default: 1)")
-    serve.add_argument("--log-level", default="info",
+    serve.add_argument("--log-level", default="info", type=str.lower,
                        choices=("debug", "info", "warning", "error"),
-                       help="least severe level logged (default: %(default)s)")
+                       help="least severe level logged, in any case (default: %(default)s)")
     serve.set_defaults(func=_serve)
 
     config = sub.add_parser("webhook-config",
