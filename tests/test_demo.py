@@ -294,3 +294,23 @@ def test_the_items_of_a_list_are_pods_of_their_own() -> None:
         pods_of([{**listed, "items": [pod, {"kind": "Pod"}]}], "pods.yaml")
     assert str(caught.value) == ("reading pods: pods.yaml (document 1, item 2): expected a "
                                  "Kubernetes object with apiVersion, kind and metadata")
+
+
+def test_a_replica_count_beyond_the_demo_is_refused_by_name() -> None:
+    # Each replica became a pod in memory first: replicas: 1000000000 hung the demo.
+    from dra_gateway.demo import MAX_PODS, DemoError, pods_of
+
+    template = {"spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
+                  "metadata": {"name": "web", "namespace": "team"},
+                  "spec": {"replicas": 1_000_000_000, "template": template}}
+
+    with pytest.raises(DemoError) as caught:
+        pods_of([deployment], "pods.yaml")
+
+    assert str(caught.value) == (
+        f"reading pods: pods.yaml (document 1): Deployment team/web asks for 1000000000 "
+        f"replicas; the demo creates at most {MAX_PODS} pods on its three nodes: lower its "
+        "replicas")
+    deployment["spec"]["replicas"] = MAX_PODS
+    assert len(pods_of([deployment], "pods.yaml")) == MAX_PODS

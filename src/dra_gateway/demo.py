@@ -55,6 +55,8 @@ WEBHOOK_SERVICE = "dra-gateway-webhook"
 GRACE_S = 5.0
 LOG_TAIL_LINES = 25
 _POLL_S = 0.2
+# Most pods the demo creates (workloads' replicas included): its nodes hold a dozen GPUs.
+MAX_PODS = 500
 # Longest work directory whose node folders still fit a kubelet socket path (107 bytes).
 _SHORT_PATH = 48
 # Resource names the demo does not count as a legacy GPU request when it shows one.
@@ -178,7 +180,13 @@ def pods_of(documents: Sequence[Any], source: str) -> list[DemoPod]:
             continue
         for path, template in found:
             role = _role(path)
-            for replica in range(_replicas(document, path)):
+            replicas = _replicas(document, path)
+            if len(pods) + replicas > MAX_PODS:
+                # Each replica becomes a pod here: a production replica count hung the demo.
+                raise DemoError("reading pods", f"{where}: {label} asks for {replicas} "
+                                f"replicas; the demo creates at most {MAX_PODS} pods on its "
+                                "three nodes: lower its replicas")
+            for replica in range(replicas):
                 pod_meta = dict(template.get("metadata") or {})
                 pod_meta["name"] = "-".join(p for p in (name, role, str(replica)) if p)
                 pod_meta["namespace"] = namespace
