@@ -46,6 +46,9 @@ CLAIM_NAME: Final = "dra-gateway"
 TEMPLATE_PREFIX: Final = "dra-gateway-"
 _HASH_LENGTH: Final = 10
 _MANAGED: Final = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
+# resource.k8s.io/v1 AllocationResult.devices.results holds at most 32 devices: a claim that
+# asks for more can never be allocated, by the gateway or by the scheduler.
+MAX_DEVICES_PER_CLAIM: Final = 32
 
 # Looks up the device classes a claim or template named by the pod requests:
 # (kind, namespace, name) -> class names, or None when unknown. kind is "ResourceClaimTemplate"
@@ -322,6 +325,19 @@ def _plan_pod(found: list[tuple[str, int, Mapping[str, Any], tuple[str, ...], tu
             configs.append(result.config)
         constraints.extend(result.constraints)
 
+    total = sum(r["exactly"]["count"] for r in requests_out)
+    if total > MAX_DEVICES_PER_CLAIM:
+        counts = ", ".join(f"{r['name']}: {r['exactly']['count']}" for r in requests_out)
+        _, container, _ = max(
+            (entry for entry in per_container if request_of[entry[1].get("name", "")] ==
+             entry[1].get("name", "")), key=lambda entry: entry[2].request["exactly"]["count"])
+        resource = ", ".join(sorted(set().union(*removed[container.get("name", "")])))
+        too_many = _refuse(container.get("name", ""), resource, "",
+                           f"the pod's containers ask for {total} devices in all ({counts}); "
+                           f"a DRA claim holds at most {MAX_DEVICES_PER_CLAIM} devices, so it "
+                           "could never be allocated; split the work over several pods")
+        return _PodPlan(None, {}, {}, "", False, tuple(warnings), (), too_many.refusal)
+
     devices: dict[str, Any] = {"requests": requests_out}
     if constraints:
         devices["constraints"] = constraints
@@ -468,6 +484,11 @@ def _plan_container(key: str, container: Mapping[str, Any], legacy: set[str],
     if count < 1:
         raise _refuse(name, resource, rule.name,
                       f"{resource} gives a device count of {count}; at least 1 is needed")
+    if count > MAX_DEVICES_PER_CLAIM:
+        raise _refuse(name, resource, rule.name,
+                      f"{resource} gives a device count of {count}; a DRA claim holds at most "
+                      f"{MAX_DEVICES_PER_CLAIM} devices, so it could never be allocated; "
+                      "split the work over several pods")
     for label, value in (("memory share", percent), ("compute share", cores)):
         if not 0 <= value <= names.CORES_PER_CARD:
             raise _refuse(name, resource, rule.name,

@@ -55,6 +55,10 @@ REFUSALS: list[tuple[str, dict[str, Any], str, str, str]] = [
      'container "train": nvidia.com/mig-1g.5gb and nvidia.com/mig-2g.10gb cannot be combined in '
      "one container; one container asks for one kind (rule nvidia-mig)",
      "nvidia.com/mig-1g.5gb, nvidia.com/mig-2g.10gb", "nvidia-mig"),
+    ("more devices than a claim holds", {"nvidia.com/gpu": 33},
+     'container "train": nvidia.com/gpu gives a device count of 33; a DRA claim holds at most '
+     "32 devices, so it could never be allocated; split the work over several pods (rule "
+     "nvidia-gpu)", "nvidia.com/gpu", "nvidia-gpu"),
     ("two vendors in one container", {"nvidia.com/gpu": 1, "amd.com/gpu": 1},
      'container "train": amd.com/gpu (rule amd-gpu) and nvidia.com/gpu (rule nvidia-gpu) cannot '
      "be combined in one container; ask for one protocol per container",
@@ -101,3 +105,26 @@ def test_an_existing_claim_named_like_the_gateways_is_refused(builtin_rules: Rul
     assert plan.refusal.message == (
         'the pod already has a resource claim named "dra-gateway" but no '
         "dra-gateway.io/translated annotation; rename that claim")
+
+
+def test_containers_that_ask_for_more_devices_than_a_claim_holds_are_refused(
+        builtin_rules: RuleSet) -> None:
+    # 20 + 20 cards in one claim: allocation results hold at most 32 devices.
+    plan = translate(pod(ctr("a", limits={"nvidia.com/gpu": 20}),
+                         ctr("b", limits={"nvidia.com/gpu": 20})), builtin_rules)
+    assert plan.refusal is not None
+    assert plan.refusal.message == (
+        'container "a": the pod\'s containers ask for 40 devices in all (a: 20, b: 20); a DRA '
+        "claim holds at most 32 devices, so it could never be allocated; split the work over "
+        "several pods")
+    assert (plan.refusal.container, plan.refusal.resource) == ("a", "nvidia.com/gpu")
+    assert plan.patch == []
+
+
+def test_an_init_container_sharing_the_main_containers_cards_counts_once(
+        builtin_rules: RuleSet) -> None:
+    plan = translate(pod(ctr("main", limits={"nvidia.com/gpu": 32}),
+                         init=(ctr("warmup", limits={"nvidia.com/gpu": 32}),)), builtin_rules)
+    assert plan.refusal is None
+    (template,) = plan.templates
+    assert [r["exactly"]["count"] for r in template["spec"]["spec"]["devices"]["requests"]] == [32]
