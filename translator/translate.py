@@ -49,6 +49,7 @@ _MANAGED: Final = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 # resource.k8s.io/v1 AllocationResult.devices.results holds at most 32 devices: a claim that
 # asks for more can never be allocated, by the gateway or by the scheduler.
 MAX_DEVICES_PER_CLAIM: Final = 32
+_INT64_MAX: Final = 2**63 - 1
 
 # Looks up the device classes a claim or template named by the pod requests:
 # (kind, namespace, name) -> class names, or None when unknown. kind is "ResourceClaimTemplate"
@@ -574,11 +575,17 @@ def _activation(rule: CompiledRule, container: str, kind: str, mine: list[str],
     for resource in mine:
         value = _whole_value(container, rule.name, resource, limits.get(resource),
                              requests.get(resource))
+        scaled = value * rule.exact.get(resource, rule.pattern_factor)
+        if scaled > _INT64_MAX:
+            # Expressions compute in CEL's 64-bit integers; no device has that much anyway.
+            raise _refuse(container, resource, rule.name,
+                          f"{resource} is {limits.get(resource, requests.get(resource))}, "
+                          "more than any device offers")
         if resource in rule.exact:
-            r[resource] = value * rule.exact[resource]
+            r[resource] = scaled
         else:
             pattern_names.append(resource)
-            r[f"{rule.pattern}*"] = value * rule.pattern_factor
+            r[f"{rule.pattern}*"] = scaled
             wildcard = resource[len(rule.pattern or ""):]
     if rule.pattern is not None:
         r.setdefault(f"{rule.pattern}*", 0)

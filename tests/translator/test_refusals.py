@@ -59,6 +59,9 @@ REFUSALS: list[tuple[str, dict[str, Any], str, str, str]] = [
      'container "train": nvidia.com/gpu gives a device count of 33; a DRA claim holds at most '
      "32 devices, so it could never be allocated; split the work over several pods (rule "
      "nvidia-gpu)", "nvidia.com/gpu", "nvidia-gpu"),
+    ("an amount past 64 bits", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": "1e400"},
+     'container "train": nvidia.com/gpumem is 1e400, more than any device offers (rule hami)',
+     "nvidia.com/gpumem", "hami"),
     ("two vendors in one container", {"nvidia.com/gpu": 1, "amd.com/gpu": 1},
      'container "train": amd.com/gpu (rule amd-gpu) and nvidia.com/gpu (rule nvidia-gpu) cannot '
      "be combined in one container; ask for one protocol per container",
