@@ -56,8 +56,7 @@ def _run_check(args: argparse.Namespace) -> int:
     try:
         ruleset = load_rules(*args.paths, builtin=not args.no_builtin_rules)
     except RulesError as exc:
-        print(f"{exc.failed} {'rule' if exc.failed == 1 else 'rules'} failed to load:",
-              file=sys.stdout)
+        print(f"{exc.summary}:", file=sys.stdout)
         for error in exc.errors:
             print(f"  {error}", file=sys.stdout)
         return EXIT_REFUSED

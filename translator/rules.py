@@ -82,13 +82,18 @@ _MAX_EXPRESSION: Final = 4096
 
 
 class RulesError(ValueError):
-    """Rules that failed to load. `errors` holds one `<source>: <path>: <problem>` per problem."""
+    """Rules that failed to load. `errors` holds one `<source>: <path>: <problem>` per problem;
+    `summary` says what failed, e.g. "2 rules and 1 document failed to load" (a document that
+    cannot be read or parsed, or whose own fields are wrong, counts as a document)."""
 
-    def __init__(self, errors: Sequence[str], failed: int) -> None:
+    def __init__(self, errors: Sequence[str], failed: Mapping[str, int]) -> None:
         self.errors = list(errors)
-        self.failed = failed
-        noun = "rule" if failed == 1 else "rules"
-        super().__init__(f"{failed} {noun} failed to load: " + "; ".join(self.errors))
+        self.failed = dict(failed)
+        parts = [f"{n} {kind}{'' if n == 1 else 's'}"
+                 for kind in ("rule", "override", "document") if (n := failed.get(kind, 0))]
+        listed = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
+        self.summary = f"{listed or 'nothing'} failed to load"
+        super().__init__(f"{self.summary}: " + "; ".join(self.errors))
 
 
 # --------------------------------------------------------------------------------------------
@@ -454,6 +459,15 @@ class _Problems:
         entry = re.match(r"^(rules|overrides)\[\d+\]", path)
         self.failed.add((source, entry.group(0) if entry else ""))
 
+    def counts(self) -> dict[str, int]:
+        """How many rules, overrides and whole documents failed."""
+        out: dict[str, int] = {}
+        for _, entry in self.failed:
+            kind = ("rule" if entry.startswith("rules[") else
+                    "override" if entry.startswith("overrides[") else "document")
+            out[kind] = out.get(kind, 0) + 1
+        return out
+
 
 def format_path(loc: Iterable[int | str]) -> str:
     """A pydantic location as a field path: `rules[3].resources["aliyun.com/gpu-mem"].unit`."""
@@ -657,7 +671,7 @@ def _assemble(documents: list[_ValidDocument], problems: _Problems) -> RuleSet:
             compiled.append(rule)
     _check_overlaps(compiled, entries, problems)
     if problems.errors:
-        raise RulesError(problems.errors, len(problems.failed))
+        raise RulesError(problems.errors, problems.counts())
     compiled.sort(key=lambda r: (-r.precedence, r.name))
     return RuleSet(rules=tuple(compiled), disabled=tuple(disabled))
 

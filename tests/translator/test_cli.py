@@ -166,7 +166,7 @@ def test_rules_that_are_not_text_are_a_load_error(capsys: pytest.CaptureFixture[
     rules.write_bytes(b"\xff\xfe\x00garbage")
     code, out, _ = run(capsys, "rules", "check", str(rules))
     assert code == 1
-    assert out == (f"1 rule failed to load:\n  {rules}: not a text file (not UTF-8): rules are "
+    assert out == (f"1 document failed to load:\n  {rules}: not a text file (not UTF-8): rules are "
                    "YAML or JSON\n")
 
 
@@ -176,7 +176,7 @@ def test_broken_extra_rules_exit_2(capsys: pytest.CaptureFixture[str], tmp_path:
     code, _, err = run(capsys, "translate", "-f", str(EXAMPLES / "pods" / "hami.yaml"),
                        "--rules", str(rules))
     assert code == 2
-    assert err == f"error: 1 rule failed to load: {rules}: rulez: unknown field\n"
+    assert err == f"error: 1 document failed to load: {rules}: rulez: unknown field\n"
 
 
 def test_rules_check_reports_every_error_with_its_path(capsys: pytest.CaptureFixture[str],

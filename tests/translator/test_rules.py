@@ -82,7 +82,7 @@ overrides:
     enabled: false
 """)
     assert message == (
-        "5 rules failed to load: "
+        "4 rules and 1 override failed to load: "
         "extra.yaml: rules[1].name: \"Bad_Name\" is not a rule name (lower-case letters, "
         "digits, '-' and '.', at most 63); "
         "extra.yaml: rules[1].device.colour: unknown field; "
@@ -98,8 +98,23 @@ def test_wrong_api_version_and_kind_are_named(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     message = load_error(tmp_path, monkeypatch, "apiVersion: v1\nkind: ConfigMap\n")
     assert message == (
-        "1 rule failed to load: extra.yaml: apiVersion: must be 'dra-gateway.io/v1alpha1', "
+        "1 document failed to load: extra.yaml: apiVersion: must be 'dra-gateway.io/v1alpha1', "
         'not "v1"; extra.yaml: kind: must be \'TranslationRules\', not "ConfigMap"')
+
+
+def test_the_summary_counts_documents_rules_and_overrides_apart(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("rules: [\n")
+    (tmp_path / "b.yaml").write_bytes(b"\xff\xfe")
+    (tmp_path / "c.yaml").write_text(HEADER + """\
+overrides:
+  - {rule: nope, enabled: false}
+rules:
+  - {name: Bad_Name, resources: {example.com/x: {}}, device: {className: x.example.com}}
+""")
+    with pytest.raises(RulesError) as raised:
+        load_rules(tmp_path / "a.yaml", tmp_path / "b.yaml", tmp_path / "c.yaml")
+    assert raised.value.failed == {"document": 2, "rule": 1, "override": 1}
+    assert raised.value.summary == "1 rule, 1 override and 2 documents failed to load"
 
 
 def test_two_rules_on_one_resource_without_precedence_is_a_load_error(
@@ -229,7 +244,7 @@ def test_configmap_sources_are_named_in_errors() -> None:
     with pytest.raises(RulesError) as caught:
         load_rules(("ConfigMap dra-gateway/site", {"rules": HEADER + "rules: 3\n"}))
     assert str(caught.value) == (
-        "1 rule failed to load: ConfigMap dra-gateway/site key rules: rules: Input should be a "
+        "1 document failed to load: ConfigMap dra-gateway/site key rules: rules: Input should be a "
         "valid list")
 
 
