@@ -101,7 +101,7 @@ def _int(path: Path, row: int, column: str, value: str | None) -> int:
 
 def _rows(path: Path, required: Sequence[str]) -> Iterable[tuple[int, dict[str, str]]]:
     try:
-        with path.open(newline="") as handle:
+        with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
             missing = [c for c in required if c not in (reader.fieldnames or ())]
             if missing:
@@ -110,6 +110,8 @@ def _rows(path: Path, required: Sequence[str]) -> Iterable[tuple[int, dict[str, 
             yield from enumerate(reader, start=2)
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not a text file (not UTF-8); give an openb CSV") from None
 
 
 def read_nodes(path: Path) -> list[TraceNode]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -63,19 +62,6 @@ def _run_controller(args: argparse.Namespace) -> int:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from dra_gateway.allocator import bench
-
-    for flag, name in (("--nodes", args.nodes), ("--pods", args.pods)):
-        try:
-            Path(name).read_bytes().decode("utf-8")
-        except OSError:
-            pass  # the benchmark names a file it cannot read
-        except UnicodeDecodeError:
-            # The CSV reader would end in a UnicodeDecodeError traceback.
-            print(f"dra-gateway bench allocator: {name}: not a text file (not UTF-8); give "
-                  f"{flag} an openb CSV", file=sys.stderr)
-            return 2
 
     return bench.main(args)

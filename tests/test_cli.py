@@ -65,7 +65,7 @@ def test_bench_allocator_names_a_trace_that_is_not_text(
 
     assert code == 2  # was a UnicodeDecodeError traceback
     assert capsys.readouterr().err == (f"dra-gateway bench allocator: {nodes}: not a text file "
-                                       "(not UTF-8); give --nodes an openb CSV\n")
+                                       "(not UTF-8); give an openb CSV\n")
 
 
 def test_webhook_tls_dir_that_is_a_file_is_named_as_such(
