@@ -27,8 +27,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     controller.add_argument("--cluster", choices=("kube", "memory"), default="kube",
                             help="kube: the kubeconfig's cluster (default); memory: an empty "
                             "in-process cluster nothing else can reach (a smoke test only)")
-    controller.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then "
-                            "$KUBECONFIG, then ~/.kube/config)")
+    controller.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, "
+                            "the pod's service account, then ~/.kube/config)")
     controller.add_argument("--namespace", default="dra-gateway", type=_namespace,
                             help="namespace of the allocator's Lease (default: %(default)s)")
     controller.add_argument("--policy", default="default",

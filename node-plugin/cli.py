@@ -63,8 +63,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     _source(serve)
     serve.add_argument("--cluster", choices=("kube", "memory"), default="kube",
                        help="kube: the kubeconfig's cluster (default); memory: in-process")
-    serve.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then "
-                       "$KUBECONFIG, then ~/.kube/config)")
+    serve.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, the pod's "
+                       "service account, then ~/.kube/config)")
     serve.add_argument("--plugins-dir", type=Path, default=Path("/var/lib/kubelet/plugins"),
                        help="the kubelet's plugins directory (default: %(default)s)")
     serve.add_argument("--registry-dir", type=Path,

@@ -62,8 +62,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     serve.add_argument("--cluster", choices=("kube", "memory"), default="kube",
                        help="kube: the kubeconfig's cluster (default); memory: in-process")
     serve.add_argument("--kubeconfig", metavar="FILE",
-                       help="kubeconfig file (default: in-cluster, then $KUBECONFIG, then "
-                       "~/.kube/config)")
+                       help="kubeconfig file (default: $KUBECONFIG, the pod's "
+                       "service account, then ~/.kube/config)")
     serve.add_argument("--namespace", type=_namespace, default="dra-gateway",
                        help="the gateway's namespace: rule ConfigMaps are read there "
                        "(default: %(default)s)")

@@ -41,9 +41,10 @@ async def connect(kind: Literal["kube", "memory"], kubeconfig: str | None = None
     """A `Cluster` of `kind`.
 
     "memory": a new, empty in-memory cluster (the embedded default's backing store).
-    "kube": the API named by `kubeconfig`; without one, the pod's service account when running
-    in a cluster, else $KUBECONFIG (a list of files joined by os.pathsep, merged as kubectl
-    does: the first file to define a name or the current-context wins) or ~/.kube/config.
+    "kube": the API named by `kubeconfig`; without one, $KUBECONFIG (a list of files joined by
+    os.pathsep, merged as kubectl does: the first file to define a name or the current-context
+    wins), else the pod's service account when running in a cluster, else ~/.kube/config: the
+    order of controller-runtime, so an operator's habits carry over.
     """
     if kind == "memory":
         from dra_gateway.kube.cluster.memory import MemoryCluster
@@ -56,7 +57,8 @@ async def connect(kind: Literal["kube", "memory"], kubeconfig: str | None = None
     from dra_gateway.kube.cluster.kubernetes import KubernetesCluster
 
     kubeconfig = kubeconfig or None  # kubectl too takes --kubeconfig="" as not given
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+    source = _source(kubeconfig)
+    if source.origin == "default" and os.environ.get("KUBERNETES_SERVICE_HOST"):
         try:
             return KubernetesCluster.in_cluster()
         except (ConfigException, OSError, ValueError) as exc:
@@ -66,7 +68,6 @@ async def connect(kind: Literal["kube", "memory"], kubeconfig: str | None = None
                 f"{detail[:1].lower()}{detail[1:]}; mount its token and ca.crt at "
                 f"{SERVICE_ACCOUNT_DIR} (automountServiceAccountToken: true) or pass "
                 "--kubeconfig") from None
-    source = _source(kubeconfig)
     loaded = _load(source)
     try:
         return await KubernetesCluster.from_kubeconfig(os.pathsep.join(loaded.paths),
@@ -111,14 +112,17 @@ def _source(kubeconfig: str | None) -> _Source:
 
 def _nothing_found(source: _Source) -> ClusterConfigError:
     if source.origin == "env":
+        # As with kubectl, a $KUBECONFIG that is set is used: no other place is tried.
         files = ", ".join(source.paths)
         looked = (f"none of the files in $KUBECONFIG exists ({files})" if len(source.paths) > 1
                   else f"$KUBECONFIG names {files}, which does not exist")
-    else:
-        looked = f"$KUBECONFIG is not set, {source.paths[0]} does not exist"
+        return ClusterConfigError(
+            f"no kubeconfig found: {looked}; point $KUBECONFIG at kubeconfig files, unset it "
+            "(to use ~/.kube/config or the pod's service account), or pass --kubeconfig")
     return ClusterConfigError(
-        f"no kubeconfig found: no --kubeconfig given, {looked}, and no in-cluster service "
-        f"account (KUBERNETES_SERVICE_HOST is not set); {FIX}")
+        f"no kubeconfig found: no --kubeconfig given, $KUBECONFIG is not set, "
+        f"{source.paths[0]} does not exist, and no in-cluster service account "
+        f"(KUBERNETES_SERVICE_HOST is not set); {FIX}")
 
 
 # Reading and checking it -----------------------------------------------------------------------

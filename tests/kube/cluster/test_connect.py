@@ -265,9 +265,9 @@ async def test_kubeconfig_naming_a_missing_file_says_so(
     missing = tmp_path / "nope"
     monkeypatch.setenv("KUBECONFIG", str(missing))
     assert await _refused(None) == (
-        f"no kubeconfig found: no --kubeconfig given, $KUBECONFIG names {missing}, which does "
-        "not exist, and no in-cluster service account (KUBERNETES_SERVICE_HOST is not set); "
-        f"{FIX}")
+        f"no kubeconfig found: $KUBECONFIG names {missing}, which does not exist; point "
+        "$KUBECONFIG at kubeconfig files, unset it (to use ~/.kube/config or the pod's service "
+        "account), or pass --kubeconfig")
 
 
 async def test_kubeconfig_listing_only_missing_files_names_them(
@@ -275,9 +275,9 @@ async def test_kubeconfig_listing_only_missing_files_names_them(
     first, second = tmp_path / "a", tmp_path / "b"
     monkeypatch.setenv("KUBECONFIG", f"{first}{os.pathsep}{second}")
     assert await _refused(None) == (
-        f"no kubeconfig found: no --kubeconfig given, none of the files in $KUBECONFIG exists "
-        f"({first}, {second}), and no in-cluster service account (KUBERNETES_SERVICE_HOST is "
-        f"not set); {FIX}")
+        f"no kubeconfig found: none of the files in $KUBECONFIG exists ({first}, {second}); "
+        "point $KUBECONFIG at kubeconfig files, unset it (to use ~/.kube/config or the pod's "
+        "service account), or pass --kubeconfig")
 
 
 async def test_an_error_in_a_kubeconfig_from_the_environment_says_where_it_came_from(
@@ -356,6 +356,33 @@ async def test_an_explicit_kubeconfig_wins_over_the_environment(
         assert cluster.host == "http://127.0.0.1:5"
     finally:
         await cluster.close()
+
+
+async def test_kubeconfig_from_the_environment_wins_over_the_service_account(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # controller-runtime's order: --kubeconfig, $KUBECONFIG, in-cluster, ~/.kube/config.
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    path = _write(tmp_path / "config", kubeconfig_document("http://127.0.0.1:6"))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    cluster = await connect("kube")
+    try:
+        assert isinstance(cluster, KubernetesCluster)
+        assert cluster.host == "http://127.0.0.1:6"
+    finally:
+        await cluster.close()
+
+
+async def test_the_service_account_wins_over_the_home_kubeconfig(
+        home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes_asyncio.config import incluster_config
+
+    (home / ".kube").mkdir()
+    _write(home / ".kube" / "config", kubeconfig_document("http://127.0.0.1:7"))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
+    message = await _refused(None)
+    assert message.startswith("cannot use the pod's service account")
 
 
 async def test_a_pod_without_its_service_account_token_says_so(
