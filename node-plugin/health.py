@@ -140,6 +140,12 @@ async def watch_nvml(*, health: Health, nvml_factory: Callable[[], Nvml],
                       "(retrying every %.0fs)", exc, retry_seconds)
             health.mark(sorted(d for devices in cards.values() for d in devices),
                         NVML_UNAVAILABLE)
+        except Exception:  # a bug or a ctypes surprise must not end health watching
+            metrics.nvml_up.set(0)
+            log.exception("the NVML health check failed unexpectedly; no device is reported "
+                          "healthy until it works again (retrying every %.0fs)", retry_seconds)
+            health.mark(sorted(d for devices in cards.values() for d in devices),
+                        NVML_UNAVAILABLE)
         finally:
             stop.set()
         await asyncio.sleep(retry_seconds)
@@ -160,6 +166,8 @@ def _watch_session(health: Health, nvml_factory: Callable[[], Nvml],
                 log.info("GPU %s does not report XID events: only lost-GPU checks apply", uuid)
             metrics.nvml_up.set(1)
             call(health.clear, NVML_UNAVAILABLE)
+            for uuid in events.lost:
+                call(health.mark, cards[uuid], GPU_LOST)
             while not stop.is_set():
                 for uuid, lost in nvml.probe(sorted(cards)).items():
                     if lost:

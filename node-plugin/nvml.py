@@ -9,6 +9,7 @@ NVML only: it builds `NodeFacts`, never Kubernetes objects.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import os
@@ -285,7 +286,11 @@ class Nvml:
 
 
 class XidEventSet:
-    """NVML's event set for critical XIDs; `wait()` blocks, so run it in a worker thread."""
+    """NVML's event set for critical XIDs; `wait()` blocks, so run it in a worker thread.
+
+    A card that is lost (or gone) while registering is listed in `lost` instead of failing the
+    whole set: one card off the bus must not blind the watcher to the others.
+    """
 
     def __init__(self, nvml: Nvml, uuids: list[str]) -> None:
         self._nvml = nvml
@@ -293,16 +298,41 @@ class XidEventSet:
         self._lib = lib
         self._set = nvml._call("nvmlEventSetCreate", lib.nvmlEventSetCreate)
         self.unsupported: list[str] = []
-        for uuid in uuids:
+        self.lost: list[str] = []
+        # Handle to UUID, for events from a card that can no longer tell its UUID (XID 79).
+        self._uuids: dict[Any, str] = {}
+        try:
+            for uuid in uuids:
+                self._register(uuid)
+        except BaseException:
+            self.close()
+            raise
+
+    def _register(self, uuid: str) -> None:
+        nvml, lib = self._nvml, self._lib
+        try:
             handle = nvml._call(f"nvmlDeviceGetHandleByUUID({uuid})",
                                 lib.nvmlDeviceGetHandleByUUID, uuid)
             supported = nvml._optional(f"nvmlDeviceGetSupportedEventTypes ({uuid})",
                                        lib.nvmlDeviceGetSupportedEventTypes, handle)
             if supported is None or not int(supported) & _XID_CRITICAL_EVENT:
                 self.unsupported.append(uuid)
-                continue
-            nvml._call(f"nvmlDeviceRegisterEvents ({uuid})", lib.nvmlDeviceRegisterEvents,
-                       handle, _XID_CRITICAL_EVENT, self._set)
+                return
+            try:
+                nvml._call(f"nvmlDeviceRegisterEvents ({uuid})", lib.nvmlDeviceRegisterEvents,
+                           handle, _XID_CRITICAL_EVENT, self._set)
+            except NvmlError as err:
+                if err.code != _NOT_SUPPORTED:  # a card too old for health checks
+                    raise
+                self.unsupported.append(uuid)
+                return
+        except NvmlError as err:
+            if not (err.gpu_lost or err.code == _NOT_FOUND):
+                raise
+            log.error("GPU %s is lost: %s", uuid, err)
+            self.lost.append(uuid)
+            return
+        self._uuids[_handle_key(handle)] = uuid
 
     def wait(self, timeout_ms: int) -> XidEvent | None:
         """The next XID, or None when `timeout_ms` passed quietly. NvmlError on failure."""
@@ -314,9 +344,16 @@ class XidEventSet:
             raise self._nvml._error("nvmlEventSetWait", err) from None
         if not int(data.eventType) & _XID_CRITICAL_EVENT:
             return None
-        # Asking the handle for its UUID is cheap and, unlike comparing handles, exact.
-        uuid = _text(self._nvml._call("nvmlDeviceGetUUID (event)", self._lib.nvmlDeviceGetUUID,
-                                      data.device))
+        # Asking the handle for its UUID is exact; a card that fell off the bus (XID 79) can no
+        # longer answer, and is then found by the handle it was registered with.
+        try:
+            uuid = _text(self._nvml._call("nvmlDeviceGetUUID (event)",
+                                          self._lib.nvmlDeviceGetUUID, data.device))
+        except NvmlError as err:
+            known = self._uuids.get(_handle_key(data.device))
+            if known is None or not err.gpu_lost:
+                raise
+            uuid = known
         gi = int(data.gpuInstanceId)
         ci = int(data.computeInstanceId)
         # 0xFFFFFFFF marks "not a MIG event" in NVML.
@@ -329,6 +366,13 @@ class XidEventSet:
             self._lib.nvmlEventSetFree(self._set)
         except self._lib.NVMLError as err:
             log.warning("nvmlEventSetFree failed: %s", err)
+
+
+def _handle_key(handle: Any) -> Any:
+    """A device handle as a dict key: pynvml's handles are ctypes pointers, equal by address."""
+    if isinstance(handle, ctypes._Pointer):
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    return handle
 
 
 def _text(value: Any) -> str:

@@ -74,6 +74,7 @@ class FakeNvml:
         self.shutdowns = 0
         self.events: queue.Queue[SimpleNamespace] = queue.Queue()
         self.registered: list[str] = []
+        self.event_sets_open = 0
         self.fail_everything: int | None = None
 
     def _check(self) -> None:
@@ -162,6 +163,14 @@ class FakeNvml:
                     return ("gpu", i)
             raise NVMLError(NVML_ERROR_NOT_FOUND)
 
+        def event_set_create() -> Any:
+            fake._check()
+            fake.event_sets_open += 1
+            return object()  # an opaque pointer in pynvml
+
+        def event_set_free(event_set: Any) -> None:
+            fake.event_sets_open -= 1
+
         def register(h: Any, types: int, event_set: Any) -> None:
             fake.registered.append(gpu(h).uuid)
 
@@ -196,8 +205,8 @@ class FakeNvml:
             nvmlDeviceGetGpuInstanceId=lambda h: mig(h).gi_id,
             nvmlDeviceGetGpuInstanceById=gi_by_id,
             nvmlGpuInstanceGetInfo=gi_info,
-            nvmlEventSetCreate=lambda: checked("event-set"),
-            nvmlEventSetFree=lambda s: None,
+            nvmlEventSetCreate=event_set_create,
+            nvmlEventSetFree=event_set_free,
             nvmlDeviceGetSupportedEventTypes=lambda h: (gpu(h), 0x8 | 0x4)[1],
             nvmlDeviceRegisterEvents=register,
             nvmlEventSetWait=wait,

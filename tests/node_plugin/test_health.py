@@ -144,3 +144,81 @@ async def _async(value: Any) -> Any:
 
 async def _async_call(fn: Callable[[], Any], expected: Any) -> bool:
     return bool(await fn() == expected)
+
+
+async def test_a_card_that_falls_off_the_bus_is_marked_alone(
+        root: Path, cluster: MemoryCluster) -> None:
+    """XID 79: the event arrives for a card whose every NVML call now says GPU is lost."""
+    fake = _fake()
+    async with _running(root, cluster, fake, taints=True) as plugin:
+        await _until(lambda: _async(fake.registered), "XID registration")
+        fake.gpus[1].lost = True
+        fake.xid(1, 79)
+
+        await _until(lambda: _async("gpu-1" in plugin.health.problems), "gpu-1 marked")
+        # Several sessions' worth of time: the healthy cards must stay healthy.
+        await asyncio.sleep(0.3)
+        assert set(plugin.health.problems) == {"gpu-1"}
+        assert plugin.health.problems["gpu-1"].reason == "xid-79"
+        assert plugin.metrics.nvml_up._value.get() == 1
+
+
+async def test_a_card_lost_before_the_watch_starts_does_not_stop_the_others(
+        root: Path, cluster: MemoryCluster) -> None:
+    fake = _fake()
+    module = fake.module()
+    facts = discover_nvml(module)
+    fake.gpus[2].lost = True
+    settings = PluginSettings(node_name=NODE, plugins_dir=root / "p", registry_dir=root / "r",
+                              cdi_dir=root / "c", state_dir=root / "s", device_taints=True,
+                              devices=DeviceOptions(), nvml_retry_seconds=0.05)
+    plugin = NodePlugin(settings, cluster, discover=lambda: facts,
+                        nvml_factory=lambda: Nvml(module))
+    started = asyncio.Event()
+    task = asyncio.create_task(plugin.run(started=started))
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        await _until(lambda: _async("gpu-2" in plugin.health.problems), "gpu-2 marked")
+        await asyncio.sleep(0.2)
+        assert {d: p.reason for d, p in plugin.health.problems.items()} == {"gpu-2": "gpu-lost"}
+        assert sorted(fake.registered) == sorted(UUIDS[:2])
+        fake.xid(0, 48)
+        await _until(lambda: _async("gpu-0" in plugin.health.problems), "gpu-0 marked")
+        assert fake.event_sets_open <= 1
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_an_unexpected_error_in_the_watcher_degrades_and_retries(
+        root: Path, cluster: MemoryCluster) -> None:
+    """Not only NvmlError: whatever breaks a session must not end health watching."""
+    fake = _fake()
+    module = fake.module()
+    calls = 0
+
+    def factory() -> Nvml:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("ctypes said no")
+        return Nvml(module)
+
+    settings = PluginSettings(node_name=NODE, plugins_dir=root / "p", registry_dir=root / "r",
+                              cdi_dir=root / "c", state_dir=root / "s", device_taints=True,
+                              devices=DeviceOptions(), nvml_retry_seconds=0.05)
+    plugin = NodePlugin(settings, cluster, discover=lambda: discover_nvml(module),
+                        nvml_factory=factory)
+    started = asyncio.Event()
+    task = asyncio.create_task(plugin.run(started=started))
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        await _until(lambda: _async(fake.registered), "XID registration after the retry")
+        fake.xid(2, 48)
+        await _until(lambda: _async(plugin.health.problems.get("gpu-2")), "gpu-2 marked")
+        assert {d: p.reason for d, p in plugin.health.problems.items()} == {"gpu-2": "xid-48"}
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

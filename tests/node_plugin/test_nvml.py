@@ -122,3 +122,18 @@ def test_the_real_pynvml_module_fails_with_a_clear_message_or_discovers() -> Non
     else:
         assert str(error).startswith("NVML nvmlInit failed: ")
         assert error.code is not None
+
+
+def test_pynvml_handles_are_matched_by_address() -> None:
+    """An event's device handle is a fresh ctypes pointer: it must match the registered one."""
+    import ctypes
+
+    import pynvml
+
+    from dra_gateway.node_plugin.nvml import _handle_key
+
+    target = ctypes.c_int(0)
+    one = ctypes.cast(ctypes.pointer(target), pynvml.c_nvmlDevice_t)
+    two = ctypes.cast(ctypes.pointer(target), pynvml.c_nvmlDevice_t)
+    assert one is not two
+    assert {_handle_key(one): "GPU-a"}.get(_handle_key(two)) == "GPU-a"
