@@ -164,7 +164,15 @@ class Nvml:
                                   lib.nvmlSystemGetCudaDriverVersion)
         cuda = cuda_version_from_int(int(cuda_int)) if cuda_int else None
         count = int(self._call("nvmlDeviceGetCount", lib.nvmlDeviceGetCount))
-        gpus = [self._gpu(i, driver, cuda) for i in range(count)]
+        gpus: list[GpuFacts] = []
+        for i in range(count):
+            try:
+                gpus.append(self._gpu(i, driver, cuda))
+            except NvmlError as err:
+                # One card off the bus must not keep the node's healthy cards unpublished.
+                if not err.gpu_lost:
+                    raise
+                log.error("GPU %d is left out: %s", i, err)
         return NodeFacts(gpus=tuple(sorted(gpus, key=lambda g: g.index)))
 
     def _gpu(self, index: int, driver: str, cuda: str | None) -> GpuFacts:

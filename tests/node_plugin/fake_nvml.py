@@ -9,7 +9,9 @@ from __future__ import annotations
 import queue
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
+
+import pynvml
 
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
@@ -19,17 +21,9 @@ NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
 
 
-class NVMLError(Exception):
-    _strings: ClassVar[dict[int, str]] = {
-        3: "Not Supported", 6: "Not Found", 9: "Driver Not Loaded", 10: "Timeout",
-        12: "NVML Shared Library Not Found", 15: "GPU is lost"}
-
-    def __init__(self, value: int) -> None:
-        super().__init__(value)
-        self.value = value
-
-    def __str__(self) -> str:
-        return self._strings.get(self.value, f"error {self.value}")
+# pynvml's own exception: `NVMLError(code)` builds the subclass the real calls raise
+# (`NVMLError_GpuIsLost`, ...), with `.value` and NVML's message, without loading the library.
+NVMLError = pynvml.NVMLError
 
 
 @dataclass
@@ -59,6 +53,7 @@ class FakeGpu:
     mig_mode: int | None = 0  # None: not supported
     migs: list[FakeMig | None] = field(default_factory=list)
     lost: bool = False
+    error: int | None = None  # every call on the card fails with this NVML code
 
 
 class FakeNvml:
@@ -99,6 +94,8 @@ class FakeNvml:
             g: FakeGpu = fake.gpus[h[1]]
             if g.lost:
                 raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+            if g.error is not None:
+                raise NVMLError(g.error)
             return g
 
         def mig(h: Any) -> FakeMig:

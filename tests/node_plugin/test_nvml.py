@@ -82,11 +82,21 @@ def test_a_missing_library_is_explained_with_the_fix() -> None:
 
 def test_a_failing_call_names_the_call_and_the_card_and_nvml_is_shut_down(
         tmp_path: Path) -> None:
-    fake = FakeNvml([FakeGpu(uuid=H100), FakeGpu(uuid=A100, lost=True)])
+    fake = FakeNvml([FakeGpu(uuid=H100), FakeGpu(uuid=A100, error=4)])
     with pytest.raises(NvmlError) as caught:
         discover_nvml(fake.module(), sysfs=tmp_path)
-    assert str(caught.value).startswith("NVML nvmlDeviceGetUUID (GPU 1) failed: GPU is lost (")
-    assert caught.value.gpu_lost
+    assert str(caught.value).startswith(
+        "NVML nvmlDeviceGetUUID (GPU 1) failed: Insufficient Permissions (the plugin may not "
+        "open /dev/nvidia*")
+    assert caught.value.code == 4
+    assert fake.shutdowns == 1
+
+
+def test_a_lost_card_is_left_out_and_the_others_are_discovered(tmp_path: Path) -> None:
+    """GPU_IS_LOST on one card (XID 79 before the plugin started) must not empty the node."""
+    fake = FakeNvml([FakeGpu(uuid=H100), FakeGpu(uuid=A100, lost=True)])
+    facts = discover_nvml(fake.module(), sysfs=tmp_path)
+    assert [g.uuid for g in facts.gpus] == [H100]
     assert fake.shutdowns == 1
 
 
