@@ -63,6 +63,12 @@ _BRANDS = {1: "Quadro", 2: "Tesla", 3: "NVS", 4: "GRID", 5: "GeForce", 6: "Titan
 # ones): they must not take a healthy GPU out of service.
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 _XID_CRITICAL_EVENT = 0x8
+# NVML_GPU_INSTANCE_PROFILE_COUNT, and the profile indexes whose names carry an attribute
+# (nvml.h: *_REV1 have media extensions, *_ALL_ME all of them, *_NO_ME none, *_GFX graphics).
+_GI_PROFILE_COUNT = 0x12
+_GI_PROFILE_SUFFIXES = {0x7: "+me", 0x8: "+me", 0xF: "+me.all", 0x10: "+me.all",
+                        0xD: "-me", 0xE: "-me", 0xA: "+gfx", 0xB: "+gfx", 0xC: "+gfx",
+                        0x11: "+gfx"}
 _MIG_ENABLED = 1
 
 
@@ -260,13 +266,34 @@ class Nvml:
                             lib.nvmlDeviceGetGpuInstanceById, handle, gi_id)
             info = self._call(f"nvmlGpuInstanceGetInfo ({mwhere})",
                               lib.nvmlGpuInstanceGetInfo, gi)
+            gi_profile = self._gi_profile(handle, int(info.profileId))
             out.append(MigFacts(
-                uuid=uuid, profile=_mig_profile(attrs, card_memory), memory=int(memory.total),
+                uuid=uuid, profile=_mig_profile(attrs, card_memory, gi_profile),
+                memory=int(memory.total),
                 profile_id=int(info.profileId), placement_start=int(info.placement.start),
                 placement_size=int(info.placement.size),
                 multiprocessors=int(attrs.multiprocessorCount) or None,
             ))
         return tuple(sorted(out, key=lambda m: (m.placement_start or 0, m.uuid)))
+
+    def _gi_profile(self, handle: Any, profile_id: int) -> tuple[int, Any] | None:
+        """The GPU-instance profile (its NVML index and info) whose id is `profile_id`.
+
+        The index tells the variants apart that the instance's attributes do not (`+me`,
+        `-me`, `+gfx`), as NVIDIA's go-nvlib does; None when this NVML cannot say.
+        """
+        lib = self._lib
+        get = getattr(lib, "nvmlDeviceGetGpuInstanceProfileInfo", None)
+        if get is None:
+            return None
+        for index in range(_GI_PROFILE_COUNT):
+            try:
+                info = get(handle, index)
+            except lib.NVMLError:  # a profile this card does not have (NotSupported, ...)
+                continue
+            if int(info.id) == profile_id:
+                return index, info
+        return None
 
     # -- health ----------------------------------------------------------------------------
 
@@ -395,20 +422,29 @@ def _bus_id(raw: str) -> str:
     return f"{domain}:{rest}".lower()
 
 
-def _mig_profile(attrs: Any, card_memory: int) -> str:
-    """NVIDIA's profile name (`1g.10gb`, `1c.2g.20gb`) from a MIG device's attributes.
+def _mig_profile(attrs: Any, card_memory: int, gi_profile: tuple[int, Any] | None = None) -> str:
+    """NVIDIA's profile name (`1g.10gb`, `1c.2g.20gb`, `1g.18gb+me`) of a MIG device.
 
-    The memory part is the instance's share of the card rounded up to eighths, times the
-    card's memory in whole GiB, as nvidia-smi and NVIDIA's DRA driver name it (a plain
-    MiB-to-GiB rounding would call H100's 3g.40gb "3g.39gb").
+    As go-nvlib computes it (what nvidia-smi, NVIDIA's device plugin and DRA driver publish):
+    the instance's share of the card rounded up to eighths, times the card's memory in GiB
+    rounded up, rounded half away from zero (a plain MiB-to-GiB rounding would call H100's
+    3g.40gb "3g.39gb", and rounding the card to the nearest GiB H200's 3g.71gb "3g.70gb").
+    `gi_profile` (index, info) from nvmlDeviceGetGpuInstanceProfileInfo adds the suffix.
     """
     gi_slices = int(attrs.gpuInstanceSliceCount)
     ci_slices = int(attrs.computeInstanceSliceCount)
+    memory_mb = int(attrs.memorySizeMB)
+    suffix = ""
+    if gi_profile is not None:
+        index, info = gi_profile
+        gi_slices = int(info.sliceCount) or gi_slices
+        memory_mb = int(info.memorySizeMB) or memory_mb
+        suffix = _GI_PROFILE_SUFFIXES.get(index, "")
     mib, gib = 1 << 20, 1 << 30
-    fraction = math.ceil(int(attrs.memorySizeMB) * mib / card_memory * 8) / 8
-    gigabytes = max(1, round(fraction * ((card_memory + gib // 2) // gib)))
+    fraction = math.ceil(memory_mb * mib / card_memory * 8) / 8
+    gigabytes = math.floor(fraction * ((card_memory + gib - 1) // gib) + 0.5)
     prefix = f"{ci_slices}c." if ci_slices and ci_slices != gi_slices else ""
-    return f"{prefix}{gi_slices}g.{gigabytes}gb"
+    return f"{prefix}{gi_slices}g.{gigabytes}gb{suffix}"
 
 
 def discover_nvml(lib: Any = None, *, sysfs: Path = Path("/sys")) -> NodeFacts:

@@ -37,6 +37,14 @@ class FakeMig:
     size: int
     gi_id: int
     sms: int = 14
+    # NVML's GPU-instance profile index (NVML_GPU_INSTANCE_PROFILE_*); None: from gi_slices.
+    profile_index: int | None = None
+
+    @property
+    def index(self) -> int:
+        if self.profile_index is not None:
+            return self.profile_index
+        return {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}[self.gi_slices]
 
 
 @dataclass
@@ -149,6 +157,13 @@ class FakeNvml:
                     return m
             raise NVMLError(NVML_ERROR_NOT_FOUND)
 
+        def gi_profile_info(h: Any, index: int) -> Any:
+            for m in gpu(h).migs:
+                if m is not None and m.index == index:
+                    return SimpleNamespace(id=m.profile_id, sliceCount=m.gi_slices,
+                                           memorySizeMB=m.memory_mb)
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED if index < 0x12 else 2)
+
         def gi_info(m: FakeMig) -> Any:
             return SimpleNamespace(profileId=m.profile_id,
                                    placement=SimpleNamespace(start=m.start, size=m.size))
@@ -202,6 +217,7 @@ class FakeNvml:
             nvmlDeviceGetGpuInstanceId=lambda h: mig(h).gi_id,
             nvmlDeviceGetGpuInstanceById=gi_by_id,
             nvmlGpuInstanceGetInfo=gi_info,
+            nvmlDeviceGetGpuInstanceProfileInfo=gi_profile_info,
             nvmlEventSetCreate=event_set_create,
             nvmlEventSetFree=event_set_free,
             nvmlDeviceGetSupportedEventTypes=lambda h: (gpu(h), 0x8 | 0x4)[1],

@@ -65,6 +65,26 @@ def test_mig_instances_are_enumerated_with_nvidia_profile_names(tmp_path: Path) 
     assert gpu.mig_devices[0].memory == 40192 * 2**20
 
 
+def test_mig_profile_names_round_as_nvidia_does_on_h200(tmp_path: Path) -> None:
+    """H200 reports 143771 MiB (140.4 GiB): its profiles are 3g.71gb and 7g.141gb, and the
+    media-extension variant of 1g.18gb is named 1g.18gb+me (go-nvlib, nvidia-smi)."""
+    card = 143771 * 2**20
+    migs: list[FakeMig | None] = [
+        FakeMig(uuid="MIG-cccc", memory_mb=16640, gi_slices=1, ci_slices=1, profile_id=20,
+                start=0, size=1, gi_id=7, profile_index=7),
+        FakeMig(uuid="MIG-dddd", memory_mb=71424, gi_slices=3, ci_slices=3, profile_id=9,
+                start=4, size=4, gi_id=2),
+    ]
+    whole: list[FakeMig | None] = [
+        FakeMig(uuid="MIG-eeee", memory_mb=143104, gi_slices=7, ci_slices=7, profile_id=0,
+                start=0, size=8, gi_id=0)]
+    fake = FakeNvml([FakeGpu(uuid=H100, memory=card, mig_mode=1, migs=migs),
+                     FakeGpu(uuid=A100, memory=card, mig_mode=1, migs=whole)])
+    first, second = discover_nvml(fake.module(), sysfs=tmp_path).gpus
+    assert [m.profile for m in first.mig_devices] == ["1g.18gb+me", "3g.71gb"]
+    assert [m.profile for m in second.mig_devices] == ["7g.141gb"]
+
+
 def test_a_card_without_mig_support_is_not_in_mig_mode(tmp_path: Path) -> None:
     fake = FakeNvml([FakeGpu(uuid=H100, mig_mode=None)])
     (gpu,) = discover_nvml(fake.module(), sysfs=tmp_path).gpus
