@@ -216,20 +216,27 @@ class Nvml:
         )
 
     def _numa_node(self, handle: Any, where: str, bus_id: str | None) -> int | None:
+        """The NUMA node the card hangs off, as the kernel (and the kubelet) see it.
+
+        sysfs first: nvmlDeviceGetNumaNodeId "only applies to platforms where the GPUs are
+        NUMA nodes" (Grace Hopper, Grace Blackwell), where it names the node of the GPU's own
+        memory, not the CPU node the card is attached to; elsewhere it is NotSupported. It is
+        the fallback where sysfs cannot say.
+        """
+        if bus_id is not None:
+            try:
+                value = int((self._sysfs / "bus/pci/devices" / bus_id.lower() / "numa_node")
+                            .read_text().strip())
+            except (OSError, ValueError):
+                pass
+            else:
+                return value if value >= 0 else None  # -1: the platform has no NUMA
         get = getattr(self._lib, "nvmlDeviceGetNumaNodeId", None)
         if get is not None:
             value = self._optional(f"nvmlDeviceGetNumaNodeId ({where})", get, handle)
             if value is not None and int(value) >= 0:
                 return int(value)
-        if bus_id is None:
-            return None
-        # Older drivers lack the call; the kernel knows the node of every PCI device.
-        try:
-            value = int((self._sysfs / "bus/pci/devices" / bus_id.lower() / "numa_node")
-                        .read_text().strip())
-        except (OSError, ValueError):
-            return None
-        return value if value >= 0 else None
+        return None
 
     def _pcie_root(self, bus_id: str | None) -> str | None:
         """The PCIe root complex (`pci0000:17`) from sysfs, as the DRA library resolves it."""

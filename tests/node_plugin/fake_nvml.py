@@ -57,7 +57,7 @@ class FakeGpu:
     arch: int = 9  # Hopper
     cc: tuple[int, int] = (9, 0)
     bus_id: bytes = b"00000000:18:00.0"
-    numa: int | None = 0
+    numa: int | None = None  # nvmlDeviceGetNumaNodeId: None is NotSupported, as on x86
     mig_mode: int | None = 0  # None: not supported
     migs: list[FakeMig | None] = field(default_factory=list)
     lost: bool = False

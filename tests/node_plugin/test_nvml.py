@@ -36,16 +36,33 @@ def test_discovery_reads_every_fact_of_a_card(tmp_path: Path) -> None:
     assert (gpu.driver_version, gpu.cuda_driver_version) == ("550.54.15", "12.4")
     assert gpu.pci_bus_id == "0000:18:00.0"
     assert gpu.pcie_root == "pci0000:17"
-    assert gpu.numa_node == 0
+    assert gpu.numa_node == 1  # sysfs: x86 NVML does not support the NUMA call
     assert not gpu.mig_enabled
     assert fake.initialised == 0
     assert fake.shutdowns == 1
 
 
-def test_numa_node_falls_back_to_sysfs_when_nvml_does_not_support_it(tmp_path: Path) -> None:
-    fake = FakeNvml([FakeGpu(uuid=H100, numa=None)])
-    (gpu,) = discover_nvml(fake.module(), sysfs=_sysfs(tmp_path)).gpus
+def test_numa_node_is_the_pci_devices_not_the_gpu_memorys_on_grace(tmp_path: Path) -> None:
+    """On Grace Hopper NVML names the node of the GPU's own memory (here 2); the card hangs
+    off the CPU's node, which is what aligning CPUs and NICs with it needs."""
+    sysfs = _sysfs(tmp_path)
+    (sysfs / "devices/pci0000:17/0000:17:01.0/0000:18:00.0/numa_node").write_text("0\n")
+    fake = FakeNvml([FakeGpu(uuid=H100, numa=2)])
+    (gpu,) = discover_nvml(fake.module(), sysfs=sysfs).gpus
+    assert gpu.numa_node == 0
+
+
+def test_numa_node_comes_from_nvml_where_sysfs_cannot_say(tmp_path: Path) -> None:
+    fake = FakeNvml([FakeGpu(uuid=H100, numa=1)])
+    (gpu,) = discover_nvml(fake.module(), sysfs=tmp_path).gpus
     assert gpu.numa_node == 1
+
+
+def test_a_platform_without_numa_has_no_numa_node(tmp_path: Path) -> None:
+    sysfs = _sysfs(tmp_path)
+    (sysfs / "devices/pci0000:17/0000:17:01.0/0000:18:00.0/numa_node").write_text("-1\n")
+    (gpu,) = discover_nvml(FakeNvml([FakeGpu(uuid=H100)]).module(), sysfs=sysfs).gpus
+    assert gpu.numa_node is None
 
 
 def test_mig_instances_are_enumerated_with_nvidia_profile_names(tmp_path: Path) -> None:
