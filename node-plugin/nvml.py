@@ -233,9 +233,9 @@ class Nvml:
                 return value if value >= 0 else None  # -1: the platform has no NUMA
         get = getattr(self._lib, "nvmlDeviceGetNumaNodeId", None)
         if get is not None:
-            value = self._optional(f"nvmlDeviceGetNumaNodeId ({where})", get, handle)
-            if value is not None and int(value) >= 0:
-                return int(value)
+            node = self._optional(f"nvmlDeviceGetNumaNodeId ({where})", get, handle)
+            if node is not None and int(node) >= 0:
+                return int(node)
         return None
 
     def _pcie_root(self, bus_id: str | None) -> str | None:
