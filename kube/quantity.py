@@ -13,7 +13,12 @@ and on how it is written back. The semantics follow apimachinery's `ParseQuantit
 - the text form keeps the kind of suffix that was parsed (binary, decimal, exponent) and picks
   the largest suffix that loses nothing: "1024Mi" is "1Gi", "0.5" is "500m", "1.5Gi" is
   "1536Mi"; a binary value that is not a whole number of bytes, or is under 1Ki, is written in
-  decimal ("0.5Ki" is "512").
+  decimal ("0.5Ki" is "512");
+- as upstream's `String()`, a parsed text that its fast path takes for canonical is written back
+  as it was given: "+1", "007", "1E3", "1e+3", "1.", "1.500" and "+1Ki" stay as they are
+  (upstream keeps the input for a small decimal value whose scale is a multiple of 3 and whose
+  digits neither start with 0 nor end in 000, and for a binary one whose number is not a
+  multiple of 8); arithmetic results are always written canonically.
 
 Deliberate differences, both about inputs no manifest carries: a decimal exponent beyond
 +-1000 or a number with more than 1000 digits is refused (upstream accepts them and wraps or
@@ -44,6 +49,8 @@ _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 _MAX_EXPONENT: Final = 1000
 _MAX_DIGITS: Final = 1000
+# apimachinery's maxInt64Factors: the fast path takes at most 18 digits.
+_MAX_INT64_FACTORS: Final = 18
 
 _BINARY_SUFFIXES: Final[dict[str, int]] = {
     "Ki": 10,
@@ -162,15 +169,22 @@ class Quantity:
     the format only decides how `str()` writes the value.
     """
 
-    __slots__ = ("_format", "_nanos")
+    __slots__ = ("_format", "_nanos", "_text")
 
     _nanos: int
     _format: QuantityFormat
+    _text: str | None
 
-    def __init__(self, nanos: int, fmt: QuantityFormat = DECIMAL_SI) -> None:
-        """A quantity of `nanos` billionths; prefer `parse`, `from_bytes` or `from_int`."""
+    def __init__(
+        self, nanos: int, fmt: QuantityFormat = DECIMAL_SI, text: str | None = None
+    ) -> None:
+        """A quantity of `nanos` billionths; prefer `parse`, `from_bytes` or `from_int`.
+
+        `text`, when given, is what `str()` returns (upstream's cached input text).
+        """
         object.__setattr__(self, "_nanos", nanos)
         object.__setattr__(self, "_format", fmt)
+        object.__setattr__(self, "_text", text)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Quantity is immutable")
@@ -190,6 +204,7 @@ class Quantity:
         if len(num) + len(denom) > _MAX_DIGITS:
             raise QuantityError(text, f"more than {_MAX_DIGITS} digits")
         base, exponent, fmt = _interpret(text, suffix)
+        kept = text if _kept_as_written(num, denom, exponent, fmt) else None
         mantissa = int(num + denom) if (num != "0" or denom) else 0
         if base == 10:
             shift = exponent + 9 - len(denom)
@@ -201,7 +216,7 @@ class Quantity:
             if 0 < nanos < _NANO:
                 # Upstream: a binary value below one unit is shown in decimal.
                 fmt = DECIMAL_SI
-        return cls(nanos if positive else -nanos, fmt)
+        return cls(nanos if positive else -nanos, fmt, kept)
 
     @classmethod
     def from_bytes(cls, n: int) -> Quantity:
@@ -321,13 +336,40 @@ class Quantity:
     # --- text ---------------------------------------------------------------------------------
 
     def __str__(self) -> str:
+        if self._text is not None:
+            return self._text
         return _canonical(self._nanos, self._format)
 
     def __repr__(self) -> str:
         return f"Quantity({str(self)!r})"
 
-    def __reduce__(self) -> tuple[type[Quantity], tuple[int, QuantityFormat]]:
-        return (Quantity, (self._nanos, self._format))
+    def __reduce__(self) -> tuple[type[Quantity], tuple[int, QuantityFormat, str | None]]:
+        return (Quantity, (self._nanos, self._format, self._text))
+
+
+def _kept_as_written(num: str, denom: str, exponent: int, fmt: QuantityFormat) -> bool:
+    """Whether upstream's `ParseQuantity` fast path keeps the input as the quantity's text.
+
+    Mirrors the "if the number is in canonical form, reuse the string" branch: the value must
+    fit that path (at most 18 digits, scale down to nano, no int64 overflow), then a decimal
+    value needs a scale that is a multiple of 3 and digits that neither start with 0 nor end in
+    000, a binary one a number that is not a multiple of 8.
+    """
+    if fmt == BINARY_SI:
+        if denom:
+            return False
+        # upstream: 15 - len(num) - int(float32(exponent)*3/10) - 1, exact for 10..60
+        if 15 - len(num) - exponent * 3 // 10 - 1 < 0:
+            return False
+        value = int(num)
+        return (value << exponent) <= _INT64_MAX and value & 0x07 != 0
+    if _MAX_INT64_FACTORS - (len(num) + len(denom)) < 0:
+        return False
+    scale = exponent - len(denom)
+    if scale < -9:
+        return False
+    shifted = num + denom
+    return scale % 3 == 0 and not shifted.endswith("000") and shifted[0] != "0"
 
 
 def _checked_int(n: int) -> int:
