@@ -29,13 +29,21 @@ Supported subset, with Kubernetes' names and semantics:
   `q.asInteger()`, `q.asApproximateFloat()`, `q.add(q|int)`, `q.sub(q|int)`, `q.compareTo(q)`,
   `q.isGreaterThan(q)`, `q.isLessThan(q)`; comparisons are exact across suffixes
   ("40Gi" vs "42949672960"). `isInteger`/`asInteger` follow the documented meaning (an exact
-  int64); upstream's implementation also answers false for some integral values held in a
-  decimal form, such as `quantity("1000m")`;
+  int64) and `asApproximateFloat` is the nearest double; upstream's answers depend on the
+  internal form a quantity was parsed into, so it also answers false for some integral values
+  (`quantity("1000m")`, `quantity("1.0")`, `quantity("1.5Gi")`) and computes some floats a bit
+  off (`quantity("0.3")` is 0.30000000000000004 there). `sign` is accepted in both spellings;
+  upstream declares only the global `sign(q)`, so `q.sign()` does not compile there;
 - semver library: `semver(s)`, `semver(s, true)`, `isSemver(s[, bool])`, `.major()`,
   `.minor()`, `.patch()`, `.compareTo()`, `.isGreaterThan()`, `.isLessThan()`;
 - string extensions: `lowerAscii`, `upperAscii`, `split(sep[, n])`, `join([sep])`, `trim`,
   `replace(old, new[, n])`, `indexOf(sub[, offset])` (also on lists), `lastIndexOf`,
   `substring(start[, end])`, `charAt(i)`.
+
+No type checker: what upstream's checker refuses at compile because the static types do not
+fit (`quantity(1)`, `q < quantity("1")`, `device.unknownField`) is refused here when the selector
+is matched, and an `==` between mismatched static types (`device.driver == 1`) is false here.
+tests/kube/test_oracle.py compares all of this against the upstream Go code.
 
 Not supported (refused at compile as unknown functions): the URL, IP/CIDR, regex-extract,
 format, sets and two-variable comprehension libraries, optional syntax (`.?`), and the
@@ -442,15 +450,35 @@ def _fn_replace(*args: Any) -> str:
     raise _no_overload("replace", args)
 
 
-def _offset(function: str, args: tuple[Any, ...], text: str, default: int) -> int:
+def _offset(function: str, args: tuple[Any, ...]) -> int | None:
     if len(args) == 2:
-        return default
+        return None
     if len(args) == 3 and _is_int(args[2]):
-        offset = int(args[2])
-        if offset < 0 or offset > len(text):
-            raise _Fail(f"{function}: index out of range: {offset}")
-        return offset
+        return int(args[2])
     raise _no_overload(function, args)
+
+
+def _index_from(text: str, sub: str, offset: int) -> int:
+    """cel-go's `indexOf(sub, offset)`: an offset past the end finds nothing, it is no error."""
+    if sub == "":
+        return offset
+    if offset < 0:
+        raise _Fail(f"indexOf: index out of range: {offset}")
+    if offset >= len(text):
+        return -1
+    return text.find(sub, offset)
+
+
+def _last_index_from(text: str, sub: str, offset: int) -> int:
+    """cel-go's `lastIndexOf(sub, offset)`: the last match starting at or before `offset`."""
+    if sub == "":
+        return offset
+    if offset < 0:
+        raise _Fail(f"lastIndexOf: index out of range: {offset}")
+    if offset >= len(text):
+        return -1
+    start = min(offset, len(text) - len(sub))
+    return text.rfind(sub, 0, start + len(sub)) if start >= 0 else -1
 
 
 def _fn_index_of(*args: Any) -> int:
@@ -462,7 +490,8 @@ def _fn_index_of(*args: Any) -> int:
         return -1
     _strings("indexOf", args, 2)
     text, sub = str(args[0]), str(args[1])
-    return text.find(sub, _offset("indexOf", args, text, 0))
+    offset = _offset("indexOf", args)
+    return _index_from(text, sub, 0 if offset is None else offset)
 
 
 def _fn_last_index_of(*args: Any) -> int:
@@ -474,8 +503,15 @@ def _fn_last_index_of(*args: Any) -> int:
         return -1
     _strings("lastIndexOf", args, 2)
     text, sub = str(args[0]), str(args[1])
-    offset = _offset("lastIndexOf", args, text, len(text))
-    return text.rfind(sub, 0, offset + len(sub))
+    offset = _offset("lastIndexOf", args)
+    if offset is not None:
+        return _last_index_from(text, sub, offset)
+    if sub == "":
+        return len(text)
+    # cel-go compares the lengths in bytes here.
+    if len(text.encode()) < len(sub.encode()):
+        return -1
+    return _last_index_from(text, sub, len(text) - 1)
 
 
 def _fn_substring(*args: Any) -> str:
