@@ -51,6 +51,10 @@ class DeviceInfo:
     card_index: int
     memory: int
     shared: bool
+    # A MIG instance's GPU-instance and compute-instance ids, as NVML discovered them (None for
+    # a full card, or where the source does not know them): health scopes XIDs by them.
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
 
 
 def natural_key(name: str) -> tuple[Any, ...]:
@@ -226,7 +230,9 @@ def device_table(facts: NodeFacts, options: DeviceOptions) -> dict[str, DeviceIn
                 name = mig_device_name(gpu, mig, i)
                 table[name] = DeviceInfo(name=name, kind="mig", uuid=mig.uuid,
                                          card_uuid=gpu.uuid, card_index=gpu.index,
-                                         memory=mig.memory, shared=False)
+                                         memory=mig.memory, shared=False,
+                                         gpu_instance_id=mig.gpu_instance_id,
+                                         compute_instance_id=mig.compute_instance_id)
         else:
             name = gpu_device_name(gpu)
             table[name] = DeviceInfo(name=name, kind="gpu", uuid=gpu.uuid, card_uuid=gpu.uuid,

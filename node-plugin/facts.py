@@ -26,6 +26,11 @@ class MigFacts:
     placement_start: int | None = None
     placement_size: int | None = None
     multiprocessors: int | None = None
+    # NVML's GPU-instance and compute-instance ids (nvmlDeviceGetGpuInstanceId and
+    # nvmlDeviceGetComputeInstanceId on the MIG handle): an XID event names the instance it
+    # hit by them. None where the source does not know them (an inventory file).
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,10 @@ Where it does not, the device is withheld from the slice instead, and a Node con
 (`GpuDevicesUnhealthy`) plus a metric say which devices and why. An NVML outage marks every
 device unhealthy ("no healthy devices") and is cleared when NVML answers again; XID marks stay
 until the plugin restarts, as NVIDIA's plugins do, because a card that raised one needs an
-operator's look. This module decides; the publisher and the cluster port do the writing.
+operator's look. An XID that NVML attributes to one MIG instance (its GPU-instance and
+compute-instance ids) marks that instance only; one that is not MIG-specific marks every device
+of the card, as NVIDIA's device plugin does. This module decides; the publisher and the
+cluster port do the writing.
 """
 
 from __future__ import annotations
@@ -50,6 +53,32 @@ def devices_by_card(table: Mapping[str, DeviceInfo]) -> dict[str, list[str]]:
     for name, info in sorted(table.items()):
         out.setdefault(info.card_uuid, []).append(name)
     return out
+
+
+def mig_instances(table: Mapping[str, DeviceInfo]) -> dict[str, tuple[int | None, int | None]]:
+    """MIG device name to its (GPU-instance id, compute-instance id); None where unknown."""
+    return {name: (info.gpu_instance_id, info.compute_instance_id)
+            for name, info in sorted(table.items()) if info.kind == "mig"}
+
+
+def xid_devices(event: XidEvent, devices: list[str],
+                instances: Mapping[str, tuple[int | None, int | None]]) -> list[str]:
+    """The devices of the event's card that the XID hit.
+
+    An event NVML does not attribute to a MIG instance (its ids are 0xFFFFFFFF, here None)
+    hits the whole card, so every device on it. One that names a GPU and compute instance hits
+    the MIG device with those ids; a full card (not in `instances`) is always hit, and so is an
+    instance whose ids discovery could not learn, since it cannot be ruled out.
+    """
+    gi, ci = event.gpu_instance_id, event.compute_instance_id
+    if gi is None or ci is None:
+        return list(devices)
+    hit = []
+    for device in devices:
+        ids = instances.get(device)
+        if ids is None or None in ids or ids == (gi, ci):
+            hit.append(device)
+    return hit
 
 
 class Health:
@@ -122,8 +151,12 @@ async def report_condition(cluster: Cluster, node_name: str, health: Health) -> 
 
 async def watch_nvml(*, health: Health, nvml_factory: Callable[[], Nvml],
                      cards: Mapping[str, list[str]], metrics: Metrics,
+                     instances: Mapping[str, tuple[int | None, int | None]] | None = None,
                      poll_ms: int = 5000, retry_seconds: float = 30.0) -> None:
     """Mark devices from XID events and lost GPUs; survive NVML outages. Never returns.
+
+    `cards` maps a card UUID to its devices' names; `instances` (from `mig_instances`) gives
+    the MIG devices' instance ids, so an XID on one MIG instance marks only that one.
 
     NVML's event wait blocks, so it runs in a worker thread with a bounded timeout; between
     waits every card is probed so a GPU that fell off the bus is seen without an event.
@@ -132,8 +165,9 @@ async def watch_nvml(*, health: Health, nvml_factory: Callable[[], Nvml],
         # A worker thread cannot be cancelled: it checks `stop` between bounded waits.
         stop = threading.Event()
         try:
-            await asyncio.to_thread(_watch_session, health, nvml_factory, cards, metrics,
-                                    poll_ms, asyncio.get_running_loop(), stop)
+            await asyncio.to_thread(_watch_session, health, nvml_factory, cards,
+                                    instances or {}, metrics, poll_ms,
+                                    asyncio.get_running_loop(), stop)
         except NvmlError as exc:
             metrics.nvml_up.set(0)
             log.error("NVML failed: %s; no device is reported healthy until it answers again "
@@ -152,8 +186,9 @@ async def watch_nvml(*, health: Health, nvml_factory: Callable[[], Nvml],
 
 
 def _watch_session(health: Health, nvml_factory: Callable[[], Nvml],
-                   cards: Mapping[str, list[str]], metrics: Metrics, poll_ms: int,
-                   loop: asyncio.AbstractEventLoop, stop: threading.Event) -> None:
+                   cards: Mapping[str, list[str]],
+                   instances: Mapping[str, tuple[int | None, int | None]], metrics: Metrics,
+                   poll_ms: int, loop: asyncio.AbstractEventLoop, stop: threading.Event) -> None:
     def call(fn: Callable[..., None], *args: Any) -> None:
         # Health state lives on the event loop; the thread hands it the updates.
         if not stop.is_set():
@@ -174,13 +209,14 @@ def _watch_session(health: Health, nvml_factory: Callable[[], Nvml],
                         call(health.mark, cards[uuid], GPU_LOST)
                 event = events.wait(poll_ms)
                 if event is not None:
-                    _on_xid(event, health, cards, metrics, call)
+                    _on_xid(event, health, cards, instances, metrics, call)
         finally:
             with contextlib.suppress(NvmlError):
                 events.close()
 
 
-def _on_xid(event: XidEvent, health: Health, cards: Mapping[str, list[str]], metrics: Metrics,
+def _on_xid(event: XidEvent, health: Health, cards: Mapping[str, list[str]],
+            instances: Mapping[str, tuple[int | None, int | None]], metrics: Metrics,
             call: Callable[..., None]) -> None:
     metrics.xid_events.labels(str(event.xid)).inc()
     if event.is_application_error:
@@ -191,4 +227,10 @@ def _on_xid(event: XidEvent, health: Health, cards: Mapping[str, list[str]], met
     if devices is None:
         log.warning("XID %d on unknown device %s", event.xid, event.uuid)
         return
-    call(health.mark, devices, f"xid-{event.xid}")
+    hit = xid_devices(event, devices, instances)
+    if not hit:
+        log.warning("XID %d on %s names GPU instance %d, compute instance %d, which no "
+                    "published device is: nothing is marked", event.xid, event.uuid,
+                    event.gpu_instance_id, event.compute_instance_id)
+        return
+    call(health.mark, hit, f"xid-{event.xid}")

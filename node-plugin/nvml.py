@@ -269,6 +269,8 @@ class Nvml:
                                lib.nvmlDeviceGetAttributes, mig)
             gi_id = int(self._call(f"nvmlDeviceGetGpuInstanceId ({mwhere})",
                                    lib.nvmlDeviceGetGpuInstanceId, mig))
+            ci_id = int(self._call(f"nvmlDeviceGetComputeInstanceId ({mwhere})",
+                                   lib.nvmlDeviceGetComputeInstanceId, mig))
             gi = self._call(f"nvmlDeviceGetGpuInstanceById ({mwhere})",
                             lib.nvmlDeviceGetGpuInstanceById, handle, gi_id)
             info = self._call(f"nvmlGpuInstanceGetInfo ({mwhere})",
@@ -280,6 +282,7 @@ class Nvml:
                 profile_id=int(info.profileId), placement_start=int(info.placement.start),
                 placement_size=int(info.placement.size),
                 multiprocessors=int(attrs.multiprocessorCount) or None,
+                gpu_instance_id=gi_id, compute_instance_id=ci_id,
             ))
         return tuple(sorted(out, key=lambda m: (m.placement_start or 0, m.uuid)))
 

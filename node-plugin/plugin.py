@@ -22,7 +22,13 @@ from dra_gateway.node_plugin import cdi
 from dra_gateway.node_plugin.devices import DeviceInfo, DeviceOptions, device_table, devices_of
 from dra_gateway.node_plugin.discovery import DiscoveryError
 from dra_gateway.node_plugin.facts import NodeFacts
-from dra_gateway.node_plugin.health import Health, devices_by_card, report_condition, watch_nvml
+from dra_gateway.node_plugin.health import (
+    Health,
+    devices_by_card,
+    mig_instances,
+    report_condition,
+    watch_nvml,
+)
 from dra_gateway.node_plugin.metrics import Metrics
 from dra_gateway.node_plugin.nvml import Nvml
 from dra_gateway.node_plugin.prepare import Preparer
@@ -137,7 +143,9 @@ class NodePlugin:
                 ok = await self.discover_once()
             if self._nvml_factory is not None:
                 self._spawn(watch_nvml(health=self.health, nvml_factory=self._nvml_factory,
-                                       cards=devices_by_card(self._table), metrics=self.metrics,
+                                       cards=devices_by_card(self._table),
+                                       instances=mig_instances(self._table),
+                                       metrics=self.metrics,
                                        retry_seconds=self.settings.nvml_retry_seconds),
                             "nvml-health")
             if started is not None:

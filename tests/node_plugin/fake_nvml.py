@@ -6,6 +6,7 @@ so the error mapping is exercised, not bypassed.
 
 from __future__ import annotations
 
+import ctypes
 import queue
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -13,12 +14,15 @@ from typing import Any
 
 import pynvml
 
+NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
+# c_nvmlEventData_t's gpuInstanceId / computeInstanceId when the event is not MIG-specific.
+NOT_MIG_SPECIFIC = 0xFFFFFFFF
 
 
 # pynvml's own exception: `NVMLError(code)` builds the subclass the real calls raise
@@ -35,7 +39,8 @@ class FakeMig:
     profile_id: int
     start: int
     size: int
-    gi_id: int
+    gi_id: int  # nvmlDeviceGetGpuInstanceId on the MIG handle
+    ci_id: int = 0  # nvmlDeviceGetComputeInstanceId on the MIG handle
     sms: int = 14
     # NVML's GPU-instance profile index (NVML_GPU_INSTANCE_PROFILE_*); None: from gi_slices.
     profile_index: int | None = None
@@ -110,6 +115,13 @@ class FakeNvml:
             m: FakeMig | None = fake.gpus[h[1]].migs[h[2]]
             assert m is not None
             return m
+
+        def instance_ids(h: Any) -> FakeMig:
+            # NVML answers these for MIG device handles only (InvalidArgument otherwise).
+            fake._check()
+            if h[0] != "mig":
+                raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+            return mig(h)
 
         def init() -> None:
             if fake.init_error is not None:
@@ -214,7 +226,9 @@ class FakeNvml:
             nvmlDeviceGetMaxMigDeviceCount=lambda h: len(gpu(h).migs),
             nvmlDeviceGetMigDeviceHandleByIndex=mig_handle,
             nvmlDeviceGetAttributes=attributes,
-            nvmlDeviceGetGpuInstanceId=lambda h: mig(h).gi_id,
+            # pynvml returns the c_uint out-parameter's `.value`: a plain int.
+            nvmlDeviceGetGpuInstanceId=lambda h: instance_ids(h).gi_id,
+            nvmlDeviceGetComputeInstanceId=lambda h: instance_ids(h).ci_id,
             nvmlDeviceGetGpuInstanceById=gi_by_id,
             nvmlGpuInstanceGetInfo=gi_info,
             nvmlDeviceGetGpuInstanceProfileInfo=gi_profile_info,
@@ -225,8 +239,15 @@ class FakeNvml:
             nvmlEventSetWait=wait,
         )
 
-    def xid(self, index: int, xid: int) -> None:
-        """Queue a critical XID event for card `index`."""
-        self.events.put(SimpleNamespace(device=("gpu", index), eventType=0x8, eventData=xid,
-                                        gpuInstanceId=0xFFFFFFFF,
-                                        computeInstanceId=0xFFFFFFFF))
+    def xid(self, index: int, xid: int, *, gi: int = NOT_MIG_SPECIFIC,
+            ci: int = NOT_MIG_SPECIFIC) -> None:
+        """Queue a critical XID event for card `index`; `gi`/`ci` name the MIG instance hit.
+
+        As pynvml's c_nvmlEventData_t: `device` is the (parent) card's handle the events were
+        registered on, eventType/eventData are c_ulonglong and gpuInstanceId/computeInstanceId
+        c_uint fields, which read back as plain ints.
+        """
+        self.events.put(SimpleNamespace(device=("gpu", index), eventType=0x8,
+                                        eventData=ctypes.c_ulonglong(xid).value,
+                                        gpuInstanceId=ctypes.c_uint(gi).value,
+                                        computeInstanceId=ctypes.c_uint(ci).value))

@@ -18,7 +18,7 @@ from dra_gateway.node_plugin.devices import DeviceOptions
 from dra_gateway.node_plugin.nvml import Nvml, discover_nvml
 from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
 
-from .fake_nvml import FakeGpu, FakeNvml
+from .fake_nvml import FakeGpu, FakeMig, FakeNvml
 
 NODE = "gpu-node-1"
 UUIDS = [f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd" for i in range(3)]
@@ -222,3 +222,81 @@ async def test_an_unexpected_error_in_the_watcher_degrades_and_retries(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+# A card in MIG mode with three 1g.10gb instances (GPU instances 1-3, compute instance 0 each)
+# beside a full card.
+MIG_UUIDS = [f"MIG-0000000{i}-aaaa-bbbb-cccc-dddddddddddd" for i in range(3)]
+INSTANCES = ["gpu-0-mig-19-0-1", "gpu-0-mig-19-1-1", "gpu-0-mig-19-2-1"]
+
+
+def _mig_fake() -> FakeNvml:
+    migs: list[FakeMig | None] = [
+        FakeMig(uuid=u, memory_mb=9856, gi_slices=1, ci_slices=1, profile_id=19, start=i,
+                size=1, gi_id=i + 1, ci_id=0)
+        for i, u in enumerate(MIG_UUIDS)]
+    return FakeNvml([FakeGpu(uuid=UUIDS[0], minor=0, mig_mode=1, migs=migs),
+                     FakeGpu(uuid=UUIDS[1], minor=1, bus_id=b"00000000:19:00.0")])
+
+
+def _reasons(plugin: NodePlugin) -> dict[str, str]:
+    return {d: p.reason for d, p in plugin.health.problems.items()}
+
+
+async def test_an_xid_on_one_mig_instance_marks_that_instance_only(
+        root: Path, cluster: MemoryCluster) -> None:
+    fake = _mig_fake()
+    async with _running(root, cluster, fake, taints=True) as plugin:
+        await _until(lambda: _async(fake.registered), "XID registration")
+        # Events are handled in order: the ones that name no published instance (a compute
+        # instance or a GPU instance the card does not have) are done before the last.
+        fake.xid(0, 48, gi=1, ci=1)
+        fake.xid(0, 48, gi=9, ci=0)
+        fake.xid(0, 48, gi=1, ci=0)
+
+        await _until(lambda: _async(plugin.health.problems), "a marked instance")
+        await asyncio.sleep(0.2)
+        assert _reasons(plugin) == {INSTANCES[0]: "xid-48"}
+
+        async def tainted() -> Any:
+            (slice_,) = (await cluster.list(RESOURCE_SLICES)).items
+            return [d for d in slice_["spec"]["devices"] if "taints" in d] and slice_
+
+        slice_ = await _until(tainted, "a tainted device")
+        kubernetes_validate.validate(slice_, "1.34", strict=True)
+        assert [d["name"] for d in slice_["spec"]["devices"] if "taints" in d] == [INSTANCES[0]]
+        assert len(slice_["spec"]["devices"]) == 4
+
+
+async def test_an_xid_not_attributed_to_an_instance_marks_every_instance_of_the_card(
+        root: Path, cluster: MemoryCluster) -> None:
+    """0xFFFFFFFF ids: the XID hit the card, not one instance; the other card stays."""
+    fake = _mig_fake()
+    async with _running(root, cluster, fake, taints=False) as plugin:
+        await _until(lambda: _async(fake.registered), "XID registration")
+        fake.xid(0, 48, gi=2, ci=0)
+        await _until(lambda: _async(plugin.health.problems), "the instance marked")
+        assert _reasons(plugin) == {INSTANCES[1]: "xid-48"}
+        fake.xid(0, 79)  # gpuInstanceId = computeInstanceId = 0xFFFFFFFF
+        await _until(lambda: _async(len(plugin.health.problems) == 3), "every instance marked")
+        await asyncio.sleep(0.2)
+        # An instance keeps the first reason it was marked for.
+        assert _reasons(plugin) == {INSTANCES[0]: "xid-79", INSTANCES[1]: "xid-48",
+                                    INSTANCES[2]: "xid-79"}
+
+
+async def test_application_xids_on_mig_instances_mark_nothing(
+        root: Path, cluster: MemoryCluster) -> None:
+    fake = _mig_fake()
+    async with _running(root, cluster, fake, taints=True) as plugin:
+        await _until(lambda: _async(fake.registered), "XID registration")
+        for xid in (13, 31, 43, 45, 68, 109):
+            fake.xid(0, xid, gi=1, ci=0)
+            fake.xid(0, xid)
+            fake.xid(1, xid)
+        fake.xid(0, 48, gi=3, ci=0)  # a critical one after them, to know they were handled
+
+        await _until(lambda: _async(plugin.health.problems), "the critical XID marked")
+        await asyncio.sleep(0.2)
+        assert _reasons(plugin) == {INSTANCES[2]: "xid-48"}
+        assert plugin.metrics.xid_events.labels("13")._value.get() == 3

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from dra_gateway.node_plugin.devices import DeviceOptions, device_table
 from dra_gateway.node_plugin.nvml import Nvml, NvmlError, discover_nvml
 
 from .fake_nvml import FakeGpu, FakeMig, FakeNvml
@@ -80,6 +81,25 @@ def test_mig_instances_are_enumerated_with_nvidia_profile_names(tmp_path: Path) 
             for m in gpu.mig_devices] == [("MIG-aaaa", "3g.40gb", 9, 0, 4),
                                           ("MIG-bbbb", "1g.10gb", 19, 6, 1)]
     assert gpu.mig_devices[0].memory == 40192 * 2**20
+
+
+def test_mig_instances_carry_their_gpu_and_compute_instance_ids(tmp_path: Path) -> None:
+    """The ids an XID event names its MIG instance by, as NVML reports them per MIG handle."""
+    migs: list[FakeMig | None] = [
+        FakeMig(uuid="MIG-aaaa", memory_mb=40192, gi_slices=3, ci_slices=3, profile_id=9,
+                start=0, size=4, gi_id=2, ci_id=0),
+        FakeMig(uuid="MIG-bbbb", memory_mb=9856, gi_slices=1, ci_slices=1, profile_id=19,
+                start=6, size=1, gi_id=13, ci_id=1),
+    ]
+    fake = FakeNvml([FakeGpu(uuid=A100, memory=81920 * 2**20, mig_mode=1, migs=migs)])
+    facts = discover_nvml(fake.module(), sysfs=tmp_path)
+    (gpu,) = facts.gpus
+    assert [(m.uuid, m.gpu_instance_id, m.compute_instance_id) for m in gpu.mig_devices] == [
+        ("MIG-aaaa", 2, 0), ("MIG-bbbb", 13, 1)]
+    table = device_table(facts, DeviceOptions())
+    assert {name: (info.gpu_instance_id, info.compute_instance_id)
+            for name, info in table.items()} == {"gpu-0-mig-9-0-4": (2, 0),
+                                                 "gpu-0-mig-19-6-1": (13, 1)}
 
 
 def test_mig_profile_names_round_as_nvidia_does_on_h200(tmp_path: Path) -> None:
