@@ -6,17 +6,8 @@ Light imports only; each handler imports its module when it runs.
 from __future__ import annotations
 
 import argparse
-import re
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
-def _namespace(value: str) -> str:
-    # The Lease lives there: a name the API server refuses failed only at the first election.
-    if not _DNS_LABEL.match(value):
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a namespace name (a DNS label: lowercase letters, digits, '-')")
-    return value
+from dra_gateway.kube import arguments
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -29,7 +20,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                             "in-process cluster nothing else can reach (a smoke test only)")
     controller.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, "
                             "the pod's service account, then ~/.kube/config)")
-    controller.add_argument("--namespace", default="dra-gateway", type=_namespace,
+    controller.add_argument("--namespace", default="dra-gateway",
+                            type=arguments.namespace,
                             help="namespace of the allocator's Lease (default: %(default)s)")
     controller.add_argument("--policy", default="default",
                             help="cluster-wide scoring policy (default: %(default)s)")

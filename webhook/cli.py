@@ -7,8 +7,9 @@ ValidatingWebhookConfiguration for the loaded rules as YAML.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
+
+from dra_gateway.kube import arguments
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -19,25 +20,16 @@ def _listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
 def _service(value: str) -> tuple[str, str]:
     # Namespace and Service names are DNS labels; the API server would refuse the printed
     # configurations otherwise.
     namespace, sep, name = value.partition("/")
-    if not sep or not _DNS_LABEL.match(namespace) or not _DNS_LABEL.match(name):
+    label = arguments.DNS_LABEL.match
+    if not sep or not label(namespace) or not label(name):
         raise argparse.ArgumentTypeError(
             f"{value!r} is not NAMESPACE/NAME of the webhook's Service (two DNS labels), e.g. "
             f"dra-gateway/dra-gateway-webhook")
     return namespace, name
-
-
-def _namespace(value: str) -> str:
-    if not _DNS_LABEL.match(value):
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a namespace name (a DNS label: lowercase letters, digits, '-')")
-    return value
 
 
 def _port(value: str) -> int:
@@ -64,7 +56,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     serve.add_argument("--kubeconfig", metavar="FILE",
                        help="kubeconfig file (default: $KUBECONFIG, the pod's "
                        "service account, then ~/.kube/config)")
-    serve.add_argument("--namespace", type=_namespace, default="dra-gateway",
+    serve.add_argument("--namespace", type=arguments.namespace, default="dra-gateway",
                        help="the gateway's namespace: rule ConfigMaps are read there "
                        "(default: %(default)s)")
     serve.add_argument("--no-config-maps", action="store_true",
@@ -95,8 +87,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                         help="rules file or folder, added to the built-in rules (repeatable)")
     config.add_argument("--no-builtin-rules", action="store_true",
                         help="derive the configurations from the --rules files only")
-    config.add_argument("--namespace", type=_namespace, help="the gateway's namespace, "
-                        "excluded from admission (default: the Service's)")
+    config.add_argument("--namespace", type=arguments.namespace,
+                        help="the gateway's namespace, excluded from admission (default: the "
+                        "Service's)")
     config.add_argument("--port", type=_port, default=443, help="Service port (default: 443)")
     config.set_defaults(func=_config)
 
