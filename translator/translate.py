@@ -372,11 +372,6 @@ def _covers(main: _ContainerPlan, init: _ContainerPlan) -> bool:
     return same and main_params == init_params and main.constraints == () == init.constraints
 
 
-
-def _is_trigger(rule: CompiledRule, resource: str) -> bool:
-    """Whether asking for `resource` makes the rule apply (a claimed hint alone does not)."""
-    return rule.triggered_by(resource)
-
 def _refuse(container: str, resource: str, rule: str, message: str, *,
             name_rule: bool = True) -> _Refused:
     where = f" (rule {rule})" if rule and name_rule else ""
@@ -426,7 +421,7 @@ def _plan_container(key: str, container: Mapping[str, Any], legacy: set[str],
     triggered: list[tuple[CompiledRule, dict[str, Any]]] = []
     for rule in sorted(candidates.values(), key=lambda r: (-r.precedence, r.name)):
         mine = [n for n in ordered if rule.claims(n)]
-        if not any(_is_trigger(rule, n) for n in mine):
+        if not any(rule.triggered_by(n) for n in mine):
             continue
         if not _conditions_hold(rule, annotations, node_selector):
             continue
