@@ -161,6 +161,7 @@ async def watch_nvml(*, health: Health, nvml_factory: Callable[[], Nvml],
     NVML's event wait blocks, so it runs in a worker thread with a bounded timeout; between
     waits every card is probed so a GPU that fell off the bus is seen without an event.
     """
+    every_device = sorted(d for devices in cards.values() for d in devices)
     while True:
         # A worker thread cannot be cancelled: it checks `stop` between bounded waits.
         stop = threading.Event()
@@ -172,14 +173,12 @@ async def watch_nvml(*, health: Health, nvml_factory: Callable[[], Nvml],
             metrics.nvml_up.set(0)
             log.error("NVML failed: %s; no device is reported healthy until it answers again "
                       "(retrying every %.0fs)", exc, retry_seconds)
-            health.mark(sorted(d for devices in cards.values() for d in devices),
-                        NVML_UNAVAILABLE)
+            health.mark(every_device, NVML_UNAVAILABLE)
         except Exception:  # a bug or a ctypes surprise must not end health watching
             metrics.nvml_up.set(0)
             log.exception("the NVML health check failed unexpectedly; no device is reported "
                           "healthy until it works again (retrying every %.0fs)", retry_seconds)
-            health.mark(sorted(d for devices in cards.values() for d in devices),
-                        NVML_UNAVAILABLE)
+            health.mark(every_device, NVML_UNAVAILABLE)
         finally:
             stop.set()
         await asyncio.sleep(retry_seconds)
