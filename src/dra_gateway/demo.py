@@ -1020,9 +1020,9 @@ def run(args: argparse.Namespace) -> int:
         if failure.log is not None:
             print(f"--- last lines of {failure.log} ---\n{log_tail(failure.log)}\n---", file=err)
         remove = False  # the logs are what the user needs now
-    if outcome is not None and code != 0:
-        remove = False  # the logs explain the failure; the JSON summary must say where they are
     if outcome is not None:
+        if code != 0:
+            remove = False  # the logs explain it; the JSON summary must say where they are
         if as_json:
             summary = {"ok": code == 0, "workDir": str(root) if not remove else None,
                        "pods": [r.to_json() for r in outcome.reports],
