@@ -2,14 +2,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
-import pytest
 
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.memory import MemoryCluster
@@ -18,25 +15,10 @@ from dra_gateway.node_plugin.devices import DeviceOptions
 from dra_gateway.node_plugin.nvml import Nvml, discover_nvml
 from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
 
+from .claimdata import NODE
 from .fake_nvml import FakeGpu, FakeMig, FakeNvml
 
-NODE = "gpu-node-1"
 UUIDS = [f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd" for i in range(3)]
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="np-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[MemoryCluster]:
-    memory = MemoryCluster()
-    await memory.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-    yield memory
-    await memory.close()
 
 
 @contextlib.asynccontextmanager

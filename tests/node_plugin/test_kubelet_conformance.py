@@ -19,8 +19,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,6 @@ from google.protobuf.json_format import MessageToDict
 
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.memory import MemoryCluster
-from dra_gateway.kube.resources import NODES
 from dra_gateway.node_plugin import cdi
 from dra_gateway.node_plugin.proto import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
 
@@ -65,22 +62,6 @@ def kubeletclient(tmp_path_factory: pytest.TempPathFactory) -> Path:
                             timeout=540, check=False)
     assert result.returncode == 0, f"go build of the kubelet test client failed:\n{result.stderr}"
     return binary
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    # Unix socket paths are limited to 107 bytes; pytest's tmp_path can be longer.
-    path = Path(tempfile.mkdtemp(prefix="np-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[MemoryCluster]:
-    memory = MemoryCluster()
-    await memory.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-    yield memory
-    await memory.close()
 
 
 def _ref(obj: dict[str, Any]) -> dict[str, str]:

@@ -18,15 +18,7 @@ from dra_gateway.node_plugin.inventory import load_inventory
 from dra_gateway.node_plugin.metrics import Metrics
 from dra_gateway.node_plugin.publish import Publisher
 
-NODE = "gpu-node-1"
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[MemoryCluster]:
-    memory = MemoryCluster()
-    await memory.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-    yield memory
-    await memory.close()
+from .claimdata import NODE
 
 
 def _devices(path: Path) -> list[dict[str, Any]]:

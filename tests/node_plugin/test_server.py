@@ -6,10 +6,8 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import stat
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -38,22 +36,6 @@ from dra_gateway.node_plugin.proto import (
 from .claimdata import NODE, claim
 
 GiB = 1 << 30
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    # Unix socket paths are limited to 107 bytes; pytest's tmp_path can be longer.
-    path = Path(tempfile.mkdtemp(prefix="np-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[MemoryCluster]:
-    memory = MemoryCluster()
-    await memory.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-    yield memory
-    await memory.close()
 
 
 def _settings(root: Path) -> PluginSettings:
