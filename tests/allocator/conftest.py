@@ -3,7 +3,7 @@
 `World` plays the parts the controller relies on but does not own: the node plugin (slices),
 the admission webhook (gated pods) and the built-in claim controller (claims owned by the pod
 and recorded in `status.resourceClaimStatuses`). `check_no_overcommit` is the safety property
-every correctness test ends with.
+every correctness test ends with; `LaggingClaimWatch` a cluster whose claim watch falls behind.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from dra_gateway.allocator.controller import Controller, ControllerSettings
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.memory import MemoryCluster
-from dra_gateway.kube.cluster.port import Cluster, Object
+from dra_gateway.kube.cluster.port import Cluster, Object, ObjectList, PatchType, WatchEvent
 from dra_gateway.kube.quantity import parse_quantity
 from dra_gateway.kube.resources import (
     DEVICE_CLASSES,
@@ -29,6 +29,7 @@ from dra_gateway.kube.resources import (
     PODS,
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
+    ResourceType,
 )
 
 GIB = 1 << 30
@@ -203,6 +204,12 @@ def is_ungated(pod: Object) -> bool:
     return all(g.get("name") != names.SCHEDULING_GATE for g in gates)
 
 
+async def ungated(world: World, name: str) -> Object | None:
+    """The pod once it has lost the gateway's gate, else None (a check for `eventually`)."""
+    pod = await world.pod(name)
+    return pod if is_ungated(pod) else None
+
+
 def consumption(claims: Iterable[Object], slices: Iterable[Object]) -> dict[
         tuple[str, str, str], list[tuple[str, dict[str, int], bool]]]:
     """Per device: (claim, consumed capacity, whole card?) of every allocated claim.
@@ -275,6 +282,68 @@ async def eventually(check: Callable[[], Any], *, within: float = 10.0,
             if result:
                 return result
             await asyncio.sleep(interval)
+
+
+class LaggingClaimWatch:
+    """A cluster whose ResourceClaim watches hold events back while `hold` is set."""
+
+    def __init__(self, inner: MemoryCluster) -> None:
+        self.inner = inner
+        self.hold = False
+        self.released = 0  # held events let through so far
+        self._changed = asyncio.Event()
+
+    def let_through(self, count: int) -> None:
+        self.released += count
+        self._changed.set()
+
+    async def get(self, rt: ResourceType, name: str, *, namespace: str | None = None) -> Object:
+        return await self.inner.get(rt, name, namespace=namespace)
+
+    async def list(self, rt: ResourceType, *, namespace: str | None = None,
+                   label_selector: str | None = None,
+                   field_selector: str | None = None) -> ObjectList:
+        return await self.inner.list(rt, namespace=namespace, label_selector=label_selector,
+                                     field_selector=field_selector)
+
+    async def watch(self, rt: ResourceType, *, namespace: str | None = None,
+                    resource_version: str | None = None, label_selector: str | None = None,
+                    field_selector: str | None = None,
+                    timeout_seconds: float | None = None) -> AsyncIterator[WatchEvent]:
+        held = 0
+        async for event in self.inner.watch(rt, namespace=namespace,
+                                            resource_version=resource_version,
+                                            label_selector=label_selector,
+                                            field_selector=field_selector,
+                                            timeout_seconds=timeout_seconds):
+            if rt is RESOURCE_CLAIMS and self.hold:
+                held += 1
+                while held > self.released:
+                    self._changed.clear()
+                    await self._changed.wait()
+            yield event
+
+    async def create(self, rt: ResourceType, obj: Object, *, namespace: str | None = None,
+                     dry_run: bool = False) -> Object:
+        return await self.inner.create(rt, obj, namespace=namespace, dry_run=dry_run)
+
+    async def update(self, rt: ResourceType, obj: Object, *, namespace: str | None = None,
+                     subresource: str | None = None) -> Object:
+        return await self.inner.update(rt, obj, namespace=namespace, subresource=subresource)
+
+    async def patch(self, rt: ResourceType, name: str, patch: Any, *,
+                    namespace: str | None = None, patch_type: PatchType = "merge",
+                    subresource: str | None = None) -> Object:
+        return await self.inner.patch(rt, name, patch, namespace=namespace,
+                                      patch_type=patch_type, subresource=subresource)
+
+    async def delete(self, rt: ResourceType, name: str, *, namespace: str | None = None,
+                     resource_version: str | None = None) -> Object | None:
+        return await self.inner.delete(rt, name, namespace=namespace,
+                                       resource_version=resource_version)
+
+    async def close(self) -> None:
+        await self.inner.close()
 
 
 FAST = ControllerSettings(base_delay=0.01, max_delay=0.2, retry_unplaceable_after=0.02,

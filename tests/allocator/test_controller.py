@@ -22,6 +22,7 @@ from .conftest import (
     is_ungated,
     running_controller,
     share_claim_spec,
+    ungated,
     whole_claim_spec,
 )
 
@@ -37,7 +38,7 @@ async def test_a_gated_pod_gets_every_claim_allocated_on_one_node_then_loses_onl
     async with running_controller(memory_cluster) as controller:
         await world.gated_pod("train", [share_claim_spec(memory_gib=20, cores=30),
                                         whole_claim_spec()])
-        pod = await eventually(lambda: _ungated(world, "train"))
+        pod = await eventually(lambda: ungated(world, "train"))
         assert [g["name"] for g in pod["spec"]["schedulingGates"]] == ["example.com/other"]
         claims = await world.claims_of("train")
         assert all(names.FINALIZER in c["metadata"]["finalizers"] for c in claims)
@@ -62,7 +63,7 @@ async def test_the_gate_stays_until_every_claim_of_the_pod_exists(
         assert not is_ungated(await world.pod("waits"))
         assert controller.stats.plans == 0
         await world.create_claims("waits", [share_claim_spec(memory_gib=10)])
-        await eventually(lambda: _ungated(world, "waits"))
+        await eventually(lambda: ungated(world, "waits"))
         (claim,) = await world.claims_of("waits")
         assert claim["status"]["allocation"]
 
@@ -86,7 +87,7 @@ async def test_an_unplaceable_pod_gets_one_warning_event_and_is_placed_once_capa
         kubernetes_validate.validate(event, "1.34", strict=True)
         assert not is_ungated(await world.pod("big"))
         await world.add_node("node-big", gpus=1, memory_gib=80)
-        await eventually(lambda: _ungated(world, "big"))
+        await eventually(lambda: ungated(world, "big"))
         (claim,) = await world.claims_of("big")
         assert node_of(claim) == "node-big"
 
@@ -96,13 +97,13 @@ async def test_a_deleted_pod_has_its_claims_released_and_their_finalizer_removed
     await world.setup(nodes=1, gpus=1)
     async with running_controller(memory_cluster):
         await world.gated_pod("short", [whole_claim_spec()])
-        await eventually(lambda: _ungated(world, "short"))
+        await eventually(lambda: ungated(world, "short"))
         await memory_cluster.delete(PODS, "short", namespace=NAMESPACE)
         # The claim is garbage collected once the allocator lets go of it.
         await eventually(lambda: not memory_cluster.objects(RESOURCE_CLAIMS))
         # The card is free again for the next pod.
         await world.gated_pod("next", [whole_claim_spec()])
-        await eventually(lambda: _ungated(world, "next"))
+        await eventually(lambda: ungated(world, "next"))
 
 
 async def test_a_finished_pod_has_its_claims_released_but_the_claims_stay(
@@ -110,7 +111,7 @@ async def test_a_finished_pod_has_its_claims_released_but_the_claims_stay(
     await world.setup(nodes=1, gpus=1)
     async with running_controller(memory_cluster) as controller:
         await world.gated_pod("job", [share_claim_spec(memory_gib=30)])
-        await eventually(lambda: _ungated(world, "job"))
+        await eventually(lambda: ungated(world, "job"))
         await world.finish("job", "Failed")
 
         async def released() -> bool:
@@ -138,7 +139,7 @@ async def test_a_claim_allocated_by_someone_else_is_kept_and_pins_the_other_clai
                                 subresource="status")
     del pod, second
     async with running_controller(memory_cluster):
-        await eventually(lambda: _ungated(world, "pinned"))
+        await eventually(lambda: ungated(world, "pinned"))
         claims = await world.claims_of("pinned")
         assert [node_of(c) for c in claims] == ["node-2", "node-2"]
         assert claims[0]["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-1"
@@ -155,7 +156,7 @@ async def test_in_the_fallback_world_shares_are_recorded_in_annotations(
     async with running_controller(memory_cluster, settings) as controller:
         await world.gated_pod("a", [share_claim_spec(memory_gib=50)])
         await world.gated_pod("b", [share_claim_spec(memory_gib=50)])
-        await eventually(lambda: _ungated(world, "a"))
+        await eventually(lambda: ungated(world, "a"))
         await asyncio.sleep(0.1)
         assert not is_ungated(await world.pod("b"))  # 50 + 50 > 80 on the only card
         (claim,) = await world.claims_of("a")
@@ -165,7 +166,7 @@ async def test_in_the_fallback_world_shares_are_recorded_in_annotations(
         assert names.ANNOTATION_SHARES in claim["metadata"]["annotations"]
         assert controller.metrics.consumable_capacity._value.get() == 0
         await world.finish("a")
-        await eventually(lambda: _ungated(world, "b"))
+        await eventually(lambda: ungated(world, "b"))
         (released,) = await world.claims_of("a")
         assert names.ANNOTATION_SHARES not in (released["metadata"].get("annotations") or {})
 
@@ -215,15 +216,10 @@ async def test_a_pod_is_planned_again_when_its_allocation_is_wiped_while_still_g
                                     subresource="status")
         plans = controller.stats.plans
         allowed.set()
-        await eventually(lambda: _ungated(world, "wiped"))
+        await eventually(lambda: ungated(world, "wiped"))
         (claim,) = await world.claims_of("wiped")
         assert claim["status"]["allocation"]
         assert controller.stats.plans > plans
-
-
-async def _ungated(world: World, name: str) -> dict[str, Any] | None:
-    pod = await world.pod(name)
-    return pod if is_ungated(pod) else None
 
 
 async def _all_claims(cluster: MemoryCluster) -> list[dict[str, Any]]:
@@ -250,7 +246,7 @@ async def test_a_partial_allocation_that_pins_the_pod_where_it_no_longer_fits_is
     await memory_cluster.update(RESOURCE_CLAIMS, first, namespace=NAMESPACE,
                                 subresource="status")
     async with running_controller(memory_cluster):
-        await eventually(lambda: _ungated(world, "pair"))
+        await eventually(lambda: ungated(world, "pair"))
         claims = await world.claims_of("pair")
         assert [node_of(c) for c in claims] == ["node-1", "node-1"]
         check_no_overcommit(memory_cluster.objects(RESOURCE_CLAIMS),
@@ -290,7 +286,7 @@ async def test_without_a_dry_run_the_mode_is_learned_from_the_first_published_sl
         await eventually(lambda: controller.consumable_capacity is True)
         assert controller.metrics.consumable_capacity._value.get() == 1
         await world.gated_pod("native", [share_claim_spec(memory_gib=8)])
-        await eventually(lambda: _ungated(world, "native"))
+        await eventually(lambda: ungated(world, "native"))
         (claim,) = await world.claims_of("native")
         assert claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
 
@@ -333,7 +329,7 @@ async def test_an_unreachable_api_during_detection_does_not_end_the_term() -> No
     async with running_controller(cluster) as controller:
         assert controller.consumable_capacity is True  # learned from the published slice
         await world.gated_pod("after-blip", [share_claim_spec(memory_gib=8)])
-        await eventually(lambda: _ungated(world, "after-blip"))
+        await eventually(lambda: ungated(world, "after-blip"))
 
 
 async def test_pods_ending_all_the_time_replan_an_unplaceable_pod_at_most_once_per_interval(

@@ -17,6 +17,7 @@ from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, R
 
 from .conftest import (
     NAMESPACE,
+    LaggingClaimWatch,
     World,
     check_no_overcommit,
     eventually,
@@ -24,7 +25,6 @@ from .conftest import (
     running_controller,
     whole_claim_spec,
 )
-from .test_controller_watch_lag import LaggingClaimWatch
 
 
 class SlowAllocations(LaggingClaimWatch):
