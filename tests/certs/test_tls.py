@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import ssl
 import warnings
@@ -23,19 +24,27 @@ async def _hello(request: web.Request) -> web.Response:
     return web.Response(text="hello")
 
 
-@pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[tuple[CertificateReloader, int]]:
-    write_bundle(make_bundle(dns_names=["localhost"], ip_addresses=["127.0.0.1"]), tmp_path)
-    reloader = CertificateReloader.from_dir(tmp_path, interval=0.05)
+@contextlib.asynccontextmanager
+async def _serving(ctx: ssl.SSLContext) -> AsyncIterator[int]:
+    """An HTTPS server answering "hello" on loopback with `ctx`; yields its port."""
     app = web.Application()
     app.router.add_get("/", _hello)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=reloader.context)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
     await site.start()
-    port = runner.addresses[0][1]
-    yield reloader, port
-    await runner.cleanup()
+    try:
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[CertificateReloader, int]]:
+    write_bundle(make_bundle(dns_names=["localhost"], ip_addresses=["127.0.0.1"]), tmp_path)
+    reloader = CertificateReloader.from_dir(tmp_path, interval=0.05)
+    async with _serving(reloader.context) as port:
+        yield reloader, port
 
 
 def _client_pair(ca_file: Path, out: Path) -> tuple[Path, Path]:
@@ -190,14 +199,7 @@ async def test_a_client_certificate_is_required_when_a_client_ca_is_given(
     ctx = server_context(server.cert, server.key, client_ca=client.ca_cert)
     assert ctx.verify_mode == ssl.CERT_REQUIRED
     assert ctx.minimum_version == ssl.TLSVersion.TLSv1_2
-    app = web.Application()
-    app.router.add_get("/", _hello)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with _serving(ctx) as port:
         anonymous = _client_context(server.ca_cert)
         with pytest.raises((ssl.SSLError, ConnectionResetError, asyncio.IncompleteReadError)):
             await _connect_and_get(port, anonymous)
@@ -209,8 +211,6 @@ async def test_a_client_certificate_is_required_when_a_client_ca_is_given(
         assert await _get(reader, writer) == b"HTTP/1.1 200 OK hello"
         writer.close()
         await writer.wait_closed()
-    finally:
-        await runner.cleanup()
 
 
 def test_a_broken_certificate_names_its_files_and_the_fix(tmp_path: Path) -> None:
@@ -283,14 +283,7 @@ async def test_a_certificate_of_another_key_type_replaces_the_old_one(
     else:
         _write_rsa_pair(tmp_path)
     reloader = CertificateReloader.from_dir(tmp_path)
-    app = web.Application()
-    app.router.add_get("/", _hello)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=reloader.context)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with _serving(reloader.context) as port:
         if first == "ecdsa":
             new_cert = _write_rsa_pair(tmp_path)
         else:
@@ -305,8 +298,6 @@ async def test_a_certificate_of_another_key_type_replaces_the_old_one(
         writer.close()
         await writer.wait_closed()
         assert await _peer_without_sni(port, tmp_path / "ca.crt") == new_cert
-    finally:
-        await runner.cleanup()
 
 
 async def test_client_certificates_are_still_required_after_a_reload(tmp_path: Path) -> None:
@@ -316,14 +307,7 @@ async def test_client_certificates_are_still_required_after_a_reload(tmp_path: P
     client_ca = client_dir / "client-ca.crt"
     client_cert, client_key = _client_pair(client_ca, client_dir)
     reloader = CertificateReloader.from_dir(server_dir, client_ca=client_ca)
-    app = web.Application()
-    app.router.add_get("/", _hello)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=reloader.context)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with _serving(reloader.context) as port:
         renewed = write_bundle(make_bundle(dns_names=["localhost"]), server_dir)
         assert reloader.check() is True
         with pytest.raises((ssl.SSLError, ConnectionResetError, asyncio.IncompleteReadError)):
@@ -338,5 +322,3 @@ async def test_client_certificates_are_still_required_after_a_reload(tmp_path: P
         with_other.load_cert_chain(other_cert, other_key)
         with pytest.raises((ssl.SSLError, ConnectionResetError, asyncio.IncompleteReadError)):
             await _connect_and_get(port, with_other)
-    finally:
-        await runner.cleanup()
