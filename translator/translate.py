@@ -329,11 +329,10 @@ def _plan_pod(found: list[tuple[str, int, Mapping[str, Any], tuple[str, ...], tu
     total = sum(r["exactly"]["count"] for r in requests_out)
     if total > MAX_DEVICES_PER_CLAIM:
         counts = ", ".join(f"{r['name']}: {r['exactly']['count']}" for r in requests_out)
-        _, container, _ = max(
-            (entry for entry in per_container if request_of[entry[1].get("name", "")] ==
-             entry[1].get("name", "")), key=lambda entry: entry[2].request["exactly"]["count"])
-        resource = ", ".join(sorted(set().union(*removed[container.get("name", "")])))
-        too_many = _refuse(container.get("name", ""), resource, "",
+        # Requests are named after their containers: blame the one asking for the most.
+        largest = max(requests_out, key=lambda r: r["exactly"]["count"])["name"]
+        resource = ", ".join(sorted(set().union(*removed[largest])))
+        too_many = _refuse(largest, resource, "",
                            f"the pod's containers ask for {total} devices in all ({counts}); "
                            f"a DRA claim holds at most {MAX_DEVICES_PER_CLAIM} devices, so it "
                            "could never be allocated; split the work over several pods")
