@@ -68,6 +68,16 @@ def score(outcome: Outcome, policy: str, workload: Workload, *, cpu_free: int, m
     return (round(delta, 6), float(free_after), float(cpu_after))
 
 
+class _AllBroken(Exception):
+    """An All (sub)request whose devices a constraint keeps apart: upstream's allocator calls
+    that claim an error and stops (allocator_incubating.go, "cannot add device ... because a
+    claim constraint would not be satisfied"), even where a later subrequest would fit."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class _Budget(Exception):
     pass
 
@@ -227,6 +237,9 @@ class NodeSearch:
         before = self.cards()
         try:
             ok = self._solve(0, 0)
+        except _AllBroken as broken:
+            ok = False
+            self.failure = ((len(self.claims), 0), broken.reason)
         except _Budget:
             ok = False
             self.failure = ((len(self.claims), 0), (
@@ -390,6 +403,14 @@ class NodeSearch:
             if consumed is None:
                 continue
             if constraints and not self._constraint_ok(claim_i, constraints, self.devices[i]):
+                if alt.all_devices:
+                    raise _AllBroken(
+                        f"claim {claim_placeholder(claim_i)}: request {alt.result_name} asks for "
+                        f"all devices of class {alt.class_name}, but device "
+                        f"{self.devices[i].name} breaks "
+                        + ", ".join(_describe(c) for c in constraints)
+                        + " (an error, as upstream's allocator has it: no later subrequest "
+                        "is tried)")
                 continue
             exclusive = alt.whole or not self.devices[i].shareable
             self._apply(i, consumed, exclusive, 1)

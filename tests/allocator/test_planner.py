@@ -319,6 +319,25 @@ def test_distinct_attribute_spreads_requests_over_different_cards() -> None:
     assert devices_of(place(state, pod(), c), c) == ["gpu-0", "gpu-1"]
 
 
+def test_an_all_subrequest_a_constraint_keeps_apart_refuses_the_claim_as_upstream() -> None:
+    # Upstream's allocator treats an All (sub)request whose devices a constraint cannot hold
+    # together as an error for the claim and tries no later subrequest (found by
+    # tests/allocator/test_planner_oracle.py); the single card of `one` would fit.
+    state = cluster({"n1": [gpu(0, numa=0), gpu(1, numa=1)]})
+    every = {"name": "every", **exactly(mode="All")}
+    one = {"name": "one", **exactly()}
+    c = claim(requests=[{"name": "gpu", "firstAvailable": [every, one]}],
+              constraints=[{"matchAttribute": f"{DRIVER}/numaNode"}])
+    plan = place(state, pod(), c)
+    assert plan.node_name is None
+    assert plan.reason is not None
+    assert ("claim ns/c: request gpu/every asks for all devices of class gpu.dra-gateway.io, "
+            "but device gpu-1 breaks matchAttribute") in plan.reason
+    # Without the constraint the All subrequest takes both cards.
+    c2 = claim("c2", requests=[{"name": "gpu", "firstAvailable": [every, one]}])
+    assert devices_of(place(state, pod("q"), c2), c2) == ["gpu-0", "gpu-1"]
+
+
 def test_n_plus_one_devices_on_n_device_nodes_is_refused_naming_claim_and_request() -> None:
     state = cluster({f"n{i}": [gpu(0), gpu(1)] for i in range(3)})
     plan = place(state, pod(), claim("greedy", count=3))
