@@ -25,14 +25,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import subprocess
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gotools import JsonLinesTool as Oracle
+from gotools import build_go_tool
 
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, plan_pod
 from dra_gateway.kube import names
@@ -52,66 +51,10 @@ POLICIES = ("first-fit", "binpack", "spread", "default")
 Json = dict[str, Any]
 
 
-class Oracle:
-    """The running Go tool: one JSON scenario line in, one JSON answer line out."""
-
-    def __init__(self, binary: Path) -> None:
-        self._process = subprocess.Popen(
-            [str(binary)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            encoding="utf-8",
-        )
-
-    def ask(self, scenario: Mapping[str, Any]) -> Json:
-        process = self._process
-        assert process.stdin is not None
-        assert process.stdout is not None
-        process.stdin.write(json.dumps(scenario) + "\n")
-        process.stdin.flush()
-        line = process.stdout.readline()
-        if not line:
-            raise AssertionError(f"oracle exited with {process.wait()} on {scenario!r}")
-        answer: Json = json.loads(line)
-        assert "protocol_error" not in answer, answer
-        return answer
-
-    def close(self) -> None:
-        process = self._process
-        assert process.stdin is not None
-        assert process.stdout is not None
-        process.stdin.close()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        process.stdout.close()
-
-
-def _build(go: str, target: Path) -> None:
-    env = dict(os.environ)
-    # The module sits inside this repository's git tree; build stamps are of no use here.
-    env["GOFLAGS"] = (env.get("GOFLAGS", "") + " -buildvcs=false").strip()
-    started = time.monotonic()
-    result = subprocess.run(
-        [go, "build", "-o", str(target), "."], cwd=ORACLE_SOURCE, env=env,
-        capture_output=True, text=True, timeout=540, check=False,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"building the allocator oracle failed ({result.returncode}):\n"
-                    f"{result.stderr}")
-    print(f"allocator oracle built in {time.monotonic() - started:.1f}s")
-
-
 @pytest.fixture(scope="session")
 def oracle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oracle]:
-    go = shutil.which("go")
-    if go is None:
-        reason = "go not found on PATH: the upstream oracle (tests/allocator/oracle) needs Go"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    binary = tmp_path_factory.mktemp("allocoracle") / "allocoracle"
-    _build(go, binary)
+    binary = build_go_tool(ORACLE_SOURCE, tmp_path_factory.mktemp("allocoracle"),
+                           "the allocator oracle")
     running = Oracle(binary)
     yield running
     running.close()

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf import descriptor_pb2
 from google.protobuf.json_format import MessageToDict
+from gotools import build_go_tool
 
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.memory import MemoryCluster
@@ -46,22 +44,8 @@ SERVICES = [V1, V1BETA1]
 
 @pytest.fixture(scope="session")
 def kubeletclient(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    go = shutil.which("go")
-    if go is None:
-        reason = ("go not found: put the Go toolchain (1.26 or newer) on PATH to build the"
-                  " kubelet test client in tests/node_plugin/kubeletclient")
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    binary = tmp_path_factory.mktemp("kubeletclient") / "kubeletclient"
-    # GOTOOLCHAIN=local: a Go older than go.mod asks for fails with its message instead of
-    # fetching another toolchain; -buildvcs=false: the build needs no git metadata.
-    env = {**os.environ, "GOTOOLCHAIN": "local"}
-    result = subprocess.run([go, "build", "-buildvcs=false", "-o", str(binary), "."],
-                            cwd=TOOL_DIR, env=env, capture_output=True, text=True,
-                            timeout=540, check=False)
-    assert result.returncode == 0, f"go build of the kubelet test client failed:\n{result.stderr}"
-    return binary
+    return build_go_tool(TOOL_DIR, tmp_path_factory.mktemp("kubeletclient"),
+                         "the kubelet test client")
 
 
 def _ref(obj: dict[str, Any]) -> dict[str, str]:
