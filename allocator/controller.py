@@ -780,7 +780,10 @@ class Controller:
         uid = _uid(claim)
         meta = _meta(claim)
         ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-        allocation = plan.allocations[uid]
+        # With binding conditions on (beta from 1.36) kube-scheduler fills a missing
+        # allocationTimestamp at PreBind, and the API server refuses that change to an existing
+        # allocation: the pod would never bind. Servers with the gates off drop the field.
+        allocation = {**plan.allocations[uid], "allocationTimestamp": _now()}
         annotations = plan.annotations.get(uid) or {}
         current = claim
         for _attempt in range(_MAX_WRITE_ATTEMPTS):

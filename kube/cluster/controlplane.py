@@ -12,6 +12,12 @@ Deliberate simplifications (each is the upstream behaviour the project does not 
   (the gateway's allocator does that), then goes to the first node, by name, that matches the
   pod's `nodeSelector`, every allocation's `nodeSelector` and is not unschedulable; taints,
   affinity and resources are not considered;
+- the scheduler plays a 1.36+ kube-scheduler with binding conditions on
+  (`DRADeviceBindingConditions` with `DRAResourceClaimDeviceStatus`, beta and on since 1.36):
+  adding the pod to `reservedFor` also fills `allocation.allocationTimestamp` when it is
+  missing, which the API server refuses for an allocation already stored, so a claim allocated
+  without that field never lets its pod bind, as on a real cluster. `binding_conditions=False`
+  plays 1.34 and 1.35, where the field is left alone;
 - binding patches `spec.nodeName` (the in-memory cluster allows it; a real API server requires
   the `binding` subresource) and marks the pod `PodScheduled`; nothing plays the kubelet;
 - claims are never deallocated here (upstream only deallocates claims carrying the reserved
@@ -24,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from dra_gateway.kube.cluster.port import (
@@ -66,12 +73,14 @@ class ControlPlane:
     """The ResourceClaim controller and a minimal scheduler over one `Cluster`.
 
     Run `await control_plane.run()` in a task (cancel it to stop) or use `running()`.
-    `retry_delay` is how long failed work waits before it is tried again.
+    `retry_delay` is how long failed work waits before it is tried again; `binding_conditions`
+    whether binding fills a missing `allocationTimestamp` (Kubernetes 1.36 and later).
     """
 
     def __init__(self, cluster: Cluster, *, retry_delay: float = 0.5,
-                 watch_timeout: float = 300.0) -> None:
+                 watch_timeout: float = 300.0, binding_conditions: bool = True) -> None:
         self.cluster = cluster
+        self.binding_conditions = binding_conditions
         self.retry_delay = retry_delay
         self.watch_timeout = watch_timeout
         self._pods: dict[tuple[str, str], Object] = {}
@@ -320,9 +329,16 @@ class ControlPlane:
             return  # a new node or allocation brings the pod back
         consumer = {"resource": "pods", "name": meta["name"], "uid": meta["uid"]}
         for claim in claims:
-            reserved = list(claim["status"].get("reservedFor") or [])
+            status = claim["status"]
+            reserved = list(status.get("reservedFor") or [])
             if not any(r.get("uid") == meta["uid"] for r in reserved):
-                claim["status"]["reservedFor"] = [*reserved, consumer]
+                if self.binding_conditions and not status["allocation"].get(
+                        "allocationTimestamp"):
+                    # As kube-scheduler's bindClaim does (metav1.Time: seconds, UTC).
+                    status["allocation"] = {
+                        **status["allocation"],
+                        "allocationTimestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+                status["reservedFor"] = [*reserved, consumer]
                 await self.cluster.update(RESOURCE_CLAIMS, claim, namespace=namespace,
                                           subresource="status")
         node_name = node["metadata"]["name"]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kubernetes_validate
 
 from dra_gateway.allocator.controller import ControllerSettings
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.controlplane import ControlPlane
 from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import ApiError, Forbidden
 from dra_gateway.kube.resources import EVENTS, NODES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
@@ -52,6 +55,32 @@ async def test_a_gated_pod_gets_every_claim_allocated_on_one_node_then_loses_onl
         assert controller.metrics.consumable_capacity._value.get() == 1
         check_no_overcommit(await _all_claims(memory_cluster), memory_cluster.objects(
             RESOURCE_SLICES))
+
+
+async def test_every_allocation_carries_a_timestamp_so_a_1_36_scheduler_can_bind_the_pod(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=2)
+    before = datetime.now(UTC).replace(microsecond=0)
+    # The stand-in scheduler fills a missing allocationTimestamp as kube-scheduler does from
+    # 1.36, and the API refuses that change: without the field the pod would never bind.
+    async with running_controller(memory_cluster), ControlPlane(
+            memory_cluster, retry_delay=0.05, binding_conditions=True).running():
+        await world.gated_pod("bind", [share_claim_spec(memory_gib=8), whole_claim_spec()])
+        await eventually(lambda: ungated(world, "bind"))
+        await memory_cluster.patch(PODS, "bind", {"spec": {"schedulingGates": None}},
+                                   namespace=NAMESPACE)
+
+        async def bound() -> str | None:
+            return (await world.pod("bind"))["spec"].get("nodeName")
+
+        assert await eventually(bound) == "node-0"
+    for claim in await world.claims_of("bind"):
+        stamp = claim["status"]["allocation"]["allocationTimestamp"]
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", stamp)  # metav1.Time
+        written = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        assert before <= written <= datetime.now(UTC) + timedelta(seconds=1)
+        assert [r["name"] for r in claim["status"]["reservedFor"]] == ["bind"]
+        kubernetes_validate.validate(claim, "1.34", strict=True)
 
 
 async def test_the_gate_stays_until_every_claim_of_the_pod_exists(

@@ -61,11 +61,30 @@ async def cluster() -> AsyncIterator[MemoryCluster]:
     await memory.close()
 
 
-async def allocate(cluster: MemoryCluster, name: str, node: str) -> None:
-    await cluster.patch(RESOURCE_CLAIMS, name, {"status": {"allocation": {
+STAMP = "2026-12-01T15:04:05Z"
+
+
+async def allocate(cluster: MemoryCluster, name: str, node: str, *,
+                   stamped: bool = True) -> None:
+    """Allocate as the gateway's allocator does: with `allocationTimestamp` unless told not to."""
+    allocation: dict[str, Any] = {
         "devices": {"results": [{"request": "gpu", "driver": "gpu.dra-gateway.io",
                                  "pool": node, "device": "gpu-0"}]},
-        "nodeSelector": on_node(node)}}}, namespace=NS, subresource="status")
+        "nodeSelector": on_node(node)}
+    if stamped:
+        allocation["allocationTimestamp"] = STAMP
+    await cluster.patch(RESOURCE_CLAIMS, name, {"status": {"allocation": allocation}},
+                        namespace=NS, subresource="status")
+
+
+def shared_claim() -> dict[str, Any]:
+    return {"metadata": {"name": "shared", "namespace": NS},
+            "spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": "gpu.dra-gateway.io"}}]}}}
+
+
+async def node_of(cluster: MemoryCluster, name: str) -> Any:
+    return (await cluster.get(PODS, name, namespace=NS))["spec"].get("nodeName")
 
 
 async def test_a_pod_gets_its_claim_from_the_template_as_upstream_names_it(
@@ -114,8 +133,39 @@ async def test_a_gated_pod_waits_and_binds_where_its_claim_is_allocated(
     claim = await cluster.get(RESOURCE_CLAIMS, name, namespace=NS)
     assert claim["status"]["reservedFor"] == [
         {"resource": "pods", "name": "web-0", "uid": made["metadata"]["uid"]}]
+    assert claim["status"]["allocation"]["allocationTimestamp"] == STAMP  # kept as written
     scheduled = await cluster.get(PODS, "web-0", namespace=NS)
     assert scheduled["status"]["conditions"] == [{"type": "PodScheduled", "status": "True"}]
+
+
+async def test_a_claim_allocated_without_a_timestamp_never_lets_its_pod_bind_as_from_1_36(
+        cluster: MemoryCluster, caplog: pytest.LogCaptureFixture) -> None:
+    await cluster.create(RESOURCE_CLAIMS, shared_claim())
+    await allocate(cluster, "shared", "node-a", stamped=False)
+    await cluster.create(PODS, pod("web-0", claim="shared"))
+
+    async def refused() -> bool:
+        return "status.allocation: Invalid value" in caplog.text
+
+    await eventually(refused)
+    await asyncio.sleep(0.2)  # retried, and refused again
+    assert await node_of(cluster, "web-0") is None
+    claim = await cluster.get(RESOURCE_CLAIMS, "shared", namespace=NS)
+    assert "allocationTimestamp" not in claim["status"]["allocation"]
+    assert "reservedFor" not in claim["status"]
+
+
+async def test_without_binding_conditions_a_claim_without_a_timestamp_binds_as_in_1_34() -> None:
+    memory = MemoryCluster()
+    await memory.create(NODES, {"metadata": {"name": "node-a"}})
+    await memory.create(RESOURCE_CLAIMS, shared_claim())
+    await allocate(memory, "shared", "node-a", stamped=False)
+    async with ControlPlane(memory, retry_delay=0.05, binding_conditions=False).running():
+        await memory.create(PODS, pod("web-0", claim="shared"))
+        assert await eventually(lambda: node_of(memory, "web-0")) == "node-a"
+    claim = await memory.get(RESOURCE_CLAIMS, "shared", namespace=NS)
+    assert "allocationTimestamp" not in claim["status"]["allocation"]
+    await memory.close()
 
 
 async def test_an_unallocated_claim_keeps_the_pod_pending(cluster: MemoryCluster) -> None:
