@@ -45,6 +45,10 @@ from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
 from dra_gateway.allocator.workqueue import WorkQueue
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.features import (
+    detect_consumable_capacity,
+    slices_show_consumable_capacity,
+)
 from dra_gateway.kube.cluster.port import (
     ApiError,
     Cluster,
@@ -69,7 +73,6 @@ EVENT_ALLOCATION_FAILED = "AllocationFailed"
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 # Pods that still exist and may still run: finished pods drop out of the watch (DELETED).
 LIVE_PODS_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
-PROBE_SLICE_NAME = "dra-gateway-feature-probe"
 _MAX_WRITE_ATTEMPTS = 8
 
 
@@ -84,9 +87,10 @@ class ControllerSettings:
     resync_period: float = 300.0
     # When capacity frees up, unplaceable pods are retried after this pause (debounce).
     retry_unplaceable_after: float = 0.2
-    # ...but each pod at most once per this interval: in a busy cluster capacity changes all
-    # the time (every pod that ends), and each change would otherwise replan every
-    # unplaceable pod, bypassing its backoff.
+    # An event (capacity freed, the pod or its claims changed) brings an unplaceable pod's
+    # next plan forward to at most this long after its last one, never below its backoff: on
+    # a busy cluster events never stop, and planning a pod per event would burn the CPU on
+    # pods that cannot fit while delaying those that can.
     unplaceable_retry_interval: float = 2.0
     # None: detect whether the API server keeps consumable-capacity fields; True/False: force.
     consumable_capacity: bool | None = None
@@ -220,45 +224,6 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-# Feature detection ------------------------------------------------------------------------------
-
-async def detect_consumable_capacity(cluster: Cluster) -> tuple[bool | None, str]:
-    """Does the API server keep `allowMultipleAllocations`? (value or None, and how we know).
-
-    First a dry-run create of a probe slice (nothing is stored), read back; when that is not
-    allowed, the slices the node plugins published: the field survives only with the gate on.
-    """
-    probe = {
-        "apiVersion": RESOURCE_SLICES.api_version, "kind": RESOURCE_SLICES.kind,
-        "metadata": {"name": PROBE_SLICE_NAME},
-        "spec": {"driver": names.DRIVER, "allNodes": True,
-                 "pool": {"name": PROBE_SLICE_NAME, "generation": 0, "resourceSliceCount": 1},
-                 "devices": [{"name": "probe", "allowMultipleAllocations": True,
-                              "capacity": {names.CAPACITY_MEMORY: {"value": "1Gi"}}}]},
-    }
-    try:
-        echoed = await cluster.create(RESOURCE_SLICES, probe, dry_run=True)
-        devices = (echoed.get("spec") or {}).get("devices") or [{}]
-        return devices[0].get("allowMultipleAllocations") is True, "dry-run probe slice"
-    except ApiError as err:
-        log.info("dry-run probe of consumable capacity refused; reading published slices",
-                 extra={"code": err.code, "reason": err.reason, "error": err.message})
-    published = await cluster.list(RESOURCE_SLICES, field_selector=f"spec.driver={names.DRIVER}")
-    verdict = slices_show_consumable_capacity(published.items)
-    return verdict, "published slices"
-
-
-def slices_show_consumable_capacity(slices: Iterable[Object]) -> bool | None:
-    """True when a published device kept allowMultipleAllocations; None with no devices."""
-    seen_device = False
-    for obj in slices:
-        for device in (obj.get("spec") or {}).get("devices") or []:
-            seen_device = True
-            if device.get("allowMultipleAllocations") is True:
-                return True
-    return False if seen_device else None
-
-
 # The controller ---------------------------------------------------------------------------------
 
 @dataclass
@@ -313,9 +278,9 @@ class Controller:
         # Claims by the pods that own them or are in their reservedFor, and back.
         self._pods_of_claim: dict[ClaimKey, set[str]] = {}
         self._claims_by_pod: dict[str, set[ClaimKey]] = {}
-        self._unplaceable: set[PodKey] = set()
+        # Pods that did not fit, each with the loop time before which no event replans it.
+        self._unplaceable: dict[PodKey, float] = {}
         self._retry_handle: asyncio.TimerHandle | None = None
-        self._capacity_retried: dict[PodKey, float] = {}  # last retry for capacity (monotonic)
         self._events: dict[str, _EventRecord] = {}
         self._inflight: dict[str, PodPlan] = {}  # pod uid -> plan being written
         self._detected = asyncio.Event()
@@ -466,7 +431,7 @@ class Controller:
     def _enqueue_everything(self) -> None:
         for pod in list(self.pods.values()):
             if is_gated(pod):
-                self.queue.add(self._pod_key(pod))
+                self._wake(self._pod_key(pod))
         for claim in list(self.claims.values()):
             if has_finalizer(claim):
                 self.queue.add(self._claim_key(claim))
@@ -512,7 +477,7 @@ class Controller:
             self.state.remove_pod(uid)
             self._pod_by_uid.pop(uid, None)
             self._events.pop(uid, None)
-            self._unplaceable.discard(PodKey(ns, name, uid))
+            self._unplaceable.pop(PodKey(ns, name, uid), None)
             refs = self._claims_of_pod.pop(uid, set())
             for ref in refs:
                 users = self._claim_users.get(ref)
@@ -540,9 +505,9 @@ class Controller:
             self._claims_of_pod[uid] = refs
         key = PodKey(ns, name, uid)
         if is_gated(obj) and not meta.get("deletionTimestamp"):
-            self.queue.add(key)
+            self._wake(key)
         else:
-            self._unplaceable.discard(key)
+            self._unplaceable.pop(key, None)
         if (obj.get("status") or {}).get("phase") in FINISHED_PHASES:
             self._release_claims_of(uid, refs, ns)
 
@@ -581,7 +546,7 @@ class Controller:
                 continue
             self._refresh_placement(pod)
             if is_gated(pod):
-                self.queue.add(PodKey(where[0], where[1], uid))
+                self._wake(PodKey(where[0], where[1], uid))
 
     def _refresh_placement(self, pod: Object) -> None:
         """Count the CPU and memory of a pod that is placed but not yet bound.
@@ -640,18 +605,29 @@ class Controller:
 
     def _retry_unplaceable(self) -> None:
         self._retry_handle = None
-        now = time.monotonic()
-        interval = self.settings.unplaceable_retry_interval
-        retried = {k: t for k, t in self._capacity_retried.items() if k in self._unplaceable}
         for key in list(self._unplaceable):
-            wait = retried.get(key, now - interval) + interval - now
-            if wait > 0:
-                self.queue.add_after(key, wait)  # an earlier pending retry is kept
-                retried[key] = now + wait
-            else:
-                self.queue.add(key)
-                retried[key] = now
-        self._capacity_retried = retried
+            self._wake(key)
+
+    def _wake(self, key: PodKey) -> None:
+        """Queue a gated pod because something changed that may let it go on.
+
+        A pod that did not fit waits until its earliest next plan (`_unplaceable`) however
+        many events arrive meanwhile; any other pod is queued at once.
+        """
+        not_before = self._unplaceable.get(key)
+        if not_before is None:
+            self.queue.add(key)
+        else:
+            # An earlier pending retry (its backoff timer) is kept.
+            self.queue.add_after(key, not_before - asyncio.get_running_loop().time())
+
+    def outstanding(self) -> set[WorkKey]:
+        """Keys with work left, other than pods waiting for room: empty once caught up.
+
+        Pods that do not fit come back on their backoff for as long as they wait; they are
+        not work the controller owes the cluster, so they are left out.
+        """
+        return {key for key in self.queue.pending() if key not in self._unplaceable}
 
     # Pods: plan, write, ungate ---------------------------------------------------------------
 
@@ -659,7 +635,7 @@ class Controller:
         pod = self.pods.get(key.namespace, key.name)
         if pod is None or _uid(pod) != key.uid or not is_gated(pod) or _meta(pod).get(
                 "deletionTimestamp"):
-            self._unplaceable.discard(key)
+            self._unplaceable.pop(key, None)
             return "done"
         claims, waiting = self._claims_for(pod)
         if waiting:
@@ -730,7 +706,10 @@ class Controller:
         if plan.node_name is None:
             self.stats.failures += 1
             self.metrics.allocation_failures.inc()
-            self._unplaceable.add(key)
+            # The worker requeues it after its backoff; events may bring that forward to the
+            # retry interval, no further.
+            wait = min(self.queue.next_delay(key), self.settings.unplaceable_retry_interval)
+            self._unplaceable[key] = asyncio.get_running_loop().time() + wait
             reason = plan.reason or "no node can hold every claim of the pod"
             held = [c for c in gateway
                     if is_allocated(c) and has_finalizer(c) and controller_owner_uid(c) == key.uid
@@ -749,7 +728,7 @@ class Controller:
             log.info("pod cannot be placed", extra={"pod": str(key), "reason": reason})
             await self._record_failure(pod, reason)
             return "retry"
-        self._unplaceable.discard(key)
+        self._unplaceable.pop(key, None)
         missing = [c for c in pending if _uid(c) not in plan.allocations]
         if missing:
             names_missing = ", ".join(str(_meta(c).get("name")) for c in missing)
@@ -880,7 +859,7 @@ class Controller:
                 continue
             self.stats.pods_ungated += 1
             self.metrics.pods_allocated.inc()
-            self._unplaceable.discard(key)
+            self._unplaceable.pop(key, None)
             log.info("scheduling gate removed", extra={
                 "pod": str(key), "claims": [str(_meta(c).get("name")) for c in gateway]})
             return "done"
