@@ -87,9 +87,10 @@ class ControllerSettings:
     resync_period: float = 300.0
     # When capacity frees up, unplaceable pods are retried after this pause (debounce).
     retry_unplaceable_after: float = 0.2
-    # ...but each pod at most once per this interval: in a busy cluster capacity changes all
-    # the time (every pod that ends), and each change would otherwise replan every
-    # unplaceable pod, bypassing its backoff.
+    # An event (capacity freed, the pod or its claims changed) brings an unplaceable pod's
+    # next plan forward to at most this long after its last one, never below its backoff: on
+    # a busy cluster events never stop, and planning a pod per event would burn the CPU on
+    # pods that cannot fit while delaying those that can.
     unplaceable_retry_interval: float = 2.0
     # None: detect whether the API server keeps consumable-capacity fields; True/False: force.
     consumable_capacity: bool | None = None
@@ -277,9 +278,9 @@ class Controller:
         # Claims by the pods that own them or are in their reservedFor, and back.
         self._pods_of_claim: dict[ClaimKey, set[str]] = {}
         self._claims_by_pod: dict[str, set[ClaimKey]] = {}
-        self._unplaceable: set[PodKey] = set()
+        # Pods that did not fit, each with the loop time before which no event replans it.
+        self._unplaceable: dict[PodKey, float] = {}
         self._retry_handle: asyncio.TimerHandle | None = None
-        self._capacity_retried: dict[PodKey, float] = {}  # last retry for capacity (monotonic)
         self._events: dict[str, _EventRecord] = {}
         self._inflight: dict[str, PodPlan] = {}  # pod uid -> plan being written
         self._detected = asyncio.Event()
@@ -430,7 +431,7 @@ class Controller:
     def _enqueue_everything(self) -> None:
         for pod in list(self.pods.values()):
             if is_gated(pod):
-                self.queue.add(self._pod_key(pod))
+                self._wake(self._pod_key(pod))
         for claim in list(self.claims.values()):
             if has_finalizer(claim):
                 self.queue.add(self._claim_key(claim))
@@ -476,7 +477,7 @@ class Controller:
             self.state.remove_pod(uid)
             self._pod_by_uid.pop(uid, None)
             self._events.pop(uid, None)
-            self._unplaceable.discard(PodKey(ns, name, uid))
+            self._unplaceable.pop(PodKey(ns, name, uid), None)
             refs = self._claims_of_pod.pop(uid, set())
             for ref in refs:
                 users = self._claim_users.get(ref)
@@ -504,9 +505,9 @@ class Controller:
             self._claims_of_pod[uid] = refs
         key = PodKey(ns, name, uid)
         if is_gated(obj) and not meta.get("deletionTimestamp"):
-            self.queue.add(key)
+            self._wake(key)
         else:
-            self._unplaceable.discard(key)
+            self._unplaceable.pop(key, None)
         if (obj.get("status") or {}).get("phase") in FINISHED_PHASES:
             self._release_claims_of(uid, refs, ns)
 
@@ -545,7 +546,7 @@ class Controller:
                 continue
             self._refresh_placement(pod)
             if is_gated(pod):
-                self.queue.add(PodKey(where[0], where[1], uid))
+                self._wake(PodKey(where[0], where[1], uid))
 
     def _refresh_placement(self, pod: Object) -> None:
         """Count the CPU and memory of a pod that is placed but not yet bound.
@@ -604,18 +605,29 @@ class Controller:
 
     def _retry_unplaceable(self) -> None:
         self._retry_handle = None
-        now = time.monotonic()
-        interval = self.settings.unplaceable_retry_interval
-        retried = {k: t for k, t in self._capacity_retried.items() if k in self._unplaceable}
         for key in list(self._unplaceable):
-            wait = retried.get(key, now - interval) + interval - now
-            if wait > 0:
-                self.queue.add_after(key, wait)  # an earlier pending retry is kept
-                retried[key] = now + wait
-            else:
-                self.queue.add(key)
-                retried[key] = now
-        self._capacity_retried = retried
+            self._wake(key)
+
+    def _wake(self, key: PodKey) -> None:
+        """Queue a gated pod because something changed that may let it go on.
+
+        A pod that did not fit waits until its earliest next plan (`_unplaceable`) however
+        many events arrive meanwhile; any other pod is queued at once.
+        """
+        not_before = self._unplaceable.get(key)
+        if not_before is None:
+            self.queue.add(key)
+        else:
+            # An earlier pending retry (its backoff timer) is kept.
+            self.queue.add_after(key, not_before - asyncio.get_running_loop().time())
+
+    def outstanding(self) -> set[WorkKey]:
+        """Keys with work left, other than pods waiting for room: empty once caught up.
+
+        Pods that do not fit come back on their backoff for as long as they wait; they are
+        not work the controller owes the cluster, so they are left out.
+        """
+        return {key for key in self.queue.pending() if key not in self._unplaceable}
 
     # Pods: plan, write, ungate ---------------------------------------------------------------
 
@@ -623,7 +635,7 @@ class Controller:
         pod = self.pods.get(key.namespace, key.name)
         if pod is None or _uid(pod) != key.uid or not is_gated(pod) or _meta(pod).get(
                 "deletionTimestamp"):
-            self._unplaceable.discard(key)
+            self._unplaceable.pop(key, None)
             return "done"
         claims, waiting = self._claims_for(pod)
         if waiting:
@@ -694,7 +706,10 @@ class Controller:
         if plan.node_name is None:
             self.stats.failures += 1
             self.metrics.allocation_failures.inc()
-            self._unplaceable.add(key)
+            # The worker requeues it after its backoff; events may bring that forward to the
+            # retry interval, no further.
+            wait = min(self.queue.next_delay(key), self.settings.unplaceable_retry_interval)
+            self._unplaceable[key] = asyncio.get_running_loop().time() + wait
             reason = plan.reason or "no node can hold every claim of the pod"
             held = [c for c in gateway
                     if is_allocated(c) and has_finalizer(c) and controller_owner_uid(c) == key.uid
@@ -713,7 +728,7 @@ class Controller:
             log.info("pod cannot be placed", extra={"pod": str(key), "reason": reason})
             await self._record_failure(pod, reason)
             return "retry"
-        self._unplaceable.discard(key)
+        self._unplaceable.pop(key, None)
         missing = [c for c in pending if _uid(c) not in plan.allocations]
         if missing:
             names_missing = ", ".join(str(_meta(c).get("name")) for c in missing)
@@ -844,7 +859,7 @@ class Controller:
                 continue
             self.stats.pods_ungated += 1
             self.metrics.pods_allocated.inc()
-            self._unplaceable.discard(key)
+            self._unplaceable.pop(key, None)
             log.info("scheduling gate removed", extra={
                 "pod": str(key), "claims": [str(_meta(c).get("name")) for c in gateway]})
             return "done"

@@ -38,6 +38,10 @@ class WorkQueue(Generic[K]):
     def delayed(self) -> int:
         return len(self._timers)
 
+    def pending(self) -> set[K]:
+        """Every key waiting, delayed or being processed."""
+        return set(self._dirty) | self._processing | set(self._timers)
+
     def add(self, key: K) -> None:
         if self._closed or key in self._dirty:
             return
@@ -63,11 +67,15 @@ class WorkQueue(Generic[K]):
 
     def add_rate_limited(self, key: K) -> float:
         """Queue `key` after its backoff delay and count one more failure; returns the delay."""
-        failures = self._failures.get(key, 0)
-        self._failures[key] = failures + 1
-        delay: float = min(self.max_delay, self.base_delay * 2.0 ** min(failures, 60))
+        delay = self.next_delay(key)
+        self._failures[key] = self._failures.get(key, 0) + 1
         self.add_after(key, delay)
         return delay
+
+    def next_delay(self, key: K) -> float:
+        """The delay the next `add_rate_limited(key)` will use."""
+        failures = self._failures.get(key, 0)
+        return min(self.max_delay, self.base_delay * 2.0 ** min(failures, 60))
 
     def failures(self, key: K) -> int:
         return self._failures.get(key, 0)
