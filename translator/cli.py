@@ -4,7 +4,12 @@ Light imports only; each handler imports the translator when it runs. Exit codes
 `translate`: 0 when every document was translated or left alone, 1 when any was refused (each
 refusal on stderr, naming document, container and resource), 2 when the input or the rules
 cannot be read. `rules check`: 0 when the files load, 1 when they do not (every error printed
-with its path).
+with its path), 2 when a `--device-classes` file cannot be read.
+
+Both take `--device-classes FILE`: the cluster's DeviceClasses (`kubectl get deviceclasses -o
+yaml`), whose `spec.extendedResourceName` makes kube-scheduler serve a legacy name itself.
+`translate` then leaves those names in place as the webhook does; `rules check` says which rules
+step aside for which names.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from dra_gateway.translator.extended import ExtendedResources
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -36,6 +44,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                            help="rule file or folder that adds or overrides rules (repeatable)")
     translate.add_argument("--no-builtin-rules", action="store_true",
                            help="use only the rules given with --rules")
+    _device_classes_argument(translate)
     translate.set_defaults(func=_run_translate)
 
     rules = sub.add_parser("rules", help="translation rules")
@@ -47,12 +56,57 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     check.add_argument("paths", nargs="+", metavar="PATH", help="rule file or folder")
     check.add_argument("--no-builtin-rules", action="store_true",
                        help="check the files on their own, without the built-in rules")
+    _device_classes_argument(check)
     check.set_defaults(func=_run_check)
 
 
+def _device_classes_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device-classes", action="append", default=[], metavar="FILE",
+        help="the cluster's DeviceClasses, e.g. from `kubectl get deviceclasses -o yaml` ('-' "
+             "reads standard input; repeatable; other kinds are skipped): legacy names they "
+             "declare as spec.extendedResourceName are left to kube-scheduler, as the webhook "
+             "leaves them, unless a rule says extendedResourceNames: translate")
+
+
+def _read_device_classes(args: argparse.Namespace) -> ExtendedResources | None:
+    """The ExtendedResources of the --device-classes files, or None after printing why not."""
+    import yaml
+
+    from dra_gateway.translator.extended import ExtendedResources, device_class_objects
+
+    objects: list[dict[str, Any]] = []
+    for filename in args.device_classes:
+        source = "standard input" if filename == "-" else filename
+        try:
+            documents = _read_stream(filename, sys.stdin)
+        except OSError as exc:
+            print(f"error: cannot read --device-classes {source}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return None
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            print(f"error: --device-classes {source} is not valid YAML or JSON: "
+                  f"{getattr(exc, 'problem', None) or exc}", file=sys.stderr)
+            return None
+        found = device_class_objects(documents)
+        if not found:
+            print(f"warning: --device-classes {source} holds no DeviceClass; pass the output of "
+                  f"`kubectl get deviceclasses -o yaml`", file=sys.stderr)
+        objects.extend(found)
+    return ExtendedResources.from_device_classes(objects)
+
+
 def _run_check(args: argparse.Namespace) -> int:
+    from dra_gateway.translator.extended import report
     from dra_gateway.translator.rules import RulesError, load_rules
 
+    if args.device_classes.count("-") > 1:
+        print("error: --device-classes - (standard input) can be given only once",
+              file=sys.stderr)
+        return EXIT_UNREADABLE
+    extended = _read_device_classes(args)
+    if extended is None:
+        return EXIT_UNREADABLE
     try:
         ruleset = load_rules(*args.paths, builtin=not args.no_builtin_rules)
     except RulesError as exc:
@@ -62,6 +116,8 @@ def _run_check(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     disabled = f", {len(ruleset.disabled)} disabled" if ruleset.disabled else ""
     print(f"ok: {len(ruleset.rules)} rules enabled{disabled}")
+    for line in report(ruleset, extended):
+        print(f"note: {line}")
     return EXIT_OK
 
 
@@ -122,6 +178,13 @@ def _run_translate(args: argparse.Namespace) -> int:
     if args.filename.count("-") > 1:
         print("error: -f - (standard input) can be given only once", file=sys.stderr)
         return EXIT_UNREADABLE
+    if (args.filename + args.device_classes).count("-") > 1:
+        print("error: - (standard input) can be given only once, to -f or to "
+              "--device-classes", file=sys.stderr)
+        return EXIT_UNREADABLE
+    extended = _read_device_classes(args)
+    if extended is None:
+        return EXIT_UNREADABLE
     documents: list[Any] = []
     for filename in args.filename:
         source = "standard input" if filename == "-" else filename
@@ -139,7 +202,7 @@ def _run_translate(args: argparse.Namespace) -> int:
             return EXIT_UNREADABLE
     source = ", ".join("standard input" if f == "-" else f for f in args.filename)
 
-    result = rewrite_manifests(documents, ruleset)
+    result = rewrite_manifests(documents, ruleset, extended=extended)
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     for refusal in result.refusals:

@@ -16,6 +16,7 @@ from typing import Any
 
 import jsonpatch
 
+from dra_gateway.translator.extended import ExtendedResources
 from dra_gateway.translator.pods import pod_shape_problem
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import translate
@@ -87,8 +88,12 @@ def describe(document: Any, index: int) -> str:
     return f"document #{index + 1}"
 
 
-def rewrite_manifests(documents: Iterable[Any], rules: RuleSet) -> ManifestResult:
-    """Translate every pod spec of every document; refused documents come back unchanged."""
+def rewrite_manifests(documents: Iterable[Any], rules: RuleSet, *,
+                      extended: ExtendedResources | None = None) -> ManifestResult:
+    """Translate every pod spec of every document; refused documents come back unchanged.
+
+    `extended`: the names the cluster's DeviceClasses declare as spec.extendedResourceName,
+    left to kube-scheduler as the webhook leaves them (see `translate`)."""
     result = ManifestResult()
     seen: set[tuple[str, str]] = set()
     for index, document in enumerate(documents):
@@ -118,7 +123,7 @@ def rewrite_manifests(documents: Iterable[Any], rules: RuleSet) -> ManifestResul
                                        f"spec")
                 refused = True
                 continue
-            plan = translate(view, rules)
+            plan = translate(view, rules, extended=extended)
             result.warnings.extend(f"{where}: {w}" for w in plan.warnings)
             if plan.refusal is not None:
                 result.refusals.append(f"{where}: {plan.refusal.message}")

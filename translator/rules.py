@@ -44,6 +44,7 @@ __all__ = [
     "UNITS",
     "CompiledRule",
     "CompiledSelector",
+    "ExtendedResourceNames",
     "RuleSet",
     "RulesDocument",
     "RulesError",
@@ -72,6 +73,9 @@ BASE_VARIABLES: Final = ("r", "container", "annotations", "nodeSelector", "names
 
 SelectorOp = Literal["equals", "in", "notIn", "containsAnyIgnoreCase", "notContainsAnyIgnoreCase"]
 Allocator = Literal["gateway", "scheduler"]
+# What a rule does with a resource it reads that a DeviceClass of the cluster declares as its
+# `spec.extendedResourceName` (kube-scheduler then serves the name itself; translator/extended.py).
+ExtendedResourceNames = Literal["defer", "translate"]
 
 _NAME_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _IDENT_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -228,6 +232,10 @@ class RuleSpec(_Model):
     variables: list[VariableSpec] = Field(default_factory=list)
     refuse: list[RefusalSpec] = Field(default_factory=list)
     device: DeviceSpec
+    extended_resource_names: ExtendedResourceNames = Field(
+        default="defer", alias="extendedResourceNames",
+        description="defer: leave a container to kube-scheduler when a DeviceClass declares one "
+        "of the rule's resources as spec.extendedResourceName; translate: translate it anyway")
 
     @field_validator("name")
     @classmethod
@@ -259,6 +267,8 @@ class OverrideSpec(_Model):
     precedence: int | None = None
     class_name: str | None = Field(default=None, alias="className")
     units: dict[str, Unit] = Field(default_factory=dict)
+    extended_resource_names: ExtendedResourceNames | None = Field(
+        default=None, alias="extendedResourceNames")
 
 
 class RulesDocument(_Model):
@@ -331,6 +341,8 @@ class CompiledRule:
     refusal_batch: Expression | None = None
     output_batch: Expression | None = None
     condition_batch: Expression | None = None
+    # "defer" or "translate": see ExtendedResourceNames.
+    extended_resource_names: ExtendedResourceNames = "defer"
 
     def claims(self, resource: str) -> bool:
         """Whether this rule reads `resource`."""
@@ -618,6 +630,7 @@ class _Entry:
     class_name: str
     units: dict[str, str]
     order: int
+    extended_resource_names: ExtendedResourceNames = "defer"
 
 
 def _assemble(documents: list[_ValidDocument], problems: _Problems) -> RuleSet:
@@ -636,7 +649,8 @@ def _assemble(documents: list[_ValidDocument], problems: _Problems) -> RuleSet:
                      for name, res in spec.resources.items()}
             # The same name in a later source replaces the earlier rule as a whole.
             entries[spec.name] = _Entry(spec, document.source, f"rules[{i}]", spec.enabled,
-                                        spec.precedence, spec.device.class_name, units, order)
+                                        spec.precedence, spec.device.class_name, units, order,
+                                        spec.extended_resource_names)
     for document in documents:
         for i, override in document.overrides:
             entry = entries.get(override.rule)
@@ -651,6 +665,8 @@ def _assemble(documents: list[_ValidDocument], problems: _Problems) -> RuleSet:
                 entry.precedence = override.precedence
             if override.class_name is not None:
                 entry.class_name = override.class_name
+            if override.extended_resource_names is not None:
+                entry.extended_resource_names = override.extended_resource_names
             for resource, unit in override.units.items():
                 if resource not in entry.units:
                     problems.add(document.source, f"{path}.units[{json.dumps(resource)}]",
@@ -803,7 +819,8 @@ def _compile_rule(entry: _Entry, problems: _Problems) -> CompiledRule | None:
         variables=tuple(compiled_vars), refusals=tuple(refusals), count=count,
         memory=optional["memory"], memory_percent=optional["memoryPercent"],
         cores=optional["cores"], enforcement=optional["enforcement"],
-        policy=optional["policy"], selectors=tuple(selectors), constraints=tuple(constraints))
+        policy=optional["policy"], selectors=tuple(selectors), constraints=tuple(constraints),
+        extended_resource_names=entry.extended_resource_names)
     _dry_run(rule, entry, problems)
     if len(problems.errors) > errors_before:
         return None

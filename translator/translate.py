@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import orjson
 
@@ -23,6 +23,7 @@ from dra_gateway.kube import names
 from dra_gateway.kube.cel import CelError, Expression
 from dra_gateway.kube.models import ENFORCEMENTS, POLICY_NAMES, GpuShareConfig
 from dra_gateway.kube.quantity import Quantity, QuantityError
+from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
 from dra_gateway.translator.rules import (
     CompiledRule,
     RuleSet,
@@ -76,6 +77,9 @@ class TranslationPlan:
     refusal: Refusal | None = None
     warnings: list[str] = field(default_factory=list)
     rules_applied: list[str] = field(default_factory=list)
+    # Resources that DeviceClasses declare as spec.extendedResourceName, per container: left
+    # for kube-scheduler or translated anyway (see `translate`'s `extended`).
+    extended: list[ExtendedResourceUse] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -112,6 +116,7 @@ class _PodPlan:
     warnings: tuple[str, ...]
     rules_applied: tuple[str, ...]
     refusal: Refusal | None
+    extended: tuple[ExtendedResourceUse, ...] = ()
 
 
 def escape_pointer(token: str) -> str:
@@ -126,7 +131,8 @@ def template_name(spec: Mapping[str, Any]) -> str:
 
 
 def translate(pod: Mapping[str, Any], rules: RuleSet, *,
-              class_lookup: ClassLookup | None = None) -> TranslationPlan:
+              class_lookup: ClassLookup | None = None,
+              extended: ExtendedResources | None = None) -> TranslationPlan:
     """The plan for one pod (a plain dict as the API serves it); the pod is not modified.
 
     A pod that carries the gateway's `translated` annotation is not translated again (it only
@@ -134,6 +140,12 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
     `class_lookup`, when given, tells which device classes the pod's own claims and templates
     request, so that a pod using a gateway class natively is gated too; without it only
     references to `dra-gateway-*` templates are recognised as such.
+
+    `extended` holds the legacy names the cluster's DeviceClasses declare as
+    `spec.extendedResourceName`: kube-scheduler serves those itself. A container whose rule
+    reads such a name is left as it is, every resource of that rule in it included (half a
+    HAMi request cannot be translated), with a warning naming the resource and the class,
+    unless the rule says `extendedResourceNames: translate`. `plan.extended` lists both cases.
     """
     metadata = pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
@@ -180,14 +192,20 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
         ),
         tuple(_key(annotations.get(k)) for k in rules.annotation_order),
         tuple(_key(node_selector.get(k)) for k in rules.node_selector_order),
+        # What DeviceClasses declare about this pod's names (the same rules serve clusters
+        # whose classes change); nothing at all in the usual case.
+        extended.relevant(n for _, _, _, lim, req in found for n in (*lim, *req))
+        if extended else (),
     )
     pod_plan: _PodPlan | None = rules.cache.get(shape)
     if pod_plan is None:
-        pod_plan = _plan_pod(found, annotations, node_selector, namespace, rules)
+        pod_plan = _plan_pod(found, annotations, node_selector, namespace, rules,
+                             extended=extended if extended else None)
         rules.remember(shape, pod_plan)
 
     plan.warnings.extend(pod_plan.warnings)
     plan.rules_applied.extend(pod_plan.rules_applied)
+    plan.extended.extend(pod_plan.extended)
     if pod_plan.refusal is not None:
         plan.refusal = pod_plan.refusal
         return plan
@@ -274,16 +292,18 @@ def _add_gate(spec: Mapping[str, Any], patch: list[dict[str, Any]]) -> None:
 
 def _plan_pod(found: list[tuple[str, int, Mapping[str, Any], tuple[str, ...], tuple[str, ...]]],
               annotations: Mapping[str, str], node_selector: Mapping[str, str], namespace: str,
-              rules: RuleSet) -> _PodPlan:
+              rules: RuleSet, *, extended: ExtendedResources | None) -> _PodPlan:
     per_container: list[tuple[str, Mapping[str, Any], _ContainerPlan]] = []
     warnings: list[str] = []
+    uses: list[ExtendedResourceUse] = []
     record: dict[str, dict[str, Any]] = {}
     removed: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
     try:
         for key, _, container, in_limits, in_requests in found:
             name = container.get("name", "")
             result = _plan_container(key, container, set(in_limits) | set(in_requests),
-                                     annotations, node_selector, namespace, rules, warnings)
+                                     annotations, node_selector, namespace, rules, warnings,
+                                     extended=extended, uses=uses)
             if result is None:
                 continue
             per_container.append((key, container, result))
@@ -301,7 +321,7 @@ def _plan_pod(found: list[tuple[str, int, Mapping[str, Any], tuple[str, ...], tu
         return _PodPlan(None, {}, {}, "", False, tuple(warnings), (), refused.refusal)
 
     if not per_container:
-        return _PodPlan(None, {}, {}, "", False, tuple(warnings), (), None)
+        return _PodPlan(None, {}, {}, "", False, tuple(warnings), (), None, tuple(uses))
 
     request_of: dict[str, str] = {}
     requests_out: list[dict[str, Any]] = []
@@ -358,7 +378,7 @@ def _plan_pod(found: list[tuple[str, int, Mapping[str, Any], tuple[str, ...], tu
     for _, _, result in per_container:
         warnings.extend(result.warnings)
     return _PodPlan(template_json, request_of, removed, annotation, gated, tuple(warnings),
-                    applied, None)
+                    applied, None, tuple(uses))
 
 
 def _covers(main: _ContainerPlan, init: _ContainerPlan) -> bool:
@@ -404,7 +424,9 @@ def _whole_value(container: str, rule: str, resource: str, limit: Any, request: 
 
 def _plan_container(key: str, container: Mapping[str, Any], legacy: set[str],
                     annotations: Mapping[str, str], node_selector: Mapping[str, str],
-                    namespace: str, rules: RuleSet, warnings: list[str]) -> _ContainerPlan | None:
+                    namespace: str, rules: RuleSet, warnings: list[str], *,
+                    extended: ExtendedResources | None,
+                    uses: list[ExtendedResourceUse]) -> _ContainerPlan | None:
     name = container.get("name", "")
     resources = container["resources"]
     limits = resources.get("limits") or {}
@@ -453,6 +475,8 @@ def _plan_container(key: str, container: Mapping[str, Any], legacy: set[str],
         # Only zero amounts of what asks for cards (a hint such as a priority does not; a
         # resource that triggers another rule does, such as nvidia.com/gpu: 1 beside a zero
         # nvidia.com/gpucores): nothing to allocate, the container stays as it is.
+        return None
+    if extended and _defer(name, covered, rule, extended, warnings, uses):
         return None
     resource = ", ".join(covered)
     for index, (variable, expression) in enumerate(rule.variables):
@@ -547,6 +571,37 @@ def _plan_container(key: str, container: Mapping[str, Any], legacy: set[str],
                                     "matchAttribute": f"{rule.driver}/{attribute}"})
     return _ContainerPlan(rule.name, request, config, tuple(constraints), rule.gated,
                           tuple(own_warnings))
+
+
+def _defer(container: str, covered: list[str], rule: CompiledRule,
+           extended: ExtendedResources, warnings: list[str],
+           uses: list[ExtendedResourceUse]) -> bool:
+    """Whether the container is left to kube-scheduler: a DeviceClass declares one of the
+    resources its rule reads as spec.extendedResourceName, and the rule does not take it back.
+
+    The whole activation is deferred, companions included: kube-scheduler serves the declared
+    name, and translating the rest (HAMi's nvidia.com/gpumem without its nvidia.com/gpu) would
+    split one request between two allocators. A dra-gateway class declaring the name is no
+    exception: the administrator chose to have kube-scheduler allocate those devices (whole,
+    outside the gateway's allocator, which still counts them), and a per-pod translation would
+    contradict the class for some pods only; the warning says so.
+    """
+    declared = [(n, extended.classes_of(n)[0]) for n in covered if extended.classes_of(n)]
+    if not declared:
+        return False
+    action: Literal["deferred", "translated"] = (
+        "deferred" if rule.extended_resource_names == "defer" else "translated")
+    uses.extend(ExtendedResourceUse(container, n, device_class, rule.name, action,
+                                    tuple(covered)) for n, device_class in declared)
+    if action == "translated":
+        return False
+    resource, device_class = declared[0]
+    own = " (a dra-gateway class: no shares)" if device_class in names.GATEWAY_CLASSES else ""
+    warnings.append(
+        f"container {_q(container)}: {', '.join(covered)} left to kube-scheduler: DeviceClass "
+        f"{device_class}{own} declares {resource} (spec.extendedResourceName); "
+        f"extendedResourceNames: translate on rule {rule.name} would translate it")
+    return True
 
 
 def _conditions_hold(rule: CompiledRule, annotations: Mapping[str, str],
