@@ -37,9 +37,12 @@ def _source(parser: argparse.ArgumentParser) -> None:
                         help="sharing of cards whose inventory does not say (default: "
                              "%(default)s)")
     parser.add_argument("--consumable-capacity", action=argparse.BooleanOptionalAction,
-                        default=False, help="publish allowMultipleAllocations and request "
-                        "policies for shared cards (the cluster has DRAConsumableCapacity; "
-                        "default: off, as in Kubernetes 1.34)")
+                        default=None, help="force publishing allowMultipleAllocations and "
+                        "request policies for shared cards (the cluster has "
+                        "DRAConsumableCapacity), or not; default: ask the API server, as the "
+                        "allocator does (a dry-run probe slice); discover, which has no API "
+                        "server to ask, then prints the fields, which a server without the "
+                        "gate drops")
     parser.add_argument("--device-taints", action=argparse.BooleanOptionalAction,
                         default=False, help="mark unhealthy devices with taints (the cluster has "
                         "DRADeviceTaints); off: withhold them and set a Node condition")

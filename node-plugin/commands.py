@@ -16,7 +16,11 @@ import yaml
 
 from dra_gateway.node_plugin import cdi
 from dra_gateway.node_plugin.deviceclasses import device_classes as build_device_classes
-from dra_gateway.node_plugin.devices import DeviceOptions, devices_of
+from dra_gateway.node_plugin.devices import (
+    CONSUMABLE_CAPACITY_FALLBACK,
+    DeviceOptions,
+    devices_of,
+)
 from dra_gateway.node_plugin.discovery import DiscoveryError
 from dra_gateway.node_plugin.discovery import discover as discover_facts
 from dra_gateway.node_plugin.publish import (
@@ -27,8 +31,11 @@ from dra_gateway.node_plugin.publish import (
 
 
 def _options(args: argparse.Namespace) -> DeviceOptions:
-    return DeviceOptions(default_sharing=args.sharing,
-                         consumable_capacity=args.consumable_capacity)
+    """Device options; without a forced mode, `serve` replaces consumable_capacity with what
+    it detects, and `discover` shows what is sent before that (the fallback)."""
+    forced = args.consumable_capacity
+    return DeviceOptions(default_sharing=args.sharing, consumable_capacity=(
+        CONSUMABLE_CAPACITY_FALLBACK if forced is None else forced))
 
 
 def _dump(objects: list[dict[str, Any]], output: str, out: TextIO) -> None:
@@ -78,6 +85,7 @@ async def _serve(args: argparse.Namespace) -> int:
         node_name=args.node_name, driver=args.driver, plugins_dir=args.plugins_dir,
         registry_dir=args.registry_dir, cdi_dir=args.cdi_dir,
         state_dir=args.state_dir or args.plugins_dir / args.driver, devices=_options(args),
+        consumable_capacity=args.consumable_capacity,
         device_taints=args.device_taints,
         enforcement=cdi.EnforcementSettings(hami_library=args.hami_library))
     try:

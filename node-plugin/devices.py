@@ -23,6 +23,11 @@ MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_STRING = 64
 DeviceKind = Literal["gpu", "mig"]
 
+# What is published while the API server has not told whether it keeps consumable capacity:
+# the fields, which a server without the DRAConsumableCapacity gate drops silently, whereas
+# leaving them out where the gate is on makes every share take a whole card.
+CONSUMABLE_CAPACITY_FALLBACK = True
+
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DIGITS = re.compile(r"(\d+)")
 

@@ -31,6 +31,14 @@ class Metrics:
         self.xid_events = Counter(
             f"{prefix}_xid_events", "critical XID events seen, by XID", ["xid"],
             registry=self.registry)
+        self.consumable_capacity = Gauge(
+            f"{prefix}_consumable_capacity",
+            "1 when shared cards are published with consumable capacity "
+            "(allowMultipleAllocations, request policies), 0 when not", registry=self.registry)
+        self.consumable_capacity_detected = Gauge(
+            f"{prefix}_consumable_capacity_detected",
+            "1 once the API server (or a flag) has settled the consumable-capacity mode, 0 while "
+            "the plugin publishes its fallback and keeps asking", registry=self.registry)
         self.prepares = Counter(
             f"{prefix}_prepare_claims", "claims prepared, by result", ["result"],
             registry=self.registry)

@@ -1,9 +1,16 @@
 """The running node plugin: discovery, publishing, health, the kubelet's sockets, together.
 
-`NodePlugin.run()` repairs the checkpoint, starts the DRA and registration sockets, publishes the
-node's slices and watches health until cancelled. It must never crash-loop a node: a failed
-NVML discovery publishes an empty pool ("no healthy devices"), logs why, and tries again; a
-failed API call is retried by the publisher. Settings come in explicitly, nothing is global.
+`NodePlugin.run()` repairs the checkpoint, starts the DRA and registration sockets, settles the
+consumable-capacity mode, publishes the node's slices and watches health until cancelled. It
+must never crash-loop a node: a failed NVML discovery publishes an empty pool ("no healthy
+devices"), logs why, and tries again; a failed API call is retried by the publisher. Settings
+come in explicitly, nothing is global.
+
+Consumable capacity is decided as the allocator decides it (`kube.cluster.features`: a dry-run
+probe slice read back), unless forced: the two must never disagree, or shares take whole
+cards. While the API server cannot tell, shared cards are published with the fields (a server
+without the gate drops them, leaving what a plugin without them publishes) and the plugin asks
+again, reading back its own slices too, until it knows.
 """
 
 from __future__ import annotations
@@ -12,14 +19,26 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from dra_gateway.kube import names
-from dra_gateway.kube.cluster.port import Cluster
+from dra_gateway.kube.cluster.features import (
+    BY_PUBLISHED_SLICES,
+    detect_consumable_capacity,
+    slices_show_consumable_capacity,
+)
+from dra_gateway.kube.cluster.port import ApiError, Cluster
+from dra_gateway.kube.resources import RESOURCE_SLICES
 from dra_gateway.node_plugin import cdi
-from dra_gateway.node_plugin.devices import DeviceInfo, DeviceOptions, device_table, devices_of
+from dra_gateway.node_plugin.devices import (
+    CONSUMABLE_CAPACITY_FALLBACK,
+    DeviceInfo,
+    DeviceOptions,
+    device_table,
+    devices_of,
+)
 from dra_gateway.node_plugin.discovery import DiscoveryError
 from dra_gateway.node_plugin.facts import NodeFacts
 from dra_gateway.node_plugin.health import (
@@ -50,7 +69,11 @@ class PluginSettings:
     registry_dir: Path = DEFAULT_REGISTRY_DIR
     cdi_dir: Path = Path("/var/run/cdi")
     state_dir: Path = Path("/var/lib/kubelet/plugins/gpu.dra-gateway.io")
+    # How devices are published; its `consumable_capacity` is replaced by the mode below.
     devices: DeviceOptions = field(default_factory=DeviceOptions)
+    # Whether the cluster keeps consumable-capacity fields: None detects it as the allocator
+    # does (the default); True or False forces it.
+    consumable_capacity: bool | None = None
     # Whether the cluster keeps device taints (DRADeviceTaints); else unhealthy devices are
     # withheld and reported through a Node condition.
     device_taints: bool = False
@@ -58,6 +81,10 @@ class PluginSettings:
     rediscover_seconds: float = 60.0
     # How long the health watcher waits before reopening NVML after it failed.
     nvml_retry_seconds: float = 30.0
+    # Consumable-capacity detection: how long one attempt may take, and the first pause
+    # before asking again while undecided (doubling up to a minute).
+    detect_timeout_seconds: float = 10.0
+    detect_retry_seconds: float = 5.0
 
 
 class NodePlugin:
@@ -72,6 +99,11 @@ class NodePlugin:
         self.metrics = metrics or Metrics()
         self.facts = NodeFacts()
         self._table: dict[str, DeviceInfo] = {}
+        # The consumable-capacity mode: None until forced or detected.
+        self.consumable_capacity: bool | None = None
+        self._options = replace(settings.devices, consumable_capacity=(
+            CONSUMABLE_CAPACITY_FALLBACK if settings.consumable_capacity is None
+            else settings.consumable_capacity))
         self.health = Health(driver=settings.driver, on_change=self._health_changed,
                              metrics=self.metrics)
         self.publisher = Publisher(
@@ -93,13 +125,91 @@ class NodePlugin:
     def devices(self) -> list[dict[str, Any]]:
         """The devices to publish now, with health applied as the cluster allows."""
         if self.settings.device_taints:
-            return devices_of(self.facts, self.settings.devices, taints=self.health.taints())
-        return devices_of(self.facts, self.settings.devices, withheld=self.health.withheld())
+            return devices_of(self.facts, self._options, taints=self.health.taints())
+        return devices_of(self.facts, self._options, withheld=self.health.withheld())
 
     def _set_facts(self, facts: NodeFacts) -> None:
         self.facts = facts
-        self._table = device_table(facts, self.settings.devices)
+        self._table = device_table(facts, self._options)
         self.publisher.set_devices(self.devices())
+
+    # Consumable capacity --------------------------------------------------------------------
+
+    async def settle_consumable_capacity(self) -> bool | None:
+        """Force or detect the mode; while undecided, keep asking in the background."""
+        forced = self.settings.consumable_capacity
+        if forced is not None:
+            self._set_capacity_mode(forced, "forced by --consumable-capacity"
+                                    if forced else "forced by --no-consumable-capacity")
+            return forced
+        verdict, how = await self._detect_consumable_capacity()
+        if verdict is not None:
+            self._set_capacity_mode(verdict, how)
+            return verdict
+        self.metrics.consumable_capacity.set(1 if self._options.consumable_capacity else 0)
+        self.metrics.consumable_capacity_detected.set(0)
+        log.warning("cannot tell whether the API server keeps consumable capacity (%s): "
+                    "publishing shared cards %s meanwhile and asking again", how,
+                    "with allowMultipleAllocations (a server without DRAConsumableCapacity "
+                    "drops it)" if self._options.consumable_capacity else
+                    "without consumable-capacity fields",
+                    extra={"consumableCapacity": self._options.consumable_capacity,
+                           "detectedBy": "fallback"})
+        self._spawn(self._detect_until_known(), "consumable-capacity-detection")
+        return None
+
+    async def _detect_consumable_capacity(self) -> tuple[bool | None, str]:
+        try:
+            async with asyncio.timeout(self.settings.detect_timeout_seconds):
+                verdict, how = await detect_consumable_capacity(self._cluster,
+                                                                driver=self.settings.driver)
+        except ApiError as err:
+            return None, f"detection failed: {err.message}"
+        except (OSError, TimeoutError) as err:
+            return None, f"detection failed: {err!r}"
+        if how == BY_PUBLISHED_SLICES and verdict is not True:
+            # Slices without the field prove nothing: their plugins may not have sent it.
+            return None, "the dry-run probe was refused and no published slice kept " \
+                         "allowMultipleAllocations"
+        return verdict, how
+
+    async def _read_back_own_slices(self) -> bool | None:
+        """What the API server kept of the fields this node sent (None: nothing sent yet)."""
+        if not self.publisher.synced.is_set() or not any(
+                d.get("allowMultipleAllocations") for d in self.devices()):
+            return None
+        try:
+            listed = await self._cluster.list(
+                RESOURCE_SLICES, field_selector=f"spec.nodeName={self.settings.node_name},"
+                f"spec.driver={self.settings.driver}")
+        except ApiError:
+            return None
+        return slices_show_consumable_capacity(listed.items)
+
+    async def _detect_until_known(self) -> None:
+        delay = self.settings.detect_retry_seconds
+        while True:
+            await asyncio.sleep(delay)
+            verdict, how = await self._detect_consumable_capacity()
+            if verdict is None:
+                verdict, how = await self._read_back_own_slices(), "this node's published slices"
+            if verdict is not None:
+                self._set_capacity_mode(verdict, how)
+                return
+            delay = min(delay * 2, 60.0)
+
+    def _set_capacity_mode(self, enabled: bool, how: str) -> None:
+        self.consumable_capacity = enabled
+        self.metrics.consumable_capacity.set(1 if enabled else 0)
+        self.metrics.consumable_capacity_detected.set(1)
+        log.info("consumable capacity %s (%s)", "on: shared cards are published with "
+                 "allowMultipleAllocations and request policies" if enabled else "off: shared "
+                 "cards are published without consumable-capacity fields and the allocator "
+                 "records shares in claim annotations", how,
+                 extra={"consumableCapacity": enabled, "detectedBy": how})
+        if self._options.consumable_capacity != enabled:
+            self._options = replace(self._options, consumable_capacity=enabled)
+            self._set_facts(self.facts)  # republish (nothing before the first discovery)
 
     def _health_changed(self) -> None:
         self.publisher.set_devices(self.devices())
@@ -135,6 +245,8 @@ class NodePlugin:
         ok = await self.discover_once()
         await self.server.start()
         try:
+            # Before the first publish, so that it already has the mode the allocator sees.
+            await self.settle_consumable_capacity()
             self._spawn(self.publisher.run(), "publisher")
             while not ok:
                 if started is not None:

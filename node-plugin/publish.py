@@ -215,9 +215,10 @@ class Publisher:
         if sent_form != stored_form and not self._warned_dropped:
             self._warned_dropped = True
             log.warning("the API server changed ResourceSlice %s as it stored it (fields of a "
-                        "disabled feature gate are dropped): if the cluster lacks "
-                        "DRAConsumableCapacity or DRADeviceTaints, run the plugin with "
-                        "--no-consumable-capacity / --no-device-taints", name)
+                        "disabled feature gate are dropped; expected while the consumable-"
+                        "capacity mode is not yet detected): where the cluster lacks "
+                        "DRADeviceTaints run the plugin with --no-device-taints, and where it "
+                        "lacks DRAConsumableCapacity do not force --consumable-capacity", name)
 
     async def run(self) -> None:
         """Reconcile now and whenever the slices or the devices change; never returns."""

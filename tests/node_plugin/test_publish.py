@@ -196,7 +196,7 @@ async def test_fields_dropped_by_the_server_are_not_drift(mixed: Path,
         publisher = Publisher(cluster, node_name=NODE, devices=devices)
         assert await publisher.reconcile() is True
         assert await publisher.reconcile() is False
-        assert "run the plugin with --no-consumable-capacity" in caplog.text
+        assert "do not force --consumable-capacity" in caplog.text
         (slice_,) = await _slices(cluster)
         assert slice_["spec"]["pool"]["generation"] == 1
     finally:
