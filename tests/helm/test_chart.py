@@ -187,6 +187,10 @@ COMBINATIONS: dict[str, tuple[Object, tuple[str, ...]]] = {
                                            "podDisruptionBudget": {"enabled": False}},
                                "allocator": {"replicas": 1,
                                              "podDisruptionBudget": {"enabled": False}}}, ()),
+    "external-webhook": ({"webhook": {"url": "https://localhost:9443/"},
+                          "certificates": {"mode": "secret",
+                                           "secret": {"name": "local-webhook-tls",
+                                                      "caBundle": CA_BUNDLE}}}, ()),
     "hardened-node-plugin": ({"nodePlugin": {"privileged": False, "runtimeClassName": "nvidia"},
                               "webhook": {"excludeNamespaces": ["monitoring"]},
                               "deviceClasses": {"create": False}}, ()),
@@ -627,6 +631,21 @@ def test_webhook_configurations_have_the_names_the_webhook_reconciles(helm: Helm
         sorted({MUTATING_CONFIGURATION, VALIDATING_CONFIGURATION})]
     service = one(objects, "Service", "webhook")
     assert service["metadata"]["name"] == "gpu-gateway-dra-gateway-webhook"
+
+
+def test_webhook_url_points_both_configurations_outside_the_cluster(helm: HelmRunner) -> None:
+    hooks = _webhooks(helm.render("external-webhook"))
+    assert [hook["clientConfig"] for _, hook in hooks] == [
+        {"url": "https://localhost:9443/mutate", "caBundle": CA_BUNDLE},
+        {"url": "https://localhost:9443/validate", "caBundle": CA_BUNDLE},
+    ]
+
+
+def test_schema_refuses_a_webhook_url_the_api_server_would_not_call(helm: HelmRunner) -> None:
+    for url in ("http://localhost:9443", "https://localhost:9443/?q=1", "localhost:9443"):
+        result = helm.template({"webhook": {"url": url}})
+        assert result.returncode != 0, url
+        assert "/webhook/url" in result.stderr, result.stderr
 
 
 def test_excluded_namespaces_add_to_the_fixed_ones(helm: HelmRunner) -> None:

@@ -214,11 +214,16 @@ configurations share. Call with (dict "root" $ "path" "/mutate").
 {{- define "dra-gateway.webhookCommon" -}}
 {{- $root := .root -}}
 clientConfig:
+  {{- if $root.Values.webhook.url }}
+  {{- /* webhook.url: a webhook served outside the cluster, called at <url><path>. */}}
+  url: {{ printf "%s%s" (trimSuffix "/" $root.Values.webhook.url) .path | quote }}
+  {{- else }}
   service:
     name: {{ include "dra-gateway.webhookServiceName" $root }}
     namespace: {{ $root.Release.Namespace }}
     path: {{ .path }}
     port: 443
+  {{- end }}
   {{- with include "dra-gateway.caBundle" $root }}
   caBundle: {{ . }}
   {{- end }}
