@@ -8,8 +8,9 @@ with a Status; an unexpected failure inside a decision is `allowed: false` with 
 message, logged with the request UID and the stack, and the server keeps serving.
 
 Background work lives in `cleanup_ctx`: loading the rules, polling rule files, watching rule
-ConfigMaps, reloading the certificate, reconciling the webhook configurations. The app holds no
-package-level state; everything is reached through typed AppKeys.
+ConfigMaps, watching DeviceClasses (for the names they declare as spec.extendedResourceName,
+left to kube-scheduler), reloading the certificate, reconciling the webhook configurations.
+The app holds no package-level state; everything is reached through typed AppKeys.
 
 This module must not translate, decide policy or talk to Kubernetes itself.
 """
@@ -33,6 +34,7 @@ from dra_gateway.kube.cluster.port import Cluster
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import ClassLookup
 from dra_gateway.webhook import config, mutation, reviews
+from dra_gateway.webhook.deviceclasses import DeviceClassWatch
 from dra_gateway.webhook.metrics import Metrics
 from dra_gateway.webhook.reviews import BadReview, Refusal, Review
 from dra_gateway.webhook.rules import RuleStore
@@ -62,8 +64,13 @@ class WebhookState:
     templates: Templates
     validator: Validator
     plans: mutation.PlanCache
+    device_classes: DeviceClassWatch
     tls: CertificateReloader | None = None
     config_maps_synced: bool = False
+    # (resource, device class, rule, action) already logged at INFO for this generation of the
+    # DeviceClasses; later admissions log the same at DEBUG (one line per review costs more than
+    # the review).
+    extended_logged: set[tuple[str, str, str, str]] = field(default_factory=set)
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
 
 
@@ -86,8 +93,10 @@ def create_app(settings: WebhookSettings, cluster: Cluster, *,
                             ttl=settings.template_cache_ttl),
         validator=Validator(policies),
         plans=mutation.PlanCache(settings.plan_cache_size),
+        device_classes=DeviceClassWatch(cluster, metrics, retry_delay=settings.watch_retry_delay),
         tls=tls,
     )
+    state.device_classes.on_change = lambda _: state.extended_logged.clear()
     # One byte over the limit is enough to know a body is too large; aiohttp's own 413 is
     # turned into the 400 the API server expects for bad input.
     app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -201,7 +210,7 @@ async def _answer_mutate(state: WebhookState, review: Review) -> bytes:
         return _refuse(state, "mutate", review, NOT_READY)
     namespace = _namespace(review)
     pod = review.object
-    generation = state.store.generation
+    generation = (state.store.generation, state.device_classes.generation)
     key = state.plans.key(pod, namespace)
     decision = state.plans.get(key, generation) if key is not None else None
     if decision is None:
@@ -210,7 +219,8 @@ async def _answer_mutate(state: WebhookState, review: Review) -> bytes:
         if pod["spec"].get("resourceClaims"):
             # Natively written claims: learn their classes so a gateway-class one is gated.
             await _claim_classes(state, namespace, pod)
-        decision = mutation.decide(pod, namespace, rules, class_lookup=_class_lookup(state))
+        decision = mutation.decide(pod, namespace, rules, class_lookup=_class_lookup(state),
+                                   extended=state.device_classes.extended)
         if key is not None:
             state.plans.put(key, generation, decision)
     else:
@@ -225,9 +235,29 @@ async def _answer_mutate(state: WebhookState, review: Review) -> bytes:
                            Refusal(RETRY_LATER_CODE, "ServiceUnavailable", str(exc)))
     for rule in decision.rules_applied:
         state.metrics.translations.labels(rule).inc()
+    if decision.extended:
+        _extended_said(state, review, decision)
     state.metrics.outcome("mutate", "patched" if decision.patch else "allowed")
     return reviews.response(review.uid, patch=decision.patch, warnings=decision.warnings,
                             audit=decision.audit)
+
+
+def _extended_said(state: WebhookState, review: Review, decision: mutation.Mutation) -> None:
+    """Count and log the legacy names a DeviceClass declares that this pod asks for."""
+    for use in decision.extended:
+        state.metrics.extended_resources.labels(use.resource, use.device_class,
+                                                use.action).inc()
+        seen = (use.resource, use.device_class, use.rule, use.action)
+        level = logging.DEBUG if seen in state.extended_logged else logging.INFO
+        state.extended_logged.add(seen)
+        log.log(level, "legacy resource left to kube-scheduler: a DeviceClass declares it as "
+                "spec.extendedResourceName" if use.action == "deferred" else
+                "legacy resource translated although a DeviceClass declares it as "
+                "spec.extendedResourceName (the rule says extendedResourceNames: translate)",
+                extra={"uid": review.uid, "namespace": review.namespace, "pod": review.name,
+                       "container": use.container, "resource": use.resource,
+                       "deviceClass": use.device_class, "rule": use.rule,
+                       "resources": list(use.resources)})
 
 
 async def _answer_validate(state: WebhookState, review: Review) -> bytes:
@@ -242,7 +272,7 @@ async def _answer_validate(state: WebhookState, review: Review) -> bytes:
     under_review = PodUnderReview(
         pod=review.object, namespace=namespace, rules=rules,
         claim_classes=await _claim_classes(state, namespace, review.object),
-        enforce=state.settings.enforce)
+        enforce=state.settings.enforce, extended=state.device_classes.extended)
     verdict = state.validator.check(under_review)
     if verdict.refusal is not None:
         return _refuse(state, "validate", review, verdict.refusal)
@@ -268,6 +298,8 @@ async def _readyz(request: web.Request) -> web.Response:
         missing.append("no translation rules loaded")
     if state.settings.watch_config_maps and not state.config_maps_synced:
         missing.append("rule ConfigMaps not read yet")
+    if state.settings.watch_device_classes and not state.device_classes.synced:
+        missing.append(state.device_classes.problem or "DeviceClasses not read yet")
     if not _certificate_in_place(state):
         missing.append("no serving certificate in place")
     if missing:
@@ -312,6 +344,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         state.store.on_synced = lambda: setattr(state, "config_maps_synced", True)
         tasks.append(asyncio.create_task(state.store.watch_config_maps(),
                                          name="rules-configmaps"))
+    if state.settings.watch_device_classes:
+        tasks.append(asyncio.create_task(state.device_classes.run(), name="device-classes"))
     if state.tls is not None:
         tasks.append(asyncio.create_task(state.tls.run(), name="certificate-reload"))
     tasks.append(asyncio.create_task(_reconcile(state, rules), name="webhook-configurations"))

@@ -61,6 +61,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        "(default: %(default)s)")
     serve.add_argument("--no-config-maps", action="store_true",
                        help="do not read rules from ConfigMaps")
+    serve.add_argument("--no-device-classes", action="store_true",
+                       help="do not watch DeviceClasses: translate legacy names even where a "
+                       "DeviceClass declares them as spec.extendedResourceName (for "
+                       "kube-scheduler to serve)")
     serve.add_argument("--client-ca", metavar="FILE",
                        help="require client certificates signed by this CA")
     serve.add_argument("--ca-file", metavar="FILE",
@@ -133,6 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
         rules_paths=tuple(Path(p) for p in args.rules),
         builtin_rules=not args.no_builtin_rules,
         watch_config_maps=not args.no_config_maps,
+        watch_device_classes=not args.no_device_classes,
         tls_dir=tls_dir,
         ca_file=Path(args.ca_file) if args.ca_file else None,
         enforce=not args.no_enforce,

@@ -61,6 +61,18 @@ class Metrics:
             "dra_gateway_webhook_configuration_updates_total",
             "Webhook configurations updated to follow the rules, by result (updated, failed).",
             ["result"], registry=r)
+        self.extended_resources = Counter(
+            "dra_gateway_webhook_extended_resources_total",
+            "Containers asking for a legacy resource that a DeviceClass declares as "
+            "spec.extendedResourceName, by resource, the class kube-scheduler uses and action: "
+            "deferred (left to kube-scheduler) or translated (a rule says "
+            "extendedResourceNames: translate).", ["resource", "device_class", "action"],
+            registry=r)
+        self.extended_declarations = Gauge(
+            "dra_gateway_webhook_device_class_extended_resources",
+            "1 for each DeviceClass declaring a legacy resource name as "
+            "spec.extendedResourceName (kube-scheduler serves that name itself).",
+            ["resource", "device_class"], registry=r)
         self.internal_errors = Counter(
             "dra_gateway_webhook_internal_errors_total",
             "Reviews refused because of an unexpected error in a decision.", ["endpoint"],

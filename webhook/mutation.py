@@ -2,19 +2,21 @@
 
 The translator does the work (and caches it per request shape on the rule set); this module
 turns its plan into what a response carries: the base64 JSON patch, warnings, audit
-annotations, the templates to make exist, or a refusal with a Status code and reason. It is pure
-apart from reading the `class_lookup` it is handed; making templates exist is `templates`, and
-answering the HTTP request is `app`.
+annotations, the templates to make exist, or a refusal with a Status code and reason, plus the
+legacy names left to kube-scheduler because a DeviceClass declares them (for the app's log and
+metrics). It is pure apart from reading the `class_lookup` it is handed; making templates exist
+is `templates`, and answering the HTTP request is `app`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import ClassLookup, translate
 from dra_gateway.webhook.reviews import Refusal, encode_patch
@@ -32,6 +34,8 @@ class Mutation:
     warnings: tuple[str, ...] = ()
     audit: Mapping[str, str] = field(default_factory=dict)
     rules_applied: tuple[str, ...] = ()
+    # Resources a DeviceClass declares as spec.extendedResourceName: deferred or translated.
+    extended: tuple[ExtendedResourceUse, ...] = ()
 
 
 NO_CHANGE = Mutation()
@@ -41,7 +45,7 @@ MAX_CACHED_POD_BYTES = 32 * 1024
 
 
 class PlanCache:
-    """Decisions per distinct pod, for the rules of one generation.
+    """Decisions per distinct pod, for one generation of the rules and DeviceClasses.
 
     Replicas of one workload arrive as byte-identical pods (a generateName, no name), so the
     serialised pod and its namespace make an exact key: a hit skips the shape check and the
@@ -52,7 +56,7 @@ class PlanCache:
 
     def __init__(self, size: int = 2048) -> None:
         self._size = size
-        self._generation = -1
+        self._generation: Hashable = None
         self._entries: dict[bytes, Mutation] = {}
 
     @staticmethod
@@ -68,14 +72,14 @@ class PlanCache:
             return None
         return namespace.encode() + b"\0" + text
 
-    def get(self, key: bytes, generation: int) -> Mutation | None:
+    def get(self, key: bytes, generation: Hashable) -> Mutation | None:
         if generation != self._generation:
             self._entries.clear()
             self._generation = generation
             return None
         return self._entries.get(key)
 
-    def put(self, key: bytes, generation: int, mutation: Mutation) -> None:
+    def put(self, key: bytes, generation: Hashable, mutation: Mutation) -> None:
         if generation != self._generation:
             self._entries.clear()
             self._generation = generation
@@ -85,17 +89,20 @@ class PlanCache:
 
 
 def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
-           class_lookup: ClassLookup | None = None) -> Mutation:
-    """What /mutate answers for a pod being created in `namespace`."""
+           class_lookup: ClassLookup | None = None,
+           extended: ExtendedResources | None = None) -> Mutation:
+    """What /mutate answers for a pod being created in `namespace`; `extended`: the names the
+    cluster's DeviceClasses declare as spec.extendedResourceName (see `translate`)."""
     meta = pod.get("metadata")
     if namespace and (not isinstance(meta, dict) or not meta.get("namespace")):
         # The API server fills the namespace in before admission; a review built by hand may
         # not, and the templates must land in the pod's namespace all the same.
         pod = {**pod, "metadata": {**(meta if isinstance(meta, dict) else {}),
                                    "namespace": namespace}}
-    plan = translate(pod, rules, class_lookup=class_lookup)
+    plan = translate(pod, rules, class_lookup=class_lookup, extended=extended)
     warnings = tuple(plan.warnings)
     applied = tuple(plan.rules_applied)
+    uses = tuple(plan.extended)
     if plan.refusal is not None:
         return Mutation(
             refusal=Refusal(REFUSED_CODE, REFUSED_REASON, plan.refusal.message),
@@ -103,7 +110,7 @@ def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
             audit={"refused-by-rule": plan.refusal.rule} if plan.refusal.rule else {},
         )
     if not plan.patch:
-        return Mutation(warnings=warnings) if warnings else NO_CHANGE
+        return Mutation(warnings=warnings, extended=uses) if warnings or uses else NO_CHANGE
     audit: dict[str, str] = {}
     if applied:
         audit["translated-by"] = ",".join(applied)
@@ -116,4 +123,5 @@ def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
         warnings=warnings,
         audit=audit,
         rules_applied=applied,
+        extended=uses,
     )

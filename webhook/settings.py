@@ -25,6 +25,8 @@ class WebhookSettings:
     rules_paths: rule files or folders (`--rules`), polled for changes.
     builtin_rules: load the translator's built-in rule sets first.
     watch_config_maps: read rules from ConfigMaps labelled dra-gateway.io/rules=true.
+    watch_device_classes: watch DeviceClasses, and leave the legacy names they declare as
+        spec.extendedResourceName to kube-scheduler (unless a rule takes the name back).
     tls_dir: where tls.crt and tls.key live; readiness needs a certificate there.
     enforce: refuse pods whose legacy GPU requests escaped translation.
     template_timeout: seconds one admission may spend making its templates exist.
@@ -36,6 +38,7 @@ class WebhookSettings:
     rules_paths: tuple[Path, ...] = ()
     builtin_rules: bool = True
     watch_config_maps: bool = True
+    watch_device_classes: bool = True
     tls_dir: Path | None = None
     ca_file: Path | None = None
     enforce: bool = True

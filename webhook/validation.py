@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
+from dra_gateway.translator.extended import ExtendedResources, deferred_resources
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import CLAIM_NAME, TEMPLATE_PREFIX
 from dra_gateway.webhook.reviews import Refusal
@@ -38,7 +39,8 @@ class PodUnderReview:
     """A pod being created, with the facts policies need about it.
 
     claim_classes[i] holds the device classes of spec.resourceClaims[i] (from its template or
-    claim), or None when that object does not exist or could not be read.
+    claim), or None when that object does not exist or could not be read. `extended` holds the
+    legacy names the cluster's DeviceClasses declare as spec.extendedResourceName.
     """
 
     pod: Mapping[str, Any]
@@ -46,6 +48,7 @@ class PodUnderReview:
     rules: RuleSet
     claim_classes: tuple[frozenset[str] | None, ...]
     enforce: bool
+    extended: ExtendedResources = field(default_factory=ExtendedResources)
 
     @property
     def spec(self) -> Mapping[str, Any]:
@@ -167,8 +170,11 @@ class LegacyRequestsTranslated:
             fix = (f"enable the dra-gateway mutating webhook for namespace {review.namespace} "
                    "or request the GPU with a ResourceClaim")
         # Only what asks for devices: a hint the translator leaves alone on its own (HAMi's
-        # nvidia.com/priority without a GPU request) reaches the scheduler harmlessly.
+        # nvidia.com/priority without a GPU request) reaches the scheduler harmlessly. Nor what
+        # /mutate left to kube-scheduler because a DeviceClass declares it (with what its rule
+        # reads beside it in the container): kube-scheduler serves those.
         asks = review.rules.asks_for_devices
+        extended = review.extended
         for key in ("initContainers", "containers"):
             containers = review.spec.get(key)
             for index, container in enumerate(containers if isinstance(containers, list) else ()):
@@ -176,6 +182,11 @@ class LegacyRequestsTranslated:
                 if not isinstance(resources, dict):
                     continue
                 reported: set[str] = set()
+                if extended:
+                    reported.update(deferred_resources(
+                        [r for part in ("limits", "requests")
+                         if isinstance(resources.get(part), dict) for r in resources[part]],
+                        review.rules, extended))
                 for part in ("limits", "requests"):
                     amounts = resources.get(part)
                     if not isinstance(amounts, dict):

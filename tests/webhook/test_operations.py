@@ -25,21 +25,24 @@ async def test_healthz_answers_ok(client: Client) -> None:
     assert (resp.status, await resp.text()) == (200, "ok\n")
 
 
-async def test_readyz_needs_rules_config_maps_and_a_certificate(
+async def test_readyz_needs_rules_config_maps_device_classes_and_a_certificate(
     aiohttp_client: ClientFactory, cluster: MemoryCluster, tmp_path: Path
 ) -> None:
     settings = WebhookSettings(tls_dir=tmp_path)
     client = await aiohttp_client(create_app(settings, cluster))
     state = client.app[STATE]
-    await eventually(lambda: state.config_maps_synced)
+    await eventually(lambda: state.config_maps_synced and state.device_classes.synced)
     resp = await client.get("/readyz")
     assert (resp.status, await resp.text()) == (
         503, "not ready: no serving certificate in place\n")
     state.config_maps_synced = False  # as before the first list of rule ConfigMaps
+    state.device_classes.synced = False  # and of DeviceClasses
     resp = await client.get("/readyz")
     assert (resp.status, await resp.text()) == (
-        503, "not ready: rule ConfigMaps not read yet; no serving certificate in place\n")
+        503, "not ready: rule ConfigMaps not read yet; DeviceClasses not read yet; no serving "
+             "certificate in place\n")
     state.config_maps_synced = True
+    state.device_classes.synced = True
     write_bundle(make_bundle(dns_names=["localhost"]), tmp_path)
     resp = await client.get("/readyz")
     assert (resp.status, await resp.text()) == (200, "ok\n")

@@ -1,0 +1,153 @@
+"""The cluster's DeviceClasses, mirrored by a list and a watch, for what they declare.
+
+A DeviceClass with `spec.extendedResourceName` (DRAExtendedResource: beta and on by default in
+Kubernetes 1.36, GA in 1.37) makes kube-scheduler serve that legacy resource name itself; the
+translator steps aside for such names (translator/extended.py). `DeviceClassWatch` keeps the
+declarations current without an API call per review: it lists DeviceClasses through the cluster
+port, watches from the list's resourceVersion, relists when the watch expires or fails (after a
+pause that grows while the API keeps failing), and after every change publishes a fresh
+`ExtendedResources` with a new `generation`, so cached admission decisions are dropped.
+
+It logs each declaration as it appears or goes (a warning for a dra-gateway class: kube-scheduler
+then allocates the gateway's devices itself, outside the allocator) and keeps the gauge of
+declarations current. An API server without the DeviceClass API (404) counts as a cluster
+without declarations; a refusal (403) keeps the webhook unready, with the RBAC fix in the log
+and in /readyz. This module must not translate pods or answer reviews.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError, Cluster, Expired, NotFound, Object
+from dra_gateway.kube.resources import DEVICE_CLASSES
+from dra_gateway.translator.extended import ExtendedResources
+from dra_gateway.webhook.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+_MAX_RETRY_DELAY = 30.0
+_RBAC_FIX = ("grant the webhook's ServiceAccount list and watch on deviceclasses in API group "
+             "resource.k8s.io, or start the webhook with --no-device-classes")
+
+
+class DeviceClassWatch:
+    """What the cluster's DeviceClasses declare; run `run()` in a task, cancel it to stop.
+
+    `extended` and `generation` are read on the hot path (attribute reads, no I/O); `synced`
+    turns true after the first complete list; `problem` says why it is not, for /readyz.
+    """
+
+    def __init__(self, cluster: Cluster, metrics: Metrics, *, retry_delay: float = 1.0) -> None:
+        self._cluster = cluster
+        self._metrics = metrics
+        self._retry_delay = retry_delay
+        self._classes: dict[str, Object] = {}
+        self.extended = ExtendedResources()
+        self.generation = 0
+        self.synced = False
+        self.problem: str | None = None
+        self.on_change: Callable[[ExtendedResources], None] | None = None
+
+    async def run(self) -> None:
+        resource_version: str | None = None
+        failures = 0
+        while True:
+            if failures:
+                await asyncio.sleep(min(self._retry_delay * 2 ** (failures - 1),
+                                        _MAX_RETRY_DELAY))
+            try:
+                if resource_version is None:
+                    try:
+                        listed = await self._cluster.list(DEVICE_CLASSES)
+                    except NotFound:
+                        # No resource.k8s.io/v1 DeviceClasses here: nothing can be declared.
+                        self._replace([])
+                        self._synced()
+                        log.warning("the API server serves no DeviceClasses; legacy names are "
+                                    "translated without looking for extendedResourceName")
+                        return
+                    self._replace(listed.items)
+                    self._synced()
+                    resource_version = listed.resource_version
+                failures = 0
+                async for event in self._cluster.watch(DEVICE_CLASSES,
+                                                       resource_version=resource_version):
+                    meta = event.object.get("metadata") or {}
+                    resource_version = meta.get("resourceVersion") or resource_version
+                    if event.type in ("ADDED", "MODIFIED"):
+                        self._put(event.object)
+                    elif event.type == "DELETED":
+                        self._drop(event.object)
+            except Expired:
+                log.info("DeviceClass watch expired, relisting")
+                resource_version = None
+            except ApiError as exc:
+                resource_version = None
+                failures += 1
+                fix = f"; {_RBAC_FIX}" if exc.code == 403 else ""
+                if not self.synced:
+                    self.problem = f"DeviceClasses not read yet ({exc.reason}{fix})"
+                extra = {"reason": exc.reason, "error": exc.message}
+                if fix:
+                    extra["fix"] = _RBAC_FIX
+                log.warning("DeviceClass list or watch failed, relisting", extra=extra)
+            except Exception:
+                resource_version = None
+                failures += 1
+                log.exception("DeviceClass watch failed, relisting")
+
+    def _synced(self) -> None:
+        self.synced = True
+        self.problem = None
+
+    # ---- the store ---------------------------------------------------------------------------
+
+    def _replace(self, items: list[Object]) -> None:
+        self._classes = {str(i["metadata"]["name"]): i for i in items}
+        self._publish()
+
+    def _put(self, obj: Object) -> None:
+        self._classes[str(obj["metadata"]["name"])] = obj
+        self._publish()
+
+    def _drop(self, obj: Object) -> None:
+        if self._classes.pop(str(obj["metadata"]["name"]), None) is not None:
+            self._publish()
+
+    def _publish(self) -> None:
+        fresh = ExtendedResources.from_device_classes(self._classes.values())
+        if fresh == self.extended:
+            return  # a change to selectors or config: nothing the webhook reads
+        before = _pairs(self.extended)
+        after = _pairs(fresh)
+        self.extended = fresh
+        self.generation += 1
+        for resource, device_class in sorted(after - before):
+            self._metrics.extended_declarations.labels(resource, device_class).set(1)
+            if device_class in names.GATEWAY_CLASSES:
+                log.warning(
+                    "a dra-gateway DeviceClass declares an extended resource name: kube-scheduler "
+                    "allocates its devices for that name itself, outside the gateway's allocator "
+                    "(whole devices, no shares); the webhook leaves the name alone unless a rule "
+                    "says extendedResourceNames: translate",
+                    extra={"deviceClass": device_class, "resource": resource})
+            else:
+                log.info("a DeviceClass declares an extended resource name: the webhook leaves "
+                         "it to kube-scheduler unless a rule says extendedResourceNames: "
+                         "translate", extra={"deviceClass": device_class, "resource": resource})
+        for resource, device_class in sorted(before - after):
+            self._metrics.extended_declarations.remove(resource, device_class)
+            log.info("a DeviceClass no longer declares an extended resource name: the webhook "
+                     "translates it again unless another class declares it",
+                     extra={"deviceClass": device_class, "resource": resource})
+        if self.on_change is not None:
+            self.on_change(fresh)
+
+
+def _pairs(extended: ExtendedResources) -> set[tuple[str, str]]:
+    return {(resource, device_class) for resource, classes in extended.classes.items()
+            for device_class in classes}
