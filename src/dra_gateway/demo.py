@@ -376,8 +376,9 @@ def start_api(children: Children, layout: Layout, webhook_port: int) -> Child:
 
 def start_components(children: Children, layout: Layout, webhook_port: int) -> None:
     kube = ("--cluster", "kube", "--kubeconfig", str(layout.kubeconfig))
-    # The embedded API server keeps consumable-capacity fields (as Kubernetes 1.36 does), so
-    # the node plugins publish shared cards natively and the allocator hands out native shares.
+    # The embedded API server keeps consumable-capacity fields (as Kubernetes 1.36 does): the
+    # node plugins and the allocator both detect it with their defaults, so shared cards are
+    # published natively and the allocator hands out native shares.
     children.start("webhook", "webhook", "--listen", f"127.0.0.1:{webhook_port}",
                    "--tls-dir", str(layout.certs), "--ca-file", str(layout.certs / "ca.crt"),
                    "--namespace", NAMESPACE, *kube)
@@ -389,7 +390,7 @@ def start_components(children: Children, layout: Layout, webhook_port: int) -> N
                        "--plugins-dir", str(base / "plugins"),
                        "--registry-dir", str(base / "registry"),
                        "--cdi-dir", str(base / "cdi"), "--state-dir", str(base / "state"),
-                       "--consumable-capacity", *kube)
+                       *kube)
 
 
 async def wait_for(step: str, children: Children, deadline: float, culprit: Child | None,
