@@ -780,7 +780,7 @@ def test_command_lines_are_those_of_the_components(helm: HelmRunner) -> None:
         "--plugins-dir", "/var/lib/kubelet/plugins",
         "--registry-dir", "/var/lib/kubelet/plugins_registry", "--cdi-dir", "/var/run/cdi",
         "--state-dir", "/var/lib/dra-gateway", "--sharing", "exclusive",
-        "--no-consumable-capacity", "--no-device-taints", "--log-level", "INFO"]
+        "--no-device-taints", "--log-level", "INFO"]
 
 
 def test_an_ipv6_listen_address_binds_every_ipv6_address(helm: HelmRunner) -> None:
@@ -805,6 +805,34 @@ def test_command_lines_parse_with_the_dra_gateway_cli(helm: HelmRunner, combinat
     args = [a.replace("$(NODE_NAME)", "node-a") for a in spec["args"]]
     parsed = build_parser().parse_args(args)
     assert callable(parsed.func)
+
+
+@pytest.mark.parametrize(("value", "flag", "parsed"), [
+    (None, None, None), ("auto", None, None), (True, "--consumable-capacity", True),
+    (False, "--no-consumable-capacity", False)])
+def test_node_plugin_detects_consumable_capacity_unless_a_value_forces_it(
+        helm: HelmRunner, value: Any, flag: str | None, parsed: bool | None) -> None:
+    from dra_gateway.cli import build_parser
+
+    values = {} if value is None else {"nodePlugin": {"consumableCapacity": value}}
+    result = helm.template(values)
+    assert result.returncode == 0, result.stderr
+    objects = parse_render(result.stdout)
+    args = container(objects, "DaemonSet", "node-plugin")["args"]
+    assert [a for a in args if a.endswith("consumable-capacity")] == ([flag] if flag else [])
+    node_args = [a.replace("$(NODE_NAME)", "node-a") for a in args]
+    assert build_parser().parse_args(node_args).consumable_capacity is parsed
+    # Detection is a dry-run create of a ResourceSlice: the plugin's role must allow it.
+    role = one(objects, CLUSTER, "node-plugin")
+    assert any("resourceslices" in rule["resources"] and "create" in rule["verbs"]
+               for rule in role["rules"])
+
+
+def test_schema_refuses_a_consumable_capacity_other_than_auto_true_or_false(
+        helm: HelmRunner) -> None:
+    result = helm.template({"nodePlugin": {"consumableCapacity": "on"}})
+    assert result.returncode != 0
+    assert "consumableCapacity" in result.stderr
 
 
 def test_node_plugin_mounts_host_directories_at_their_host_paths(helm: HelmRunner) -> None:
