@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,19 +269,6 @@ def check_no_overcommit(claims: Iterable[Object], slices: Iterable[Object]) -> N
             if have is not None:
                 assert total <= have, (f"{key}: {cap_name} overcommitted: {total} > {have} by "
                                        f"{holders}")
-
-
-async def eventually(check: Callable[[], Any], *, within: float = 10.0,
-                     interval: float = 0.01) -> Any:
-    """Poll an async or sync check until it returns something truthy."""
-    async with asyncio.timeout(within):
-        while True:
-            result = check()
-            if asyncio.iscoroutine(result):
-                result = await result
-            if result:
-                return result
-            await asyncio.sleep(interval)
 
 
 class LaggingClaimWatch:

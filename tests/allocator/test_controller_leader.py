@@ -7,6 +7,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from testkit import eventually
 
 from dra_gateway.allocator.leader import LeaderElector, LeaseSettings
 from dra_gateway.kube.cluster.memory import MemoryCluster
@@ -63,13 +64,6 @@ class Work:
                 self.running.discard(identity)
                 self.stopped.append(identity)
         return run
-
-
-async def eventually(check: Any, within: float = 5.0) -> None:
-    """Poll `check` (state spread over several tasks has no single event to wait on)."""
-    async with asyncio.timeout(within):
-        while not check():  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
 
 
 async def test_of_two_replicas_one_leads_and_the_lease_is_a_valid_object() -> None:

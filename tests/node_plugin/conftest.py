@@ -6,23 +6,24 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from testkit import EXAMPLES
 
 from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.resources import NODES
 
 from .claimdata import NODE
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "inventory"
+INVENTORIES = EXAMPLES / "inventory"
 
 
 @pytest.fixture
 def h100x8() -> Path:
-    return EXAMPLES / "h100x8.yaml"
+    return INVENTORIES / "h100x8.yaml"
 
 
 @pytest.fixture
 def mixed() -> Path:
-    return EXAMPLES / "mixed-mig.yaml"
+    return INVENTORIES / "mixed-mig.yaml"
 
 
 @pytest.fixture

@@ -11,11 +11,12 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import eventually
 
 from dra_gateway.cli import main
 from dra_gateway.kube.cluster.features import detect_consumable_capacity
@@ -68,15 +69,6 @@ class Probes(MemoryCluster):
 
 class GateOffProbes(GateOff, Probes):
     """Gate off, and the probe refused: only the plugin's own slices can tell."""
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], within: float = 5.0) -> Any:
-    async with asyncio.timeout(within):
-        while True:
-            result = await check()
-            if result:
-                return result
-            await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager

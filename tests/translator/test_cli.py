@@ -10,12 +10,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from testkit import EXAMPLES
 
 from dra_gateway.cli import main
 from dra_gateway.kube import names
 from dra_gateway.translator.manifests import pod_specs
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

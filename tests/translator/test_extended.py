@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from testkit import EXAMPLES
 
 from dra_gateway.cli import main
 from dra_gateway.kube import names
@@ -137,7 +138,7 @@ def test_a_rule_set_to_translate_takes_the_name_back(builtin_rules: RuleSet,
 
 
 def test_a_rule_of_its_own_may_say_translate(tmp_path: Path) -> None:
-    text = (Path(__file__).resolve().parents[2] / "examples" / "rules" / "new-vendor.yaml"
+    text = (EXAMPLES / "rules" / "new-vendor.yaml"
             ).read_text()
     assert "extendedResourceNames" not in text
     text = text.replace("    device:\n", "    extendedResourceNames: translate\n    device:\n", 1)

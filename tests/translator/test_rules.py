@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from testkit import EXAMPLES
 
 from dra_gateway.kube import names
 from dra_gateway.translator.rules import RulesError, RuleSet, load_rules
@@ -13,7 +14,6 @@ from dra_gateway.translator.translate import translate
 from .translator_support import checked, ctr, only_request, parameters_of, pod
 
 HEADER = "apiVersion: dra-gateway.io/v1alpha1\nkind: TranslationRules\n"
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 UNITS = 'use one of "", "Ki", "Mi", "Gi", "Ti", "k", "M", "G", "T"'
 
 

@@ -11,12 +11,11 @@ import pytest
 import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from testkit import EXAMPLES
 
 from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.webhook.app import create_app
 from dra_gateway.webhook.settings import WebhookSettings
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 ClientFactory = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
 

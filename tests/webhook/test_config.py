@@ -7,6 +7,7 @@ import cel
 import kubernetes_validate
 import pytest
 import yaml
+from testkit import EXAMPLES
 
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.memory import MemoryCluster
@@ -18,7 +19,7 @@ from dra_gateway.translator.rules import RuleSet, load_rules
 from dra_gateway.translator.translate import translate
 from dra_gateway.webhook.config import configurations, match_expression, reconcile
 
-from .conftest import EXAMPLES, hami_pod, plain_pod
+from .conftest import hami_pod, plain_pod
 
 
 @pytest.fixture(scope="module")

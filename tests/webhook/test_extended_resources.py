@@ -14,6 +14,7 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from testkit import eventually
 
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.memory import MemoryCluster
@@ -24,7 +25,6 @@ from dra_gateway.webhook.app import STATE, create_app
 from dra_gateway.webhook.settings import WebhookSettings
 
 from .conftest import ClientFactory, decoded_patch, hami_pod, review
-from .test_rules_reload import eventually
 
 Client = TestClient[web.Request, web.Application]
 

@@ -7,6 +7,7 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from testkit import eventually
 
 from dra_gateway.certs.generate import make_bundle, write_bundle
 from dra_gateway.kube.cluster.memory import MemoryCluster
@@ -15,7 +16,6 @@ from dra_gateway.webhook.logs import JsonFormatter
 from dra_gateway.webhook.settings import WebhookSettings
 
 from .conftest import ClientFactory, hami_pod, plain_pod, review
-from .test_rules_reload import eventually
 
 Client = TestClient[web.Request, web.Application]
 

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +9,7 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from testkit import EXAMPLES, eventually
 
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.memory import MemoryCluster
@@ -26,7 +25,7 @@ from dra_gateway.webhook.app import STATE, create_app
 from dra_gateway.webhook.config import configurations
 from dra_gateway.webhook.settings import WebhookSettings
 
-from .conftest import EXAMPLES, ClientFactory, decoded_patch, review
+from .conftest import ClientFactory, decoded_patch, review
 
 Client = TestClient[web.Request, web.Application]
 
@@ -46,14 +45,6 @@ def rules_config_map(data: dict[str, str], *, labelled: bool = True) -> dict[str
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "site-rules", "namespace": "dra-gateway", "labels": labels},
             "data": data}
-
-
-async def eventually(condition: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 async def _mutate(client: Client, pod: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from testkit import eventually
 
 from dra_gateway.kube.cluster.controlplane import ControlPlane, claim_generate_name
 from dra_gateway.kube.cluster.memory import MemoryCluster
@@ -16,16 +17,6 @@ from dra_gateway.kube.resources import NODES, PODS, RESOURCE_CLAIM_TEMPLATES, RE
 
 NS = "team-a"
 GATE = "dra-gateway.io/allocation"
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], within: float = 5.0) -> Any:
-    """The first truthy result of `check`, polling; fails the test after `within` s."""
-    async with asyncio.timeout(within):
-        while True:
-            result = await check()
-            if result:
-                return result
-            await asyncio.sleep(0.02)
 
 
 def on_node(name: str) -> dict[str, Any]:
