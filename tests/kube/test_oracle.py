@@ -1,4 +1,4 @@
-"""Differential tests: kube/quantity.py and kube/cel.py against the upstream Go code itself.
+"""Differential tests: kube/quantity.py and kube/cel/ against the upstream Go code itself.
 
 `tests/kube/oracle` is a small Go program (our own test tool) built against
 k8s.io/apimachinery (`resource.Quantity`) and k8s.io/dynamic-resource-allocation (`cel`, the
@@ -282,7 +282,7 @@ _NOT_BOOL = ("our dry run on a sample device refuses a non-bool result at compil
              "attributes are dynamically typed and fail when matched")
 _REPRESENTATION = ("upstream's isInteger/asInteger/asApproximateFloat depend on the internal "
                    "form a quantity was parsed into (int64 with a scale, or big decimal), not "
-                   "only on its value; ours follow the value (kube/cel.py documents this)")
+                   "only on its value; ours follow the value (kube/cel/__init__.py documents this)")
 KNOWN_DIFFERENCES: dict[str, tuple[str | bool, str | bool, str]] = {
     f'{CAP} < quantity("90Gi")': ("error", "compile", _TYPE_CHECK),
     'quantity("1Ki").compareTo(semver("1.0.0")) == 0': ("error", "compile", _TYPE_CHECK),
