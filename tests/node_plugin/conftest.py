@@ -1,15 +1,21 @@
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from testkit import EXAMPLES
 
 from dra_gateway.kube.cluster.memory import MemoryCluster
-from dra_gateway.kube.resources import NODES
+from dra_gateway.kube.resources import NODES, RESOURCE_CLAIMS
+from dra_gateway.node_plugin.devices import DeviceOptions
+from dra_gateway.node_plugin.inventory import load_inventory
+from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
 
 from .claimdata import NODE
 
@@ -41,3 +47,35 @@ async def cluster() -> AsyncIterator[MemoryCluster]:
     await memory.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
     yield memory
     await memory.close()
+
+
+def plugin_settings(root: Path) -> PluginSettings:
+    """Settings of a node plugin whose folders all live under `root`."""
+    return PluginSettings(node_name=NODE, plugins_dir=root / "plugins",
+                          registry_dir=root / "registry", cdi_dir=root / "cdi",
+                          state_dir=root / "state",
+                          devices=DeviceOptions(default_sharing="shared"))
+
+
+@contextlib.asynccontextmanager
+async def running_plugin(root: Path, cluster: MemoryCluster, inventory: Path
+                  ) -> AsyncIterator[NodePlugin]:
+    """A node plugin serving `inventory` until the block ends."""
+    plugin = NodePlugin(plugin_settings(root), cluster, discover=lambda: load_inventory(inventory))
+    started = asyncio.Event()
+    task = asyncio.create_task(plugin.run(started=started))
+    await asyncio.wait_for(started.wait(), 5)
+    try:
+        yield plugin
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def allocated(cluster: MemoryCluster, obj: dict[str, Any]) -> dict[str, Any]:
+    """Store a claim with its status (allocation), as the allocator would have written it."""
+    status = obj.pop("status")
+    created = await cluster.create(RESOURCE_CLAIMS, obj, namespace="ml")
+    created["status"] = status
+    return await cluster.update(RESOURCE_CLAIMS, created, namespace="ml", subresource="status")

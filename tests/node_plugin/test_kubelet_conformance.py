@@ -30,7 +30,7 @@ from dra_gateway.node_plugin import cdi
 from dra_gateway.node_plugin.proto import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
 
 from .claimdata import NODE, claim
-from .test_server import _allocated, _plugin
+from .conftest import allocated, running_plugin
 
 # The build (a fixture, with its own time limit) is left out of each test's time: the first
 # one downloads the modules and compiles grpc-go.
@@ -77,7 +77,7 @@ async def _kubelet(tool: Path, root: Path, *steps: tuple[str, list[dict[str, str
 
 async def test_registration_answers_the_kubelets_plugin_watcher(
         kubeletclient: Path, root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
-    async with _plugin(root, cluster, h100x8) as plugin:
+    async with running_plugin(root, cluster, h100x8) as plugin:
         out = await _kubelet(kubeletclient, root)
         assert plugin.server.registration.registered.is_set()
     assert out["info"] == {
@@ -91,7 +91,7 @@ async def test_registration_answers_the_kubelets_plugin_watcher(
 
 async def test_the_kubelet_refuses_a_plugin_of_another_name(
         kubeletclient: Path, root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
-    async with _plugin(root, cluster, h100x8):
+    async with running_plugin(root, cluster, h100x8):
         rc, _, err = await _run(kubeletclient, "-driver", "gpu.example.com", "-registration",
                                 str(root / "registry" / f"{names.DRIVER}-reg.sock"))
     assert rc == 1
@@ -102,11 +102,11 @@ async def test_the_kubelet_refuses_a_plugin_of_another_name(
 async def test_prepare_and_unprepare_through_the_kubelets_client(
         kubeletclient: Path, root: Path, cluster: MemoryCluster, h100x8: Path,
         service: str) -> None:
-    shared = await _allocated(cluster, claim(devices=["gpu-2"], params={
+    shared = await allocated(cluster, claim(devices=["gpu-2"], params={
         "memory": 8 * GiB, "cores": 30, "enforcement": "hami-core"}))
-    pair = await _allocated(cluster, claim(name="pair", uid="5d0c1a9e-1111-4a2b-8c3d-0e1f2a3b4c5d",
+    pair = await allocated(cluster, claim(name="pair", uid="5d0c1a9e-1111-4a2b-8c3d-0e1f2a3b4c5d",
                                            devices=["gpu-0", "gpu-1"], request="train"))
-    elsewhere = await _allocated(cluster, claim(name="other", devices=["gpu-3"],
+    elsewhere = await allocated(cluster, claim(name="other", devices=["gpu-3"],
                                                 uid="9a8b7c6d-2222-4e5f-8a9b-0c1d2e3f4a5b",
                                                 node="gpu-node-2"))
     missing = {"namespace": "ml", "name": "gone", "uid": "u-3"}
@@ -114,7 +114,7 @@ async def test_prepare_and_unprepare_through_the_kubelets_client(
     uid, pair_uid, other_uid = (o["metadata"]["uid"] for o in (shared, pair, elsewhere))
     spec_file = root / "cdi" / f"k8s.gpu.dra-gateway.io-claim_{uid}.json"
 
-    async with _plugin(root, cluster, h100x8):
+    async with running_plugin(root, cluster, h100x8):
         out = await _kubelet(kubeletclient, root, ("prepare", claims), ("prepare", claims),
                              service=service)
         assert out["service"] == service

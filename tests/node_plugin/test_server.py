@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import stat
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,9 @@ import pytest
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import ApiError
-from dra_gateway.kube.resources import NODES, RESOURCE_CLAIMS, RESOURCE_SLICES
+from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
 from dra_gateway.node_plugin import cdi
 from dra_gateway.node_plugin.checkpoint import Checkpoint
-from dra_gateway.node_plugin.devices import DeviceOptions
 from dra_gateway.node_plugin.inventory import load_inventory
 from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
 from dra_gateway.node_plugin.prepare import ClaimRef
@@ -34,37 +32,9 @@ from dra_gateway.node_plugin.proto import (
 )
 
 from .claimdata import NODE, claim
+from .conftest import allocated, plugin_settings, running_plugin
 
 GiB = 1 << 30
-
-
-def _settings(root: Path) -> PluginSettings:
-    return PluginSettings(node_name=NODE, plugins_dir=root / "plugins",
-                          registry_dir=root / "registry", cdi_dir=root / "cdi",
-                          state_dir=root / "state",
-                          devices=DeviceOptions(default_sharing="shared"))
-
-
-@contextlib.asynccontextmanager
-async def _plugin(root: Path, cluster: MemoryCluster, inventory: Path
-                  ) -> AsyncIterator[NodePlugin]:
-    plugin = NodePlugin(_settings(root), cluster, discover=lambda: load_inventory(inventory))
-    started = asyncio.Event()
-    task = asyncio.create_task(plugin.run(started=started))
-    await asyncio.wait_for(started.wait(), 5)
-    try:
-        yield plugin
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-async def _allocated(cluster: MemoryCluster, obj: dict[str, Any]) -> dict[str, Any]:
-    status = obj.pop("status")
-    created = await cluster.create(RESOURCE_CLAIMS, obj, namespace="ml")
-    created["status"] = status
-    return await cluster.update(RESOURCE_CLAIMS, created, namespace="ml", subresource="status")
 
 
 def _claim_msg(pb2: Any, obj: dict[str, Any]) -> Any:
@@ -74,7 +44,7 @@ def _claim_msg(pb2: Any, obj: dict[str, Any]) -> Any:
 
 async def test_registration_names_the_driver_and_an_endpoint_that_exists(
         root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
-    async with _plugin(root, cluster, h100x8) as plugin:
+    async with running_plugin(root, cluster, h100x8) as plugin:
         socket = root / "registry" / f"{names.DRIVER}-reg.sock"
         async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
             stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
@@ -124,11 +94,11 @@ async def test_relative_socket_directories_serve_an_absolute_endpoint(
 async def test_prepare_and_unprepare_are_idempotent(root: Path, cluster: MemoryCluster,
                                                     h100x8: Path, pb2: Any,
                                                     grpc_module: Any) -> None:
-    obj = await _allocated(cluster, claim(devices=["gpu-2"], params={
+    obj = await allocated(cluster, claim(devices=["gpu-2"], params={
         "memory": 8 * GiB, "cores": 30, "enforcement": "hami-core"}))
     uid = obj["metadata"]["uid"]
     spec_file = root / "cdi" / f"k8s.gpu.dra-gateway.io-claim_{uid}.json"
-    async with _plugin(root, cluster, h100x8), grpc.aio.insecure_channel(
+    async with running_plugin(root, cluster, h100x8), grpc.aio.insecure_channel(
             f"unix://{root / 'plugins' / names.DRIVER / 'dra.sock'}") as channel:
         stub = grpc_module.DRAPluginStub(channel)
         request = pb2.NodePrepareResourcesRequest(claims=[_claim_msg(pb2, obj)])
@@ -156,11 +126,11 @@ async def test_prepare_and_unprepare_are_idempotent(root: Path, cluster: MemoryC
 
 async def test_each_claim_gets_its_own_answer(root: Path, cluster: MemoryCluster,
                                               h100x8: Path) -> None:
-    good = await _allocated(cluster, claim(devices=["gpu-0"]))
-    elsewhere = await _allocated(cluster, claim(name="other", devices=["gpu-1"],
+    good = await allocated(cluster, claim(devices=["gpu-0"]))
+    elsewhere = await allocated(cluster, claim(name="other", devices=["gpu-1"],
                                                 node="gpu-node-2"))
     missing = claim(name="gone", uid="u-3")
-    async with _plugin(root, cluster, h100x8), grpc.aio.insecure_channel(
+    async with running_plugin(root, cluster, h100x8), grpc.aio.insecure_channel(
             f"unix://{root / 'plugins' / names.DRIVER / 'dra.sock'}") as channel:
         stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
         response = await stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(
@@ -180,7 +150,7 @@ class Crash(BaseException):
 async def test_a_crash_between_checkpoint_states_is_repaired_on_restart(
         root: Path, cluster: MemoryCluster, h100x8: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    obj = await _allocated(cluster, claim(devices=["gpu-3"]))
+    obj = await allocated(cluster, claim(devices=["gpu-3"]))
     uid = obj["metadata"]["uid"]
     ref = ClaimRef(namespace="ml", name=obj["metadata"]["name"], uid=uid)
     spec_file = root / "cdi" / f"k8s.gpu.dra-gateway.io-claim_{uid}.json"
@@ -190,7 +160,7 @@ async def test_a_crash_between_checkpoint_states_is_repaired_on_restart(
         raise Crash
 
     # Prepare dies after PrepareStarted is on disk, before the CDI spec is written.
-    plugin = NodePlugin(_settings(root), cluster, discover=lambda: load_inventory(h100x8))
+    plugin = NodePlugin(plugin_settings(root), cluster, discover=lambda: load_inventory(h100x8))
     await plugin.discover_once()
     with monkeypatch.context() as patch:
         patch.setattr(cdi, "write_spec", crash)
@@ -198,7 +168,7 @@ async def test_a_crash_between_checkpoint_states_is_repaired_on_restart(
             await plugin.preparer.prepare([ref])
     assert Checkpoint(checkpoint_file).get(uid).state == "PrepareStarted"  # type: ignore[union-attr]
 
-    async with _plugin(root, cluster, h100x8) as restarted:  # restart: recover() runs first
+    async with running_plugin(root, cluster, h100x8) as restarted:  # restart: recover() runs first
         assert Checkpoint(checkpoint_file).get(uid) is None
         async with grpc.aio.insecure_channel(
                 f"unix://{root / 'plugins' / names.DRIVER / 'dra.sock'}") as channel:
@@ -218,21 +188,21 @@ async def test_a_crash_between_checkpoint_states_is_repaired_on_restart(
     assert Checkpoint(checkpoint_file).get(uid).state == "UnprepareStarted"  # type: ignore[union-attr]
     assert spec_file.exists()
 
-    async with _plugin(root, cluster, h100x8):
+    async with running_plugin(root, cluster, h100x8):
         assert Checkpoint(checkpoint_file).get(uid) is None
         assert not spec_file.exists()
 
 
 async def test_a_lost_cdi_spec_of_a_prepared_claim_is_rewritten(
         root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
-    obj = await _allocated(cluster, claim(devices=["gpu-4"]))
+    obj = await allocated(cluster, claim(devices=["gpu-4"]))
     uid = obj["metadata"]["uid"]
     spec_file = root / "cdi" / f"k8s.gpu.dra-gateway.io-claim_{uid}.json"
-    async with _plugin(root, cluster, h100x8) as plugin:
+    async with running_plugin(root, cluster, h100x8) as plugin:
         await plugin.preparer.prepare([ClaimRef("ml", obj["metadata"]["name"], uid)])
     written = spec_file.read_text()
     spec_file.unlink()  # /var/run/cdi is a tmpfs: a reboot empties it
-    async with _plugin(root, cluster, h100x8):
+    async with running_plugin(root, cluster, h100x8):
         assert spec_file.read_text() == written
 
 
@@ -243,7 +213,7 @@ async def test_nvml_failure_publishes_an_empty_pool_instead_of_crashing(
     def broken() -> Any:
         raise DiscoveryError("NVML nvmlInit failed: Driver Not Loaded", nvml=True)
 
-    plugin = NodePlugin(_settings(root), cluster, discover=broken)
+    plugin = NodePlugin(plugin_settings(root), cluster, discover=broken)
     started = asyncio.Event()
     task = asyncio.create_task(plugin.run(started=started))
     try:
@@ -270,14 +240,14 @@ class _NodesUnreadable(MemoryCluster):
 
 async def test_an_unreadable_node_fails_only_the_claims_that_need_it(
         root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
-    done = await _allocated(cluster, claim(devices=["gpu-5"]))
-    async with _plugin(root, cluster, h100x8) as plugin:
+    done = await allocated(cluster, claim(devices=["gpu-5"]))
+    async with running_plugin(root, cluster, h100x8) as plugin:
         await plugin.preparer.prepare([ClaimRef("ml", done["metadata"]["name"],
                                                 done["metadata"]["uid"])])
     flaky = _NodesUnreadable()
     await flaky.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-    fresh = await _allocated(flaky, claim(devices=["gpu-6"], name="fresh"))
-    plugin = NodePlugin(_settings(root), flaky, discover=lambda: load_inventory(h100x8))
+    fresh = await allocated(flaky, claim(devices=["gpu-6"], name="fresh"))
+    plugin = NodePlugin(plugin_settings(root), flaky, discover=lambda: load_inventory(h100x8))
     await plugin.discover_once()
     results = await plugin.preparer.prepare([
         ClaimRef("ml", done["metadata"]["name"], done["metadata"]["uid"]),
