@@ -1,0 +1,129 @@
+"""What /validate refuses at once: requests that can never be admitted, and Refuse-mode quotas.
+
+`check_admission` looks at the gateway-class requests of a pod's claims (or of one native
+ResourceClaim or template) and returns every violation, so the user fixes them in one go:
+
+- a sharing rule the request breaks by itself: a share in an exclusive namespace, a share
+  below the minimum, a share without compute where compute is required, an enforcement mode
+  not allowed;
+- a quota the request exceeds by itself (it could never be placed), and, for a quota with
+  `spec.admission: Refuse`, one it exceeds given the usage the allocator last wrote in the
+  quota's status (ResourceQuota's behaviour); with the default `Queue` the pod waits instead.
+
+Only what the request surely costs counts here: memory given as a percent of the card, a whole
+card's memory and the card a selector-scoped quota would count are known only once allocated,
+so the allocator (authoritative) enforces those. Allowed models and isolation depend on the
+card too, and are the allocator's. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dra_gateway.kube import names
+from dra_gateway.policy.amounts import Amounts, RequestShape, format_amount
+from dra_gateway.policy.quotas import Quota, exceeded_message, over
+from dra_gateway.policy.sharing import SharingRules
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    reason: str  # a short CamelCase word, counted in metrics
+    message: str
+    policy: str  # "GPUQuota team-a/team-a-gpu" or "GPUSharingPolicy isolated"
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaState:
+    """A quota and the usage the allocator last wrote in its status."""
+
+    quota: Quota
+    used: Amounts
+
+
+def requested(quota: Quota, claims: Sequence[Sequence[RequestShape]]) -> Amounts:
+    """What the claims surely cost against a quota: whole cards are distinct devices; shares
+    may land on one card (a share request counts as many devices as it asks for, once)."""
+    memory = cores = whole = shared = count = 0
+    for shapes in claims:
+        counted = [s for s in shapes if s.class_name in quota.classes]
+        if not counted:
+            continue
+        count += 1
+        for shape in counted:
+            amounts = shape.amounts
+            memory += amounts.memory
+            cores += amounts.cores
+            if shape.whole:
+                whole += shape.count
+            else:
+                shared = max(shared, shape.count)
+    return Amounts(memory, cores, whole + shared, count)
+
+
+def _sharing(what: str, rules: SharingRules,
+             claims: Sequence[Sequence[RequestShape]]) -> list[Violation]:
+    out: list[Violation] = []
+    policy = rules.named()
+    for shapes in claims:
+        for shape in shapes:
+            if shape.whole or shape.class_name != names.GPU_CLASS:
+                continue
+            where = f"{what}: request {shape.name!r}"
+            if rules.exclusive:
+                out.append(Violation("SharingForbidden", (
+                    f"{where} asks for a share of a GPU, but {policy} makes the namespace "
+                    f"exclusive (whole cards only); ask for whole GPUs"), policy))
+                continue
+            if rules.min_memory is not None and shape.memory is not None \
+                    and shape.memory < rules.min_memory:
+                out.append(Violation("ShareTooSmall", (
+                    f"{where} asks for memory={format_amount('memory', shape.memory)} per GPU, "
+                    f"below the minimum share memory="
+                    f"{format_amount('memory', rules.min_memory)} of {policy}"), policy))
+            if rules.min_cores is not None and shape.cores is not None \
+                    and shape.cores < rules.min_cores:
+                out.append(Violation("ShareTooSmall", (
+                    f"{where} asks for cores={shape.cores} per GPU, below the minimum share "
+                    f"cores={rules.min_cores} of {policy}"), policy))
+            if rules.require_cores and shape.cores is None:
+                out.append(Violation("ComputeRequired", (
+                    f"{where} asks for a share of GPU memory without compute (cores), but "
+                    f"{policy} requires compute with every share; add a cores request"),
+                    policy))
+            if rules.enforcement is not None and shape.enforcement not in rules.enforcement:
+                allowed = ", ".join(sorted(rules.enforcement))
+                out.append(Violation("EnforcementForbidden", (
+                    f"{where} is enforced by {shape.enforcement!r}, but {policy} allows only "
+                    f"{allowed} (allowedEnforcement)"), policy))
+    return out
+
+
+def check_admission(*, what: str, claims: Sequence[Sequence[RequestShape]],
+                    quotas: Sequence[QuotaState], sharing: SharingRules) -> list[Violation]:
+    """Every violation of the namespace's sharing rules and quotas by these claims.
+
+    `claims` holds the gateway-class requests of each claim; `what` names the object in
+    messages ("pod team-a/train-0").
+    """
+    out = _sharing(what, sharing, claims) if not sharing.empty else []
+    for state in quotas:
+        quota = state.quota
+        if quota.scoped_by_device:
+            continue
+        asked = requested(quota, claims)
+        policy = f"GPUQuota {quota.namespace}/{quota.name}"
+        never = over(quota, asked, Amounts())
+        if never:
+            out.append(Violation("QuotaNeverFits", (
+                f"{what}: {exceeded_message(quota, asked, state.used, never)}; the request "
+                f"alone is more than the quota allows, so it could never run: ask for less "
+                f"or raise spec.hard"), policy))
+            continue
+        if quota.refuse:
+            fields = over(quota, asked, state.used)
+            if fields:
+                out.append(Violation("QuotaExceeded", (
+                    f"{what}: {exceeded_message(quota, asked, state.used, fields)}"), policy))
+    return out

@@ -1,0 +1,101 @@
+"""The cluster's policies in one immutable value: quotas per namespace, sharing rules per tenant.
+
+Built from the objects an informer holds (GPUQuotas, GPUSharingPolicies, Namespaces) with
+`Catalog.build`; an object that does not validate is left out and its error kept in `errors`
+(the API server's schema refuses most of them; what it cannot see, such as a CEL selector that
+does not compile, lands here). Readers on hot paths call `quotas_for` and `sharing_for`, which
+answer from precomputed maps. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_gateway.kube.quantity import QuantityError, parse_quantity
+from dra_gateway.policy.admission import QuotaState
+from dra_gateway.policy.amounts import Amounts
+from dra_gateway.policy.models import GPUSharingPolicy, PolicyError, parse_quota, parse_sharing
+from dra_gateway.policy.quotas import Quota, compile_quota
+from dra_gateway.policy.sharing import NO_RULES, SharingRules, combine
+
+_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def _status_used(obj: Mapping[str, Any]) -> Amounts:
+    used = ((obj.get("status") or {}).get("used")) or {}
+    values: dict[str, int] = {}
+    for name in ("memory", "cores", "devices", "claims"):
+        raw = used.get(name) if isinstance(used, Mapping) else None
+        if raw is None:
+            continue
+        try:
+            values[name] = parse_quantity(raw).value()
+        except (QuantityError, TypeError):
+            continue
+    return Amounts(**values)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    quotas: tuple[QuotaState, ...] = ()
+    sharing: tuple[GPUSharingPolicy, ...] = ()
+    namespace_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    errors: tuple[str, ...] = ()
+    _by_namespace: dict[str, tuple[QuotaState, ...]] = field(default_factory=dict)
+    _rules: dict[str, SharingRules] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, *, quotas: Iterable[Mapping[str, Any]] = (),
+              sharing: Iterable[Mapping[str, Any]] = (),
+              namespaces: Iterable[Mapping[str, Any]] = ()) -> Catalog:
+        errors: list[str] = []
+        states: list[QuotaState] = []
+        for obj in quotas:
+            try:
+                states.append(QuotaState(compile_quota(parse_quota(obj)), _status_used(obj)))
+            except PolicyError as exc:
+                errors.append(str(exc))
+        policies: list[GPUSharingPolicy] = []
+        for obj in sharing:
+            try:
+                policies.append(parse_sharing(obj))
+            except PolicyError as exc:
+                errors.append(str(exc))
+        labels: dict[str, dict[str, str]] = {}
+        for ns in namespaces:
+            meta = ns.get("metadata") or {}
+            name = str(meta.get("name", ""))
+            # The API server sets this label on every namespace (1.22+); the embedded one may not.
+            labels[name] = {**(meta.get("labels") or {}), _NAME_LABEL: name}
+        states.sort(key=lambda s: s.quota.key)
+        by_namespace: dict[str, list[QuotaState]] = {}
+        for state in states:
+            by_namespace.setdefault(state.quota.namespace, []).append(state)
+        rules = {name: combine(policies, name, ns_labels) for name, ns_labels in labels.items()}
+        return cls(quotas=tuple(states),
+                   sharing=tuple(sorted(policies, key=lambda p: p.metadata.name)),
+                   namespace_labels=labels, errors=tuple(errors),
+                   _by_namespace={k: tuple(v) for k, v in by_namespace.items()},
+                   _rules={k: v for k, v in rules.items() if not v.empty})
+
+    def quotas_for(self, namespace: str) -> tuple[QuotaState, ...]:
+        return self._by_namespace.get(namespace, ())
+
+    def sharing_for(self, namespace: str) -> SharingRules:
+        """The combined rules of a namespace; one the catalog has not seen gets those of a
+        namespace without labels."""
+        rules = self._rules.get(namespace)
+        if rules is not None:
+            return rules
+        if namespace in self.namespace_labels or not self.sharing:
+            return NO_RULES
+        return combine(self.sharing, namespace, {_NAME_LABEL: namespace})
+
+    def compiled_quotas(self) -> list[Quota]:
+        return [s.quota for s in self.quotas]
+
+    @property
+    def empty(self) -> bool:
+        return not self.quotas and not self.sharing
