@@ -67,11 +67,18 @@ VALIDATING_WEBHOOK_CONFIGURATIONS = ResourceType(
     "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
     "ValidatingWebhookConfiguration", namespaced=False,
 )
+# The gateway's policy CRDs (helm/dra-gateway/crds/), served by the embedded API as the API
+# server serves them once the chart installed them.
+GPU_QUOTAS = ResourceType("dra-gateway.io", "v1alpha1", "gpuquotas", "GPUQuota",
+                          namespaced=True, has_status=True)
+GPU_SHARING_POLICIES = ResourceType("dra-gateway.io", "v1alpha1", "gpusharingpolicies",
+                                    "GPUSharingPolicy", namespaced=False, has_status=True)
 
 ALL: tuple[ResourceType, ...] = (
     PODS, NODES, NAMESPACES, CONFIG_MAPS, SECRETS, EVENTS,
     RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES, DEVICE_CLASSES,
     LEASES, MUTATING_WEBHOOK_CONFIGURATIONS, VALIDATING_WEBHOOK_CONFIGURATIONS,
+    GPU_QUOTAS, GPU_SHARING_POLICIES,
 )
 
 

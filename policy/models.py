@@ -73,6 +73,13 @@ class QuotaLimits(_Strict):
     def _memory(cls, value: Any) -> int | None:
         return None if value is None else _bytes(value, "memory")
 
+    @model_validator(mode="after")
+    def _one_limit(self) -> QuotaLimits:
+        if not self.items():
+            raise ValueError("hard names no limit: set at least one of memory, cores, devices, "
+                             "claims")
+        return self
+
     def items(self) -> list[tuple[str, int]]:
         return [(k, v) for k, v in (("memory", self.memory), ("cores", self.cores),
                                     ("devices", self.devices), ("claims", self.claims))
