@@ -31,11 +31,13 @@ from aiohttp import web
 from dra_gateway.certs.generate import CERT_FILE, KEY_FILE
 from dra_gateway.certs.tls import CertificateReloader
 from dra_gateway.kube.cluster.port import Cluster
+from dra_gateway.policy.amounts import RequestShape
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import ClassLookup
 from dra_gateway.webhook import config, mutation, reviews
 from dra_gateway.webhook.deviceclasses import DeviceClassWatch
 from dra_gateway.webhook.metrics import Metrics
+from dra_gateway.webhook.policies import PolicyWatch
 from dra_gateway.webhook.reviews import BadReview, Refusal, Review
 from dra_gateway.webhook.rules import RuleStore
 from dra_gateway.webhook.settings import MAX_BODY_BYTES, WebhookSettings
@@ -65,6 +67,7 @@ class WebhookState:
     validator: Validator
     plans: mutation.PlanCache
     device_classes: DeviceClassWatch
+    policies: PolicyWatch
     tls: CertificateReloader | None = None
     config_maps_synced: bool = False
     # (resource, device class, rule, action) already logged at INFO for this generation of the
@@ -94,6 +97,7 @@ def create_app(settings: WebhookSettings, cluster: Cluster, *,
         validator=Validator(policies),
         plans=mutation.PlanCache(settings.plan_cache_size),
         device_classes=DeviceClassWatch(cluster, metrics, retry_delay=settings.watch_retry_delay),
+        policies=PolicyWatch(cluster, retry_delay=settings.watch_retry_delay),
         tls=tls,
     )
     state.device_classes.on_change = lambda _: state.extended_logged.clear()
@@ -195,6 +199,24 @@ async def _claim_classes(state: WebhookState, namespace: str, pod: dict[str, Any
     return tuple(out)
 
 
+def _claim_requests(state: WebhookState, namespace: str, pod: dict[str, Any]
+                    ) -> tuple[tuple[RequestShape, ...] | None, ...]:
+    """The gateway-class requests of each pod claim, from what `_claim_classes` just read."""
+    if state.policies.catalog.empty:
+        return ()
+    out: list[tuple[RequestShape, ...] | None] = []
+    for claim in pod["spec"].get("resourceClaims") or ():
+        if isinstance(claim, dict) and isinstance(claim.get("resourceClaimTemplateName"), str):
+            out.append(state.templates.cached_requests(
+                "template", namespace, claim["resourceClaimTemplateName"]))
+        elif isinstance(claim, dict) and isinstance(claim.get("resourceClaimName"), str):
+            out.append(state.templates.cached_requests("claim", namespace,
+                                                       claim["resourceClaimName"]))
+        else:
+            out.append(None)
+    return tuple(out)
+
+
 def _namespace(review: Review) -> str:
     meta = review.object.get("metadata")
     ns = meta.get("namespace") if isinstance(meta, dict) else None
@@ -272,7 +294,9 @@ async def _answer_validate(state: WebhookState, review: Review) -> bytes:
     under_review = PodUnderReview(
         pod=review.object, namespace=namespace, rules=rules,
         claim_classes=await _claim_classes(state, namespace, review.object),
-        enforce=state.settings.enforce, extended=state.device_classes.extended)
+        enforce=state.settings.enforce, extended=state.device_classes.extended,
+        claim_requests=_claim_requests(state, namespace, review.object),
+        policies=state.policies.catalog)
     verdict = state.validator.check(under_review)
     if verdict.refusal is not None:
         return _refuse(state, "validate", review, verdict.refusal)
@@ -300,6 +324,8 @@ async def _readyz(request: web.Request) -> web.Response:
         missing.append("rule ConfigMaps not read yet")
     if state.settings.watch_device_classes and not state.device_classes.synced:
         missing.append(state.device_classes.problem or "DeviceClasses not read yet")
+    if state.settings.watch_policies and not state.policies.synced:
+        missing.append(state.policies.problem or "GPU policies not read yet")
     if not _certificate_in_place(state):
         missing.append("no serving certificate in place")
     if missing:
@@ -346,6 +372,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
                                          name="rules-configmaps"))
     if state.settings.watch_device_classes:
         tasks.append(asyncio.create_task(state.device_classes.run(), name="device-classes"))
+    if state.settings.watch_policies:
+        tasks.append(asyncio.create_task(state.policies.run(), name="gpu-policies"))
     if state.tls is not None:
         tasks.append(asyncio.create_task(state.tls.run(), name="certificate-reload"))
     tasks.append(asyncio.create_task(_reconcile(state, rules), name="webhook-configurations"))

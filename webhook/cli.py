@@ -65,6 +65,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        help="do not watch DeviceClasses: translate legacy names even where a "
                        "DeviceClass declares them as spec.extendedResourceName (for "
                        "kube-scheduler to serve)")
+    serve.add_argument("--no-policies", action="store_true",
+                       help="do not watch GPUQuotas and GPUSharingPolicies: /validate checks "
+                       "only the gateway's own contract (the allocator still enforces them)")
     serve.add_argument("--client-ca", metavar="FILE",
                        help="require client certificates signed by this CA")
     serve.add_argument("--ca-file", metavar="FILE",
@@ -138,6 +141,7 @@ def _serve(args: argparse.Namespace) -> int:
         builtin_rules=not args.no_builtin_rules,
         watch_config_maps=not args.no_config_maps,
         watch_device_classes=not args.no_device_classes,
+        watch_policies=not args.no_policies,
         tls_dir=tls_dir,
         ca_file=Path(args.ca_file) if args.ca_file else None,
         enforce=not args.no_enforce,

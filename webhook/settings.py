@@ -27,6 +27,8 @@ class WebhookSettings:
     watch_config_maps: read rules from ConfigMaps labelled dra-gateway.io/rules=true.
     watch_device_classes: watch DeviceClasses, and leave the legacy names they declare as
         spec.extendedResourceName to kube-scheduler (unless a rule takes the name back).
+    watch_policies: watch GPUQuotas, GPUSharingPolicies and Namespaces, and refuse at /validate
+        what those policies can never admit (and what a Refuse-mode quota refuses).
     tls_dir: where tls.crt and tls.key live; readiness needs a certificate there.
     enforce: refuse pods whose legacy GPU requests escaped translation.
     template_timeout: seconds one admission may spend making its templates exist.
@@ -39,6 +41,7 @@ class WebhookSettings:
     builtin_rules: bool = True
     watch_config_maps: bool = True
     watch_device_classes: bool = True
+    watch_policies: bool = True
     tls_dir: Path | None = None
     ca_file: Path | None = None
     enforce: bool = True

@@ -28,6 +28,7 @@ from cachetools import TTLCache
 
 from dra_gateway.kube.cluster.port import AlreadyExists, ApiError, Cluster, NotFound
 from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, ResourceType
+from dra_gateway.policy.amounts import RequestShape, requests_of
 from dra_gateway.webhook.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,12 @@ def _template_classes(template: Mapping[str, Any]) -> frozenset[str]:
     return device_classes(inner) if isinstance(inner, dict) else frozenset()
 
 
+def _template_requests(template: Mapping[str, Any]) -> tuple[RequestShape, ...]:
+    spec = template.get("spec")
+    inner = spec.get("spec") if isinstance(spec, dict) else None
+    return tuple(requests_of(inner)) if isinstance(inner, dict) else ()
+
+
 class Templates:
     def __init__(self, cluster: Cluster, metrics: Metrics, *, timeout: float = 2.0,
                  cache_size: int = 8192, ttl: float = 300.0) -> None:
@@ -71,13 +78,21 @@ class Templates:
         # What is known to exist, with the device classes each uses.
         self._known: TTLCache[Key, frozenset[str]] = TTLCache(cache_size, ttl)
         self._inflight: dict[Key, asyncio.Future[frozenset[str]]] = {}
+        # What quotas and sharing policies read (policy.amounts), kept beside the classes.
+        self._requests: TTLCache[Key, tuple[RequestShape, ...]] = TTLCache(cache_size, ttl)
 
     def cached_classes(self, kind: str, namespace: str, name: str) -> frozenset[str] | None:
         """Classes of a template ("template") or claim ("claim") already known, without I/O."""
         return self._known.get((kind, namespace, name))
 
+    def cached_requests(self, kind: str, namespace: str,
+                        name: str) -> tuple[RequestShape, ...] | None:
+        """Gateway-class requests of a template or claim already known, without I/O."""
+        return self._requests.get((kind, namespace, name))
+
     def forget(self) -> None:
         self._known.clear()
+        self._requests.clear()
 
     async def ensure(self, templates: Sequence[Mapping[str, Any]], namespace: str, *,
                      dry_run: bool) -> int:
@@ -133,6 +148,7 @@ class Templates:
         else:
             future.set_result(classes)
             self._known[key] = classes
+            self._requests[key] = _template_requests(template)
             return created
         finally:
             del self._inflight[key]
@@ -179,7 +195,7 @@ class Templates:
             key, rt, name = ("claim", namespace, claim), RESOURCE_CLAIMS, claim
         else:
             raise ValueError("classes() needs a template or a claim name")
-        if key in self._known:
+        if key in self._known and key in self._requests:
             return self._known[key]
         try:
             obj = await self._cluster.get(rt, name, namespace=namespace)
@@ -195,4 +211,6 @@ class Templates:
         found = (_template_classes(obj) if rt is RESOURCE_CLAIM_TEMPLATES
                  else device_classes(spec) if isinstance(spec, dict) else frozenset())
         self._known[key] = found
+        self._requests[key] = (_template_requests(obj) if rt is RESOURCE_CLAIM_TEMPLATES
+                               else tuple(requests_of(spec)) if isinstance(spec, dict) else ())
         return found

@@ -5,7 +5,8 @@ them in order and refuses the pod with every violation found, so the user fixes 
 Checks are pure: the facts they need from the cluster (which device classes the pod's claims
 use) are resolved before they run and handed over in `PodUnderReview`. The built-in policies
 keep the gateway's contract consistent (DESIGN.md, "The gate, finalizer and release protocol");
-quota and sharing policies plug in as further `PodPolicy` objects, given to `create_app`.
+`GpuPolicies` refuses what the cluster's GPUQuotas and GPUSharingPolicies can never admit
+(dra_gateway.policy decides; the allocator enforces the rest).
 
 Every message names the pod, the container or claim, the field, and the fix. This module must
 not perform I/O.
@@ -20,6 +21,9 @@ from typing import Any, Protocol
 
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
+from dra_gateway.policy.admission import check_admission
+from dra_gateway.policy.amounts import RequestShape
+from dra_gateway.policy.catalog import Catalog
 from dra_gateway.translator.extended import ExtendedResources, deferred_resources
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import CLAIM_NAME, TEMPLATE_PREFIX
@@ -41,6 +45,8 @@ class PodUnderReview:
     claim_classes[i] holds the device classes of spec.resourceClaims[i] (from its template or
     claim), or None when that object does not exist or could not be read. `extended` holds the
     legacy names the cluster's DeviceClasses declare as spec.extendedResourceName.
+    claim_requests[i] holds the gateway-class requests of spec.resourceClaims[i] (None when
+    unknown), and `policies` the GPU policies in force (empty when they are not watched).
     """
 
     pod: Mapping[str, Any]
@@ -49,6 +55,8 @@ class PodUnderReview:
     claim_classes: tuple[frozenset[str] | None, ...]
     enforce: bool
     extended: ExtendedResources = field(default_factory=ExtendedResources)
+    claim_requests: tuple[tuple[RequestShape, ...] | None, ...] = ()
+    policies: Catalog = field(default_factory=Catalog)
 
     @property
     def spec(self) -> Mapping[str, Any]:
@@ -213,8 +221,27 @@ def _is_zero(amount: Any) -> bool:
         return False
 
 
+class GpuPolicies:
+    """What the namespace's GPUQuotas and GPUSharingPolicies can never admit, and Refuse-mode
+    quotas over their usage; messages in ResourceQuota's style (dra_gateway.policy.admission)."""
+
+    name = "gpu-policies"
+
+    def check(self, review: PodUnderReview) -> Sequence[Violation]:
+        catalog = review.policies
+        if catalog.empty:
+            return ()
+        claims = [shapes for shapes in review.claim_requests if shapes]
+        if not claims:
+            return ()
+        found = check_admission(what=review.display_name, claims=claims,
+                                quotas=catalog.quotas_for(review.namespace),
+                                sharing=catalog.sharing_for(review.namespace))
+        return [Violation(v.reason, v.message) for v in found]
+
+
 DEFAULT_POLICIES: tuple[PodPolicy, ...] = (
-    TranslationConsistency(), GatedGatewayClaims(), LegacyRequestsTranslated())
+    TranslationConsistency(), GatedGatewayClaims(), LegacyRequestsTranslated(), GpuPolicies())
 
 
 @dataclass(frozen=True, slots=True)

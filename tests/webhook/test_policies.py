@@ -1,0 +1,120 @@
+"""/validate against GPUQuotas and GPUSharingPolicies, read by the webhook's own watches."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import jsonpatch
+import orjson
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import Cluster
+from dra_gateway.kube.resources import GPU_QUOTAS, GPU_SHARING_POLICIES, NAMESPACES
+from dra_gateway.webhook.app import STATE
+
+from .conftest import decoded_patch, hami_pod, review
+
+Client = TestClient[web.Request, web.Application]
+
+
+def _quota(memory: str, *, admission: str = "Queue", namespace: str = "inference",
+           used: str | None = None) -> dict[str, Any]:
+    quota: dict[str, Any] = {
+        "apiVersion": names.API_VERSION, "kind": "GPUQuota",
+        "metadata": {"name": "inference-gpu", "namespace": namespace},
+        "spec": {"hard": {"memory": memory}, "admission": admission}}
+    if used is not None:
+        quota["status"] = {"used": {"memory": used}}
+    return quota
+
+
+async def _policies_seen(client: Client, count: int) -> None:
+    state = client.app[STATE]
+    for _ in range(200):
+        catalog = state.policies.catalog
+        if state.policies.synced and len(catalog.quotas) + len(catalog.sharing) == count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the webhook did not see {count} policies")
+
+
+async def _translated_verdict(client: Client) -> dict[str, Any]:
+    pod = hami_pod()
+    mutated = await client.post("/mutate", data=orjson.dumps(review(pod)))
+    translated = jsonpatch.apply_patch(pod, decoded_patch(await mutated.json()))
+    resp = await client.post("/validate", data=orjson.dumps(review(translated, uid="v-1")))
+    assert resp.status == 200
+    answer: dict[str, Any] = (await resp.json())["response"]
+    return answer
+
+
+async def test_a_pod_larger_than_its_quota_is_refused_at_once(client: Client,
+                                                              cluster: Cluster) -> None:
+    await cluster.create(GPU_QUOTAS, _quota("4Gi"), namespace="inference")
+    await _policies_seen(client, 1)
+    answer = await _translated_verdict(client)
+    assert answer["allowed"] is False
+    assert answer["status"] == {"code": 403, "reason": "QuotaNeverFits", "message": (
+        "pod inference/llm-serve: exceeded quota inference-gpu: requested memory=8000Mi, used "
+        "memory=0, limited memory=4Gi; the request alone is more than the quota allows, so it "
+        "could never run: ask for less or raise spec.hard")}
+
+
+async def test_a_queueing_quota_lets_the_pod_wait_for_the_allocator(client: Client,
+                                                                     cluster: Cluster) -> None:
+    await cluster.create(GPU_QUOTAS, _quota("10Gi", used="8Gi"), namespace="inference")
+    await _policies_seen(client, 1)
+    assert (await _translated_verdict(client))["allowed"] is True
+
+
+async def test_a_refusing_quota_refuses_over_current_usage(client: Client,
+                                                           cluster: Cluster) -> None:
+    created = await cluster.create(GPU_QUOTAS, _quota("10Gi", admission="Refuse"),
+                                   namespace="inference")
+    await _policies_seen(client, 1)
+    assert (await _translated_verdict(client))["allowed"] is True
+    # The allocator writes usage into the status; the webhook reads it from its watch.
+    created["status"] = {"used": {"memory": "8Gi"}}
+    await cluster.update(GPU_QUOTAS, created, namespace="inference", subresource="status")
+    state = client.app[STATE]
+    for _ in range(200):
+        if state.policies.catalog.quotas_for("inference")[0].used.memory:
+            break
+        await asyncio.sleep(0.01)
+    answer = await _translated_verdict(client)
+    assert answer["status"]["reason"] == "QuotaExceeded"
+    assert answer["status"]["message"] == (
+        "pod inference/llm-serve: exceeded quota inference-gpu: requested memory=8000Mi, used "
+        "memory=8Gi, limited memory=10Gi")
+
+
+async def test_an_exclusive_namespace_refuses_shares_until_the_policy_goes(
+        client: Client, cluster: Cluster) -> None:
+    await cluster.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                      "metadata": {"name": "inference",
+                                                   "labels": {"tier": "production"}}})
+    await cluster.create(GPU_SHARING_POLICIES, {
+        "apiVersion": names.API_VERSION, "kind": "GPUSharingPolicy",
+        "metadata": {"name": "production-exclusive"},
+        "spec": {"namespaceSelector": {"matchLabels": {"tier": "production"}},
+                 "exclusive": True}})
+    await _policies_seen(client, 1)
+    answer = await _translated_verdict(client)
+    assert answer["status"]["reason"] == "SharingForbidden"
+    assert answer["status"]["message"] == (
+        "pod inference/llm-serve: request 'server' asks for a share of a GPU, but "
+        "GPUSharingPolicy production-exclusive makes the namespace exclusive (whole cards "
+        "only); ask for whole GPUs")
+    await cluster.delete(GPU_SHARING_POLICIES, "production-exclusive")
+    await _policies_seen(client, 0)
+    assert (await _translated_verdict(client))["allowed"] is True
+
+
+async def test_a_quota_of_another_namespace_does_not_apply(client: Client,
+                                                           cluster: Cluster) -> None:
+    await cluster.create(GPU_QUOTAS, _quota("1Gi", namespace="training"), namespace="training")
+    await _policies_seen(client, 1)
+    assert (await _translated_verdict(client))["allowed"] is True

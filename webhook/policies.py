@@ -1,0 +1,138 @@
+"""The cluster's GPU policies, mirrored by lists and watches, for /validate.
+
+`PolicyWatch` keeps GPUQuotas, GPUSharingPolicies and Namespaces (their labels select sharing
+policies) current without an API call per review: for each type it lists through the cluster
+port, watches from the list's resourceVersion and relists when the watch expires or fails (after
+a pause that grows while the API keeps failing). After every change it publishes a fresh
+`Catalog` (pure, from dra_gateway.policy), which reviews read as one attribute. An API server
+without the CRDs (404: the chart's crds/ not installed) counts as a cluster without policies; a
+refusal (403) keeps the webhook unready with the RBAC fix in the log and in /readyz. A policy
+that does not validate is logged once and left out. This module must not answer reviews.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from dra_gateway.kube.cluster.port import ApiError, Cluster, Expired, NotFound, Object
+from dra_gateway.kube.resources import (
+    GPU_QUOTAS,
+    GPU_SHARING_POLICIES,
+    NAMESPACES,
+    ResourceType,
+)
+from dra_gateway.policy.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+_MAX_RETRY_DELAY = 30.0
+WATCHED: tuple[ResourceType, ...] = (GPU_QUOTAS, GPU_SHARING_POLICIES, NAMESPACES)
+_RBAC_FIX = ("grant the webhook's ServiceAccount list and watch on gpuquotas and "
+             "gpusharingpolicies in API group dra-gateway.io and on namespaces, or start the "
+             "webhook with --no-policies")
+
+
+def _key(obj: Object) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+class PolicyWatch:
+    """The policies in force; run `run()` in a task, cancel it to stop.
+
+    `catalog` is read on the hot path (an attribute read, no I/O); `synced` turns true once every
+    type was listed; `problem` says why it is not, for /readyz.
+    """
+
+    def __init__(self, cluster: Cluster, *, retry_delay: float = 1.0) -> None:
+        self._cluster = cluster
+        self._retry_delay = retry_delay
+        self._objects: dict[ResourceType, dict[tuple[str, str], Object]] = {
+            rt: {} for rt in WATCHED}
+        self._listed: set[ResourceType] = set()
+        self._problems: dict[ResourceType, str] = {}
+        self._reported: set[str] = set()
+        self.catalog = Catalog()
+        self.generation = 0
+        self.on_change: Callable[[Catalog], None] | None = None
+
+    @property
+    def synced(self) -> bool:
+        return self._listed.issuperset(WATCHED)
+
+    @property
+    def problem(self) -> str | None:
+        if self.synced:
+            return None
+        return "; ".join(self._problems.values()) or "GPU policies not read yet"
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for rt in WATCHED:
+                group.create_task(self._mirror(rt), name=f"policies-{rt.plural}")
+
+    async def _mirror(self, rt: ResourceType) -> None:
+        resource_version: str | None = None
+        failures = 0
+        while True:
+            if failures:
+                await asyncio.sleep(min(self._retry_delay * 2 ** (failures - 1),
+                                        _MAX_RETRY_DELAY))
+            try:
+                if resource_version is None:
+                    try:
+                        listed = await self._cluster.list(rt)
+                    except NotFound:
+                        # The CRD is not installed: no policies of this kind.
+                        self._replace(rt, [])
+                        log.warning("the API server serves no %s; install the chart's CRDs to "
+                                    "use GPU policies", rt.plural)
+                        return
+                    self._replace(rt, listed.items)
+                    resource_version = listed.resource_version
+                failures = 0
+                async for event in self._cluster.watch(rt, resource_version=resource_version):
+                    meta = event.object.get("metadata") or {}
+                    resource_version = meta.get("resourceVersion") or resource_version
+                    if event.type in ("ADDED", "MODIFIED"):
+                        self._objects[rt][_key(event.object)] = event.object
+                        self._publish()
+                    elif event.type == "DELETED" and \
+                            self._objects[rt].pop(_key(event.object), None) is not None:
+                        self._publish()
+            except Expired:
+                resource_version = None
+            except ApiError as exc:
+                resource_version = None
+                failures += 1
+                fix = f"; {_RBAC_FIX}" if exc.code == 403 else ""
+                if rt not in self._listed:
+                    self._problems[rt] = f"{rt.plural} not read yet ({exc.reason}{fix})"
+                log.warning("policy list or watch failed, relisting",
+                            extra={"resource": rt.plural, "reason": exc.reason,
+                                   "error": exc.message})
+            except Exception:
+                resource_version = None
+                failures += 1
+                log.exception("policy watch failed, relisting", extra={"resource": rt.plural})
+
+    def _replace(self, rt: ResourceType, items: list[Object]) -> None:
+        self._objects[rt] = {_key(i): i for i in items}
+        self._listed.add(rt)
+        self._problems.pop(rt, None)
+        self._publish()
+
+    def _publish(self) -> None:
+        catalog = Catalog.build(quotas=self._objects[GPU_QUOTAS].values(),
+                                sharing=self._objects[GPU_SHARING_POLICIES].values(),
+                                namespaces=self._objects[NAMESPACES].values())
+        for error in catalog.errors:
+            if error not in self._reported:
+                log.warning("GPU policy left out: %s", error)
+        self._reported = set(catalog.errors)
+        self.catalog = catalog
+        self.generation += 1
+        if self.on_change is not None:
+            self.on_change(catalog)
