@@ -96,7 +96,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.claims < 1 or args.concurrency < 1:
         print("error: --claims and --concurrency must be at least 1", file=sys.stderr)
         return 2
-    from dra_gateway.kube.cluster import bench
+    from dra_gateway.kube.sim import bench
 
     return bench.main(args.claims, args.concurrency)
 
@@ -117,10 +117,10 @@ async def _serve_async(args: argparse.Namespace) -> int:
     import secrets
     import signal
 
-    from dra_gateway.kube.cluster.manifests import ManifestError, read_manifests
-    from dra_gateway.kube.cluster.memory import MemoryCluster
     from dra_gateway.kube.cluster.port import ApiError
-    from dra_gateway.kube.cluster.server import serve, write_kubeconfig
+    from dra_gateway.kube.sim.manifests import ManifestError, read_manifests
+    from dra_gateway.kube.sim.memory import MemoryCluster
+    from dra_gateway.kube.sim.server import serve, write_kubeconfig
 
     host, port = args.listen
     if args.no_token:
@@ -150,7 +150,7 @@ async def _serve_async(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
 
-    from dra_gateway.kube.cluster.controlplane import ControlPlane
+    from dra_gateway.kube.sim.controlplane import ControlPlane
 
     control_plane = None if args.no_control_plane else ControlPlane(cluster)
     stop = asyncio.Event()

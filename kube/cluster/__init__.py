@@ -1,14 +1,13 @@
 """The cluster port: the only code in the project that talks to Kubernetes.
 
-`port` defines the protocol and its errors; `memory` is an in-memory cluster with Kubernetes
-semantics (`selectors` parses label and field selectors); `server` serves any cluster over
-loopback HTTP as the Kubernetes API, calling registered webhooks through `admission`;
-`controlplane` stands in for the claim controller and scheduler the embedded default lacks;
-`kubernetes` adapts kubernetes-asyncio to the protocol; `connect` picks a backend.
+`port` defines the protocol and its errors; `kubernetes` adapts kubernetes-asyncio to the
+protocol; `connect` picks a backend; `features` learns the API server's feature gates through
+the port. The in-memory cluster and the embedded API server built on it are the simulator,
+`dra_gateway.kube.sim`; production code never imports it (an import-linter contract), except
+`connect`, whose `--cluster memory` choice hands out a fresh in-memory cluster.
 """
 
 from dra_gateway.kube.cluster.connect import ClusterConfigError, connect
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import (
     AlreadyExists,
     ApiError,
@@ -33,7 +32,6 @@ __all__ = [
     "Expired",
     "Forbidden",
     "Invalid",
-    "MemoryCluster",
     "NotFound",
     "ObjectList",
     "WatchEvent",

@@ -47,7 +47,7 @@ async def connect(kind: Literal["kube", "memory"], kubeconfig: str | None = None
     order of controller-runtime, so an operator's habits carry over.
     """
     if kind == "memory":
-        from dra_gateway.kube.cluster.memory import MemoryCluster
+        from dra_gateway.kube.sim.memory import MemoryCluster
 
         return MemoryCluster()
     if kind != "kube":

@@ -20,7 +20,6 @@ import pytest
 
 from dra_gateway.allocator.controller import Controller, ControllerSettings
 from dra_gateway.kube import names
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import Cluster, Object, ObjectList, PatchType, WatchEvent
 from dra_gateway.kube.quantity import parse_quantity
 from dra_gateway.kube.resources import (
@@ -31,6 +30,7 @@ from dra_gateway.kube.resources import (
     RESOURCE_SLICES,
     ResourceType,
 )
+from dra_gateway.kube.sim.memory import MemoryCluster
 
 GIB = 1 << 30
 NAMESPACE = "team-a"

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from dra_gateway.kube import names
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.resources import NODES, RESOURCE_CLAIMS, RESOURCE_SLICES
+from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.node_plugin.inventory import load_inventory
 from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 
 from dra_gateway.allocator.controller import ControllerSettings
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.resources import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
+from dra_gateway.kube.sim.memory import MemoryCluster
 
 from .conftest import NAMESPACE, World, eventually, running_controller, ungated
 from .conftest import whole_claim_spec as whole

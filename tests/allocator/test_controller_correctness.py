@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 from dra_gateway.allocator.controller import Controller, ControllerSettings
 from dra_gateway.kube import names
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import Conflict, Object, ObjectList, PatchType, WatchEvent
 from dra_gateway.kube.resources import (
     PODS,
@@ -29,6 +28,7 @@ from dra_gateway.kube.resources import (
     RESOURCE_SLICES,
     ResourceType,
 )
+from dra_gateway.kube.sim.memory import MemoryCluster
 
 from .conftest import (
     NAMESPACE,

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from dra_gateway.allocator.informer import Change, Informer
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.resources import NODES, PODS
+from dra_gateway.kube.sim.memory import MemoryCluster
 
 from .conftest import eventually
 

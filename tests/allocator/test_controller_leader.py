@@ -10,9 +10,9 @@ import pytest
 from testkit import eventually
 
 from dra_gateway.allocator.leader import LeaderElector, LeaseSettings
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import ApiError, Object
 from dra_gateway.kube.resources import LEASES, ResourceType
+from dra_gateway.kube.sim.memory import MemoryCluster
 
 LEASE_DURATION = 0.6
 

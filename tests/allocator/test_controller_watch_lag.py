@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 
 from dra_gateway.kube import names
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
+from dra_gateway.kube.sim.memory import MemoryCluster
 
 from .conftest import (
     NAMESPACE,

@@ -26,9 +26,7 @@ from dra_gateway.allocator.leader import LeaseSettings
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.connect import connect
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import AlreadyExists, Cluster, Object
-from dra_gateway.kube.cluster.server import serve, write_kubeconfig
 from dra_gateway.kube.resources import (
     DEVICE_CLASSES,
     LEASES,
@@ -38,6 +36,8 @@ from dra_gateway.kube.resources import (
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
 )
+from dra_gateway.kube.sim.memory import MemoryCluster
+from dra_gateway.kube.sim.server import serve, write_kubeconfig
 from dra_gateway.node_plugin.deviceclasses import device_classes
 from dra_gateway.node_plugin.devices import DeviceOptions, devices_of
 from dra_gateway.node_plugin.inventory import load_inventory

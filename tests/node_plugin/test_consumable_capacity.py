@@ -20,9 +20,9 @@ from testkit import eventually
 
 from dra_gateway.cli import main
 from dra_gateway.kube.cluster.features import detect_consumable_capacity
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import Forbidden
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
+from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.node_plugin.cli import register
 from dra_gateway.node_plugin.devices import DeviceOptions
 from dra_gateway.node_plugin.inventory import load_inventory

@@ -14,9 +14,9 @@ import grpc.aio
 import pytest
 
 from dra_gateway.kube import names
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import ApiError
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
+from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.node_plugin import cdi
 from dra_gateway.node_plugin.checkpoint import Checkpoint
 from dra_gateway.node_plugin.inventory import load_inventory

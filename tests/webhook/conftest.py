@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from testkit import EXAMPLES
 
-from dra_gateway.kube.cluster.memory import MemoryCluster
+from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.webhook.app import create_app
 from dra_gateway.webhook.settings import WebhookSettings
 

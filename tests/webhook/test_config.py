@@ -10,11 +10,11 @@ import yaml
 from testkit import EXAMPLES
 
 from dra_gateway.kube import names
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.resources import (
     MUTATING_WEBHOOK_CONFIGURATIONS,
     VALIDATING_WEBHOOK_CONFIGURATIONS,
 )
+from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.translator.rules import RuleSet, load_rules
 from dra_gateway.translator.translate import translate
 from dra_gateway.webhook.config import configurations, match_expression, reconcile

@@ -17,10 +17,10 @@ from aiohttp.test_utils import TestClient
 from testkit import eventually
 
 from dra_gateway.kube import names
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import Forbidden, NotFound, ObjectList
 from dra_gateway.kube.logs import JsonFormatter
 from dra_gateway.kube.resources import DEVICE_CLASSES, RESOURCE_CLAIM_TEMPLATES, ResourceType
+from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.webhook.app import STATE, create_app
 from dra_gateway.webhook.settings import WebhookSettings
 

@@ -10,8 +10,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from dra_gateway.kube import names
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES
+from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.webhook.app import create_app
 from dra_gateway.webhook.settings import WebhookSettings
 from dra_gateway.webhook.validation import (

@@ -13,8 +13,8 @@ import yaml
 
 from dra_gateway.kube.cluster.connect import ClusterConfigError, connect
 from dra_gateway.kube.cluster.kubernetes import KubernetesCluster
-from dra_gateway.kube.cluster.memory import MemoryCluster
-from dra_gateway.kube.cluster.server import kubeconfig_document
+from dra_gateway.kube.sim.memory import MemoryCluster
+from dra_gateway.kube.sim.server import kubeconfig_document
 
 # The package exports the function `connect` under the module's name: reach the module itself.
 connect_module = sys.modules[ClusterConfigError.__module__]

@@ -15,9 +15,9 @@ from dra_gateway.kube.cluster.features import (
     probe_slice,
     slices_show_consumable_capacity,
 )
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import Forbidden
 from dra_gateway.kube.resources import RESOURCE_SLICES
+from dra_gateway.kube.sim.memory import MemoryCluster
 
 
 class GateOff(MemoryCluster):

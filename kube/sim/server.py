@@ -23,8 +23,6 @@ import orjson
 import yaml
 from aiohttp import web
 
-from dra_gateway.kube.cluster.admission import Admission, AdmissionRequest
-from dra_gateway.kube.cluster.memory import apply_patch, copy_object
 from dra_gateway.kube.cluster.port import (
     ApiError,
     BadRequest,
@@ -37,6 +35,8 @@ from dra_gateway.kube.cluster.port import (
 )
 from dra_gateway.kube.files import atomic_write
 from dra_gateway.kube.resources import ALL, ResourceType
+from dra_gateway.kube.sim.admission import Admission, AdmissionRequest
+from dra_gateway.kube.sim.memory import apply_patch, copy_object
 
 log = logging.getLogger(__name__)
 

@@ -15,14 +15,14 @@ from aiohttp import web
 
 from dra_gateway.certs.generate import make_bundle
 from dra_gateway.kube.cluster.connect import connect
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import ApiError, Cluster
-from dra_gateway.kube.cluster.server import serve
 from dra_gateway.kube.resources import (
     MUTATING_WEBHOOK_CONFIGURATIONS,
     PODS,
     VALIDATING_WEBHOOK_CONFIGURATIONS,
 )
+from dra_gateway.kube.sim.memory import MemoryCluster
+from dra_gateway.kube.sim.server import serve
 
 NS = "team-a"
 Reviewer = Callable[[dict[str, Any]], dict[str, Any]]

@@ -51,18 +51,18 @@ from dra_gateway.kube.cluster.port import (
     PatchType,
     WatchEvent,
 )
-from dra_gateway.kube.cluster.selectors import (
-    FieldSelector,
-    LabelSelector,
-    parse_field_selector,
-    parse_label_selector,
-)
 from dra_gateway.kube.resources import (
     NAMESPACES,
     PODS,
     RESOURCE_CLAIMS,
     ResourceType,
     by_kind,
+)
+from dra_gateway.kube.sim.selectors import (
+    FieldSelector,
+    LabelSelector,
+    parse_field_selector,
+    parse_label_selector,
 )
 
 Key = tuple[str, str]  # (namespace or "", name)

@@ -35,13 +35,13 @@ import jsonpatch  # type: ignore[import-untyped,unused-ignore]
 
 from dra_gateway.kube.cel import CelError, compile_expression
 from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound, Object
-from dra_gateway.kube.cluster.selectors import label_selector_matches
 from dra_gateway.kube.resources import (
     MUTATING_WEBHOOK_CONFIGURATIONS,
     NAMESPACES,
     VALIDATING_WEBHOOK_CONFIGURATIONS,
     ResourceType,
 )
+from dra_gateway.kube.sim.selectors import label_selector_matches
 
 log = logging.getLogger(__name__)
 

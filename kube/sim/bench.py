@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from dra_gateway.kube.cluster.connect import connect
-from dra_gateway.kube.cluster.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import Cluster
-from dra_gateway.kube.cluster.server import serve
 from dra_gateway.kube.resources import RESOURCE_CLAIMS
+from dra_gateway.kube.sim.memory import MemoryCluster
+from dra_gateway.kube.sim.server import serve
 
 NAMESPACE = "bench"
 
