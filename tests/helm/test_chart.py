@@ -437,6 +437,9 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
         | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaimtemplates"], ["get", "create"])
         | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims"], ["get"])
         | _grants(CLUSTER, ["resource.k8s.io"], ["deviceclasses"], ["list", "watch"])
+        | _grants(CLUSTER, ["dra-gateway.io"], ["gpuquotas", "gpusharingpolicies"],
+                  ["list", "watch"])
+        | _grants(CLUSTER, [""], ["namespaces"], ["list", "watch"])
         | _grants(CLUSTER, ["admissionregistration.k8s.io"],
                   ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
                   ["get", "list", "watch"])
@@ -934,9 +937,9 @@ def _tls_secret(*, issued_for: str, not_after: datetime.datetime,
 
 async def _render_against(helm: HelmRunner, objects: list[Object],
                           values: Object | None = None) -> list[Rendered]:
+    from dra_gateway.kube.cluster.memory import MemoryCluster
+    from dra_gateway.kube.cluster.server import serve
     from dra_gateway.kube.resources import NAMESPACES, SECRETS
-    from dra_gateway.kube.sim.memory import MemoryCluster
-    from dra_gateway.kube.sim.server import serve
 
     cluster = MemoryCluster()
     try:
