@@ -7,6 +7,7 @@ edges (loading, validating); hot paths work on plain dicts.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, NotRequired, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -55,6 +56,40 @@ class GpuShareConfig(BaseModel):
     def to_parameters(self) -> dict[str, Any]:
         """The JSON object for `opaque.parameters`, with unset fields left out."""
         return self.model_dump(by_alias=True, exclude_none=True)
+
+
+def config_applies(requests: Sequence[str] | None, request: str) -> bool:
+    """Does a config listing `requests` apply to the allocation result `request`?
+
+    No list means every request; a config for request "gpu" covers the firstAvailable result
+    "gpu/large" too, as DRA reads it.
+    """
+    return not requests or request in requests or request.split("/", 1)[0] in requests
+
+
+def share_parameters(configs: Iterable[Mapping[str, Any]], request: str, *,
+                     driver: str = names.DRIVER) -> dict[str, Any]:
+    """The GpuShareConfig parameters that apply to `request`, merged: later entries win key by key.
+
+    `configs` are device configs in DRA's order (a claim's `spec.devices.config`, or an
+    allocation's `devices.config`, class configs first); only the opaque configs of `driver`
+    that apply to the request count. The node plugin enforces exactly this document in the
+    container, so the planner sizes shares from it too. Callers validate or read the result
+    (`GpuShareConfig.model_validate`). Raises ValueError naming the request when a matching
+    config's parameters are not a JSON object.
+    """
+    merged: dict[str, Any] = {}
+    for config in configs:
+        opaque = config.get("opaque")
+        if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
+            continue
+        if not config_applies(config.get("requests"), request):
+            continue
+        params = opaque.get("parameters") or {}
+        if not isinstance(params, Mapping):
+            raise ValueError(f"config for request {request}: parameters must be a JSON object")
+        merged.update(params)
+    return merged
 
 
 # --- resource.k8s.io/v1 shapes, as plain JSON dicts ----------------------------------------------
