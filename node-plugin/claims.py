@@ -8,25 +8,26 @@ it in the claim's shares annotation), then the claim's `GpuShareConfig` (memory 
 `memoryPercent` of the card); a card with none of these is whole. Only the capacities the
 share names are limits (see `_limited`): the others are consumed for accounting only.
 
-The shares annotation (`dra-gateway.io/shares`) is the allocator's: a JSON list with one entry
-per shared result, `{"request", "driver", "pool", "device", "shareID", "consumedCapacity"}`
-(allocator/planner/plan.py). Entries are matched to results by driver, pool, device and request,
-in order. A missing or malformed annotation counts as absent.
+The shares annotation (`dra-gateway.io/shares`) is the allocator's, read with
+dra_gateway.kube.shares: entries are matched to results by request, driver, pool and device, in
+order, and a missing or malformed annotation counts as absent. Which GpuShareConfig applies to a
+request is dra_gateway.kube.models.share_parameters, the same function the planner sizes shares
+with.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from dra_gateway.kube import names
-from dra_gateway.kube.models import GpuShareConfig
+from dra_gateway.kube import names, objects
+from dra_gateway.kube.models import GpuShareConfig, share_parameters
 from dra_gateway.kube.nodeselectors import node_selector_matches
 from dra_gateway.kube.quantity import QuantityError, bytes_of, parse_quantity
+from dra_gateway.kube.shares import recorded_shares, result_key, shares_by_result
 from dra_gateway.node_plugin.cdi import (
     DEFAULT_ENFORCEMENT,
     CardShare,
@@ -80,11 +81,6 @@ class ClaimPlan:
         return out
 
 
-def _applies(requests: Sequence[str] | None, request: str) -> bool:
-    # A config for request "gpu" covers the firstAvailable subrequest "gpu/large" too.
-    return not requests or request in requests or request.split("/", 1)[0] in requests
-
-
 def _share_config(claim: Mapping[str, Any], request: str, driver: str,
                   where: str) -> GpuShareConfig:
     allocation = claim["status"]["allocation"]
@@ -94,14 +90,11 @@ def _share_config(claim: Mapping[str, Any], request: str, driver: str,
         # An allocator that did not copy the configs (or an older one): the claim has them.
         ours = [c for c in (claim.get("spec", {}).get("devices", {}).get("config") or [])
                 if (c.get("opaque") or {}).get("driver") == driver]
-    merged: dict[str, Any] = {}
-    for config in ours:  # class configs first, then the claim's: later entries win
-        if _applies(config.get("requests"), request):
-            params = config["opaque"].get("parameters") or {}
-            if not isinstance(params, Mapping):
-                raise ClaimError(f"{where}: config for request {request}: parameters must be "
-                                 "a JSON object")
-            merged.update(params)
+    try:
+        # Class configs first, then the claim's: later entries win, key by key.
+        merged = share_parameters(ours, request, driver=driver)
+    except ValueError as exc:
+        raise ClaimError(f"{where}: {exc}") from None
     try:
         return GpuShareConfig.model_validate(merged)
     except ValidationError as exc:
@@ -109,25 +102,6 @@ def _share_config(claim: Mapping[str, Any], request: str, driver: str,
                            for e in exc.errors())
         raise ClaimError(f"{where}: GpuShareConfig for request {request} is invalid: "
                          f"{detail}") from None
-
-
-def _recorded_shares(claim: Mapping[str, Any]) -> dict[tuple[str, str, str, str],
-                                                       list[Mapping[str, Any]]]:
-    """The allocator's shares annotation, by (driver, pool, device, request), in order."""
-    raw = (claim.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_SHARES)
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return {}
-    recorded: dict[tuple[str, str, str, str], list[Mapping[str, Any]]] = {}
-    for entry in data if isinstance(data, list) else ():
-        if isinstance(entry, Mapping) and isinstance(entry.get("consumedCapacity"), Mapping):
-            key = (str(entry.get("driver")), str(entry.get("pool")), str(entry.get("device")),
-                   str(entry.get("request")))
-            recorded.setdefault(key, []).append(entry["consumedCapacity"])
-    return recorded
 
 
 def _requested_capacity(claim: Mapping[str, Any], request: str) -> Collection[str]:
@@ -180,7 +154,7 @@ def plan_claim(claim: Mapping[str, Any], *, uid: str, node_name: str,
                devices: Mapping[str, DeviceInfo],
                enforcement: EnforcementSettings = DEFAULT_ENFORCEMENT) -> ClaimPlan:
     """What to hand the containers of an allocated claim; ClaimError when it is not ours."""
-    meta = claim.get("metadata", {})
+    meta = objects.meta(claim)
     where = f"ResourceClaim {meta.get('namespace')}/{meta.get('name')}"
     if meta.get("uid") != uid:
         raise ClaimError(f"{where} has UID {meta.get('uid')}, the kubelet asked for {uid}: the "
@@ -194,7 +168,7 @@ def plan_claim(claim: Mapping[str, Any], *, uid: str, node_name: str,
                          f"{node_name}")
     results = [r for r in (allocation.get("devices") or {}).get("results") or []
                if r.get("driver") == driver]
-    recorded = _recorded_shares(claim)
+    recorded = shares_by_result(recorded_shares(claim))
     counts: dict[str, int] = {}
     for r in results:
         counts[r.get("device", "")] = counts.get(r.get("device", ""), 0) + 1
@@ -216,8 +190,8 @@ def plan_claim(claim: Mapping[str, Any], *, uid: str, node_name: str,
         cwhere = f"{rwhere}.consumedCapacity"
         if consumed is None:
             # Without consumable capacity the allocator records the share in the annotation.
-            entries = recorded.get((driver, str(pool), str(device), str(request)))
-            consumed = entries.pop(0) if entries else {}
+            entries = recorded.get(result_key(result))
+            consumed = entries.pop(0).consumed_capacity if entries else {}
             cwhere = f"{where}: annotation {names.ANNOTATION_SHARES}, device {device}"
         limited = _limited(config, claim, str(request), consumed)
         if names.CAPACITY_MEMORY not in limited:

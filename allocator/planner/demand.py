@@ -14,6 +14,7 @@ from typing import Any
 
 from dra_gateway.allocator.planner.devices import IDENTITY_ATTRIBUTES, MIB_NANOS, NANO
 from dra_gateway.kube import names
+from dra_gateway.kube.models import share_parameters
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
 
 MACRO_MARKERS = (".all(", ".exists(", ".exists_one(", ".map(", ".filter(")
@@ -80,26 +81,24 @@ class ClaimDemand:
 
 
 def _share_config(configs: Sequence[Mapping[str, Any]], result_name: str) -> Share:
-    """The GpuShareConfig applying to a request; later entries win, as config order in DRA."""
-    share = Share()
-    request_name = result_name.split("/", 1)[0]
-    for config in configs:
-        targets = config.get("requests") or ()
-        if targets and result_name not in targets and request_name not in targets:
-            continue
-        opaque = config.get("opaque") or {}
-        params = opaque.get("parameters") or {}
-        if (opaque.get("driver") != names.DRIVER
-                or params.get("kind") != names.KIND_GPU_SHARE_CONFIG):
-            continue
-        share = Share(
-            memory=int(params["memory"]) if params.get("memory") is not None else None,
-            memory_percent=(
-                int(params["memoryPercent"]) if params.get("memoryPercent") is not None else None
-            ),
-            cores=int(params["cores"]) if params.get("cores") is not None else None,
-        )
-    return share
+    """The share of a card the GpuShareConfig for a request asks (`share_parameters`).
+
+    The configs that apply are merged key by key, later entries winning, exactly as the node
+    plugin merges them before it enforces the share; a document of another kind is no share.
+    """
+    try:
+        params = share_parameters(configs, result_name)
+    except ValueError as exc:
+        raise ValueError(f"spec.devices.config: {exc}") from exc
+    if params.get("kind", names.KIND_GPU_SHARE_CONFIG) != names.KIND_GPU_SHARE_CONFIG:
+        return Share()
+    return Share(
+        memory=int(params["memory"]) if params.get("memory") is not None else None,
+        memory_percent=(
+            int(params["memoryPercent"]) if params.get("memoryPercent") is not None else None
+        ),
+        cores=int(params["cores"]) if params.get("cores") is not None else None,
+    )
 
 
 def share_policy(configs: Sequence[Mapping[str, Any]]) -> str | None:

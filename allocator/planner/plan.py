@@ -36,7 +36,9 @@ from dra_gateway.allocator.planner.search import (
 )
 from dra_gateway.allocator.planner.settings import POLICIES
 from dra_gateway.allocator.planner.state import ClusterState
-from dra_gateway.kube import names
+from dra_gateway.kube import names, objects
+from dra_gateway.kube.models import config_applies
+from dra_gateway.kube.shares import RecordedShare, encode_shares
 
 HAMI_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
 _HAMI_POLICIES = {"binpack": "binpack", "spread": "spread"}
@@ -61,8 +63,7 @@ class PodPlan:
 
 
 def _claim_label(claim: Mapping[str, Any]) -> str:
-    meta = claim.get("metadata") or {}
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    return "/".join(objects.namespace_name(claim))
 
 
 def _pinned_node(allocation: Mapping[str, Any]) -> set[str] | None:
@@ -84,8 +85,7 @@ def resolve_policy(state: ClusterState, pod: Mapping[str, Any], demands: Sequenc
         named = share_policy(demand.configs)
         if named in POLICIES:
             return named
-    annotation = ((pod.get("metadata") or {}).get("annotations") or {}).get(
-        HAMI_POLICY_ANNOTATION)
+    annotation = objects.annotations(pod).get(HAMI_POLICY_ANNOTATION)
     if annotation in _HAMI_POLICIES:
         return _HAMI_POLICIES[annotation]
     if policy in POLICIES:
@@ -100,8 +100,7 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     terms), and the claims' requests, selectors, constraints and configs. Policy precedence:
     GpuShareConfig.policy of the claim, then pod annotation hami.io/gpu-scheduler-policy
     (binpack|spread), then `policy`, then settings.default_policy."""
-    meta = pod.get("metadata") or {}
-    pod_label = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    pod_label = "/".join(objects.namespace_name(pod))
     to_plan: list[tuple[Mapping[str, Any], str, ClaimDemand]] = []
     pinned: set[str] | None = None
     for claim in claims:
@@ -344,9 +343,9 @@ def _build_plan(state: ClusterState, node: str,
     for pick in outcome.picks:
         by_claim.setdefault(pick.claim, []).append(pick)
     for index, (claim, _, demand) in enumerate(to_plan):
-        uid = (claim.get("metadata") or {}).get("uid", "")
+        uid = objects.uid(claim)
         results: list[dict[str, Any]] = []
-        recorded: list[dict[str, Any]] = []
+        recorded: list[RecordedShare] = []
         class_requests: dict[str, list[str]] = {}
         resolved_memory: dict[str, int] = {}
         for n, pick in enumerate(by_claim.get(index, ())):
@@ -367,9 +366,9 @@ def _build_plan(state: ClusterState, node: str,
                     result["shareID"] = share_id
                     result["consumedCapacity"] = consumed
                 elif not pick.exclusive:
-                    recorded.append({"request": pick.result_name, "driver": device.driver,
-                                     "pool": device.pool, "device": device.name,
-                                     "shareID": share_id, "consumedCapacity": consumed})
+                    recorded.append(RecordedShare(
+                        request=pick.result_name, driver=device.driver, pool=device.pool,
+                        device=device.name, share_id=share_id, consumed_capacity=consumed))
             results.append(result)
             names_ = class_requests.setdefault(alt.class_name, [])
             if pick.result_name not in names_:
@@ -392,8 +391,7 @@ def _build_plan(state: ClusterState, node: str,
         }
         allocations[uid] = allocation
         if recorded:
-            annotations[uid] = {names.ANNOTATION_SHARES: json.dumps(recorded,
-                                                                    separators=(",", ":"))}
+            annotations[uid] = {names.ANNOTATION_SHARES: encode_shares(recorded)}
     return PodPlan(node, allocations, annotations, None)
 
 
@@ -409,8 +407,7 @@ def _claim_configs(demand: ClaimDemand, resolved: Mapping[str, int]) -> list[dic
         percent = (opaque.get("driver") == names.DRIVER
                    and params.get("kind") == names.KIND_GPU_SHARE_CONFIG
                    and params.get("memoryPercent") is not None)
-        applies = [r for r in resolved if not targets or r in targets
-                   or r.split("/", 1)[0] in targets]
+        applies = [r for r in resolved if config_applies(targets, r)]
         if not percent or not applies:
             entry: dict[str, Any] = {"source": "FromClaim", "opaque": dict(opaque)}
             if targets:

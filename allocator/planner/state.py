@@ -28,8 +28,9 @@ from dra_gateway.allocator.planner.demand import ClaimDemand, compile_claim
 from dra_gateway.allocator.planner.devices import Device
 from dra_gateway.allocator.planner.scoring import Workload
 from dra_gateway.allocator.planner.settings import PlannerSettings
-from dra_gateway.kube import names
+from dra_gateway.kube import names, objects
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
+from dra_gateway.kube.shares import decode_shares, result_key, shares_by_result
 
 
 @dataclass(slots=True)
@@ -148,7 +149,7 @@ class ClusterState:
     # --- slices and classes -------------------------------------------------------------------
 
     def set_slice(self, obj: Mapping[str, Any]) -> None:
-        name = (obj.get("metadata") or {}).get("name", "")
+        name = objects.name(obj)
         old = self._slices.get(name)
         if old is not None:
             self._unindex_pool(old)
@@ -170,11 +171,11 @@ class ClusterState:
         pool = self._pool_of(obj)
         slices = self._pool_slices.get(pool)
         if slices is not None:
-            slices.discard((obj.get("metadata") or {}).get("name", ""))
+            slices.discard(objects.name(obj))
 
     def _reindex_pool(self, obj: Mapping[str, Any]) -> None:
         pool = self._pool_of(obj)
-        self._pool_slices.setdefault(pool, set()).add((obj.get("metadata") or {}).get("name", ""))
+        self._pool_slices.setdefault(pool, set()).add(objects.name(obj))
         self._rebuild_pool(pool)
 
     def _rebuild_pool(self, pool: tuple[str, str]) -> None:
@@ -239,7 +240,7 @@ class ClusterState:
     def set_device_class(self, obj: Mapping[str, Any]) -> None:
         from dra_gateway.kube import cel
 
-        name = (obj.get("metadata") or {}).get("name", "")
+        name = objects.name(obj)
         spec = obj.get("spec") or {}
         selectors: list[Any] = []
         expressions: list[str] = []
@@ -263,13 +264,12 @@ class ClusterState:
     # --- nodes and pods -----------------------------------------------------------------------
 
     def set_node(self, obj: Mapping[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        name = meta.get("name", "")
+        name = objects.name(obj)
         cpu, memory = kubefit.node_allocatable(obj)
         info = self.nodes.setdefault(name, NodeInfo(name))
         info.cpu, info.memory = cpu, memory
         info.taints = tuple(kubefit.node_taints(obj))
-        info.labels = dict(meta.get("labels") or {})
+        info.labels = dict(objects.labels(obj))
         info.known = True
         self._touch(name)
 
@@ -283,7 +283,7 @@ class ClusterState:
 
     def set_pod(self, obj: Mapping[str, Any]) -> None:
         """Count a pod's CPU and memory on its node once it is bound (spec.nodeName)."""
-        uid = (obj.get("metadata") or {}).get("uid", "")
+        uid = objects.uid(obj)
         node = (obj.get("spec") or {}).get("nodeName")
         if kubefit.pod_is_finished(obj):
             self.remove_pod(uid)
@@ -317,8 +317,7 @@ class ClusterState:
 
     def set_claim(self, obj: Mapping[str, Any]) -> None:
         """Record the claim's allocation, whoever wrote it; an unallocated claim holds nothing."""
-        meta = obj.get("metadata") or {}
-        uid = meta.get("uid", "")
+        uid = objects.uid(obj)
         allocation = (obj.get("status") or {}).get("allocation")
         if not allocation:
             old = self.claims.get(uid)
@@ -326,7 +325,7 @@ class ClusterState:
             if old is not None and not old.assumed:
                 self.remove_claim(uid)
             return
-        uses = self._uses_of(allocation, meta.get("annotations") or {})
+        uses = self._uses_of(allocation, objects.annotations(obj))
         self._put_claim(uid, ClaimRecord(uses, assumed=False))
 
     def remove_claim(self, uid: str) -> None:
@@ -352,26 +351,18 @@ class ClusterState:
 
     def _uses_of(self, allocation: Mapping[str, Any],
                  annotations: Mapping[str, str]) -> dict[tuple[str, str, str], Use]:
-        recorded: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
         raw = annotations.get(names.ANNOTATION_SHARES)
-        if raw:
-            try:
-                entries = json.loads(raw)
-            except ValueError:
-                entries = []
-            for entry in entries if isinstance(entries, list) else ():
-                if isinstance(entry, Mapping):
-                    recorded.setdefault(_result_key(entry), []).append(entry)
+        recorded = shares_by_result(decode_shares(raw)) if raw else {}
         uses: dict[tuple[str, str, str], Use] = {}
         results = ((allocation.get("devices") or {}).get("results")) or ()
         for result in results:
             key = _result_key(result)
             consumed_raw = result.get("consumedCapacity")
             share_id = result.get("shareID")
-            if consumed_raw is None and key in recorded:
-                entry = recorded[key].pop(0) if recorded[key] else {}
-                consumed_raw = entry.get("consumedCapacity")
-                share_id = entry.get("shareID")
+            entries = recorded.get(result_key(result)) if consumed_raw is None else None
+            if entries:
+                entry = entries.pop(0)
+                consumed_raw, share_id = entry.consumed_capacity, entry.share_id
             consumed: dict[str, int] = {}
             for cap_name, value in (consumed_raw or {}).items():
                 try:
@@ -404,7 +395,7 @@ class ClusterState:
         for uid, allocation in plan.allocations.items():
             uses = self._uses_of(allocation, plan.annotations.get(uid) or {})
             self._put_claim(uid, ClaimRecord(uses, assumed=True))
-        uid = (pod.get("metadata") or {}).get("uid", "")
+        uid = objects.uid(pod)
         if uid and uid not in self.pods:
             cpu, memory = kubefit.pod_requests(pod)
             self._put_pod(uid, PodRecord(plan.node_name, cpu, memory, assumed=True))
@@ -415,7 +406,7 @@ class ClusterState:
             record = self.claims.get(uid)
             if record is not None and record.assumed:
                 self.remove_claim(uid)
-        uid = (pod.get("metadata") or {}).get("uid", "")
+        uid = objects.uid(pod)
         record_pod = self.pods.get(uid)
         if record_pod is not None and record_pod.assumed:
             self.remove_pod(uid)

@@ -523,26 +523,14 @@ def human_bytes(amount: int | None) -> str:
     return str(amount)
 
 
-def _recorded_shares(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    from dra_gateway.kube import names
-
-    raw = ((claim.get("metadata") or {}).get("annotations") or {}).get(names.ANNOTATION_SHARES)
-    if not raw:
-        return []
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return []
-    return [d for d in data if isinstance(d, Mapping)] if isinstance(data, list) else []
-
-
 def claim_devices(claim: Mapping[str, Any], slices: Mapping[tuple[str, str, str], Any]
                   ) -> list[dict[str, Any]]:
     """Each allocated device with its node and the share of it the claim holds."""
     from dra_gateway.kube import names
+    from dra_gateway.kube.shares import recorded_shares, result_key
 
     allocation = (claim.get("status") or {}).get("allocation") or {}
-    recorded = _recorded_shares(claim)
+    recorded = recorded_shares(claim)
     devices: list[dict[str, Any]] = []
     for result in (allocation.get("devices") or {}).get("results") or []:
         key = (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
@@ -551,10 +539,8 @@ def claim_devices(claim: Mapping[str, Any], slices: Mapping[tuple[str, str, str]
                     ((published.get("device") or {}).get("capacity") or {}).items()}
         consumed = result.get("consumedCapacity")
         if consumed is None:
-            consumed = next((r.get("consumedCapacity") for r in recorded
-                             if (r.get("request"), r.get("driver"), r.get("pool"),
-                                 r.get("device"))
-                             == (result.get("request"), *key)), None)
+            consumed = next((r.consumed_capacity for r in recorded
+                             if r.key == result_key(result)), None)
         held = consumed if consumed is not None else capacity
         memory = _quantity_bytes(held.get("memory")) if held.get("memory") is not None else None
         cores = held.get("cores")
@@ -577,19 +563,13 @@ def claim_devices(claim: Mapping[str, Any], slices: Mapping[tuple[str, str, str]
 
 def _share_config(allocation: Mapping[str, Any], request: str) -> dict[str, Any]:
     """The GpuShareConfig parameters the allocation hands a request (later entries win)."""
-    from dra_gateway.kube import names
+    from dra_gateway.kube.models import share_parameters
 
-    merged: dict[str, Any] = {}
-    base = request.split("/", 1)[0]  # a firstAvailable result names "request/alternative"
-    for config in (allocation.get("devices") or {}).get("config") or []:
-        opaque = config.get("opaque") or {}
-        targets = config.get("requests") or []
-        if opaque.get("driver") == names.DRIVER and (
-                not targets or request in targets or base in targets):
-            params = opaque.get("parameters")
-            if isinstance(params, Mapping):
-                merged.update(params)
-    return merged
+    configs = (allocation.get("devices") or {}).get("config") or []
+    try:
+        return share_parameters(configs, request)
+    except ValueError:
+        return {}  # the node plugin refuses such a claim; the demo only shows what it can
 
 
 def describe_devices(devices: Sequence[Mapping[str, Any]]) -> str:
