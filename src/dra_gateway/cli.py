@@ -28,9 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     bench_parser = sub.add_parser("bench", help="benchmarks on the embedded default")
     bench = bench_parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    from dra_gateway import demo
+    from dra_gateway import demo, report
 
     demo.register(sub)
+    report.register(sub)
     for module in (kube_cli, translator_cli, webhook_cli, certs_cli, allocator_cli,
                    node_plugin_cli):
         module.register(sub, bench)

@@ -1,0 +1,238 @@
+"""What `dra-gateway report` shows, computed from plain objects: quotas, cards, slivers, waits.
+
+`build_report` takes the cluster's objects as lists of dicts (however they were read) and returns
+a JSON-ready dict: per namespace used and hard of each quota (counted from allocations, as the
+allocator counts them), per card who holds which share, fragmentation (free slivers of cards
+too small for the smallest pending request), and pending pods by reason. `render_table` and
+`render_html` draw it; the HTML is one self-contained page (inline CSS and SVG, no external
+assets). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dra_gateway.kube import names
+from dra_gateway.kube.quantity import QuantityError, parse_quantity
+from dra_gateway.policy.amounts import DeviceKey, charges_of, format_amount, requests_of
+from dra_gateway.policy.catalog import Catalog
+from dra_gateway.policy.quotas import QuotaLedger
+
+QUOTA_CONDITION = f"{names.DOMAIN}/QuotaExceeded"
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _devices(slices: Iterable[Mapping[str, Any]]) -> dict[DeviceKey, tuple[str, Mapping[str, Any]]]:
+    found: dict[DeviceKey, tuple[str, Mapping[str, Any]]] = {}
+    for slice_ in slices:
+        spec = slice_.get("spec") or {}
+        driver = str(spec.get("driver", ""))
+        pool = str((spec.get("pool") or {}).get("name", ""))
+        for device in spec.get("devices") or ():
+            found[(driver, pool, str(device.get("name", "")))] = (
+                str(spec.get("nodeName", "")), device)
+    return found
+
+
+def _capacity(device: Mapping[str, Any], name: str, default: int) -> int:
+    entry = (device.get("capacity") or {}).get(name) or {}
+    try:
+        return parse_quantity(entry.get("value", default)).value()
+    except (QuantityError, TypeError):
+        return default
+
+
+def _pending_reason(pod: Mapping[str, Any]) -> str:
+    for condition in (pod.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == QUOTA_CONDITION and condition.get("status") == "True":
+            return "QuotaExceeded"
+    gates = (pod.get("spec") or {}).get("schedulingGates") or ()
+    if any(g.get("name") == names.SCHEDULING_GATE for g in gates):
+        return "WaitingForAllocation"
+    return "Unschedulable"
+
+
+def build_report(*, claims: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]],
+                 pods: Iterable[Mapping[str, Any]], catalog: Catalog,
+                 templates: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    devices = _devices(slices)
+
+    def lookup(key: DeviceKey) -> Mapping[str, Any] | None:
+        found = devices.get(key)
+        return found[1] if found else None
+
+    ledger = QuotaLedger()
+    ledger.set_quotas(catalog.compiled_quotas())
+    holders: dict[DeviceKey, list[dict[str, Any]]] = {}
+    for claim in claims:
+        meta = _meta(claim)
+        charges = charges_of(claim, lookup)
+        ledger.set_claim(str(meta.get("uid") or meta.get("name")),
+                         str(meta.get("namespace", "")), charges)
+        owner = next((r.get("name") for r in meta.get("ownerReferences") or ()
+                      if r.get("kind") == "Pod"), None)
+        for charge in charges:
+            holders.setdefault(charge.key, []).append({
+                "namespace": meta.get("namespace", ""), "claim": meta.get("name", ""),
+                "pod": owner, "memory": charge.memory, "cores": charge.cores,
+                "whole": charge.whole})
+
+    quotas = []
+    for quota in ledger.quotas():
+        status = ledger.status(quota)
+        quotas.append({"namespace": quota.namespace, "name": quota.name, **status})
+
+    pending: list[dict[str, Any]] = []
+    template_requests = {(str(_meta(t).get("namespace", "")), str(_meta(t).get("name", ""))):
+                         requests_of((t.get("spec") or {}).get("spec") or {}) for t in templates}
+    smallest: tuple[int, int] | None = None
+    for pod in pods:
+        spec = pod.get("spec") or {}
+        if spec.get("nodeName") or (pod.get("status") or {}).get("phase") not in (None,
+                                                                                   "Pending"):
+            continue
+        gated = any(g.get("name") == names.SCHEDULING_GATE
+                    for g in spec.get("schedulingGates") or ())
+        if not gated:
+            continue
+        meta = _meta(pod)
+        pending.append({"namespace": meta.get("namespace", ""), "pod": meta.get("name", ""),
+                        "reason": _pending_reason(pod)})
+        for entry in spec.get("resourceClaims") or ():
+            shapes = template_requests.get((str(meta.get("namespace", "")),
+                                            str(entry.get("resourceClaimTemplateName", ""))))
+            for shape in shapes or ():
+                if shape.whole or shape.memory is None:
+                    continue
+                need = (shape.memory, shape.cores or 0)
+                smallest = need if smallest is None or need < smallest else smallest
+
+    cards = []
+    slivers = []
+    for key in sorted(devices, key=lambda k: (devices[k][0], k)):
+        node, device = devices[key]
+        if key[0] != names.DRIVER:
+            continue
+        memory = _capacity(device, names.CAPACITY_MEMORY, 0)
+        cores = _capacity(device, names.CAPACITY_CORES, names.CORES_PER_CARD)
+        held = holders.get(key, [])
+        free_memory = max(0, memory - sum(h["memory"] for h in held))
+        free_cores = max(0, cores - sum(h["cores"] for h in held))
+        product = ((device.get("attributes") or {}).get(names.ATTR_PRODUCT_NAME) or {}).get(
+            "string", "")
+        cards.append({"node": node, "pool": key[1], "device": key[2], "product": product,
+                      "memory": memory, "cores": cores, "free": {"memory": free_memory,
+                                                                 "cores": free_cores},
+                      "holders": held})
+        if held and (free_memory or free_cores) and smallest is not None and (
+                free_memory < smallest[0] or free_cores < smallest[1]):
+            slivers.append({"node": node, "device": key[2], "memory": free_memory,
+                            "cores": free_cores})
+    return {
+        "quotas": quotas,
+        "cards": cards,
+        "fragmentation": {
+            "smallestPending": None if smallest is None else
+            {"memory": smallest[0], "cores": smallest[1]},
+            "slivers": slivers,
+            "strandedMemory": sum(s["memory"] for s in slivers),
+        },
+        "pending": dict(sorted(Counter(p["reason"] for p in pending).items())),
+        "pendingPods": pending,
+        "policyErrors": list(catalog.errors),
+    }
+
+
+def render_table(report: Mapping[str, Any]) -> str:
+    lines = ["QUOTAS", f"{'NAMESPACE':<20} {'QUOTA':<24} {'USED / HARD'}"]
+    for q in report["quotas"]:
+        pairs = ", ".join(f"{f} {q['used'][f]}/{q['hard'][f]}" for f in q["hard"])
+        lines.append(f"{q['namespace']:<20} {q['name']:<24} {pairs}")
+    lines += ["", "CARDS", f"{'NODE':<20} {'DEVICE':<10} {'FREE MEMORY':>12} {'FREE CORES':>10} "
+              "HOLDERS"]
+    for card in report["cards"]:
+        who = ", ".join(f"{h['namespace']}/{h['pod'] or h['claim']} "
+                        f"({format_amount('memory', h['memory'])}, {h['cores']}%)"
+                        for h in card["holders"]) or "-"
+        lines.append(f"{card['node']:<20} {card['device']:<10} "
+                     f"{format_amount('memory', card['free']['memory']):>12} "
+                     f"{card['free']['cores']:>10} {who}")
+    frag = report["fragmentation"]
+    lines += ["", f"FRAGMENTATION: {len(frag['slivers'])} free slivers too small for the "
+              f"smallest pending share, "
+              f"{format_amount('memory', frag['strandedMemory'])} of memory stranded"]
+    pending = ", ".join(f"{reason}={count}" for reason, count in report["pending"].items())
+    lines += [f"PENDING: {pending or 'none'}"]
+    for error in report["policyErrors"]:
+        lines.append(f"POLICY ERROR: {error}")
+    return "\n".join(lines) + "\n"
+
+
+def _colour(namespace: str) -> str:
+    hue = int(hashlib.sha256(namespace.encode()).hexdigest()[:4], 16) % 360
+    return f"hsl({hue},65%,55%)"
+
+
+def render_html(report: Mapping[str, Any]) -> str:
+    """One self-contained page: nodes as rows, cards as boxes filled by memory (upper bar) and
+    compute (lower bar), each share coloured by its namespace."""
+    nodes: dict[str, list[Mapping[str, Any]]] = {}
+    for card in report["cards"]:
+        nodes.setdefault(card["node"], []).append(card)
+    width, height, gap = 90, 44, 8
+    rows = []
+    namespaces: set[str] = set()
+    for row, (node, cards) in enumerate(sorted(nodes.items())):
+        y = row * (height + gap) + 4
+        parts = [f'<text x="0" y="{y + 26}" class="n">{html.escape(node)}</text>']
+        for col, card in enumerate(cards):
+            x = 170 + col * (width + gap)
+            title = html.escape(f"{card['device']} {card['product']}")
+            parts.append(f'<rect x="{x}" y="{y}" width="{width}" height="{height}" '
+                         f'class="card"><title>{title}</title></rect>')
+            for bar, (field, total) in enumerate((("memory", card["memory"]),
+                                                  ("cores", card["cores"]))):
+                offset = 0.0
+                for holder in card["holders"]:
+                    namespaces.add(holder["namespace"])
+                    share = holder[field] / total if total else 0.0
+                    w = max(0.0, min(width - offset, share * width))
+                    tip = html.escape(f"{holder['namespace']}/{holder['pod'] or holder['claim']}"
+                                      f": {format_amount('memory', holder['memory'])}, "
+                                      f"{holder['cores']}% compute")
+                    parts.append(f'<rect x="{x + offset:.1f}" y="{y + 2 + bar * 21}" '
+                                 f'width="{w:.1f}" height="19" '
+                                 f'fill="{_colour(holder["namespace"])}"><title>{tip}</title>'
+                                 f'</rect>')
+                    offset += w
+        rows.append("".join(parts))
+    most = max((len(c) for c in nodes.values()), default=0)
+    svg_width = 170 + most * (width + gap)
+    svg_height = len(nodes) * (height + gap) + 8
+    legend = "".join(f'<span class="k" style="background:{_colour(ns)}"></span>'
+                     f"{html.escape(ns)} " for ns in sorted(namespaces))
+    quota_rows = "".join(
+        f"<tr><td>{html.escape(q['namespace'])}</td><td>{html.escape(q['name'])}</td><td>"
+        + ", ".join(f"{f} {q['used'][f]} / {q['hard'][f]}" for f in q["hard"]) + "</td></tr>"
+        for q in report["quotas"])
+    pending = ", ".join(f"{html.escape(r)}: {n}" for r, n in report["pending"].items())
+    return (
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>dra-gateway report</title>"
+        "<style>body{font-family:sans-serif;margin:1em}.card{fill:#f4f4f4;stroke:#999}"
+        ".n{font-size:12px}.k{display:inline-block;width:1em;height:1em;margin:0 .3em}"
+        "td,th{padding:.2em .8em;text-align:left}</style></head><body>"
+        "<h1>dra-gateway report</h1><h2>Quotas</h2><table><tr><th>Namespace</th><th>Quota"
+        f"</th><th>Used / hard</th></tr>{quota_rows}</table>"
+        "<h2>Cards</h2><p>Each card: memory (upper bar) and compute (lower bar) by namespace."
+        f"</p><p>{legend}</p>"
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{svg_width}" height="{svg_height}">'
+        f"{''.join(rows)}</svg>"
+        f"<h2>Pending pods</h2><p>{pending or 'none'}</p></body></html>\n")

@@ -1,0 +1,76 @@
+"""The report: usage against quota, who holds each card, slivers, pending pods, the picture."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from dra_gateway.kube import names
+from dra_gateway.policy.catalog import Catalog
+from dra_gateway.policy.report import QUOTA_CONDITION, build_report, render_html, render_table
+
+from .conftest import allocated, card, quota, share_spec
+
+
+def _slice() -> dict[str, Any]:
+    return {"spec": {"driver": names.DRIVER, "nodeName": "node-a",
+                     "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
+                     "devices": [card("gpu-0"), card("gpu-1")]}}
+
+
+def _claims() -> list[dict[str, Any]]:
+    first = allocated(share_spec("70Gi", 50), ("gpu-0", {"memory": "70Gi", "cores": "50"}))
+    first["metadata"].update(name="a", uid="a", ownerReferences=[{"kind": "Pod",
+                                                                  "name": "train-0"}])
+    second = allocated(share_spec("10Gi", 30), ("gpu-0", {"memory": "10Gi", "cores": "30"}),
+                       namespace="team-b")
+    second["metadata"].update(name="b", uid="b")
+    return [first, second]
+
+
+def _pending() -> tuple[dict[str, Any], dict[str, Any]]:
+    pod = {"metadata": {"name": "train-1", "namespace": "team-a"},
+           "spec": {"schedulingGates": [{"name": names.SCHEDULING_GATE}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+           "status": {"phase": "Pending", "conditions": [
+               {"type": QUOTA_CONDITION, "status": "True"}]}}
+    template = {"metadata": {"name": "t", "namespace": "team-a"},
+                "spec": {"spec": share_spec("20Gi", 30)}}
+    return pod, template
+
+
+def _report() -> dict[str, Any]:
+    pod, template = _pending()
+    return build_report(claims=_claims(), slices=[_slice()], pods=[pod], templates=[template],
+                        catalog=Catalog.build(quotas=[quota(memory="80Gi", cores=100)]))
+
+
+def test_the_report_counts_usage_holders_slivers_and_waits() -> None:
+    report = _report()
+    assert report["quotas"] == [{"namespace": "team-a", "name": "team-a-gpu",
+                                 "hard": {"memory": "80Gi", "cores": 100},
+                                 "used": {"memory": "70Gi", "cores": 50}}]
+    gpu0, gpu1 = report["cards"]
+    assert [(h["namespace"], h["pod"] or h["claim"]) for h in gpu0["holders"]] == [
+        ("team-a", "train-0"), ("team-b", "b")]
+    assert gpu0["free"] == {"memory": 0, "cores": 20}
+    assert gpu1["holders"] == []
+    # gpu-0 has 20% compute left and no memory: too small for the pending 20Gi share.
+    assert report["fragmentation"]["slivers"] == [{"node": "node-a", "device": "gpu-0",
+                                                   "memory": 0, "cores": 20}]
+    assert report["pending"] == {"QuotaExceeded": 1}
+
+
+def test_the_table_shows_used_over_hard() -> None:
+    table = render_table(_report())
+    assert "team-a               team-a-gpu               memory 70Gi/80Gi, cores 50/100" in table
+    assert "PENDING: QuotaExceeded=1" in table
+
+
+def test_the_html_is_self_contained_and_colours_shares_by_namespace() -> None:
+    page = render_html(_report())
+    assert re.findall(r'(?:src|href)="', page) == []
+    assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    fills = set(re.findall(r'fill="(hsl\([^"]+\))"', page))
+    assert len(fills) == 2  # team-a and team-b
+    assert "team-a/train-0: 70Gi, 50% compute" in page
