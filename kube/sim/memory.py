@@ -7,17 +7,20 @@ worded as the API server words them; generateName; the `/status` subresource; JS
 selectors; watches that replay a bounded history in order and expire with 410; dry run; the
 handful of validations the components depend on; and owner-reference garbage collection.
 
-It backs the tests, the benchmarks and, served by `server.py`, the embedded default. It must not
+It backs the tests, the benchmarks and, served by `server`, the embedded default. It must not
 do I/O, and it must never hand out or keep a reference a caller could mutate: objects are copied
 on the way in and on the way out. Every operation runs without awaiting between reading and
 writing state, so concurrent asyncio callers see each write as atomic.
+
+It words refusals through `errors`, applies patches through `patching`, checks writes through
+`validation` and hands watchers what `watching` lets them see; it is the store and its
+bookkeeping (versions, history, owners) only.
 
 Deliberate simplifications, each documented where it happens:
 - namespaces need not exist before objects are created in them, and deleting one leaves its
   contents alone;
 - pods are deleted at once (there is no kubelet to honour a grace period);
-- a strategic merge patch merges lists by key only for the fields listed in `_MERGE_KEYS`
-  (by field name, whatever the type) and unions `finalizers`; other lists are replaced;
+- a strategic merge patch merges only some lists by key (see `patching`);
 - garbage collection runs synchronously when an owner is deleted; dependents whose owners never
   existed are left alone.
 """
@@ -25,45 +28,37 @@ Deliberate simplifications, each documented where it happens:
 from __future__ import annotations
 
 import asyncio
-import re
 import secrets
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
-
-import jsonpatch  # type: ignore[import-untyped,unused-ignore]
-import orjson
+from typing import Any
 
 from dra_gateway.kube.cluster.port import (
-    AlreadyExists,
     ApiError,
     BadRequest,
-    Conflict,
     EventType,
     Expired,
-    Invalid,
     NotFound,
     Object,
     ObjectList,
     PatchType,
     WatchEvent,
 )
-from dra_gateway.kube.resources import (
-    NAMESPACES,
-    PODS,
-    RESOURCE_CLAIMS,
-    ResourceType,
-    by_kind,
+from dra_gateway.kube.resources import ResourceType, by_kind
+from dra_gateway.kube.sim.errors import (
+    FieldError,
+    already_exists,
+    conflict,
+    invalid,
+    not_found,
+    resource_name,
 )
-from dra_gateway.kube.sim.selectors import (
-    FieldSelector,
-    LabelSelector,
-    parse_field_selector,
-    parse_label_selector,
-)
+from dra_gateway.kube.sim.patching import apply_patch, copy_object
+from dra_gateway.kube.sim.selectors import parse_field_selector, parse_label_selector
+from dra_gateway.kube.sim.validation import prepare_create_status, validate_name, validate_update
+from dra_gateway.kube.sim.watching import Close, Event, Expire, Filter, Watch
 
 Key = tuple[str, str]  # (namespace or "", name)
 
@@ -71,9 +66,6 @@ DEFAULT_HISTORY = 1000
 # The alphabet and length Kubernetes uses for generateName suffixes (no vowels, no look-alikes).
 _SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _SUFFIX_LENGTH = 5
-_MAX_RESERVED_FOR = 256  # ResourceClaimReservedForMaxSize
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _RV_ON_CREATE = "resourceVersion should not be set on objects to be created"
 # Set by the API server, never taken from a client's update.
 _SYSTEM_METADATA = ("uid", "creationTimestamp", "deletionTimestamp",
@@ -88,343 +80,14 @@ def _timestamp(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def copy_object(obj: Any) -> Any:
-    """A deep copy of a JSON value (an orjson round trip: several times faster than deepcopy)."""
-    try:
-        return orjson.loads(orjson.dumps(obj))
-    except TypeError as exc:
-        raise BadRequest(f"the object is not valid JSON: {exc}") from None
-
-
 def _copy(obj: Object) -> Object:
     copied: Object = copy_object(obj)
     return copied
 
 
-def resource_name(rt: ResourceType) -> str:
-    """`pods` or `resourceclaims.resource.k8s.io`, as API server messages name a resource."""
-    return f"{rt.plural}.{rt.group}" if rt.group else rt.plural
-
-
-def kind_name(rt: ResourceType) -> str:
-    """`Pod` or `ResourceClaim.resource.k8s.io`, as Invalid messages name a kind."""
-    return f"{rt.kind}.{rt.group}" if rt.group else rt.kind
-
-
-def not_found(rt: ResourceType, name: str) -> NotFound:
-    message = f'{resource_name(rt)} "{name}" not found'
-    return NotFound(message, status=_status(NotFound, message, rt, name))
-
-
-def already_exists(rt: ResourceType, name: str) -> AlreadyExists:
-    message = f'{resource_name(rt)} "{name}" already exists'
-    return AlreadyExists(message, status=_status(AlreadyExists, message, rt, name))
-
-
-def conflict(rt: ResourceType, name: str, why: str | None = None) -> Conflict:
-    why = why or ("the object has been modified; please apply your changes to the latest "
-                  "version and try again")
-    message = f'Operation cannot be fulfilled on {resource_name(rt)} "{name}": {why}'
-    return Conflict(message, status=_status(Conflict, message, rt, name))
-
-
-@dataclass(frozen=True, slots=True)
-class FieldError:
-    """One cause of an Invalid response, worded like apimachinery's field.Error."""
-
-    field: str
-    kind: Literal["Invalid", "Forbidden", "Required", "Duplicate", "NotSupported"]
-    detail: str
-    value: Any = None
-
-    def __str__(self) -> str:
-        if self.kind == "Invalid":
-            return f"{self.field}: Invalid value: {_render(self.value)}: {self.detail}"
-        if self.kind == "Required":
-            return f"{self.field}: Required value" + (f": {self.detail}" if self.detail else "")
-        return f"{self.field}: {self.kind}: {self.detail}"
-
-    @property
-    def reason(self) -> str:
-        return {"Invalid": "FieldValueInvalid", "Forbidden": "FieldValueForbidden",
-                "Required": "FieldValueRequired", "Duplicate": "FieldValueDuplicate",
-                "NotSupported": "FieldValueNotSupported"}[self.kind]
-
-
-def _render(value: Any) -> str:
-    if isinstance(value, str):
-        return orjson.dumps(value).decode()
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-
-
-def invalid(rt: ResourceType, name: str, errors: list[FieldError]) -> Invalid:
-    joined = str(errors[0]) if len(errors) == 1 else "[" + ", ".join(map(str, errors)) + "]"
-    message = f'{kind_name(rt)} "{name}" is invalid: {joined}'
-    status = _status(Invalid, message, rt, name)
-    status["details"]["causes"] = [
-        {"reason": e.reason, "message": str(e).split(": ", 1)[1], "field": e.field}
-        for e in errors
-    ]
-    return Invalid(message, status=status)
-
-
-def _status(cls: type[ApiError], message: str, rt: ResourceType, name: str) -> dict[str, Any]:
-    details: dict[str, Any] = {"name": name, "kind": rt.plural}
-    if rt.group:
-        details["group"] = rt.group
-    if cls is Invalid:
-        details["kind"] = rt.kind
-    return {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-            "message": message, "reason": cls.reason, "details": details, "code": cls.code}
-
-
-# Patches ---------------------------------------------------------------------------------------
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch: maps merge recursively, null deletes, anything else replaces."""
-    if not isinstance(patch, dict):
-        return copy_object(patch)
-    result: dict[str, Any] = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-# Lists a strategic merge patch merges by key, by field name. Field names are not unique across
-# types in general, but they are for the types this project patches (pods, nodes, claims).
-_MERGE_KEYS: dict[str, str] = {
-    "containers": "name", "initContainers": "name", "ephemeralContainers": "name",
-    "env": "name", "volumes": "name", "volumeMounts": "mountPath", "ports": "containerPort",
-    "resourceClaims": "name", "schedulingGates": "name", "imagePullSecrets": "name",
-    "ownerReferences": "uid", "conditions": "type", "reservedFor": "uid",
-    "resourceClaimStatuses": "name", "taints": "key",
-}
-# Primitive lists with patchStrategy=merge: the patch's items are added to the existing ones.
-_MERGE_SETS = frozenset({"finalizers"})
-
-
-def strategic_merge_patch(target: Any, patch: Any) -> Any:
-    """A strategic merge patch limited to the list fields of `_MERGE_KEYS` and `_MERGE_SETS`.
-
-    Supports the `$patch: delete|replace` directives and `$deleteFromPrimitiveList/<field>`;
-    `$setElementOrder/<field>` and `$retainKeys` are accepted and ignored (order is kept as the
-    merge produces it).
-    """
-    if not isinstance(patch, dict):
-        return copy_object(patch)
-    if patch.get("$patch") == "replace":
-        return {k: copy_object(v) for k, v in patch.items() if k != "$patch"}
-    if patch.get("$patch") == "delete":
-        return None
-    result: dict[str, Any] = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if key.startswith("$setElementOrder/") or key in ("$retainKeys", "$patch"):
-            continue
-        if key.startswith("$deleteFromPrimitiveList/"):
-            name = key.split("/", 1)[1]
-            drop = set(value) if isinstance(value, list) else set()
-            if isinstance(result.get(name), list):
-                result[name] = [v for v in result[name] if v not in drop]
-            continue
-        if value is None:
-            result.pop(key, None)
-        elif isinstance(value, list) and key in _MERGE_KEYS and isinstance(result.get(key), list):
-            result[key] = _merge_keyed_list(result[key], value, _MERGE_KEYS[key])
-        elif isinstance(value, list) and key in _MERGE_SETS and isinstance(result.get(key), list):
-            merged = list(result[key])
-            merged.extend(v for v in value if v not in merged)
-            result[key] = merged
-        elif isinstance(value, dict):
-            merged_value = strategic_merge_patch(result.get(key), value)
-            if merged_value is None:
-                result.pop(key, None)
-            else:
-                result[key] = merged_value
-        else:
-            result[key] = copy_object(value)
-    return result
-
-
-def _merge_keyed_list(current: list[Any], patch: list[Any], merge_key: str) -> list[Any]:
-    merged = list(current)
-    for item in patch:
-        if not isinstance(item, dict) or merge_key not in item:
-            raise BadRequest(f"strategic merge patch: every item of a list merged by "
-                             f"'{merge_key}' needs a '{merge_key}' (found {_render(item)})")
-        position = next((i for i, have in enumerate(merged)
-                         if isinstance(have, dict) and have.get(merge_key) == item[merge_key]),
-                        None)
-        if item.get("$patch") == "delete":
-            if position is not None:
-                del merged[position]
-        elif position is None:
-            merged.append({k: copy_object(v) for k, v in item.items() if k != "$patch"})
-        else:
-            merged[position] = strategic_merge_patch(merged[position], item)
-    return merged
-
-
-def apply_patch(obj: Object, patch: Any, patch_type: PatchType) -> Object:
-    """The object after `patch`; BadRequest for a malformed patch, Invalid for a failed test."""
-    if patch_type == "json":
-        if not isinstance(patch, list):
-            raise BadRequest("a JSON patch (RFC 6902) must be a list of operations, "
-                             f"got {type(patch).__name__}")
-        try:
-            result = jsonpatch.JsonPatch(patch).apply(obj)
-        except jsonpatch.JsonPatchTestFailed as exc:
-            raise Invalid(f"the JSON patch test operation failed: {exc}") from None
-        except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, KeyError,
-                IndexError, TypeError, ValueError) as exc:
-            raise BadRequest(f"the JSON patch (RFC 6902) cannot be applied: {exc}") from None
-    elif patch_type in ("merge", "strategic"):
-        if not isinstance(patch, dict):
-            raise BadRequest(f"a {patch_type} patch must be a JSON object, "
-                             f"got {type(patch).__name__}")
-        merge = merge_patch if patch_type == "merge" else strategic_merge_patch
-        result = merge(obj, patch)
-    else:
-        raise BadRequest(f"unsupported patch type {patch_type!r}: use json, merge or strategic")
-    if not isinstance(result, dict):
-        raise BadRequest("the patch does not leave a JSON object")
-    return result
-
-
-# Validation ------------------------------------------------------------------------------------
-
-def _validate_name(rt: ResourceType, name: str) -> list[FieldError]:
-    pattern = _DNS_LABEL if rt is NAMESPACES else _DNS_SUBDOMAIN
-    limit = 63 if rt is NAMESPACES else 253
-    if len(name) > limit or not pattern.match(name):
-        what = "RFC 1123 label" if rt is NAMESPACES else "RFC 1123 subdomain"
-        chars = "'-'" if rt is NAMESPACES else "'-' or '.'"
-        return [FieldError("metadata.name", "Invalid",
-                           f"a lowercase {what} must consist of lower case alphanumeric "
-                           f"characters, {chars}, must start "
-                           f"and end with an alphanumeric character and be at most {limit} "
-                           "characters", name)]
-    return []
-
-
-def _validate_update(rt: ResourceType, old: Object, new: Object,
-                     subresource: str | None) -> list[FieldError]:
-    errors: list[FieldError] = []
-    old_meta, new_meta = old["metadata"], new["metadata"]
-    if old_meta.get("deletionTimestamp"):
-        added = [f for f in new_meta.get("finalizers") or []
-                 if f not in (old_meta.get("finalizers") or [])]
-        if added:
-            errors.append(FieldError(
-                "metadata.finalizers", "Forbidden",
-                f"no new finalizers can be added if the object is being deleted, found new "
-                f"finalizers {_render(added)}"))
-    if rt is RESOURCE_CLAIMS:
-        if subresource is None and new.get("spec") != old.get("spec"):
-            errors.append(FieldError("spec", "Invalid", "field is immutable", new.get("spec")))
-        old_status, new_status = old.get("status") or {}, new.get("status") or {}
-        old_alloc, new_alloc = old_status.get("allocation"), new_status.get("allocation")
-        if old_alloc is not None and new_alloc is not None and old_alloc != new_alloc:
-            errors.append(FieldError("status.allocation", "Invalid", "field is immutable",
-                                     new_alloc))
-        reserved = new_status.get("reservedFor") or []
-        if reserved and new_alloc is None:
-            errors.append(FieldError("status.reservedFor", "Forbidden",
-                                     "may not be specified when `allocated` is not set"))
-        if len(reserved) > _MAX_RESERVED_FOR:
-            errors.append(FieldError("status.reservedFor", "Invalid",
-                                     f"must have at most {_MAX_RESERVED_FOR} items",
-                                     len(reserved)))
-        if old["metadata"].get("deletionTimestamp"):
-            before = {r.get("uid") for r in old_status.get("reservedFor") or []}
-            if any(r.get("uid") not in before for r in reserved):
-                errors.append(FieldError("status.reservedFor", "Forbidden",
-                                         "new entries may not be added while "
-                                         "`deletionTimestamp` is set"))
-    if rt is PODS and subresource is None:
-        old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
-        old_gates = {g.get("name") for g in old_spec.get("schedulingGates") or []}
-        for i, gate in enumerate(new_spec.get("schedulingGates") or []):
-            if gate.get("name") not in old_gates:
-                errors.append(FieldError(
-                    f"spec.schedulingGates[{i}].name", "Forbidden",
-                    f"only deletion is allowed, but found new scheduling gate "
-                    f"'{gate.get('name')}'"))
-        if old_spec.get("resourceClaims") != new_spec.get("resourceClaims"):
-            errors.append(FieldError("spec.resourceClaims", "Invalid", "field is immutable",
-                                     new_spec.get("resourceClaims")))
-    return errors
-
-
-def _prepare_create_status(rt: ResourceType, obj: Object) -> None:
-    """Drop client-set status where the API server does (pods start Pending, claims empty)."""
-    if rt is PODS:
-        obj["status"] = {"phase": "Pending"}
-    elif rt is RESOURCE_CLAIMS:
-        obj.pop("status", None)
-    elif rt is NAMESPACES:
-        obj["status"] = {"phase": "Active"}
-
-
 def _spec_of(obj: Object) -> dict[str, Any]:
     """Everything generation counts: the object less metadata and status."""
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
-
-
-# Watches ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class _Event:
-    rv: int
-    type: EventType
-    obj: Object  # stored state: never mutated, copied before it leaves
-    old: Object | None  # the previous state, for selector transitions on MODIFIED
-
-
-class _Expire:
-    """Sentinel put in a watch queue by `expire_watches`."""
-
-
-class _Close:
-    """Sentinel put in a watch queue by `close`: the watch ends normally."""
-
-
-@dataclass(eq=False)
-class _Watch:
-    rt: ResourceType
-    queue: asyncio.Queue[_Event | _Expire | _Close] = field(default_factory=asyncio.Queue)
-
-
-@dataclass(frozen=True, slots=True)
-class _Filter:
-    namespace: str | None
-    labels: LabelSelector
-    fields: FieldSelector
-
-    def matches(self, obj: Object | None) -> bool:
-        if obj is None:
-            return False
-        meta = obj.get("metadata") or {}
-        if self.namespace is not None and meta.get("namespace") != self.namespace:
-            return False
-        return self.labels.matches(meta.get("labels")) and self.fields.matches(obj)
-
-    def translate(self, event: _Event) -> tuple[EventType, Object] | None:
-        """The event this watcher sees: objects moving in or out of the selection become
-        ADDED or DELETED, as the API server's watch cache reports them."""
-        now = self.matches(event.obj)
-        if event.type == "MODIFIED":
-            before = self.matches(event.old)
-            if now and before:
-                return "MODIFIED", event.obj
-            if now:
-                return "ADDED", event.obj
-            if before:
-                return "DELETED", event.obj
-            return None
-        return (event.type, event.obj) if now else None
 
 
 class MemoryCluster:
@@ -445,9 +108,9 @@ class MemoryCluster:
         # from, and "0" means "any version" to a watch.
         self._rv = 1
         self._store: dict[ResourceType, dict[Key, Object]] = {}
-        self._history: dict[ResourceType, deque[_Event]] = {}
+        self._history: dict[ResourceType, deque[Event]] = {}
         self._compacted: dict[ResourceType, int] = {}  # newest rv no longer in history
-        self._watches: set[_Watch] = set()
+        self._watches: set[Watch] = set()
         self._by_uid: dict[str, tuple[ResourceType, Key]] = {}
         self._dependents: dict[str, set[tuple[ResourceType, Key]]] = {}
 
@@ -478,7 +141,7 @@ class MemoryCluster:
             self.compact()
         ended = len(self._watches)
         for watch in self._watches:
-            watch.queue.put_nowait(_Expire())
+            watch.queue.put_nowait(Expire())
         return ended
 
     def compact(self) -> None:
@@ -522,7 +185,7 @@ class MemoryCluster:
     async def list(self, rt: ResourceType, *, namespace: str | None = None,
                    label_selector: str | None = None,
                    field_selector: str | None = None) -> ObjectList:
-        flt = _Filter(namespace if rt.namespaced else None,
+        flt = Filter(namespace if rt.namespaced else None,
                       parse_label_selector(label_selector),
                       parse_field_selector(field_selector, rt))
         store = self._store.get(rt, {})
@@ -540,7 +203,7 @@ class MemoryCluster:
         "0", the watch starts with an ADDED event per existing object, as the API server does.
         The iterator ends after `timeout_seconds`, and raises Expired if `expire_watches` runs.
         """
-        flt = _Filter(namespace if rt.namespaced else None,
+        flt = Filter(namespace if rt.namespaced else None,
                       parse_label_selector(label_selector),
                       parse_field_selector(field_selector, rt))
         start: int | None = None
@@ -554,7 +217,7 @@ class MemoryCluster:
                 raise BadRequest(f'invalid resourceVersion "{resource_version}"')
         return self._watch(rt, flt, start, timeout_seconds)
 
-    async def _watch(self, rt: ResourceType, flt: _Filter, start: int | None,
+    async def _watch(self, rt: ResourceType, flt: Filter, start: int | None,
                      timeout_seconds: float | None) -> AsyncIterator[WatchEvent]:
         loop = asyncio.get_running_loop()
         deadline = None if timeout_seconds is None else loop.time() + timeout_seconds
@@ -575,7 +238,7 @@ class MemoryCluster:
                     if seen is not None:
                         initial.append(seen)
             last = max(start, self._rv)
-        watch = _Watch(rt)
+        watch = Watch(rt)
         self._watches.add(watch)
         try:
             for type_, obj in initial:
@@ -592,9 +255,9 @@ class MemoryCluster:
                             item = await watch.queue.get()
                     except TimeoutError:
                         return
-                if isinstance(item, _Close):
+                if isinstance(item, Close):
                     return
-                if isinstance(item, _Expire):
+                if isinstance(item, Expire):
                     raise Expired(f"too old resource version: {last} ({self._rv})")
                 last = item.rv
                 seen = flt.translate(item)
@@ -618,7 +281,7 @@ class MemoryCluster:
         if not isinstance(name, str):
             raise invalid(rt, str(name), [FieldError("metadata.name", "Invalid",
                                                      "must be a string", name)])
-        errors = _validate_name(rt, name)
+        errors = validate_name(rt, name)
         if errors:
             raise invalid(rt, name, errors)
         if meta.get("resourceVersion") and not dry_run:
@@ -641,7 +304,7 @@ class MemoryCluster:
         meta["creationTimestamp"] = _timestamp(self._clock())
         meta["generation"] = 1
         if rt.has_status:
-            _prepare_create_status(rt, new)
+            prepare_create_status(rt, new)
         if dry_run:
             return new
         self._rv += 1
@@ -687,7 +350,7 @@ class MemoryCluster:
     async def close(self) -> None:
         """End every open watch normally; the stored objects stay readable."""
         for watch in self._watches:
-            watch.queue.put_nowait(_Close())
+            watch.queue.put_nowait(Close())
 
     # Internals (no awaits below: each public call is atomic on the event loop) --------------
 
@@ -792,7 +455,7 @@ class MemoryCluster:
                     result["status"] = old["status"]
                 else:
                     result.pop("status", None)
-        errors = _validate_update(rt, old, result, subresource)
+        errors = validate_update(rt, old, result, subresource)
         if errors:
             raise invalid(rt, name, errors)
         result_meta = result["metadata"]
@@ -870,7 +533,7 @@ class MemoryCluster:
                 self._dependents.setdefault(str(ref["uid"]), set()).add((rt, key))
 
     def _emit(self, rt: ResourceType, type_: EventType, obj: Object, old: Object | None) -> None:
-        event = _Event(self._rv, type_, obj, old)
+        event = Event(self._rv, type_, obj, old)
         history = self._history.get(rt)
         if history is None:
             history = self._history[rt] = deque()
@@ -882,19 +545,4 @@ class MemoryCluster:
                 watch.queue.put_nowait(event)
 
 
-__all__ = [
-    "DEFAULT_HISTORY",
-    "FieldError",
-    "MemoryCluster",
-    "already_exists",
-    "apply_patch",
-    "conflict",
-    "copy_object",
-    "invalid",
-    "kind_name",
-    "merge_patch",
-    "not_found",
-    "resource_name",
-    "strategic_merge_patch",
-]
-
+__all__ = ["DEFAULT_HISTORY", "MemoryCluster"]

@@ -36,7 +36,7 @@ from dra_gateway.kube.cluster.port import (
 from dra_gateway.kube.files import atomic_write
 from dra_gateway.kube.resources import ALL, ResourceType
 from dra_gateway.kube.sim.admission import Admission, AdmissionRequest
-from dra_gateway.kube.sim.memory import apply_patch, copy_object
+from dra_gateway.kube.sim.patching import apply_patch, copy_object
 
 log = logging.getLogger(__name__)
 
