@@ -43,6 +43,9 @@ def _token(text: str) -> str:
     return text
 
 
+_POLICY_KINDS = ("GPUQuota", "GPUSharingPolicy")
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
              bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this component's subcommands; handlers import their heavy modules themselves."""
@@ -60,6 +63,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        help="where to write the kubeconfig clients use")
     serve.add_argument("--seed", action="append", default=[], metavar="FILE",
                        help="YAML or JSON manifests to create at start (repeatable)")
+    serve.add_argument("--policies", action="append", default=[], metavar="FILE",
+                       help="GPUQuota and GPUSharingPolicy manifests to create at start, as the "
+                            "chart's CRDs serve them on a real cluster (repeatable)")
     auth = serve.add_mutually_exclusive_group()
     auth.add_argument("--token", default=None, type=_token,
                       help="bearer token clients must send (default: a random one, written "
@@ -141,7 +147,14 @@ async def _serve_async(args: argparse.Namespace) -> int:
 
     cluster = MemoryCluster(history=args.history)
     try:
-        seeded = await cluster.load(read_manifests(args.seed))
+        policies = read_manifests(args.policies)
+        for obj in policies:
+            if obj.get("kind") not in _POLICY_KINDS:
+                raise ManifestError(f"--policies takes {' and '.join(_POLICY_KINDS)} objects, "
+                                    f"got {obj.get('kind')} "
+                                    f"{(obj.get('metadata') or {}).get('name')}; give other "
+                                    f"objects with --seed")
+        seeded = await cluster.load(read_manifests(args.seed) + policies)
     except ManifestError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
