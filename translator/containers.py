@@ -1,0 +1,474 @@
+"""Planning one container: which rule translates it, and the device request it becomes.
+
+`plan_container` picks the rule by precedence among those the container's legacy resources
+trigger, evaluates the rule's CEL on the container's amounts and the pod's annotations, checks
+the results, and returns the DRA device request, its GpuShareConfig and constraints; or raises
+`Refused` with a message naming the container, the resources and the rule. `translate.py`
+assembles the pod's template and patch from these plans and caches them per request shape.
+
+Pure: no I/O, no logging, and the pod is never modified. It must not build patches or know
+where a container sits in the pod beyond its kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Final, Literal, NamedTuple
+
+import orjson
+
+from dra_gateway.kube import names
+from dra_gateway.kube.cel import CelError, Expression
+from dra_gateway.kube.models import ENFORCEMENTS, POLICY_NAMES, GpuShareConfig
+from dra_gateway.kube.quantity import Quantity, QuantityError
+from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
+from dra_gateway.translator.rules import (
+    CompiledRule,
+    RuleSet,
+    render_selector,
+    selector_values,
+)
+
+__all__ = [
+    "MAX_DEVICES_PER_CLAIM",
+    "ContainerPlan",
+    "Found",
+    "PodContext",
+    "Refusal",
+    "Refused",
+    "is_sidecar",
+    "plan_container",
+    "quote",
+    "refuse",
+]
+
+# resource.k8s.io/v1 AllocationResult.devices.results holds at most 32 devices: a claim that
+# asks for more can never be allocated, by the gateway or by the scheduler.
+MAX_DEVICES_PER_CLAIM: Final = 32
+_INT64_MAX: Final = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request that cannot be honoured. `message` names the container, resource and rule."""
+
+    message: str
+    container: str
+    resource: str
+    rule: str
+
+
+class Refused(Exception):
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerPlan:
+    """What one container becomes; independent of where the container sits in the pod."""
+
+    rule: str
+    request: dict[str, Any]
+    config: dict[str, Any] | None
+    constraints: tuple[dict[str, Any], ...]
+    gated: bool
+    warnings: tuple[str, ...]
+
+
+class Found(NamedTuple):
+    """A container that asks for legacy resources, and where it sits in the pod."""
+
+    key: str  # "initContainers" or "containers"
+    position: int  # its index in that list
+    container: Mapping[str, Any]
+    in_limits: tuple[str, ...]  # legacy names in resources.limits, in the pod's order
+    in_requests: tuple[str, ...]  # and in resources.requests
+
+    @property
+    def name(self) -> str:
+        return str(self.container.get("name", ""))
+
+    @property
+    def legacy(self) -> tuple[str, ...]:
+        """The legacy names it asks for, limits first (a refusal names these)."""
+        return self.in_limits or self.in_requests
+
+
+@dataclass(frozen=True, slots=True)
+class PodContext:
+    """What every container's translation reads from the pod besides the container itself."""
+
+    annotations: Mapping[str, str]
+    node_selector: Mapping[str, str]
+    namespace: str
+    extended: ExtendedResources | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Subject:
+    """Whose translation is under way: a refusal or a failed expression names these."""
+
+    rule: CompiledRule
+    container: str
+    resources: tuple[str, ...]
+
+    def refuse(self, message: str) -> Refused:
+        return refuse(message, container=self.container, resource=", ".join(self.resources),
+                      rule=self.rule.name)
+
+
+def is_sidecar(key: str, container: Mapping[str, Any]) -> bool:
+    return key == "initContainers" and container.get("restartPolicy") == "Always"
+
+
+def refuse(message: str, *, container: str, resource: str, rule: str,
+           name_rule: bool = True) -> Refused:
+    where = f" (rule {rule})" if rule and name_rule else ""
+    return Refused(Refusal(message=f"container {quote(container)}: {message}{where}",
+                           container=container, resource=resource, rule=rule))
+
+
+def quote(text: str) -> str:
+    return orjson.dumps(text).decode()
+
+
+def _whole_value(resource: str, *, subject: _Subject, limit: Any, request: Any) -> int:
+    """A legacy resource's value as a non-negative whole number (limits win, as upstream)."""
+    raw = limit if limit is not None else request
+    one = replace(subject, resources=(resource,))
+    try:
+        quantity = Quantity.parse(str(raw))
+        if limit is not None and request is not None and \
+                Quantity.parse(str(request)) != quantity:
+            raise one.refuse(f"{resource} has limit {limit} but request {request}; extended "
+                             "resources need equal values (or set only the limit)")
+    except QuantityError as exc:
+        raise one.refuse(f"{resource}: {exc}") from None
+    if quantity.sign() < 0:
+        raise one.refuse(f"{resource} is {raw}, a negative amount")
+    if not quantity.is_integer():
+        raise one.refuse(f"{resource} is {raw}, not a whole number; ask for whole units")
+    return quantity.value()
+
+
+def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
+                    warnings: list[str], uses: list[ExtendedResourceUse]) -> ContainerPlan | None:
+    name = found.name
+    ordered = sorted({*found.in_limits, *found.in_requests})
+    chosen = _choose_rule(found, ordered, context=context, rules=rules)
+    if chosen is None:
+        unmatched = ", ".join(ordered)
+        warnings.append(f"container {quote(name)}: {unmatched} matched no enabled rule's trigger; "
+                        "left unchanged")
+        return None
+
+    rule, activation = chosen
+    covered = [n for n in ordered if rule.claims(n)]
+    leftover = [n for n in ordered if n not in covered]
+    if leftover:
+        owners = sorted(rules.rules_for(leftover[0]), key=lambda r: (
+            leftover[0] not in r.triggers and not r.trigger_pattern, -r.precedence, r.name))
+        other = owners[0].name
+        raise refuse(f"{covered[0]} (rule {rule.name}) and {leftover[0]} (rule {other}) "
+                      "cannot be combined in one container; ask for one protocol per "
+                      "container", container=name, resource=f"{covered[0]}, {leftover[0]}",
+                      rule=rule.name, name_rule=False)
+    amounts = activation["r"]
+    if not any(amounts.get(n, amounts.get(f"{rule.pattern}*")) for n in covered
+               if rules.asks_for_devices(n)):
+        # Only zero amounts of what asks for cards (a hint such as a priority does not; a
+        # resource that triggers another rule does, such as nvidia.com/gpu: 1 beside a zero
+        # nvidia.com/gpucores): nothing to allocate, the container stays as it is.
+        return None
+    if context.extended and _defer(name, covered=covered, rule=rule,
+                                   extended=context.extended, warnings=warnings, uses=uses):
+        return None
+    subject = _Subject(rule=rule, container=name, resources=tuple(covered))
+    for index, (variable, expression) in enumerate(rule.variables):
+        activation[variable] = _evaluate(subject, f"variables[{index}]", expression, activation)
+    flags = _evaluate_all(subject, rule.refusal_batch,
+                          [(f"refuse[{i}].when", e) for i, (e, _) in enumerate(rule.refusals)],
+                          activation)
+    for flag, (_, message) in zip(flags, rule.refusals, strict=True):
+        if flag is True:
+            raise subject.refuse(message)
+    outputs = _outputs(subject, activation)
+    conditions = _evaluate_all(subject, rule.condition_batch, [
+        *((f"device.selectors[{i}].when", sel.when) for i, sel in enumerate(rule.selectors)),
+        *((f"device.constraints[{i}].when", con) for i, (_, con) in
+          enumerate(rule.constraints))], activation)
+    selectors = _selectors(subject, conditions[:len(rule.selectors)], activation)
+    request = {"name": name, "exactly": _exactly(rule, outputs, selectors)}
+
+    own_warnings: list[str] = []
+    config = None
+    if rule.gateway_class:
+        enforcement = outputs.enforcement or "none"
+        if enforcement not in ENFORCEMENTS:
+            raise subject.refuse(f"enforcement {quote(enforcement)} is not one of "
+                                 f"{', '.join(ENFORCEMENTS)}")
+        policy = outputs.policy or None
+        if policy is not None and policy not in POLICY_NAMES:
+            own_warnings.append(f"container {quote(name)}: policy {quote(policy)} is not one of "
+                                f"{', '.join(POLICY_NAMES)}; the cluster default applies")
+            policy = None
+        share = GpuShareConfig.model_validate({
+            "memory": outputs.memory or None, "memoryPercent": outputs.percent or None,
+            "cores": outputs.cores or None, "enforcement": enforcement, "policy": policy})
+        config = {"requests": [name],
+                  "opaque": {"driver": names.DRIVER, "parameters": share.to_parameters()}}
+    constraints = []
+    if outputs.count > 1:
+        for (attribute, _), holds in zip(rule.constraints, conditions[len(rule.selectors):],
+                                         strict=True):
+            if holds is True:
+                constraints.append({"requests": [name],
+                                    "matchAttribute": f"{rule.driver}/{attribute}"})
+    return ContainerPlan(rule=rule.name, request=request, config=config,
+                          constraints=tuple(constraints), gated=rule.gated,
+                          warnings=tuple(own_warnings))
+
+
+def _choose_rule(found: Found, ordered: list[str], *, context: PodContext,
+                 rules: RuleSet) -> tuple[CompiledRule, dict[str, Any]] | None:
+    """The rule that translates the container, by precedence, with the activation it sees:
+    the first whose trigger the container asks for and whose match conditions hold."""
+    candidates: dict[str, CompiledRule] = {}
+    for resource in ordered:
+        for rule in rules.rules_for(resource):
+            candidates.setdefault(rule.name, rule)
+    for rule in sorted(candidates.values(), key=lambda r: (-r.precedence, r.name)):
+        mine = [n for n in ordered if rule.claims(n)]
+        if not any(rule.triggered_by(n) for n in mine):
+            continue
+        if not _conditions_hold(rule, context.annotations, context.node_selector):
+            continue
+        subject = _Subject(rule=rule, container=found.name, resources=tuple(mine))
+        activation = _activation(subject, found=found, context=context)
+        if rule.when is not None and _evaluate(subject, "match.when", rule.when,
+                                               activation) is not True:
+            continue
+        return rule, activation
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Outputs:
+    """A rule's device outputs for one container, checked: per-card amounts and settings."""
+
+    count: int
+    memory: int  # bytes per card
+    percent: int  # memory as a percent of each card
+    cores: int  # percent of each card's compute
+    enforcement: str
+    policy: str
+
+
+def _outputs(subject: _Subject, activation: dict[str, Any]) -> _Outputs:
+    rule = subject.rule
+    values = _evaluate_all(subject, rule.output_batch, [
+        ("device.count", rule.count), ("device.memory", rule.memory),
+        ("device.memoryPercent", rule.memory_percent), ("device.cores", rule.cores),
+        ("device.enforcement", rule.enforcement), ("device.policy", rule.policy)], activation)
+    count, memory, percent, cores = (
+        _whole(subject, what, value) for what, value in
+        zip(("count", "memory", "memoryPercent", "cores"), values[:4], strict=True))
+    enforcement, policy = (
+        _text(subject, what, value) for what, value in
+        zip(("enforcement", "policy"), values[4:], strict=True))
+    resource = ", ".join(subject.resources)
+    if count < 1:
+        raise subject.refuse(f"{resource} gives a device count of {count}; at least 1 is needed")
+    if count > MAX_DEVICES_PER_CLAIM:
+        raise subject.refuse(
+            f"{resource} gives a device count of {count}; a DRA claim holds at most "
+            f"{MAX_DEVICES_PER_CLAIM} devices, so it could never be allocated; "
+            "split the work over several pods")
+    for label, value in (("memory share", percent), ("compute share", cores)):
+        if not 0 <= value <= names.CORES_PER_CARD:
+            raise subject.refuse(f"{resource} gives a {label} of {value}% of a card; a share "
+                                 "is 1 to 100 per card (ask for more cards instead)")
+    if memory < 0:
+        raise subject.refuse(f"{resource} gives negative memory")
+    if memory == 0 and percent in (0, 100) and cores in (0, 100):
+        percent = cores = 0  # the whole memory and compute of a card is a whole card
+    return _Outputs(count=count, memory=memory, percent=percent, cores=cores,
+                    enforcement=enforcement, policy=policy)
+
+
+def _exactly(rule: CompiledRule, outputs: _Outputs, selectors: list[str]) -> dict[str, Any]:
+    """The device request's `exactly` part: class, count, selectors and capacity."""
+    exactly: dict[str, Any] = {"deviceClassName": rule.class_name,
+                               "allocationMode": "ExactCount", "count": outputs.count}
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    memory, percent, cores = outputs.memory, outputs.percent, outputs.cores
+    capacity: dict[str, str] = {}
+    if memory:
+        capacity[names.CAPACITY_MEMORY] = str(Quantity.from_bytes(memory))
+    if cores:
+        capacity[names.CAPACITY_CORES] = str(cores)
+    if rule.gateway_class and (memory or percent or cores):
+        # A share states every capacity of the card: one it leaves out is consumed at the
+        # request policy's default, the whole card, and the share would hold the card alone.
+        # The smallest amount accounts for it; the GpuShareConfig (which leaves it out) says
+        # what is enforced.
+        if not cores:
+            capacity[names.CAPACITY_CORES] = "1"
+        if not memory and not percent:
+            capacity[names.CAPACITY_MEMORY] = str(Quantity.from_bytes(names.MEMORY_STEP))
+    if capacity:
+        exactly["capacity"] = {"requests": capacity}
+    return exactly
+
+
+def _defer(container: str, *, covered: list[str], rule: CompiledRule,
+           extended: ExtendedResources, warnings: list[str],
+           uses: list[ExtendedResourceUse]) -> bool:
+    """Whether the container is left to kube-scheduler: a DeviceClass declares one of the
+    resources its rule reads as spec.extendedResourceName, and the rule does not take it back.
+
+    The whole activation is deferred, companions included: kube-scheduler serves the declared
+    name, and translating the rest (HAMi's nvidia.com/gpumem without its nvidia.com/gpu) would
+    split one request between two allocators. A dra-gateway class declaring the name is no
+    exception: the administrator chose to have kube-scheduler allocate those devices (whole,
+    outside the gateway's allocator, which still counts them), and a per-pod translation would
+    contradict the class for some pods only; the warning says so.
+    """
+    declared = [(n, extended.classes_of(n)[0]) for n in covered if extended.classes_of(n)]
+    if not declared:
+        return False
+    action: Literal["deferred", "translated"] = (
+        "deferred" if rule.extended_resource_names == "defer" else "translated")
+    uses.extend(ExtendedResourceUse(container, n, device_class, rule.name, action,
+                                    tuple(covered)) for n, device_class in declared)
+    if action == "translated":
+        return False
+    resource, device_class = declared[0]
+    own = " (a dra-gateway class: no shares)" if device_class in names.GATEWAY_CLASSES else ""
+    warnings.append(
+        f"container {quote(container)}: {', '.join(covered)} left to kube-scheduler: DeviceClass "
+        f"{device_class}{own} declares {resource} (spec.extendedResourceName); "
+        f"extendedResourceNames: translate on rule {rule.name} would translate it")
+    return True
+
+
+def _conditions_hold(rule: CompiledRule, annotations: Mapping[str, str],
+                     node_selector: Mapping[str, str]) -> bool:
+    for wanted, actual in ((rule.match_annotations, annotations),
+                           (rule.match_node_selector, node_selector)):
+        for key, value in wanted.items():
+            if key not in actual or (value is not None and actual[key] != value):
+                return False
+    return True
+
+
+def _activation(subject: _Subject, *, found: Found, context: PodContext) -> dict[str, Any]:
+    """The variables a rule's expressions see for one container (`BASE_VARIABLES`)."""
+    rule, container = subject.rule, subject.container
+    resources = found.container["resources"]
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    r = dict.fromkeys(rule.exact, 0)
+    wildcard = ""
+    pattern_names = []
+    for resource in subject.resources:
+        value = _whole_value(resource, subject=subject, limit=limits.get(resource),
+                             request=requests.get(resource))
+        scaled = value * rule.exact.get(resource, rule.pattern_factor)
+        if scaled > _INT64_MAX:
+            # Expressions compute in CEL's 64-bit integers; no device has that much anyway.
+            raise refuse(f"{resource} is {limits.get(resource, requests.get(resource))}, "
+                          "more than any device offers", container=container,
+                          resource=resource, rule=rule.name)
+        if resource in rule.exact:
+            r[resource] = scaled
+        else:
+            pattern_names.append(resource)
+            r[f"{rule.pattern}*"] = scaled
+            wildcard = resource[len(rule.pattern or ""):]
+    if rule.pattern is not None:
+        r.setdefault(f"{rule.pattern}*", 0)
+    if len(pattern_names) > 1:
+        raise refuse(f"{' and '.join(pattern_names)} cannot be combined in one container; "
+                      "one container asks for one kind", container=container,
+                      resource=", ".join(pattern_names), rule=rule.name)
+    annotations, node_selector = context.annotations, context.node_selector
+    keys = rule.annotations + tuple(rule.match_annotations)
+    kind = "sidecar" if is_sidecar(found.key, found.container) else (
+        "initContainer" if found.key == "initContainers" else "container")
+    return {
+        "r": r,
+        "container": {"name": container, "kind": kind},
+        "annotations": {k: annotations[k] for k in keys if k in annotations},
+        "nodeSelector": {k: node_selector[k] for k in rule.node_selector + tuple(
+            rule.match_node_selector) if k in node_selector},
+        "namespace": context.namespace,
+        "wildcard": wildcard,
+    }
+
+
+def _evaluate(subject: _Subject, what: str, expression: Any,
+              activation: dict[str, Any]) -> Any:
+    try:
+        return expression.evaluate(activation)
+    except CelError as exc:
+        resources = ", ".join(subject.resources)
+        raise subject.refuse(f"{what} could not be computed from {resources}: {exc}") from None
+
+
+def _evaluate_all(subject: _Subject, batch: Expression | None,
+                  singles: list[tuple[str, Expression | None]],
+                  activation: dict[str, Any]) -> list[Any]:
+    """Values of `singles` (None where absent) through one batched evaluation.
+
+    On an error the expressions are evaluated one by one so the refusal names the one that
+    failed.
+    """
+    if batch is None:
+        return []
+    try:
+        values = batch.evaluate(activation)
+    except CelError:
+        for what, expression in singles:
+            if expression is not None:
+                _evaluate(subject, what, expression, activation)
+        raise
+    if not isinstance(values, list) or len(values) != len(singles):
+        raise AssertionError(f"rule {subject.rule.name}: batched expression gave {values!r}")
+    return values
+
+
+def _whole(subject: _Subject, what: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise subject.refuse(f"device.{what} gave {value!r}, not a whole number")
+    return value
+
+
+def _text(subject: _Subject, what: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise subject.refuse(f"device.{what} gave {value!r}, not a string")
+    return value
+
+
+def _selectors(subject: _Subject, enabled: list[Any], activation: dict[str, Any]) -> list[str]:
+    rule = subject.rule
+    out = []
+    for index, (selector, on) in enumerate(zip(rule.selectors, enabled, strict=True)):
+        if on is not True:
+            continue
+        if selector.cel is not None:
+            out.append(selector.cel)
+            continue
+        value = _evaluate(subject, f"device.selectors[{index}].values", selector.values,
+                          activation)
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise subject.refuse(f"device.selectors[{index}].values gave {value!r}, not strings")
+        rendered = render_selector(selector, rule.driver, selector_values(selector, value))
+        if rendered is not None:
+            out.append(rendered)
+    return out
