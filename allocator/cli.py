@@ -48,9 +48,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
 
 
 def _run_controller(args: argparse.Namespace) -> int:
-    from dra_gateway.allocator import controller
+    from dra_gateway.allocator import process
 
-    return controller.main(args)
+    return process.main(args)
 
 
 def _run_bench(args: argparse.Namespace) -> int:

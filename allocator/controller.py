@@ -9,15 +9,16 @@ feeds them into the planner's `ClusterState`, and works through a queue of pods 
   its `status.allocation` is written through the `/status` subresource; only when every
   gateway claim of the pod is allocated is the gate removed, with a JSON patch that tests the
   gate's index and the pod's uid;
-- a claim carrying the finalizer is released (allocation cleared, then finalizer removed)
-  once every pod that owns or uses it is gone or finished, confirmed by reading the pod from
-  the API rather than trusting `reservedFor`, which is empty until binding.
+- a claim carrying the finalizer is handed to `release.ClaimReleaser` once a pod that owned
+  or used it is gone or finished (`index.ClaimIndex` knows which pods those are).
 
 Every write is optimistic (resourceVersion) and a conflict rereads and retries: an allocation
 found already set is accepted as it is, since the API allows it only to be cleared. A plan is
 `assume`d in the state while its writes are in flight so that concurrent workers never hand
 out the same share, and the writes are applied to the local mirror as soon as they succeed.
 Nothing is kept anywhere but in the API: a new leader rebuilds everything from a list.
+The process around it (flags, signals, leadership terms) is `process.py`; failures reach the
+pod as Events through `events.EventRecorder`.
 
 This module must not make placement decisions (the planner does) nor talk to Kubernetes other
 than through the cluster port.
@@ -25,26 +26,30 @@ than through the cluster port.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import copy
 import logging
-import os
-import signal
-import socket
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Literal
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+from dra_gateway.allocator.events import COMPONENT, EventRecorder, now
+from dra_gateway.allocator.index import ClaimIndex
 from dra_gateway.allocator.informer import Change, Informer
-from dra_gateway.allocator.leader import LeaderElector, LeaseSettings
-from dra_gateway.allocator.metrics import Metrics
+from dra_gateway.allocator.metrics import Metrics, Stats
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
+from dra_gateway.allocator.release import ClaimReleaser
+from dra_gateway.allocator.work import (
+    MAX_WRITE_ATTEMPTS,
+    ClaimKey,
+    Outcome,
+    PodKey,
+    WorkKey,
+    Write,
+)
 from dra_gateway.allocator.workqueue import WorkQueue
-from dra_gateway.kube import names
+from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.features import (
     detect_consumable_capacity,
     slices_show_consumable_capacity,
@@ -57,9 +62,16 @@ from dra_gateway.kube.cluster.port import (
     NotFound,
     Object,
 )
+from dra_gateway.kube.objects import (
+    controller_owner_uid,
+    has_finalizer,
+    is_allocated,
+    is_finished,
+    is_gated,
+    is_gateway_claim,
+)
 from dra_gateway.kube.resources import (
     DEVICE_CLASSES,
-    EVENTS,
     NODES,
     PODS,
     RESOURCE_CLAIMS,
@@ -68,12 +80,8 @@ from dra_gateway.kube.resources import (
 
 log = logging.getLogger(__name__)
 
-COMPONENT = "dra-gateway-allocator"
-EVENT_ALLOCATION_FAILED = "AllocationFailed"
-FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 # Pods that still exist and may still run: finished pods drop out of the watch (DELETED).
 LIVE_PODS_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
-_MAX_WRITE_ATTEMPTS = 8
 
 
 @dataclass(frozen=True)
@@ -100,153 +108,21 @@ class ControllerSettings:
     event_interval: float = 30.0
 
 
-@dataclass(frozen=True, slots=True)
-class PodKey:
-    namespace: str
-    name: str
-    uid: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimKey:
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-WorkKey = PodKey | ClaimKey
 _NO_PLAN = PodPlan(node_name=None, allocations={}, annotations={}, reason=None)
-Outcome = Literal["done", "retry", "wait"]
 
 
 class _Replan(Exception):
     """The world changed under a plan (claim allocated elsewhere, deleted): plan again."""
 
 
-# Object helpers --------------------------------------------------------------------------------
-
-def _meta(obj: Object) -> dict[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, dict) else {}
-
-
-def _uid(obj: Object) -> str:
-    return str(_meta(obj).get("uid") or "")
-
-
-def _rv(obj: Object) -> str:
-    return str(_meta(obj).get("resourceVersion") or "")
-
-
-def is_gated(pod: Object) -> bool:
-    gates = (pod.get("spec") or {}).get("schedulingGates") or []
-    return any(g.get("name") == names.SCHEDULING_GATE for g in gates)
-
-
-def is_allocated(claim: Object) -> bool:
-    return bool((claim.get("status") or {}).get("allocation"))
-
-
-def has_finalizer(obj: Object) -> bool:
-    return names.FINALIZER in (_meta(obj).get("finalizers") or [])
-
-
-def request_classes(claim: Object) -> set[str]:
-    """Device classes named by a claim's requests (exactly and firstAvailable)."""
-    classes: set[str] = set()
-    for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
-        exactly = request.get("exactly") or {}
-        if exactly.get("deviceClassName"):
-            classes.add(exactly["deviceClassName"])
-        for sub in request.get("firstAvailable") or []:
-            if sub.get("deviceClassName"):
-                classes.add(sub["deviceClassName"])
-    return classes
-
-
-def is_gateway_claim(claim: Object) -> bool:
-    return bool(request_classes(claim) & names.GATEWAY_CLASSES)
-
-
-def controller_owner_uid(obj: Object) -> str | None:
-    for ref in _meta(obj).get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1":
-            return str(ref.get("uid") or "") or None
-    return None
-
-
-def _owner_and_reserved(claim: Object) -> set[str]:
-    uids = set()
-    owner = controller_owner_uid(claim)
-    if owner:
-        uids.add(owner)
-    for reserved in (claim.get("status") or {}).get("reservedFor") or []:
-        if reserved.get("resource") == "pods" and reserved.get("uid"):
-            uids.add(str(reserved["uid"]))
-    return uids
-
-
-def claim_names_of(pod: Object) -> set[str]:
-    """Names of the claims a pod refers to, directly or through its claim statuses."""
-    found: set[str] = set()
-    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
-        if ref.get("resourceClaimName"):
-            found.add(str(ref["resourceClaimName"]))
-    for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
-        if status.get("resourceClaimName"):
-            found.add(str(status["resourceClaimName"]))
-    return found
-
-
-def allocation_node(allocation: Object) -> str | None:
-    """The node a node-local allocation names (`matchFields metadata.name In [node]`)."""
-    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
-        for requirement in term.get("matchFields") or []:
-            if (requirement.get("key") == "metadata.name" and requirement.get("operator") == "In"
-                    and len(requirement.get("values") or []) == 1):
-                return str(requirement["values"][0])
-    return None
-
-
 def _node_fit(node: Object) -> tuple[Any, ...]:
     """What placement may read of a Node: labels, spec (taints, unschedulable), resources."""
     status = node.get("status") or {}
-    return (_meta(node).get("labels"), node.get("spec"), status.get("allocatable"),
+    return (objects.meta(node).get("labels"), node.get("spec"), status.get("allocatable"),
             status.get("capacity"))
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 # The controller ---------------------------------------------------------------------------------
-
-@dataclass
-class _EventRecord:
-    name: str
-    message: str
-    count: int  # failures seen
-    written_count: int  # the count the API has
-    written_at: float  # monotonic time of the last write
-
-
-@dataclass
-class _Stats:
-    """What tests and logs want to know about a running controller."""
-    plans: int = 0
-    pods_ungated: int = 0
-    claims_allocated: int = 0
-    claims_released: int = 0
-    conflicts: int = 0
-    failures: int = 0
-    errors: int = 0
-    started: float = field(default_factory=time.monotonic)
-
 
 class Controller:
     """One leader's worth of allocation work; build a new one for each term of leadership."""
@@ -256,7 +132,7 @@ class Controller:
         self.cluster = cluster
         self.settings = settings or ControllerSettings()
         self.metrics = metrics or Metrics()
-        self.stats = _Stats()
+        self.stats = Stats()
         self.queue: WorkQueue[WorkKey] = WorkQueue(base_delay=self.settings.base_delay,
                                                    max_delay=self.settings.max_delay)
         self.consumable_capacity: bool | None = self.settings.consumable_capacity
@@ -271,17 +147,15 @@ class Controller:
         self.pods = Informer(cluster, PODS, self._on_pod, field_selector=LIVE_PODS_SELECTOR,
                              watch_timeout=timeout)
         self.informers = (self.classes, self.nodes, self.slices, self.claims, self.pods)
-        # Indexes: which pods refer to a claim by name, and where a pod uid lives.
-        self._pod_by_uid: dict[str, tuple[str, str]] = {}
-        self._claim_users: dict[tuple[str, str], set[str]] = {}
-        self._claims_of_pod: dict[str, set[tuple[str, str]]] = {}
-        # Claims by the pods that own them or are in their reservedFor, and back.
-        self._pods_of_claim: dict[ClaimKey, set[str]] = {}
-        self._claims_by_pod: dict[str, set[ClaimKey]] = {}
+        self.index = ClaimIndex()
         # Pods that did not fit, each with the loop time before which no event replans it.
         self._unplaceable: dict[PodKey, float] = {}
         self._retry_handle: asyncio.TimerHandle | None = None
-        self._events: dict[str, _EventRecord] = {}
+        self.events = EventRecorder(cluster, instance=self.settings.identity or COMPONENT,
+                                    interval=self.settings.event_interval)
+        self.releaser = ClaimReleaser(cluster, claims=self.claims, pods=self.pods,
+                                      index=self.index, stats=self.stats, metrics=self.metrics,
+                                      observe=self._observe_writes)
         self._inflight: dict[str, PodPlan] = {}  # pod uid -> plan being written
         self._detected = asyncio.Event()
         self.ready = asyncio.Event()  # informers synced, workers running
@@ -377,7 +251,7 @@ class Controller:
             # Placed-but-unbound pods, and plans still being written, hold capacity too.
             self._refresh_placement(obj)
         for uid, plan in self._inflight.items():
-            where = self._pod_by_uid.get(uid)
+            where = self.index.pod_location(uid)
             pod = self.pods.get(*where) if where else None
             if pod is not None:
                 self.state.assume(pod, plan)
@@ -389,7 +263,7 @@ class Controller:
                 if isinstance(key, PodKey):
                     outcome = await self._sync_pod(key)
                 else:
-                    outcome = await self._sync_claim(key)
+                    outcome = await self.releaser.sync_claim(key)
             except asyncio.CancelledError:
                 self.queue.done(key)
                 raise
@@ -439,9 +313,8 @@ class Controller:
     # Informer handlers (synchronous: each runs atomically on the loop) -----------------------
 
     def _on_slice(self, change: Change, obj: Object, old: Object | None) -> None:
-        name = str(_meta(obj).get("name") or "")
         if change == "deleted":
-            self.state.remove_slice(name)
+            self.state.remove_slice(objects.name(obj))
         else:
             if not self._detected.is_set() and (obj.get("spec") or {}).get(
                     "driver") == names.DRIVER:
@@ -453,7 +326,7 @@ class Controller:
 
     def _on_class(self, change: Change, obj: Object, old: Object | None) -> None:
         if change == "deleted":
-            self.state.remove_device_class(str(_meta(obj).get("name") or ""))
+            self.state.remove_device_class(objects.name(obj))
         else:
             self.state.set_device_class(obj)
         self._capacity_changed()
@@ -464,72 +337,42 @@ class Controller:
             # unplaceable pod on each would bypass their backoff for as long as nodes report.
             return
         if change == "deleted":
-            self.state.remove_node(str(_meta(obj).get("name") or ""))
+            self.state.remove_node(objects.name(obj))
         else:
             self.state.set_node(obj)
         self._capacity_changed()
 
     def _on_pod(self, change: Change, obj: Object, old: Object | None) -> None:
-        uid = _uid(obj)
-        meta = _meta(obj)
-        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        uid = objects.uid(obj)
+        ns, name = objects.namespace_name(obj)
         if change == "deleted":
             self.state.remove_pod(uid)
-            self._pod_by_uid.pop(uid, None)
-            self._events.pop(uid, None)
+            self.events.forget(uid)
             self._unplaceable.pop(PodKey(ns, name, uid), None)
-            refs = self._claims_of_pod.pop(uid, set())
-            for ref in refs:
-                users = self._claim_users.get(ref)
-                if users is not None:
-                    users.discard(uid)
-                    if not users:
-                        del self._claim_users[ref]
-            self._release_claims_of(uid, refs, ns)
+            held = self.index.claims_of(uid)
+            self.index.remove_pod(uid)
+            self._release_claims(held)
             self._capacity_changed()
             return
         self.state.set_pod(obj)
-        self._pod_by_uid[uid] = (ns, name)
+        self.index.set_pod(obj)
         self._refresh_placement(obj)
-        refs = {(ns, claim) for claim in claim_names_of(obj)}
-        before = self._claims_of_pod.get(uid, set())
-        if refs != before:
-            for ref in before - refs:
-                users = self._claim_users.get(ref)
-                if users is not None:
-                    users.discard(uid)
-                    if not users:
-                        del self._claim_users[ref]
-            for ref in refs - before:
-                self._claim_users.setdefault(ref, set()).add(uid)
-            self._claims_of_pod[uid] = refs
         key = PodKey(ns, name, uid)
-        if is_gated(obj) and not meta.get("deletionTimestamp"):
+        if is_gated(obj) and not objects.is_deleting(obj):
             self._wake(key)
         else:
             self._unplaceable.pop(key, None)
-        if (obj.get("status") or {}).get("phase") in FINISHED_PHASES:
-            self._release_claims_of(uid, refs, ns)
+        if is_finished(obj):
+            self._release_claims(self.index.claims_of(uid))
 
     def _on_claim(self, change: Change, obj: Object, old: Object | None) -> None:
-        meta = _meta(obj)
-        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-        key = ClaimKey(ns, name)
-        for uid in self._pods_of_claim.pop(key, set()):
-            keys = self._claims_by_pod.get(uid)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self._claims_by_pod[uid]
+        key = ClaimKey(*objects.namespace_name(obj))
         if change == "deleted":
-            self.state.remove_claim(_uid(obj))
+            self.index.remove_claim(key)
+            self.state.remove_claim(objects.uid(obj))
         else:
+            self.index.set_claim(obj)
             self.state.set_claim(obj)
-            pods = _owner_and_reserved(obj)
-            if pods:
-                self._pods_of_claim[key] = pods
-                for uid in pods:
-                    self._claims_by_pod.setdefault(uid, set()).add(key)
             if has_finalizer(obj):
                 self.queue.add(key)
         was_allocated = old is not None and is_allocated(old)
@@ -537,8 +380,8 @@ class Controller:
             self._capacity_changed()
         # Gated pods waiting for this claim (to appear, or to be planned again), and the
         # CPU and memory of unbound pods placed through it.
-        for uid in self._users_of(obj):
-            where = self._pod_by_uid.get(uid)
+        for uid in self.index.users_of(obj):
+            where = self.index.pod_location(uid)
             if where is None:
                 continue
             pod = self.pods.get(*where)
@@ -557,36 +400,27 @@ class Controller:
         """
         self.state.forget(pod, _NO_PLAN)  # drops only an assumed pod record
         spec = pod.get("spec") or {}
-        if spec.get("nodeName") or (pod.get("status") or {}).get("phase") in FINISHED_PHASES:
+        if spec.get("nodeName") or is_finished(pod):
             return
-        inflight = self._inflight.get(_uid(pod))
+        inflight = self._inflight.get(objects.uid(pod))
         node = inflight.node_name if inflight is not None else self._placed_on(pod)
         if node:
             self.state.assume(pod, PodPlan(node_name=node, allocations={}, annotations={},
                                            reason=None))
 
     def _placed_on(self, pod: Object) -> str | None:
-        ns = str(_meta(pod).get("namespace") or "")
-        for claim_name in sorted(claim_names_of(pod)):
+        ns = objects.namespace(pod)
+        for claim_name in sorted(objects.claim_names_of(pod)):
             claim = self.claims.get(ns, claim_name)
             if claim is None or not is_allocated(claim) or not is_gateway_claim(claim):
                 continue
-            node = allocation_node(claim["status"]["allocation"])
+            node = objects.allocation_node(claim["status"]["allocation"])
             if node:
                 return node
         return None
 
-    def _users_of(self, claim: Object) -> set[str]:
-        meta = _meta(claim)
-        uids = set(self._claim_users.get((str(meta.get("namespace") or ""),
-                                          str(meta.get("name") or "")), set()))
-        return uids | _owner_and_reserved(claim)
-
-    def _release_claims_of(self, pod_uid: str, refs: Iterable[tuple[str, str]],
-                           namespace: str) -> None:
+    def _release_claims(self, keys: Iterable[ClaimKey]) -> None:
         """Queue a release check for every claim a gone or finished pod used."""
-        keys = {ClaimKey(ns, name) for ns, name in refs}
-        keys |= self._claims_by_pod.get(pod_uid, set())
         for key in keys:
             claim = self.claims.get(key.namespace, key.name)
             if claim is not None and has_finalizer(claim):
@@ -633,8 +467,8 @@ class Controller:
 
     async def _sync_pod(self, key: PodKey) -> Outcome:
         pod = self.pods.get(key.namespace, key.name)
-        if pod is None or _uid(pod) != key.uid or not is_gated(pod) or _meta(pod).get(
-                "deletionTimestamp"):
+        if pod is None or objects.uid(pod) != key.uid or not is_gated(pod) or objects.is_deleting(
+                pod):
             self._unplaceable.pop(key, None)
             return "done"
         claims, waiting = self._claims_for(pod)
@@ -656,8 +490,7 @@ class Controller:
 
     def _claims_for(self, pod: Object) -> tuple[list[Object], list[str]]:
         """The pod's claims from the mirror, and what is still missing (as messages)."""
-        meta = _meta(pod)
-        ns = str(meta.get("namespace") or "")
+        ns = objects.namespace(pod)
         statuses = {str(s.get("name")): s.get("resourceClaimName")
                     for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
         claims: list[Object] = []
@@ -678,11 +511,11 @@ class Controller:
             if claim is None:
                 waiting.append(f"{pod_claim}: ResourceClaim {ns}/{claim_name} not found")
                 continue
-            if from_template and controller_owner_uid(claim) != _uid(pod):
+            if from_template and controller_owner_uid(claim) != objects.uid(pod):
                 waiting.append(f"{pod_claim}: ResourceClaim {ns}/{claim_name} is not owned by "
                                "this pod")
                 continue
-            if _meta(claim).get("deletionTimestamp"):
+            if objects.is_deleting(claim):
                 waiting.append(f"{pod_claim}: ResourceClaim {ns}/{claim_name} is being deleted")
                 continue
             claims.append(claim)
@@ -695,7 +528,7 @@ class Controller:
         # Its write lands (or fails) soon, and the claim's change requeues this pod.
         busy = {uid for other, plan in self._inflight.items() if other != key.uid
                 for uid in plan.allocations}
-        if any(_uid(c) in busy for c in pending):
+        if any(objects.uid(c) in busy for c in pending):
             log.debug("a claim of the pod is being allocated for another pod",
                       extra={"pod": str(key)})
             return "retry"
@@ -721,59 +554,56 @@ class Controller:
                 # together.
                 log.info("releasing a partial allocation to plan the pod's claims together",
                          extra={"pod": str(key), "reason": reason,
-                                "claims": [str(_meta(c).get("name")) for c in held]})
+                                "claims": [objects.name(c) for c in held]})
                 for claim in held:
-                    await self._release(claim, replanning=True)
+                    await self.releaser.release(claim, replanning=True)
                 return "retry"
             log.info("pod cannot be placed", extra={"pod": str(key), "reason": reason})
-            await self._record_failure(pod, reason)
+            await self.events.record_failure(pod, reason)
             return "retry"
         self._unplaceable.pop(key, None)
-        missing = [c for c in pending if _uid(c) not in plan.allocations]
+        missing = [c for c in pending if objects.uid(c) not in plan.allocations]
         if missing:
-            names_missing = ", ".join(str(_meta(c).get("name")) for c in missing)
+            names_missing = ", ".join(objects.name(c) for c in missing)
             raise RuntimeError(f"the planner placed pod {key} on {plan.node_name} without "
                                f"allocating claims {names_missing}")
-        writes: list[tuple[str, Object]] = []
+        writes: list[Write] = []
         self.state.assume(pod, plan)
         self._inflight[key.uid] = plan
         try:
-            for claim in sorted(pending, key=lambda c: str(_meta(c).get("name"))):
+            for claim in sorted(pending, key=lambda c: objects.name(c)):
                 await self._write_claim(claim, plan, writes)
         finally:
             # No await between these: the assumption becomes the written truth atomically.
             del self._inflight[key.uid]
             self.state.forget(pod, plan)
-            for base_rv, written in writes:
-                self._observe_claim(base_rv, written)
+            self._observe_claims(writes)
             live = self.pods.get(key.namespace, key.name)
-            if live is not None and _uid(live) == key.uid:
+            if live is not None and objects.uid(live) == key.uid:
                 self._refresh_placement(live)
         log.info("allocated", extra={"pod": str(key), "node": plan.node_name,
-                                     "claims": [str(_meta(c).get("name")) for c in pending]})
+                                     "claims": [objects.name(c) for c in pending]})
         return "done"
 
     async def _write_claim(self, claim: Object, plan: PodPlan,
-                           writes: list[tuple[str, Object]]) -> None:
+                           writes: list[Write]) -> None:
         """Finalizer and annotations, then status.allocation; conflicts reread and retry."""
-        uid = _uid(claim)
-        meta = _meta(claim)
-        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        uid = objects.uid(claim)
+        ns, name = objects.namespace_name(claim)
         # With binding conditions on (beta from 1.36) kube-scheduler fills a missing
         # allocationTimestamp at PreBind, and the API server refuses that change to an existing
         # allocation: the pod would never bind. Servers with the gates off drop the field.
-        allocation = {**plan.allocations[uid], "allocationTimestamp": _now()}
+        allocation = {**plan.allocations[uid], "allocationTimestamp": now()}
         annotations = plan.annotations.get(uid) or {}
         current = claim
-        for _attempt in range(_MAX_WRITE_ATTEMPTS):
-            if _uid(current) != uid or _meta(current).get("deletionTimestamp"):
+        for _attempt in range(MAX_WRITE_ATTEMPTS):
+            if objects.uid(current) != uid or objects.is_deleting(current):
                 raise _Replan(f"ResourceClaim {ns}/{name} was deleted or replaced")
             if is_allocated(current):
                 # Allocation is immutable once set: accept whoever wrote it.
                 raise _Replan(f"ResourceClaim {ns}/{name} was allocated meanwhile")
             try:
-                current_meta = _meta(current)
-                have = current_meta.get("annotations") or {}
+                have = objects.annotations(current)
                 if not has_finalizer(current) or any(have.get(k) != v
                                                      for k, v in annotations.items()):
                     updated = copy.deepcopy(current)
@@ -784,12 +614,12 @@ class Controller:
                     if annotations:
                         umeta["annotations"] = {**(umeta.get("annotations") or {}),
                                                 **annotations}
-                    base = _rv(current)
+                    base = objects.resource_version(current)
                     current = await self.cluster.update(RESOURCE_CLAIMS, updated, namespace=ns)
                     writes.append((base, current))
                 updated = copy.deepcopy(current)
                 updated["status"] = {**(updated.get("status") or {}), "allocation": allocation}
-                base = _rv(current)
+                base = objects.resource_version(current)
                 current = await self.cluster.update(RESOURCE_CLAIMS, updated, namespace=ns,
                                                     subresource="status")
                 writes.append((base, current))
@@ -806,18 +636,26 @@ class Controller:
             except NotFound as err:
                 raise _Replan(f"ResourceClaim {ns}/{name} was deleted") from err
         raise Conflict(f"ResourceClaim {ns}/{name} kept changing: gave up after "
-                       f"{_MAX_WRITE_ATTEMPTS} attempts")
+                       f"{MAX_WRITE_ATTEMPTS} attempts")
 
-    def _observe_claim(self, base_rv: str, written: Object) -> None:
-        """Apply our own write to the mirror unless the watch already brought it (or later)."""
-        stored = self.claims.get(*_ns_name(written))
-        if stored is not None and _rv(stored) == base_rv and _uid(stored) == _uid(written):
-            self.claims.observe_write(written)
+    def _observe_claims(self, writes: Sequence[Write]) -> None:
+        """Apply our own writes to the mirror unless the watch already brought them (or later)."""
+        for base_rv, written in writes:
+            stored = self.claims.get(*objects.namespace_name(written))
+            if (stored is not None and objects.resource_version(stored) == base_rv
+                    and objects.uid(stored) == objects.uid(written)):
+                self.claims.observe_write(written)
+
+    def _observe_writes(self, writes: Sequence[Write]) -> None:
+        """A release wrote claims: mirror the writes, and capacity may have freed up."""
+        self._observe_claims(writes)
+        if writes:
+            self._capacity_changed()
 
     async def _ungate(self, key: PodKey) -> Outcome:
         pod = self.pods.get(key.namespace, key.name)
-        for _attempt in range(_MAX_WRITE_ATTEMPTS):
-            if pod is None or _uid(pod) != key.uid:
+        for _attempt in range(MAX_WRITE_ATTEMPTS):
+            if pod is None or objects.uid(pod) != key.uid:
                 return "done"
             claims, waiting = self._claims_for(pod)
             gateway = [c for c in claims if is_gateway_claim(c)]
@@ -831,12 +669,12 @@ class Controller:
             # The gate cannot be put back: confirm with the API, not the mirror, that every
             # allocation is still there (a claim may have been wiped a moment ago).
             for claim in gateway:
-                ns, name = _ns_name(claim)
+                ns, name = objects.namespace_name(claim)
                 try:
                     fresh = await self.cluster.get(RESOURCE_CLAIMS, name, namespace=ns)
                 except NotFound:
                     return "retry"
-                if not is_allocated(fresh) or _uid(fresh) != _uid(claim):
+                if not is_allocated(fresh) or objects.uid(fresh) != objects.uid(claim):
                     return "retry"
             patch = [
                 {"op": "test", "path": "/metadata/uid", "value": key.uid},
@@ -861,270 +699,19 @@ class Controller:
             self.metrics.pods_allocated.inc()
             self._unplaceable.pop(key, None)
             log.info("scheduling gate removed", extra={
-                "pod": str(key), "claims": [str(_meta(c).get("name")) for c in gateway]})
+                "pod": str(key), "claims": [objects.name(c) for c in gateway]})
             return "done"
         raise Conflict(f"pod {key} kept changing while its scheduling gate was being removed")
-
-    async def _record_failure(self, pod: Object, message: str) -> None:
-        """A Warning Event on the pod, once per message (later repeats bump its count)."""
-        meta = _meta(pod)
-        uid, ns, name = _uid(pod), str(meta.get("namespace") or ""), str(meta.get("name"))
-        message = message[:1024]
-        now = _now()
-        record = self._events.get(uid)
-        try:
-            if record is not None and record.message == message:
-                record.count += 1
-                if time.monotonic() - record.written_at < self.settings.event_interval:
-                    return  # counted; written with a later repeat
-                await self.cluster.patch(EVENTS, record.name, {
-                    "count": record.count, "lastTimestamp": now}, namespace=ns)
-                record.written_count, record.written_at = record.count, time.monotonic()
-                return
-            event_name = f"{name}.{time.time_ns():x}"
-            event = {
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": event_name, "namespace": ns},
-                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name,
-                                   "namespace": ns, "uid": uid},
-                "reason": EVENT_ALLOCATION_FAILED, "message": message, "type": "Warning",
-                "source": {"component": COMPONENT},
-                "reportingComponent": COMPONENT,
-                "reportingInstance": self.settings.identity or COMPONENT,
-                "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-            }
-            await self.cluster.create(EVENTS, event, namespace=ns)
-            self._events[uid] = _EventRecord(event_name, message, 1, 1, time.monotonic())
-        except NotFound:
-            self._events.pop(uid, None)  # the event expired: the next failure creates one
-        except (ApiError, OSError, TimeoutError) as err:
-            # Events are advice to humans: failing to write one must not stop allocation.
-            log.warning("could not record an event", extra={"pod": f"{ns}/{name}",
-                                                            "error": str(err)})
-
-    # Claims: release -------------------------------------------------------------------------
-
-    async def _sync_claim(self, key: ClaimKey) -> Outcome:
-        claim = self.claims.get(key.namespace, key.name)
-        if claim is None or not has_finalizer(claim):
-            return "done"
-        if await self._in_use(claim):
-            return "done"
-        await self._release(claim)
-        return "done"
-
-    async def _in_use(self, claim: Object) -> bool:
-        """Is any pod that owns or uses the claim still there and not finished?"""
-        ns = str(_meta(claim).get("namespace") or "")
-        candidates: dict[str, str | None] = {}  # uid -> name when known
-        for uid in self._users_of(claim):
-            where = self._pod_by_uid.get(uid)
-            candidates[uid] = where[1] if where else None
-        for reserved in (claim.get("status") or {}).get("reservedFor") or []:
-            if reserved.get("resource") == "pods" and reserved.get("uid"):
-                candidates[str(reserved["uid"])] = str(reserved.get("name") or "") or None
-        owner_uid = controller_owner_uid(claim)
-        for ref in _meta(claim).get("ownerReferences") or []:
-            if ref.get("uid") == owner_uid:
-                candidates[str(owner_uid)] = str(ref.get("name") or "") or None
-        for uid, pod_name in candidates.items():
-            if pod_name is None:
-                continue  # a uid we cannot look up by name was never a pod we saw
-            live = self.pods.get(ns, pod_name)
-            if live is not None and _uid(live) == uid:
-                return True
-            # Not in the mirror: confirm with the API before releasing anything.
-            try:
-                pod = await self.cluster.get(PODS, pod_name, namespace=ns)
-            except NotFound:
-                continue
-            if _uid(pod) == uid and (pod.get("status") or {}).get(
-                    "phase") not in FINISHED_PHASES:
-                return True
-        return False
-
-    async def _release(self, claim: Object, *, replanning: bool = False) -> None:
-        meta = _meta(claim)
-        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-        current = claim
-        writes: list[tuple[str, Object]] = []
-        try:
-            for _attempt in range(_MAX_WRITE_ATTEMPTS):
-                try:
-                    if is_allocated(current) or (current.get("status") or {}).get(
-                            "reservedFor"):
-                        updated = copy.deepcopy(current)
-                        status = dict(updated.get("status") or {})
-                        # reservedFor and device status are only valid with an allocation.
-                        for stale in ("allocation", "reservedFor", "devices"):
-                            status.pop(stale, None)
-                        updated["status"] = status
-                        base = _rv(current)
-                        current = await self.cluster.update(RESOURCE_CLAIMS, updated,
-                                                            namespace=ns, subresource="status")
-                        writes.append((base, current))
-                        self.stats.claims_released += 1
-                        self.metrics.claims_released.inc()
-                    updated = copy.deepcopy(current)
-                    umeta = updated["metadata"]
-                    umeta["finalizers"] = [f for f in umeta.get("finalizers") or []
-                                           if f != names.FINALIZER]
-                    annotations = dict(umeta.get("annotations") or {})
-                    if annotations.pop(names.ANNOTATION_SHARES, None) is not None:
-                        umeta["annotations"] = annotations
-                    base = _rv(current)
-                    current = await self.cluster.update(RESOURCE_CLAIMS, updated, namespace=ns)
-                    writes.append((base, current))
-                    log.info("released", extra={"claim": f"{ns}/{name}"})
-                    return
-                except Conflict:
-                    self.stats.conflicts += 1
-                    self.metrics.conflicts.inc()
-                    current = await self.cluster.get(RESOURCE_CLAIMS, name, namespace=ns)
-                    if not has_finalizer(current):
-                        return
-                    if replanning:
-                        if (current.get("status") or {}).get("reservedFor"):
-                            return  # being bound after all: keep it
-                    elif await self._in_use(current):
-                        return  # a pod picked the claim up meanwhile
-        except NotFound:
-            return
-        finally:
-            for base_rv, written in writes:
-                self._observe_claim(base_rv, written)
-            if writes:
-                self._capacity_changed()
-        raise Conflict(f"ResourceClaim {ns}/{name} kept changing while being released")
 
     # Helpers ---------------------------------------------------------------------------------
 
     @staticmethod
     def _pod_key(pod: Object) -> PodKey:
-        meta = _meta(pod)
-        return PodKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""), _uid(pod))
+        return PodKey(*objects.namespace_name(pod), objects.uid(pod))
 
     @staticmethod
     def _claim_key(claim: Object) -> ClaimKey:
-        return ClaimKey(*_ns_name(claim))
-
-
-def _ns_name(obj: Object) -> tuple[str, str]:
-    meta = _meta(obj)
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
-
-
-# The process ------------------------------------------------------------------------------------
-
-def default_identity() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-async def run_allocator(cluster: Cluster, *, namespace: str, identity: str,
-                        settings: ControllerSettings | None = None,
-                        lease: LeaseSettings | None = None,
-                        metrics: Metrics | None = None,
-                        stop: asyncio.Event | None = None) -> None:
-    """Campaign for the Lease and run a fresh Controller in each term until `stop` is set."""
-    metrics = metrics or Metrics()
-    lease = lease or LeaseSettings(identity=identity, namespace=namespace)
-    base = settings or ControllerSettings()
-    settings = ControllerSettings(**{**base.__dict__, "identity": identity})
-    elector = LeaderElector(cluster, lease)
-
-    async def lead() -> None:
-        metrics.leader.set(1)
-        try:
-            # Every term starts from the API alone: nothing carries over from a lost term.
-            await Controller(cluster, settings, metrics=metrics).run()
-        finally:
-            metrics.leader.set(0)
-
-    campaign = asyncio.ensure_future(elector.run(lead))
-    if stop is None:
-        await campaign
-        return
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({campaign, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (campaign, stopping):
-            task.cancel()
-        await asyncio.gather(campaign, stopping, return_exceptions=True)
-    if campaign.done() and not campaign.cancelled() and campaign.exception() is not None:
-        raise campaign.exception()  # type: ignore[misc]
-
-
-def main(args: argparse.Namespace) -> int:
-    """`dra-gateway allocator`: run until SIGTERM or SIGINT; 0 on a clean stop."""
-    from dra_gateway.kube import logs
-
-    logs.configure()
-    try:
-        return asyncio.run(_main(args))
-    except KeyboardInterrupt:
-        return 130
-
-
-async def _main(args: argparse.Namespace) -> int:
-    from dra_gateway.allocator.planner import POLICIES
-
-    identity = args.identity or default_identity()
-    if args.policy not in POLICIES:
-        log.error("unknown scoring policy", extra={
-            "policy": args.policy, "fix": f"pass --policy with one of {', '.join(POLICIES)}"})
-        return 2
-    from dra_gateway.kube.cluster import ClusterConfigError
-
-    try:
-        cluster = await _connect(args)
-    except (ClusterConfigError, ApiError, OSError, ValueError) as err:
-        log.error("cannot reach the cluster", extra={
-            "cluster": args.cluster, "kubeconfig": args.kubeconfig, "error": str(err),
-            "fix": "check --kubeconfig (or KUBECONFIG) and that the API server is reachable"})
-        return 1
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    log.info("allocator starting", extra={"identity": identity, "leaseNamespace":
-                                          args.namespace, "policy": args.policy,
-                                          "cluster": args.cluster})
-    metrics = Metrics()
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            address = getattr(args, "metrics_address", None)
-            if address:
-                from dra_gateway.allocator.serving import serving
-
-                try:
-                    port = await stack.enter_async_context(serving(metrics, address))
-                except (ValueError, OSError) as err:
-                    log.error("cannot serve metrics", extra={
-                        "address": address, "error": str(err),
-                        "fix": "pass --metrics-address as HOST:PORT with a free port"})
-                    return 2
-                log.info("serving metrics", extra={"address": address, "port": port})
-            await run_allocator(cluster, namespace=args.namespace, identity=identity,
-                                settings=ControllerSettings(policy=args.policy),
-                                metrics=metrics, stop=stop)
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
-        await cluster.close()
-    log.info("allocator stopped", extra={"identity": identity})
-    return 0
-
-
-async def _connect(args: argparse.Namespace) -> Cluster:
-    from dra_gateway.kube.cluster import connect
-
-    if args.cluster == "memory":
-        log.warning("running against an in-process memory cluster: nothing else can reach it, "
-                    "so this only shows the allocator starting (smoke test)")
-    return await connect(args.cluster, args.kubeconfig)
+        return ClaimKey(*objects.namespace_name(claim))
 
 
 __all__ = [
@@ -1132,7 +719,4 @@ __all__ = [
     "Controller",
     "ControllerSettings",
     "PodKey",
-    "detect_consumable_capacity",
-    "main",
-    "run_allocator",
 ]

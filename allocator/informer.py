@@ -21,7 +21,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Literal
 
+from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import ApiError, Cluster, Expired, Object
+from dra_gateway.kube.objects import resource_version as _rv
+from dra_gateway.kube.objects import uid as _uid
 from dra_gateway.kube.resources import ResourceType
 
 log = logging.getLogger(__name__)
@@ -36,8 +39,7 @@ _SHORT_WATCH_SECONDS = 1.0
 
 
 def object_key(obj: Object) -> Key:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    return objects.namespace_name(obj)
 
 
 class Informer:
@@ -233,11 +235,3 @@ class Informer:
             self.handler("modified", obj, previous)
         if rv:
             self._resource_version = rv
-
-
-def _rv(obj: Object) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
-
-
-def _uid(obj: Object) -> str:
-    return str((obj.get("metadata") or {}).get("uid") or "")

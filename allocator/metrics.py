@@ -1,12 +1,30 @@
 """Prometheus metrics of the allocator controller, in a registry owned by one controller.
 
 A registry per instance (not the process-global default) so that tests and a restarted
-controller start from zero. This module only counts; it takes no decisions.
+controller start from zero; `Stats` are the same counts kept as plain numbers for tests and
+logs. This module only counts; it takes no decisions.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+@dataclass
+class Stats:
+    """What tests and logs want to know about a running controller."""
+
+    plans: int = 0
+    pods_ungated: int = 0
+    claims_allocated: int = 0
+    claims_released: int = 0
+    conflicts: int = 0
+    failures: int = 0
+    errors: int = 0
+    started: float = field(default_factory=time.monotonic)
 
 
 class Metrics:

@@ -21,9 +21,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dra_gateway.allocator.controller import ControllerSettings, run_allocator
+from dra_gateway.allocator.controller import ControllerSettings
 from dra_gateway.allocator.leader import LeaseSettings
 from dra_gateway.allocator.metrics import Metrics
+from dra_gateway.allocator.process import run_allocator
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.connect import connect
 from dra_gateway.kube.cluster.port import AlreadyExists, Cluster, Object

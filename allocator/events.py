@@ -1,0 +1,90 @@
+"""Warning Events on pods the allocator cannot place, with the API's own spam filter.
+
+One Event per pod and message: a repeat bumps its `count` and `lastTimestamp`, written at most
+once per interval; a new message starts a new Event. Events are advice to humans, so a failed
+write is logged and dropped: this module must never raise into the allocation path, nor decide
+anything about the pod.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from dra_gateway.kube import objects
+from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound, Object
+from dra_gateway.kube.resources import EVENTS
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "dra-gateway-allocator"
+EVENT_ALLOCATION_FAILED = "AllocationFailed"
+_MAX_MESSAGE = 1024
+
+
+def now() -> str:
+    """The API's timestamp format, in UTC to the second."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _EventRecord:
+    name: str
+    message: str
+    count: int  # failures seen
+    written_count: int  # the count the API has
+    written_at: float  # monotonic time of the last write
+
+
+class EventRecorder:
+    """The allocation failures of pods, as Warning Events; one recorder per controller."""
+
+    def __init__(self, cluster: Cluster, *, instance: str, interval: float) -> None:
+        self.cluster = cluster
+        self.instance = instance  # reportingInstance
+        self.interval = interval  # a repeat is written at most this often
+        self._events: dict[str, _EventRecord] = {}  # pod uid -> its current Event
+
+    def forget(self, pod_uid: str) -> None:
+        """The pod is gone: its Event expires on its own."""
+        self._events.pop(pod_uid, None)
+
+    async def record_failure(self, pod: Object, message: str) -> None:
+        """A Warning Event on the pod, once per message (later repeats bump its count)."""
+        uid, (ns, name) = objects.uid(pod), objects.namespace_name(pod)
+        message = message[:_MAX_MESSAGE]
+        stamp = now()
+        record = self._events.get(uid)
+        try:
+            if record is not None and record.message == message:
+                record.count += 1
+                if time.monotonic() - record.written_at < self.interval:
+                    return  # counted; written with a later repeat
+                await self.cluster.patch(EVENTS, record.name, {
+                    "count": record.count, "lastTimestamp": stamp}, namespace=ns)
+                record.written_count, record.written_at = record.count, time.monotonic()
+                return
+            event_name = f"{name}.{time.time_ns():x}"
+            event = {
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": event_name, "namespace": ns},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name,
+                                   "namespace": ns, "uid": uid},
+                "reason": EVENT_ALLOCATION_FAILED, "message": message, "type": "Warning",
+                "source": {"component": COMPONENT},
+                "reportingComponent": COMPONENT,
+                "reportingInstance": self.instance,
+                "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+            }
+            await self.cluster.create(EVENTS, event, namespace=ns)
+            self._events[uid] = _EventRecord(event_name, message, 1, 1, time.monotonic())
+        except NotFound:
+            self._events.pop(uid, None)  # the event expired: the next failure creates one
+        except (ApiError, OSError, TimeoutError) as err:
+            log.warning("could not record an event", extra={"pod": f"{ns}/{name}",
+                                                            "error": str(err)})
+
+
+__all__ = ["COMPONENT", "EVENT_ALLOCATION_FAILED", "EventRecorder", "now"]

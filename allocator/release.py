@@ -1,0 +1,138 @@
+"""Releasing a claim the allocator allocated, once no pod that owns or uses it is left.
+
+A claim carrying the allocator's finalizer is released (allocation, reservedFor and device
+status cleared through `/status`, then the finalizer and the shares annotation removed) once
+every pod that owns or uses it is gone or finished. That is confirmed by reading the pod from
+the API rather than trusting `reservedFor`, which stays empty until binding. Writes are
+optimistic; a conflict rereads the claim and checks again that it is still free.
+
+This module must not allocate or plan; it reports each write it made so that the controller
+can apply it to its mirror and retry pods waiting for room.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Sequence
+
+from dra_gateway.allocator.index import ClaimIndex
+from dra_gateway.allocator.informer import Informer
+from dra_gateway.allocator.metrics import Metrics, Stats
+from dra_gateway.allocator.work import MAX_WRITE_ATTEMPTS, ClaimKey, Outcome, Write
+from dra_gateway.kube import names, objects
+from dra_gateway.kube.cluster.port import Cluster, Conflict, NotFound, Object
+from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS
+
+log = logging.getLogger(__name__)
+
+WritesObserver = Callable[[Sequence[Write]], None]
+
+
+class ClaimReleaser:
+    def __init__(self, cluster: Cluster, *, claims: Informer, pods: Informer,
+                 index: ClaimIndex, stats: Stats, metrics: Metrics,
+                 observe: WritesObserver) -> None:
+        self.cluster = cluster
+        self.claims = claims
+        self.pods = pods
+        self.index = index
+        self.stats = stats
+        self.metrics = metrics
+        self.observe = observe  # called with every write made, also when a release fails
+
+    async def sync_claim(self, key: ClaimKey) -> Outcome:
+        claim = self.claims.get(key.namespace, key.name)
+        if claim is None or not objects.has_finalizer(claim):
+            return "done"
+        if await self.in_use(claim):
+            return "done"
+        await self.release(claim)
+        return "done"
+
+    async def in_use(self, claim: Object) -> bool:
+        """Is any pod that owns or uses the claim still there and not finished?"""
+        ns = objects.namespace(claim)
+        candidates: dict[str, str | None] = {}  # uid -> name when known
+        for uid in self.index.users_of(claim):
+            where = self.index.pod_location(uid)
+            candidates[uid] = where[1] if where else None
+        for reserved in objects.status(claim).get("reservedFor") or []:
+            if reserved.get("resource") == "pods" and reserved.get("uid"):
+                candidates[str(reserved["uid"])] = str(reserved.get("name") or "") or None
+        owner_uid = objects.controller_owner_uid(claim)
+        for ref in objects.owner_references(claim):
+            if ref.get("uid") == owner_uid:
+                candidates[str(owner_uid)] = str(ref.get("name") or "") or None
+        for uid, pod_name in candidates.items():
+            if pod_name is None:
+                continue  # a uid we cannot look up by name was never a pod we saw
+            live = self.pods.get(ns, pod_name)
+            if live is not None and objects.uid(live) == uid:
+                return True
+            # Not in the mirror: confirm with the API before releasing anything.
+            try:
+                pod = await self.cluster.get(PODS, pod_name, namespace=ns)
+            except NotFound:
+                continue
+            if objects.uid(pod) == uid and not objects.is_finished(pod):
+                return True
+        return False
+
+    async def release(self, claim: Object, *, replanning: bool = False) -> None:
+        """Clear the claim's allocation, then drop the finalizer (and the shares annotation).
+
+        `replanning`: the controller lets go of a partial allocation of a gated pod; a claim
+        that is being bound meanwhile (reservedFor set) is kept.
+        """
+        ns, name = objects.namespace_name(claim)
+        current = claim
+        writes: list[Write] = []
+        try:
+            for _attempt in range(MAX_WRITE_ATTEMPTS):
+                try:
+                    if objects.is_allocated(current) or objects.status(current).get(
+                            "reservedFor"):
+                        updated = copy.deepcopy(current)
+                        status = dict(updated.get("status") or {})
+                        # reservedFor and device status are only valid with an allocation.
+                        for stale in ("allocation", "reservedFor", "devices"):
+                            status.pop(stale, None)
+                        updated["status"] = status
+                        base = objects.resource_version(current)
+                        current = await self.cluster.update(RESOURCE_CLAIMS, updated,
+                                                            namespace=ns, subresource="status")
+                        writes.append((base, current))
+                        self.stats.claims_released += 1
+                        self.metrics.claims_released.inc()
+                    updated = copy.deepcopy(current)
+                    umeta = updated["metadata"]
+                    umeta["finalizers"] = [f for f in umeta.get("finalizers") or []
+                                           if f != names.FINALIZER]
+                    annotations = dict(umeta.get("annotations") or {})
+                    if annotations.pop(names.ANNOTATION_SHARES, None) is not None:
+                        umeta["annotations"] = annotations
+                    base = objects.resource_version(current)
+                    current = await self.cluster.update(RESOURCE_CLAIMS, updated, namespace=ns)
+                    writes.append((base, current))
+                    log.info("released", extra={"claim": f"{ns}/{name}"})
+                    return
+                except Conflict:
+                    self.stats.conflicts += 1
+                    self.metrics.conflicts.inc()
+                    current = await self.cluster.get(RESOURCE_CLAIMS, name, namespace=ns)
+                    if not objects.has_finalizer(current):
+                        return
+                    if replanning:
+                        if objects.status(current).get("reservedFor"):
+                            return  # being bound after all: keep it
+                    elif await self.in_use(current):
+                        return  # a pod picked the claim up meanwhile
+        except NotFound:
+            return
+        finally:
+            self.observe(writes)
+        raise Conflict(f"ResourceClaim {ns}/{name} kept changing while being released")
+
+
+__all__ = ["ClaimReleaser", "WritesObserver"]
