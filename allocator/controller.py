@@ -17,8 +17,15 @@ found already set is accepted as it is, since the API allows it only to be clear
 `assume`d in the state while its writes are in flight so that concurrent workers never hand
 out the same share, and the writes are applied to the local mirror as soon as they succeed.
 Nothing is kept anywhere but in the API: a new leader rebuilds everything from a list.
-The process around it (flags, signals, leadership terms) is `process.py`; failures reach the
-pod as Events through `events.EventRecorder`.
+Around it: `process.py` (flags, signals, leadership terms), `settings.py`, `work.py` (keys,
+outcomes), `index.py` (which pods use which claims), `claims.py` (a pod's claims from the
+mirror), `writes.py` (a claim's allocation, the gate's removal), `release.py`, `unplaceable.py`
+(when a pod that did not fit is planned again) and `events.py` (Warning Events).
+
+At about 560 lines this module is over the house's 500 for a reason: what is left (informer
+handlers, workers, the API's feature mode, and the pod's plan-write-ungate path) all reads and
+changes the same mirrors, planner state and in-flight plans, atomically between two awaits;
+split further, each part would take the whole controller as a parameter.
 
 This module must not make placement decisions (the planner does) nor talk to Kubernetes other
 than through the cluster port.
@@ -27,19 +34,20 @@ than through the cluster port.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from dra_gateway.allocator.events import COMPONENT, EventRecorder, now
+from dra_gateway.allocator.claims import claims_for
+from dra_gateway.allocator.events import COMPONENT, EventRecorder
 from dra_gateway.allocator.index import ClaimIndex
 from dra_gateway.allocator.informer import Change, Informer
 from dra_gateway.allocator.metrics import Metrics, Stats
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
 from dra_gateway.allocator.release import ClaimReleaser
+from dra_gateway.allocator.settings import ControllerSettings
+from dra_gateway.allocator.unplaceable import Unplaceable
 from dra_gateway.allocator.work import (
     MAX_WRITE_ATTEMPTS,
     ClaimKey,
@@ -49,6 +57,13 @@ from dra_gateway.allocator.work import (
     Write,
 )
 from dra_gateway.allocator.workqueue import WorkQueue
+from dra_gateway.allocator.writes import (
+    Replan,
+    gate_index,
+    remove_gate,
+    still_allocated,
+    write_allocation,
+)
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.features import (
     detect_consumable_capacity,
@@ -84,35 +99,7 @@ log = logging.getLogger(__name__)
 LIVE_PODS_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 
 
-@dataclass(frozen=True)
-class ControllerSettings:
-    policy: str = "default"
-    workers: int = 4
-    # Retry timings of the work queue: base * 2**failures, capped.
-    base_delay: float = 0.05
-    max_delay: float = 60.0
-    # Every key is requeued this often as a safety net against a missed event.
-    resync_period: float = 300.0
-    # When capacity frees up, unplaceable pods are retried after this pause (debounce).
-    retry_unplaceable_after: float = 0.2
-    # An event (capacity freed, the pod or its claims changed) brings an unplaceable pod's
-    # next plan forward to at most this long after its last one, never below its backoff: on
-    # a busy cluster events never stop, and planning a pod per event would burn the CPU on
-    # pods that cannot fit while delaying those that can.
-    unplaceable_retry_interval: float = 2.0
-    # None: detect whether the API server keeps consumable-capacity fields; True/False: force.
-    consumable_capacity: bool | None = None
-    identity: str = ""
-    watch_timeout: float = 300.0
-    # A repeated failure updates its Event's count at most this often (spam filter).
-    event_interval: float = 30.0
-
-
 _NO_PLAN = PodPlan(node_name=None, allocations={}, annotations={}, reason=None)
-
-
-class _Replan(Exception):
-    """The world changed under a plan (claim allocated elsewhere, deleted): plan again."""
 
 
 def _node_fit(node: Object) -> tuple[Any, ...]:
@@ -148,9 +135,9 @@ class Controller:
                              watch_timeout=timeout)
         self.informers = (self.classes, self.nodes, self.slices, self.claims, self.pods)
         self.index = ClaimIndex()
-        # Pods that did not fit, each with the loop time before which no event replans it.
-        self._unplaceable: dict[PodKey, float] = {}
-        self._retry_handle: asyncio.TimerHandle | None = None
+        self.unplaceable = Unplaceable(self.queue,
+                                       debounce=self.settings.retry_unplaceable_after,
+                                       retry_interval=self.settings.unplaceable_retry_interval)
         self.events = EventRecorder(cluster, instance=self.settings.identity or COMPONENT,
                                     interval=self.settings.event_interval)
         self.releaser = ClaimReleaser(cluster, claims=self.claims, pods=self.pods,
@@ -191,8 +178,7 @@ class Controller:
             await asyncio.gather(*tasks)
         finally:
             self.queue.shutdown()
-            if self._retry_handle is not None:
-                self._retry_handle.cancel()
+            self.unplaceable.close()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -305,7 +291,7 @@ class Controller:
     def _enqueue_everything(self) -> None:
         for pod in list(self.pods.values()):
             if is_gated(pod):
-                self._wake(self._pod_key(pod))
+                self.unplaceable.wake(self._pod_key(pod))
         for claim in list(self.claims.values()):
             if has_finalizer(claim):
                 self.queue.add(self._claim_key(claim))
@@ -322,14 +308,14 @@ class Controller:
                 if verdict is not None:
                     self._set_capacity_mode(verdict, "published slices")
             self.state.set_slice(obj)
-        self._capacity_changed()
+        self.unplaceable.capacity_changed()
 
     def _on_class(self, change: Change, obj: Object, old: Object | None) -> None:
         if change == "deleted":
             self.state.remove_device_class(objects.name(obj))
         else:
             self.state.set_device_class(obj)
-        self._capacity_changed()
+        self.unplaceable.capacity_changed()
 
     def _on_node(self, change: Change, obj: Object, old: Object | None) -> None:
         if change == "modified" and old is not None and _node_fit(old) == _node_fit(obj):
@@ -340,7 +326,7 @@ class Controller:
             self.state.remove_node(objects.name(obj))
         else:
             self.state.set_node(obj)
-        self._capacity_changed()
+        self.unplaceable.capacity_changed()
 
     def _on_pod(self, change: Change, obj: Object, old: Object | None) -> None:
         uid = objects.uid(obj)
@@ -348,20 +334,20 @@ class Controller:
         if change == "deleted":
             self.state.remove_pod(uid)
             self.events.forget(uid)
-            self._unplaceable.pop(PodKey(ns, name, uid), None)
+            self.unplaceable.discard(PodKey(ns, name, uid))
             held = self.index.claims_of(uid)
             self.index.remove_pod(uid)
             self._release_claims(held)
-            self._capacity_changed()
+            self.unplaceable.capacity_changed()
             return
         self.state.set_pod(obj)
         self.index.set_pod(obj)
         self._refresh_placement(obj)
         key = PodKey(ns, name, uid)
         if is_gated(obj) and not objects.is_deleting(obj):
-            self._wake(key)
+            self.unplaceable.wake(key)
         else:
-            self._unplaceable.pop(key, None)
+            self.unplaceable.discard(key)
         if is_finished(obj):
             self._release_claims(self.index.claims_of(uid))
 
@@ -377,7 +363,7 @@ class Controller:
                 self.queue.add(key)
         was_allocated = old is not None and is_allocated(old)
         if was_allocated and (change == "deleted" or not is_allocated(obj)):
-            self._capacity_changed()
+            self.unplaceable.capacity_changed()
         # Gated pods waiting for this claim (to appear, or to be planned again), and the
         # CPU and memory of unbound pods placed through it.
         for uid in self.index.users_of(obj):
@@ -389,7 +375,7 @@ class Controller:
                 continue
             self._refresh_placement(pod)
             if is_gated(pod):
-                self._wake(PodKey(where[0], where[1], uid))
+                self.unplaceable.wake(PodKey(where[0], where[1], uid))
 
     def _refresh_placement(self, pod: Object) -> None:
         """Count the CPU and memory of a pod that is placed but not yet bound.
@@ -426,42 +412,13 @@ class Controller:
             if claim is not None and has_finalizer(claim):
                 self.queue.add(key)
 
-    def _capacity_changed(self) -> None:
-        """Something freed or added capacity: give unplaceable pods another go, soon."""
-        if not self._unplaceable or self._retry_handle is not None:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # pragma: no cover - handlers always run on the loop
-            return
-        self._retry_handle = loop.call_later(self.settings.retry_unplaceable_after,
-                                             self._retry_unplaceable)
-
-    def _retry_unplaceable(self) -> None:
-        self._retry_handle = None
-        for key in list(self._unplaceable):
-            self._wake(key)
-
-    def _wake(self, key: PodKey) -> None:
-        """Queue a gated pod because something changed that may let it go on.
-
-        A pod that did not fit waits until its earliest next plan (`_unplaceable`) however
-        many events arrive meanwhile; any other pod is queued at once.
-        """
-        not_before = self._unplaceable.get(key)
-        if not_before is None:
-            self.queue.add(key)
-        else:
-            # An earlier pending retry (its backoff timer) is kept.
-            self.queue.add_after(key, not_before - asyncio.get_running_loop().time())
-
     def outstanding(self) -> set[WorkKey]:
         """Keys with work left, other than pods waiting for room: empty once caught up.
 
         Pods that do not fit come back on their backoff for as long as they wait; they are
         not work the controller owes the cluster, so they are left out.
         """
-        return {key for key in self.queue.pending() if key not in self._unplaceable}
+        return {key for key in self.queue.pending() if key not in self.unplaceable}
 
     # Pods: plan, write, ungate ---------------------------------------------------------------
 
@@ -469,9 +426,9 @@ class Controller:
         pod = self.pods.get(key.namespace, key.name)
         if pod is None or objects.uid(pod) != key.uid or not is_gated(pod) or objects.is_deleting(
                 pod):
-            self._unplaceable.pop(key, None)
+            self.unplaceable.discard(key)
             return "done"
-        claims, waiting = self._claims_for(pod)
+        claims, waiting = claims_for(pod, self.claims.get)
         if waiting:
             # The claim controller has not created them yet: their arrival requeues the pod.
             log.debug("waiting for claims", extra={"pod": str(key), "waitingFor": waiting})
@@ -481,45 +438,12 @@ class Controller:
         if pending:
             try:
                 outcome = await self._allocate(key, pod, gateway, pending)
-            except _Replan as why:
+            except Replan as why:
                 log.info("planning again", extra={"pod": str(key), "why": str(why)})
                 return "retry"
             if outcome != "done":
                 return outcome
         return await self._ungate(key)
-
-    def _claims_for(self, pod: Object) -> tuple[list[Object], list[str]]:
-        """The pod's claims from the mirror, and what is still missing (as messages)."""
-        ns = objects.namespace(pod)
-        statuses = {str(s.get("name")): s.get("resourceClaimName")
-                    for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
-        claims: list[Object] = []
-        waiting: list[str] = []
-        for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
-            pod_claim = str(ref.get("name") or "")
-            claim_name = ref.get("resourceClaimName")
-            from_template = not claim_name
-            if from_template:
-                if pod_claim not in statuses:
-                    waiting.append(f"{pod_claim}: claim from template "
-                                   f"{ref.get('resourceClaimTemplateName')} not created yet")
-                    continue
-                claim_name = statuses[pod_claim]
-                if not claim_name:
-                    continue  # the claim controller decided no claim is needed
-            claim = self.claims.get(ns, str(claim_name))
-            if claim is None:
-                waiting.append(f"{pod_claim}: ResourceClaim {ns}/{claim_name} not found")
-                continue
-            if from_template and controller_owner_uid(claim) != objects.uid(pod):
-                waiting.append(f"{pod_claim}: ResourceClaim {ns}/{claim_name} is not owned by "
-                               "this pod")
-                continue
-            if objects.is_deleting(claim):
-                waiting.append(f"{pod_claim}: ResourceClaim {ns}/{claim_name} is being deleted")
-                continue
-            claims.append(claim)
-        return claims, waiting
 
     async def _allocate(self, key: PodKey, pod: Object, gateway: list[Object],
                         pending: list[Object]) -> Outcome:
@@ -541,8 +465,7 @@ class Controller:
             self.metrics.allocation_failures.inc()
             # The worker requeues it after its backoff; events may bring that forward to the
             # retry interval, no further.
-            wait = min(self.queue.next_delay(key), self.settings.unplaceable_retry_interval)
-            self._unplaceable[key] = asyncio.get_running_loop().time() + wait
+            self.unplaceable.failed(key)
             reason = plan.reason or "no node can hold every claim of the pod"
             held = [c for c in gateway
                     if is_allocated(c) and has_finalizer(c) and controller_owner_uid(c) == key.uid
@@ -561,7 +484,7 @@ class Controller:
             log.info("pod cannot be placed", extra={"pod": str(key), "reason": reason})
             await self.events.record_failure(pod, reason)
             return "retry"
-        self._unplaceable.pop(key, None)
+        self.unplaceable.discard(key)
         missing = [c for c in pending if objects.uid(c) not in plan.allocations]
         if missing:
             names_missing = ", ".join(objects.name(c) for c in missing)
@@ -572,7 +495,10 @@ class Controller:
         self._inflight[key.uid] = plan
         try:
             for claim in sorted(pending, key=lambda c: objects.name(c)):
-                await self._write_claim(claim, plan, writes)
+                uid = objects.uid(claim)
+                await write_allocation(self.cluster, claim, allocation=plan.allocations[uid],
+                                       annotations=plan.annotations.get(uid) or {},
+                                       writes=writes, stats=self.stats, metrics=self.metrics)
         finally:
             # No await between these: the assumption becomes the written truth atomically.
             del self._inflight[key.uid]
@@ -584,59 +510,6 @@ class Controller:
         log.info("allocated", extra={"pod": str(key), "node": plan.node_name,
                                      "claims": [objects.name(c) for c in pending]})
         return "done"
-
-    async def _write_claim(self, claim: Object, plan: PodPlan,
-                           writes: list[Write]) -> None:
-        """Finalizer and annotations, then status.allocation; conflicts reread and retry."""
-        uid = objects.uid(claim)
-        ns, name = objects.namespace_name(claim)
-        # With binding conditions on (beta from 1.36) kube-scheduler fills a missing
-        # allocationTimestamp at PreBind, and the API server refuses that change to an existing
-        # allocation: the pod would never bind. Servers with the gates off drop the field.
-        allocation = {**plan.allocations[uid], "allocationTimestamp": now()}
-        annotations = plan.annotations.get(uid) or {}
-        current = claim
-        for _attempt in range(MAX_WRITE_ATTEMPTS):
-            if objects.uid(current) != uid or objects.is_deleting(current):
-                raise _Replan(f"ResourceClaim {ns}/{name} was deleted or replaced")
-            if is_allocated(current):
-                # Allocation is immutable once set: accept whoever wrote it.
-                raise _Replan(f"ResourceClaim {ns}/{name} was allocated meanwhile")
-            try:
-                have = objects.annotations(current)
-                if not has_finalizer(current) or any(have.get(k) != v
-                                                     for k, v in annotations.items()):
-                    updated = copy.deepcopy(current)
-                    umeta = updated["metadata"]
-                    umeta["finalizers"] = [*(umeta.get("finalizers") or []), names.FINALIZER] \
-                        if names.FINALIZER not in (umeta.get("finalizers") or []) \
-                        else umeta["finalizers"]
-                    if annotations:
-                        umeta["annotations"] = {**(umeta.get("annotations") or {}),
-                                                **annotations}
-                    base = objects.resource_version(current)
-                    current = await self.cluster.update(RESOURCE_CLAIMS, updated, namespace=ns)
-                    writes.append((base, current))
-                updated = copy.deepcopy(current)
-                updated["status"] = {**(updated.get("status") or {}), "allocation": allocation}
-                base = objects.resource_version(current)
-                current = await self.cluster.update(RESOURCE_CLAIMS, updated, namespace=ns,
-                                                    subresource="status")
-                writes.append((base, current))
-                self.stats.claims_allocated += 1
-                self.metrics.claims_allocated.inc()
-                return
-            except Conflict:
-                self.stats.conflicts += 1
-                self.metrics.conflicts.inc()
-                try:
-                    current = await self.cluster.get(RESOURCE_CLAIMS, name, namespace=ns)
-                except NotFound as err:
-                    raise _Replan(f"ResourceClaim {ns}/{name} was deleted") from err
-            except NotFound as err:
-                raise _Replan(f"ResourceClaim {ns}/{name} was deleted") from err
-        raise Conflict(f"ResourceClaim {ns}/{name} kept changing: gave up after "
-                       f"{MAX_WRITE_ATTEMPTS} attempts")
 
     def _observe_claims(self, writes: Sequence[Write]) -> None:
         """Apply our own writes to the mirror unless the watch already brought them (or later)."""
@@ -650,41 +523,26 @@ class Controller:
         """A release wrote claims: mirror the writes, and capacity may have freed up."""
         self._observe_claims(writes)
         if writes:
-            self._capacity_changed()
+            self.unplaceable.capacity_changed()
 
     async def _ungate(self, key: PodKey) -> Outcome:
         pod = self.pods.get(key.namespace, key.name)
         for _attempt in range(MAX_WRITE_ATTEMPTS):
             if pod is None or objects.uid(pod) != key.uid:
                 return "done"
-            claims, waiting = self._claims_for(pod)
+            claims, waiting = claims_for(pod, self.claims.get)
             gateway = [c for c in claims if is_gateway_claim(c)]
             if waiting or any(not is_allocated(c) for c in gateway):
                 return "retry"  # something changed since planning: go round again
-            gates = (pod.get("spec") or {}).get("schedulingGates") or []
-            index = next((i for i, g in enumerate(gates)
-                          if g.get("name") == names.SCHEDULING_GATE), None)
+            index = gate_index(pod)
             if index is None:
                 return "done"
             # The gate cannot be put back: confirm with the API, not the mirror, that every
             # allocation is still there (a claim may have been wiped a moment ago).
-            for claim in gateway:
-                ns, name = objects.namespace_name(claim)
-                try:
-                    fresh = await self.cluster.get(RESOURCE_CLAIMS, name, namespace=ns)
-                except NotFound:
-                    return "retry"
-                if not is_allocated(fresh) or objects.uid(fresh) != objects.uid(claim):
-                    return "retry"
-            patch = [
-                {"op": "test", "path": "/metadata/uid", "value": key.uid},
-                {"op": "test", "path": f"/spec/schedulingGates/{index}",
-                 "value": gates[index]},
-                {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
-            ]
+            if not await still_allocated(self.cluster, gateway):
+                return "retry"
             try:
-                await self.cluster.patch(PODS, key.name, patch, namespace=key.namespace,
-                                         patch_type="json")
+                await remove_gate(self.cluster, key, pod, index)
             except NotFound:
                 return "done"
             except (Conflict, Invalid):
@@ -697,7 +555,7 @@ class Controller:
                 continue
             self.stats.pods_ungated += 1
             self.metrics.pods_allocated.inc()
-            self._unplaceable.pop(key, None)
+            self.unplaceable.discard(key)
             log.info("scheduling gate removed", extra={
                 "pod": str(key), "claims": [objects.name(c) for c in gateway]})
             return "done"

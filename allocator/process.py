@@ -16,9 +16,10 @@ import os
 import signal
 import socket
 
-from dra_gateway.allocator.controller import Controller, ControllerSettings
+from dra_gateway.allocator.controller import Controller
 from dra_gateway.allocator.leader import LeaderElector, LeaseSettings
 from dra_gateway.allocator.metrics import Metrics
+from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.kube.cluster.port import ApiError, Cluster
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,35 @@
+"""Settings of the allocator controller: one small frozen model, passed in explicitly.
+
+Defaults suit a production cluster; tests shorten the timings. This module holds values only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    policy: str = "default"
+    workers: int = 4
+    # Retry timings of the work queue: base * 2**failures, capped.
+    base_delay: float = 0.05
+    max_delay: float = 60.0
+    # Every key is requeued this often as a safety net against a missed event.
+    resync_period: float = 300.0
+    # When capacity frees up, unplaceable pods are retried after this pause (debounce).
+    retry_unplaceable_after: float = 0.2
+    # An event (capacity freed, the pod or its claims changed) brings an unplaceable pod's
+    # next plan forward to at most this long after its last one, never below its backoff: on
+    # a busy cluster events never stop, and planning a pod per event would burn the CPU on
+    # pods that cannot fit while delaying those that can.
+    unplaceable_retry_interval: float = 2.0
+    # None: detect whether the API server keeps consumable-capacity fields; True/False: force.
+    consumable_capacity: bool | None = None
+    identity: str = ""
+    watch_timeout: float = 300.0
+    # A repeated failure updates its Event's count at most this often (spam filter).
+    event_interval: float = 30.0
+
+
+__all__ = ["ControllerSettings"]
