@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import eventually
 
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import NODES, RESOURCE_CLAIMS, RESOURCE_SLICES
@@ -26,7 +27,6 @@ from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
 from .conftest import (
     World,
     check_no_overcommit,
-    eventually,
     node,
     running_controller,
     share_claim_spec,

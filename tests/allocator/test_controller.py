@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kubernetes_validate
+from testkit import eventually
 
 from dra_gateway.allocator.controller import ControllerSettings
 from dra_gateway.kube import names
@@ -21,7 +22,6 @@ from .conftest import (
     NAMESPACE,
     World,
     check_no_overcommit,
-    eventually,
     is_ungated,
     running_controller,
     share_claim_spec,

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 
+from testkit import eventually
+
 from dra_gateway.allocator.controller import ControllerSettings
 from dra_gateway.kube.resources import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
 from dra_gateway.kube.sim.memory import MemoryCluster
 
-from .conftest import NAMESPACE, World, eventually, running_controller, ungated
+from .conftest import NAMESPACE, World, running_controller, ungated
 from .conftest import whole_claim_spec as whole
 
 SETTINGS = ControllerSettings(base_delay=0.05, max_delay=0.4, retry_unplaceable_after=0.01,

@@ -18,6 +18,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from testkit import eventually
 
 from dra_gateway.allocator.controller import Controller, ControllerSettings
 from dra_gateway.kube import names
@@ -34,7 +35,6 @@ from .conftest import (
     NAMESPACE,
     World,
     check_no_overcommit,
-    eventually,
     is_ungated,
     share_claim_spec,
     whole_claim_spec,

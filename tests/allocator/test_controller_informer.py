@@ -8,12 +8,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from testkit import eventually
 
 from dra_gateway.allocator.informer import Change, Informer
 from dra_gateway.kube.resources import NODES, PODS
 from dra_gateway.kube.sim.memory import MemoryCluster
-
-from .conftest import eventually
 
 
 def node(name: str, **labels: str) -> dict[str, Any]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
+from testkit import eventually
+
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
 from dra_gateway.kube.sim.memory import MemoryCluster
@@ -19,7 +21,6 @@ from .conftest import (
     LaggingClaimWatch,
     World,
     check_no_overcommit,
-    eventually,
     is_ungated,
     running_controller,
     ungated,

@@ -20,6 +20,7 @@ import jsonpatch
 import kubernetes_validate
 import pytest
 import yaml
+from testkit import eventually
 
 from dra_gateway.allocator.controller import ControllerSettings
 from dra_gateway.allocator.leader import LeaseSettings
@@ -47,7 +48,7 @@ from dra_gateway.translator.manifests import pod_specs
 from dra_gateway.translator.rules import load_rules
 from dra_gateway.translator.translate import translate
 
-from .conftest import check_no_overcommit, eventually, is_ungated
+from .conftest import check_no_overcommit, is_ungated
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LEASE_NAMESPACE = "dra-gateway"
