@@ -51,7 +51,8 @@ async def test_discovery_describes_groups_resources_and_subresources(
     assert by_name["nodes"]["namespaced"] is False
     groups = await (await client.get("/apis")).json()
     assert {g["name"] for g in groups["groups"]} == {
-        "resource.k8s.io", "coordination.k8s.io", "admissionregistration.k8s.io"}
+        "resource.k8s.io", "coordination.k8s.io", "admissionregistration.k8s.io",
+        "dra-gateway.io"}
     group = await (await client.get("/apis/resource.k8s.io")).json()
     assert group["preferredVersion"]["groupVersion"] == "resource.k8s.io/v1"
     dra = await (await client.get("/apis/resource.k8s.io/v1")).json()
