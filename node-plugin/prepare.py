@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dra_gateway.kube import names
+from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound
 from dra_gateway.kube.resources import NODES, RESOURCE_CLAIMS
 from dra_gateway.node_plugin import cdi
@@ -127,7 +127,7 @@ class Preparer:
             node = await self._cluster.get(NODES, self.node_name)
         except NotFound:
             return {}
-        return dict(node.get("metadata", {}).get("labels") or {})
+        return dict(objects.labels(node))
 
     async def _prepare_one(self, ref: ClaimRef,
                            node_labels: Callable[[], Awaitable[Mapping[str, str]]]) -> list[

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from dra_gateway.kube import names
+from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import (
     AlreadyExists,
     ApiError,
@@ -85,12 +85,10 @@ def build_slices(*, node_name: str, driver: str, devices: Sequence[dict[str, Any
 
 def _comparable(obj: Object) -> tuple[Any, ...]:
     """What must match for an existing slice to count as published (generation aside)."""
-    meta = obj.get("metadata", {})
     spec = copy.deepcopy(obj.get("spec", {}))
     spec.get("pool", {}).pop("generation", None)
-    labels = {k: v for k, v in (meta.get("labels") or {}).items()
-              if k == names.LABEL_MANAGED_BY}
-    return (meta.get("name"), labels, meta.get("ownerReferences") or [], spec)
+    labels = {k: v for k, v in objects.labels(obj).items() if k == names.LABEL_MANAGED_BY}
+    return (objects.name(obj), labels, objects.owner_references(obj), spec)
 
 
 class Publisher:
@@ -266,13 +264,13 @@ class Publisher:
                     delay = self._retry
                     if event.type == "BOOKMARK" or not self._ours(event.object):
                         continue
-                    rv = str(event.object.get("metadata", {}).get("resourceVersion"))
+                    rv = objects.resource_version(event.object)
                     if event.type != "DELETED" and rv in self._written:
                         self._written.discard(rv)
                         continue
                     if event.type == "DELETED":
                         log.info("ResourceSlice %s was deleted: republishing",
-                                 event.object.get("metadata", {}).get("name"))
+                                 objects.name(event.object))
                     self.synced.clear()
                     self._dirty.set()
             except Expired:

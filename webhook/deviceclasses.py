@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from dra_gateway.kube import names
+from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import ApiError, Cluster, Expired, NotFound, Object
 from dra_gateway.kube.resources import DEVICE_CLASSES
 from dra_gateway.translator.extended import ExtendedResources
@@ -76,8 +76,8 @@ class DeviceClassWatch:
                 failures = 0
                 async for event in self._cluster.watch(DEVICE_CLASSES,
                                                        resource_version=resource_version):
-                    meta = event.object.get("metadata") or {}
-                    resource_version = meta.get("resourceVersion") or resource_version
+                    resource_version = (objects.resource_version(event.object)
+                                        or resource_version)
                     if event.type in ("ADDED", "MODIFIED"):
                         self._put(event.object)
                     elif event.type == "DELETED":

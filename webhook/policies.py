@@ -16,6 +16,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import ApiError, Cluster, Expired, NotFound, Object
 from dra_gateway.kube.resources import (
     GPU_QUOTAS,
@@ -35,8 +36,7 @@ _RBAC_FIX = ("grant the webhook's ServiceAccount list and watch on gpuquotas and
 
 
 def _key(obj: Object) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    return objects.namespace_name(obj)
 
 
 class PolicyWatch:
@@ -94,8 +94,8 @@ class PolicyWatch:
                     resource_version = listed.resource_version
                 failures = 0
                 async for event in self._cluster.watch(rt, resource_version=resource_version):
-                    meta = event.object.get("metadata") or {}
-                    resource_version = meta.get("resourceVersion") or resource_version
+                    resource_version = (objects.resource_version(event.object)
+                                        or resource_version)
                     if event.type in ("ADDED", "MODIFIED"):
                         self._objects[rt][_key(event.object)] = event.object
                         self._publish()

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dra_gateway.kube import names
+from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import ApiError, Cluster, Expired, Object
 from dra_gateway.kube.resources import CONFIG_MAPS, EVENTS
 from dra_gateway.translator.rules import RulesError, RuleSet, Source, load_rules
@@ -159,8 +159,8 @@ class RuleStore:
                 async for event in self._cluster.watch(
                         CONFIG_MAPS, namespace=ns, label_selector=self.selector,
                         resource_version=resource_version):
-                    meta = event.object.get("metadata") or {}
-                    resource_version = meta.get("resourceVersion") or resource_version
+                    resource_version = (objects.resource_version(event.object)
+                                        or resource_version)
                     if event.type in ("ADDED", "MODIFIED"):
                         await self.config_map_changed(event.object)
                     elif event.type == "DELETED":

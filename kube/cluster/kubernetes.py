@@ -20,6 +20,7 @@ import orjson
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
+from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import (
     ApiError,
     BadRequest,
@@ -131,8 +132,7 @@ class KubernetesCluster:
             item.setdefault("apiVersion", rt.api_version)
             item.setdefault("kind", rt.kind)
         return ObjectList(items=items,
-                          resource_version=str((body.get("metadata") or {})
-                                               .get("resourceVersion", "")))
+                          resource_version=objects.resource_version(body))
 
     def watch(self, rt: ResourceType, *, namespace: str | None = None,
               resource_version: str | None = None, label_selector: str | None = None,
@@ -188,7 +188,7 @@ class KubernetesCluster:
     async def update(self, rt: ResourceType, obj: Object, *, namespace: str | None = None,
                      subresource: str | None = None) -> Object:
         ns = _namespace(rt, obj, namespace)
-        name = (obj.get("metadata") or {}).get("name")
+        name = objects.name(obj)
         if not name:
             raise BadRequest(f"a {rt.kind} to update needs metadata.name")
         updated: Object = await self._call(
@@ -237,7 +237,7 @@ def _object_path(rt: ResourceType, name: str, namespace: str | None,
 def _namespace(rt: ResourceType, obj: Object, namespace: str | None) -> str | None:
     if not rt.namespaced:
         return None
-    ns = namespace or (obj.get("metadata") or {}).get("namespace")
+    ns = namespace or objects.namespace(obj)
     if not ns:
         raise BadRequest(f"a namespace is required for namespaced {rt.kind} objects: pass "
                          "namespace= or set metadata.namespace")

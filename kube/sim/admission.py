@@ -33,6 +33,7 @@ from typing import Any, Literal
 import aiohttp
 import jsonpatch  # type: ignore[import-untyped,unused-ignore]
 
+from dra_gateway.kube import objects
 from dra_gateway.kube.cel import CelError, compile_expression
 from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound, Object
 from dra_gateway.kube.resources import (
@@ -163,7 +164,7 @@ class Admission:
             labels: dict[str, str] = {"kubernetes.io/metadata.name": request.namespace}
             try:
                 namespace = await self.cluster.get(NAMESPACES, request.namespace)
-                labels.update((namespace.get("metadata") or {}).get("labels") or {})
+                labels.update(objects.labels(namespace))
             except NotFound:
                 pass  # the embedded cluster does not require namespaces to exist
             if not label_selector_matches(hook.get("namespaceSelector"), labels):
@@ -172,7 +173,7 @@ class Admission:
         if object_selector:
             candidates = [o for o in (obj, request.old_object) if o is not None]
             if not any(label_selector_matches(object_selector,
-                                              (o.get("metadata") or {}).get("labels"))
+                                              objects.labels(o))
                        for o in candidates):
                 return False
         for condition in hook.get("matchConditions") or []:

@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import (
     ApiError,
     Cluster,
@@ -127,8 +128,8 @@ class ControlPlane:
                     resource_version = listed.resource_version
                 async for event in self.cluster.watch(rt, resource_version=resource_version,
                                                       timeout_seconds=self.watch_timeout):
-                    resource_version = (event.object.get("metadata") or {}).get(
-                        "resourceVersion") or resource_version
+                    resource_version = (objects.resource_version(event.object)
+                                        or resource_version)
                     if event.type != "BOOKMARK":
                         handle(event.object, event.type == "DELETED")
             except Expired:
@@ -155,15 +156,14 @@ class ControlPlane:
         self._retries.add(handle)
 
     def _on_pod(self, pod: Object, deleted: bool) -> None:
-        meta = pod.get("metadata") or {}
-        key = (str(meta.get("namespace")), str(meta.get("name")))
+        key = objects.namespace_name(pod)
         if deleted:
             self._pods.pop(key, None)
-            self._enqueue_reserving(key[0], str(meta.get("uid")))
+            self._enqueue_reserving(key[0], objects.uid(pod))
             return
         self._pods[key] = pod
         if (pod.get("status") or {}).get("phase") in _DONE_PHASES:
-            self._enqueue_reserving(key[0], str(meta.get("uid")))
+            self._enqueue_reserving(key[0], objects.uid(pod))
         self._enqueue(("pod", *key))
 
     def _enqueue_reserving(self, namespace: str, pod_uid: str) -> None:
@@ -173,8 +173,7 @@ class ControlPlane:
                 self._enqueue(("claim", ns, name))
 
     def _on_claim(self, claim: Object, deleted: bool) -> None:
-        meta = claim.get("metadata") or {}
-        key = (str(meta.get("namespace")), str(meta.get("name")))
+        key = objects.namespace_name(claim)
         if deleted:
             self._claims.pop(key, None)
         else:
@@ -182,28 +181,28 @@ class ControlPlane:
             if (claim.get("status") or {}).get("reservedFor"):
                 self._enqueue(("claim", *key))
         # The pods using this claim may now be schedulable (or blocked).
-        owners = {ref.get("uid") for ref in meta.get("ownerReferences") or []
+        owners = {ref.get("uid") for ref in objects.owner_references(claim)
                   if ref.get("kind") == "Pod"}
         for (ns, name), pod in self._pods.items():
             if ns != key[0]:
                 continue
             direct = any(e.get("resourceClaimName") == key[1]
                          for e in (pod.get("spec") or {}).get("resourceClaims") or [])
-            if direct or (pod.get("metadata") or {}).get("uid") in owners:
+            if direct or objects.uid(pod) in owners:
                 self._enqueue(("pod", ns, name))
 
     def _on_template(self, template: Object, deleted: bool) -> None:
         if deleted:
             return
-        meta = template.get("metadata") or {}
+        template_ns, template_name = objects.namespace_name(template)
         for (ns, name), pod in self._pods.items():
-            if ns == meta.get("namespace") and any(
-                    e.get("resourceClaimTemplateName") == meta.get("name")
+            if ns == template_ns and any(
+                    e.get("resourceClaimTemplateName") == template_name
                     for e in (pod.get("spec") or {}).get("resourceClaims") or []):
                 self._enqueue(("pod", ns, name))
 
     def _on_node(self, node: Object, deleted: bool) -> None:
-        name = str((node.get("metadata") or {}).get("name"))
+        name = objects.name(node)
         if deleted:
             self._nodes.pop(name, None)
             return
@@ -261,12 +260,11 @@ class ControlPlane:
         namespace, pod_uid = meta["namespace"], meta["uid"]
         # An earlier attempt may have created the claim before recording it: adopt it.
         for (ns, name), claim in self._claims.items():
-            claim_meta = claim.get("metadata") or {}
             if (ns == namespace
-                    and (claim_meta.get("annotations") or {}).get(POD_CLAIM_NAME_ANNOTATION)
+                    and objects.annotations(claim).get(POD_CLAIM_NAME_ANNOTATION)
                     == entry["name"]
                     and any(ref.get("uid") == pod_uid and ref.get("controller")
-                            for ref in claim_meta.get("ownerReferences") or [])):
+                            for ref in objects.owner_references(claim))):
                 return name
         try:
             template = await self.cluster.get(RESOURCE_CLAIM_TEMPLATES,
@@ -319,12 +317,10 @@ class ControlPlane:
         wanted_labels = spec.get("nodeSelector") or {}
         node = next((n for _, n in sorted(self._nodes.items())
                      if not (n.get("spec") or {}).get("unschedulable")
-                     and all(((n.get("metadata") or {}).get("labels") or {}).get(k) == v
-                             for k, v in wanted_labels.items())
+                     and all(objects.labels(n).get(k) == v for k, v in wanted_labels.items())
                      and all(node_selector_matches(c["status"]["allocation"].get("nodeSelector"),
-                                                   name=(n.get("metadata") or {}).get("name", ""),
-                                                   labels=(n.get("metadata") or {}).get("labels")
-                                                   or {}) for c in claims)), None)
+                                                   name=objects.name(n), labels=objects.labels(n))
+                             for c in claims)), None)
         if node is None:
             return  # a new node or allocation brings the pod back
         consumer = {"resource": "pods", "name": meta["name"], "uid": meta["uid"]}

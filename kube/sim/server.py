@@ -23,6 +23,7 @@ import orjson
 import yaml
 from aiohttp import web
 
+from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import (
     ApiError,
     BadRequest,
@@ -257,7 +258,7 @@ class _Handler:
             obj = await _body(request)
             if not isinstance(obj, dict):
                 raise BadRequest(f"the body must be a {rt.kind} object")
-            in_body = (obj.get("metadata") or {}).get("name")
+            in_body = objects.meta(obj).get("name")
             if in_body != name:
                 raise BadRequest(f"the name of the object ({in_body}) does not match the name "
                                  f"on the URL ({name})")
@@ -306,7 +307,7 @@ class _Handler:
                 return _json({"apiVersion": "v1", "kind": "Status", "metadata": {},
                               "status": "Success", "details": {"name": name,
                                                                "kind": rt.plural}})
-            pending = bool((deleted.get("metadata") or {}).get("finalizers"))
+            pending = bool(objects.finalizers(deleted))
             return _json(deleted, status=202 if pending else 200)
         raise ApiError(f"{method} is not supported on {rt.plural}", code=405,
                        reason="MethodNotAllowed")
@@ -333,8 +334,7 @@ class _Handler:
             current = await self.cluster.get(rt, name, namespace=namespace)
             patched = apply_patch(copy_object(current), copy_object(patch), patch_type)
             patched.setdefault("metadata", {})["resourceVersion"] = (
-                patched.get("metadata") or {}).get("resourceVersion") or \
-                current["metadata"]["resourceVersion"]
+                objects.resource_version(patched) or current["metadata"]["resourceVersion"])
             admitted = await admission.admit(AdmissionRequest(
                 rt, "UPDATE", namespace, name, patched, current, False)) or patched
             try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import EventType, Object
 from dra_gateway.kube.resources import ResourceType
 from dra_gateway.kube.sim.selectors import FieldSelector, LabelSelector
@@ -53,7 +54,7 @@ class Filter:
     def matches(self, obj: Object | None) -> bool:
         if obj is None:
             return False
-        meta = obj.get("metadata") or {}
+        meta = objects.meta(obj)
         if self.namespace is not None and meta.get("namespace") != self.namespace:
             return False
         return self.labels.matches(meta.get("labels")) and self.fields.matches(obj)

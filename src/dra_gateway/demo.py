@@ -476,9 +476,9 @@ class PodReport:
 
 def legacy_request(original: Mapping[str, Any], created: Mapping[str, Any]) -> tuple[str, str]:
     """What the pod asked for the legacy way, and the rule that translated it."""
-    from dra_gateway.kube import names
+    from dra_gateway.kube import names, objects
 
-    annotations = (created.get("metadata") or {}).get("annotations") or {}
+    annotations = objects.annotations(created)
     recorded = annotations.get(names.ANNOTATION_TRANSLATED)
     parts: list[str] = []
     rules: list[str] = []
