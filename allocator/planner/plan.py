@@ -8,6 +8,15 @@ planned, not the whole cluster. Cheap checks (CPU, memory, taints) prune classes
 search. Pods the rankings cannot serve (node affinity, a claim already allocated, selectors on
 identity attributes) take a full pass over the classes.
 
+GPU policies (`state.set_policies`): a pod whose namespace's sharing rules its requests break
+by themselves (exclusive, minShare, requireCores, allowedEnforcement) does not fit anywhere;
+the rules that depend on the card are applied in the device search. Quotas are checked around
+the search: a pod behind an earlier pod waiting for one of its quotas waits too (creation
+order); one that surely exceeds a quota (stated amounts, whole cards, relative memory on the
+smallest card) is refused without a search; otherwise the best plan's charges are checked
+against the ledger, and only if they exceed (the card decides: a quota scoped by a device
+selector, cards the namespace already touches) are the other feasible nodes tried, best first.
+
 Pure: no I/O, no clock, no logging; it touches only the state's memos, rankings and learned
 workload. It never writes to the API: the controller writes what it returns.
 """
@@ -25,6 +34,11 @@ from typing import Any
 from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for, share_policy
 from dra_gateway.allocator.planner.devices import NANO
+from dra_gateway.allocator.planner.policies import (
+    Waiting,
+    quotas_for,
+    surely_exceeded,
+)
 from dra_gateway.allocator.planner.scoring import FULL, TaskType, task_of
 from dra_gateway.allocator.planner.search import (
     NodeSearch,
@@ -39,6 +53,10 @@ from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.models import config_applies
 from dra_gateway.kube.shares import RecordedShare, encode_shares
+from dra_gateway.policy.admission import check_admission
+from dra_gateway.policy.amounts import DeviceCharge, RequestShape
+from dra_gateway.policy.quotas import Exceeded, Quota
+from dra_gateway.policy.sharing import SharingRules
 
 HAMI_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
 _HAMI_POLICIES = {"binpack": "binpack", "spread": "spread"}
@@ -53,13 +71,23 @@ class PodPlan:
 
     `allocations` maps claim uid to the `status.allocation` to write; `annotations` maps claim
     uid to annotations to merge (the fallback world records shares there); `reason` says why
-    the pod cannot be placed, naming claim, request and the binding limit.
+    the pod cannot be placed, naming claim, request and the binding limit. A pod held back by
+    a quota has `quota_reason` (`QuotaExceeded`, or `QueuedForQuota` behind an earlier pod)
+    and `quota` (the quotas exceeded, when known); `reason` is then ResourceQuota's message.
+    `charges` maps claim uid to what each allocation costs against quotas.
     """
 
     node_name: str | None
     allocations: dict[str, dict[str, Any]] = field(default_factory=dict)
     annotations: dict[str, dict[str, str]] = field(default_factory=dict)
     reason: str | None = None
+    quota_reason: str | None = None
+    quota: tuple[Exceeded, ...] = ()
+    charges: dict[str, tuple[DeviceCharge, ...]] = field(default_factory=dict)
+
+
+QUOTA_EXCEEDED = "QuotaExceeded"
+QUEUED_FOR_QUOTA = "QueuedForQuota"
 
 
 def _claim_label(claim: Mapping[str, Any]) -> str:
@@ -114,6 +142,21 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
         if demand.error:
             return PodPlan(None, reason=f"claim {_claim_label(claim)}: {demand.error}")
         to_plan.append((claim, key, demand))
+    namespace = objects.namespace(pod)
+    policies = state.policies
+    rules = policies.rules(namespace) if policies.sharing_active else None
+    shapes = [state.shapes(k, c.get("spec") or {}) for c, k, _ in to_plan]
+    if rules is not None and not rules.empty:
+        violations = check_admission(what=f"pod {pod_label}", claims=shapes, quotas=(),
+                                     sharing=rules)
+        if violations:
+            return PodPlan(None, reason="; ".join(v.message for v in violations))
+    quotas = quotas_for(policies, namespace, shapes) \
+        if to_plan and policies.has_quotas(namespace) else []
+    if quotas:
+        held = _held_for_quota(state, pod, quotas, shapes)
+        if held is not None:
+            return held
     chosen_policy = resolve_policy(state, pod, [d for _, _, d in to_plan], policy)
     cpu, memory = kubefit.pod_requests(pod)
     tolerations = (pod.get("spec") or {}).get("tolerations") or ()
@@ -124,10 +167,10 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     claims_sig = tuple(k for _, k, _ in to_plan)
     version = state.workload.version if chosen_policy == "default" else 0
     ctx = _Context(state, labelled, chosen_policy, cpu, memory, tolerations,
-                   (claims_sig, chosen_policy, version))
+                   (claims_sig, chosen_policy, version, rules), rules)
     pod_sig = (claims_sig, cpu, memory,
                json.dumps(tolerations, sort_keys=True) if tolerations else "", chosen_policy,
-               version)
+               version, rules)
     state.refresh_groups()
     if len(state.memo) > _MEMO_LIMIT:
         # Bounded memory without a cliff: the young generation becomes the old one, entries
@@ -141,10 +184,135 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     if pinned is None and not needs_labels and not identity:
         found, reasons = _ranked_best(ctx, pod_sig)
         if found is None:
-            return PodPlan(None, reason=_no_node_reason(pod_label, state, reasons, labelled))
-        return _build_plan(state, found[0], to_plan, found[1])
-    return _scan(ctx, pod, to_plan, pod_label, pinned=pinned, needs_labels=needs_labels,
-                 identity=identity)
+            plan = PodPlan(None, reason=_no_node_reason(pod_label, state, reasons, labelled))
+        else:
+            plan = _build_plan(state, found[0], to_plan, found[1])
+    else:
+        plan = _scan(ctx, pod, to_plan, pod_label, pinned=pinned, needs_labels=needs_labels,
+                     identity=identity)
+    if not quotas:
+        return plan
+    if plan.node_name is None:
+        # Within its quotas but no room: it waits for room like any pod, not at the head of
+        # the quota's queue (where it would hold back every later pod of the namespace).
+        policies.queue.leave(objects.uid(pod))
+        return plan
+    return _within_quota(ctx, pod, to_plan, plan, quotas, pinned=pinned,
+                         needs_labels=needs_labels, identity=identity)
+
+
+def _waiting(pod: Mapping[str, Any], quotas: Iterable[Quota]) -> Waiting:
+    meta = objects.meta(pod)
+    return Waiting(created=str(meta.get("creationTimestamp") or ""),
+                   name=str(meta.get("name", "")), namespace=objects.namespace(pod),
+                   uid=objects.uid(pod), quotas=frozenset(q.key for q in quotas))
+
+
+def _quota_message(exceeded: Sequence[Exceeded]) -> str:
+    return "; ".join(e.message for e in exceeded)
+
+
+def _held_for_quota(state: ClusterState, pod: Mapping[str, Any], quotas: Sequence[Quota],
+                    shapes: Sequence[Sequence[RequestShape]]) -> PodPlan | None:
+    """The plan of a pod its quotas hold back before any search, or None."""
+    policies = state.policies
+    entry = _waiting(pod, quotas)
+    ahead = policies.queue.ahead_of(entry.namespace, entry.created, entry.name, entry.uid,
+                                    entry.quotas)
+    if ahead is not None:
+        shared = entry.quotas & ahead.quotas
+        policies.queue.wait(Waiting(entry.created, entry.name, entry.namespace, entry.uid,
+                                    shared))
+        names_ = ", ".join(sorted(k[1] for k in shared))
+        return PodPlan(None, reason=(
+            f"waiting for quota {names_} behind pod {ahead.label}, created earlier: pods "
+            f"waiting for a quota are placed in creation order"),
+            quota_reason=QUEUED_FOR_QUOTA)
+    never, now = surely_exceeded(policies, quotas, shapes,
+                                 smallest_card=state.smallest_card_memory())
+    if never:
+        policies.queue.leave(entry.uid)
+        return PodPlan(None, reason=(
+            f"{_quota_message(never)}; the pod alone is more than the quota allows, so it "
+            f"could never run: ask for less or raise spec.hard"),
+            quota_reason=QUOTA_EXCEEDED, quota=tuple(never))
+    if now:
+        policies.queue.wait(_waiting(pod, [e.quota for e in now]))
+        return PodPlan(None, reason=_quota_message(now), quota_reason=QUOTA_EXCEEDED,
+                       quota=tuple(now))
+    return None
+
+
+def _charges(state: ClusterState, pod: Mapping[str, Any],
+             to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]],
+             plan: PodPlan) -> dict[str, tuple[DeviceCharge, ...]]:
+    namespace = objects.namespace(pod)
+    charges: dict[str, tuple[DeviceCharge, ...]] = {}
+    for claim, _, _ in to_plan:
+        uid = objects.uid(claim)
+        allocated = {"metadata": {"namespace": namespace,
+                                  "annotations": plan.annotations.get(uid) or {}},
+                     "spec": claim.get("spec") or {},
+                     "status": {"allocation": plan.allocations[uid]}}
+        charges[uid] = state.device_charges(allocated)
+    return charges
+
+
+def _within_quota(ctx: _Context, pod: Mapping[str, Any],
+                  to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]], plan: PodPlan,
+                  quotas: Sequence[Quota], *, pinned: set[str] | None, needs_labels: bool,
+                  identity: bool) -> PodPlan:
+    """The plan if its charges fit the quotas, else the best other node's that does, else
+    the pod waits for quota."""
+    state = ctx.state
+    policies = state.policies
+    namespace = objects.namespace(pod)
+    charges = _charges(state, pod, to_plan, plan)
+    exceeded = policies.ledger.excess(namespace, list(charges.values()))
+    if exceeded:
+        # The card decides (a quota scoped by a device selector, cards the namespace already
+        # touches, the memory of a whole card): try the other feasible nodes, best first.
+        for _, member, outcome in _feasible(ctx, pod, pinned=pinned, needs_labels=needs_labels,
+                                            identity=identity):
+            if member == plan.node_name:
+                continue
+            candidate = _build_plan(state, member, to_plan, outcome)
+            candidate_charges = _charges(state, pod, to_plan, candidate)
+            if not policies.ledger.excess(namespace, list(candidate_charges.values())):
+                plan, charges, exceeded = candidate, candidate_charges, []
+                break
+    if exceeded:
+        policies.queue.wait(_waiting(pod, [e.quota for e in exceeded]))
+        return PodPlan(None, reason=_quota_message(exceeded), quota_reason=QUOTA_EXCEEDED,
+                       quota=tuple(exceeded))
+    policies.queue.leave(objects.uid(pod))
+    return PodPlan(plan.node_name, plan.allocations, plan.annotations, None, charges=charges)
+
+
+def _feasible(ctx: _Context, pod: Mapping[str, Any], *, pinned: set[str] | None,
+              needs_labels: bool, identity: bool,
+              ) -> list[tuple[tuple[float, ...], str, Outcome]]:
+    """Every node class's best member where the pod fits, best first."""
+    state = ctx.state
+    found: list[tuple[tuple[float, ...], str, Outcome]] = []
+    for group_key, members in state.groups.items():
+        candidates: Sequence[str] = members
+        if pinned is not None:
+            candidates = [m for m in members if m in pinned]
+        if not candidates or fits_node(state, candidates[0], ctx.cpu, ctx.memory,
+                                       ctx.tolerations) is not None:
+            continue
+        for member in candidates:
+            if needs_labels and not kubefit.pod_accepts_node(pod, member,
+                                                             state.nodes[member].labels):
+                continue
+            outcome, node_score = ctx.evaluate(None if identity else group_key, member)
+            if outcome.ok:
+                found.append((node_score, member, outcome))
+            if not identity:
+                break
+    found.sort(key=lambda e: (e[0], e[1]))
+    return found
 
 
 @dataclass(slots=True)
@@ -156,6 +324,7 @@ class _Context:
     memory: int
     tolerations: Sequence[Mapping[str, Any]]
     device_sig: tuple[object, ...]  # what device search results depend on besides the node
+    rules: SharingRules | None = None  # the namespace's sharing rules, when any policy exists
 
     def evaluate(self, group_key: tuple[object, ...] | None, node: str,
                  ) -> tuple[Outcome, tuple[float, ...]]:
@@ -173,7 +342,7 @@ class _Context:
         if outcome is None:
             outcome = NodeSearch(state, node, self.claims, policy=self.policy,
                                  workload=state.workload,
-                                 budget=state.settings.search_budget).run()
+                                 budget=state.settings.search_budget, rules=self.rules).run()
             if memo_key is not None:
                 state.memo[memo_key] = outcome
         if not outcome.ok:

@@ -6,6 +6,9 @@ matching devices) from the node's candidates in the policy's preference order, u
 matchAttribute / distinctAttribute constraints. Choices are backtracked across requests and
 claims like upstream's allocator, but every device tried costs one unit of a fixed budget, so a
 request that cannot be met never takes more than the budget whatever the node looks like.
+With sharing policies in force, each card that fits is also asked `card_refusal` (allowed
+models, exclusive namespaces, maxClaimsPerDevice, tenant isolation) given who holds it,
+the pod's own earlier picks included.
 Pure: no I/O.
 """
 
@@ -24,6 +27,7 @@ from dra_gateway.allocator.planner.settings import BINPACK, DEFAULT, SPREAD
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import Quantity
+from dra_gateway.policy.sharing import Holder, SharingRules, card_refusal
 
 
 @dataclass(slots=True)
@@ -86,7 +90,8 @@ class NodeSearch:
     """One search for one pod on one node (see module docstring)."""
 
     def __init__(self, state: ClusterState, node: str, claims: Sequence[tuple[str, ClaimDemand]], *,
-                 policy: str, workload: Workload, budget: int) -> None:
+                 policy: str, workload: Workload, budget: int,
+                 rules: SharingRules | None = None) -> None:
         self.state = state
         self.node = node
         self.devices: list[Device] = state.node_devices.get(node, [])
@@ -106,6 +111,9 @@ class NodeSearch:
         self._gpus = [i for i, d in enumerate(self.devices) if d.is_gateway_gpu]
         self._base_free = [self._compute_free(i) if u.holders else FULL
                            for i, u in enumerate(self._usage)]
+        # The pod's namespace's sharing rules; None when no sharing policy is in force.
+        self.rules = rules
+        self._own = Holder(rules.tenant, rules.max_claims_per_device) if rules else None
 
     # --- reasons ------------------------------------------------------------------------------
 
@@ -204,6 +212,35 @@ class NodeSearch:
                 consumed[cap_name] = amount
         return None if lacking else consumed
 
+    def refusal(self, alt: Alternative, i: int) -> str | None:
+        """Why the sharing rules keep `alt` off device `i` given who holds it, or None."""
+        device = self.devices[i]
+        rules = self.rules
+        if rules is None or device.driver != names.DRIVER:
+            return None
+        policies = self.state.policies
+        holders = policies.holders(self._usage[i].namespaces)
+        if self.extra_holders[i] and self._own is not None:
+            holders.extend([self._own] * self.extra_holders[i])
+        whole = alt.whole or not device.shareable
+        product = device.attributes.get(f"{device.driver}/{names.ATTR_PRODUCT_NAME}")
+        why = card_refusal(rules, whole=whole, product_name=None if product is None
+                           else str(product), holders=holders)
+        if why is None and not whole and rules.min_memory is not None \
+                and alt.share.memory_percent is not None \
+                and names.CAPACITY_MEMORY not in alt.capacity:
+            share = memory_for(alt.share, device.gpu_memory) or 0
+            if share < rules.min_memory:
+                why = (f"{alt.share.memory_percent}% of its memory is "
+                       f"{Quantity.from_bytes(share)}, below the minimum share memory="
+                       f"{Quantity.from_bytes(rules.min_memory)} of {rules.named()} (minShare)")
+        if why is None:
+            return None
+        if "GPUSharingPolic" not in why:
+            named = rules.named() if not rules.empty else "a holder's GPUSharingPolicy"
+            why = f"{why}, {named}"
+        return f"card {device.name}: {why}"
+
     def _apply(self, i: int, consumed: dict[str, int], exclusive: bool, sign: int) -> None:
         extra = self.extra[i]
         for cap_name, amount in consumed.items():
@@ -284,7 +321,20 @@ class NodeSearch:
                 continue
             need = len(candidates) if alt.all_devices else alt.count
             fits = {i: c for i in candidates if (c := self.consumption(alt, i)) is not None}
+            refused: str | None = None
+            if self.rules is not None:
+                for i in list(fits):
+                    why = self.refusal(alt, i)
+                    if why is not None:
+                        del fits[i]
+                        refused = why
             available = list(fits)
+            if len(available) < need and refused is not None:
+                self._fail(claim_i, request_i,
+                           f"request {alt.result_name} needs {need} device(s) of class "
+                           f"{alt.class_name}, {len(available)} on the node a sharing policy "
+                           f"allows: {refused}")
+                continue
             if len(available) < need:
                 what = "all" if alt.all_devices else str(need)
                 self._fail(claim_i, request_i,
@@ -402,6 +452,9 @@ class NodeSearch:
             consumed = self.consumption(alt, i)
             if consumed is None:
                 continue
+            if self.rules is not None and self.extra_holders[i] and \
+                    self.refusal(alt, i) is not None:
+                continue  # the pod's own earlier picks count as holders too
             if constraints and not self._constraint_ok(claim_i, constraints, self.devices[i]):
                 if alt.all_devices:
                     raise _AllBroken(

@@ -10,7 +10,11 @@ benchmark) and keeps incremental indexes:
 - CPU and memory requested on each node by the pods bound or planned there;
 - equivalence classes of nodes: nodes with interchangeable devices, the same usage of each, the
   same free CPU and memory and the same taints plan identically, so the planner evaluates one
-  node per class and memoises the result.
+  node per class and memoises the result; with sharing policies in force, the usage of a card
+  includes the tenants and maxClaimsPerDevice of its holders, or isolation would be memoised
+  away;
+- the GPU policies (`set_policies`): quota usage per namespace from the same claims, and the
+  queue of pods waiting for quota (`policies.PlannerPolicies`).
 
 It must not do I/O, log, or look at the clock: callers decide when objects change.
 """
@@ -26,11 +30,14 @@ from typing import Any
 from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.demand import ClaimDemand, compile_claim
 from dra_gateway.allocator.planner.devices import Device
+from dra_gateway.allocator.planner.policies import PlannerPolicies
 from dra_gateway.allocator.planner.scoring import Workload
 from dra_gateway.allocator.planner.settings import PlannerSettings
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
 from dra_gateway.kube.shares import decode_shares, result_key, shares_by_result
+from dra_gateway.policy.amounts import DeviceCharge, RequestShape, charges_of, requests_of
+from dra_gateway.policy.catalog import Catalog
 
 
 @dataclass(slots=True)
@@ -66,8 +73,14 @@ class DeviceUsage:
     consumed: dict[str, int] = field(default_factory=dict)
     holders: int = 0
     exclusive: int = 0
+    namespaces: dict[str, int] = field(default_factory=dict)  # holders per namespace
 
-    def add(self, use: Use, sign: int) -> None:
+    def add(self, use: Use, sign: int, namespace: str = "") -> None:
+        held = self.namespaces.get(namespace, 0) + sign
+        if held > 0:
+            self.namespaces[namespace] = held
+        else:
+            self.namespaces.pop(namespace, None)
         for cap_name, amount in use.consumed.items():
             left = self.consumed.get(cap_name, 0) + sign * amount
             if left:
@@ -89,6 +102,10 @@ _FREE_USAGE = DeviceUsage()
 class ClaimRecord:
     uses: dict[tuple[str, str, str], Use]
     assumed: bool
+    namespace: str = ""
+    # The claim as allocated (for quota charges), or the charges an assumed plan computed.
+    source: Mapping[str, Any] | None = None
+    charges: tuple[DeviceCharge, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -137,7 +154,12 @@ class ClusterState:
         self.group_log: list[tuple[object, ...]] = []
         self.rankings: dict[tuple[object, ...], Any] = {}
         self._demands: dict[str, ClaimDemand] = {}
+        self._shapes: dict[str, list[RequestShape]] = {}
         self.verdicts: dict[tuple[int, str], bool | str] = {}
+        self.policies = PlannerPolicies()
+        # Claims whose quota charges were counted before their device was published.
+        self._unresolved: set[str] = set()
+        self._smallest: int | None = None
 
     # --- workload -----------------------------------------------------------------------------
 
@@ -145,6 +167,45 @@ class ClusterState:
         """Score the `default` policy against this distribution instead of learning one."""
         self.workload = workload
         self.workload_given = True
+
+    # --- policies -----------------------------------------------------------------------------
+
+    def set_policies(self, catalog: Catalog) -> None:
+        """Apply the cluster's GPUQuotas and GPUSharingPolicies (and namespace labels): usage
+        is counted again from every claim held, and every memoised search is dropped."""
+        self.policies.set_catalog(catalog)
+        self._unresolved.clear()
+        for uid, record in self.claims.items():
+            self._count_quota(uid, record)
+        self._dirty.update(self.nodes)
+        self._changed()
+
+    def _count_quota(self, uid: str, record: ClaimRecord) -> None:
+        if not self.policies.has_quotas(record.namespace):
+            return
+        charges = record.charges
+        if charges is None:
+            charges = tuple(charges_of(record.source or {}, self._device_raw))
+            if any(c.device is None for c in charges):
+                self._unresolved.add(uid)
+        self.policies.ledger.set_claim(uid, record.namespace, charges)
+
+    def _device_raw(self, key: tuple[str, str, str]) -> Mapping[str, Any] | None:
+        device = self.devices.get(key)
+        return device.raw if device is not None else None
+
+    def shapes(self, key: str, spec: Mapping[str, Any]) -> list[RequestShape]:
+        """The gateway-class requests of a claim spec as quotas read them (cached by spec)."""
+        shapes = self._shapes.get(key)
+        if shapes is None:
+            if len(self._shapes) > 10_000:
+                self._shapes.clear()
+            shapes = requests_of(spec)
+            self._shapes[key] = shapes
+        return shapes
+
+    def device_charges(self, claim: Mapping[str, Any]) -> tuple[DeviceCharge, ...]:
+        return tuple(charges_of(claim, self._device_raw))
 
     # --- slices and classes -------------------------------------------------------------------
 
@@ -183,6 +244,7 @@ class ClusterState:
         names_ = self._pool_slices.get(pool, set())
         slices = [self._slices[n] for n in sorted(names_) if n in self._slices]
         touched: set[str] = set()
+        self._smallest = None
         for device in self._pool_devices.pop(pool, ()):
             self.devices.pop(device.key, None)
             if device.node is not None:
@@ -214,6 +276,13 @@ class ClusterState:
             self._pool_devices[pool] = devices
         for node in touched:
             self._reindex_node_devices(node)
+        if self._unresolved:
+            # Quota charges counted before their devices were published: count them again.
+            pending, self._unresolved = self._unresolved, set()
+            for uid in pending:
+                record = self.claims.get(uid)
+                if record is not None:
+                    self._count_quota(uid, record)
 
     def _reindex_node_devices(self, node: str) -> None:
         # Slice order: pools by (driver, pool) name, devices as published (stable across
@@ -298,6 +367,8 @@ class ClusterState:
         self._put_pod(uid, PodRecord(node, cpu, memory, assumed=False))
 
     def remove_pod(self, uid: str) -> None:
+        # Gone, finished or placed: it no longer waits for quota either.
+        self.policies.queue.leave(uid)
         old = self.pods.pop(uid, None)
         if old is not None:
             self._add_node_use(old, -1)
@@ -326,23 +397,28 @@ class ClusterState:
                 self.remove_claim(uid)
             return
         uses = self._uses_of(allocation, objects.annotations(obj))
-        self._put_claim(uid, ClaimRecord(uses, assumed=False))
+        self._put_claim(uid, ClaimRecord(uses, assumed=False, namespace=objects.namespace(obj),
+                                         source=obj))
 
     def remove_claim(self, uid: str) -> None:
         old = self.claims.pop(uid, None)
         if old is not None:
             for key, use in old.uses.items():
-                self._add_device_use(key, use, -1)
+                self._add_device_use(key, use, -1, old.namespace)
+            self.policies.ledger.remove_claim(uid)
+            self._unresolved.discard(uid)
 
     def _put_claim(self, uid: str, record: ClaimRecord) -> None:
         self.remove_claim(uid)
         self.claims[uid] = record
         for key, use in record.uses.items():
-            self._add_device_use(key, use, 1)
+            self._add_device_use(key, use, 1, record.namespace)
+        self._count_quota(uid, record)
 
-    def _add_device_use(self, key: tuple[str, str, str], use: Use, sign: int) -> None:
+    def _add_device_use(self, key: tuple[str, str, str], use: Use, sign: int,
+                        namespace: str) -> None:
         usage = self.usage.setdefault(key, DeviceUsage())
-        usage.add(use, sign)
+        usage.add(use, sign, namespace)
         if usage.holders <= 0:
             self.usage.pop(key, None)
         device = self.devices.get(key)
@@ -392,10 +468,14 @@ class ClusterState:
         """Reserve a plan's devices, CPU and memory before it is written."""
         if plan.node_name is None:
             return
+        namespace = objects.namespace(pod)
+        charges: Mapping[str, tuple[DeviceCharge, ...]] = getattr(plan, "charges", None) or {}
         for uid, allocation in plan.allocations.items():
             uses = self._uses_of(allocation, plan.annotations.get(uid) or {})
-            self._put_claim(uid, ClaimRecord(uses, assumed=True))
+            self._put_claim(uid, ClaimRecord(uses, assumed=True, namespace=namespace,
+                                             charges=charges.get(uid, ())))
         uid = objects.uid(pod)
+        self.policies.queue.leave(uid)
         if uid and uid not in self.pods:
             cpu, memory = kubefit.pod_requests(pod)
             self._put_pod(uid, PodRecord(plan.node_name, cpu, memory, assumed=True))
@@ -466,14 +546,29 @@ class ClusterState:
 
     def group_key(self, node: str) -> tuple[object, ...]:
         info = self.nodes[node]
-        usage = tuple(self._intern(self.device_usage(d.key).sig())
-                      for d in self.node_devices.get(node, ()))
+        if self.policies.sharing_active:
+            usage = tuple(self._intern(self._sharing_sig(self.device_usage(d.key)))
+                          for d in self.node_devices.get(node, ()))
+        else:
+            usage = tuple(self._intern(self.device_usage(d.key).sig())
+                          for d in self.node_devices.get(node, ()))
         cpu, memory = self.node_free(node)
         taints = self._intern(json.dumps(info.taints, sort_keys=True)) if info.taints else -1
         return (self._static_sig.get(node, -1), self._intern(usage), cpu, memory, taints)
 
+    def _sharing_sig(self, usage: DeviceUsage) -> tuple[object, ...]:
+        return (*usage.sig(), self.policies.holder_facts(usage.namespaces))
+
     def gpu_cards(self, node: str) -> list[Device]:
         return [d for d in self.node_devices.get(node, ()) if d.is_gateway_gpu]
+
+    def smallest_card_memory(self) -> int:
+        """Bytes of the smallest gateway GPU published (0 when none): a lower bound of what a
+        whole card or a share relative to the card costs wherever it lands."""
+        if self._smallest is None:
+            self._smallest = min((d.gpu_memory for d in self.devices.values()
+                                  if d.is_gateway_gpu), default=0)
+        return self._smallest
 
     def typical_card_memory(self) -> int:
         sizes = sorted(d.gpu_memory for d in self.devices.values() if d.is_gateway_gpu)
