@@ -75,7 +75,8 @@ async def test_event_traffic_does_not_replan_a_pod_faster_than_its_backoff(
         await world.gated_pod("waiting", [whole()])
         await eventually(lambda: controller.stats.failures > 0)
         claim = (await world.claims_of("waiting"))[0]["metadata"]["name"]
-        before = controller.stats.plans
+        loop = asyncio.get_running_loop()
+        before, started = controller.stats.plans, loop.time()
         stop = asyncio.Event()
         traffic = asyncio.create_task(chatter(memory_cluster, "waiting", claim, stop))
         try:
@@ -84,11 +85,13 @@ async def test_event_traffic_does_not_replan_a_pod_faster_than_its_backoff(
             stop.set()
             events = await traffic
         attempts = controller.stats.plans - before
-        # The bound counts from the pod's first failure; measuring starts a little later.
-        allowed = most_attempts(SETTINGS, 2.0) + 1
+        # Measured over the time that really passed (a loaded machine wakes the test late).
+        # The schedule counts from the pod's first failure and measuring starts later: a plan
+        # due just before the window may land in it, hence one more.
+        allowed = most_attempts(SETTINGS, loop.time() - started) + 1
         assert events > 50, "the chatter did not run: the check proves nothing"
         assert attempts <= allowed, (
-            f"{attempts} plans of one pending pod in 2 s under {events} rounds of events; "
+            f"{attempts} plans of one pending pod in {loop.time() - started:.1f} s under {events} rounds of events; "
             f"its backoff allows {allowed}")
         assert attempts >= 3, "the pending pod was not retried at all"
         # The waiting pod still takes the card as soon as it frees.
