@@ -31,6 +31,11 @@ EXAMPLE_PODS = {
     "default/web": "cpu-1",  # no GPU: the first node
     "ml/native-dra": None,
     "ml/train-resnet": None,
+    "research/gpushare-notebook-0": None,
+    "batch/vgpu-infer": None,
+    "batch/gpu-share-legacy": None,
+    "inference/koord-legacy-share": None,
+    "inference/train-small": None,
 }
 GPU_NODES = {"gpu-a100-1", "gpu-h100-1"}
 

@@ -47,6 +47,7 @@ class CompiledRule:
     when: Expression | None
     variables: tuple[tuple[str, Expression], ...]
     refusals: tuple[tuple[Expression, str], ...]
+    warnings: tuple[tuple[Expression, str], ...]
     count: Expression
     memory: Expression | None
     memory_percent: Expression | None
@@ -56,13 +57,15 @@ class CompiledRule:
     selectors: tuple[CompiledSelector, ...]
     constraints: tuple[tuple[str, Expression | None], ...]
     # The same expressions batched into one list each, because every evaluation pays for a
-    # fresh engine context: refusal conditions; [count, memory, memoryPercent, cores,
+    # fresh engine context: refusal then warning conditions; [count, memory, memoryPercent, cores,
     # enforcement, policy] with 0 / "" for unset; selector then constraint conditions.
     refusal_batch: Expression | None = None
     output_batch: Expression | None = None
     condition_batch: Expression | None = None
     # "defer" or "translate": see ExtendedResourceNames.
     extended_resource_names: ExtendedResourceNames = "defer"
+    # Resources whose value may have a fraction: value × unit is rounded down.
+    fractional: frozenset[str] = frozenset()
 
     def claims(self, resource: str) -> bool:
         """Whether this rule reads `resource`."""
@@ -91,6 +94,9 @@ class RuleSet:
     by_prefix: tuple[tuple[str, CompiledRule], ...] = ()
     cache: dict[Any, Any] = field(default_factory=dict)
     cache_size: int = 4096
+    # Resource names (exact, and prefixes ending in *) that only disabled rules read -> rule.
+    disabled_resources: Mapping[str, str] = field(default_factory=dict)
+    disabled_prefixes: tuple[tuple[str, str], ...] = ()
     # Sorted pod annotation and nodeSelector keys some rule reads: part of the shape key.
     annotation_order: tuple[str, ...] = ()
     node_selector_order: tuple[str, ...] = ()
@@ -109,6 +115,9 @@ class RuleSet:
                 prefixes.append((rule.pattern, rule))
         self.by_resource = {k: tuple(v) for k, v in index.items()}
         self.by_prefix = tuple(prefixes)
+        self.disabled_prefixes = tuple((name[:-1], rule) for name, rule in
+                                       sorted(self.disabled_resources.items())
+                                       if name.endswith("*"))
         self.annotation_order = tuple(sorted(self.annotation_keys()))
         self.node_selector_order = tuple(sorted(self.node_selector_keys()))
 
@@ -144,6 +153,16 @@ class RuleSet:
             keys.update(rule.node_selector)
             keys.update(rule.match_node_selector)
         return frozenset(keys)
+
+    def disabled_rule(self, resource: str) -> str | None:
+        """The disabled rule that would translate `resource`, if only disabled rules read it."""
+        rule = self.disabled_resources.get(resource)
+        if rule is not None:
+            return rule
+        for prefix, rule in self.disabled_prefixes:
+            if resource.startswith(prefix):
+                return rule
+        return None
 
     def is_legacy(self, resource: str) -> bool:
         if resource in self.by_resource:

@@ -126,6 +126,11 @@ def compile_rule(entry: RuleEntry, problems: Problems) -> CompiledRule | None:
         compiled_refusal = expr(f"refuse[{i}].when", refusal.when)
         if compiled_refusal is not None:
             refusals.append((compiled_refusal, refusal.message))
+    warnings = []
+    for i, warning in enumerate(spec.warn):
+        compiled_warning = expr(f"warn[{i}].when", warning.when)
+        if compiled_warning is not None:
+            warnings.append((compiled_warning, warning.message))
     count = expr("device.count", device.count)
     optional = {
         key: (expr(f"device.{key}", text) if text is not None else None)
@@ -142,7 +147,7 @@ def compile_rule(entry: RuleEntry, problems: Problems) -> CompiledRule | None:
             except CelError as exc:
                 fail(f"{path}.cel", str(exc))
         selectors.append(CompiledSelector(
-            cel=sel.cel, attribute=sel.attribute or "", op=sel.op,
+            cel=sel.cel, attribute=sel.attribute or sel.capacity or "", op=sel.op,
             values=expr(f"{path}.values", sel.values) if sel.values else None,
             separator=sel.separator,
             when=expr(f"{path}.when", sel.when) if sel.when else None))
@@ -168,11 +173,14 @@ def compile_rule(entry: RuleEntry, problems: Problems) -> CompiledRule | None:
         annotations=tuple(spec.annotations), node_selector=tuple(spec.node_selector),
         match_annotations=dict(spec.match.annotations),
         match_node_selector=dict(spec.match.node_selector), when=when,
-        variables=tuple(compiled_vars), refusals=tuple(refusals), count=count,
+        variables=tuple(compiled_vars), refusals=tuple(refusals), warnings=tuple(warnings),
+        count=count,
         memory=optional["memory"], memory_percent=optional["memoryPercent"],
         cores=optional["cores"], enforcement=optional["enforcement"],
         policy=optional["policy"], selectors=tuple(selectors), constraints=tuple(constraints),
-        extended_resource_names=entry.extended_resource_names)
+        extended_resource_names=entry.extended_resource_names,
+        fractional=frozenset(name for name, res in spec.resources.items()
+                             if res is not None and res.fractional))
     _dry_run(rule, entry, problems)
     if len(problems.errors) > errors_before:
         return None
@@ -198,7 +206,7 @@ def _batched(rule: CompiledRule, spec: RuleSpec, sample: dict[str, Any]) -> Comp
                                   what=f"rule {spec.name}")
 
     return dataclasses.replace(
-        rule, refusal_batch=batch([r.when for r in spec.refuse]),
+        rule, refusal_batch=batch([r.when for r in spec.refuse] + [w.when for w in spec.warn]),
         output_batch=batch(outputs), condition_batch=batch(conditions))
 
 
@@ -271,6 +279,8 @@ def _dry_run(rule: CompiledRule, entry: RuleEntry, problems: Problems) -> None:
             activation[name] = check(f"variables[{i}].expression", variable, activation, None)
         for i, (refusal, _) in enumerate(rule.refusals):
             check(f"refuse[{i}].when", refusal, activation, (bool,))
+        for i, (warning, _) in enumerate(rule.warnings):
+            check(f"warn[{i}].when", warning, activation, (bool,))
         for key, output in (("count", rule.count), ("memory", rule.memory),
                                 ("memoryPercent", rule.memory_percent), ("cores", rule.cores),
                                 ("enforcement", rule.enforcement), ("policy", rule.policy)):
@@ -291,7 +301,8 @@ def _dry_run(rule: CompiledRule, entry: RuleEntry, problems: Problems) -> None:
             enabled = check(f"{path}.when", sel.when, activation, (bool,))
             if sel.when is not None and enabled is not True:
                 continue
-            values = check(f"{path}.values", sel.values, activation, (str, list))
+            values = check(f"{path}.values", sel.values, activation,
+                           (int,) if sel.op == "atLeast" else (str, list))
             if sel.values is not None and values is not None and f"{path}.values" not in reported:
                 rendered = render_selector(sel, rule.driver, selector_values(sel, values))
                 if rendered is not None:

@@ -12,6 +12,7 @@ where a container sits in the pod beyond its kind.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, NamedTuple
@@ -134,8 +135,10 @@ def quote(text: str) -> str:
     return orjson.dumps(text).decode()
 
 
-def _whole_value(resource: str, *, subject: _Subject, limit: Any, request: Any) -> int:
-    """A legacy resource's value as a non-negative whole number (limits win, as upstream)."""
+def _scaled_value(resource: str, *, subject: _Subject, limit: Any, request: Any,
+                  factor: int) -> int:
+    """A legacy resource's value times its unit, as a non-negative whole number (limits win,
+    as upstream). A fractional resource may have a fraction; the product is rounded down."""
     raw = limit if limit is not None else request
     one = replace(subject, resources=(resource,))
     try:
@@ -148,9 +151,11 @@ def _whole_value(resource: str, *, subject: _Subject, limit: Any, request: Any) 
         raise one.refuse(f"{resource}: {exc}") from None
     if quantity.sign() < 0:
         raise one.refuse(f"{resource} is {raw}, a negative amount")
+    if resource in subject.rule.fractional:
+        return math.floor(quantity.as_fraction() * factor)
     if not quantity.is_integer():
         raise one.refuse(f"{resource} is {raw}, not a whole number; ask for whole units")
-    return quantity.value()
+    return quantity.value() * factor
 
 
 def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
@@ -188,12 +193,16 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
     subject = _Subject(rule=rule, container=name, resources=tuple(covered))
     for index, (variable, expression) in enumerate(rule.variables):
         activation[variable] = _evaluate(subject, f"variables[{index}]", expression, activation)
-    flags = _evaluate_all(subject, rule.refusal_batch,
-                          [(f"refuse[{i}].when", e) for i, (e, _) in enumerate(rule.refusals)],
-                          activation)
-    for flag, (_, message) in zip(flags, rule.refusals, strict=True):
+    flags = _evaluate_all(subject, rule.refusal_batch, [
+        *((f"refuse[{i}].when", e) for i, (e, _) in enumerate(rule.refusals)),
+        *((f"warn[{i}].when", e) for i, (e, _) in enumerate(rule.warnings))], activation)
+    refusals = len(rule.refusals)
+    for flag, (_, message) in zip(flags[:refusals], rule.refusals, strict=True):
         if flag is True:
             raise subject.refuse(message)
+    own_warnings = [f"container {quote(name)}: {message} (rule {rule.name})"
+                    for flag, (_, message) in zip(flags[refusals:], rule.warnings, strict=True)
+                    if flag is True]
     outputs = _outputs(subject, activation)
     conditions = _evaluate_all(subject, rule.condition_batch, [
         *((f"device.selectors[{i}].when", sel.when) for i, sel in enumerate(rule.selectors)),
@@ -202,7 +211,6 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
     selectors = _selectors(subject, conditions[:len(rule.selectors)], activation)
     request = {"name": name, "exactly": _exactly(rule, outputs, selectors)}
 
-    own_warnings: list[str] = []
     config = None
     if rule.gateway_class:
         enforcement = outputs.enforcement or "none"
@@ -375,9 +383,9 @@ def _activation(subject: _Subject, *, found: Found, context: PodContext) -> dict
     wildcard = ""
     pattern_names = []
     for resource in subject.resources:
-        value = _whole_value(resource, subject=subject, limit=limits.get(resource),
-                             request=requests.get(resource))
-        scaled = value * rule.exact.get(resource, rule.pattern_factor)
+        scaled = _scaled_value(resource, subject=subject, limit=limits.get(resource),
+                               request=requests.get(resource),
+                               factor=rule.exact.get(resource, rule.pattern_factor))
         if scaled > _INT64_MAX:
             # Expressions compute in CEL's 64-bit integers; no device has that much anyway.
             raise refuse(f"{resource} is {limits.get(resource, requests.get(resource))}, "
@@ -464,9 +472,14 @@ def _selectors(subject: _Subject, enabled: list[Any], activation: dict[str, Any]
             continue
         value = _evaluate(subject, f"device.selectors[{index}].values", selector.values,
                           activation)
-        if isinstance(value, str):
+        if selector.op == "atLeast":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise subject.refuse(f"device.selectors[{index}].values gave {value!r}, not a "
+                                     "whole number")
+        elif isinstance(value, str):
             value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        if selector.op != "atLeast" and (
+                not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
             raise subject.refuse(f"device.selectors[{index}].values gave {value!r}, not strings")
         rendered = render_selector(selector, rule.driver, selector_values(selector, value))
         if rendered is not None:

@@ -42,7 +42,8 @@ UNITS: Final[Mapping[str, int]] = {
 # value (times its unit), 0 when the container does not ask for it.
 BASE_VARIABLES: Final = ("r", "container", "annotations", "nodeSelector", "namespace", "wildcard")
 
-SelectorOp = Literal["equals", "in", "notIn", "containsAnyIgnoreCase", "notContainsAnyIgnoreCase"]
+SelectorOp = Literal["equals", "in", "notIn", "containsAnyIgnoreCase", "notContainsAnyIgnoreCase",
+                     "atLeast"]
 Allocator = Literal["gateway", "scheduler"]
 # What a rule does with a resource it reads that a DeviceClass of the cluster declares as its
 # `spec.extendedResourceName` (kube-scheduler then serves the name itself; translator/extended.py).
@@ -84,6 +85,9 @@ class ResourceSpec(_Model):
     """One legacy resource a rule reads (and removes from the container)."""
 
     unit: Unit = Field(default="", description="unit of the value; the rule sees value × unit")
+    fractional: bool = Field(
+        default=False, description="the value may have a fraction (gpushare's 5.5 GiB); the "
+        "rule sees value × unit rounded down to a whole number")
 
 
 class MatchSpec(_Model):
@@ -119,32 +123,45 @@ class RefusalSpec(_Model):
     message: str = Field(min_length=1, description="what is wrong and how to fix it")
 
 
+class WarningSpec(_Model):
+    when: CelText = Field(description="CEL condition; true adds the message to the warnings")
+    message: str = Field(min_length=1, description="what looks wrong and what to check")
+
+
 class SelectorSpec(_Model):
-    """A device selector: either raw DRA CEL, or an attribute test built from the pod safely."""
+    """A device selector: raw DRA CEL, an attribute test built from the pod safely, or a
+    capacity test (`op: atLeast`) against an amount the rule computes."""
 
     cel: CelText | None = Field(default=None, description="a DRA CEL selector, used as written")
     attribute: str | None = Field(default=None, description="device attribute, e.g. productName")
+    capacity: str | None = Field(default=None, description="device capacity, e.g. memory "
+                                 "(with op atLeast and values giving a whole number)")
     op: SelectorOp = "equals"
     values: CelText | None = Field(default=None,
-                                   description="CEL giving a string or list of strings")
+                                   description="CEL giving a string or list of strings (a "
+                                   "whole number for a capacity)")
     separator: str | None = Field(default=None, description="split string values on this")
     when: CelText | None = Field(default=None,
                                  description="CEL condition; false skips the selector")
 
 
-    @field_validator("attribute")
+    @field_validator("attribute", "capacity")
     @classmethod
     def _attribute(cls, value: str | None) -> str | None:
         if value is not None and not IDENT_RE.match(value):
-            raise ValueError(f"{json.dumps(value)} is not an attribute name (a C identifier)")
+            raise ValueError(f"{json.dumps(value)} is not an attribute or capacity name (a C "
+                             "identifier)")
         return value
 
     @model_validator(mode="after")
     def _one_form(self) -> SelectorSpec:
-        if (self.cel is None) == (self.attribute is None):
-            raise ValueError("set exactly one of cel or attribute")
-        if self.attribute is not None and self.values is None:
-            raise ValueError("an attribute selector needs values")
+        if sum(x is not None for x in (self.cel, self.attribute, self.capacity)) != 1:
+            raise ValueError("set exactly one of cel, attribute or capacity")
+        if (self.attribute is not None or self.capacity is not None) and self.values is None:
+            raise ValueError("an attribute or capacity selector needs values")
+        if (self.capacity is not None) != (self.op == "atLeast"):
+            raise ValueError("op atLeast goes with capacity, and a capacity selector uses "
+                             "op atLeast")
         return self
 
 
@@ -182,6 +199,8 @@ class RuleSpec(_Model):
     match: MatchSpec = Field(default_factory=MatchSpec)
     variables: list[VariableSpec] = Field(default_factory=list)
     refuse: list[RefusalSpec] = Field(default_factory=list)
+    warn: list[WarningSpec] = Field(default_factory=list, description="conditions that still "
+                                    "translate the pod, with a warning to its author")
     device: DeviceSpec
     extended_resource_names: ExtendedResourceNames = Field(
         default="defer", alias="extendedResourceNames",

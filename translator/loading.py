@@ -205,4 +205,19 @@ def _assemble(documents: list[_ValidDocument], problems: Problems) -> RuleSet:
     if problems.errors:
         raise RulesError(problems.errors, problems.counts())
     compiled.sort(key=lambda r: (-r.precedence, r.name))
-    return RuleSet(rules=tuple(compiled), disabled=tuple(disabled))
+    return RuleSet(rules=tuple(compiled), disabled=tuple(disabled),
+                   disabled_resources=_only_disabled(compiled, [entries[n] for n in disabled]))
+
+
+def _only_disabled(enabled: list[CompiledRule], disabled: list[RuleEntry]) -> dict[str, str]:
+    """Resource names (a pattern keeps its *) only disabled rules read, each with the first
+    such rule by name: a pod asking for one is told which rule to enable."""
+    out: dict[str, str] = {}
+    for entry in disabled:
+        for resource in entry.spec.resources:
+            pattern = resource[:-1] if resource.endswith("*") else None
+            read = any(r.claims(resource) if pattern is None else r.pattern == pattern
+                       for r in enabled)
+            if not read:
+                out.setdefault(resource, entry.spec.name)
+    return out

@@ -16,7 +16,7 @@ from dra_gateway.translator.compiled import CompiledSelector
 
 def selector_values(selector: CompiledSelector, value: Any) -> list[str]:
     """The strings a selector's `values` expression gave, split and trimmed."""
-    items = [value] if isinstance(value, str) else list(value)
+    items = [value] if isinstance(value, (str, int)) else list(value)
     out: list[str] = []
     for item in items:
         text = str(item)
@@ -38,6 +38,13 @@ def render_selector(selector: CompiledSelector, driver: str, values: Sequence[st
     """
     if not values:
         return None
+    if selector.op == "atLeast":
+        # A whole number the rule computed (never pod text): the largest of them.
+        amount = max(int(v) for v in values)
+        capacities = f"device.capacity[{_literal(driver)}]"
+        return (f"{_literal(selector.attribute)} in {capacities} && "
+                f"{capacities}.{selector.attribute}.compareTo(quantity({_literal(str(amount))}))"
+                " >= 0")
     attrs = f"device.attributes[{_literal(driver)}]"
     present = f"{_literal(selector.attribute)} in {attrs}"
     attr = f"{attrs}.{selector.attribute}"

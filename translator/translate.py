@@ -42,6 +42,7 @@ __all__ = [
     "ClassLookup",
     "Refusal",
     "TranslationPlan",
+    "Untranslated",
     "escape_pointer",
     "template_name",
     "translate",
@@ -59,6 +60,21 @@ _MANAGED: Final = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 ClassLookup = Callable[[str, str, str], Collection[str] | None]
 
 
+@dataclass(frozen=True, slots=True)
+class Untranslated:
+    """A legacy GPU resource a pod keeps because the rule that knows it is disabled."""
+
+    container: str
+    resource: str
+    rule: str
+
+    @property
+    def reason(self) -> str:
+        return (f"rule {self.rule} is disabled; enable it with an override naming the "
+                f"DeviceClass that serves it (overrides: [{{rule: {self.rule}, enabled: true, "
+                "className: <class>}])")
+
+
 @dataclass(slots=True)
 class TranslationPlan:
     """What to do with a pod: templates to ensure, a JSON patch, or a refusal."""
@@ -71,6 +87,9 @@ class TranslationPlan:
     # Resources that DeviceClasses declare as spec.extendedResourceName, per container: left
     # for kube-scheduler or translated anyway (see `translate`'s `extended`).
     extended: list[ExtendedResourceUse] = field(default_factory=list)
+    # Known legacy GPU resources left in the pod because their rule is disabled (each also
+    # has a warning): nothing is dropped without a word.
+    untranslated: list[Untranslated] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -141,7 +160,9 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
         return plan
 
     found: list[Found] = []
+    untranslated: list[Untranslated] = []
     is_legacy = rules.is_legacy
+    disabled_rule = rules.disabled_rule if rules.disabled_resources else None
     for key in ("initContainers", "containers"):
         for index, container in enumerate(spec.get(key) or ()):
             resources = container.get("resources")
@@ -153,8 +174,15 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
             in_requests = tuple(n for n in requests if is_legacy(n))
             if in_limits or in_requests:
                 found.append(Found(key, index, container, in_limits, in_requests))
+            if disabled_rule is not None:
+                for name in dict.fromkeys((*limits, *requests)):
+                    rule = disabled_rule(name)
+                    if rule is not None and not is_legacy(name):
+                        untranslated.append(Untranslated(container.get("name", ""), name, rule))
 
     plan = TranslationPlan()
+    if untranslated:
+        _say_untranslated(untranslated, plan)
     if not found:
         if _references_gateway_class(spec, namespace, class_lookup):
             _add_gate(spec, plan.patch)
@@ -215,6 +243,18 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
     if pod_plan.gated or _references_gateway_class(spec, namespace, class_lookup):
         _add_gate(spec, plan.patch)
     return plan
+
+
+def _say_untranslated(untranslated: list[Untranslated], plan: TranslationPlan) -> None:
+    """One warning per container and disabled rule, naming the resources and the fix."""
+    plan.untranslated.extend(untranslated)
+    by_rule: dict[tuple[str, str], list[str]] = {}
+    for item in untranslated:
+        by_rule.setdefault((item.container, item.rule), []).append(item.resource)
+    for (container, rule), resources in by_rule.items():
+        reason = Untranslated(container, resources[0], rule).reason
+        plan.warnings.append(f"container {quote(container)}: {', '.join(resources)} left "
+                             f"untranslated: {reason}")
 
 
 def _key(value: Any) -> Any:

@@ -259,6 +259,8 @@ async def _answer_mutate(state: WebhookState, review: Review) -> bytes:
         state.metrics.translations.labels(rule).inc()
     if decision.extended:
         _extended_said(state, review, decision)
+    for item in decision.untranslated:
+        state.metrics.untranslated.labels(item.resource, item.rule).inc()
     state.metrics.outcome("mutate", "patched" if decision.patch else "allowed")
     return reviews.response(review.uid, patch=decision.patch, warnings=decision.warnings,
                             audit=decision.audit)

@@ -61,8 +61,12 @@ def _key_test(var: str, exact: frozenset[str], prefixes: frozenset[str]) -> str:
 
 
 def match_expression(rules: RuleSet) -> str:
-    """The CEL expression selecting the pods the gateway must see."""
-    key = _key_test("k", rules.legacy_resource_names(), rules.legacy_resource_prefixes())
+    """The CEL expression selecting the pods the gateway must see: those asking for a legacy
+    name some rule reads, enabled or not (a disabled rule's name gets a warning)."""
+    disabled = rules.disabled_resources
+    key = _key_test("k", rules.legacy_resource_names() | {
+        n for n in disabled if not n.endswith("*")}, rules.legacy_resource_prefixes() | {
+        n[:-1] for n in disabled if n.endswith("*")})
     resources = (f"has(c.resources) && ((has(c.resources.limits) && "
                  f"c.resources.limits.exists(k, {key})) || (has(c.resources.requests) && "
                  f"c.resources.requests.exists(k, {key})))")

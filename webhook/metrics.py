@@ -68,6 +68,11 @@ class Metrics:
             "deferred (left to kube-scheduler) or translated (a rule says "
             "extendedResourceNames: translate).", ["resource", "device_class", "action"],
             registry=r)
+        self.untranslated = Counter(
+            "dra_gateway_webhook_untranslated_resources_total",
+            "Containers keeping a known legacy GPU resource because the rule that translates "
+            "it is disabled (the pod is admitted with a warning naming the rule to enable), by "
+            "resource and rule.", ["resource", "rule"], registry=r)
         self.extended_declarations = Gauge(
             "dra_gateway_webhook_device_class_extended_resources",
             "1 for each DeviceClass declaring a legacy resource name as "

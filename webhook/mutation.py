@@ -18,7 +18,7 @@ import orjson
 
 from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
 from dra_gateway.translator.rules import RuleSet
-from dra_gateway.translator.translate import ClassLookup, translate
+from dra_gateway.translator.translate import ClassLookup, Untranslated, translate
 from dra_gateway.webhook.reviews import Refusal, encode_patch
 
 # A pod the rules cannot honour is a request the user must change, not a server failure.
@@ -36,6 +36,8 @@ class Mutation:
     rules_applied: tuple[str, ...] = ()
     # Resources a DeviceClass declares as spec.extendedResourceName: deferred or translated.
     extended: tuple[ExtendedResourceUse, ...] = ()
+    # Known legacy names left in the pod because their rule is disabled (each with a warning).
+    untranslated: tuple[Untranslated, ...] = ()
 
 
 NO_CHANGE = Mutation()
@@ -103,6 +105,7 @@ def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
     warnings = tuple(plan.warnings)
     applied = tuple(plan.rules_applied)
     uses = tuple(plan.extended)
+    untranslated = tuple(plan.untranslated)
     if plan.refusal is not None:
         return Mutation(
             refusal=Refusal(REFUSED_CODE, REFUSED_REASON, plan.refusal.message),
@@ -110,7 +113,8 @@ def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
             audit={"refused-by-rule": plan.refusal.rule} if plan.refusal.rule else {},
         )
     if not plan.patch:
-        return Mutation(warnings=warnings, extended=uses) if warnings or uses else NO_CHANGE
+        return Mutation(warnings=warnings, extended=uses, untranslated=untranslated) \
+            if warnings or uses else NO_CHANGE
     audit: dict[str, str] = {}
     if applied:
         audit["translated-by"] = ",".join(applied)
@@ -124,4 +128,5 @@ def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
         audit=audit,
         rules_applied=applied,
         extended=uses,
+        untranslated=untranslated,
     )

@@ -219,6 +219,8 @@ def test_deferred_resources_are_the_declared_name_and_its_rules_companions(
     everything_translates = rules_with(TAKE_BACK + """
   - rule: hami
     extendedResourceNames: translate
+  - rule: hami-mig
+    extendedResourceNames: translate
 """, tmp_path)
     assert deferred_resources(container, everything_translates, NVIDIA_GPU) == set()
 
@@ -234,7 +236,8 @@ def test_the_report_names_classes_and_the_rules_that_defer_or_translate(
     assert line.startswith(
         "nvidia.com/gpu: DeviceClasses gpu.nvidia.com, gpu.dra-gateway.io declare nvidia.com/gpu "
         "(spec.extendedResourceName); kube-scheduler uses gpu.nvidia.com, the newest; rules "
-        "hami, nvidia-gpu leave it to kube-scheduler (set extendedResourceNames: translate on "
+        "hami, hami-mig, nvidia-gpu leave it to kube-scheduler (set extendedResourceNames: "
+        "translate on "
         "a rule to translate it)")
     assert "rule hami: nvidia.com/gpucores, nvidia.com/gpumem" in line
     own = ExtendedResources.from_device_classes([device_class(names.GPU_CLASS,
@@ -245,7 +248,8 @@ def test_the_report_names_classes_and_the_rules_that_defer_or_translate(
         "nvidia.com/gpu: gpu.dra-gateway.io is a dra-gateway DeviceClass: kube-scheduler "
         "allocates its devices for nvidia.com/gpu itself, outside the gateway's allocator "
         "(whole devices, no shares, no enforcement); remove spec.extendedResourceName from "
-        "DeviceClass gpu.dra-gateway.io, or set extendedResourceNames: translate on rule hami")
+        "DeviceClass gpu.dra-gateway.io, or set extendedResourceNames: translate on rules "
+        "hami, hami-mig")
 
 
 # ---- the CLI -----------------------------------------------------------------------------------
@@ -269,9 +273,9 @@ def test_rules_check_notes_the_names_a_device_class_file_declares(
     lines = out.splitlines()
     assert lines[0].startswith("ok: ")
     assert lines[1].startswith("note: nvidia.com/gpu: DeviceClass gpu.nvidia.com declares "
-                               "nvidia.com/gpu (spec.extendedResourceName); rule hami leaves "
-                               "it to kube-scheduler (set extendedResourceNames: translate on a "
-                               "rule to translate it); ")
+                               "nvidia.com/gpu (spec.extendedResourceName); rules hami, hami-mig "
+                               "leave it to kube-scheduler (set extendedResourceNames: translate "
+                               "on a rule to translate it); ")
     assert lines[1].endswith("; rule nvidia-gpu translates it anyway "
                              "(extendedResourceNames: translate)")
     # Without the file, nothing to note.

@@ -36,13 +36,18 @@ def test_builtin_rules_cover_every_protocol(builtin_rules: RuleSet) -> None:
         "tke.cloud.tencent.com/qgpu-core", "tke.cloud.tencent.com/qgpu-memory",
         "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores",
         "amd.com/gpu", "gpu.intel.com/i915", "gpu.intel.com/xe", "habana.ai/gaudi",
-        "k8s.amazonaws.com/vgpu"})
+        "k8s.amazonaws.com/vgpu", "amd.com/gpumem", "volcano.sh/gpu-memory",
+        "volcano.sh/gpu-number", "kubernetes.io/gpu", "kubernetes.io/gpu-core",
+        "kubernetes.io/gpu-memory", "kubernetes.io/gpu-memory-ratio"})
     assert builtin_rules.legacy_resource_prefixes() == frozenset({"nvidia.com/mig-"})
     assert builtin_rules.annotation_keys() == frozenset({
         "nvidia.com/use-gputype", "nvidia.com/nouse-gputype", "nvidia.com/use-gpuuuid",
         "nvidia.com/nouse-gpuuuid", "nvidia.com/numa-bind", "hami.io/gpu-scheduler-policy",
-        "nvidia.com/vgpu-mode"})
-    assert builtin_rules.disabled == ("aws-neuron", "aws-neuroncore", "google-tpu")
+        "hami.io/node-scheduler-policy", "nvidia.com/vgpu-mode"})
+    assert builtin_rules.disabled == (
+        "ascend-npu", "aws-neuron", "aws-neuroncore", "aws-neurondevice", "cambricon-mlu",
+        "enflame-gcu", "google-tpu", "hygon-dcu", "iluvatar", "intel-gpu", "metax-sgpu",
+        "mthreads-gpu")
 
 
 def test_unknown_unit_is_reported_with_its_path(tmp_path: Path,
@@ -127,7 +132,8 @@ rules:
 """)
     assert message == (
         '1 rule failed to load: extra.yaml: rules[0].precedence: rule "my-gpu" reads '
-        'nvidia.com/gpu like rules "hami" and "nvidia-gpu", with no precedence between them; '
+        'nvidia.com/gpu like rules "hami" and "hami-mig" and "nvidia-gpu", with no precedence '
+        'between them; '
         "give it a different precedence, reuse the name to replace a rule, or disable one")
 
 
@@ -221,7 +227,7 @@ rules:
     assert only_request(small)["exactly"]["deviceClassName"] == names.MIG_CLASS
     large = translate(pod(ctr("main", limits={"nvidia.com/gpumem": 20000}), annotations=mig),
                       rules)
-    assert large.rules_applied == ["hami"]
+    assert large.rules_applied == ["hami-mig"]  # the built-in dynamic-MIG rule, below it
     plain = translate(pod(ctr("main", limits={"nvidia.com/gpumem": 8000})), rules)
     assert plain.rules_applied == ["hami"]
 
