@@ -1,0 +1,41 @@
+"""Fixtures of the e2e tier: the gateway installed on a real control plane per supported
+Kubernetes release and feature-gate setting (one at a time, torn down before the next).
+
+Each parameter builds its release's binaries with hack/build-control-plane.sh (cached per
+version), so a cold run builds Kubernetes from the Go module proxy. Without Go or helm, or when
+a build fails, the tier skips with the reason, except in CI (CI=true), where that is a failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from e2e.support import Gateway, build_binaries, find_helm, install
+
+# (id, Kubernetes version, feature gates): every release and gate setting the gateway supports.
+SETUPS: tuple[tuple[str, str, dict[str, bool]], ...] = (
+    ("1.34.4", "1.34.4", {}),
+    ("1.34.4-consumable-capacity", "1.34.4", {"DRAConsumableCapacity": True}),
+    ("1.37.2", "1.37.2", {}),
+)
+
+
+@pytest.fixture(scope="session", params=SETUPS, ids=[s[0] for s in SETUPS])
+def gateway(request: pytest.FixtureRequest,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    setup_id, version, gates = request.param
+    helm = find_helm()
+    bin_dir = build_binaries(version)
+    work = tmp_path_factory.mktemp(f"e2e-{setup_id}")
+    with install(version, gates, bin_dir, helm, work) as installed:
+        yield installed
+
+
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    # Builds and control planes take minutes, not the suite's default 60 s.
+    for item in items:
+        if "tests/e2e/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(pytest.mark.timeout(1800))
