@@ -20,7 +20,9 @@ Nothing is kept anywhere but in the API: a new leader rebuilds everything from a
 Around it: `process.py` (flags, signals, leadership terms), `settings.py`, `work.py` (keys,
 outcomes), `index.py` (which pods use which claims), `claims.py` (a pod's claims from the
 mirror), `writes.py` (a claim's allocation, the gate's removal), `release.py`, `unplaceable.py`
-(when a pod that did not fit is planned again) and `events.py` (Warning Events).
+(when a pod that did not fit is planned again), `events.py` (Warning Events), `policies.py`
+(GPUQuotas, GPUSharingPolicies and Namespaces mirrored into the planner; GPUQuota status) and
+`conditions.py` (the pod condition of a pod a quota holds back).
 
 At about 560 lines this module is over the house's 500 for a reason: what is left (informer
 handlers, workers, the API's feature mode, and the pod's plan-write-ungate path) all reads and
@@ -40,11 +42,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dra_gateway.allocator.claims import claims_for
+from dra_gateway.allocator.conditions import PLACED, quota_condition, set_quota_condition
 from dra_gateway.allocator.events import COMPONENT, EventRecorder
 from dra_gateway.allocator.index import ClaimIndex
 from dra_gateway.allocator.informer import Change, Informer
-from dra_gateway.allocator.metrics import Metrics, Stats
+from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
+from dra_gateway.allocator.policies import PolicyMirror, QuotaStatusWriter
 from dra_gateway.allocator.release import ClaimReleaser
 from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.allocator.unplaceable import Unplaceable
@@ -133,7 +137,15 @@ class Controller:
         self.nodes = Informer(cluster, NODES, self._on_node, watch_timeout=timeout)
         self.pods = Informer(cluster, PODS, self._on_pod, field_selector=LIVE_PODS_SELECTOR,
                              watch_timeout=timeout)
-        self.informers = (self.classes, self.nodes, self.slices, self.claims, self.pods)
+        self.policy_mirror = PolicyMirror(cluster, self._on_policies, watch_timeout=timeout)
+        # Policies first: a pod planned before its namespace's quotas are known could pass them.
+        self.informers = (*self.policy_mirror.informers, self.classes, self.nodes, self.slices,
+                          self.claims, self.pods)
+        self.quota_status = QuotaStatusWriter(cluster, self.policy_mirror.quotas,
+                                              metrics=self.metrics,
+                                              interval=self.settings.quota_status_interval,
+                                              policies=lambda: self.state.policies)
+        self.pending = PendingPods(self.metrics.pending_pods)
         self.index = ClaimIndex()
         self.unplaceable = Unplaceable(self.queue,
                                        debounce=self.settings.retry_unplaceable_after,
@@ -171,9 +183,12 @@ class Controller:
                 "claims": len(self.claims.store), "slices": len(self.slices.store),
                 "nodes": len(self.nodes.store), "pods": len(self.pods.store),
                 "deviceClasses": len(self.classes.store)})
+            self.state.set_policies(self.policy_mirror.catalog())
             for n in range(max(1, self.settings.workers)):
                 tasks.append(asyncio.create_task(self._worker(), name=f"allocator-worker-{n}"))
             tasks.append(asyncio.create_task(self._resync(), name="allocator-resync"))
+            tasks.append(asyncio.create_task(self.quota_status.run(), name="quota-status"))
+            self.quota_status.changed()
             self.ready.set()
             await asyncio.gather(*tasks)
         finally:
@@ -224,6 +239,8 @@ class Controller:
         self.state = ClusterState(PlannerSettings(default_policy=self.settings.policy,
                                                   consumable_capacity=bool(
                                                       self.consumable_capacity)))
+        if all(i.synced.is_set() for i in self.policy_mirror.informers):
+            self.state.set_policies(self.policy_mirror.catalog())
         for obj in self.classes.values():
             self.state.set_device_class(obj)
         for obj in self.nodes.values():
@@ -298,6 +315,11 @@ class Controller:
 
     # Informer handlers (synchronous: each runs atomically on the loop) -----------------------
 
+    def _on_policies(self, catalog: Any) -> None:
+        self.state.set_policies(catalog)
+        self.quota_status.changed()
+        self.unplaceable.capacity_changed()
+
     def _on_slice(self, change: Change, obj: Object, old: Object | None) -> None:
         if change == "deleted":
             self.state.remove_slice(objects.name(obj))
@@ -334,6 +356,7 @@ class Controller:
         if change == "deleted":
             self.state.remove_pod(uid)
             self.events.forget(uid)
+            self.pending.drop(uid)
             self.unplaceable.discard(PodKey(ns, name, uid))
             held = self.index.claims_of(uid)
             self.index.remove_pod(uid)
@@ -364,6 +387,8 @@ class Controller:
         was_allocated = old is not None and is_allocated(old)
         if was_allocated and (change == "deleted" or not is_allocated(obj)):
             self.unplaceable.capacity_changed()
+        if was_allocated or is_allocated(obj):
+            self.quota_status.changed()
         # Gated pods waiting for this claim (to appear, or to be planned again), and the
         # CPU and memory of unbound pods placed through it.
         for uid in self.index.users_of(obj):
@@ -482,9 +507,20 @@ class Controller:
                     await self.releaser.release(claim, replanning=True)
                 return "retry"
             log.info("pod cannot be placed", extra={"pod": str(key), "reason": reason})
+            if plan.quota_reason is not None:
+                # Held back by a GPUQuota: the pod says so (condition) and so does an Event.
+                self.pending.set(key.uid, plan.quota_reason)
+                await set_quota_condition(self.cluster, pod, held=True,
+                                          reason=plan.quota_reason, message=reason)
+                await self.events.record_failure(pod, reason, reason=plan.quota_reason)
+                return "retry"
+            self.pending.set(key.uid, "Unschedulable")
+            await self._clear_quota_condition(pod, "within its GPUQuotas, waiting for room: "
+                                              f"{reason}")
             await self.events.record_failure(pod, reason)
             return "retry"
         self.unplaceable.discard(key)
+        self.pending.drop(key.uid)
         missing = [c for c in pending if objects.uid(c) not in plan.allocations]
         if missing:
             names_missing = ", ".join(objects.name(c) for c in missing)
@@ -509,7 +545,18 @@ class Controller:
                 self._refresh_placement(live)
         log.info("allocated", extra={"pod": str(key), "node": plan.node_name,
                                      "claims": [objects.name(c) for c in pending]})
+        if plan.charges:
+            # Later pods of the namespace may have waited behind this one for its quota.
+            self.unplaceable.capacity_changed()
+        await self._clear_quota_condition(pod, f"placed on {plan.node_name} within its "
+                                          "GPUQuotas")
         return "done"
+
+    async def _clear_quota_condition(self, pod: Object, message: str) -> None:
+        condition = quota_condition(pod)
+        if condition is not None and condition.get("status") == "True":
+            await set_quota_condition(self.cluster, pod, held=False, reason=PLACED,
+                                      message=message)
 
     def _observe_claims(self, writes: Sequence[Write]) -> None:
         """Apply our own writes to the mirror unless the watch already brought them (or later)."""
@@ -556,6 +603,7 @@ class Controller:
             self.stats.pods_ungated += 1
             self.metrics.pods_allocated.inc()
             self.unplaceable.discard(key)
+            self.pending.drop(key.uid)
             log.info("scheduling gate removed", extra={
                 "pod": str(key), "claims": [objects.name(c) for c in gateway]})
             return "done"

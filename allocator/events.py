@@ -51,8 +51,10 @@ class EventRecorder:
         """The pod is gone: its Event expires on its own."""
         self._events.pop(pod_uid, None)
 
-    async def record_failure(self, pod: Object, message: str) -> None:
-        """A Warning Event on the pod, once per message (later repeats bump its count)."""
+    async def record_failure(self, pod: Object, message: str, *,
+                             reason: str = EVENT_ALLOCATION_FAILED) -> None:
+        """A Warning Event on the pod, once per message (later repeats bump its count);
+        `reason` is the Event's (QuotaExceeded for a pod a GPUQuota holds back)."""
         uid, (ns, name) = objects.uid(pod), objects.namespace_name(pod)
         message = message[:_MAX_MESSAGE]
         stamp = now()
@@ -72,7 +74,7 @@ class EventRecorder:
                 "metadata": {"name": event_name, "namespace": ns},
                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name,
                                    "namespace": ns, "uid": uid},
-                "reason": EVENT_ALLOCATION_FAILED, "message": message, "type": "Warning",
+                "reason": reason, "message": message, "type": "Warning",
                 "source": {"component": COMPONENT},
                 "reportingComponent": COMPONENT,
                 "reportingInstance": self.instance,

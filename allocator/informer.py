@@ -7,6 +7,10 @@ its own timeout resumes from the last resourceVersion seen; a watch or list that
 resume the server answers with Expired (410), relists and reports the difference with the
 store, so deletions missed while disconnected still arrive.
 
+An `optional` informer mirrors a type the API may not serve (a CRD the chart installs, such as
+GPUQuota): a 404 on its list counts as an empty list, so the controller syncs and runs, and the
+list is tried again every `max_backoff` until the type appears.
+
 Handlers are plain functions called on the event loop without awaiting: everything a
 handler does between two events is atomic with respect to the controller's workers. This
 module must not decide anything about allocation: it only mirrors the API.
@@ -22,7 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Literal
 
 from dra_gateway.kube import objects
-from dra_gateway.kube.cluster.port import ApiError, Cluster, Expired, Object
+from dra_gateway.kube.cluster.port import ApiError, Cluster, Expired, NotFound, Object
 from dra_gateway.kube.objects import resource_version as _rv
 from dra_gateway.kube.objects import uid as _uid
 from dra_gateway.kube.resources import ResourceType
@@ -53,7 +57,8 @@ class Informer:
     def __init__(self, cluster: Cluster, rt: ResourceType, handler: Handler, *,
                  namespace: str | None = None, label_selector: str | None = None,
                  field_selector: str | None = None, watch_timeout: float = 300.0,
-                 min_backoff: float = 0.2, max_backoff: float = 30.0) -> None:
+                 min_backoff: float = 0.2, max_backoff: float = 30.0,
+                 optional: bool = False) -> None:
         self.cluster = cluster
         self.rt = rt
         self.handler = handler
@@ -63,6 +68,8 @@ class Informer:
         self.watch_timeout = watch_timeout
         self.min_backoff = min_backoff
         self.max_backoff = max_backoff
+        self.optional = optional
+        self.absent = False  # an optional type the API server does not serve (yet)
         self.store: dict[Key, Object] = {}
         self.synced = asyncio.Event()
         self.relists = 0  # how many times the store was rebuilt from a list (first one included)
@@ -89,6 +96,10 @@ class Informer:
                     await self._list()
                     need_list = False
                     failures = 0
+                if self.absent:
+                    await asyncio.sleep(self.max_backoff)
+                    need_list = True
+                    continue
                 started = time.monotonic()
                 events = await self._watch()
                 if events == 0 and time.monotonic() - started < _SHORT_WATCH_SECONDS:
@@ -134,10 +145,23 @@ class Informer:
         return base * (0.5 + random.random() / 2)  # jitter: replicas must not relist in step
 
     async def _list(self) -> None:
-        listed = await self.cluster.list(self.rt, namespace=self.namespace,
-                                         label_selector=self.label_selector,
-                                         field_selector=self.field_selector)
-        fresh: dict[Key, Object] = {object_key(obj): obj for obj in listed.items}
+        try:
+            listed = await self.cluster.list(self.rt, namespace=self.namespace,
+                                             label_selector=self.label_selector,
+                                             field_selector=self.field_selector)
+        except NotFound:
+            if not self.optional:
+                raise
+            if not self.absent:
+                log.warning("the API server does not serve this resource; running without it "
+                            "and listing again later", extra={"resource": self.rt.plural})
+            self.absent = True
+            self._deliver({}, "")
+            return
+        self.absent = False
+        self._deliver({object_key(obj): obj for obj in listed.items}, listed.resource_version)
+
+    def _deliver(self, fresh: dict[Key, Object], resource_version: str) -> None:
         self._ahead.clear()  # the list is at least as new as any write of ours
         # Deliver the difference in one synchronous pass: handlers see a consistent store,
         # the whole list (a handler looking up another object must not miss an unchanged one).
@@ -158,7 +182,7 @@ class Informer:
                     self.handler("added", obj, None)
                 else:
                     self.handler("modified", obj, previous)
-        self._resource_version = listed.resource_version
+        self._resource_version = resource_version
         self.relists += 1
         self.synced.set()
 

@@ -59,7 +59,47 @@ class Metrics:
             registry=r)
         self.queue_depth = Gauge("dra_gateway_allocator_queue_depth",
                                  "Keys waiting in the work queue", registry=r)
+        self.quota_used = Gauge(
+            "dra_gateway_allocator_quota_used",
+            "GPUQuota usage counted by the allocator (memory in bytes, cores in percent of a "
+            "card, devices, claims)", ("namespace", "quota", "resource"), registry=r)
+        self.quota_hard = Gauge(
+            "dra_gateway_allocator_quota_hard", "GPUQuota spec.hard, per limited resource",
+            ("namespace", "quota", "resource"), registry=r)
+        self.pending_pods = Gauge(
+            "dra_gateway_allocator_pending_pods",
+            "Gated pods the allocator could not place, by reason (QuotaExceeded, "
+            "QueuedForQuota, Unschedulable)", ("reason",), registry=r)
 
     def render(self) -> bytes:
         """The text exposition format, for a /metrics endpoint."""
         return generate_latest(self.registry)
+
+
+class PendingPods:
+    """Gated pods the allocator could not place, by reason, mirrored into a gauge."""
+
+    def __init__(self, gauge: Gauge) -> None:
+        self.gauge = gauge
+        self._reasons: dict[str, str] = {}  # pod uid -> reason
+        self._seen: set[str] = set()
+
+    def set(self, uid: str, reason: str) -> None:
+        if self._reasons.get(uid) != reason:
+            self._reasons[uid] = reason
+            self._publish()
+
+    def drop(self, uid: str) -> None:
+        if self._reasons.pop(uid, None) is not None:
+            self._publish()
+
+    def reason(self, uid: str) -> str | None:
+        return self._reasons.get(uid)
+
+    def _publish(self) -> None:
+        counts: dict[str, int] = {}
+        for reason in self._reasons.values():
+            counts[reason] = counts.get(reason, 0) + 1
+        self._seen.update(counts)
+        for reason in self._seen:
+            self.gauge.labels(reason).set(counts.get(reason, 0))

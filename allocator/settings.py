@@ -30,6 +30,8 @@ class ControllerSettings:
     watch_timeout: float = 300.0
     # A repeated failure updates its Event's count at most this often (spam filter).
     event_interval: float = 30.0
+    # GPUQuota status (used, hard) is written at most this often after usage changed.
+    quota_status_interval: float = 2.0
 
 
 __all__ = ["ControllerSettings"]

@@ -139,11 +139,12 @@ class World:
 
     async def gated_pod(self, name: str, claim_specs: Iterable[Object], *, cpu: str = "1",
                         create_claims: bool = True, gated: bool = True,
-                        annotations: dict[str, str] | None = None) -> Object:
+                        annotations: dict[str, str] | None = None,
+                        namespace: str = NAMESPACE) -> Object:
         specs = list(claim_specs)
         pod: Object = {
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NAMESPACE,
+            "metadata": {"name": name, "namespace": namespace,
                          "annotations": annotations or {}},
             "spec": {
                 "containers": [{"name": "main", "image": "cuda:12",
@@ -158,7 +159,7 @@ class World:
         if gated:
             pod["spec"]["schedulingGates"] = [{"name": "example.com/other"},
                                               {"name": names.SCHEDULING_GATE}]
-        created = await self.cluster.create(PODS, pod, namespace=NAMESPACE)
+        created = await self.cluster.create(PODS, pod, namespace=namespace)
         self.pods[name] = created
         if create_claims:
             await self.create_claims(name, specs)
@@ -167,36 +168,42 @@ class World:
     async def create_claims(self, pod_name: str, specs: list[Object]) -> list[Object]:
         """Play the claim controller: claims owned by the pod, then the pod's claim statuses."""
         pod = self.pods[pod_name]
+        namespace = pod["metadata"]["namespace"]
         claims: list[Object] = []
         statuses: list[Object] = []
         for i, spec in enumerate(specs):
             claim = await self.cluster.create(RESOURCE_CLAIMS, {
                 "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                 "metadata": {
-                    "generateName": f"{pod_name}-gpu-{i}-", "namespace": NAMESPACE,
+                    "generateName": f"{pod_name}-gpu-{i}-", "namespace": namespace,
                     "annotations": {names.K8S_POD_CLAIM_NAME_ANNOTATION: f"gpu-{i}"},
                     "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod_name,
                                          "uid": pod["metadata"]["uid"], "controller": True,
                                          "blockOwnerDeletion": True}]},
-                "spec": spec}, namespace=NAMESPACE)
+                "spec": spec}, namespace=namespace)
             claims.append(claim)
             statuses.append({"name": f"gpu-{i}", "resourceClaimName": claim["metadata"]["name"]})
         await self.cluster.patch(PODS, pod_name, {"status": {"resourceClaimStatuses": statuses}},
-                                 namespace=NAMESPACE, subresource="status")
+                                 namespace=namespace, subresource="status")
         return claims
 
+    def _namespace(self, name: str) -> str:
+        known = self.pods.get(name)
+        return str(known["metadata"]["namespace"]) if known is not None else NAMESPACE
+
     async def pod(self, name: str) -> Object:
-        return await self.cluster.get(PODS, name, namespace=NAMESPACE)
+        return await self.cluster.get(PODS, name, namespace=self._namespace(name))
 
     async def claims_of(self, pod_name: str) -> list[Object]:
         pod = await self.pod(pod_name)
+        ns = self._namespace(pod_name)
         names_ = [s["resourceClaimName"] for s in
                   (pod.get("status") or {}).get("resourceClaimStatuses") or []]
-        return [await self.cluster.get(RESOURCE_CLAIMS, n, namespace=NAMESPACE) for n in names_]
+        return [await self.cluster.get(RESOURCE_CLAIMS, n, namespace=ns) for n in names_]
 
     async def finish(self, name: str, phase: str = "Succeeded") -> None:
-        await self.cluster.patch(PODS, name, {"status": {"phase": phase}}, namespace=NAMESPACE,
-                                 subresource="status")
+        await self.cluster.patch(PODS, name, {"status": {"phase": phase}},
+                                 namespace=self._namespace(name), subresource="status")
 
 
 def is_ungated(pod: Object) -> bool:

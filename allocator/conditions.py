@@ -1,0 +1,64 @@
+"""The pod condition `dra-gateway.io/QuotaExceeded` of a gated pod held back by a GPUQuota.
+
+True (reason `QuotaExceeded` or `QueuedForQuota`, message in ResourceQuota's words) while the
+allocator holds the pod back for quota; False once the pod is placed or waits for something
+else. Written through pods/status with a strategic merge patch keyed by the condition type, so
+the scheduler's own conditions (PodScheduled) are left alone, and only when status, reason or
+message change. Like Events, a condition is advice: a failed write is logged and dropped, and
+this module must never raise into the allocation path nor decide anything about the pod.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from dra_gateway.allocator.events import now
+from dra_gateway.kube import names, objects
+from dra_gateway.kube.cluster.port import ApiError, Cluster, Object
+from dra_gateway.kube.resources import PODS
+
+log = logging.getLogger(__name__)
+
+QUOTA_CONDITION = f"{names.DOMAIN}/QuotaExceeded"
+PLACED = "QuotaAvailable"
+_MAX_MESSAGE = 1024
+
+
+def quota_condition(pod: Object) -> Mapping[str, Any] | None:
+    for condition in objects.status(pod).get("conditions") or ():
+        if condition.get("type") == QUOTA_CONDITION:
+            return condition  # type: ignore[no-any-return]
+    return None
+
+
+async def set_quota_condition(cluster: Cluster, pod: Object, *, held: bool, reason: str,
+                              message: str) -> bool:
+    """Write the condition if it differs from the pod's; True when a write was made."""
+    status = "True" if held else "False"
+    message = message[:_MAX_MESSAGE]
+    current = quota_condition(pod)
+    if current is None and not held:
+        return False  # never held back for quota: nothing to clear
+    if current is not None and (current.get("status"), current.get("reason"),
+                                current.get("message")) == (status, reason, message):
+        return False
+    stamp = now()
+    transition = stamp if current is None or current.get("status") != status \
+        else current.get("lastTransitionTime", stamp)
+    condition = {"type": QUOTA_CONDITION, "status": status, "reason": reason,
+                 "message": message, "lastTransitionTime": transition,
+                 "lastProbeTime": None}
+    ns, name = objects.namespace_name(pod)
+    try:
+        await cluster.patch(PODS, name, {"status": {"conditions": [condition]}}, namespace=ns,
+                            patch_type="strategic", subresource="status")
+    except (ApiError, OSError, TimeoutError) as err:
+        log.warning("could not write the pod's quota condition", extra={
+            "pod": f"{ns}/{name}", "error": str(err)})
+        return False
+    return True
+
+
+__all__ = ["PLACED", "QUOTA_CONDITION", "quota_condition", "set_quota_condition"]
