@@ -457,6 +457,11 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
                   ["get", "list", "watch"])
         | _grants(CLUSTER, [""], ["nodes"], ["get", "list", "watch"])
         | _grants(CLUSTER, ["", "events.k8s.io"], ["events"], ["create", "patch"])
+        | _grants(CLUSTER, [""], ["pods/status"], ["patch"])
+        | _grants(CLUSTER, ["dra-gateway.io"], ["gpuquotas", "gpusharingpolicies"],
+                  ["list", "watch"])
+        | _grants(CLUSTER, ["dra-gateway.io"], ["gpuquotas/status"], ["update", "patch"])
+        | _grants(CLUSTER, [""], ["namespaces"], ["list", "watch"])
         | _grants(NS, ["coordination.k8s.io"], ["leases"], ["create"])
         | _grants(NS, ["coordination.k8s.io"], ["leases"], ["get", "update"],
                   ["dra-gateway-allocator"])
