@@ -15,6 +15,10 @@ Reported per policy: GPU allocation ratio (allocated GPU share over all GPUs, me
 unallocated GPUs, claims placed per second of planning time, and p50/p99 planning time per
 claim. Times are the planning thread's CPU time (one core, unaffected by other processes on a
 shared machine); the JSON output adds wall-clock figures (`wall_*`) measured alongside.
+With `--gpu-policies` each replay runs twice, interleaved seed by seed: without policies and
+with 200 GPUQuotas and 50 GPUSharingPolicies (`gpu_policies`) over 200 namespaces the trace
+pods are dealt into (the same namespaces in both runs), so their cost is a ratio measured side
+by side on the same noisy machine.
 This module does I/O (reads the CSVs, prints); the planner it drives does none.
 """
 
@@ -43,6 +47,7 @@ from dra_gateway.allocator.planner import (
     plan_pod,
 )
 from dra_gateway.kube import names
+from dra_gateway.policy.catalog import Catalog
 
 # Card memory per trace model. P100, T4, V100 (16 and 32 GB) and A10 are public cards; the
 # trace does not disclose G1-G3, so they get the memory of the data-centre cards of their era
@@ -318,11 +323,54 @@ class RunResult:
     failed_pods: int
 
 
+NAMESPACES = 200
+
+
+def namespace_of(n: int) -> str:
+    return f"team-{n % NAMESPACES:03d}"
+
+
+def gpu_policies(total_gpus: int, *, quotas: int = NAMESPACES, sharing: int = 50) -> Catalog:
+    """`quotas` GPUQuotas (one per namespace: memory, cores, cards and claims around twice the
+    namespace's even share of the cluster, so that the busiest bind) and `sharing`
+    GPUSharingPolicies, each selecting the namespaces of one tier label: every policy caps
+    claims per card and sets a minimum share, every fifth isolates teams (a label of the
+    namespace), every seventh requires compute with every share."""
+    per = max(1, 2 * total_gpus // max(quotas, 1))
+    namespaces = [{"apiVersion": "v1", "kind": "Namespace",
+                   "metadata": {"name": namespace_of(i),
+                                "labels": {"tier": f"t{i % sharing}", "team": f"g{i % 20}"}}}
+                  for i in range(NAMESPACES)]
+    quota_objects = [{
+        "apiVersion": names.API_VERSION, "kind": "GPUQuota",
+        "metadata": {"name": "gpu", "namespace": namespace_of(i)},
+        "spec": {"hard": {"memory": f"{per * 16}Gi", "cores": per * 100, "devices": per,
+                          "claims": 4 * per}}} for i in range(quotas)]
+    policies = []
+    for k in range(sharing):
+        spec: dict[str, Any] = {"namespaceSelector": {"matchLabels": {"tier": f"t{k}"}},
+                                "maxClaimsPerDevice": 4 + k % 5,
+                                "minShare": {"memory": "256Mi"}}
+        if k % 5 == 0:
+            spec["isolation"] = {"mode": "Label", "labelKey": "team"}
+        if k % 7 == 0:
+            spec["requireCores"] = True
+        policies.append({"apiVersion": names.API_VERSION, "kind": "GPUSharingPolicy",
+                         "metadata": {"name": f"tier-{k:02d}"}, "spec": spec})
+    catalog = Catalog.build(quotas=quota_objects, sharing=policies, namespaces=namespaces)
+    if catalog.errors:
+        raise TraceError("generated policies do not validate: " + "; ".join(catalog.errors))
+    return catalog
+
+
 def replay(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *,
-           policy: str, load: float, seed: int, workload: Workload) -> RunResult:
+           policy: str, load: float, seed: int, workload: Workload,
+           catalog: Catalog | None = None, namespaces: bool = False) -> RunResult:
     settings = PlannerSettings(default_policy=policy)
     state = cluster.state(settings)
     state.set_workload(workload)
+    if catalog is not None:
+        state.set_policies(catalog)
     # As a long-running allocator would after its initial sync (and periodically after): move
     # what is loaded out of the cyclic collector's way, so full collections stay short.
     gc.collect()
@@ -343,6 +391,8 @@ def replay(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *
         uid = f"pod-{n}"
         pod = {**translated, "metadata": {**translated["metadata"], "name": f"p{n}",
                                           "uid": uid}}
+        if namespaces:
+            pod["metadata"]["namespace"] = namespace_of(n)
         claims = claims_for(pod, templates)
         start = time.thread_time()
         wall_start = time.perf_counter()
@@ -390,44 +440,65 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 def run(nodes_path: Path, pods_path: Path, *, policies: Sequence[str], load: float,
-        seeds: Sequence[int]) -> dict[str, dict[str, float]]:
+        seeds: Sequence[int], gpu_policies_too: bool = False) -> dict[str, dict[str, float]]:
     nodes = read_nodes(nodes_path)
     pods = read_pods(pods_path)
     cluster = Cluster(nodes)
     translator = Translator()
     workload = trace_workload(pods)
     results: dict[str, dict[str, float]] = {}
+    catalog = gpu_policies(cluster.total_gpus) if gpu_policies_too else None
     for policy in policies:
-        runs = [replay(cluster, translator, pods, policy=policy, load=load, seed=seed,
-                       workload=workload) for seed in seeds]
-        timings = [t for r in runs for t in r.per_claim_ms]
-        seconds = sum(r.seconds for r in runs)
-        walls = [t for r in runs for t in r.wall_per_claim_ms]
-        wall = sum(r.wall_seconds for r in runs)
-        claims = sum(r.claims for r in runs)
-        results[policy] = {
-            "allocation_ratio": round(statistics.fmean(r.ratio for r in runs), 2),
-            "unallocated_gpus": round(statistics.fmean(r.unallocated for r in runs), 1),
-            "claims_per_second": round(claims / seconds, 1) if seconds else 0.0,
-            "p50_ms": round(_percentile(timings, 0.50), 3),
-            "p99_ms": round(_percentile(timings, 0.99), 3),
-            "max_ms": round(max(timings, default=0.0), 3),
-            "wall_claims_per_second": round(claims / wall, 1) if wall else 0.0,
-            "wall_p99_ms": round(_percentile(walls, 0.99), 3),
-            "placed_pods": round(statistics.fmean(r.placed_pods for r in runs), 1),
-            "failed_pods": round(statistics.fmean(r.failed_pods for r in runs), 1),
-        }
+        configurations: dict[str, list[RunResult]] = {policy: []}
+        if catalog is not None:
+            configurations[f"{policy}+policies"] = []
+        for seed in seeds:
+            # Interleaved, seed by seed: both configurations see the same machine load.
+            for label, runs_ in configurations.items():
+                runs_.append(replay(cluster, translator, pods, policy=policy, load=load,
+                                    seed=seed, workload=workload,
+                                    catalog=catalog if label != policy else None,
+                                    namespaces=catalog is not None))
+        for label, runs in configurations.items():
+            results[label] = _summary(runs)
+        if catalog is not None:
+            base = results[policy]["claims_per_second"]
+            results[f"{policy}+policies"]["claims_per_second_ratio"] = round(
+                results[f"{policy}+policies"]["claims_per_second"] / base, 3) if base else 0.0
     return results
 
 
+def _summary(runs: Sequence[RunResult]) -> dict[str, float]:
+    timings = [t for r in runs for t in r.per_claim_ms]
+    seconds = sum(r.seconds for r in runs)
+    walls = [t for r in runs for t in r.wall_per_claim_ms]
+    wall = sum(r.wall_seconds for r in runs)
+    claims = sum(r.claims for r in runs)
+    return {
+        "allocation_ratio": round(statistics.fmean(r.ratio for r in runs), 2),
+        "unallocated_gpus": round(statistics.fmean(r.unallocated for r in runs), 1),
+        "claims_per_second": round(claims / seconds, 1) if seconds else 0.0,
+        "p50_ms": round(_percentile(timings, 0.50), 3),
+        "p99_ms": round(_percentile(timings, 0.99), 3),
+        "max_ms": round(max(timings, default=0.0), 3),
+        "wall_claims_per_second": round(claims / wall, 1) if wall else 0.0,
+        "wall_p99_ms": round(_percentile(walls, 0.99), 3),
+        "placed_pods": round(statistics.fmean(r.placed_pods for r in runs), 1),
+        "failed_pods": round(statistics.fmean(r.failed_pods for r in runs), 1),
+    }
+
+
 def _table(results: Mapping[str, Mapping[str, float]], seeds: Sequence[int]) -> str:
-    header = (f"{'policy':<10} {'GPU alloc %':>11} {'unalloc GPUs':>12} {'claims/s':>9} "
+    width = max([10, *(len(p) for p in results)])
+    header = (f"{'policy':<{width}} {'GPU alloc %':>11} {'unalloc GPUs':>12} {'claims/s':>9} "
               f"{'p50 ms':>7} {'p99 ms':>7}")
     lines = [header, "-" * len(header)]
     for policy, r in results.items():
-        lines.append(f"{policy:<10} {r['allocation_ratio']:>11.2f} "
+        ratio = r.get("claims_per_second_ratio")
+        lines.append(f"{policy:<{width}} {r['allocation_ratio']:>11.2f} "
                      f"{r['unallocated_gpus']:>12.1f} {r['claims_per_second']:>9.0f} "
-                     f"{r['p50_ms']:>7.3f} {r['p99_ms']:>7.3f}")
+                     f"{r['p50_ms']:>7.3f} {r['p99_ms']:>7.3f}"
+                     + (f"  ({ratio:.3f} x without)" if ratio is not None else ""))
     lines.append(f"(mean over {len(seeds)} seed(s): {','.join(map(str, seeds))})")
     return "\n".join(lines)
 
@@ -445,7 +516,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         seeds = parse_seeds(args.seeds)
         results = run(Path(args.nodes), Path(args.pods), policies=policies, load=args.load,
-                      seeds=seeds)
+                      seeds=seeds, gpu_policies_too=getattr(args, "gpu_policies", False))
     except TraceError as exc:
         print(f"dra-gateway bench allocator: {exc}", file=sys.stderr)
         return 2
