@@ -43,9 +43,7 @@ MiB = 1 << 20
 
 def _known_gateway_bugs(gateway: Gateway) -> str:
     """Log lines that name the gateway bugs being fixed now (issue 10), for failure messages."""
-    lines = gateway.grep("allocationTimestamp")[:3]
-    lines += [line for line in gateway.grep("consumable") if "node-plugin" in line][:3]
-    return "\n".join(lines)
+    return "\n".join(gateway.grep("allocationTimestamp")[:3])
 
 
 def _why_unbound(api: Api, pod: Mapping[str, Any]) -> str:
@@ -55,8 +53,9 @@ def _why_unbound(api: Api, pod: Mapping[str, Any]) -> str:
               if (e.get("involvedObject") or {}).get("name") == meta["name"]
               and e.get("type") == "Warning"]
     last = events[-1] if events else {}
-    return (f"{meta['namespace']}/{meta['name']}: gates {gates}, last warning "
-            f"{last.get('reason')}: {last.get('message')}")
+    scheduler = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
+    return (f"{meta['namespace']}/{meta['name']}: gates {gates}, schedulerName {scheduler}, "
+            f"last warning {last.get('reason')}: {last.get('message')}")
 
 
 def _bound(pod: Mapping[str, Any]) -> bool:
@@ -379,8 +378,9 @@ def test_a_deleted_pod_frees_its_share_for_a_waiting_pod(gateway: Gateway) -> No
         for claim in pod_claims(api, pod):
             for holding in holdings(claim, published):
                 by_card.setdefault(holding.device, []).append(pod)
-    card, holders = min(((k, v) for k, v in by_card.items()
-                         if not any(_share_of(p).whole for p in v)), key=lambda kv: len(kv[1]))
+    shared = [(k, v) for k, v in by_card.items() if not any(_share_of(p).whole for p in v)]
+    assert shared, "no card holds burst shares: the burst placed no share pod"
+    card, holders = min(shared, key=lambda kv: len(kv[1]))
     for pod in holders:  # graceful deletes: KWOK finishes them as a kubelet would
         api.delete(path_of("v1", "pods", namespace=BURST_NAMESPACE,
                            name=pod["metadata"]["name"]))
