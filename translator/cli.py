@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from dra_gateway.translator.extended import ExtendedResources
+    from dra_gateway.translator.manifests import ManifestResult
+    from dra_gateway.translator.rules import RuleSet
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -40,6 +42,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                                 "as with kubectl: the files are read in order")
     translate.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
                            help="yaml: a document stream (default); json: one JSON list")
+    translate.add_argument("--explain", action="store_true",
+                           help="instead of the manifests, say per container which rule fired "
+                                "(or why none did), what each legacy key became and what stays "
+                                "in the container and why: text, or with -o json one JSON list "
+                                "of pods")
     translate.add_argument("--rules", action="append", default=[], metavar="PATH",
                            help="rule file or folder that adds or overrides rules (repeatable)")
     translate.add_argument("--no-builtin-rules", action="store_true",
@@ -207,6 +214,9 @@ def _run_translate(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     for refusal in result.refusals:
         print(f"refused: {refusal}", file=sys.stderr)
+    if args.explain:
+        _write_explanations(result, ruleset, extended=extended, output=args.output)
+        return EXIT_REFUSED if result.refusals else EXIT_OK
     out = [*result.documents, *result.templates]
     if args.output == "json":
         try:
@@ -220,3 +230,27 @@ def _run_translate(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(yaml.safe_dump_all(out, sort_keys=False, explicit_start=True))
     return EXIT_REFUSED if result.refusals else EXIT_OK
+
+
+def _write_explanations(result: ManifestResult, ruleset: RuleSet, *,
+                        extended: ExtendedResources | None, output: str) -> None:
+    """`translate --explain`: each pod spec's explanation, as text or (-o json) one JSON list;
+    -o yaml is the text (a stream of manifests would not be an explanation)."""
+    import json
+
+    from dra_gateway.translator.explaining import explain, render_text
+
+    entries: list[dict[str, Any]] = []
+    lines: list[str] = []
+    for pod in result.pods:
+        if pod.plan is None:
+            entries.append({"where": pod.where, "outcome": "invalid", "problem": pod.problem})
+            lines.append(f"{pod.where}: not a valid pod spec: the pod's {pod.problem}")
+            continue
+        explanation = explain(pod.pod, ruleset, plan=pod.plan, extended=extended)
+        entries.append({"where": pod.where, **explanation.to_dict()})
+        lines.extend(render_text(pod.where, explanation))
+    if output == "json":
+        sys.stdout.write(json.dumps(entries, indent=2) + "\n")
+    else:
+        sys.stdout.write("".join(line + "\n" for line in lines))

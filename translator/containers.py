@@ -2,9 +2,10 @@
 
 `plan_container` picks the rule by precedence among those the container's legacy resources
 trigger, evaluates the rule's CEL on the container's amounts and the pod's annotations, checks
-the results, and returns the DRA device request, its GpuShareConfig and constraints; or raises
-`Refused` with a message naming the container, the resources and the rule. `translate.py`
-assembles the pod's template and patch from these plans and caches them per request shape.
+the results, and returns the DRA device request, its GpuShareConfig and constraints; or a
+`Skipped` saying why the container stays as it is; or raises `Refused` with a message naming
+the container, the resources and the rule. `translate.py` assembles the pod's template and
+patch from these plans and caches them per request shape.
 
 Pure: no I/O, no logging, and the pod is never modified. It must not build patches or know
 where a container sits in the pod beyond its kind.
@@ -38,6 +39,7 @@ __all__ = [
     "PodContext",
     "Refusal",
     "Refused",
+    "Skipped",
     "is_sidecar",
     "plan_container",
     "quote",
@@ -76,6 +78,20 @@ class ContainerPlan:
     constraints: tuple[dict[str, Any], ...]
     gated: bool
     warnings: tuple[str, ...]
+    # For explanations (`explaining.py`): each resource the rule read with its value times its
+    # unit, and the index in the rule's `device.selectors` of each selector in `request`.
+    amounts: tuple[tuple[str, int], ...] = ()
+    selector_rules: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A container that asks for legacy resources and stays as it is: no enabled rule's trigger
+    and conditions hold (`no-rule`), it asks only for zero amounts (`zero`), or a DeviceClass
+    declares one of its names and kube-scheduler serves it (`deferred`)."""
+
+    reason: Literal["no-rule", "zero", "deferred"]
+    rule: str = ""
 
 
 class Found(NamedTuple):
@@ -159,7 +175,8 @@ def _scaled_value(resource: str, *, subject: _Subject, limit: Any, request: Any,
 
 
 def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
-                    warnings: list[str], uses: list[ExtendedResourceUse]) -> ContainerPlan | None:
+                    warnings: list[str], uses: list[ExtendedResourceUse]
+                    ) -> ContainerPlan | Skipped:
     name = found.name
     ordered = sorted({*found.in_limits, *found.in_requests})
     chosen = _choose_rule(found, ordered, context=context, rules=rules)
@@ -167,7 +184,7 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
         unmatched = ", ".join(ordered)
         warnings.append(f"container {quote(name)}: {unmatched} matched no enabled rule's trigger; "
                         "left unchanged")
-        return None
+        return _NO_RULE
 
     rule, activation = chosen
     covered = [n for n in ordered if rule.claims(n)]
@@ -186,10 +203,10 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
         # Only zero amounts of what asks for cards (a hint such as a priority does not; a
         # resource that triggers another rule does, such as nvidia.com/gpu: 1 beside a zero
         # nvidia.com/gpucores): nothing to allocate, the container stays as it is.
-        return None
+        return Skipped("zero", rule.name)
     if context.extended and _defer(name, covered=covered, rule=rule,
                                    extended=context.extended, warnings=warnings, uses=uses):
-        return None
+        return Skipped("deferred", rule.name)
     subject = _Subject(rule=rule, container=name, resources=tuple(covered))
     for index, (variable, expression) in enumerate(rule.variables):
         activation[variable] = _evaluate(subject, f"variables[{index}]", expression, activation)
@@ -208,7 +225,8 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
         *((f"device.selectors[{i}].when", sel.when) for i, sel in enumerate(rule.selectors)),
         *((f"device.constraints[{i}].when", con) for i, (_, con) in
           enumerate(rule.constraints))], activation)
-    selectors = _selectors(subject, conditions[:len(rule.selectors)], activation)
+    chosen_selectors = _selectors(subject, conditions[:len(rule.selectors)], activation)
+    selectors = [text for _, text in chosen_selectors]
     request = {"name": name, "exactly": _exactly(rule, outputs, selectors)}
 
     config = None
@@ -234,9 +252,16 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
             if holds is True:
                 constraints.append({"requests": [name],
                                     "matchAttribute": f"{rule.driver}/{attribute}"})
+    pattern_key = f"{rule.pattern}*"
     return ContainerPlan(rule=rule.name, request=request, config=config,
                           constraints=tuple(constraints), gated=rule.gated,
-                          warnings=tuple(own_warnings))
+                          warnings=tuple(own_warnings),
+                          amounts=tuple((n, amounts[n] if n in rule.exact else amounts[pattern_key])
+                                        for n in covered),
+                          selector_rules=tuple(index for index, _ in chosen_selectors))
+
+
+_NO_RULE: Final = Skipped("no-rule")
 
 
 def _choose_rule(found: Found, ordered: list[str], *, context: PodContext,
@@ -461,14 +486,16 @@ def _text(subject: _Subject, what: str, value: Any) -> str:
     return value
 
 
-def _selectors(subject: _Subject, enabled: list[Any], activation: dict[str, Any]) -> list[str]:
+def _selectors(subject: _Subject, enabled: list[Any],
+               activation: dict[str, Any]) -> list[tuple[int, str]]:
+    """The selectors whose conditions hold, rendered, each with its index in the rule."""
     rule = subject.rule
-    out = []
+    out: list[tuple[int, str]] = []
     for index, (selector, on) in enumerate(zip(rule.selectors, enabled, strict=True)):
         if on is not True:
             continue
         if selector.cel is not None:
-            out.append(selector.cel)
+            out.append((index, selector.cel))
             continue
         value = _evaluate(subject, f"device.selectors[{index}].values", selector.values,
                           activation)
@@ -483,5 +510,5 @@ def _selectors(subject: _Subject, enabled: list[Any], activation: dict[str, Any]
             raise subject.refuse(f"device.selectors[{index}].values gave {value!r}, not strings")
         rendered = render_selector(selector, rule.driver, selector_values(selector, value))
         if rendered is not None:
-            out.append(rendered)
+            out.append((index, rendered))
     return out

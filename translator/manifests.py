@@ -19,9 +19,20 @@ import jsonpatch
 from dra_gateway.translator.extended import ExtendedResources
 from dra_gateway.translator.pods import pod_shape_problem
 from dra_gateway.translator.rules import RuleSet
-from dra_gateway.translator.translate import translate
+from dra_gateway.translator.translate import TranslationPlan, translate
 
-__all__ = ["ManifestResult", "describe", "pod_specs", "rewrite_manifests"]
+__all__ = ["ManifestResult", "PodTranslation", "describe", "pod_specs", "rewrite_manifests"]
+
+
+@dataclass(frozen=True, slots=True)
+class PodTranslation:
+    """One pod spec found in the documents: where, the pod as translated (a pod template with
+    the namespace of the object holding it), and its plan, or why it is no valid pod."""
+
+    where: str
+    pod: dict[str, Any]
+    plan: TranslationPlan | None
+    problem: str = ""
 
 
 @dataclass
@@ -33,6 +44,7 @@ class ManifestResult:
     refusals: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     translated: int = 0
+    pods: list[PodTranslation] = field(default_factory=list)  # every pod spec, in order
 
 
 def _is_pod_like(value: Any) -> bool:
@@ -121,9 +133,11 @@ def rewrite_manifests(documents: Iterable[Any], rules: RuleSet, *,
             if problem is not None:
                 result.refusals.append(f"{where}: the pod's {problem}; it is not a valid pod "
                                        f"spec")
+                result.pods.append(PodTranslation(where, view, None, problem))
                 refused = True
                 continue
             plan = translate(view, rules, extended=extended)
+            result.pods.append(PodTranslation(where, view, plan))
             result.warnings.extend(f"{where}: {w}" for w in plan.warnings)
             if plan.refusal is not None:
                 result.refusals.append(f"{where}: {plan.refusal.message}")

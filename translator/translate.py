@@ -28,6 +28,7 @@ from dra_gateway.translator.containers import (
     PodContext,
     Refusal,
     Refused,
+    Skipped,
     is_sidecar,
     plan_container,
     quote,
@@ -318,7 +319,7 @@ def _plan_pod(found: list[Found], *, context: PodContext, rules: RuleSet) -> _Po
             name, in_limits, in_requests = item.name, item.in_limits, item.in_requests
             result = plan_container(item, context=context, rules=rules, warnings=warnings,
                                     uses=uses)
-            if result is None:
+            if isinstance(result, Skipped):
                 continue
             per_container.append(_Planned(item, result))
             resources = item.container["resources"]
