@@ -41,7 +41,7 @@ from dra_gateway.webhook.policies import PolicyWatch
 from dra_gateway.webhook.reviews import BadReview, Refusal, Review
 from dra_gateway.webhook.rules import RuleStore
 from dra_gateway.webhook.settings import MAX_BODY_BYTES, WebhookSettings
-from dra_gateway.webhook.templates import Templates, TemplateUnavailable
+from dra_gateway.webhook.templates import TemplateConflict, Templates, TemplateUnavailable
 from dra_gateway.webhook.validation import DEFAULT_POLICIES, PodPolicy, PodUnderReview, Validator
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ NOT_READY = Refusal(503, "ServiceUnavailable",
                     "the dra-gateway webhook has no translation rules loaded yet; the pod was not "
                     "admitted and can be retried")
 RETRY_LATER_CODE = 503
+CONFLICT_CODE = 409
 
 
 @dataclass(slots=True)
@@ -252,6 +253,10 @@ async def _answer_mutate(state: WebhookState, review: Review) -> bytes:
     if decision.templates:
         try:
             await state.templates.ensure(decision.templates, namespace, dry_run=review.dry_run)
+        except TemplateConflict as exc:
+            # Not retryable: the squatted name stays until someone deletes the template.
+            return _refuse(state, "mutate", review, Refusal(CONFLICT_CODE, "AlreadyExists",
+                                                            str(exc)))
         except TemplateUnavailable as exc:
             return _refuse(state, "mutate", review,
                            Refusal(RETRY_LATER_CODE, "ServiceUnavailable", str(exc)))

@@ -52,7 +52,8 @@ class Metrics:
             "Enabled translation rules in force.", registry=r)
         self.template_creates = Counter(
             "dra_gateway_webhook_template_creates_total",
-            "ResourceClaimTemplate create calls, by result (created, exists, failed).",
+            "ResourceClaimTemplate create calls, by result (created, exists, conflict: one under "
+            "the name that is not the gateway's, failed).",
             ["result"], registry=r)
         self.plan_cache = Counter(
             "dra_gateway_webhook_plan_cache_total",

@@ -2,17 +2,24 @@
 
 A translated pod points at content-named templates; the pod must not be admitted before they
 exist, or the claim controller would fail to make its claims. `Templates.ensure` creates each
-template through the cluster port unless a bounded TTL cache already knows it, treats
-AlreadyExists as success (the name is a hash of the spec, so an existing one is the same
-template), shares one create among concurrent admissions of the same template, and gives up
-after a bounded time with `TemplateUnavailable`, whose message tells the user to retry. A dry
-run creates nothing (`sideEffects: NoneOnDryRun`).
+template through the cluster port unless a bounded TTL cache already knows it, shares one
+create among concurrent admissions of the same template, and gives up after a bounded time with
+`TemplateUnavailable`, whose message tells the user to retry. A dry run creates nothing
+(`sideEffects: NoneOnDryRun`).
+
+AlreadyExists is not taken on trust: the name is a hash of the spec, learnable from a dry run,
+so anyone who may create templates in the namespace can make one first under that name with
+another class or `allocationMode: All`. The stored template is read and must carry the
+gateway's managed-by label and the same spec (API defaults applied); otherwise the pod is
+refused with `TemplateConflict`, which names the template, what differs and the fix.
 
 The TTL bounds how long a template deleted behind the webhook's back stays believed to exist;
 reading it before every admission was rejected as one API round trip per pod.
 
 `Templates.classes` answers /validate's question "which device classes does this template or
-claim use?", from what ensure() created or from one read through the port, cached the same way.
+claim use?" from stored objects only: what the API server returned when ensure() created or
+checked a template, or one read through the port, cached the same way. The translator's own
+spec never answers it.
 
 It must not decide whether a pod is admitted; mutation and validation do.
 """
@@ -20,13 +27,17 @@ It must not decide whether a pod is admitted; mutation and validation do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cachetools import TTLCache
 
-from dra_gateway.kube.cluster.port import AlreadyExists, ApiError, Cluster, NotFound
+from dra_gateway.kube import names, objects
+from dra_gateway.kube.cluster.port import AlreadyExists, ApiError, Cluster, NotFound, Object
+from dra_gateway.kube.quantity import QuantityError, parse_quantity
 from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, ResourceType
 from dra_gateway.policy.amounts import RequestShape, requests_of
 from dra_gateway.webhook.metrics import Metrics
@@ -38,6 +49,11 @@ Key = tuple[str, str, str]  # (kind, namespace, name)
 
 class TemplateUnavailable(Exception):
     """A template could not be made to exist in time; the message is for the user."""
+
+
+class TemplateConflict(TemplateUnavailable):
+    """A template of the name this pod needs exists but is not the gateway's: retrying does not
+    help until it is deleted; the message names it, what differs and the fix."""
 
 
 def device_classes(spec: Mapping[str, Any]) -> frozenset[str]:
@@ -67,6 +83,73 @@ def _template_requests(template: Mapping[str, Any]) -> tuple[RequestShape, ...]:
     spec = template.get("spec")
     inner = spec.get("spec") if isinstance(spec, dict) else None
     return tuple(requests_of(inner)) if isinstance(inner, dict) else ()
+
+
+def _defaulted_exactly(request: dict[str, Any]) -> None:
+    # What the API server fills in (resource/v1 defaults.go), so a stored template compares
+    # equal to the one the translator asked for.
+    request.setdefault("allocationMode", "ExactCount")
+    if request["allocationMode"] == "ExactCount":
+        request.setdefault("count", 1)
+    for toleration in request.get("tolerations") or ():
+        if isinstance(toleration, dict):
+            toleration.setdefault("operator", "Equal")
+    capacity = request.get("capacity")
+    amounts = capacity.get("requests") if isinstance(capacity, dict) else None
+    if isinstance(amounts, dict):
+        for key, value in amounts.items():
+            with contextlib.suppress(QuantityError, TypeError):
+                amounts[key] = str(parse_quantity(value))
+
+
+def comparable_spec(template: Mapping[str, Any]) -> Any:
+    """A template's `spec` with the API server's defaults applied and quantities canonical."""
+    spec = copy.deepcopy(template.get("spec"))
+    inner = spec.get("spec") if isinstance(spec, dict) else None
+    devices = inner.get("devices") if isinstance(inner, dict) else None
+    requests = devices.get("requests") if isinstance(devices, dict) else None
+    for request in requests if isinstance(requests, list) else ():
+        if not isinstance(request, dict):
+            continue
+        if isinstance(request.get("exactly"), dict):
+            _defaulted_exactly(request["exactly"])
+        for sub in request.get("firstAvailable") or ():
+            if isinstance(sub, dict):
+                _defaulted_exactly(sub)
+    return spec
+
+
+def _describe_classes(template: Mapping[str, Any]) -> str:
+    spec = template.get("spec")
+    inner = spec.get("spec") if isinstance(spec, dict) else None
+    devices = inner.get("devices") if isinstance(inner, dict) else None
+    requests = devices.get("requests") if isinstance(devices, dict) else None
+    parts = []
+    for index, request in enumerate(requests if isinstance(requests, list) else ()):
+        exactly = request.get("exactly") if isinstance(request, dict) else None
+        if isinstance(exactly, dict):
+            parts.append(f"spec.spec.devices.requests[{index}] asks for device class "
+                         f"{exactly.get('deviceClassName')!r} with allocationMode "
+                         f"{exactly.get('allocationMode', 'ExactCount')}")
+    return "; ".join(parts) or "it asks for other devices"
+
+
+def conflict(stored: Mapping[str, Any], wanted: Mapping[str, Any], namespace: str) -> str | None:
+    """Why the stored template under the wanted name is not the gateway's, or None when it is."""
+    name = objects.name(wanted)
+    where = f"ResourceClaimTemplate {namespace}/{name}"
+    fix = (f"delete it (kubectl delete resourceclaimtemplate -n {namespace} {name}) and create "
+           f"the pod again: dra-gateway then creates the template this pod was translated to")
+    label = objects.labels(stored).get(names.LABEL_MANAGED_BY)
+    if label != names.MANAGED_BY:
+        return (f"the {where} this pod needs already exists but was not made by dra-gateway "
+                f"(metadata.labels[{names.LABEL_MANAGED_BY!r}] is "
+                f"{label!r}, not {names.MANAGED_BY!r}), so the pod was not admitted; {fix}")
+    if comparable_spec(stored) != comparable_spec(wanted):
+        return (f"the {where} this pod needs already exists with another spec than dra-gateway "
+                f"translated the pod to ({_describe_classes(stored)}), so the pod was not "
+                f"admitted; {fix}")
+    return None
 
 
 class Templates:
@@ -131,9 +214,8 @@ class Templates:
             return False
         future: asyncio.Future[frozenset[str]] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
-        classes = _template_classes(template)
         try:
-            created = await self._create(template, namespace)
+            created, stored = await self._create(template, namespace)
         except BaseException as exc:
             # Waiters must see a refusal they can answer with, never this task's cancellation
             # (that would cancel their own requests).
@@ -146,21 +228,24 @@ class Templates:
             future.exception()
             raise
         else:
+            # What the API server holds, not what the translator meant: /validate answers
+            # from these.
+            classes = _template_classes(stored)
             future.set_result(classes)
             self._known[key] = classes
-            self._requests[key] = _template_requests(template)
+            self._requests[key] = _template_requests(stored)
             return created
         finally:
             del self._inflight[key]
 
-    async def _create(self, template: Mapping[str, Any], namespace: str) -> bool:
+    async def _create(self, template: Mapping[str, Any], namespace: str) -> tuple[bool, Object]:
+        """(created, the stored template); raises TemplateConflict or TemplateUnavailable."""
         name = template["metadata"]["name"]
         try:
-            await self._cluster.create(RESOURCE_CLAIM_TEMPLATES, dict(template),
-                                       namespace=namespace)
+            stored = await self._cluster.create(RESOURCE_CLAIM_TEMPLATES, dict(template),
+                                                namespace=namespace)
         except AlreadyExists:
-            self._metrics.template_creates.labels("exists").inc()
-            return False
+            return False, await self._existing(template, namespace)
         except ApiError as exc:
             self._metrics.template_creates.labels("failed").inc()
             log.warning("cannot create ResourceClaimTemplate",
@@ -182,7 +267,28 @@ class Templates:
                 f"admitted and can be retried (controllers retry on their own)"
             ) from None
         self._metrics.template_creates.labels("created").inc()
-        return True
+        return True, stored
+
+    async def _existing(self, template: Mapping[str, Any], namespace: str) -> Object:
+        """The stored template of the wanted name, checked to be the gateway's."""
+        name = template["metadata"]["name"]
+        try:
+            stored = await self._cluster.get(RESOURCE_CLAIM_TEMPLATES, name, namespace=namespace)
+        except ApiError as exc:
+            # Deleted between the create and the read, or unreadable: retryable either way.
+            self._metrics.template_creates.labels("failed").inc()
+            raise TemplateUnavailable(
+                f"the ResourceClaimTemplate {namespace}/{name} for this pod exists but could not "
+                f"be read ({exc.reason}: {exc.message}); the pod was not admitted and can be "
+                f"retried (controllers retry on their own)") from None
+        problem = conflict(stored, template, namespace)
+        if problem is not None:
+            self._metrics.template_creates.labels("conflict").inc()
+            log.warning("a ResourceClaimTemplate under a gateway name is not the gateway's",
+                        extra={"namespace": namespace, "template": name, "error": problem})
+            raise TemplateConflict(problem)
+        self._metrics.template_creates.labels("exists").inc()
+        return stored
 
     async def classes(self, namespace: str, *, template: str | None = None,
                       claim: str | None = None) -> frozenset[str] | None:
