@@ -32,22 +32,10 @@ from dra_gateway.kube.resources import (
 )
 from dra_gateway.kube.sim.memory import MemoryCluster
 
+from .planner_support import device_class, node
+
 GIB = 1 << 30
 NAMESPACE = "team-a"
-
-
-def device_class(name: str, device_type: str) -> Object:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": (
-                f'device.driver == "{names.DRIVER}" && '
-                f'device.attributes["{names.DRIVER}"].type == "{device_type}"')}}]}}
-
-
-def node(name: str, *, cpu: str = "64", memory: str = "256Gi") -> Object:
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
-            "status": {"allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
-                       "capacity": {"cpu": cpu, "memory": memory, "pods": "110"}}}
 
 
 def gpu(index: int, node_name: str, *, memory_gib: int, native: bool) -> Object:

@@ -13,7 +13,7 @@ from dra_gateway.kube import names
 from dra_gateway.kube.quantity import parse_quantity
 from dra_gateway.policy.catalog import Catalog
 
-from .test_planner import claim, cluster, gpu, share_config
+from .planner_support import claim, cluster, gpu, share_config
 
 GI = 1 << 30
 

@@ -14,7 +14,7 @@ from dra_gateway.allocator.planner import POLICIES, TaskType, Workload
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import parse_quantity
 
-from .test_planner import claim, cluster, gpu, place, pod, share_config
+from .planner_support import claim, cluster, gpu, place, pod, share_config
 
 GI = 1 << 30
 
