@@ -36,7 +36,8 @@ def test_builtin_rules_cover_every_protocol(builtin_rules: RuleSet) -> None:
         "tke.cloud.tencent.com/qgpu-core", "tke.cloud.tencent.com/qgpu-memory",
         "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores",
         "amd.com/gpu", "gpu.intel.com/i915", "gpu.intel.com/xe", "habana.ai/gaudi",
-        "k8s.amazonaws.com/vgpu", "amd.com/gpumem", "volcano.sh/gpu-memory",
+        "k8s.amazonaws.com/vgpu", "amd.com/gpumem", "amd.com/gpumem-percentage",
+        "amd.com/gpucores", "volcano.sh/gpu-memory",
         "volcano.sh/gpu-number", "kubernetes.io/gpu", "kubernetes.io/gpu-core",
         "kubernetes.io/gpu-memory", "kubernetes.io/gpu-memory-ratio"})
     assert builtin_rules.legacy_resource_prefixes() == frozenset({"nvidia.com/mig-"})
@@ -46,8 +47,8 @@ def test_builtin_rules_cover_every_protocol(builtin_rules: RuleSet) -> None:
         "hami.io/node-scheduler-policy", "nvidia.com/vgpu-mode"})
     assert builtin_rules.disabled == (
         "ascend-npu", "aws-neuron", "aws-neuroncore", "aws-neurondevice", "cambricon-mlu",
-        "enflame-gcu", "google-tpu", "hygon-dcu", "iluvatar", "intel-gpu", "metax-sgpu",
-        "mthreads-gpu")
+        "enflame-gcu", "google-tpu", "hygon-dcu", "iluvatar", "intel-gpu", "kunlunxin-xpu",
+        "metax-sgpu", "mthreads-gpu")
 
 
 def test_unknown_unit_is_reported_with_its_path(tmp_path: Path,
