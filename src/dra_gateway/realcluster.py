@@ -459,6 +459,9 @@ class ControlPlane:
             # taint: KWOK marks nodes Ready.
             "--disable-admission-plugins", "ServiceAccount,TaintNodesByCondition",
             "--allow-privileged=true",
+            # 1.36+ refuses a loopback advertise address in the `kubernetes` Service's
+            # endpoints; nothing here dials that Service.
+            "--endpoint-reconciler-type=none",
             "--profiling=false",
             *_gates(self.feature_gates),
             *self.extra_args.get("kube-apiserver", ()),
