@@ -1,4 +1,4 @@
-"""The names components agree on (DESIGN.md, "Contracts between components").
+"""The names components agree on (ARCHITECTURE.md, "Contracts between components").
 
 One module so that no component reads another's code to learn a name. It holds constants only.
 """

@@ -1,6 +1,6 @@
 """Facts to DRA devices: the pure conversion from what discovery found to `spec.devices[]`.
 
-Device names, attribute and capacity names follow DESIGN.md ("Contracts between components"),
+Device names, attribute and capacity names follow ARCHITECTURE.md ("Contracts between components"),
 which borrows NVIDIA's DRA driver names so selectors written for it keep working. Every limit of
 the API is checked here (DNS-label names, 64-character strings, semver versions, at most 32
 attributes and capacities per device), so a slice built from these devices is never refused by
@@ -136,7 +136,7 @@ def _quantity(n: int) -> str:
 def _shared_capacity(memory: int, options: DeviceOptions) -> dict[str, Any]:
     """Capacities of a card several claims may share, with request policies.
 
-    A request that names no amount takes the whole card (DESIGN.md: a whole-GPU request
+    A request that names no amount takes the whole card (ARCHITECTURE.md: a whole-GPU request
     consumes the full capacity), so each default is the full amount. The API requires the
     default to lie on the range's steps (min + n*step); a card whose memory is not a whole
     number of steps gets a range without a step rather than an invalid policy.

@@ -4,7 +4,7 @@ A policy is any object with a `name` and a `check(pod) -> Sequence[Violation]`; 
 them in order and refuses the pod with every violation found, so the user fixes them in one go.
 Checks are pure: the facts they need from the cluster (which device classes the pod's claims
 use) are resolved before they run and handed over in `PodUnderReview`. The built-in policies
-keep the gateway's contract consistent (DESIGN.md, "The gate, finalizer and release protocol");
+keep the gateway's contract consistent (ARCHITECTURE.md, "Contracts between components");
 `GpuPolicies` refuses what the cluster's GPUQuotas and GPUSharingPolicies can never admit
 (dra_gateway.policy decides; the allocator enforces the rest).
 

@@ -5,7 +5,7 @@ gate by writing such a field and reading it back: a dry-run create of a probe Re
 (nothing is stored; it needs only the `create` permission on `resourceslices` that every
 component that publishes or probes has), and, where that is refused, the slices the node
 plugins published. The allocator and the node plugin both decide here, so that they never
-disagree about which world they are in (DESIGN.md, "Kubernetes versions and feature gates").
+disagree about which world they are in (ARCHITECTURE.md, "Kubernetes versions and feature gates").
 """
 
 from __future__ import annotations
