@@ -1,7 +1,10 @@
 """The webhook's aiohttp application: thin handlers over the decision modules.
 
 `create_app(settings, cluster)` builds an app serving POST /mutate and POST /validate
-(AdmissionReview v1), GET /healthz, GET /readyz and GET /metrics. A handler reads the body,
+(AdmissionReview v1 of pods), POST /validate-rules (of rules ConfigMaps), GET /healthz,
+GET /readyz and GET /metrics. `create_probe_app(state)` serves the last three alone, in plain
+HTTP on a port of their own, so that the admission port can require client certificates
+without breaking the kubelet's probes or Prometheus. A handler reads the body,
 parses it (`reviews`), calls one decision (`mutation`, `validation`), and maps the outcome to a
 response: a malformed review is HTTP 400 with a one-line reason; a refusal is `allowed: false`
 with a Status; an unexpected failure inside a decision is `allowed: false` with a generic
@@ -34,7 +37,7 @@ from dra_gateway.kube.cluster.port import Cluster
 from dra_gateway.policy.amounts import RequestShape
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import ClassLookup
-from dra_gateway.webhook import config, mutation, reviews
+from dra_gateway.webhook import config, mutation, reviews, ruleadmission
 from dra_gateway.webhook.deviceclasses import DeviceClassWatch
 from dra_gateway.webhook.metrics import Metrics
 from dra_gateway.webhook.policies import PolicyWatch
@@ -108,6 +111,7 @@ def create_app(settings: WebhookSettings, cluster: Cluster, *,
     app[STATE] = state
     app.router.add_post("/mutate", _mutate)
     app.router.add_post("/validate", _validate)
+    app.router.add_post("/validate-rules", _validate_rules)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
@@ -139,16 +143,24 @@ async def _validate(request: web.Request) -> web.Response:
     return await _serve(request, "validate")
 
 
+async def _validate_rules(request: web.Request) -> web.Response:
+    return await _serve(request, "validate-rules")
+
+
 async def _serve(request: web.Request, endpoint: str) -> web.Response:
     state = request.app[STATE]
     started = time.perf_counter()
     try:
-        review = reviews.parse(await _read(request))
+        body_read = await _read(request)
+        review = (reviews.parse_config_map(body_read) if endpoint == "validate-rules"
+                  else reviews.parse(body_read))
     except BadReview as exc:
         return _bad_request(state, endpoint, str(exc))
     try:
         if endpoint == "mutate":
             body = await _answer_mutate(state, review)
+        elif endpoint == "validate-rules":
+            body = _answer_validate_rules(state, review)
         else:
             body = await _answer_validate(state, review)
     except BadReview as exc:
@@ -311,6 +323,17 @@ async def _answer_validate(state: WebhookState, review: Review) -> bytes:
     return reviews.response(review.uid)
 
 
+def _answer_validate_rules(state: WebhookState, review: Review) -> bytes:
+    if state.settings.watch_config_maps and not state.config_maps_synced:
+        # Checked against the ConfigMaps in force, which are not known yet.
+        return _refuse(state, "validate-rules", review, NOT_READY)
+    verdict = ruleadmission.decide(review, state.store, namespace=state.settings.namespace)
+    if verdict.refusal is not None:
+        return _refuse(state, "validate-rules", review, verdict.refusal)
+    state.metrics.outcome("validate-rules", "allowed")
+    return reviews.response(review.uid)
+
+
 async def _healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok\n")
 
@@ -329,6 +352,8 @@ async def _readyz(request: web.Request) -> web.Response:
         missing.append("no translation rules loaded")
     if state.settings.watch_config_maps and not state.config_maps_synced:
         missing.append("rule ConfigMaps not read yet")
+    # Serving rules other than the ConfigMaps say would make replicas disagree.
+    missing.extend(state.store.problems)
     if state.settings.watch_device_classes and not state.device_classes.synced:
         missing.append(state.device_classes.problem or "DeviceClasses not read yet")
     if state.settings.watch_policies and not state.policies.synced:

@@ -12,6 +12,12 @@ and nothing else. The namespaceSelector leaves out kube-system and the gateway's
 Validation runs on CREATE only: the allocator lifts the gate with an UPDATE, which a validating
 rule about ungated pods would otherwise refuse.
 
+The validating configuration carries a second webhook, `rules.dra-gateway.io`: CREATE and
+UPDATE of ConfigMaps labelled `dra-gateway.io/rules=true` in the gateway's namespace go to
+/validate-rules, which refuses rules that would not load. Its failurePolicy is Ignore: replicas
+stay unready while a broken rules ConfigMap is in the cluster, and with Fail the fix itself could
+then not be written; a ConfigMap written while the webhook is down is still refused at load time.
+
 `reconcile` rewrites the matchConditions (and, given a CA, the caBundle) of the installed
 configurations when rules change, through the cluster port; it leaves every other field as the
 installer wrote it. This module must not answer reviews.
@@ -36,6 +42,7 @@ from dra_gateway.translator.rules import RuleSet
 from dra_gateway.webhook.settings import (
     MUTATING_CONFIGURATION,
     MUTATING_WEBHOOK,
+    RULES_WEBHOOK,
     VALIDATING_CONFIGURATION,
     VALIDATING_WEBHOOK,
 )
@@ -101,6 +108,25 @@ def _client_config(service_namespace: str, service_name: str, path: str, port: i
     return config
 
 
+def rules_webhook(*, client_config: dict[str, Any], gateway_namespace: str) -> dict[str, Any]:
+    """The validating webhook of rules ConfigMaps (see the module's docstring)."""
+    return {
+        "name": RULES_WEBHOOK,
+        "clientConfig": client_config,
+        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                   "resources": ["configmaps"], "scope": "Namespaced"}],
+        "failurePolicy": "Ignore",
+        "matchPolicy": "Equivalent",
+        "namespaceSelector": {"matchExpressions": [{
+            "key": "kubernetes.io/metadata.name", "operator": "In",
+            "values": [gateway_namespace]}]},
+        "objectSelector": {"matchLabels": {names.RULES_LABEL: names.RULES_LABEL_VALUE}},
+        "sideEffects": "None",
+        "timeoutSeconds": TIMEOUT_SECONDS,
+        "admissionReviewVersions": ["v1"],
+    }
+
+
 def configurations(rules: RuleSet, *, service_namespace: str, service_name: str,
                    ca_bundle: bytes | None, gateway_namespace: str | None = None,
                    excluded_namespaces: Iterable[str] = ("kube-system",), port: int = 443,
@@ -147,7 +173,10 @@ def configurations(rules: RuleSet, *, service_namespace: str, service_name: str,
             "clientConfig": _client_config(service_namespace, service_name, "/validate", port,
                                            ca_bundle),
             **common,
-        }],
+        }, rules_webhook(
+            client_config=_client_config(service_namespace, service_name, "/validate-rules",
+                                         port, ca_bundle),
+            gateway_namespace=gateway_namespace or service_namespace)],
     }
     return mutating, validating
 
@@ -183,9 +212,9 @@ async def _reconcile_one(cluster: Cluster, rt: ResourceType, name: str, hook: st
             return False
         changed = False
         for webhook in current.get("webhooks") or ():
-            if webhook.get("name") != hook:
+            if webhook.get("name") not in (hook, RULES_WEBHOOK):
                 continue
-            if webhook.get("matchConditions") != wanted:
+            if webhook.get("name") == hook and webhook.get("matchConditions") != wanted:
                 webhook["matchConditions"] = wanted
                 changed = True
             client = webhook.setdefault("clientConfig", {})

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 _LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                     2.5, 5.0)
 
-ENDPOINTS = ("mutate", "validate")
+ENDPOINTS = ("mutate", "validate", "validate-rules")
 
 
 class Metrics:

@@ -22,6 +22,7 @@ from dra_gateway.translator.pods import pod_shape_problem
 API_VERSION: Final = "admission.k8s.io/v1"
 KIND: Final = "AdmissionReview"
 _POD_RESOURCE: Final = "pods"
+_CONFIG_MAP_RESOURCE: Final = "configmaps"
 
 
 class BadReview(ValueError):
@@ -61,7 +62,16 @@ def _describe(value: Any) -> str:
 
 
 def parse(body: bytes) -> Review:
-    """The review in `body`; raises BadReview with a one-line reason."""
+    """The pod review in `body`; raises BadReview with a one-line reason."""
+    return _parse(body, resource_name=_POD_RESOURCE, kind_name="Pod")
+
+
+def parse_config_map(body: bytes) -> Review:
+    """The ConfigMap review in `body` (the rules check); raises BadReview."""
+    return _parse(body, resource_name=_CONFIG_MAP_RESOURCE, kind_name="ConfigMap")
+
+
+def _parse(body: bytes, *, resource_name: str, kind_name: str) -> Review:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -82,11 +92,11 @@ def parse(body: bytes) -> Review:
     resource = request.get("resource")
     kind = request.get("kind")
     if not (isinstance(resource, dict) and resource.get("group") == ""
-            and resource.get("resource") == _POD_RESOURCE
-            and isinstance(kind, dict) and kind.get("kind") == "Pod"):
+            and resource.get("resource") == resource_name
+            and isinstance(kind, dict) and kind.get("kind") == kind_name):
         raise BadReview(
-            f"request {uid} is for {_resource_text(resource)}, not pods; this webhook serves "
-            f"pods only: fix the webhook configuration's rules"
+            f"request {uid} is for {_resource_text(resource)}, not {resource_name}; this "
+            f"webhook serves {resource_name} only: fix the webhook configuration's rules"
         )
     operation = request.get("operation")
     if not isinstance(operation, str):
@@ -96,8 +106,11 @@ def parse(body: bytes) -> Review:
         if not isinstance(obj, dict):
             raise BadReview(f"request {uid} ({operation}) carries {_describe(obj)} as its object, "
                             f"not a pod")
-        if obj.get("kind", "Pod") != "Pod" or not isinstance(obj.get("spec"), dict):
+        if kind_name == "Pod" and (obj.get("kind", "Pod") != "Pod"
+                                   or not isinstance(obj.get("spec"), dict)):
             raise BadReview(f"request {uid} carries an object that is not a pod with a spec")
+        if kind_name != "Pod" and obj.get("kind", kind_name) != kind_name:
+            raise BadReview(f"request {uid} carries an object that is not a {kind_name}")
     else:
         obj = {}
     namespace = request.get("namespace") or ""

@@ -10,6 +10,14 @@ ConfigMaps are read by a list and a watch through the cluster port, in the gatew
 selected by `dra-gateway.io/rules=true`; an expired watch relists, any other failure relists
 after a pause. Files are polled: inotify misses the symlink swaps of mounted volumes.
 
+The last good rules live only in memory, so replicas could disagree: one restarted after a
+broken ConfigMap would serve without it while older ones serve the admin's. `problems` lists
+every labelled ConfigMap whose rules are not in force as written (refused, or deleted while
+others still depend on it); readiness stays false while it is not empty, so no replica serves
+rules that differ from the ConfigMaps. `check_config_map` is the same load, asked before a
+ConfigMap is written: the validating webhook refuses a broken one with the load error (field
+paths included), as Kyverno refuses a broken policy.
+
 Listeners (`on_change`) run after each accepted change; the app uses them to drop cached plans
 and to reconcile the webhook configurations' matchConditions. This module must not translate
 pods or answer reviews.
@@ -68,12 +76,42 @@ class RuleStore:
         self.on_synced: Callable[[], None] | None = None  # after the first ConfigMap list
         self._config_maps: dict[str, dict[str, str]] = {}  # name -> last good data
         self._refused: dict[str, dict[str, str]] = {}  # name -> data refused (reported once)
+        self._errors: dict[str, str] = {}  # name -> why its rules are not in force as written
+        # Deleted while others still needed them: in force until a change loads without them.
+        self._deleted: set[str] = set()
+        self._file_error: str | None = None  # a restarted replica would not even start
         self._stamps: dict[Path, _FileStamp] = {}
         self._lock = asyncio.Lock()
 
     @property
     def selector(self) -> str:
         return f"{names.RULES_LABEL}={names.RULES_LABEL_VALUE}"
+
+    @property
+    def problems(self) -> list[str]:
+        """Why the rules in force differ from the labelled ConfigMaps; empty when they do not."""
+        ns = self._settings.namespace
+        out = [f"rules ConfigMap {ns}/{name} not in force: {self._errors[name]}"
+               for name in sorted(self._errors)]
+        if self._file_error is not None:
+            out.append(f"--rules files refused: {self._file_error}")
+        return out
+
+    def check_config_map(self, name: str, data: Mapping[str, str] | None) -> RulesError | None:
+        """The error loading the rules would meet with ConfigMap `name` written as `data`
+        (None: deleted), the others as they are in force; None when they would load."""
+        candidate = {k: v for k, v in self._live().items() if k != name}
+        if data is not None:
+            candidate[name] = {str(k): str(v) for k, v in data.items()}
+        try:
+            self._build(candidate)
+        except RulesError as exc:
+            return exc
+        return None
+
+    def _live(self) -> dict[str, dict[str, str]]:
+        """The ConfigMaps as they are in the cluster (pending deletions left out)."""
+        return {k: v for k, v in self._config_maps.items() if k not in self._deleted}
 
     def _build(self, config_maps: Mapping[str, Mapping[str, str]]) -> RuleSet:
         # Labelled, so that an error names its ConfigMap: rule ConfigMaps often share key names
@@ -125,12 +163,18 @@ class RuleStore:
         self._stamps = stamps
         async with self._lock:
             try:
-                rules = self._build(self._config_maps)
+                rules = self._build(self._live())
             except RulesError as exc:
                 self._metrics.rule_reload_failures.labels("file").inc()
                 log.error("rules files refused, the previous rules stay in force",
                           extra={"error": str(exc), "generation": self.generation})
+                self._file_error = str(exc)
                 return False
+            self._file_error = None
+            for gone in self._deleted:
+                self._errors.pop(gone, None)
+            self._deleted.clear()
+            self._config_maps = self._live()
             self._commit(rules, "file")
         await self._notify()
         return True
@@ -192,14 +236,19 @@ class RuleStore:
         if self._config_maps.get(name) == data or self._refused.get(name) == data:
             return False  # nothing new: already in force, or already refused and reported
         async with self._lock:
-            candidate = {**self._config_maps, name: data}
+            # Without the ConfigMaps deleted meanwhile: the rules a restarted replica would load.
+            candidate = {**self._live(), name: data}
             try:
                 rules = self._build(candidate)
             except RulesError as exc:
                 self._refused[name] = data
+                self._errors[name] = "refused, see its Warning Events"
                 await self._refuse(config_map, exc)
                 return False
             self._refused.pop(name, None)
+            for gone in (name, *self._deleted):
+                self._errors.pop(gone, None)
+            self._deleted.clear()
             self._config_maps = candidate
             self._commit(rules, "configmap")
         await self._notify()
@@ -208,10 +257,11 @@ class RuleStore:
     async def config_map_deleted(self, config_map: Object) -> bool:
         name = config_map["metadata"]["name"]
         self._refused.pop(name, None)
+        self._errors.pop(name, None)
         if name not in self._config_maps:
             return False
         async with self._lock:
-            candidate = {k: v for k, v in self._config_maps.items() if k != name}
+            candidate = {k: v for k, v in self._live().items() if k != name}
             try:
                 rules = self._build(candidate)
             except RulesError as exc:
@@ -220,7 +270,13 @@ class RuleStore:
                 self._metrics.rule_reload_failures.labels("configmap").inc()
                 log.error("removing a rules ConfigMap would break the others; the previous rules "
                           "stay in force", extra={"configmap": name, "error": str(exc)})
+                self._errors[name] = ("deleted, but the rules in force still hold it: the "
+                                      "others fail without it")
+                self._deleted.add(name)
                 return False
+            for gone in self._deleted:
+                self._errors.pop(gone, None)
+            self._deleted.clear()
             self._config_maps = candidate
             self._commit(rules, "configmap")
         await self._notify()

@@ -14,6 +14,7 @@ MUTATING_CONFIGURATION = "dra-gateway"
 VALIDATING_CONFIGURATION = "dra-gateway"
 MUTATING_WEBHOOK = "mutate.dra-gateway.io"
 VALIDATING_WEBHOOK = "validate.dra-gateway.io"
+RULES_WEBHOOK = "rules.dra-gateway.io"
 
 
 @dataclass(frozen=True, slots=True)

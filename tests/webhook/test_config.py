@@ -55,11 +55,23 @@ def test_the_configurations_admit_gpu_pods_safely(rules: RuleSet) -> None:
     assert hook["namespaceSelector"] == {"matchExpressions": [{
         "key": "kubernetes.io/metadata.name", "operator": "NotIn",
         "values": ["dra-gateway", "kube-system"]}]}
-    (vhook,) = validating["webhooks"]
+    (vhook, rules_hook) = validating["webhooks"]
     assert vhook["clientConfig"]["service"]["path"] == "/validate"
     assert "reinvocationPolicy" not in vhook
     assert vhook["matchConditions"] == hook["matchConditions"]
     assert len(hook["matchConditions"]) == 1
+    # Rules ConfigMaps are checked when written, in the gateway's namespace only; Ignore, so a
+    # fix can be written while every replica is unready over the broken one.
+    assert rules_hook["name"] == "rules.dra-gateway.io"
+    assert rules_hook["clientConfig"]["service"]["path"] == "/validate-rules"
+    assert rules_hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"],
+                                    "operations": ["CREATE", "UPDATE"],
+                                    "resources": ["configmaps"], "scope": "Namespaced"}]
+    assert rules_hook["objectSelector"] == {"matchLabels": {"dra-gateway.io/rules": "true"}}
+    assert rules_hook["namespaceSelector"] == {"matchExpressions": [{
+        "key": "kubernetes.io/metadata.name", "operator": "In", "values": ["dra-gateway"]}]}
+    assert rules_hook["failurePolicy"] == "Ignore"
+    assert rules_hook["sideEffects"] == "None"
 
 
 def _matches(rules: RuleSet, pod: dict[str, Any]) -> bool:
