@@ -20,7 +20,7 @@ from typing import Any, Final, NamedTuple
 
 import orjson
 
-from dra_gateway.kube import names
+from dra_gateway.kube import names, objects
 from dra_gateway.translator.containers import (
     MAX_DEVICES_PER_CLAIM,
     ContainerPlan,
@@ -147,10 +147,10 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
     HAMi request cannot be translated), with a warning naming the resource and the class,
     unless the rule says `extendedResourceNames: translate`. `plan.extended` lists both cases.
     """
-    metadata = pod.get("metadata") or {}
-    annotations = metadata.get("annotations") or {}
+    metadata = objects.meta(pod)
+    annotations = objects.annotations(pod)
     spec = pod.get("spec") or {}
-    namespace = metadata.get("namespace") or ""
+    namespace = objects.namespace(pod)
     if names.ANNOTATION_TRANSLATED in annotations:
         # Translated already (by an earlier admission, or by `dra-gateway translate` in a
         # workload's pod template): only make sure the gate is there if it is needed.
