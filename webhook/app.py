@@ -119,6 +119,18 @@ def create_app(settings: WebhookSettings, cluster: Cluster, *,
     return app
 
 
+def create_probe_app(app: web.Application) -> web.Application:
+    """/healthz, /readyz and /metrics of `app`, to serve in plain HTTP on a port of their own:
+    with client certificates required on the admission port, the kubelet's probes and
+    Prometheus (which have none) could not reach them there."""
+    probes = web.Application()
+    probes[STATE] = app[STATE]
+    probes.router.add_get("/healthz", _healthz)
+    probes.router.add_get("/readyz", _readyz)
+    probes.router.add_get("/metrics", _metrics)
+    return probes
+
+
 # ---- handlers ----------------------------------------------------------------------------------
 
 

@@ -44,6 +44,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     serve = sub.add_parser("webhook", help="serve the admission webhooks over TLS")
     serve.add_argument("--listen", type=_listen, default=("0.0.0.0", 8443), metavar="HOST:PORT",
                        help="address to serve on (default: 0.0.0.0:8443)")
+    serve.add_argument("--probe-listen", type=_listen, metavar="HOST:PORT",
+                       help="also serve /healthz, /readyz and /metrics in plain HTTP here, apart "
+                       "from the admission port (needed with --client-ca: probes and Prometheus "
+                       "carry no client certificate), e.g. 0.0.0.0:8080")
     serve.add_argument("--tls-dir", required=True, metavar="DIR",
                        help="folder with tls.crt and tls.key (reloaded when they change)")
     serve.add_argument("--rules", action="append", default=[], metavar="PATH",
@@ -69,7 +73,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        help="do not watch GPUQuotas and GPUSharingPolicies: /validate checks "
                        "only the gateway's own contract (the allocator still enforces them)")
     serve.add_argument("--client-ca", metavar="FILE",
-                       help="require client certificates signed by this CA")
+                       help="require client certificates signed by this CA on the admission "
+                       "port (the API server's, from its AdmissionConfiguration kubeConfigFile); "
+                       "serve probes with --probe-listen")
     serve.add_argument("--ca-file", metavar="FILE",
                        help="CA to inject as caBundle into the webhook configurations")
     serve.add_argument("--no-reconcile", action="store_true",
@@ -150,6 +156,8 @@ def _serve(args: argparse.Namespace) -> int:
     options = ServeOptions(
         host=host, port=port, cluster=args.cluster, kubeconfig=args.kubeconfig,
         client_ca=Path(args.client_ca) if args.client_ca else None, workers=args.workers,
+        probe_host=args.probe_listen[0] if args.probe_listen else "0.0.0.0",
+        probe_port=args.probe_listen[1] if args.probe_listen else None,
         log_level=getattr(logging, args.log_level.upper()),
     )
     try:

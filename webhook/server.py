@@ -31,7 +31,7 @@ from dra_gateway.certs.tls import CertificateReloader
 from dra_gateway.kube.cluster.connect import connect
 from dra_gateway.kube.cluster.port import Cluster
 from dra_gateway.webhook import logs
-from dra_gateway.webhook.app import create_app
+from dra_gateway.webhook.app import create_app, create_probe_app
 from dra_gateway.webhook.settings import WebhookSettings
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,9 @@ class ServeOptions:
     cluster: Literal["kube", "memory"] = "kube"
     kubeconfig: str | None = None
     client_ca: Path | None = None
+    # Plain-HTTP port of /healthz, /readyz and /metrics (None: only on the admission port).
+    probe_host: str = "0.0.0.0"
+    probe_port: int | None = None
     workers: int = 1
     shutdown_timeout: float = 10.0
     certificate_poll_interval: float = 2.0
@@ -69,9 +72,15 @@ async def serve(settings: WebhookSettings, options: ServeOptions, *,
             loop.add_signal_handler(sig, stop.set)
     try:
         # No access log: one INFO line per review costs more than the review itself.
-        runner = web.AppRunner(create_app(settings, cluster, tls=tls), access_log=None,
+        app = create_app(settings, cluster, tls=tls)
+        runner = web.AppRunner(app, access_log=None,
                                handle_signals=False, shutdown_timeout=options.shutdown_timeout)
         await runner.setup()
+        probes: web.AppRunner | None = None
+        if options.probe_port is not None:
+            probes = web.AppRunner(create_probe_app(app), access_log=None, handle_signals=False,
+                                   shutdown_timeout=1.0)
+            await probes.setup()
         # Everything loaded so far (rules, compiled CEL, modules) lives as long as the process:
         # moved out of the collector's reach, it no longer lengthens the collections that run
         # between reviews, which shows in tail latency.
@@ -82,14 +91,22 @@ async def serve(settings: WebhookSettings, options: ServeOptions, *,
                                reuse_port=reuse_port or None, backlog=1024)
             await site.start()
             port = int(runner.addresses[0][1])
+            if probes is not None:
+                await web.TCPSite(probes, options.probe_host, options.probe_port,
+                                  reuse_port=reuse_port or None).start()
+                log.info("health and metrics serving", extra={
+                    "host": options.probe_host, "port": int(probes.addresses[0][1])})
             log.info("webhook serving", extra={"host": options.host, "port": port,
-                                               "certificate": tls.fingerprint})
+                                               "certificate": tls.fingerprint,
+                                               "clientCertificates": options.client_ca is not None})
             if started is not None:
                 started(port)
             await stop.wait()
             log.info("webhook stopping: finishing in-flight reviews",
                      extra={"timeout": options.shutdown_timeout})
         finally:
+            if probes is not None:
+                await probes.cleanup()
             await runner.cleanup()
             gc.unfreeze()
     finally:

@@ -187,3 +187,88 @@ def test_webhook_without_certificates_says_how_to_make_them(
     assert capsys.readouterr().err == (
         f"webhook: tls.crt and tls.key not found in --tls-dir {tmp_path}; create them with "
         f"`dra-gateway certs generate --out {tmp_path} --dns NAME`\n")
+
+
+def _client_pair(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A client CA (as the API server's admission kubeconfig would use) and a client pair."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    from dra_gateway.certs.generate import make_ca
+
+    ca_key, ca_cert = make_ca("api-server-client-ca")
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = (tmp_path / "client-ca.crt", tmp_path / "client.crt", tmp_path / "client.key")
+    paths[0].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
+async def test_client_certificates_guard_admission_while_probes_answer_on_their_own_port(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    tls_dir = tmp_path / "tls"
+    write_bundle(make_bundle(dns_names=["localhost"], ip_addresses=["127.0.0.1"]), tls_dir)
+    client_ca, client_cert, client_key = _client_pair(tmp_path)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        probe_port = probe.getsockname()[1]
+    stop = asyncio.Event()
+    port: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(serve(
+        WebhookSettings(tls_dir=tls_dir), ServeOptions(
+            host="127.0.0.1", port=0, client_ca=client_ca, probe_host="127.0.0.1",
+            probe_port=probe_port, shutdown_timeout=1), cluster=MemoryCluster(), stop=stop,
+        started=port.set_result))
+    try:
+        url = f"https://localhost:{await asyncio.wait_for(asyncio.shield(port), 10)}"
+        anonymous = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
+        with_cert = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
+        with_cert.load_cert_chain(str(client_cert), str(client_key))
+        async with aiohttp.ClientSession() as session:
+            # Without a client certificate the handshake fails (or the first read, on TLS 1.3).
+            with pytest.raises(aiohttp.ClientError):
+                async with session.post(url + "/mutate", ssl=anonymous,
+                                        data=orjson.dumps(review(hami_pod()))) as resp:
+                    await resp.read()
+            async with session.post(url + "/mutate", ssl=with_cert,
+                                    data=orjson.dumps(review(hami_pod(), uid="c-1"))) as resp:
+                assert (await resp.json())["response"]["uid"] == "c-1"
+            for path, expected in (("/healthz", "ok\n"), ("/readyz", "ok\n")):
+                async with session.get(f"http://127.0.0.1:{probe_port}{path}") as resp:
+                    assert (resp.status, await resp.text()) == (200, expected)
+            async with session.get(f"http://127.0.0.1:{probe_port}/metrics") as resp:
+                assert 'dra_gateway_webhook_request_duration_seconds_count{endpoint="mutate"} ' \
+                    '1.0' in await resp.text()
+            async with session.post(f"http://127.0.0.1:{probe_port}/mutate") as resp:
+                assert resp.status in (404, 405)  # admission is never served in plain HTTP
+    finally:
+        stop.set()
+        await task
+
+
+def test_the_probe_listen_flag_parses() -> None:
+    from dra_gateway.cli import build_parser
+
+    args = build_parser().parse_args(["webhook", "--tls-dir", "/tls", "--probe-listen",
+                                      "0.0.0.0:8080", "--client-ca", "/client-ca/ca.crt"])
+    assert args.probe_listen == ("0.0.0.0", 8080)
