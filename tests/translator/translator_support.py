@@ -7,6 +7,7 @@ from typing import Any
 
 import jsonpatch
 import kubernetes_validate
+import pytest
 
 from dra_gateway.translator.translate import TranslationPlan, template_name
 
@@ -61,3 +62,29 @@ def parameters_of(plan: TranslationPlan, request: str) -> dict[str, Any] | None:
             assert entry["opaque"]["driver"] == "gpu.dra-gateway.io"
             return entry["opaque"]["parameters"]  # type: ignore[no-any-return]
     return None
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`dra-gateway ARGS...` in process: exit code, standard output, standard error."""
+    from dra_gateway.cli import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def mig_device(*, memory: str, parent: str) -> Any:
+    """The CEL view of a gateway MIG instance with `memory` and the parent card's UUID."""
+    from dra_gateway.kube.cel import device_view
+
+    return device_view("gpu.dra-gateway.io", {
+        "name": "mig-0", "attributes": {"parentUUID": {"string": parent}},
+        "capacity": {"memory": {"value": memory}}})
+
+
+def gpu_device(**attributes: str) -> Any:
+    """The CEL view of a gateway card with these string attributes."""
+    from dra_gateway.kube.cel import device_view
+
+    return device_view("gpu.dra-gateway.io", {
+        "name": "gpu-0", "attributes": {k: {"string": v} for k, v in attributes.items()}})
