@@ -169,14 +169,27 @@ async def _serve(request: web.Request, endpoint: str) -> web.Response:
     except BadReview as exc:
         return _bad_request(state, endpoint, str(exc))
     try:
-        if endpoint == "mutate":
-            body = await _answer_mutate(state, review)
-        elif endpoint == "validate-rules":
-            body = _answer_validate_rules(state, review)
-        else:
-            body = await _answer_validate(state, review)
+        # Bounded below the API server's timeoutSeconds: past it the answer is lost anyway,
+        # and the API reads (a claim's classes, a template's creation) would hold on for the
+        # client's own 60 s.
+        async with asyncio.timeout(state.settings.review_deadline):
+            if endpoint == "mutate":
+                body = await _answer_mutate(state, review)
+            elif endpoint == "validate-rules":
+                body = _answer_validate_rules(state, review)
+            else:
+                body = await _answer_validate(state, review)
     except BadReview as exc:
         return _bad_request(state, endpoint, str(exc))
+    except TimeoutError:
+        log.warning("admission review ran past its deadline", extra={
+            "uid": review.uid, "endpoint": endpoint, "namespace": review.namespace,
+            "pod": review.name, "deadline": state.settings.review_deadline})
+        body = _refuse(state, endpoint, review, Refusal(
+            RETRY_LATER_CODE, "Timeout",
+            f"the dra-gateway webhook could not read what it needs from the API server within "
+            f"{state.settings.review_deadline:g}s; the object was not admitted and can be "
+            f"retried (controllers retry on their own)"))
     except Exception:
         state.metrics.internal_errors.labels(endpoint).inc()
         state.metrics.outcome(endpoint, "error")

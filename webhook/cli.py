@@ -83,6 +83,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     serve.add_argument("--no-enforce", action="store_true",
                        help="let pods whose legacy GPU requests escaped translation through "
                        "/validate")
+    serve.add_argument("--review-deadline", type=float, default=4.0, metavar="SECONDS",
+                       help="most seconds one review may take, API reads included; keep it "
+                       "below the webhook configurations' timeoutSeconds (default: %(default)s)")
     serve.add_argument("--workers", type=int, default=1, metavar="N",
                        help="server processes sharing the port (SO_REUSEPORT; default: 1)")
     serve.add_argument("--log-level", default="info", type=str.lower,
@@ -132,6 +135,10 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"webhook: --ca-file {args.ca_file} not found; pass the ca.crt written by "
               f"`dra-gateway certs generate`, or leave --ca-file out", file=sys.stderr)
         return 2
+    if not 0 < args.review_deadline <= 30:
+        print(f"webhook: --review-deadline {args.review_deadline:g} must be above 0 and at most "
+              "30 (the longest timeoutSeconds a webhook configuration takes)", file=sys.stderr)
+        return 2
     if args.workers < 1:
         print(f"webhook: --workers {args.workers} must be at least 1", file=sys.stderr)
         return 2
@@ -152,6 +159,8 @@ def _serve(args: argparse.Namespace) -> int:
         ca_file=Path(args.ca_file) if args.ca_file else None,
         enforce=not args.no_enforce,
         reconcile_webhooks=not args.no_reconcile,
+        review_deadline=args.review_deadline,
+        template_timeout=min(2.0, args.review_deadline / 2),
     )
     options = ServeOptions(
         host=host, port=port, cluster=args.cluster, kubeconfig=args.kubeconfig,

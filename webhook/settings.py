@@ -33,6 +33,9 @@ class WebhookSettings:
     tls_dir: where tls.crt and tls.key live; readiness needs a certificate there.
     enforce: refuse pods whose legacy GPU requests escaped translation.
     template_timeout: seconds one admission may spend making its templates exist.
+    review_deadline: seconds one review may take in all, API reads included; keep it below the
+        configurations' timeoutSeconds (the API server gives up then, and a late answer is
+        lost while the read goes on for the client's own 60 s).
     reconcile_webhooks: keep the webhook configurations' matchConditions (and caBundle, with
         ca_file) in line with the loaded rules.
     """
@@ -47,6 +50,7 @@ class WebhookSettings:
     ca_file: Path | None = None
     enforce: bool = True
     template_timeout: float = 2.0
+    review_deadline: float = 4.0
     template_cache_size: int = 8192
     template_cache_ttl: float = 300.0
     plan_cache_size: int = 2048

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -223,3 +224,29 @@ async def test_validate_refuses_only_what_mutate_would_have_translated(
         mutated = await (await client.post("/mutate", data=orjson.dumps(review(pod)))).json()
         assert "patch" not in mutated["response"]
         assert await _validate(client, pod) == {"uid": "v-1", "allowed": True}
+
+
+class _HangingReads(MemoryCluster):
+    """An API server that accepts the connection and never answers a read."""
+
+    async def get(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.Event().wait()
+
+
+async def test_a_read_that_hangs_is_cut_at_the_review_deadline_below_the_api_servers_timeout(
+    aiohttp_client: ClientFactory,
+) -> None:
+    settings = WebhookSettings(namespace="dra-gateway", review_deadline=0.3,
+                               watch_config_maps=False, watch_device_classes=False,
+                               watch_policies=False, reconcile_webhooks=False)
+    client = await aiohttp_client(create_app(settings, _HangingReads()))
+    pod = _with_claim(plain_pod(), "team-template", gated=True)
+    started = asyncio.get_running_loop().time()
+    answer = await _validate(client, pod)
+    assert asyncio.get_running_loop().time() - started < 2
+    assert answer["allowed"] is False
+    assert answer["status"] == {
+        "code": 503, "reason": "Timeout",
+        "message": "the dra-gateway webhook could not read what it needs from the API server "
+                   "within 0.3s; the object was not admitted and can be retried (controllers "
+                   "retry on their own)"}
