@@ -116,6 +116,13 @@ def test_the_match_condition_sends_every_pod_the_translator_changes(
         assert _matches(rules, pod), label
 
 
+def test_the_match_condition_stays_within_the_api_servers_limit(rules: RuleSet) -> None:
+    # kube-apiserver refuses a matchConditions expression over 10,240 characters: the
+    # configuration would not be written and every pod creation would fail.
+    assert len(match_expression(rules)) <= 10_240
+    assert len(match_expression(load_rules(EXAMPLES / "rules"))) <= 10_240
+
+
 def test_the_examples_hold_translatable_pods(rules: RuleSet) -> None:
     assert sum(bool(translate(p, rules).patch) for _, p in _example_pods()) >= 4
 
