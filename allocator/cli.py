@@ -30,6 +30,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     controller.add_argument("--metrics-address", metavar="HOST:PORT",
                             help="serve /metrics, /healthz and /readyz there, e.g. :8080 "
                             "(default: off)")
+    controller.add_argument("--release-all", action="store_true",
+                            help="instead of running: clear the allocation of every claim no "
+                            "live pod uses and remove the allocator's finalizer from every "
+                            "claim, then exit (the chart's pre-delete hook; run it with the "
+                            "allocator stopped)")
     controller.set_defaults(func=_run_controller)
 
     replay = bench.add_parser(
@@ -52,9 +57,35 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
 
 
 def _run_controller(args: argparse.Namespace) -> int:
+    if args.release_all:
+        return _release_all(args)
     from dra_gateway.allocator import process
 
     return process.main(args)
+
+
+def _release_all(args: argparse.Namespace) -> int:
+    import asyncio
+    import sys
+
+    from dra_gateway.allocator.uninstall import release_all
+    from dra_gateway.kube.cluster.connect import ClusterConfigError, connect
+    from dra_gateway.kube.cluster.port import ApiError
+
+    async def run() -> int:
+        cluster = await connect(args.cluster, args.kubeconfig)
+        try:
+            summary = await release_all(cluster)
+        finally:
+            await cluster.close()
+        print(f"allocator --release-all: {summary.text()}")
+        return 1 if summary.failed else 0
+
+    try:
+        return asyncio.run(run())
+    except (ClusterConfigError, ApiError) as exc:
+        print(f"allocator --release-all: {exc}", file=sys.stderr)
+        return 1
 
 
 def _run_bench(args: argparse.Namespace) -> int:

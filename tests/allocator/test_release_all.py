@@ -1,0 +1,103 @@
+"""`dra-gateway allocator --release-all`, the chart's pre-delete hook, on the embedded API.
+
+After `helm uninstall` nobody removes the allocator's finalizer, and a claim carrying it blocks
+its own deletion and its namespace's. The command clears the allocation of every claim no live
+pod uses, removes the finalizer from every claim, and leaves gated pods gated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dra_gateway.allocator.uninstall import release_all
+from dra_gateway.cli import main
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import NotFound
+from dra_gateway.kube.resources import NAMESPACES, PODS, RESOURCE_CLAIMS
+from dra_gateway.kube.sim.memory import MemoryCluster
+
+NS = "team-a"
+
+
+def _pod(name: str, *, claim: str | None = None, gated: bool = False) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "cuda"}]}
+    if claim:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    if gated:
+        spec["schedulingGates"] = [{"name": names.SCHEDULING_GATE}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+            "spec": spec}
+
+
+def _claim(name: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NS, "finalizers": [names.FINALIZER],
+                         "annotations": {names.ANNOTATION_SHARES: "{}"}},
+            "spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": names.GPU_CLASS}}]}}}
+
+
+async def _allocated(cluster: MemoryCluster, name: str) -> dict[str, Any]:
+    claim = await cluster.create(RESOURCE_CLAIMS, _claim(name), namespace=NS)
+    claim["status"] = {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": "gpu.dra-gateway.io",
+                                 "pool": "node-a", "device": "gpu-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}}}
+    return await cluster.update(RESOURCE_CLAIMS, claim, namespace=NS, subresource="status")
+
+
+async def _setup() -> MemoryCluster:
+    cluster = MemoryCluster()
+    await cluster.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                      "metadata": {"name": NS}})
+    await _allocated(cluster, "orphan")  # its pod is gone
+    await _allocated(cluster, "in-use")
+    await cluster.create(PODS, _pod("runner", claim="in-use"), namespace=NS)
+    await cluster.create(PODS, _pod("waiting", gated=True), namespace=NS)
+    plain = _claim("foreign")
+    plain["metadata"]["finalizers"] = []
+    await cluster.create(RESOURCE_CLAIMS, plain, namespace=NS)
+    return cluster
+
+
+async def test_release_all_frees_orphans_and_unblocks_every_claims_deletion() -> None:
+    cluster = await _setup()
+    summary = await release_all(cluster)
+    assert summary.released == [f"{NS}/orphan"]
+    assert summary.kept == [f"{NS}/in-use"]
+    assert summary.gated_pods == [f"{NS}/waiting"]
+    assert summary.failed == []
+    orphan = await cluster.get(RESOURCE_CLAIMS, "orphan", namespace=NS)
+    assert "allocation" not in (orphan.get("status") or {})
+    in_use = await cluster.get(RESOURCE_CLAIMS, "in-use", namespace=NS)
+    assert in_use["status"]["allocation"]  # the running pod keeps its devices
+    for claim in (orphan, in_use):
+        assert names.FINALIZER not in (claim["metadata"].get("finalizers") or [])
+        assert names.ANNOTATION_SHARES not in (claim["metadata"].get("annotations") or {})
+    # Before, the finalizer held the deletion forever; now it completes at once.
+    for name in ("orphan", "in-use"):
+        await cluster.delete(RESOURCE_CLAIMS, name, namespace=NS)
+        try:
+            await cluster.get(RESOURCE_CLAIMS, name, namespace=NS)
+        except NotFound:
+            continue
+        raise AssertionError(f"claim {name} still exists after its deletion")
+    gated = await cluster.get(PODS, "waiting", namespace=NS)
+    assert gated["spec"]["schedulingGates"] == [{"name": names.SCHEDULING_GATE}]
+
+
+async def test_release_all_twice_changes_nothing_the_second_time() -> None:
+    cluster = await _setup()
+    await release_all(cluster)
+    again = await release_all(cluster)
+    assert (again.released, again.kept, again.failed) == ([], [], [])
+    assert "1 pods stay behind the scheduling gate" in again.text()
+
+
+def test_release_all_is_a_flag_of_the_allocator_command(capsys: Any) -> None:
+    assert main(["allocator", "--cluster", "memory", "--release-all"]) == 0
+    assert capsys.readouterr().out == (
+        "allocator --release-all: released 0 claims no pod uses (allocation cleared, finalizer "
+        "dra-gateway.io/allocation removed); removed the finalizer from 0 claims running pods "
+        "still use (allocation kept)\n")
