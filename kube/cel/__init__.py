@@ -45,36 +45,56 @@ Not supported (refused at compile as unknown functions): the URL, IP/CIDR, regex
 format, sets and two-variable comprehension libraries, optional syntax (`.?`), and the
 quantity `mul`/`div` additions of recent releases.
 
-Where things are: `compilation` (the compile functions and their checks), `evaluation` (every
-run of a program on the engine), `devices` (the `device` variable and the sample devices),
-`library` (the functions beyond CEL core), `values` (quantities and versions as the engine
-carries them), `source` (literal masking, nesting and rewrites), `errors` (`CelError` and the
-reasons read out of engine exceptions). Import from this package, not from those modules. No
-part of it may reach the cluster or do I/O.
+Cost: the engine has no cost model and cannot be interrupted, so every expression's cost is
+estimated before it runs (`cost`, in cel-go's units) and refused over upstream's per-expression
+limit of 1,000,000 ("cost limit exceeded"): selectors at compile, rule expressions whose cost
+grows with their inputs also on each evaluation's inputs. `cost_budget(limit)` bounds what a
+series of selector evaluations may cost together (one pod's planning): over it,
+`CostBudgetExceeded`.
+
+Where things are: `compilation` (the compile functions and their checks), `cost` (the estimate),
+`evaluation` (every run of a program on the engine, and the budget), `devices` (the `device`
+variable and the sample devices), `library` (the functions beyond CEL core), `values`
+(quantities and versions as the engine carries them), `source` (literal masking, nesting and
+rewrites), `errors` (`CelError` and the reasons read out of engine exceptions). Import from this
+package, not from those modules. No part of it may reach the cluster or do I/O.
 """
 
 from dra_gateway.kube.cel.compilation import (
     MAX_EXPRESSION_LENGTH,
+    MAX_INPUT_SIZE,
     MAX_NESTING_DEPTH,
     compile_expression,
     compile_selector,
 )
+from dra_gateway.kube.cel.cost import COST_LIMIT
 from dra_gateway.kube.cel.devices import DeviceView, device_view
 from dra_gateway.kube.cel.errors import CelError
-from dra_gateway.kube.cel.evaluation import Expression, Selector
+from dra_gateway.kube.cel.evaluation import (
+    CostBudget,
+    CostBudgetExceeded,
+    Expression,
+    Selector,
+    cost_budget,
+)
 from dra_gateway.kube.cel.values import QUANTITY_KEY, SEMVER_KEY, quantity_value, semver_value
 
 __all__ = [
+    "COST_LIMIT",
     "MAX_EXPRESSION_LENGTH",
+    "MAX_INPUT_SIZE",
     "MAX_NESTING_DEPTH",
     "QUANTITY_KEY",
     "SEMVER_KEY",
     "CelError",
+    "CostBudget",
+    "CostBudgetExceeded",
     "DeviceView",
     "Expression",
     "Selector",
     "compile_expression",
     "compile_selector",
+    "cost_budget",
     "device_view",
     "quantity_value",
     "semver_value",

@@ -5,8 +5,13 @@ The engine only parses at compile time, so compilation here adds what Kubernetes
 would catch early: a length cap (`MAX_EXPRESSION_LENGTH`, as DRA's 10 KiB), a nesting cap
 (`MAX_NESTING_DEPTH`), a static check of every function and variable the expression names, and
 a dry run against representative inputs (sample devices, or the sample variables given), which
-refuses a non-bool selector. A missing attribute on a sample is not a compile error: it is an
-evaluation error at match time, as upstream. Compiled selectors are cached by their text.
+refuses a non-bool selector, and a cost estimate (`cost`): an expression whose estimated cost
+exceeds `COST_LIMIT` (upstream's 1,000,000) is refused with "cost limit exceeded". A selector's
+estimate is fixed by the API's limits on a device; a rule expression's depends on the size of
+its inputs, so it is estimated on the samples here and, when the largest input the API server
+accepts could take it over the limit, again on each evaluation's inputs (`Expression`). A
+missing attribute on a sample is not a compile error: it is an evaluation error at match time,
+as upstream. Compiled selectors are cached by their text.
 The dry runs go through `evaluation`: this module must not run programs itself.
 """
 
@@ -18,6 +23,7 @@ from typing import Any, Final
 
 import cel as _engine
 
+from dra_gateway.kube.cel import cost
 from dra_gateway.kube.cel.errors import CelError, Failure, syntax_reason_of
 from dra_gateway.kube.cel.evaluation import Expression, Selector, check_on_samples
 from dra_gateway.kube.cel.library import KNOWN_FUNCTIONS
@@ -32,6 +38,25 @@ from dra_gateway.kube.cel.values import type_name
 
 MAX_EXPRESSION_LENGTH: Final = 10240
 MAX_NESTING_DEPTH: Final = 32
+# The largest input an expression may see: the API server's request size limit (3 MiB), also
+# what upstream's estimator assumes of a list without maxItems.
+MAX_INPUT_SIZE: Final = 3 * 1024 * 1024
+
+
+def _estimated(expression: str, variables: Mapping[str, cost.Shape], *, what: str,
+               default: cost.Shape = cost.SCALAR) -> tuple[cost.Node, int]:
+    """The syntax tree and estimated cost; CelError when it is over the limit."""
+    try:
+        # Estimated on the source as written (binds rewritten): the domain rewrite only makes
+        # a missing domain an empty map, which costs what the plain lookup costs upstream.
+        tree = cost.parse(rewrite_binds(expression))
+        estimate = cost.estimate(tree, variables, default=default)
+    except Failure as exc:
+        raise CelError(expression, str(exc), what=what) from None
+    reason = cost.over_limit(estimate)
+    if reason is not None:
+        raise CelError(expression, reason, what=what)
+    return tree, estimate
 
 
 def _prepare(
@@ -82,12 +107,14 @@ def compile_selector(expression: str) -> Selector:
     """Compile a DRA device selector; raises CelError for what can be known before matching.
 
     Refused: syntax errors, an expression over MAX_EXPRESSION_LENGTH or nested over
-    MAX_NESTING_DEPTH, unknown functions or variables, and a result that is not a bool on a
-    sample device. Errors that depend on the device (a missing attribute) surface in `matches`.
+    MAX_NESTING_DEPTH, unknown functions or variables, an estimated cost over COST_LIMIT, and a
+    result that is not a bool on a sample device. Errors that depend on the device (a missing
+    attribute) surface in `matches`.
     """
     program = _prepare(expression, ("device",), what="", device_domains=True)
+    _, estimate = _estimated(expression, {"device": cost.DEVICE_SHAPE}, what="")
     check_on_samples(expression, program)
-    return Selector(expression, program)
+    return Selector(expression, program, cost=estimate)
 
 
 def compile_expression(
@@ -101,10 +128,17 @@ def compile_expression(
 
     `what` names where the expression comes from (e.g. "rules[3].match") and prefixes every
     error. The expression is dry-run on the samples: a failure other than a missing key or
-    index is a compile error, and so is a result that is not an instance of `expect`.
+    index is a compile error, and so is a result that is not an instance of `expect`, and an
+    estimated cost over COST_LIMIT for inputs the size of the samples.
     """
     program = _prepare(expression, variables.keys(), what=what, device_domains=False)
-    compiled = Expression(expression, program, frozenset(variables), what)
+    sample_size = cost.largest_collection(list(variables.values()))
+    tree, _ = _estimated(expression, dict.fromkeys(variables, cost.Unbounded(sample_size)),
+                         what=what)
+    worst = cost.estimate(tree, dict.fromkeys(variables, cost.Unbounded(MAX_INPUT_SIZE)))
+    # Bounded whatever the input: evaluations skip measuring theirs.
+    sized = None if worst <= cost.COST_LIMIT else tree
+    compiled = Expression(expression, program, frozenset(variables), what, cost_tree=sized)
     try:
         result = compiled.evaluate(variables)
     except CelError as exc:

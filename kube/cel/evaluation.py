@@ -5,18 +5,29 @@ verdict (or error) cached on the view. An evaluation error such as a missing att
 the match with a `CelError` (it is not "no match"), and the result must be a bool.
 `Expression.evaluate` runs a rule or admission-style expression over the variables its caller
 declared and returns plain Python values. `check_on_samples` is compilation's dry run of a
-selector on the sample devices. A limit on what an evaluation may cost belongs here, around the
-engine's `execute`. Programs arrive compiled: this module must not parse or check source.
+selector on the sample devices.
+
+What an evaluation may cost is bounded here, around the engine's `execute`, which cannot be
+interrupted once started: a selector's estimated cost (at most `cost.COST_LIMIT`, checked at
+compile) is charged, before it runs, to the `CostBudget` in force (`cost_budget`), and a caller
+that evaluates many selectors for one purpose (the allocator planning one pod) sets one so that
+a single tenant cannot spend the process's time: over it, `CostBudgetExceeded` is raised and
+nothing more is evaluated. A rule expression whose estimate depends on the size of its inputs
+is estimated again on each evaluation's inputs and refused, without running, over the limit.
+Programs arrive compiled: this module must not parse or check source.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Final
 
 import cel as _engine
 
+from dra_gateway.kube.cel import cost
 from dra_gateway.kube.cel.devices import DeviceView, sample_views
 from dra_gateway.kube.cel.errors import CelError, reason_of
 from dra_gateway.kube.cel.library import FUNCTIONS
@@ -28,14 +39,70 @@ _MISSING_DATA: Final = (KeyError, IndexError)
 _SAMPLES_LOCK: Final = threading.Lock()
 
 
+class CostBudgetExceeded(Exception):
+    """The `CostBudget` in force would be overspent by the next evaluation.
+
+    Not a `CelError`: the selector is fine, the caller's budget is spent, so no verdict may be
+    cached for it.
+    """
+
+    def __init__(self, *, limit: int, spent: int, expression: str) -> None:
+        shown = expression if len(expression) <= 80 else expression[:80] + "..."
+        super().__init__(
+            f"CEL cost budget exceeded: evaluating the selectors would cost more than {limit} "
+            f"(at least {spent}); the last was \"{shown}\"")
+        self.limit = limit
+        self.spent = spent
+        self.expression = expression
+
+
+class CostBudget:
+    """What a series of evaluations may cost together, in the units of `cost`."""
+
+    __slots__ = ("limit", "spent")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.spent = 0
+
+    def charge(self, amount: int, expression: str) -> None:
+        """Count `amount`; CostBudgetExceeded (nothing counted) when it would overspend."""
+        if self.spent + amount > self.limit:
+            raise CostBudgetExceeded(limit=self.limit, spent=self.spent + amount,
+                                     expression=expression)
+        self.spent += amount
+
+
+_BUDGET: ContextVar[CostBudget | None] = ContextVar("cel_cost_budget", default=None)
+
+
+@contextmanager
+def cost_budget(limit: int) -> Iterator[CostBudget]:
+    """Charge every selector evaluated inside (in this context) to one budget of `limit`.
+
+    Verdicts already cached on a device view cost nothing. A context variable rather than an
+    argument: the evaluations happen deep in the planner, which must not carry it through.
+    """
+    budget = CostBudget(limit)
+    token = _BUDGET.set(budget)
+    try:
+        yield budget
+    finally:
+        _BUDGET.reset(token)
+
+
 class Selector:
-    """A compiled DRA device selector; `matches` is the allocator's hot path."""
+    """A compiled DRA device selector; `matches` is the allocator's hot path.
 
-    __slots__ = ("_program", "expression")
+    `cost` is the estimated cost of one evaluation, charged to the budget in force.
+    """
 
-    def __init__(self, expression: str, program: _engine.Program) -> None:
+    __slots__ = ("_program", "cost", "expression")
+
+    def __init__(self, expression: str, program: _engine.Program, *, cost: int = 0) -> None:
         self.expression = expression
         self._program = program
+        self.cost = cost
 
     def matches(self, device: DeviceView) -> bool:
         """Whether the device is selected; raises CelError if evaluation fails or is not bool.
@@ -51,6 +118,9 @@ class Selector:
         raise CelError(self.expression, str(verdict))
 
     def _evaluate(self, device: DeviceView) -> bool | str:
+        budget = _BUDGET.get()
+        if budget is not None:
+            budget.charge(self.cost, self.expression)
         try:
             result = self._program.execute(device.context())
         except Exception as exc:  # every engine failure becomes the claim's error message
@@ -92,13 +162,16 @@ class Expression:
     """A compiled rule or admission-style expression over declared variables.
 
     Safe to share between threads: evaluations of one expression take turns on its engine
-    context.
+    context. `cost_tree`, when given, is the syntax tree of an expression whose cost depends on
+    the size of its inputs beyond the limit: each evaluation estimates it on its own inputs.
     """
 
-    __slots__ = ("_context", "_current", "_lock", "_program", "expression", "variables", "what")
+    __slots__ = ("_context", "_cost_tree", "_costs", "_current", "_lock", "_program",
+                 "expression", "variables", "what")
 
     def __init__(
-        self, expression: str, program: _engine.Program, variables: frozenset[str], what: str
+        self, expression: str, program: _engine.Program, variables: frozenset[str], what: str,
+        *, cost_tree: cost.Node | None = None,
     ) -> None:
         self.expression = expression
         self._program = program
@@ -107,6 +180,23 @@ class Expression:
         self._context: _engine.Context | None = None
         self._current: Mapping[str, Any] = {}
         self._lock = threading.Lock()
+        self._cost_tree = cost_tree
+        self._costs: dict[int, int] = {}  # input size, rounded up to a power of two -> cost
+
+    def _check_cost(self, activation: Mapping[str, Any]) -> None:
+        if self._cost_tree is None:
+            return
+        largest = cost.largest_collection([activation[name] for name in self.variables])
+        bucket = 1 << max(0, largest - 1).bit_length()
+        estimate = self._costs.get(bucket)
+        if estimate is None:
+            estimate = cost.estimate(self._cost_tree,
+                                     dict.fromkeys(self.variables, cost.Unbounded(bucket)))
+            self._costs[bucket] = estimate
+        reason = cost.over_limit(estimate)
+        if reason is not None:
+            raise CelError(self.expression, f"{reason} for inputs of up to {largest} elements",
+                           what=self.what)
 
     def _resolve(self, name: str) -> Any:
         return self._current.get(name)
@@ -129,6 +219,7 @@ class Expression:
         if missing:
             listed = ", ".join(sorted(missing))
             raise CelError(self.expression, f"no value for variable(s) {listed}", what=self.what)
+        self._check_cost(activation)
         try:
             converted = {name: to_engine(activation[name]) for name in self.variables}
             with self._lock:
