@@ -13,7 +13,16 @@ feeds them into the planner's `ClusterState`, and works through a queue of pods 
   or used it is gone or finished (`index.ClaimIndex` knows which pods those are).
 
 Every write is optimistic (resourceVersion) and a conflict rereads and retries: an allocation
-found already set is accepted as it is, since the API allows it only to be cleared. A plan is
+found already set is accepted as it is, since the API allows it only to be cleared. Every write
+of an allocation, a gate removal or a release first calls the `fence` (the leader elector's
+`check_leading`): a replica that stalled past its renew deadline writes nothing.
+
+Planning runs in a worker thread (`_plan`), one plan at a time, so that the event loop keeps
+renewing the Lease and serving watches however long a plan takes; while it runs, the loop's
+changes to the planner state are held (`_change`) and applied in order when it returns, so the
+plan sees the state as it was when it started, as when it ran on the loop. Each plan may spend
+at most `plan_cost_budget` on CEL selectors (kube.cel.cost_budget): a pod whose selectors cost
+more is not placed, with that reason, and the others are planned meanwhile. A plan is
 `assume`d in the state while its writes are in flight so that concurrent workers never hand
 out the same share, and the writes are applied to the local mirror as soon as they succeed.
 Nothing is kept anywhere but in the API: a new leader rebuilds everything from a list.
@@ -38,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from dra_gateway.allocator.claims import claims_for
@@ -46,6 +55,7 @@ from dra_gateway.allocator.conditions import PLACED, quota_condition, set_quota_
 from dra_gateway.allocator.events import COMPONENT, EventRecorder
 from dra_gateway.allocator.index import ClaimIndex
 from dra_gateway.allocator.informer import Change, Informer
+from dra_gateway.allocator.leader import LeadershipLost
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
 from dra_gateway.allocator.policies import PolicyMirror, QuotaStatusWriter
@@ -55,10 +65,12 @@ from dra_gateway.allocator.unplaceable import Unplaceable
 from dra_gateway.allocator.work import (
     MAX_WRITE_ATTEMPTS,
     ClaimKey,
+    Fence,
     Outcome,
     PodKey,
     WorkKey,
     Write,
+    unfenced,
 )
 from dra_gateway.allocator.workqueue import WorkQueue
 from dra_gateway.allocator.writes import (
@@ -68,7 +80,7 @@ from dra_gateway.allocator.writes import (
     still_allocated,
     write_allocation,
 )
-from dra_gateway.kube import names, objects
+from dra_gateway.kube import cel, names, objects
 from dra_gateway.kube.cluster.features import (
     detect_consumable_capacity,
     slices_show_consumable_capacity,
@@ -119,8 +131,9 @@ class Controller:
     """One leader's worth of allocation work; build a new one for each term of leadership."""
 
     def __init__(self, cluster: Cluster, settings: ControllerSettings | None = None, *,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, fence: Fence = unfenced) -> None:
         self.cluster = cluster
+        self.fence = fence
         self.settings = settings or ControllerSettings()
         self.metrics = metrics or Metrics()
         self.stats = Stats()
@@ -154,8 +167,11 @@ class Controller:
                                     interval=self.settings.event_interval)
         self.releaser = ClaimReleaser(cluster, claims=self.claims, pods=self.pods,
                                       index=self.index, stats=self.stats, metrics=self.metrics,
-                                      observe=self._observe_writes)
+                                      observe=self._observe_writes, fence=fence)
         self._inflight: dict[str, PodPlan] = {}  # pod uid -> plan being written
+        self._planning = asyncio.Lock()  # one plan at a time, as when plans ran on the loop
+        # Changes to the planner state made while a plan runs in its thread, in order.
+        self._held_changes: list[Callable[[], None]] | None = None
         self._detected = asyncio.Event()
         self.ready = asyncio.Event()  # informers synced, workers running
 
@@ -270,6 +286,11 @@ class Controller:
             except asyncio.CancelledError:
                 self.queue.done(key)
                 raise
+            except LeadershipLost as err:
+                # The term is ending (the elector cancels the work): write nothing more.
+                log.warning("not writing: leadership is not current", extra={
+                    "key": str(key), "error": str(err)})
+                outcome = "retry"
             except Conflict as err:
                 self.stats.conflicts += 1
                 self.metrics.conflicts.inc()
@@ -316,27 +337,27 @@ class Controller:
     # Informer handlers (synchronous: each runs atomically on the loop) -----------------------
 
     def _on_policies(self, catalog: Any) -> None:
-        self.state.set_policies(catalog)
+        self._change(self.state.set_policies, catalog)
         self.quota_status.changed()
         self.unplaceable.capacity_changed()
 
     def _on_slice(self, change: Change, obj: Object, old: Object | None) -> None:
         if change == "deleted":
-            self.state.remove_slice(objects.name(obj))
+            self._change(self.state.remove_slice, objects.name(obj))
         else:
             if not self._detected.is_set() and (obj.get("spec") or {}).get(
                     "driver") == names.DRIVER:
                 verdict = slices_show_consumable_capacity([obj])
                 if verdict is not None:
                     self._set_capacity_mode(verdict, "published slices")
-            self.state.set_slice(obj)
+            self._change(self.state.set_slice, obj)
         self.unplaceable.capacity_changed()
 
     def _on_class(self, change: Change, obj: Object, old: Object | None) -> None:
         if change == "deleted":
-            self.state.remove_device_class(objects.name(obj))
+            self._change(self.state.remove_device_class, objects.name(obj))
         else:
-            self.state.set_device_class(obj)
+            self._change(self.state.set_device_class, obj)
         self.unplaceable.capacity_changed()
 
     def _on_node(self, change: Change, obj: Object, old: Object | None) -> None:
@@ -345,16 +366,16 @@ class Controller:
             # unplaceable pod on each would bypass their backoff for as long as nodes report.
             return
         if change == "deleted":
-            self.state.remove_node(objects.name(obj))
+            self._change(self.state.remove_node, objects.name(obj))
         else:
-            self.state.set_node(obj)
+            self._change(self.state.set_node, obj)
         self.unplaceable.capacity_changed()
 
     def _on_pod(self, change: Change, obj: Object, old: Object | None) -> None:
         uid = objects.uid(obj)
         ns, name = objects.namespace_name(obj)
         if change == "deleted":
-            self.state.remove_pod(uid)
+            self._change(self.state.remove_pod, uid)
             self.events.forget(uid)
             self.pending.drop(uid)
             self.unplaceable.discard(PodKey(ns, name, uid))
@@ -363,7 +384,7 @@ class Controller:
             self._release_claims(held)
             self.unplaceable.capacity_changed()
             return
-        self.state.set_pod(obj)
+        self._change(self.state.set_pod, obj)
         self.index.set_pod(obj)
         self._refresh_placement(obj)
         key = PodKey(ns, name, uid)
@@ -378,10 +399,10 @@ class Controller:
         key = ClaimKey(*objects.namespace_name(obj))
         if change == "deleted":
             self.index.remove_claim(key)
-            self.state.remove_claim(objects.uid(obj))
+            self._change(self.state.remove_claim, objects.uid(obj))
         else:
             self.index.set_claim(obj)
-            self.state.set_claim(obj)
+            self._change(self.state.set_claim, obj)
             if has_finalizer(obj):
                 self.queue.add(key)
         was_allocated = old is not None and is_allocated(old)
@@ -409,15 +430,15 @@ class Controller:
         binding the pod's node is known only from its claims' node selectors (or from the plan
         being written). Derived from the API each time, so a new leader counts it too.
         """
-        self.state.forget(pod, _NO_PLAN)  # drops only an assumed pod record
+        self._change(self.state.forget, pod, _NO_PLAN)  # drops only an assumed pod record
         spec = pod.get("spec") or {}
         if spec.get("nodeName") or is_finished(pod):
             return
         inflight = self._inflight.get(objects.uid(pod))
         node = inflight.node_name if inflight is not None else self._placed_on(pod)
         if node:
-            self.state.assume(pod, PodPlan(node_name=node, allocations={}, annotations={},
-                                           reason=None))
+            self._change(self.state.assume, pod, PodPlan(node_name=node, allocations={},
+                                                         annotations={}, reason=None))
 
     def _placed_on(self, pod: Object) -> str | None:
         ns = objects.namespace(pod)
@@ -482,9 +503,14 @@ class Controller:
                       extra={"pod": str(key)})
             return "retry"
         started = time.perf_counter()
-        plan = plan_pod(self.state, pod, gateway, policy=self.settings.policy)
+        self.stats.plans += 1  # counted as it starts: it runs in a thread, others meanwhile
+        self.unplaceable.planning(key)  # events meanwhile count from the plan's outcome
+        try:
+            plan = await self._plan(pod, gateway)
+        except BaseException:
+            self.unplaceable.settle(key)
+            raise
         self.metrics.plan_seconds.observe(time.perf_counter() - started)
-        self.stats.plans += 1
         if plan.node_name is None:
             self.stats.failures += 1
             self.metrics.allocation_failures.inc()
@@ -527,18 +553,19 @@ class Controller:
             raise RuntimeError(f"the planner placed pod {key} on {plan.node_name} without "
                                f"allocating claims {names_missing}")
         writes: list[Write] = []
-        self.state.assume(pod, plan)
+        self._change(self.state.assume, pod, plan)
         self._inflight[key.uid] = plan
         try:
             for claim in sorted(pending, key=lambda c: objects.name(c)):
                 uid = objects.uid(claim)
                 await write_allocation(self.cluster, claim, allocation=plan.allocations[uid],
                                        annotations=plan.annotations.get(uid) or {},
-                                       writes=writes, stats=self.stats, metrics=self.metrics)
+                                       writes=writes, stats=self.stats, metrics=self.metrics,
+                                       fence=self.fence)
         finally:
             # No await between these: the assumption becomes the written truth atomically.
             del self._inflight[key.uid]
-            self.state.forget(pod, plan)
+            self._change(self.state.forget, pod, plan)
             self._observe_claims(writes)
             live = self.pods.get(key.namespace, key.name)
             if live is not None and objects.uid(live) == key.uid:
@@ -551,6 +578,37 @@ class Controller:
         await self._clear_quota_condition(pod, f"placed on {plan.node_name} within its "
                                           "GPUQuotas")
         return "done"
+
+    async def _plan(self, pod: Object, gateway: list[Object]) -> PodPlan:
+        """plan_pod in a worker thread on the live state, the loop's changes held meanwhile.
+
+        The thread cannot be interrupted; if the term ends while it runs, the changes stay held
+        (this controller is being thrown away) and the thread finishes on its own.
+        """
+        async with self._planning:
+            self._held_changes = []
+            state, policy, budget = self.state, self.settings.policy, self.settings.plan_cost_budget
+
+            def planned() -> PodPlan:
+                try:
+                    with cel.cost_budget(budget):
+                        return plan_pod(state, pod, gateway, policy=policy)
+                except cel.CostBudgetExceeded as exc:
+                    return PodPlan(node_name=None, allocations={}, annotations={},
+                                   reason=f"{exc}; simplify the claim's selectors")
+
+            plan = await asyncio.to_thread(planned)
+            held, self._held_changes = self._held_changes, None
+            for change in held:
+                change()
+        return plan
+
+    def _change(self, method: Callable[..., None], *args: Any) -> None:
+        """Apply a change to the planner state now, or after the plan running in its thread."""
+        if self._held_changes is None:
+            method(*args)
+        else:
+            self._held_changes.append(lambda: method(*args))
 
     async def _clear_quota_condition(self, pod: Object, message: str) -> None:
         condition = quota_condition(pod)
@@ -589,7 +647,7 @@ class Controller:
             if not await still_allocated(self.cluster, gateway):
                 return "retry"
             try:
-                await remove_gate(self.cluster, key, pod, index)
+                await remove_gate(self.cluster, key, pod, index, fence=self.fence)
             except NotFound:
                 return "done"
             except (Conflict, Invalid):

@@ -11,7 +11,16 @@ so that a standby takes over without waiting for it to expire.
 
 Timeouts use `asyncio.timeout`, not `asyncio.wait_for`, which in Python 3.11 can swallow a
 cancellation that arrives as the awaited call completes (and then a stopped replica would keep
-renewing). This module knows nothing of allocation: it runs whatever coroutine it is given.
+renewing).
+
+Fencing: the work is cancelled when the Lease is lost, but a replica whose loop or process
+stalled learns of it only when it runs again, possibly in the middle of a write. So the work
+checks `check_leading` right before each write: it raises `LeadershipLost` unless this replica
+holds the Lease and last renewed it less than `renew_deadline` ago by its own monotonic clock.
+A standby takes over only `lease_duration` after it saw the record last change, so a write
+checked in time lands before anyone else may write (client-go leaves this to its callers;
+carrying the Lease's resourceVersion in each write is impossible, the API has no transaction
+across objects). This module knows nothing of allocation: it runs whatever coroutine it is given.
 """
 
 from __future__ import annotations
@@ -49,6 +58,10 @@ class LeaseSettings:
                 f"{self.retry_period}, {self.renew_deadline} and {self.lease_duration}")
 
 
+class LeadershipLost(Exception):
+    """A write was about to be made by a replica that may no longer hold the Lease."""
+
+
 def micro_time(moment: datetime | None = None) -> str:
     """A metav1.MicroTime: RFC 3339 in UTC with microseconds."""
     moment = moment or datetime.now(UTC)
@@ -66,11 +79,27 @@ class LeaderElector:
         self._observed: dict[str, Any] | None = None  # the last Lease spec seen
         self._observed_at = 0.0
         self._leading = False
+        self._renewed_at: float | None = None  # monotonic time of our last successful write
         self.transitions_seen = 0  # times this replica became the leader
 
     @property
     def is_leader(self) -> bool:
         return self._leading
+
+    def check_leading(self) -> None:
+        """Raise LeadershipLost unless this replica leads and renewed within renew_deadline.
+
+        Called right before each write of the work: a stalled former leader must not write
+        after a standby may have taken over.
+        """
+        s = self.settings
+        if not self._leading or self._renewed_at is None:
+            raise LeadershipLost(f"{s.identity} does not hold the Lease {self._lease_ref()}")
+        age = self._monotonic() - self._renewed_at
+        if age >= s.renew_deadline:
+            raise LeadershipLost(
+                f"{s.identity} last renewed the Lease {self._lease_ref()} {age:.1f}s ago, "
+                f"beyond the renew deadline of {s.renew_deadline:g}s; another replica may lead")
 
     async def run(self, lead: Callable[[], Awaitable[None]]) -> None:
         """Campaign; while leading run `lead()`, cancelled at once if the Lease is lost.
@@ -95,6 +124,7 @@ class LeaderElector:
                 return
             # The Lease is lost: stop working before anyone else can start.
             self._leading = False
+            self._renewed_at = None
             await _cancel(work)
             log.warning("lost the lease, stopped work",
                         extra={"lease": self._lease_ref(), "identity": self.settings.identity})
@@ -104,6 +134,7 @@ class LeaderElector:
         if not self._leading:
             return
         self._leading = False
+        self._renewed_at = None
         s = self.settings
         try:
             async with asyncio.timeout(s.retry_period):
@@ -178,6 +209,7 @@ class LeaderElector:
         except NotFound:
             spec = {"holderIdentity": s.identity, "leaseDurationSeconds": _seconds(s),
                     "acquireTime": now, "renewTime": now, "leaseTransitions": 0}
+            started = self._monotonic()
             try:
                 created = await self.cluster.create(
                     LEASES, {"apiVersion": LEASES.api_version, "kind": LEASES.kind,
@@ -186,6 +218,7 @@ class LeaderElector:
             except AlreadyExists:
                 return False
             self._observe(created.get("spec") or {})
+            self._renewed_at = started
             return True
         spec = dict(lease.get("spec") or {})
         self._observe(spec)
@@ -202,11 +235,14 @@ class LeaderElector:
             new_spec["leaseTransitions"] = int(str(spec.get("leaseTransitions") or 0)) + (
                 1 if holder != s.identity else 0)
         lease["spec"] = new_spec
+        # Counted from before the write: a standby times the record from when it saw it change.
+        started = self._monotonic()
         try:
             updated = await self.cluster.update(LEASES, lease, namespace=s.namespace)
         except Conflict:
             return False  # another candidate wrote first; look again next round
         self._observe(updated.get("spec") or {})
+        self._renewed_at = started
         return True
 
     def _observe(self, spec: dict[str, Any]) -> None:

@@ -45,7 +45,8 @@ async def run_allocator(cluster: Cluster, *, namespace: str, identity: str,
         metrics.leader.set(1)
         try:
             # Every term starts from the API alone: nothing carries over from a lost term.
-            await Controller(cluster, settings, metrics=metrics).run()
+            await Controller(cluster, settings, metrics=metrics,
+                             fence=elector.check_leading).run()
         finally:
             metrics.leader.set(0)
 

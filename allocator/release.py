@@ -19,7 +19,14 @@ from collections.abc import Callable, Sequence
 from dra_gateway.allocator.index import ClaimIndex
 from dra_gateway.allocator.informer import Informer
 from dra_gateway.allocator.metrics import Metrics, Stats
-from dra_gateway.allocator.work import MAX_WRITE_ATTEMPTS, ClaimKey, Outcome, Write
+from dra_gateway.allocator.work import (
+    MAX_WRITE_ATTEMPTS,
+    ClaimKey,
+    Fence,
+    Outcome,
+    Write,
+    unfenced,
+)
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import Cluster, Conflict, NotFound, Object
 from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS
@@ -32,7 +39,7 @@ WritesObserver = Callable[[Sequence[Write]], None]
 class ClaimReleaser:
     def __init__(self, cluster: Cluster, *, claims: Informer, pods: Informer,
                  index: ClaimIndex, stats: Stats, metrics: Metrics,
-                 observe: WritesObserver) -> None:
+                 observe: WritesObserver, fence: Fence = unfenced) -> None:
         self.cluster = cluster
         self.claims = claims
         self.pods = pods
@@ -40,6 +47,7 @@ class ClaimReleaser:
         self.stats = stats
         self.metrics = metrics
         self.observe = observe  # called with every write made, also when a release fails
+        self.fence = fence  # called before each write: a former leader must not release
 
     async def sync_claim(self, key: ClaimKey) -> Outcome:
         claim = self.claims.get(key.namespace, key.name)
@@ -100,6 +108,7 @@ class ClaimReleaser:
                             status.pop(stale, None)
                         updated["status"] = status
                         base = objects.resource_version(current)
+                        self.fence()
                         current = await self.cluster.update(RESOURCE_CLAIMS, updated,
                                                             namespace=ns, subresource="status")
                         writes.append((base, current))
@@ -113,6 +122,7 @@ class ClaimReleaser:
                     if annotations.pop(names.ANNOTATION_SHARES, None) is not None:
                         umeta["annotations"] = annotations
                     base = objects.resource_version(current)
+                    self.fence()
                     current = await self.cluster.update(RESOURCE_CLAIMS, updated, namespace=ns)
                     writes.append((base, current))
                     log.info("released", extra={"claim": f"{ns}/{name}"})

@@ -32,6 +32,12 @@ class ControllerSettings:
     event_interval: float = 30.0
     # GPUQuota status (used, hard) is written at most this often after usage changed.
     quota_status_interval: float = 2.0
+    # What one pod's plan may spend evaluating CEL selectors on devices not yet seen, in
+    # upstream's cost units: ten selectors at the per-expression limit (1,000,000), or about
+    # 100,000 evaluations of a typical selector; cached verdicts cost nothing. Over it the pod
+    # is not placed (reason given) and retried on its backoff, so a tenant's costly selector
+    # cannot hold the planner for long.
+    plan_cost_budget: int = 10_000_000
 
 
 __all__ = ["ControllerSettings"]

@@ -7,6 +7,7 @@ module holds these small value types only: it must not take decisions or talk to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,6 +21,14 @@ Outcome = Literal["done", "retry", "wait"]
 
 Write = tuple[str, Object]
 """(resourceVersion the write was based on, the object the API returned)."""
+
+Fence = Callable[[], None]
+"""Called right before each write; raises (leader.LeadershipLost) when this replica may no
+longer write. The default lets every write through (a single replica, tests)."""
+
+
+def unfenced() -> None:
+    """The fence of a replica that does not campaign: every write may go."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,4 +52,5 @@ class ClaimKey:
 
 WorkKey = PodKey | ClaimKey
 
-__all__ = ["MAX_WRITE_ATTEMPTS", "ClaimKey", "Outcome", "PodKey", "WorkKey", "Write"]
+__all__ = ["MAX_WRITE_ATTEMPTS", "ClaimKey", "Fence", "Outcome", "PodKey", "WorkKey", "Write",
+           "unfenced"]

@@ -7,7 +7,8 @@ removed with a JSON patch that tests the pod's uid and the gate's index, so that
 removes another gate or touches a recreated pod.
 
 These functions write what they are given: they must not plan, and they leave the controller's
-mirror and bookkeeping to the caller (every write made is appended to `writes`).
+mirror and bookkeeping to the caller (every write made is appended to `writes`). Each write is
+preceded by a call of the `fence`, which raises when this replica may no longer lead.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from dra_gateway.allocator.events import now
 from dra_gateway.allocator.metrics import Metrics, Stats
-from dra_gateway.allocator.work import MAX_WRITE_ATTEMPTS, PodKey, Write
+from dra_gateway.allocator.work import MAX_WRITE_ATTEMPTS, Fence, PodKey, Write, unfenced
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import Cluster, Conflict, NotFound, Object
 from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS
@@ -30,7 +31,7 @@ class Replan(Exception):
 
 async def write_allocation(cluster: Cluster, claim: Object, *, allocation: Mapping[str, Any],
                            annotations: Mapping[str, str], writes: list[Write], stats: Stats,
-                           metrics: Metrics) -> None:
+                           metrics: Metrics, fence: Fence = unfenced) -> None:
     """Finalizer and annotations, then status.allocation; conflicts reread and retry."""
     uid = objects.uid(claim)
     ns, name = objects.namespace_name(claim)
@@ -57,11 +58,13 @@ async def write_allocation(cluster: Cluster, claim: Object, *, allocation: Mappi
                 if annotations:
                     umeta["annotations"] = {**(umeta.get("annotations") or {}), **annotations}
                 base = objects.resource_version(current)
+                fence()
                 current = await cluster.update(RESOURCE_CLAIMS, updated, namespace=ns)
                 writes.append((base, current))
             updated = copy.deepcopy(current)
             updated["status"] = {**(updated.get("status") or {}), "allocation": allocation}
             base = objects.resource_version(current)
+            fence()
             current = await cluster.update(RESOURCE_CLAIMS, updated, namespace=ns,
                                            subresource="status")
             writes.append((base, current))
@@ -101,7 +104,8 @@ async def still_allocated(cluster: Cluster, claims: Iterable[Object]) -> bool:
     return True
 
 
-async def remove_gate(cluster: Cluster, key: PodKey, pod: Object, index: int) -> None:
+async def remove_gate(cluster: Cluster, key: PodKey, pod: Object, index: int, *,
+                      fence: Fence = unfenced) -> None:
     """Remove the gate at `index` if it is still there on the same pod.
 
     Raises NotFound when the pod is gone, Conflict or Invalid when the gate list moved or the
@@ -113,6 +117,7 @@ async def remove_gate(cluster: Cluster, key: PodKey, pod: Object, index: int) ->
         {"op": "test", "path": f"/spec/schedulingGates/{index}", "value": gates[index]},
         {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
     ]
+    fence()
     await cluster.patch(PODS, key.name, patch, namespace=key.namespace, patch_type="json")
 
 
