@@ -11,8 +11,9 @@ cluster port (the pure translator and planner import it).
 """
 
 # No `from __future__ import annotations`: it would shadow the accessor `annotations` below.
+import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from dra_gateway.kube import names
 
@@ -47,6 +48,15 @@ def namespace_name(obj: RawObject) -> tuple[str, str]:
 
 def uid(obj: RawObject) -> str:
     return str(meta(obj).get("uid") or "")
+
+
+_UID: Final = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+                         r"[0-9a-fA-F]{12}")
+
+
+def is_uid(text: str) -> bool:
+    """An object UID in RFC 4122 form, as the API server assigns them (safe in file names)."""
+    return isinstance(text, str) and _UID.fullmatch(text) is not None
 
 
 def resource_version(obj: RawObject) -> str:
@@ -174,6 +184,7 @@ def allocation_node(allocation: RawObject) -> str | None:
 
 
 __all__ = [
+    "is_uid",
     "FINISHED_PHASES",
     "RawObject",
     "allocation_node",

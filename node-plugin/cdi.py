@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from dra_gateway.kube import objects
 from dra_gateway.kube.files import atomic_write, fsync_dir
 
 CDI_VERSION = "0.6.0"  # the first version with spec annotations, which name the claim
@@ -40,7 +41,18 @@ def qualified_name(kind: str, device: str) -> str:
     return f"{kind}={device}"
 
 
+class UnsafeUid(ValueError):
+    """A claim UID that is not in RFC 4122 form, so must not become part of a file name."""
+
+    def __init__(self, claim_uid: str) -> None:
+        super().__init__(f"claim UID {claim_uid[:80]!r} is not an RFC 4122 UID "
+                         "(8-4-4-4-12 hexadecimal digits); it is not used in a file name")
+
+
 def spec_file_name(kind: str, claim_uid: str) -> str:
+    """The claim's spec file name; UnsafeUid for a UID that could leave the CDI folder."""
+    if not objects.is_uid(claim_uid):
+        raise UnsafeUid(claim_uid)
     vendor, _, klass = kind.partition("/")
     return f"{vendor}-{klass}_{claim_uid}.json"
 

@@ -66,7 +66,11 @@ class Preparer:
         repairs: list[str] = []
         for entry in self.checkpoint.entries():
             ref = f"{entry.namespace}/{entry.name} ({entry.uid})"
-            if entry.state == "PrepareStarted":
+            if not objects.is_uid(entry.uid):
+                # Never written by prepare, which refuses such UIDs: a tampered checkpoint.
+                self.checkpoint.commit(entry.uid, None)
+                repairs.append(f"dropped {ref}: its UID is not in RFC 4122 form")
+            elif entry.state == "PrepareStarted":
                 # The kubelet never got an answer and will prepare again from scratch.
                 cdi.remove_spec(self.cdi_dir, self.kind, entry.uid)
                 self.checkpoint.commit(entry.uid, None)
@@ -97,6 +101,13 @@ class Preparer:
             return fetched[0]
 
         for ref in claims:
+            if not objects.is_uid(ref.uid):
+                # It would name the claim's CDI spec file: refuse before anything is read.
+                out[ref.uid] = PrepareResult(error=f"ResourceClaim {ref.namespace}/{ref.name}: "
+                                             f"{cdi.UnsafeUid(ref.uid)}")
+                self._metrics.prepares.labels("error").inc()
+                log.warning("prepare refused: %s", out[ref.uid].error)
+                continue
             async with self._lock:
                 try:
                     out[ref.uid] = PrepareResult(devices=await self._prepare_one(ref, node_labels))
@@ -168,6 +179,10 @@ class Preparer:
                     self._unprepare_one(ref)
                     out[ref.uid] = ""
                     self._metrics.unprepares.labels("ok").inc()
+                except cdi.UnsafeUid as exc:
+                    out[ref.uid] = f"ResourceClaim {ref.namespace}/{ref.name}: {exc}"
+                    self._metrics.unprepares.labels("error").inc()
+                    log.warning("unprepare refused: %s", out[ref.uid])
                 except OSError as exc:
                     out[ref.uid] = (f"ResourceClaim {ref.namespace}/{ref.name}: removing its "
                                     f"CDI spec failed: {exc}")

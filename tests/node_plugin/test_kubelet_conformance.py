@@ -32,6 +32,8 @@ from dra_gateway.node_plugin.proto import dra_v1_pb2, dra_v1beta1_pb2, pluginreg
 from .claimdata import NODE, claim
 from .conftest import allocated, running_plugin
 
+MISSING_UID = "0b6d9a3e-0000-4000-8000-00000000dead"  # a claim the API does not have
+
 # The build (a fixture, with its own time limit) is left out of each test's time: the first
 # one downloads the modules and compiles grpc-go.
 pytestmark = pytest.mark.timeout(60, func_only=True)
@@ -109,7 +111,7 @@ async def test_prepare_and_unprepare_through_the_kubelets_client(
     elsewhere = await allocated(cluster, claim(name="other", devices=["gpu-3"],
                                                 uid="9a8b7c6d-2222-4e5f-8a9b-0c1d2e3f4a5b",
                                                 node="gpu-node-2"))
-    missing = {"namespace": "ml", "name": "gone", "uid": "u-3"}
+    missing = {"namespace": "ml", "name": "gone", "uid": MISSING_UID}
     claims = [_ref(shared), _ref(pair), _ref(elsewhere), missing]
     uid, pair_uid, other_uid = (o["metadata"]["uid"] for o in (shared, pair, elsewhere))
     spec_file = root / "cdi" / f"k8s.gpu.dra-gateway.io-claim_{uid}.json"
@@ -121,7 +123,7 @@ async def test_prepare_and_unprepare_through_the_kubelets_client(
         first, again = (s["response"] for s in out["steps"])
         assert again == first  # a repeated prepare (kubelet restart, retry) answers the same
         answers = first["claims"]
-        assert sorted(answers) == sorted([uid, pair_uid, other_uid, "u-3"])
+        assert sorted(answers) == sorted([uid, pair_uid, other_uid, MISSING_UID])
 
         assert answers[uid] == {"error": "", "devices": [{
             "request_names": ["gpu"], "pool_name": NODE, "device_name": "gpu-2",
@@ -134,7 +136,7 @@ async def test_prepare_and_unprepare_through_the_kubelets_client(
         assert answers[other_uid] == {"devices": [], "error": (
             "ResourceClaim ml/other: status.allocation.nodeSelector does not select node"
             " gpu-node-1")}
-        assert answers["u-3"] == {"devices": [], "error": "ResourceClaim ml/gone not found"}
+        assert answers[MISSING_UID] == {"devices": [], "error": "ResourceClaim ml/gone not found"}
 
         spec = json.loads(spec_file.read_text())
         assert cdi.validate_spec(spec) == []

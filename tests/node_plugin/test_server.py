@@ -34,6 +34,8 @@ from dra_gateway.node_plugin.proto import (
 from .claimdata import NODE, claim
 from .conftest import allocated, plugin_settings, running_plugin
 
+MISSING_UID = "0b6d9a3e-0000-4000-8000-00000000dead"  # a claim the API does not have
+
 GiB = 1 << 30
 
 
@@ -129,18 +131,18 @@ async def test_each_claim_gets_its_own_answer(root: Path, cluster: MemoryCluster
     good = await allocated(cluster, claim(devices=["gpu-0"]))
     elsewhere = await allocated(cluster, claim(name="other", devices=["gpu-1"],
                                                 node="gpu-node-2"))
-    missing = claim(name="gone", uid="u-3")
+    missing = claim(name="gone", uid=MISSING_UID)
     async with running_plugin(root, cluster, h100x8), grpc.aio.insecure_channel(
             f"unix://{root / 'plugins' / names.DRIVER / 'dra.sock'}") as channel:
         stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
         response = await stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(
             claims=[_claim_msg(dra_v1_pb2, o) for o in (good, elsewhere, missing)]))
     good_uid, other_uid = good["metadata"]["uid"], elsewhere["metadata"]["uid"]
-    assert sorted(response.claims) == sorted([good_uid, other_uid, "u-3"])
+    assert sorted(response.claims) == sorted([good_uid, other_uid, MISSING_UID])
     assert response.claims[good_uid].error == ""
     assert response.claims[other_uid].error == (
         "ResourceClaim ml/other: status.allocation.nodeSelector does not select node gpu-node-1")
-    assert response.claims["u-3"].error == "ResourceClaim ml/gone not found"
+    assert response.claims[MISSING_UID].error == "ResourceClaim ml/gone not found"
 
 
 class Crash(BaseException):
@@ -204,6 +206,26 @@ async def test_a_lost_cdi_spec_of_a_prepared_claim_is_rewritten(
     spec_file.unlink()  # /var/run/cdi is a tmpfs: a reboot empties it
     async with running_plugin(root, cluster, h100x8):
         assert spec_file.read_text() == written
+
+
+async def test_a_claim_uid_that_is_no_rfc_4122_uid_never_reaches_a_file_name(
+        root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    traversal = "../../../victim"
+    (root / "victim.json").write_text("{}")  # what removing that "spec" would delete
+    obj = await allocated(cluster, claim(devices=["gpu-5"], uid=traversal))
+    ref = ClaimRef("ml", obj["metadata"]["name"], traversal)
+    async with running_plugin(root, cluster, h100x8) as plugin:
+        prepared = await plugin.preparer.prepare([ref])
+        unprepared = await plugin.preparer.unprepare([ref])
+    why = ("claim UID '../../../victim' is not an RFC 4122 UID (8-4-4-4-12 hexadecimal "
+           "digits); it is not used in a file name")
+    assert prepared[traversal].error == f"ResourceClaim ml/{obj['metadata']['name']}: {why}"
+    assert unprepared[traversal] == f"ResourceClaim ml/{obj['metadata']['name']}: {why}"
+    assert (root / "victim.json").read_text() == "{}"
+    assert sorted(p.name for p in (root / "cdi").glob("*")) == []
+    assert Checkpoint(root / "state" / "checkpoint.json").get(traversal) is None
+    with pytest.raises(cdi.UnsafeUid):
+        cdi.spec_file_name("k8s.gpu.dra-gateway.io/claim", "a/../../b")
 
 
 async def test_nvml_failure_publishes_an_empty_pool_instead_of_crashing(
