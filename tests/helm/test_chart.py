@@ -191,6 +191,9 @@ COMBINATIONS: dict[str, tuple[Object, tuple[str, ...]]] = {
                           "certificates": {"mode": "secret",
                                            "secret": {"name": "local-webhook-tls",
                                                       "caBundle": CA_BUNDLE}}}, ()),
+    "client-auth": ({"webhook": {"clientAuth": {"enabled": True, "caBundle": CA_BUNDLE}},
+                     "allocator": {"releaseOnUninstall": False},
+                     "admissionPolicies": {"enabled": False}}, ()),
     "hardened-node-plugin": ({"nodePlugin": {"privileged": False, "runtimeClassName": "nvidia"},
                               "webhook": {"excludeNamespaces": ["monitoring"]},
                               "deviceClasses": {"create": False}}, ()),
@@ -292,7 +295,8 @@ def test_object_names_are_unique_per_kind_and_namespace(helm: HelmRunner) -> Non
 
 def test_namespaced_objects_live_in_the_release_namespace(helm: HelmRunner) -> None:
     cluster_wide = {"ClusterRole", "ClusterRoleBinding", "DeviceClass",
-                    "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+                    "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
+                    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     for combination in COMBINATIONS:
         for r in helm.render(combination):
             namespace = r.obj["metadata"].get("namespace")
@@ -449,7 +453,9 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
         | EVENTS_CREATE
     ),
     "allocator": (
-        _grants(CLUSTER, [""], ["pods"], ["get", "list", "watch", "update", "patch"])
+        # Patch only (the gate's removal is a JSON patch); which change a
+        # ValidatingAdmissionPolicy narrows further.
+        _grants(CLUSTER, [""], ["pods"], ["get", "list", "watch", "patch"])
         | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims", "resourceclaims/status"],
                   ["get", "list", "watch", "update", "patch"])
         | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims/binding"], ["update", "patch"])
@@ -517,10 +523,39 @@ def test_each_role_is_bound_to_its_own_components_service_account(helm: HelmRunn
 # Webhook and certificates ---------------------------------------------------------------------
 
 
+RULES_HOOK = "rules.dra-gateway.io"
+
+
 def _webhooks(objects: list[Rendered]) -> list[tuple[Object, Object]]:
+    """The pod webhooks (mutate, validate); the rules ConfigMap check is `_rules_hook`'s."""
     return [(r.obj, hook) for kind in ("MutatingWebhookConfiguration",
                                        "ValidatingWebhookConfiguration")
-            for r in by_kind(objects, kind) for hook in r.obj["webhooks"]]
+            for r in by_kind(objects, kind) for hook in r.obj["webhooks"]
+            if hook["name"] != RULES_HOOK]
+
+
+def _rules_hook(objects: list[Rendered]) -> Object:
+    (hook,) = [h for h in one(objects, "ValidatingWebhookConfiguration")["webhooks"]
+               if h["name"] == RULES_HOOK]
+    result: Object = hook
+    return result
+
+
+def test_rules_config_maps_are_checked_when_written_in_the_release_namespace(
+        helm: HelmRunner) -> None:
+    from dra_gateway.translator.rules import load_rules
+    from dra_gateway.webhook.config import configurations
+
+    objects = helm.render("default")
+    hook = _rules_hook(objects)
+    _, webhook_side = configurations(load_rules(), service_namespace=NAMESPACE,
+                                     service_name=f"{RELEASE}-webhook", ca_bundle=None)
+    expected = dict(webhook_side["webhooks"][1])
+    # Same webhook as the webhook's own configuration prints, clientConfig aside.
+    assert {k: v for k, v in hook.items() if k != "clientConfig"} == {
+        k: v for k, v in expected.items() if k != "clientConfig"}
+    assert hook["clientConfig"]["service"]["path"] == "/validate-rules"
+    assert hook["clientConfig"]["caBundle"] == one(objects, "Secret")["data"]["ca.crt"]
 
 
 def test_webhook_configurations_send_pod_creates_safely(helm: HelmRunner) -> None:
@@ -648,6 +683,8 @@ def test_webhook_url_points_both_configurations_outside_the_cluster(helm: HelmRu
         {"url": "https://localhost:9443/mutate", "caBundle": CA_BUNDLE},
         {"url": "https://localhost:9443/validate", "caBundle": CA_BUNDLE},
     ]
+    assert _rules_hook(helm.render("external-webhook"))["clientConfig"] == {
+        "url": "https://localhost:9443/validate-rules", "caBundle": CA_BUNDLE}
 
 
 def test_schema_refuses_a_webhook_url_the_api_server_would_not_call(helm: HelmRunner) -> None:
@@ -671,11 +708,13 @@ def test_webhook_service_reaches_the_https_port_of_its_pods(helm: HelmRunner) ->
     assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "https",
                                          "protocol": "TCP"}]
     webhook = container(objects, "Deployment", "webhook")
-    assert webhook["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
-    assert webhook["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https",
-                                                    "scheme": "HTTPS"}
-    assert webhook["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https",
-                                                   "scheme": "HTTPS"}
+    assert webhook["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"},
+                                {"name": "probes", "containerPort": 8080, "protocol": "TCP"}]
+    # Probes in plain HTTP on their own port: client certificates may be required on https.
+    assert webhook["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes",
+                                                    "scheme": "HTTP"}
+    assert webhook["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes",
+                                                   "scheme": "HTTP"}
     assert deployment["spec"]["replicas"] == 2
     budget = one(objects, "PodDisruptionBudget", "webhook")
     assert budget["spec"] == {"minAvailable": 1,
@@ -700,7 +739,10 @@ def test_helm_mode_certificate_is_one_ca_shared_by_secret_and_configurations(
     assert annotations["dra-gateway.io/issued-for"] == host
     not_after = datetime.datetime.fromisoformat(annotations["dra-gateway.io/not-after"])
     assert abs(not_after - leaf.not_valid_after_utc) < datetime.timedelta(hours=1)
-    assert leaf.not_valid_after_utc - datetime.datetime.now(datetime.UTC) > datetime.timedelta(
+    # cert-manager's order of lifetimes: a 90-day serving certificate, a longer-lived CA.
+    left = leaf.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
+    assert datetime.timedelta(days=89) < left <= datetime.timedelta(days=90)
+    assert ca.not_valid_after_utc - datetime.datetime.now(datetime.UTC) > datetime.timedelta(
         days=3649)
     deployment = one(objects, "Deployment", "webhook")
     volumes = deployment["spec"]["template"]["spec"]["volumes"]
@@ -780,9 +822,11 @@ def test_command_lines_are_those_of_the_components(helm: HelmRunner) -> None:
     objects = helm.render("default")
     assert container(objects, "Deployment", "webhook")["args"] == [
         "webhook", "--listen", "0.0.0.0:8443", "--tls-dir", "/tls", "--cluster", "kube",
-        "--namespace", NAMESPACE, "--log-level", "info"]
+        "--namespace", NAMESPACE, "--log-level", "info", "--probe-listen", "0.0.0.0:8080",
+        "--review-deadline", "4"]
     assert container(objects, "Deployment", "allocator")["args"] == [
-        "allocator", "--cluster", "kube", "--namespace", NAMESPACE, "--policy", "default"]
+        "allocator", "--cluster", "kube", "--namespace", NAMESPACE, "--policy", "default",
+        "--metrics-address", ":8080"]
     assert container(objects, "DaemonSet", "node-plugin")["args"] == [
         "node-plugin", "serve", "--nvml", "--node-name", "$(NODE_NAME)", "--cluster", "kube",
         "--plugins-dir", "/var/lib/kubelet/plugins",
@@ -1052,7 +1096,8 @@ def test_notes_say_how_to_check_the_install(helm: HelmRunner) -> None:
     for kind, component in (("Deployment", "webhook"), ("Deployment", "allocator")):
         name = one(objects, kind, component)["metadata"]["name"]
         assert f"kubectl -n {NAMESPACE} rollout status deployment/{name}" in notes
-    assert "Certificates: helm (generated by the chart, valid 3650 days" in notes
+    assert "Certificates: helm (generated by the chart, valid 90 days" in notes
+    assert "run `helm upgrade` within 60 days, or use cert-manager" in notes
     assert "WARNING" not in notes
 
 
@@ -1061,3 +1106,212 @@ def test_notes_warn_about_a_fragile_webhook(helm: HelmRunner) -> None:
     assert "WARNING: failurePolicy Ignore: while the webhook is unreachable" in notes
     notes = _notes(helm, {"webhook": {"replicas": 1, "podDisruptionBudget": {"enabled": False}}})
     assert "WARNING: one webhook replica with failurePolicy Fail" in notes
+
+
+# Client certificates, allocator probes, uninstall and admission policies ----------------------
+
+
+def test_client_auth_requires_the_api_servers_certificate_and_keeps_probes_reachable(
+        helm: HelmRunner) -> None:
+    objects = helm.render("client-auth")
+    webhook = container(objects, "Deployment", "webhook")
+    args = webhook["args"]
+    assert args[args.index("--client-ca") + 1] == "/client-ca/ca.crt"
+    assert {"name": "client-ca", "mountPath": "/client-ca", "readOnly": True} in \
+        webhook["volumeMounts"]
+    config_map = one(objects, "ConfigMap", "webhook")
+    assert config_map["data"] == {"ca.crt": base64.b64decode(CA_BUNDLE).decode()}
+    spec = one(objects, "Deployment", "webhook")["spec"]["template"]["spec"]
+    assert {"name": "client-ca", "configMap": {"name": config_map["metadata"]["name"]}} in \
+        spec["volumes"]
+    assert webhook["readinessProbe"]["httpGet"]["port"] == "probes"
+    assert not by_kind(objects, "Job")
+    assert not by_kind(objects, "ValidatingAdmissionPolicy")
+
+
+def test_client_auth_without_its_ca_is_refused_with_the_fix(helm: HelmRunner) -> None:
+    result = helm.template({"webhook": {"clientAuth": {"enabled": True, "caBundle": ""}}})
+    assert result.returncode != 0
+    assert ("webhook.clientAuth.caBundle: empty with webhook.clientAuth.enabled=true; set it to "
+            "the base64 PEM of the CA that signed the API server's client certificate, or set "
+            "webhook.clientAuth.enabled=false") in result.stderr
+
+
+def test_the_allocator_serves_metrics_and_is_probed_there(helm: HelmRunner) -> None:
+    allocator = container(helm.render("default"), "Deployment", "allocator")
+    assert allocator["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
+    assert allocator["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert allocator["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+
+
+def test_uninstall_releases_every_claim_with_the_allocators_rights(helm: HelmRunner) -> None:
+    from dra_gateway.cli import build_parser
+
+    objects = helm.render("default")
+    job = one(objects, "Job", "allocator")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    spec = job["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == one(objects, "ServiceAccount", "allocator")[
+        "metadata"]["name"]
+    (release,) = spec["containers"]
+    assert release["args"] == ["allocator", "--cluster", "kube", "--release-all"]
+    assert build_parser().parse_args(release["args"]).release_all is True
+    assert release["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def _policies(objects: list[Rendered]) -> dict[str, Object]:
+    return {r.name.removeprefix(f"{RELEASE}-"): r.obj
+            for r in by_kind(objects, "ValidatingAdmissionPolicy")}
+
+
+def test_every_admission_policy_is_bound_to_deny(helm: HelmRunner) -> None:
+    objects = helm.render("default")
+    policies = _policies(objects)
+    assert sorted(policies) == ["allocation-gate", "claim-allocation", "node-plugin-slices",
+                                "node-plugin-status", "webhook-configurations"]
+    bindings = {r.obj["spec"]["policyName"]: r.obj["spec"]
+                for r in by_kind(objects, "ValidatingAdmissionPolicyBinding")}
+    assert bindings == {f"{RELEASE}-{name}": {"policyName": f"{RELEASE}-{name}",
+                                              "validationActions": ["Deny"]}
+                        for name in policies}
+    for version in ("1.34", "1.37"):
+        for r in by_kind(objects, "ValidatingAdmissionPolicy") + by_kind(
+                objects, "ValidatingAdmissionPolicyBinding"):
+            kubernetes_validate.validate(r.obj, version, strict=True)
+
+
+def _admitted(policy: Object, request: Object) -> bool | None:
+    """What the policy says of the request: None when it does not match, else whether every
+    validation holds (offline CEL: the logic, not the API server's cost checks)."""
+    import cel
+
+    for condition in policy["spec"].get("matchConditions") or ():
+        if not cel.evaluate(condition["expression"], request):
+            return None
+    variables: Object = {}
+    for variable in policy["spec"].get("variables") or ():
+        variables[variable["name"]] = cel.evaluate(variable["expression"],
+                                                   {**request, "variables": variables})
+    return all(cel.evaluate(v["expression"], {**request, "variables": variables})
+               for v in policy["spec"]["validations"])
+
+
+def _sa(component: str) -> str:
+    return f"system:serviceaccount:{NAMESPACE}:{RELEASE}-{component}"
+
+
+def _gated(gated: bool) -> Object:
+    spec: Object = {"containers": [{"name": "c", "image": "cuda"}]}
+    if gated:
+        spec["schedulingGates"] = [{"name": names.SCHEDULING_GATE}]
+    return {"metadata": {"name": "p", "namespace": "team-a"}, "spec": spec}
+
+
+def test_only_the_allocator_removes_the_allocation_gate(helm: HelmRunner) -> None:
+    policy = _policies(helm.render("default"))["allocation-gate"]
+
+    def removal(user: str, *, after: bool = False) -> bool | None:
+        return _admitted(policy, {"object": _gated(after), "oldObject": _gated(True),
+                                  "request": {"userInfo": {"username": user}}})
+
+    assert removal("alice") is False  # a tenant's pod update dropping the gate
+    assert removal(_sa("webhook")) is False
+    assert removal(_sa("allocator")) is True
+    assert removal("alice", after=True) is None  # the gate stays: not this policy's business
+
+
+def _claim(device_class: str, *, allocated: bool) -> Object:
+    claim: Object = {"metadata": {"name": "c", "namespace": "team-a"},
+                     "spec": {"devices": {"requests": [
+                         {"name": "gpu", "exactly": {"deviceClassName": device_class}}]}}}
+    if allocated:
+        claim["status"] = {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.dra-gateway.io", "pool": "n", "device": "gpu-0"}]}}}
+    return claim
+
+
+def test_only_the_allocator_writes_allocations_of_gateway_classes(helm: HelmRunner) -> None:
+    policy = _policies(helm.render("default"))["claim-allocation"]
+
+    def write(user: str, device_class: str = names.GPU_CLASS, *, before: bool = False,
+              after: bool = True) -> bool | None:
+        return _admitted(policy, {
+            "object": _claim(device_class, allocated=after),
+            "oldObject": _claim(device_class, allocated=before),
+            "request": {"userInfo": {"username": user}}})
+
+    assert write("alice") is False
+    assert write("system:kube-scheduler") is False  # it must not allocate gateway claims
+    assert write(_sa("allocator")) is True
+    assert write("alice", before=True, after=False) is False  # nor clear one
+    assert write("alice", before=True, after=True) is None  # reservedFor only
+    assert write("alice", "gpu.nvidia.com") is None  # another driver's class
+
+
+def _slice(node: str) -> Object:
+    return {"metadata": {"name": f"{node}-gpu"}, "spec": {"nodeName": node,
+                                                           "driver": "gpu.dra-gateway.io"}}
+
+
+def test_each_node_plugin_writes_only_its_own_nodes_slices_and_status(
+        helm: HelmRunner) -> None:
+    policies = _policies(helm.render("default"))
+    bound = {"authentication.kubernetes.io/node-name": ["node-a"]}
+
+    def slices(operation: str, node: str, *, extra: Object | None = None,
+               user: str = _sa("node-plugin")) -> bool | None:
+        obj = None if operation == "DELETE" else _slice(node)
+        old = _slice(node) if operation != "CREATE" else None
+        return _admitted(policies["node-plugin-slices"], {
+            "object": obj, "oldObject": old, "request": {
+                "operation": operation,
+                "userInfo": {"username": user, "extra": bound if extra is None else extra}}})
+
+    for operation in ("CREATE", "UPDATE", "DELETE"):
+        assert slices(operation, "node-a") is True, operation
+        assert slices(operation, "node-b") is False, operation
+    assert slices("CREATE", "node-a", extra={}) is False  # a token not bound to a pod
+    assert slices("CREATE", "node-b", user="system:serviceaccount:kube-system:other") is None
+
+    def status(node: str) -> bool | None:
+        return _admitted(policies["node-plugin-status"], {
+            "object": {"metadata": {"name": node}}, "oldObject": {"metadata": {"name": node}},
+            "request": {"userInfo": {"username": _sa("node-plugin"), "extra": bound}}})
+
+    assert status("node-a") is True
+    assert status("node-b") is False
+
+
+def test_the_webhook_changes_only_ca_bundle_and_match_conditions(helm: HelmRunner) -> None:
+    import copy
+
+    objects = helm.render("default")
+    policy = _policies(objects)["webhook-configurations"]
+    current = one(objects, "ValidatingWebhookConfiguration")
+
+    def update(change: Any, user: str = _sa("webhook")) -> bool | None:
+        new = copy.deepcopy(current)
+        change(new)
+        return _admitted(policy, {"object": new, "oldObject": current,
+                                  "request": {"userInfo": {"username": user}}})
+
+    def reconcile(new: Object) -> None:
+        new["webhooks"][0]["matchConditions"] = [{"name": "gpu-pods", "expression": "true"}]
+        new["webhooks"][0]["clientConfig"]["caBundle"] = "bmV3"
+
+    def redirect(new: Object) -> None:
+        new["webhooks"][0]["clientConfig"] = {"url": "https://attacker.example/validate"}
+
+    def widen(new: Object) -> None:
+        new["webhooks"][0]["namespaceSelector"] = {}
+
+    def drop(new: Object) -> None:
+        del new["webhooks"][1]
+
+    def ignore(new: Object) -> None:
+        new["webhooks"][0]["failurePolicy"] = "Ignore"
+
+    assert update(reconcile) is True
+    for change in (redirect, widen, drop, ignore):
+        assert update(change) is False, change.__name__
+    assert update(redirect, user="cluster-admin") is None

@@ -156,7 +156,7 @@ restart nothing) without need.
 {{- end }}
 {{- if not $reused }}
 {{- $days := int $settings.validityDays }}
-{{- $ca := genCA (printf "%s-ca" (include "dra-gateway.fullname" .)) $days }}
+{{- $ca := genCA (printf "%s-ca" (include "dra-gateway.fullname" .)) (int $settings.caValidityDays) }}
 {{- $service := include "dra-gateway.webhookServiceName" . }}
 {{- $names := list $service (printf "%s.%s" $service .Release.Namespace) $host }}
 {{- $cert := genSignedCert $host nil $names $days $ca }}
@@ -211,7 +211,7 @@ cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "d
 The clientConfig, namespaceSelector, objectSelector and matchConditions both webhook
 configurations share. Call with (dict "root" $ "path" "/mutate").
 */}}
-{{- define "dra-gateway.webhookCommon" -}}
+{{- define "dra-gateway.webhookClientConfig" -}}
 {{- $root := .root -}}
 clientConfig:
   {{- if $root.Values.webhook.url }}
@@ -227,6 +227,11 @@ clientConfig:
   {{- with include "dra-gateway.caBundle" $root }}
   caBundle: {{ . }}
   {{- end }}
+{{- end }}
+
+{{- define "dra-gateway.webhookCommon" -}}
+{{- $root := .root -}}
+{{ include "dra-gateway.webhookClientConfig" . }}
 namespaceSelector:
   matchExpressions:
     - key: kubernetes.io/metadata.name
