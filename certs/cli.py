@@ -24,8 +24,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                           "(repeatable)")
     generate.add_argument("--ip", action="append", default=[], metavar="ADDR",
                           help="IP address in the certificate (repeatable)")
-    generate.add_argument("--days", type=int, default=365,
-                          help="validity of the serving certificate (default: %(default)s)")
+    generate.add_argument("--days", type=int, default=90,
+                          help="validity of the serving certificate; renew it before 30 days "
+                          "are left: the webhook reloads renewed files without a restart "
+                          "(default: %(default)s, as cert-manager)")
     generate.add_argument("--ca-days", type=int, default=3650,
                           help="validity of the CA (default: %(default)s)")
     generate.set_defaults(func=_generate)

@@ -31,7 +31,7 @@ CERT_FILE = "tls.crt"
 KEY_FILE = "tls.key"
 
 DEFAULT_CA_DAYS = 3650
-DEFAULT_SERVING_DAYS = 365
+DEFAULT_SERVING_DAYS = 90  # cert-manager's default lifetime; the CA lives longer
 # Clocks across a cluster drift; a certificate valid from "now" is refused by a peer a few
 # seconds behind.
 _BACKDATE = dt.timedelta(minutes=5)

@@ -35,7 +35,7 @@ def test_generate_writes_a_ca_and_a_serving_certificate_with_the_sans(tmp_path: 
     assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey)
     now = dt.datetime.now(dt.UTC)
     assert cert.not_valid_before_utc < now
-    assert dt.timedelta(days=364) < cert.not_valid_after_utc - now <= dt.timedelta(days=365)
+    assert dt.timedelta(days=89) < cert.not_valid_after_utc - now <= dt.timedelta(days=90)
 
 
 def test_the_private_key_is_readable_by_its_owner_only(tmp_path: Path) -> None:
