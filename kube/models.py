@@ -88,6 +88,8 @@ def share_parameters(configs: Iterable[Mapping[str, Any]], request: str, *,
         params = opaque.get("parameters") or {}
         if not isinstance(params, Mapping):
             raise ValueError(f"config for request {request}: parameters must be a JSON object")
+        if params.get("kind") == names.KIND_GPU_SHARE_ALLOCATION:
+            continue  # the allocator's record of the shares (kube.shares), not a request's
         merged.update(params)
     return merged
 

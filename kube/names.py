@@ -34,6 +34,8 @@ MANAGED_BY: Final = "dra-gateway"
 
 # Kinds of the gateway's own documents (apiVersion API_VERSION).
 KIND_GPU_SHARE_CONFIG: Final = "GpuShareConfig"
+# The allocator's record of the shares it allocated, an opaque config in status.allocation.
+KIND_GPU_SHARE_ALLOCATION: Final = "GpuShareAllocation"
 KIND_TRANSLATION_RULES: Final = "TranslationRules"
 KIND_POLICY: Final = "Policy"
 

@@ -184,7 +184,6 @@ def allocation_node(allocation: RawObject) -> str | None:
 
 
 __all__ = [
-    "is_uid",
     "FINISHED_PHASES",
     "RawObject",
     "allocation_node",
@@ -198,6 +197,7 @@ __all__ = [
     "is_finished",
     "is_gated",
     "is_gateway_claim",
+    "is_uid",
     "labels",
     "meta",
     "name",

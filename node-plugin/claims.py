@@ -4,15 +4,16 @@ Pure: it takes the claim as the API returns it, the node's name and labels and i
 devices, and returns a plan or a `ClaimError` whose message names the claim and the field. The
 share of a card comes, in order, from what the allocation consumed (the result's
 `consumedCapacity` where the cluster keeps consumable capacity, else the allocator's record of
-it in the claim's shares annotation), then the claim's `GpuShareConfig` (memory in bytes or
-`memoryPercent` of the card); a card with none of these is whole. Only the capacities the
-share names are limits (see `_limited`): the others are consumed for accounting only.
+it in the allocation's GpuShareAllocation config), then the claim's `GpuShareConfig` (memory in
+bytes or `memoryPercent` of the card); a card with none of these is whole. Only the capacities
+the share names are limits (see `_limited`): the others are consumed for accounting only.
 
-The shares annotation (`dra-gateway.io/shares`) is the allocator's, read with
-dra_gateway.kube.shares: entries are matched to results by request, driver, pool and device, in
-order, and a missing or malformed annotation counts as absent. Which GpuShareConfig applies to a
-request is dra_gateway.kube.models.share_parameters, the same function the planner sizes shares
-with.
+The share record is the allocator's, in `status.allocation` (which tenants cannot write), read
+with dra_gateway.kube.shares: entries are matched to results by request, driver, pool and
+device, in order, and a missing or malformed record counts as absent. The annotation
+`dra-gateway.io/shares` is never read: anyone who may update the claim may edit it. Which
+GpuShareConfig applies to a request is dra_gateway.kube.models.share_parameters, the same
+function the planner sizes shares with.
 """
 
 from __future__ import annotations
@@ -189,10 +190,11 @@ def plan_claim(claim: Mapping[str, Any], *, uid: str, node_name: str,
         consumed = result.get("consumedCapacity")
         cwhere = f"{rwhere}.consumedCapacity"
         if consumed is None:
-            # Without consumable capacity the allocator records the share in the annotation.
+            # Without consumable capacity the allocator records the share in the allocation.
             entries = recorded.get(result_key(result))
             consumed = entries.pop(0).consumed_capacity if entries else {}
-            cwhere = f"{where}: annotation {names.ANNOTATION_SHARES}, device {device}"
+            cwhere = (f"{where}: status.allocation.devices.config "
+                      f"{names.KIND_GPU_SHARE_ALLOCATION}, device {device}")
         limited = _limited(config, claim, str(request), consumed)
         if names.CAPACITY_MEMORY not in limited:
             pass

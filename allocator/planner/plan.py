@@ -52,7 +52,7 @@ from dra_gateway.allocator.planner.settings import POLICIES
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.models import config_applies
-from dra_gateway.kube.shares import RecordedShare, encode_shares
+from dra_gateway.kube.shares import RecordedShare, encode_shares, share_record
 from dra_gateway.policy.admission import check_admission
 from dra_gateway.policy.amounts import DeviceCharge, RequestShape
 from dra_gateway.policy.quotas import Exceeded, Quota
@@ -553,6 +553,11 @@ def _build_plan(state: ClusterState, node: str,
                 config.append({"source": "FromClass", "requests": list(requests),
                                "opaque": dict(class_config["opaque"])})
         config.extend(_claim_configs(demand, resolved_memory))
+        # The shares' record goes where only status writers reach (kube.shares); the
+        # annotation below repeats it for people and is never read back.
+        record = share_record(recorded)
+        if record is not None:
+            config.append(record)
         allocation: dict[str, Any] = {
             "devices": {"results": results, **({"config": config} if config else {})},
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [

@@ -6,7 +6,8 @@ benchmark) and keeps incremental indexes:
 - devices per node in slice order, only from the highest generation of each pool;
 - what is consumed on each device, from every allocated claim whatever its writer (results with
   `consumedCapacity`, results without it as exclusive use, and in the fallback world the shares
-  recorded in the annotation `dra-gateway.io/shares`), plus plans assumed but not yet written;
+  the allocator recorded in the allocation, kube.shares; never the annotation), plus plans
+  assumed but not yet written;
 - CPU and memory requested on each node by the pods bound or planned there;
 - equivalence classes of nodes: nodes with interchangeable devices, the same usage of each, the
   same free CPU and memory and the same taints plan identically, so the planner evaluates one
@@ -33,9 +34,9 @@ from dra_gateway.allocator.planner.devices import Device
 from dra_gateway.allocator.planner.policies import PlannerPolicies
 from dra_gateway.allocator.planner.scoring import Workload
 from dra_gateway.allocator.planner.settings import PlannerSettings
-from dra_gateway.kube import names, objects
+from dra_gateway.kube import objects
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
-from dra_gateway.kube.shares import decode_shares, result_key, shares_by_result
+from dra_gateway.kube.shares import allocated_shares, result_key, shares_by_result
 from dra_gateway.policy.amounts import DeviceCharge, RequestShape, charges_of, requests_of
 from dra_gateway.policy.catalog import Catalog
 
@@ -427,8 +428,8 @@ class ClusterState:
 
     def _uses_of(self, allocation: Mapping[str, Any],
                  annotations: Mapping[str, str]) -> dict[tuple[str, str, str], Use]:
-        raw = annotations.get(names.ANNOTATION_SHARES)
-        recorded = shares_by_result(decode_shares(raw)) if raw else {}
+        # The allocation's own record, never the annotation a tenant may edit (kube.shares).
+        recorded = shares_by_result(allocated_shares(allocation))
         uses: dict[tuple[str, str, str], Use] = {}
         results = ((allocation.get("devices") or {}).get("results")) or ()
         for result in results:

@@ -1,4 +1,5 @@
-"""The shares annotation: one encoder, one tolerant decoder, entries matched to results."""
+"""The allocator's share record: in status.allocation (the annotation only repeats it for
+people), one encoder, one tolerant decoder, entries matched to results."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import pytest
 from dra_gateway.kube import names
 from dra_gateway.kube.shares import (
     RecordedShare,
+    allocated_shares,
     decode_shares,
     encode_shares,
     recorded_shares,
     result_key,
+    share_record,
     shares_by_result,
 )
 
@@ -46,15 +49,33 @@ def test_entries_without_a_consumed_capacity_object_are_left_out() -> None:
     assert decode_shares(raw) == [SHARE]
 
 
-def test_a_claim_without_the_annotation_records_nothing() -> None:
+def test_a_claim_without_a_record_in_its_allocation_records_nothing() -> None:
     assert recorded_shares({"metadata": {"name": "c"}}) == []
     assert recorded_shares({}) == []
+    assert share_record([]) is None
 
 
-def test_a_claims_annotation_is_read_and_grouped_by_result_in_order() -> None:
+def test_the_annotation_alone_records_nothing_a_tenant_may_write_it() -> None:
+    claim: dict[str, Any] = {
+        "metadata": {"annotations": {names.ANNOTATION_SHARES: encode_shares([SHARE])}},
+        "status": {"allocation": {"devices": {"results": [], "config": []}}}}
+    assert recorded_shares(claim) == []
+
+
+def test_the_record_is_an_opaque_config_of_the_gateway_in_the_allocation() -> None:
+    assert share_record([SHARE]) == {"source": "FromClaim", "requests": ["gpu"], "opaque": {
+        "driver": names.DRIVER, "parameters": {
+            "apiVersion": names.API_VERSION, "kind": "GpuShareAllocation",
+            "shares": [SHARE.to_json()]}}}
+    other_driver = {"source": "FromClaim", "opaque": {"driver": "gpu.nvidia.com",
+                                                      "parameters": share_record([SHARE])}}
+    assert allocated_shares({"devices": {"config": [other_driver]}}) == []
+
+
+def test_a_claims_record_is_read_and_grouped_by_result_in_order() -> None:
     second = dataclasses.replace(SHARE, share_id="s-2")
-    claim: dict[str, Any] = {"metadata": {"annotations": {
-        names.ANNOTATION_SHARES: encode_shares([SHARE, second])}}}
+    claim: dict[str, Any] = {"status": {"allocation": {"devices": {
+        "config": [share_record([SHARE, second])]}}}}
     result = {"request": "gpu", "driver": names.DRIVER, "pool": "node-1", "device": "gpu-0"}
     grouped = shares_by_result(recorded_shares(claim))
     assert [s.share_id for s in grouped[result_key(result)]] == ["s-1", "s-2"]

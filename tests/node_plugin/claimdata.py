@@ -15,7 +15,10 @@ def claim(*, uid: str = UID, name: str = "train-gpu-abcde", namespace: str = "ml
           devices: list[str] | None = None, request: str = "gpu",
           params: dict[str, Any] | None = None, consumed: dict[str, str] | None = None,
           node: str = NODE, in_spec: bool = False,
+          recorded: list[dict[str, Any]] | None = None,
           annotation: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`recorded`: the allocator's share record in the allocation (GpuShareAllocation);
+    `annotation`: the shares annotation, which anyone who may update the claim can write."""
     results = []
     for device in devices if devices is not None else ["gpu-0"]:
         result: dict[str, Any] = {"request": request, "driver": names.DRIVER, "pool": node,
@@ -42,6 +45,12 @@ def claim(*, uid: str = UID, name: str = "train-gpu-abcde", namespace: str = "ml
                 {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
         }},
     }
+    if recorded is not None:
+        obj["status"]["allocation"]["devices"]["config"].append({
+            "source": "FromClaim", "requests": sorted({r["request"] for r in recorded}),
+            "opaque": {"driver": names.DRIVER, "parameters": {
+                "apiVersion": names.API_VERSION, "kind": names.KIND_GPU_SHARE_ALLOCATION,
+                "shares": recorded}}})
     if annotation is not None:
         obj["metadata"]["annotations"] = {names.ANNOTATION_SHARES: json.dumps(annotation)}
     return obj

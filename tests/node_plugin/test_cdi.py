@@ -101,35 +101,60 @@ def test_the_config_is_read_from_the_claim_spec_when_the_allocation_has_none(
 
 
 def _recorded(device: str, consumed: dict[str, str], request: str = "gpu") -> dict[str, Any]:
-    # One entry of the allocator's shares annotation, as allocator/planner/plan.py writes it.
+    # One entry of the allocator's share record, as allocator/planner/plan.py writes it.
     return {"request": request, "driver": names.DRIVER, "pool": NODE, "device": device,
             "shareID": "2860bb2c-8c9c-5cc4-8da5-f5d34bf3d978", "consumedCapacity": consumed}
 
 
-def test_the_allocators_shares_annotation_gives_the_share_without_consumable_capacity(
+def test_the_allocators_share_record_gives_the_share_without_consumable_capacity(
+        table: dict[str, Any]) -> None:
+    obj = claim(devices=["gpu-1"], params={"enforcement": "hami-core"},
+                recorded=[_recorded("gpu-1", {"memory": "8Gi", "cores": "30"})])
+    assert _env(_plan(obj, table))[2:4] == ["CUDA_DEVICE_MEMORY_LIMIT=8192m",
+                                             "CUDA_DEVICE_SM_LIMIT=30"]
+
+
+@pytest.mark.parametrize("annotation", [
+    None,  # removed: the container would get the whole card without limits
+    [_recorded("gpu-1", {"memory": "1Gi", "cores": "1"})],  # shrunk
+    [_recorded("gpu-1", {"memory": "80Gi", "cores": "100"})],  # grown to the whole card
+])
+def test_a_tenants_edit_of_the_shares_annotation_changes_no_limit(
+        table: dict[str, Any], annotation: list[dict[str, Any]] | None) -> None:
+    recorded = [_recorded("gpu-1", {"memory": "8Gi", "cores": "30"})]
+    original = claim(devices=["gpu-1"], params={"enforcement": "hami-core"},
+                     recorded=recorded, annotation=recorded)
+    edited = claim(devices=["gpu-1"], params={"enforcement": "hami-core"},
+                   recorded=recorded, annotation=annotation)
+    assert _env(_plan(edited, table)) == _env(_plan(original, table))
+    assert _env(_plan(edited, table))[2:4] == ["CUDA_DEVICE_MEMORY_LIMIT=8192m",
+                                                "CUDA_DEVICE_SM_LIMIT=30"]
+
+
+def test_an_annotation_added_to_a_whole_card_claim_grants_no_share(
         table: dict[str, Any]) -> None:
     obj = claim(devices=["gpu-1"], params={"enforcement": "hami-core"},
                 annotation=[_recorded("gpu-1", {"memory": "8Gi", "cores": "30"})])
-    assert _env(_plan(obj, table))[2:4] == ["CUDA_DEVICE_MEMORY_LIMIT=8192m",
-                                             "CUDA_DEVICE_SM_LIMIT=30"]
+    assert _env(_plan(obj, table)) == VISIBLE
 
 
 def test_shares_recorded_for_another_device_or_request_do_not_apply(
         table: dict[str, Any]) -> None:
     obj = claim(devices=["gpu-1"], params={"enforcement": "hami-core"},
-                annotation=[_recorded("gpu-2", {"memory": "8Gi"}),
-                            _recorded("gpu-1", {"memory": "8Gi"}, request="other")])
+                recorded=[_recorded("gpu-2", {"memory": "8Gi"}),
+                          _recorded("gpu-1", {"memory": "8Gi"}, request="other")])
     assert _env(_plan(obj, table)) == VISIBLE
-    broken = claim(devices=["gpu-1"], params={"enforcement": "hami-core"})
-    broken["metadata"]["annotations"] = {names.ANNOTATION_SHARES: "{not json"}
+    broken = claim(devices=["gpu-1"], params={"enforcement": "hami-core"}, recorded=[])
+    broken["status"]["allocation"]["devices"]["config"][-1]["opaque"]["parameters"][
+        "shares"] = "{not a list"
     assert _env(_plan(broken, table)) == VISIBLE  # a whole card, no limits
 
 
-def test_a_malformed_recorded_share_names_the_annotation(table: dict[str, Any]) -> None:
+def test_a_malformed_recorded_share_names_the_record(table: dict[str, Any]) -> None:
     obj = claim(devices=["gpu-1"], params={"enforcement": "hami-core"},
-                annotation=[_recorded("gpu-1", {"memory": "8 gigs"})])
-    with pytest.raises(ClaimError, match=r"annotation dra-gateway.io/shares, device gpu-1"
-                                         r"\.memory"):
+                recorded=[_recorded("gpu-1", {"memory": "8 gigs"})])
+    with pytest.raises(ClaimError, match=r"status.allocation.devices.config GpuShareAllocation, "
+                                         r"device gpu-1\.memory"):
         _plan(obj, table)
 
 
