@@ -132,9 +132,8 @@ def compile_expression(
     estimated cost over COST_LIMIT for inputs the size of the samples.
     """
     program = _prepare(expression, variables.keys(), what=what, device_domains=False)
-    sample_size = cost.largest_collection(list(variables.values()))
-    tree, _ = _estimated(expression, dict.fromkeys(variables, cost.Unbounded(sample_size)),
-                         what=what)
+    samples = {name: cost.shape_of(cost.depth_sizes(value)) for name, value in variables.items()}
+    tree, _ = _estimated(expression, samples, what=what)
     worst = cost.estimate(tree, dict.fromkeys(variables, cost.Unbounded(MAX_INPUT_SIZE)))
     # Bounded whatever the input: evaluations skip measuring theirs.
     sized = None if worst <= cost.COST_LIMIT else tree

@@ -9,8 +9,9 @@ unit per character, `in` on a list one per element, and a comprehension (`all`, 
 plus 3 per iteration (loop condition and step). Sizes are bounded from what the expression
 itself says (a literal list has as many elements as it is written with, a string literal its
 length, `split`, `map`, `+` their arguments') and from the variables' `Shape`s: a DRA `device`
-is bounded by the API's limits (`DEVICE_SHAPE`), a rule's variables by the largest list, map or
-string of the values evaluated (`Unbounded(n)`, see `largest_collection`).
+is bounded by the API's limits (`DEVICE_SHAPE`), a rule's variables by the values evaluated:
+the largest list, map or string at each depth (`shape_of`); a rule's worst case by the largest
+input the API server accepts at every depth (`Unbounded`).
 
 An expression estimated over `COST_LIMIT` (upstream's `CELSelectorExpressionMaxCost`,
 1,000,000) is refused with upstream's words, "cost limit exceeded". The estimate is an upper
@@ -51,6 +52,11 @@ class Shape:
     def item(self) -> Shape:
         return self._item if self._item is not None else SCALAR
 
+    @property
+    def chars(self) -> int:
+        """What per-character costs count: the size, unless only strings are meant."""
+        return self.size
+
     def deepest(self) -> int:
         """The largest size at any depth."""
         return max(self.size, self._item.deepest() if self._item is not None else 0)
@@ -60,19 +66,28 @@ class Shape:
 
 
 class Unbounded(Shape):
-    """A value of unknown depth none of whose lists, maps or strings is larger than `size`."""
+    """A value of unknown depth: no list or map in it has more than `size` elements, no string
+    more than `text` characters (a long annotation must not make every list count as long)."""
 
-    __slots__ = ()
+    __slots__ = ("text",)
+
+    def __init__(self, size: int, text: int | None = None) -> None:
+        super().__init__(size)
+        self.text = size if text is None else text
 
     @property
     def item(self) -> Shape:
         return self
 
+    @property
+    def chars(self) -> int:
+        return max(self.size, self.text)
+
     def deepest(self) -> int:
         return self.size
 
     def __repr__(self) -> str:
-        return f"Unbounded({self.size})"
+        return f"Unbounded({self.size}, {self.text})"
 
 
 SCALAR: Final = Shape(0)
@@ -82,9 +97,14 @@ SCALAR: Final = Shape(0)
 DEVICE_SHAPE: Final = Shape(4, Shape(64, Shape(32, Shape(64))))
 
 
+def _text(a: Shape, b: Shape) -> int:
+    return max(a.text if isinstance(a, Unbounded) else a.deepest(),
+               b.text if isinstance(b, Unbounded) else b.deepest())
+
+
 def _join(a: Shape, b: Shape) -> Shape:
     if isinstance(a, Unbounded) or isinstance(b, Unbounded):
-        return Unbounded(max(a.deepest(), b.deepest()))
+        return Unbounded(max(a.deepest(), b.deepest()), _text(a, b))
     if a._item is None and b._item is None:
         return a if a.size >= b.size else b
     return Shape(max(a.size, b.size), _join(a.item, b.item))
@@ -92,30 +112,43 @@ def _join(a: Shape, b: Shape) -> Shape:
 
 def _concat(a: Shape, b: Shape) -> Shape:
     if isinstance(a, Unbounded) or isinstance(b, Unbounded):
-        return Unbounded(a.deepest() + b.deepest())
+        return Unbounded(a.deepest() + b.deepest(), _text(a, b) * 2)
     if a._item is None and b._item is None:
         return Shape(a.size + b.size)
     return Shape(a.size + b.size, _join(a.item, b.item))
 
 
-def largest_collection(value: Any, limit: int = _SATURATED) -> int:
-    """The largest list, map, string or bytes anywhere in `value` (stops early at `limit`)."""
-    largest = 0
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, (str, bytes)):
-            largest = max(largest, len(item))
-        elif isinstance(item, Mapping):
-            largest = max(largest, len(item))
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            largest = max(largest, len(item))
-            stack.extend(item)
-        if largest >= limit:
-            break
-    return largest
+def depth_sizes(value: Any) -> tuple[int, ...]:
+    """The largest list, map, string or bytes at each depth of `value` (its own size first).
+
+    Per depth, so that a pod's long env list does not make its containers count as long.
+    """
+    sizes: list[int] = []
+    level = [value]
+    while level:
+        size = 0
+        below: list[Any] = []
+        for item in level:
+            if isinstance(item, (str, bytes)):
+                size = max(size, len(item))
+            elif isinstance(item, Mapping):
+                size = max(size, len(item))
+                below.extend(item.keys())
+                below.extend(item.values())
+            elif isinstance(item, (list, tuple)):
+                size = max(size, len(item))
+                below.extend(item)
+        sizes.append(size)
+        level = below
+    return tuple(sizes)
+
+
+def shape_of(sizes: tuple[int, ...]) -> Shape:
+    """The shape whose depth d has at most sizes[d] elements or characters."""
+    shape: Shape | None = None
+    for size in reversed(sizes):
+        shape = Shape(size, shape)
+    return shape if shape is not None else SCALAR
 
 
 # --- syntax -----------------------------------------------------------------------------------
@@ -313,31 +346,31 @@ def _call(name: str, args: list[tuple[int, Shape]]) -> tuple[int, Shape]:
     shapes = [s for _, s in args]
     first = shapes[0] if shapes else SCALAR
     if name in _PER_CHARACTER:
-        cost += _tenth(sum(s.size for s in shapes))
+        cost += _tenth(sum(s.chars for s in shapes))
     if name == "_+_" and len(shapes) == 2:
         return cost, _concat(shapes[0], shapes[1])
     if name == "_in_":
         return cost + (shapes[1].size if len(shapes) == 2 else 0), SCALAR
     if name == "matches" and len(shapes) == 2:
-        return cost + _tenth(shapes[0].size) * (1 + math.ceil(shapes[1].size / 4)), SCALAR
+        return cost + _tenth(shapes[0].chars) * (1 + math.ceil(shapes[1].chars / 4)), SCALAR
     if name in _SAME_SIZE:
         return cost, first
     if name == "charAt":
         return cost, Shape(1)
     if name == "string":
-        return cost, Shape(max(first.size, 32))
+        return cost, Shape(max(first.chars, 32))
     if name == "bytes":
-        return cost, Shape(4 * first.size)
+        return cost, Shape(4 * first.chars)
     if name == "type":
         return cost, Shape(32)
     if name == "split":
-        return cost + _tenth(first.size), Shape(first.size + 1, Shape(first.size))
+        return cost + _tenth(first.chars), Shape(first.chars + 1, Shape(first.chars))
     if name == "join":
-        separator = shapes[1].size if len(shapes) > 1 else 0
-        size = first.size * (first.item.size + separator)
+        separator = shapes[1].chars if len(shapes) > 1 else 0
+        size = first.size * (first.item.chars + separator)
         return cost + _tenth(size), Shape(size)
     if name == "replace" and len(shapes) >= 3:
-        size = (first.size + 1) * max(1, shapes[2].size) + first.size
+        size = (first.chars + 1) * max(1, shapes[2].chars) + first.chars
         return cost + _tenth(size), Shape(size)
     return cost, SCALAR
 
@@ -422,5 +455,15 @@ def over_limit(cost: int, limit: int = COST_LIMIT) -> str | None:
             "(nested comprehensions over large lists)")
 
 
-__all__ = ["COST_LIMIT", "DEVICE_SHAPE", "SCALAR", "Shape", "Unbounded", "estimate",
-           "largest_collection", "over_limit", "parse"]
+__all__ = [
+    "COST_LIMIT",
+    "DEVICE_SHAPE",
+    "SCALAR",
+    "Shape",
+    "Unbounded",
+    "depth_sizes",
+    "estimate",
+    "over_limit",
+    "parse",
+    "shape_of",
+]

@@ -181,20 +181,25 @@ class Expression:
         self._current: Mapping[str, Any] = {}
         self._lock = threading.Lock()
         self._cost_tree = cost_tree
-        self._costs: dict[int, int] = {}  # input size, rounded up to a power of two -> cost
+        # The variables' sizes per depth, each rounded up to a power of two -> cost
+        self._costs: dict[tuple[tuple[int, ...], ...], int] = {}
 
     def _check_cost(self, activation: Mapping[str, Any]) -> None:
         if self._cost_tree is None:
             return
-        largest = cost.largest_collection([activation[name] for name in self.variables])
-        bucket = 1 << max(0, largest - 1).bit_length()
+        names = sorted(self.variables)
+        measured = [cost.depth_sizes(activation[name]) for name in names]
+        bucket = tuple(tuple(1 << max(0, s - 1).bit_length() for s in sizes)
+                       for sizes in measured)
         estimate = self._costs.get(bucket)
         if estimate is None:
-            estimate = cost.estimate(self._cost_tree,
-                                     dict.fromkeys(self.variables, cost.Unbounded(bucket)))
-            self._costs[bucket] = estimate
+            estimate = cost.estimate(self._cost_tree, {
+                name: cost.shape_of(sizes) for name, sizes in zip(names, bucket, strict=True)})
+            if len(self._costs) < 64:
+                self._costs[bucket] = estimate
         reason = cost.over_limit(estimate)
         if reason is not None:
+            largest = max((max(sizes, default=0) for sizes in measured), default=0)
             raise CelError(self.expression, f"{reason} for inputs of up to {largest} elements",
                            what=self.what)
 

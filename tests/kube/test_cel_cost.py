@@ -102,3 +102,15 @@ def test_a_rule_expression_over_the_limit_on_its_samples_does_not_compile() -> N
     with pytest.raises(CelError, match="cost limit exceeded"):
         cel.compile_expression("xs.all(a, xs.all(b, xs.all(c, a != b + c)))",
                                variables={"xs": list(range(200))}, what="rules[0].match")
+
+
+def test_sizes_are_measured_per_depth_so_a_long_inner_list_does_not_lengthen_the_outer() -> None:
+    expression = cel.compile_expression(
+        "pod.containers.all(c, pod.containers.exists(d, c.name == d.name))",
+        variables={"pod": {"containers": [{"name": "a", "env": []}]}}, what="match")
+    long_env = [{"name": f"V{i}", "value": "x" * 200} for i in range(2000)]
+    few = {"containers": [{"name": str(i), "env": long_env} for i in range(3)]}
+    assert expression.evaluate({"pod": few}) is True
+    many = {"containers": [{"name": str(i), "env": []} for i in range(1000)]}
+    with pytest.raises(CelError, match="cost limit exceeded"):
+        expression.evaluate({"pod": many})
