@@ -545,19 +545,33 @@ class ControlPlane:
         return str(self.api().get("/version").get("gitVersion"))
 
     def service_account_token(self, namespace: str, name: str, *,
-                              expiration_s: int = 24 * 3600) -> str:
-        """A token of ServiceAccount namespace/name from the TokenRequest API."""
+                              expiration_s: int = 24 * 3600,
+                              bound_pod: Mapping[str, Any] | None = None) -> str:
+        """A token of ServiceAccount namespace/name from the TokenRequest API.
+
+        With `bound_pod` (a Pod object of that ServiceAccount), the token is bound to the pod
+        as the kubelet's projected tokens are: the API server then names the pod's node in the
+        user's extra `authentication.kubernetes.io/node-name`, which node-scoped admission
+        policies read.
+        """
+        spec: JSON = {"expirationSeconds": expiration_s}
+        if bound_pod is not None:
+            meta = bound_pod["metadata"]
+            spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                                      "uid": meta["uid"]}
         answer = self.api().create(
             path_of("v1", "serviceaccounts", namespace=namespace, name=name,
                     subresource="token"),
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-             "spec": {"expirationSeconds": expiration_s}})
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
         return str(answer["status"]["token"])
 
     def service_account_kubeconfig(self, namespace: str, name: str, path: Path | None = None,
-                                   *, expiration_s: int = 24 * 3600) -> Path:
-        """Write a kubeconfig holding a token of ServiceAccount namespace/name; its path."""
-        token = self.service_account_token(namespace, name, expiration_s=expiration_s)
+                                   *, expiration_s: int = 24 * 3600,
+                                   bound_pod: Mapping[str, Any] | None = None) -> Path:
+        """Write a kubeconfig holding a token of ServiceAccount namespace/name (bound to
+        `bound_pod`, if given); its path."""
+        token = self.service_account_token(namespace, name, expiration_s=expiration_s,
+                                           bound_pod=bound_pod)
         path = path or self.root / f"{namespace}-{name}.kubeconfig"
         user = f"system:serviceaccount:{namespace}:{name}"
         _write(path, yaml.safe_dump(kubeconfig_document(self.server, self.ca_file.read_bytes(),

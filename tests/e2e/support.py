@@ -281,7 +281,11 @@ def install(version: str, feature_gates: Mapping[str, bool], bin_dir: Path, helm
                           service_accounts=_service_accounts(manifest))
         _seed(plane)
         _start_components(gateway, sockets)
-        wait_until("the gateway to be ready", lambda: _ready(gateway), 120, gateway.check)
+        try:
+            wait_until("the gateway to be ready", lambda: _ready(gateway), 120, gateway.check)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: still missing {_not_ready(gateway)}\n"
+                                 + gateway.logs()) from None
         yield gateway
     finally:
         if gateway is not None:
@@ -338,18 +342,50 @@ def _start_components(gateway: Gateway, sockets: Path) -> None:
         ("allocator", ["allocator", *kube, "--policy", "default",
                        "--kubeconfig", kubeconfig("allocator")]),
     ]
-    plugin_kubeconfig = kubeconfig("node-plugin")
     for node, inventory in GPU_NODES:
         base = sockets / node
         specs.append((f"node-plugin-{node}", [
             "node-plugin", "serve", "--inventory", str(EXAMPLES / "demo" / inventory),
-            "--node-name", node, "--cluster", "kube", "--kubeconfig", plugin_kubeconfig,
+            "--node-name", node, "--cluster", "kube",
+            "--kubeconfig", _node_plugin_kubeconfig(gateway, node),
             "--plugins-dir", str(base / "plugins"), "--registry-dir", str(base / "registry"),
             "--cdi-dir", str(base / "cdi"), "--state-dir", str(base / "state")]))
     for name, args in specs:
         component = Component(name, args, logs / f"{name}.log")
         gateway.components[name] = component
         component.start()
+
+
+def _node_plugin_kubeconfig(gateway: Gateway, node: str) -> str:
+    """A kubeconfig for the node plugin of `node`, as its DaemonSet pod there gets it: a token
+    of the chart's node-plugin ServiceAccount bound to a pod on that node (KWOK runs the
+    stand-in pod), so the API server names the node in the token's user."""
+    plane = gateway.plane
+    account = gateway.service_accounts["node-plugin"]
+    pod = plane.api().create(path_of("v1", "pods", namespace=NAMESPACE), {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{account}-{node}", "namespace": NAMESPACE,
+                     "labels": {"app.kubernetes.io/component": "node-plugin-stand-in"}},
+        "spec": {"nodeName": node, "serviceAccountName": account,
+                 "containers": [{"name": "node-plugin", "image": "dra-gateway:e2e"}]}})
+    return str(plane.service_account_kubeconfig(
+        NAMESPACE, account, gateway.work / f"node-plugin-{node}.kubeconfig", bound_pod=pod))
+
+
+def _not_ready(gateway: Gateway) -> str:
+    """What the gateway still lacks to be ready ("" when ready), for the failure message."""
+    if not gateway.webhook_ready():
+        return f"the webhook's /readyz on localhost:{gateway.webhook_port}"
+    api = gateway.api
+    published = {s["spec"].get("nodeName") for s in
+                 api.list(path_of("resource.k8s.io/v1", "resourceslices"))
+                 if s["spec"].get("driver") == names.DRIVER and s["spec"].get("devices")}
+    missing = {node for node, _ in GPU_NODES} - published
+    if missing:
+        return f"ResourceSlices of {', '.join(sorted(missing))}"
+    if not _ready(gateway):
+        return "the allocator's Lease"
+    return ""
 
 
 def _ready(gateway: Gateway) -> bool:
