@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -471,19 +470,20 @@ class Holding:
 def holdings(claim: Mapping[str, Any], published: Mapping[tuple[str, str, str], Card]
              ) -> list[Holding]:
     """Each device a claim's allocation holds and how much of it: `consumedCapacity` (native),
-    the gateway's shares annotation (the fallback form), else the whole device."""
+    the allocator's GpuShareAllocation record in the allocation (the fallback form; the
+    `dra-gateway.io/shares` annotation is for people and not trusted, as in the gateway), else
+    the whole device."""
+    from dra_gateway.kube.shares import allocated_shares, result_key
+
     allocation = (claim.get("status") or {}).get("allocation") or {}
-    raw = ((claim.get("metadata") or {}).get("annotations") or {}).get(names.ANNOTATION_SHARES)
-    recorded = json.loads(raw) if raw else []
+    recorded = {share.key: share for share in allocated_shares(allocation)}
     name = f"{claim['metadata']['namespace']}/{claim['metadata']['name']}"
     held = []
     for result in (allocation.get("devices") or {}).get("results") or []:
         key = (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
         consumed = result.get("consumedCapacity")
-        if consumed is None:
-            consumed = next((r.get("consumedCapacity") for r in recorded
-                             if (r.get("request"), r.get("driver"), r.get("pool"),
-                                 r.get("device")) == (result.get("request"), *key)), None)
+        if consumed is None and result_key(result) in recorded:
+            consumed = recorded[result_key(result)].consumed_capacity
         card = published.get(key)
         if consumed is None or card is None:
             held.append(Holding(name, key, True, card.memory if card else 0,
@@ -491,7 +491,7 @@ def holdings(claim: Mapping[str, Any], published: Mapping[tuple[str, str, str], 
             continue
         memory = int(bytes_of(consumed.get("memory", "0")))
         cores = int(consumed.get("cores", 0))
-        whole = card is not None and memory >= card.memory and cores >= card.cores
+        whole = memory >= card.memory and cores >= card.cores
         held.append(Holding(name, key, whole, memory, cores))
     return held
 
