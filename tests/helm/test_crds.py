@@ -101,3 +101,60 @@ def test_the_schema_enums_are_the_models_choices() -> None:
     assert quota["admission"]["enum"] == list(get_args(Admission))
     assert sharing["allowedEnforcement"]["items"]["enum"] == list(ENFORCEMENTS)
     assert sharing["isolation"]["properties"]["mode"]["enum"] == list(get_args(IsolationMode))
+
+
+_JUNCTORS = ("anyOf", "allOf", "oneOf", "not")
+
+
+def structural_problems(schema: Any, path: str = "") -> list[str]:
+    """What kube-apiserver's structural-schema check refuses, for the rules our CRDs can break.
+
+    Every node states its type (unless it is an int-or-string or preserves unknown fields),
+    and inside anyOf/allOf/oneOf/not no branch may state a type, a description or a default:
+    those belong to the node itself. The one exception is the int-or-string form, whose anyOf
+    is exactly [{type: integer}, {type: string}] with nothing else in the branches.
+    """
+    problems: list[str] = []
+    if not isinstance(schema, dict):
+        return problems
+    int_or_string = schema.get("x-kubernetes-int-or-string") is True
+    if not int_or_string and "type" not in schema and not schema.get(
+            "x-kubernetes-preserve-unknown-fields") and path:
+        problems.append(f"{path}: type must be set")
+    for junctor in _JUNCTORS:
+        branches = schema.get(junctor)
+        if branches is None:
+            continue
+        for i, branch in enumerate(branches if isinstance(branches, list) else [branches]):
+            where = f"{path}.{junctor}[{i}]"
+            allowed_types = int_or_string and junctor == "anyOf" and branch in (
+                {"type": "integer"}, {"type": "string"})
+            for key in ("type", "description", "default", "nullable"):
+                if key in branch and not allowed_types:
+                    problems.append(f"{where}.{key}: must be empty to be structural")
+            if int_or_string and junctor == "anyOf" and not allowed_types:
+                problems.append(f"{where}: an int-or-string anyOf holds only the two types")
+    for name, child in (schema.get("properties") or {}).items():
+        problems += structural_problems(child, f"{path}.properties[{name}]")
+    if isinstance(schema.get("items"), dict):
+        problems += structural_problems(schema["items"], f"{path}.items")
+    if isinstance(schema.get("additionalProperties"), dict):
+        problems += structural_problems(schema["additionalProperties"],
+                                        f"{path}.additionalProperties")
+    return problems
+
+
+@pytest.mark.parametrize("kind", ["GPUQuota", "GPUSharingPolicy"])
+def test_the_crd_schema_is_structural(kind: str) -> None:
+    # A real API server refuses a CRD whose schema is not structural; kubernetes-validate's
+    # schemas of CustomResourceDefinition do not check that, so it is checked here.
+    assert structural_problems(_schema(kind)) == []
+
+
+def test_the_structural_check_sees_a_typed_branch() -> None:
+    bad = {"type": "object", "properties": {"memory": {
+        "x-kubernetes-int-or-string": True,
+        "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}]}}}
+    assert structural_problems(bad) == [
+        ".properties[memory].anyOf[0].type: must be empty to be structural",
+        ".properties[memory].anyOf[0]: an int-or-string anyOf holds only the two types"]
