@@ -36,6 +36,8 @@ from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for, share_
 from dra_gateway.allocator.planner.devices import NANO
 from dra_gateway.allocator.planner.policies import (
     Waiting,
+    card_rules,
+    memo_rules,
     quotas_for,
     surely_exceeded,
 )
@@ -166,11 +168,18 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     identity = any(d.identity_sensitive for _, d in labelled)
     claims_sig = tuple(k for _, k, _ in to_plan)
     version = state.workload.version if chosen_policy == "default" else 0
+    own_shares, relative = _own_shares([d for _, _, d in to_plan])
+    if rules is not None and not policies.memoisable(own_shares):
+        identity = True  # more of its own shares on one card than the class key counts
+    # Searches and rankings are keyed by the parts of the rules that decide which card fits,
+    # not by the rules: namespaces under different policies share them (see memo_rules).
+    card_key = card_rules(rules, relative_shares=relative)
     ctx = _Context(state, labelled, chosen_policy, cpu, memory, tolerations,
-                   (claims_sig, chosen_policy, version, rules), rules)
+                   (claims_sig, chosen_policy, version, card_key), rules,
+                   policies.unlimited(rules) if rules is not None else None, own_shares)
     pod_sig = (claims_sig, cpu, memory,
                json.dumps(tolerations, sort_keys=True) if tolerations else "", chosen_policy,
-               version, rules)
+               version, card_key, rules.tenant if rules is not None else None)
     state.refresh_groups()
     if len(state.memo) > _MEMO_LIMIT:
         # Bounded memory without a cliff: the young generation becomes the old one, entries
@@ -184,7 +193,8 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     if pinned is None and not needs_labels and not identity:
         found, reasons = _ranked_best(ctx, pod_sig)
         if found is None:
-            plan = PodPlan(None, reason=_no_node_reason(pod_label, state, reasons, labelled))
+            plan = PodPlan(None, reason=_no_node_reason(pod_label, state, reasons, labelled,
+                                                        rules))
         else:
             plan = _build_plan(state, found[0], to_plan, found[1])
     else:
@@ -325,15 +335,21 @@ class _Context:
     tolerations: Sequence[Mapping[str, Any]]
     device_sig: tuple[object, ...]  # what device search results depend on besides the node
     rules: SharingRules | None = None  # the namespace's sharing rules, when any policy exists
+    # The rules rankings are kept for: without maxClaimsPerDevice (`_ranked_best` checks it).
+    ranked_rules: SharingRules | None = None
+    own_shares: int = 0  # shares of the pod that may land on one card
 
-    def evaluate(self, group_key: tuple[object, ...] | None, node: str,
-                 ) -> tuple[Outcome, tuple[float, ...]]:
-        """Devices for the pod on `node` (memoised per node class) and the policy's score."""
+    def evaluate(self, group_key: tuple[object, ...] | None, node: str, *,
+                 ranked: bool = False) -> tuple[Outcome, tuple[float, ...]]:
+        """Devices for the pod on `node` (memoised per node class) and the policy's score,
+        under the namespace's rules (`ranked`: under the rules its ranking is kept for)."""
         state = self.state
+        rules = self.ranked_rules if ranked else self.rules
         outcome: Outcome | None = None
         memo_key: tuple[object, ...] | None = None
         if group_key is not None:
-            memo_key = (group_key[0], group_key[1], self.device_sig)
+            memo_key = (group_key[0], group_key[1], self.device_sig,
+                        memo_rules(rules, state.holder_summary(group_key[1]), self.own_shares))
             outcome = state.memo.get(memo_key)
             if outcome is None:
                 outcome = state.memo_old.get(memo_key)
@@ -342,7 +358,7 @@ class _Context:
         if outcome is None:
             outcome = NodeSearch(state, node, self.claims, policy=self.policy,
                                  workload=state.workload,
-                                 budget=state.settings.search_budget, rules=self.rules).run()
+                                 budget=state.settings.search_budget, rules=rules).run()
             if memo_key is not None:
                 state.memo[memo_key] = outcome
         if not outcome.ok:
@@ -389,7 +405,8 @@ def _scan(ctx: _Context, pod: Mapping[str, Any],
             if not identity:
                 break
     if best is None:
-        return PodPlan(None, reason=_no_node_reason(pod_label, state, reasons, ctx.claims))
+        return PodPlan(None, reason=_no_node_reason(pod_label, state, reasons, ctx.claims,
+                                                    ctx.rules))
     return _build_plan(state, best[1], to_plan, best[2])
 
 
@@ -438,7 +455,7 @@ def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...],
         if pruned is not None:
             failures[group_key] = pruned
             continue
-        outcome, node_score = ctx.evaluate(group_key, members[0])
+        outcome, node_score = ctx.evaluate(group_key, members[0], ranked=True)
         if outcome.ok:
             heapq.heappush(heap, (node_score, members[0], group_key))
         else:
@@ -452,26 +469,117 @@ def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...],
         if members[0] != name:
             heapq.heapreplace(heap, (node_score, members[0], group_key))
             continue
-        outcome, _ = ctx.evaluate(group_key, name)
-        return (name, outcome), Counter()
+        outcome, _ = ctx.evaluate(group_key, name, ranked=True)
+        if ctx.rules is ctx.ranked_rules:
+            return (name, outcome), Counter()
+        return _within_limit(ctx, ranking)
+    return None, _ranking_reasons(state, ranking, {})
+
+
+def _ranking_reasons(state: ClusterState, ranking: Ranking,
+                     more: Mapping[tuple[object, ...], str]) -> Counter[str]:
     reasons: Counter[str] = Counter()
     live: dict[tuple[object, ...], str] = {}
-    for group_key, reason in failures.items():
+    for group_key, reason in ranking.failures.items():
         members = state.groups.get(group_key)
         if members:
             live[group_key] = reason
             reasons[reason] += len(members)
     ranking.failures = live
-    return None, reasons
+    for group_key, reason in more.items():
+        members = state.groups.get(group_key)
+        if members and group_key not in live:
+            reasons[reason] += len(members)
+    return reasons
+
+
+def _within_limit(ctx: _Context, ranking: Ranking,
+                  ) -> tuple[tuple[str, Outcome] | None, Counter[str]]:
+    """The ranking's best class whose plan the namespace's maxClaimsPerDevice leaves as it is.
+
+    Rankings are kept without the limit (namespaces differing only in it share them); a limit
+    can only take cards away, and only on a node where a card is that full (`memo_rules`). The
+    best entries are taken in order: where the limit does not matter, or the search under it
+    picks the same devices, the entry stands with its score; otherwise the node is scored as
+    the search under the limit places the pod, and the entry is set aside for this pod. The
+    walk ends at the first entry that stands, or at an entry scored no better than a node set
+    aside (which then wins).
+    """
+    state = ctx.state
+    heap = ranking.heap
+    aside: list[tuple[tuple[float, ...], str, tuple[object, ...]]] = []
+    refused: dict[tuple[object, ...], str] = {}
+    best: tuple[tuple[float, ...], str, Outcome] | None = None
+    found: tuple[str, Outcome] | None = None
+    try:
+        while heap:
+            node_score, name, group_key = heap[0]
+            members = state.groups.get(group_key)
+            if not members:
+                heapq.heappop(heap)
+                continue
+            if members[0] != name:
+                heapq.heapreplace(heap, (node_score, members[0], group_key))
+                continue
+            if best is not None and (best[0], best[1]) <= (node_score, name):
+                break
+            outcome, _ = ctx.evaluate(group_key, name, ranked=True)
+            summary = state.holder_summary(group_key[1])
+            if memo_rules(ctx.rules, summary, ctx.own_shares) == \
+                    memo_rules(ctx.ranked_rules, summary, ctx.own_shares):
+                found = (name, outcome)
+                break
+            limited, limited_score = ctx.evaluate(group_key, name)
+            if limited.ok and _same_picks(limited, outcome):
+                found = (name, outcome)
+                break
+            aside.append(heapq.heappop(heap))
+            if not limited.ok:
+                refused[group_key] = limited.reason or "no devices fit"
+            elif best is None or (limited_score, name) < (best[0], best[1]):
+                best = (limited_score, name, limited)
+    finally:
+        for entry in aside:
+            heapq.heappush(heap, entry)
+    if found is not None:  # scored better than every node set aside
+        return found, Counter()
+    if best is not None:
+        return (best[1], best[2]), Counter()
+    return None, _ranking_reasons(state, ranking, refused)
+
+
+def _same_picks(a: Outcome, b: Outcome) -> bool:
+    return [(p.claim, p.result_name, p.device) for p in a.picks] == \
+        [(p.claim, p.result_name, p.device) for p in b.picks]
+
+
+def _own_shares(demands: Sequence[ClaimDemand]) -> tuple[int, bool]:
+    """How many shares of the pod may land on one card (a request for all devices counts as
+    unbounded), and whether any share's memory is relative to the card."""
+    shares = 0
+    relative = False
+    for demand in demands:
+        for request in demand.requests:
+            most = 0
+            for alt in request.alternatives:
+                if alt.whole:
+                    continue
+                most = max(most, 1 << 20 if alt.all_devices else alt.count)
+                if alt.share.memory_percent is not None \
+                        and names.CAPACITY_MEMORY not in alt.capacity:
+                    relative = True
+            shares += most
+    return shares, relative
 
 
 def _no_node_reason(pod_label: str, state: ClusterState, reasons: Counter[str],
-                    claims: Sequence[tuple[str, ClaimDemand]]) -> str:
+                    claims: Sequence[tuple[str, ClaimDemand]],
+                    rules: SharingRules | None = None) -> str:
     total = len(state.node_group)
     if not reasons:
         return f"pod {pod_label}: 0/{total} nodes are available"
     labels = [label for label, _ in claims]
-    parts = [f"{count} node(s): {fill_claims(reason, labels)}"
+    parts = [f"{count} node(s): {fill_claims(reason, labels, rules)}"
              for reason, count in reasons.most_common(4)]
     return f"pod {pod_label}: 0/{total} nodes fit; " + "; ".join(parts)
 

@@ -12,13 +12,21 @@ A pod leaves the queue when it is placed, gone, or when its quotas let it throug
 fits it (it then waits for room like any pod: keeping it at the head would hold every later pod
 of the namespace behind a pod that does not fit anywhere).
 
+What the node class key and the search memo carry of the sharing rules is kept to what changes
+which card fits, so that 50 policies do not make 50 copies of every memo and ranking: a card's
+`card_fact` (the tenant of its holders when any is isolated; its holder count and the holders'
+smallest maxClaimsPerDevice only near the smallest limit of any policy), and of the newcomer's
+rules the part `memo_rules` finds relevant to one node's cards (its tenant where a held card
+belongs to another, its maxClaimsPerDevice where a card is that full). Quotas, minShare,
+requireCores, allowedEnforcement and exclusive are checked per pod, not per card.
+
 Pure: no I/O, no clock; the state feeds it and `plan_pod` asks it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dra_gateway.kube import names
 from dra_gateway.policy.amounts import Amounts, RequestShape
@@ -28,6 +36,27 @@ from dra_gateway.policy.sharing import NO_RULES, Holder, SharingRules
 
 _NO_HOLDER = Holder("", None)
 _MIB = 1 << 20
+MIXED = "*"  # the tenant fact of a card held by several tenants: no newcomer may share it
+
+# Holder counts enter the node class key from this many below the smallest maxClaimsPerDevice,
+# so a pod putting up to this many shares on one card is planned from memoised classes; a pod
+# with more is planned node by node (`PlannerPolicies.memoisable`).
+OWN_SHARES_MEMOISED = 2
+
+
+@dataclass(frozen=True, slots=True)
+class HolderSummary:
+    """What the newcomer's rules are checked against on one node's cards, for the memo key."""
+
+    tenants: frozenset[str]  # the tenant fact of each held card ("" when none is isolated)
+    most: int  # the most holders counted on one card (counted only near a limit), else 0
+
+
+NO_HOLDERS = HolderSummary(frozenset(), 0)
+
+# A held card's facts for the class key: (tenant, holders, their smallest maxClaimsPerDevice),
+# the last two 0 far from every limit.
+CardFact = tuple[str, int, int]
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -96,14 +125,21 @@ class PlannerPolicies:
         self.ledger = QuotaLedger()
         self.queue = QuotaQueue()
         self.sharing_active = False  # any sharing policy: cards carry holder facts
+        # Holder counts matter from here on (None: no policy limits claims per card).
+        self.count_from: int | None = None
         self._rules: dict[str, SharingRules] = {}
         self._holders: dict[str, Holder] = {}
+        self._unlimited: dict[SharingRules, SharingRules] = {}
 
     def set_catalog(self, catalog: Catalog) -> None:
         self.catalog = catalog
         self.sharing_active = bool(catalog.sharing)
+        limits = [p.spec.max_claims_per_device for p in catalog.sharing
+                  if p.spec.max_claims_per_device is not None]
+        self.count_from = max(1, min(limits) - OWN_SHARES_MEMOISED + 1) if limits else None
         self._rules.clear()
         self._holders.clear()
+        self._unlimited.clear()
         self.ledger = QuotaLedger()
         self.ledger.set_quotas(catalog.compiled_quotas())
 
@@ -127,18 +163,92 @@ class PlannerPolicies:
             self._holders[namespace] = holder
         return holder
 
-    def holder_facts(self, namespaces: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
-        """The facts of a card's holders that sharing rules read, for the node class key:
-        nodes whose cards are held by other tenants must not share a memoised search."""
-        facts: dict[tuple[str, int], int] = {}
-        for namespace, count in namespaces.items():
-            holder = self.holder(namespace)
-            fact = (holder.tenant, holder.max_claims_per_device or 0)
-            facts[fact] = facts.get(fact, 0) + count
-        return tuple(sorted((f"{t}|{m}", n) for (t, m), n in facts.items()))
-
     def holders(self, namespaces: Mapping[str, int]) -> list[Holder]:
         return [self.holder(ns) for ns, count in namespaces.items() for _ in range(count)]
+
+    def card_fact(self, namespaces: Mapping[str, int]) -> CardFact | None:
+        """What a card's holders bring to the node class key: None when no holder is isolated
+        and the card is far from every limit (it then plans like any held card), else the
+        holders' tenant (`MIXED` for several) and, near a limit, their count and smallest
+        maxClaimsPerDevice. Nodes whose cards differ here must not share a memoised search;
+        nodes whose cards differ only elsewhere (which namespaces, which limits far away) may."""
+        if not namespaces:
+            return None
+        tenants: set[str] = set()
+        limit: int | None = None
+        count = 0
+        for namespace, held in namespaces.items():
+            holder = self.holder(namespace)
+            tenants.add(holder.tenant)
+            count += held
+            if holder.max_claims_per_device is not None:
+                limit = holder.max_claims_per_device if limit is None \
+                    else min(limit, holder.max_claims_per_device)
+        tenant = next(iter(tenants)) if len(tenants) == 1 else MIXED
+        if self.count_from is not None and count >= self.count_from:
+            return (tenant, count, limit or 0)
+        return (tenant, 0, 0) if tenant else None
+
+    @staticmethod
+    def summary(facts: Iterable[CardFact | None]) -> HolderSummary:
+        """A node's held cards (their `card_fact`, None for a held card without one)."""
+        tenants: set[str] = set()
+        most = 0
+        for fact in facts:
+            if fact is None:
+                tenants.add("")
+                continue
+            tenants.add(fact[0])
+            most = max(most, fact[1])
+        return HolderSummary(frozenset(tenants), most) if tenants else NO_HOLDERS
+
+    def unlimited(self, rules: SharingRules) -> SharingRules:
+        """The rules without their maxClaimsPerDevice: what rankings are kept for (a limit
+        steers only off cards that full, checked on the ranking's best nodes)."""
+        if rules.max_claims_per_device is None:
+            return rules
+        found = self._unlimited.get(rules)
+        if found is None:
+            found = replace(rules, max_claims_per_device=None)
+            self._unlimited[rules] = found
+        return found
+
+    def memoisable(self, own_shares: int) -> bool:
+        """Whether a pod putting `own_shares` shares on one card plans from memoised classes
+        (the class key counts holders only from `count_from`)."""
+        return self.count_from is None or own_shares <= OWN_SHARES_MEMOISED
+
+
+def card_rules(rules: SharingRules | None, *, relative_shares: bool) -> tuple[object, ...] | None:
+    """The parts of a namespace's rules every search of the pod depends on, whatever the node
+    (its tenant aside, which `memo_rules` keys where it matters): allowed models, exclusive,
+    and minShare memory where a share is relative to the card. Policy names are not among
+    them: reasons name the policies when they are reported."""
+    if rules is None:
+        return None
+    return (rules.models, rules.exclusive,
+            rules.min_memory if relative_shares else None)
+
+
+def memo_rules(rules: SharingRules | None, summary: HolderSummary,
+               own_shares: int) -> tuple[object, ...] | None:
+    """The part of the newcomer's rules a search on a node with these held cards depends on:
+    where a held card is another tenant's (or isolated from it), its tenant if it holds cards
+    there too, else only that every held card is barred (tenants without cards on the node
+    search it alike; reasons name the tenant when reported); its maxClaimsPerDevice where a
+    card (with the pod's own shares) would reach it."""
+    if rules is None or summary is NO_HOLDERS:
+        return None
+    ours = rules.tenant
+    tenant: str | None = None
+    if any(t != ours for t in summary.tenants):  # t != ours: one of them is isolated
+        tenant = ours if ours in summary.tenants else MIXED
+    limit = rules.max_claims_per_device
+    if limit is not None and summary.most + own_shares <= limit:
+        limit = None
+    if tenant is None and limit is None:
+        return None
+    return (tenant, limit)
 
 
 def surely(quota: Quota, claims: Sequence[Sequence[RequestShape]], *,
@@ -196,5 +306,6 @@ def surely_exceeded(policies: PlannerPolicies, quotas: Sequence[Quota],
     return never, now
 
 
-__all__ = ["PlannerPolicies", "QuotaQueue", "Waiting", "quotas_for", "surely",
-           "surely_exceeded"]
+__all__ = ["MIXED", "NO_HOLDERS", "OWN_SHARES_MEMOISED", "CardFact", "HolderSummary",
+           "PlannerPolicies", "QuotaQueue", "Waiting", "card_rules", "memo_rules", "quotas_for",
+           "surely", "surely_exceeded"]

@@ -236,9 +236,14 @@ class NodeSearch:
                        f"{Quantity.from_bytes(rules.min_memory)} of {rules.named()} (minShare)")
         if why is None:
             return None
-        if "GPUSharingPolic" not in why:
-            named = rules.named() if not rules.empty else "a holder's GPUSharingPolicy"
-            why = f"{why}, {named}"
+        # The policies are named where the reason is reported (`fill_claims`): outcomes are
+        # memoised across namespaces whose rules differ only in what this card does not read.
+        if not rules.empty and rules.named() in why:
+            why = why.replace(rules.named(), RULES_PLACEHOLDER)
+        elif "GPUSharingPolic" not in why:
+            why = f"{why}, {RULES_PLACEHOLDER}"
+        why = why.replace(f"isolated from {_tenant_label(rules)} (isolation)",
+                          f"isolated from {TENANT_PLACEHOLDER} (isolation)")
         return f"card {device.name}: {why}"
 
     def _apply(self, i: int, consumed: dict[str, int], exclusive: bool, sign: int) -> None:
@@ -523,7 +528,22 @@ def claim_placeholder(index: int) -> str:
     return f"\x00{index}\x00"
 
 
-def fill_claims(reason: str, labels: Sequence[str]) -> str:
+RULES_PLACEHOLDER = "\x00rules\x00"
+TENANT_PLACEHOLDER = "\x00tenant\x00"
+
+
+def _tenant_label(rules: SharingRules | None) -> str:
+    return (rules.tenant if rules is not None else "") or "a tenant without isolation"
+
+
+def fill_claims(reason: str, labels: Sequence[str], rules: SharingRules | None = None) -> str:
+    """The reason with the pod's claim labels and the names of its sharing policies."""
+    if RULES_PLACEHOLDER in reason:
+        named = rules.named() if rules is not None and not rules.empty \
+            else "a holder's GPUSharingPolicy"
+        reason = reason.replace(RULES_PLACEHOLDER, named)
+    if TENANT_PLACEHOLDER in reason:
+        reason = reason.replace(TENANT_PLACEHOLDER, _tenant_label(rules))
     return _PLACEHOLDER.sub(lambda m: labels[int(m.group(1))], reason)
 
 

@@ -12,8 +12,9 @@ benchmark) and keeps incremental indexes:
 - equivalence classes of nodes: nodes with interchangeable devices, the same usage of each, the
   same free CPU and memory and the same taints plan identically, so the planner evaluates one
   node per class and memoises the result; with sharing policies in force, the usage of a card
-  includes the tenants and maxClaimsPerDevice of its holders, or isolation would be memoised
-  away;
+  includes what its holders bring to the sharing rules (`PlannerPolicies.card_fact`: their
+  tenant when isolated, their count near a maxClaimsPerDevice), or isolation would be memoised
+  away, and no more, or every namespace's holders would split the classes;
 - the GPU policies (`set_policies`): quota usage per namespace from the same claims, and the
   queue of pods waiting for quota (`policies.PlannerPolicies`).
 
@@ -31,7 +32,11 @@ from typing import Any
 from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.demand import ClaimDemand, compile_claim
 from dra_gateway.allocator.planner.devices import Device
-from dra_gateway.allocator.planner.policies import PlannerPolicies
+from dra_gateway.allocator.planner.policies import (
+    NO_HOLDERS,
+    HolderSummary,
+    PlannerPolicies,
+)
 from dra_gateway.allocator.planner.scoring import Workload
 from dra_gateway.allocator.planner.settings import PlannerSettings
 from dra_gateway.kube import objects
@@ -161,6 +166,8 @@ class ClusterState:
         # Claims whose quota charges were counted before their device was published.
         self._unresolved: set[str] = set()
         self._smallest: int | None = None
+        # What `memo_rules` reads of each node class's held cards, by interned usage.
+        self._holder_summaries: dict[object, HolderSummary] = {}
 
     # --- workload -----------------------------------------------------------------------------
 
@@ -547,18 +554,27 @@ class ClusterState:
 
     def group_key(self, node: str) -> tuple[object, ...]:
         info = self.nodes[node]
+        devices = self.node_devices.get(node, ())
         if self.policies.sharing_active:
-            usage = tuple(self._intern(self._sharing_sig(self.device_usage(d.key)))
-                          for d in self.node_devices.get(node, ()))
+            facts = [self.policies.card_fact(self.device_usage(d.key).namespaces)
+                     for d in devices]
+            usage = tuple(self._intern((*self.device_usage(d.key).sig(), fact))
+                          for d, fact in zip(devices, facts, strict=True))
+            usage_id = self._intern(usage)
+            if usage_id not in self._holder_summaries:
+                self._holder_summaries[usage_id] = self.policies.summary(
+                    fact for d, fact in zip(devices, facts, strict=True)
+                    if self.device_usage(d.key).holders)
         else:
-            usage = tuple(self._intern(self.device_usage(d.key).sig())
-                          for d in self.node_devices.get(node, ()))
+            usage_id = self._intern(tuple(self._intern(self.device_usage(d.key).sig())
+                                          for d in devices))
         cpu, memory = self.node_free(node)
         taints = self._intern(json.dumps(info.taints, sort_keys=True)) if info.taints else -1
-        return (self._static_sig.get(node, -1), self._intern(usage), cpu, memory, taints)
+        return (self._static_sig.get(node, -1), usage_id, cpu, memory, taints)
 
-    def _sharing_sig(self, usage: DeviceUsage) -> tuple[object, ...]:
-        return (*usage.sig(), self.policies.holder_facts(usage.namespaces))
+    def holder_summary(self, usage_id: object) -> HolderSummary:
+        """The held cards of a node class (`group_key(...)[1]`), as `memo_rules` reads them."""
+        return self._holder_summaries.get(usage_id, NO_HOLDERS)
 
     def gpu_cards(self, node: str) -> list[Device]:
         return [d for d in self.node_devices.get(node, ()) if d.is_gateway_gpu]

@@ -212,6 +212,46 @@ def test_allowed_models_and_max_claims_per_card_steer_the_card() -> None:
     assert "maxClaimsPerDevice" in reason or "allowedModels" in reason
 
 
+def test_each_namespace_keeps_its_own_claim_limit_where_namespaces_share_a_ranking() -> None:
+    # Namespaces whose rules differ only in maxClaimsPerDevice share memoised searches and
+    # rankings; the limit is checked on the ranking's best nodes, so b's 2 holds where a's 4
+    # would let the pod in.
+    state = nodes(1, 2)
+    policies(state, sharing_=[sharing("four", labels={"tier": "four"}, maxClaimsPerDevice=4),
+                              sharing("two", labels={"tier": "two"}, maxClaimsPerDevice=2)],
+             namespaces=[namespace("a", tier="four"), namespace("b", tier="two")])
+
+    def card(plan: PodPlan) -> str:
+        assert plan.node_name is not None, plan.reason
+        return str(next(iter(plan.allocations.values()))["devices"]["results"][0]["device"])
+
+    assert [card(place(state, gpod(f"a{i}", "a"), share(f"a{i}", "a", 1))) for i in (1, 2)] \
+        == ["gpu-0", "gpu-0"]
+    assert card(place(state, gpod("b1", "b"), share("b1", "b", 1))) == "gpu-1"
+    assert card(place(state, gpod("a3", "a"), share("a3", "a", 1))) == "gpu-0"
+    assert card(place(state, gpod("b2", "b"), share("b2", "b", 1))) == "gpu-1"
+    refused = place(state, gpod("b3", "b"), share("b3", "b", 1))
+    assert refused.node_name is None
+    assert "maxClaimsPerDevice" in (refused.reason or "")
+    assert "GPUSharingPolicy two" in (refused.reason or "")
+    assert card(place(state, gpod("a4", "a"), share("a4", "a", 1))) == "gpu-0"
+
+
+def test_a_reason_names_the_pods_own_policy_and_tenant_where_searches_are_shared() -> None:
+    # x and y are isolated by different policies; neither holds the card, so both search the
+    # node alike (one memoised search), but each is told about its own policy and tenant.
+    state = nodes(1, 1)
+    policies(state, sharing_=[sharing("iso-x", labels={"t": "x"}, isolation={"mode": "Namespace"}),
+                              sharing("iso-y", labels={"t": "y"}, isolation={"mode": "Namespace"})],
+             namespaces=[namespace("x", t="x"), namespace("y", t="y"), namespace("z")])
+    assert place(state, gpod("z1", "z"), share("z1", "z", 4)).node_name == "n0"
+    reasons = {ns: place(state, gpod(f"{ns}1", ns), share(f"{ns}1", ns, 4)).reason or ""
+               for ns in ("x", "y")}
+    assert "isolated from namespace=x (isolation), GPUSharingPolicy iso-x" in reasons["x"]
+    assert "isolated from namespace=y (isolation), GPUSharingPolicy iso-y" in reasons["y"]
+    assert "iso-x" not in reasons["y"]
+
+
 def test_a_share_in_an_exclusive_namespace_does_not_fit_naming_the_policy() -> None:
     state = nodes(1, 2)
     policies(state, sharing_=[sharing("whole-only", exclusive=True)])
