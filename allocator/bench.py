@@ -20,6 +20,8 @@ with 200 GPUQuotas and 50 GPUSharingPolicies (`gpu_policies`) over 200 namespace
 pods are dealt into (the same namespaces in both runs), so their cost is a ratio measured side
 by side on the same noisy machine.
 This module does I/O (reads the CSVs, prints); the planner it drives does none.
+
+Over 500 lines as one idea: one replay, from the trace's rows to the table it prints.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ them again (SIGTERM, then SIGKILL, by the process ids it started) however the ca
 `Api` is a small synchronous REST client of that API server (JSON over HTTPS with a bearer
 token, the standard library only), enough for tests and the demo to create, read, patch and
 delete objects. This module decides nothing about the gateway; it only runs Kubernetes.
+
+Over 500 lines as one idea: running a control plane (processes, certificates, tokens, nodes)
+and the small client that drives it.
 """
 
 from __future__ import annotations
