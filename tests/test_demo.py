@@ -107,6 +107,23 @@ def test_demo_places_every_example_pod_on_the_node_of_its_devices(tmp_path: Path
             assert len(holders) == 1, (pool, device, holders)
         else:
             assert sum(h["cores"] for h in holders) <= 100, (pool, device, holders)
+    # One quota at work: the second pod of quota-demo waited for the GPUQuota, gated with its
+    # condition and an Event, and was placed once the first finished.
+    quota = summary["quota"]
+    assert quota["ok"] is True, quota["problems"]
+    assert quota["quota"] == "quota-demo/demo-gpu"
+    assert quota["firstNode"] in GPU_NODES
+    message = ("exceeded quota demo-gpu: requested memory=8Gi, used memory=8Gi, limited "
+               "memory=12Gi")
+    assert quota["condition"]["type"] == "dra-gateway.io/QuotaExceeded"
+    assert (quota["condition"]["status"], quota["condition"]["reason"]) == ("True",
+                                                                            "QuotaExceeded")
+    assert quota["condition"]["message"] == message
+    assert quota["event"] == message
+    assert quota["usedWhileWaiting"] == {"memory": "8Gi"}
+    assert quota["node"] in GPU_NODES
+    assert (quota["clearedCondition"]["status"], quota["clearedCondition"]["reason"]) == (
+        "False", "QuotaAvailable")
     template = summary["template"]["object"]
     assert template["kind"] == "ResourceClaimTemplate"
     kubernetes_validate.validate(template, "1.34", strict=True)
@@ -115,6 +132,38 @@ def test_demo_places_every_example_pod_on_the_node_of_its_devices(tmp_path: Path
     logs = {p.name for p in (work / "logs").iterdir()}
     assert logs == {"cluster.log", "webhook.log", "allocator.log",
                     "node-plugin-gpu-a100-1.log", "node-plugin-gpu-h100-1.log"}
+
+
+def test_the_quota_step_is_printed_for_people() -> None:
+    from io import StringIO
+
+    from dra_gateway.demo import QuotaReport, print_quota
+
+    report = QuotaReport("quota-demo/demo-gpu", hard={"memory": "12Gi"},
+                         first="quota-demo/first", first_node="gpu-h100-1",
+                         waiting="quota-demo/second",
+                         condition={"status": "True", "reason": "QuotaExceeded",
+                                    "message": "exceeded quota demo-gpu: requested memory=8Gi, "
+                                               "used memory=8Gi, limited memory=12Gi"},
+                         event="exceeded quota demo-gpu: requested memory=8Gi, used memory=8Gi, "
+                               "limited memory=12Gi",
+                         used_while_waiting={"memory": "8Gi"}, node="gpu-a100-1",
+                         cleared={"status": "False", "reason": "QuotaAvailable"})
+    out = StringIO()
+    print_quota(report, out)
+    assert out.getvalue().splitlines() == [
+        "",
+        "One quota at work: GPUQuota quota-demo/demo-gpu (hard memory=12Gi).",
+        "  quota-demo/first   placed on gpu-h100-1",
+        "  quota-demo/second  waits, gated: condition dra-gateway.io/QuotaExceeded=True "
+        "(QuotaExceeded): exceeded quota demo-gpu: requested memory=8Gi, used memory=8Gi, "
+        "limited memory=12Gi",
+        "                     Event QuotaExceeded: exceeded quota demo-gpu: requested "
+        "memory=8Gi, used memory=8Gi, limited memory=12Gi",
+        "                     status.used of the quota: memory=8Gi",
+        "  quota-demo/first   finished (phase Succeeded): its claim released",
+        "  quota-demo/second  placed on gpu-a100-1 (condition False: QuotaAvailable)",
+    ]
 
 
 def test_pods_file_that_is_not_yaml_is_refused_before_anything_starts(tmp_path: Path) -> None:

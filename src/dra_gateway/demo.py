@@ -11,6 +11,11 @@ devices and their environment). The embedded cluster runs no workload controller
 Deployment, Job, CronJob or training job the demo creates the pods such a controller would
 (`<name>-<role>-<i>`).
 
+With the bundled examples it then shows one GPUQuota at work (`examples/demo/quota.yaml`, served
+with `cluster serve --policies`): of two pods of namespace quota-demo that the quota cannot hold
+together, the second waits gated with the condition dra-gateway.io/QuotaExceeded and an Event
+until the demo marks the first finished (phase Succeeded, as its kubelet would), then is placed.
+
 Every child process is stopped (SIGTERM, then SIGKILL after a grace period) whatever happens,
 errors and Ctrl-C included; each writes its log into the work directory, and a failure names
 the step, the process and the tail of its log. This module decides nothing about pods: it
@@ -45,6 +50,10 @@ if TYPE_CHECKING:
 EXAMPLES = Path(__file__).resolve().parent / "examples"
 DEMO_DIR = EXAMPLES / "demo"
 DEFAULT_PODS = tuple(sorted((EXAMPLES / "pods").glob("*.yaml")))
+# The quota shown at work with the bundled examples, and the two pods it cannot hold together.
+QUOTA_POLICIES = DEMO_DIR / "quota.yaml"
+QUOTA_PODS = DEMO_DIR / "quota-pods.yaml"
+QUOTA_CONDITION = "dra-gateway.io/QuotaExceeded"
 # The simulated GPU nodes: node name -> inventory (the seed holds their Node objects).
 NODES: tuple[tuple[str, str], ...] = (
     ("gpu-a100-1", "gpu-a100-1.yaml"),
@@ -366,11 +375,13 @@ def prepare(layout: Layout) -> None:
     layout.seed.write_text(yaml.safe_dump_all(documents, sort_keys=False), encoding="utf-8")
 
 
-def start_api(children: Children, layout: Layout, webhook_port: int) -> Child:
+def start_api(children: Children, layout: Layout, webhook_port: int, *,
+              policies: Sequence[Path] = ()) -> Child:
     return children.start(
         "cluster", "cluster", "serve", "--listen", "127.0.0.1:0",
         "--kubeconfig", str(layout.kubeconfig),
         "--seed", str(DEMO_DIR / "seed.yaml"), "--seed", str(layout.seed),
+        *(arg for path in policies for arg in ("--policies", str(path))),
         "--webhook-service", f"{NAMESPACE}/{WEBHOOK_SERVICE}=127.0.0.1:{webhook_port}")
 
 
@@ -593,6 +604,7 @@ class Outcome:
     reports: list[PodReport]
     template: dict[str, Any] | None
     template_of: str | None
+    quota: QuotaReport | None = None
 
 
 def _index_slices(items: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], Any]:
@@ -831,14 +843,134 @@ async def show_template(cluster: Cluster, reports: Sequence[PodReport]
     return None, None
 
 
+@dataclass
+class QuotaReport:
+    """The quota step: the waiting pod's condition and Event, and where each pod went."""
+
+    quota: str  # namespace/name of the GPUQuota
+    hard: dict[str, Any] = field(default_factory=dict)
+    first: str = ""
+    first_node: str | None = None
+    waiting: str = ""
+    condition: dict[str, Any] | None = None  # the waiting pod's condition while held back
+    event: str | None = None  # the QuotaExceeded Event's message
+    used_while_waiting: dict[str, Any] = field(default_factory=dict)
+    node: str | None = None  # where the waiting pod went once the first finished
+    cleared: dict[str, Any] | None = None  # its condition once placed
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {"quota": self.quota, "hard": self.hard, "first": self.first,
+                "firstNode": self.first_node, "waiting": self.waiting,
+                "condition": self.condition, "event": self.event,
+                "usedWhileWaiting": self.used_while_waiting, "node": self.node,
+                "clearedCondition": self.cleared, "ok": self.ok, "problems": self.problems}
+
+
+def _condition(pod: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
+    for condition in (pod.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == kind:
+            return dict(condition)
+    return None
+
+
+async def _poll(children: Children, step: str, deadline: float,
+                check: Callable[[], Awaitable[Any]]) -> Any:
+    """`check()` until it returns something truthy, or None once the deadline passed."""
+    while True:
+        children.check(step)
+        found = await check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(_POLL_S)
+
+
+async def show_quota(cluster: Cluster, children: Children, *, place_s: float,
+                     say: Callable[[str], None]) -> QuotaReport:
+    """One GPUQuota at work: the first pod placed, the second held back for quota (condition
+    and Event), the first finished, the second placed."""
+    import yaml
+
+    from dra_gateway.kube.resources import EVENTS, GPU_QUOTAS, PODS
+
+    quota_doc = yaml.safe_load(QUOTA_POLICIES.read_text(encoding="utf-8"))
+    quota_ns = str(quota_doc["metadata"]["namespace"])
+    quota_name = str(quota_doc["metadata"]["name"])
+    first, second = read_pods([QUOTA_PODS])
+    report = QuotaReport(f"{quota_ns}/{quota_name}", hard=dict(quota_doc["spec"]["hard"]),
+                         first=f"{first.namespace}/{first.name}",
+                         waiting=f"{second.namespace}/{second.name}")
+    step = "showing a quota at work"
+
+    async def node_of(pod: DemoPod) -> str | None:
+        found = await cluster.get(PODS, pod.name, namespace=pod.namespace)
+        return (found.get("spec") or {}).get("nodeName")
+
+    say(f"quota: creating {report.first}, within GPUQuota {report.quota}")
+    await cluster.create(PODS, first.pod, namespace=first.namespace)
+    report.first_node = await _poll(children, step, time.monotonic() + place_s,
+                                    lambda: node_of(first))
+    if report.first_node is None:
+        report.problems.append(f"{report.first} was not placed within {place_s:g}s")
+        return report
+    say(f"quota: creating {report.waiting}, which the quota cannot hold next to it")
+    await cluster.create(PODS, second.pod, namespace=second.namespace)
+
+    async def held() -> dict[str, Any] | None:
+        pod = await cluster.get(PODS, second.name, namespace=second.namespace)
+        found = _condition(pod, QUOTA_CONDITION)
+        return found if found and found.get("status") == "True" else None
+
+    report.condition = await _poll(children, step, time.monotonic() + place_s, held)
+    if report.condition is None:
+        report.problems.append(f"{report.waiting} never got the condition {QUOTA_CONDITION}")
+        return report
+    if await node_of(second):
+        report.problems.append(f"{report.waiting} was placed although the quota was full")
+    events = (await cluster.list(EVENTS, namespace=second.namespace)).items
+    report.event = next((str(e.get("message")) for e in reversed(events)
+                         if e.get("reason") == "QuotaExceeded"
+                         and (e.get("involvedObject") or {}).get("name") == second.name), None)
+    if report.event is None:
+        report.problems.append(f"no QuotaExceeded Event names {report.waiting}")
+
+    async def used() -> dict[str, Any] | None:
+        quota = await cluster.get(GPU_QUOTAS, quota_name, namespace=quota_ns)
+        found = dict((quota.get("status") or {}).get("used") or {})
+        return found if any(str(v) not in ("0", "") for v in found.values()) else None
+
+    # The allocator writes status.used at most every 2s: the first pod's share shows by then.
+    report.used_while_waiting = await _poll(children, step, time.monotonic() + 6, used) or {}
+    say(f"quota: {report.first} finishes (phase Succeeded, as its kubelet would write)")
+    await cluster.patch(PODS, first.name, {"status": {"phase": "Succeeded"}},
+                        namespace=first.namespace, subresource="status")
+    report.node = await _poll(children, step, time.monotonic() + place_s,
+                              lambda: node_of(second))
+    if report.node is None:
+        report.problems.append(f"{report.waiting} was not placed within {place_s:g}s of "
+                               f"{report.first} finishing")
+        return report
+    pod = await cluster.get(PODS, second.name, namespace=second.namespace)
+    report.cleared = _condition(pod, QUOTA_CONDITION)
+    return report
+
+
 async def demo(layout: Layout, children: Children, pods: Sequence[DemoPod], *,
-               startup_s: float, place_s: float, say: Callable[[str], None]) -> Outcome:
+               startup_s: float, place_s: float, say: Callable[[str], None],
+               quota: bool = False) -> Outcome:
     from dra_gateway.kube.cluster.connect import ClusterConfigError, connect
     from dra_gateway.kube.cluster.port import ApiError
 
     webhook_port = free_port()
     say("starting the embedded API server")
-    api = start_api(children, layout, webhook_port)
+    api = start_api(children, layout, webhook_port,
+                    policies=(QUOTA_POLICIES,) if quota else ())
     deadline = time.monotonic() + startup_s
 
     async def api_up() -> bool:
@@ -883,7 +1015,9 @@ async def demo(layout: Layout, children: Children, pods: Sequence[DemoPod], *,
         await inspect(cluster, reports)
         await prepare_on_nodes(layout, reports)
         template, template_of = await show_template(cluster, reports)
-        return Outcome(reports, template, template_of)
+        quota_report = await show_quota(cluster, children, place_s=place_s, say=say) \
+            if quota else None
+        return Outcome(reports, template, template_of, quota_report)
     except ApiError as exc:
         raise DemoError("talking to the API server", exc.message, log=api.log) from None
     finally:
@@ -906,6 +1040,31 @@ def print_table(reports: Sequence[PodReport], out: IO[str]) -> None:
             out.write(f"\n{r.namespace}/{r.name} stays pending as expected: {r.why_pending}.\n")
         for problem in r.problems:
             out.write(f"\nFAILED {r.namespace}/{r.name}: {problem}\n")
+
+
+def print_quota(report: QuotaReport, out: IO[str]) -> None:
+    hard = ", ".join(f"{k}={v}" for k, v in report.hard.items())
+    used = ", ".join(f"{k}={v}" for k, v in report.used_while_waiting.items())
+    width = max(len(report.first), len(report.waiting))
+    out.write(f"\nOne quota at work: GPUQuota {report.quota} (hard {hard}).\n")
+    if report.first_node:
+        out.write(f"  {report.first:<{width}}  placed on {report.first_node}\n")
+    if report.condition:
+        out.write(f"  {report.waiting:<{width}}  waits, gated: condition {QUOTA_CONDITION}="
+                  f"{report.condition.get('status')} ({report.condition.get('reason')}): "
+                  f"{report.condition.get('message')}\n")
+    if report.event:
+        out.write(f"  {'':<{width}}  Event QuotaExceeded: {report.event}\n")
+    if used:
+        out.write(f"  {'':<{width}}  status.used of the quota: {used}\n")
+    if report.node:
+        out.write(f"  {report.first:<{width}}  finished (phase Succeeded): its claim released\n")
+        cleared = report.cleared or {}
+        out.write(f"  {report.waiting:<{width}}  placed on {report.node}"
+                  + (f" (condition {cleared.get('status')}: {cleared.get('reason')})"
+                     if cleared else "") + "\n")
+    for problem in report.problems:
+        out.write(f"\nFAILED quota step: {problem}\n")
 
 
 def _short_temp_dir() -> str:
@@ -964,9 +1123,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         say(f"work directory {root}")
         prepare(layout)
+        # The quota step needs the bundled examples' room on the nodes: pods of --pods may
+        # fill them.
         outcome = asyncio.run(demo(layout, children, pods, startup_s=args.startup_timeout,
-                                   place_s=args.timeout, say=say))
-        code = 0 if all(r.ok for r in outcome.reports) else 1
+                                   place_s=args.timeout, say=say, quota=not args.pods))
+        code = 0 if all(r.ok for r in outcome.reports) \
+            and (outcome.quota is None or outcome.quota.ok) else 1
     except DemoError as exc:
         failure = exc
     except (KeyboardInterrupt, _Terminated):
@@ -1007,13 +1169,18 @@ def run(args: argparse.Namespace) -> int:
         if as_json:
             summary = {"ok": code == 0, "workDir": str(root) if not remove else None,
                        "pods": [r.to_json() for r in outcome.reports],
-                       "template": {"pod": outcome.template_of, "object": outcome.template}}
+                       "template": {"pod": outcome.template_of, "object": outcome.template},
+                       "quota": outcome.quota.to_json() if outcome.quota else None}
             json.dump(summary, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
             _print_outcome(outcome, sys.stdout)
-        if code != 0:
-            failed = [f"{r.namespace}/{r.name}" for r in outcome.reports if not r.ok]
+        if outcome.quota is not None and not outcome.quota.ok:
+            print(f"demo: failed at step \"showing a quota at work\": "
+                  f"{'; '.join(outcome.quota.problems)}; the allocator's log is "
+                  f"{layout.logs / 'allocator.log'}", file=err)
+        failed = [f"{r.namespace}/{r.name}" for r in outcome.reports if not r.ok]
+        if failed:
             print(f"demo: failed at step \"checking placements\": {len(failed)} pod"
                   f"{'s' if len(failed) != 1 else ''} not placed as expected: "
                   f"{', '.join(failed)}; each component's log is in {layout.logs}", file=err)
@@ -1037,6 +1204,8 @@ def _print_outcome(outcome: Outcome, out: IO[str]) -> None:
 
     out.write("\n")
     print_table(outcome.reports, out)
+    if outcome.quota is not None:
+        print_quota(outcome.quota, out)
     if outcome.template is not None:
         out.write(f"\nThe ResourceClaimTemplate of pod {outcome.template_of}, as the webhook "
                   "translated its legacy request:\n\n")
