@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from dra_gateway.kube import names
@@ -63,6 +62,8 @@ JSON = dict[str, Any]
 
 
 def _fail_or_skip(reason: str) -> None:
+    import pytest  # here, so that bench/e2e_bench.py imports this module without pytest
+
     if os.environ.get("CI") == "true":
         pytest.fail(reason)
     pytest.skip(reason)

@@ -1,0 +1,301 @@
+"""End-to-end placement throughput on a real control plane: the gateway's path against DRA
+written natively, side by side, one run, one cluster.
+
+    .venv/bin/python bench/e2e_bench.py [--version 1.37.2] [--pods 500] [--workers 4]
+        [--timeout 900] [--keep]
+
+It installs the gateway as the e2e tier does (tests/e2e/support.py `install`: the Helm chart in
+a real kube-apiserver, kube-controller-manager, kube-scheduler and KWOK nodes, the webhook, the
+allocator and the node plugins as local processes with the chart's ServiceAccount tokens), from
+binaries that `hack/build-control-plane.sh VERSION` has cached. Then it creates, interleaved
+(gateway pod i, native pod i, ...) from `--workers` client threads, `--pods` pods of each kind:
+
+- gateway: a HAMi share pod (`nvidia.com/gpu: 1`, `gpumem: 1000`, `gpucores: 1`): the webhook
+  translates it and gates it, the claim controller makes its claim from the translated template,
+  the allocator allocates the claim and lifts the gate, kube-scheduler binds the pod;
+- native: the same request written for DRA (a ResourceClaimTemplate asking one device of a
+  DeviceClass with `capacity.requests` memory 1000Mi and cores 1); the claim controller makes
+  the claim and kube-scheduler allocates it itself and binds the pod.
+
+Why this native path is fair: its devices are the gateway's own. After the node plugins publish
+their ResourceSlices, the bench publishes a copy of each under another driver (and pool) name,
+with the same devices, attributes, capacities, sharing policies and counters, on the same nodes,
+and a DeviceClass that selects that driver's full GPUs with the same expression as the gateway's
+`gpu.dra-gateway.io`. So both paths place the same shares on identical cards of the same nodes,
+through the same API server (the webhook sees the native pods too and leaves them alone), and
+differ only in who allocates: the gateway's allocator (after the webhook's translation and gate)
+or kube-scheduler's DRA plugin. The gateway's own class cannot serve as the native path: the
+webhook gates DRA-native pods of that class like translated ones (the allocator owns its cards).
+Sharing needs consumable capacity in the API server: on by default from 1.36; on older releases
+the bench turns on the DRAConsumableCapacity gate.
+
+Time to bound is from just before the pod's create request to the moment a watch of the pods
+sees `spec.nodeName` set. Pods/s per path is its pods over the time from its first create to its
+last bind. It reports both, p50/p99 time to bound, and the ratio gateway/native (goal: >= 0.8).
+Both paths' pods come from the same client threads, so while the cluster keeps up, pods/s follows
+the create rate and the ratio stays near 1; time to bound shows what each path adds per pod,
+and more `--workers` push harder.
+The machine's load average is printed before and after: wall-clock figures on a shared machine
+move with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from e2e.support import GPU_NODES, install  # noqa: E402
+
+from dra_gateway.kube import names  # noqa: E402
+from dra_gateway.realcluster import Api, cache_dir, missing_binaries, path_of  # noqa: E402
+
+NATIVE_DRIVER = "native.bench.dra-gateway.io"
+NATIVE_CLASS = "gpu.native.bench.dra-gateway.io"
+NAMESPACES = {"gateway": "bench-gateway", "native": "bench-native"}
+LABEL = "dra-gateway.io/bench-path"
+TEMPLATE = "bench-share"
+MEMORY_MIB, CORES = 1000, 1
+
+JSON = dict[str, Any]
+
+
+def _gateway_pod(i: int) -> JSON:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"g-{i}", "namespace": NAMESPACES["gateway"],
+                     "labels": {LABEL: "gateway"}},
+        "spec": {"containers": [{"name": "c", "image": "bench:0", "resources": {"limits": {
+            "nvidia.com/gpu": 1, "nvidia.com/gpumem": MEMORY_MIB,
+            "nvidia.com/gpucores": CORES}}}]},
+    }
+
+
+def _native_pod(i: int) -> JSON:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"n-{i}", "namespace": NAMESPACES["native"],
+                     "labels": {LABEL: "native"}},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}],
+                 "containers": [{"name": "c", "image": "bench:0",
+                                 "resources": {"claims": [{"name": "gpu"}]}}]},
+    }
+
+
+def _setup_native(api: Api) -> int:
+    """The native driver's copy of every gateway ResourceSlice, its DeviceClass and the
+    template; the number of devices copied."""
+    copied = 0
+    for item in api.list(path_of("resource.k8s.io/v1", "resourceslices")):
+        spec = item["spec"]
+        if spec.get("driver") != names.DRIVER:
+            continue
+        new_spec = copy.deepcopy(spec)
+        new_spec["driver"] = NATIVE_DRIVER
+        new_spec["pool"]["name"] = "native-" + str(spec["pool"]["name"])
+        copied += len(new_spec.get("devices") or [])
+        api.create(path_of("resource.k8s.io/v1", "resourceslices"), {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": "native-" + item["metadata"]["name"]}, "spec": new_spec})
+    api.create(path_of("resource.k8s.io/v1", "deviceclasses"), {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": NATIVE_CLASS},
+        "spec": {"selectors": [{"cel": {"expression":
+                 f"device.driver == '{NATIVE_DRIVER}' && "
+                 f"device.attributes['{NATIVE_DRIVER}'].type == 'gpu'"}}]}})
+    for namespace in NAMESPACES.values():
+        api.create(path_of("v1", "namespaces"), {
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    api.create(path_of("resource.k8s.io/v1", "resourceclaimtemplates",
+                       namespace=NAMESPACES["native"]), {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": TEMPLATE, "namespace": NAMESPACES["native"]},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": NATIVE_CLASS, "allocationMode": "ExactCount", "count": 1,
+            "capacity": {"requests": {"memory": f"{MEMORY_MIB}Mi", "cores": str(CORES)}}}}]}}}})
+    return copied
+
+
+def _raise_pod_limit(api: Api, pods: int) -> None:
+    """Room on each GPU node for every bench pod (the demo's nodes allow 110)."""
+    for node, _ in GPU_NODES:
+        current = api.get(path_of("v1", "nodes", name=node))["status"]
+        resources = {**current.get("allocatable", {}), "pods": str(2 * pods + 200)}
+        api.apply_status(path_of("v1", "nodes", name=node),
+                         {"status": {"capacity": resources, "allocatable": resources}})
+
+
+class _Watch(threading.Thread):
+    """Records when each bench pod is first seen bound, from a watch of all pods."""
+
+    def __init__(self, api: Api) -> None:
+        super().__init__(daemon=True)
+        self.api = api
+        self.bound: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.stopping = False
+        listing = api.request("GET", path_of("v1", "pods"), query={"labelSelector": LABEL})
+        self.resource_version = str(listing["metadata"]["resourceVersion"])
+
+    def run(self) -> None:
+        while not self.stopping:
+            with contextlib.suppress(OSError, ValueError):
+                self._stream()
+
+    def _stream(self) -> None:
+        query = urllib.parse.urlencode({"watch": "1", "labelSelector": LABEL,
+                                        "resourceVersion": self.resource_version,
+                                        "allowWatchBookmarks": "true"})
+        request = urllib.request.Request(
+            f"{self.api.server}{path_of('v1', 'pods')}?{query}",
+            headers={"Authorization": f"Bearer {self.api.token}"})
+        with urllib.request.urlopen(request, context=self.api._context,
+                                    timeout=60) as response:
+            for line in response:
+                now = time.monotonic()
+                event = json.loads(line)
+                pod = event.get("object") or {}
+                meta = pod.get("metadata") or {}
+                if meta.get("resourceVersion"):
+                    self.resource_version = str(meta["resourceVersion"])
+                if event.get("type") in ("ADDED", "MODIFIED") and \
+                        (pod.get("spec") or {}).get("nodeName"):
+                    key = f"{meta['namespace']}/{meta['name']}"
+                    with self.lock:
+                        self.bound.setdefault(key, now)
+                if self.stopping:
+                    return
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def run(args: argparse.Namespace) -> int:
+    version = args.version.removeprefix("v")
+    bin_dir = cache_dir(version)
+    missing = missing_binaries(bin_dir)
+    if missing:
+        print(f"Kubernetes {version}: {bin_dir} lacks {', '.join(missing)}; build them with "
+              f"hack/build-control-plane.sh {version}", file=sys.stderr)
+        return 2
+    helm = os.environ.get("DRA_GATEWAY_HELM") or str(REPO / ".ci" / "bin" / "helm")
+    minor = int(version.split(".")[1])
+    gates = {"DRAConsumableCapacity": True} if minor < 36 else {}
+    work = Path(tempfile.mkdtemp(prefix="dra-gateway-e2e-bench-"))
+    load_before = os.getloadavg()
+    with install(version, gates, bin_dir, helm, work) as gateway:
+        api = gateway.api
+        devices = _setup_native(api)
+        _raise_pod_limit(api, args.pods)
+        print(f"native driver: {devices} devices copied from the gateway's slices")
+        time.sleep(2)  # the scheduler's informers see the new slices and class
+        watch = _Watch(api)
+        watch.start()
+        created: dict[str, float] = {}
+        errors: list[str] = []
+
+        def create(pod: JSON) -> None:
+            key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+            started = time.monotonic()
+            try:
+                api.create(path_of("v1", "pods", namespace=pod["metadata"]["namespace"]), pod)
+            except Exception as exc:
+                errors.append(f"{key}: {exc}")
+                return
+            created[key] = started
+
+        order = [p for i in range(args.pods) for p in (_gateway_pod(i), _native_pod(i))]
+        begin = time.monotonic()
+        with ThreadPoolExecutor(args.workers) as pool:
+            list(pool.map(create, order))
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            gateway.check()
+            with watch.lock:
+                if all(key in watch.bound for key in created):
+                    break
+            time.sleep(0.5)
+        watch.stopping = True
+        with watch.lock:
+            bound = dict(watch.bound)
+        load_after = os.getloadavg()
+
+        rows = {}
+        for path in ("gateway", "native"):
+            keys = [k for k in created if k.startswith(NAMESPACES[path] + "/")]
+            times = [bound[k] - created[k] for k in keys if k in bound]
+            first = min((created[k] for k in keys), default=begin)
+            last = max((bound[k] for k in keys if k in bound), default=first)
+            rows[path] = {
+                "pods": len(keys), "bound": len(times),
+                "pods_per_s": len(times) / (last - first) if last > first else 0.0,
+                "p50_s": statistics.median(times) if times else float("nan"),
+                "p99_s": _percentile(times, 0.99) if times else float("nan"),
+                "span_s": last - first,
+            }
+        print(f"\nKubernetes {gateway.plane.version()}, {args.pods} pods per path, interleaved, "
+              f"{args.workers} client threads; {os.cpu_count()} CPUs, load average "
+              f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
+        print("| path | pods bound | span (s) | pods/s | p50 time to bound (s) "
+              "| p99 time to bound (s) |")
+        print("|---|---|---|---|---|---|")
+        for path, row in rows.items():
+            print(f"| {path} | {row['bound']}/{row['pods']} | {row['span_s']:.1f} | "
+                  f"{row['pods_per_s']:.1f} | {row['p50_s']:.2f} | {row['p99_s']:.2f} |")
+        native = rows["native"]["pods_per_s"]
+        ratio = rows["gateway"]["pods_per_s"] / native if native else float("nan")
+        print(f"\ngateway/native pods/s: {ratio:.2f} (goal >= 0.8)")
+        if errors:
+            print(f"{len(errors)} create errors, first: {errors[0]}")
+        if args.json:
+            print(json.dumps({"version": version, "rows": rows, "ratio": ratio,
+                              "load": [load_before[0], load_after[0]]}))
+        complete = all(r["bound"] == r["pods"] == args.pods for r in rows.values())
+    if args.keep:
+        print(f"logs kept in {work}")
+    else:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if complete else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--version", default="1.37.2", help="Kubernetes release (cached)")
+    parser.add_argument("--pods", type=int, default=500, help="pods per path")
+    parser.add_argument("--workers", type=int, default=4, help="client threads creating pods")
+    parser.add_argument("--timeout", type=float, default=900.0,
+                        help="seconds to wait for every pod to bind")
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.add_argument("--keep", action="store_true", help="keep the logs' folder")
+    args = parser.parse_args()
+
+    def terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # Stop the control plane and the gateway's processes on SIGTERM too.
+    signal.signal(signal.SIGTERM, terminate)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
