@@ -338,6 +338,18 @@ def gpu_policies(total_gpus: int, *, quotas: int = NAMESPACES, sharing: int = 50
     GPUSharingPolicies, each selecting the namespaces of one tier label: every policy caps
     claims per card and sets a minimum share, every fifth isolates teams (a label of the
     namespace), every seventh requires compute with every share."""
+    namespaces, quota_objects, policies = policy_objects(total_gpus, quotas=quotas,
+                                                         sharing=sharing)
+    catalog = Catalog.build(quotas=quota_objects, sharing=policies, namespaces=namespaces)
+    if catalog.errors:
+        raise TraceError("generated policies do not validate: " + "; ".join(catalog.errors))
+    return catalog
+
+
+def policy_objects(total_gpus: int, *, quotas: int = NAMESPACES, sharing: int = 50,
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The Namespaces, GPUQuotas and GPUSharingPolicies of `gpu_policies` as API objects (the
+    webhook benchmark loads them into its cluster)."""
     per = max(1, 2 * total_gpus // max(quotas, 1))
     namespaces = [{"apiVersion": "v1", "kind": "Namespace",
                    "metadata": {"name": namespace_of(i),
@@ -359,10 +371,7 @@ def gpu_policies(total_gpus: int, *, quotas: int = NAMESPACES, sharing: int = 50
             spec["requireCores"] = True
         policies.append({"apiVersion": names.API_VERSION, "kind": "GPUSharingPolicy",
                          "metadata": {"name": f"tier-{k:02d}"}, "spec": spec})
-    catalog = Catalog.build(quotas=quota_objects, sharing=policies, namespaces=namespaces)
-    if catalog.errors:
-        raise TraceError("generated policies do not validate: " + "; ".join(catalog.errors))
-    return catalog
+    return namespaces, quota_objects, policies
 
 
 def replay(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *,

@@ -15,6 +15,16 @@ several connections, then the webhook/bare ratios. Because a shared machine's lo
 wall-clock figures, it also reports reviews per server CPU-second (from /proc), which is what one
 dedicated core would sustain. Goal: at least half the bare throughput and
 p99 under 5 ms with one connection.
+
+    .venv/bin/python bench/webhook_bench.py --mode validate [--status-writes 20]
+
+`--mode validate` measures /validate instead, the webhook against itself: pods at CREATE (the
+HAMi pod above as /mutate left it, in a namespace that has a GPUQuota and a sharing policy)
+with no GPU policies in the cluster, and with the 200 GPUQuotas, 50 GPUSharingPolicies and 200
+Namespaces of `dra-gateway bench allocator --gpu-policies`, alternated round by round. With
+`--status-writes N` the policies run also has N GPUQuota status writes every 2 s, as the
+allocator makes them, each a watched change the webhook's policy cache takes in. Goal: p99 with
+policies within 10% of p99 without.
 """
 
 from __future__ import annotations
@@ -105,7 +115,7 @@ def hami_deployment_pod() -> dict[str, Any]:
     }
 
 
-def review_body(pod: dict[str, Any]) -> bytes:
+def review_body(pod: dict[str, Any], namespace: str = "inference") -> bytes:
     uid = str(uuid.uuid4())
     return orjson.dumps({
         "apiVersion": "admission.k8s.io/v1",
@@ -116,7 +126,7 @@ def review_body(pod: dict[str, Any]) -> bytes:
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
             "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "inference",
+            "namespace": namespace,
             "operation": "CREATE",
             "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
                          "uid": "4b0c2f7e-1111-4222-8333-944455566677",
@@ -177,6 +187,90 @@ def _webhook_server(tls_dir: str, port: int, core: int) -> None:
     asyncio.run(serve(settings, options))
 
 
+# The namespace of the validated pods: it has a GPUQuota and a sharing policy (tier t7, which
+# requires compute with every share) when the policies are loaded.
+VALIDATE_NAMESPACE = "team-007"
+# The GPUs of the openb trace's cluster, which the generated quotas are sized against.
+_TOTAL_GPUS = 6212
+
+
+def translated_pod(namespace: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The HAMi pod as /mutate leaves it, and the ResourceClaimTemplates it points at."""
+    import jsonpatch
+
+    from dra_gateway.translator.rules import load_rules
+    from dra_gateway.translator.translate import translate
+
+    pod = hami_deployment_pod()
+    pod["metadata"] = {**pod["metadata"], "namespace": namespace, "name": "llm-serve-x"}
+    plan = translate(pod, load_rules())
+    if plan.refusal is not None:
+        raise RuntimeError(f"the built-in rules refuse the pod: {plan.refusal.message}")
+    translated = jsonpatch.apply_patch(pod, plan.patch)
+    templates = [{**t, "metadata": {**t["metadata"], "namespace": namespace}}
+                 for t in plan.templates]
+    return translated, templates
+
+
+def _policy_server(tls_dir: str, port: int, core: int, templates: list[dict[str, Any]],
+                   policies: bool, status_writes: int) -> None:
+    """The webhook over an in-memory cluster holding the pod's templates, and the generated
+    GPU policies when `policies`; `status_writes` GPUQuota status writes every 2 s."""
+    _pin(core)
+    from dra_gateway.allocator.bench import policy_objects
+    from dra_gateway.kube.resources import (
+        GPU_QUOTAS,
+        GPU_SHARING_POLICIES,
+        NAMESPACES,
+        RESOURCE_CLAIM_TEMPLATES,
+    )
+    from dra_gateway.kube.sim.memory import MemoryCluster
+    from dra_gateway.webhook import logs
+    from dra_gateway.webhook.server import ServeOptions, serve
+    from dra_gateway.webhook.settings import WebhookSettings
+
+    logs.configure(30)
+
+    async def main() -> None:
+        cluster = MemoryCluster()
+        for template in templates:
+            await cluster.create(RESOURCE_CLAIM_TEMPLATES, template,
+                                 namespace=template["metadata"]["namespace"])
+        quotas: list[dict[str, Any]] = []
+        if policies:
+            namespaces, quotas, sharing = policy_objects(_TOTAL_GPUS)
+            for obj in namespaces:
+                await cluster.create(NAMESPACES, obj)
+            for obj in quotas:
+                await cluster.create(GPU_QUOTAS, obj, namespace=obj["metadata"]["namespace"])
+            for obj in sharing:
+                await cluster.create(GPU_SHARING_POLICIES, obj)
+
+        async def write_status() -> None:
+            n = 0
+            while True:
+                await asyncio.sleep(2.0)
+                for _ in range(status_writes):
+                    quota = quotas[n % len(quotas)]
+                    n += 1
+                    await cluster.patch(
+                        GPU_QUOTAS, quota["metadata"]["name"],
+                        {"status": {"hard": {"memory": quota["spec"]["hard"]["memory"]},
+                                    "used": {"memory": f"{n % 97}Gi"}}},
+                        namespace=quota["metadata"]["namespace"], subresource="status")
+
+        writer = asyncio.create_task(write_status()) if quotas and status_writes else None
+        settings = WebhookSettings(tls_dir=Path(tls_dir), reconcile_webhooks=False)
+        try:
+            await serve(settings, ServeOptions(host="127.0.0.1", port=port, cluster="memory"),
+                        cluster=cluster)
+        finally:
+            if writer is not None:
+                writer.cancel()
+
+    asyncio.run(main())
+
+
 # ---- client ----------------------------------------------------------------------------------
 
 
@@ -214,7 +308,7 @@ async def _wait_ready(port: int, ctx: ssl.SSLContext, request: bytes) -> None:
 
 
 async def _one_connection(port: int, ctx: ssl.SSLContext, requests: list[bytes],
-                          check: bool) -> tuple[float, list[float]]:
+                          check: bytes | None) -> tuple[float, list[float]]:
     reader, writer = await _connect(port, ctx)
     latencies = []
     started = time.perf_counter()
@@ -222,8 +316,8 @@ async def _one_connection(port: int, ctx: ssl.SSLContext, requests: list[bytes],
         t0 = time.perf_counter()
         body = await _exchange(reader, writer, request)
         latencies.append(time.perf_counter() - t0)
-        if check and b'"patch"' not in body:
-            raise RuntimeError(f"the webhook did not translate the pod: {body[:300]!r}")
+        if check is not None and check not in body:
+            raise RuntimeError(f"the webhook's answer lacks {check!r}: {body[:300]!r}")
     elapsed = time.perf_counter() - started
     writer.close()
     return elapsed, latencies
@@ -264,17 +358,20 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def measure(name: str, target: Any, tls_dir: str, args: argparse.Namespace,
-            check: bool) -> dict[str, float]:
+            check: bytes | None, *, path: str = "/mutate", pod: dict[str, Any] | None = None,
+            namespace: str = "inference", target_args: tuple[Any, ...] = ()) -> dict[str, float]:
     port = _free_port()
     process = multiprocessing.get_context("spawn").Process(
-        target=target, args=(tls_dir, port, args.server_core), daemon=True)
+        target=target, args=(tls_dir, port, args.server_core, *target_args), daemon=True)
     process.start()
     try:
         ctx = ssl.create_default_context(cafile=str(Path(tls_dir) / "ca.crt"))
-        pod = hami_deployment_pod()
-        warm = [http_request("/mutate", review_body(pod)) for _ in range(args.warmup)]
-        seq = [http_request("/mutate", review_body(pod)) for _ in range(args.requests)]
-        par = [http_request("/mutate", review_body(pod)) for _ in range(args.requests * 2)]
+        pod = pod if pod is not None else hami_deployment_pod()
+
+        def bodies(count: int) -> list[bytes]:
+            return [http_request(path, review_body(pod, namespace)) for _ in range(count)]
+
+        warm, seq, par = bodies(args.warmup), bodies(args.requests), bodies(args.requests * 2)
 
         async def run() -> dict[str, float]:
             assert process.pid is not None
@@ -296,7 +393,7 @@ def measure(name: str, target: Any, tls_dir: str, args: argparse.Namespace,
     finally:
         process.terminate()
         process.join(10)
-    print(f"{name:8} 1 conn: {result['rps_1']:8.0f} reviews/s  p50 {result['p50_ms']:.3f} ms  "
+    print(f"{name:9} 1 conn: {result['rps_1']:8.0f} reviews/s  p50 {result['p50_ms']:.3f} ms  "
           f"p99 {result['p99_ms']:.3f} ms   {args.connections} conns: "
           f"{result['rps_n']:8.0f} reviews/s  ({result['per_cpu_s']:.0f} per server CPU-second)",
           flush=True)
@@ -312,6 +409,12 @@ def main() -> int:
     parser.add_argument("--client-core", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternate bare and webhook this many times (default: 3)")
+    parser.add_argument("--mode", choices=("mutate", "validate"), default="mutate",
+                        help="mutate: /mutate against a bare handler (default); validate: "
+                             "/validate without and with 200 GPUQuotas and 50 sharing policies")
+    parser.add_argument("--status-writes", type=int, default=0, metavar="N",
+                        help="validate mode: GPUQuota status writes every 2 s while the "
+                             "policies run is measured (default: 0)")
     args = parser.parse_args()
     cores = os.sched_getaffinity(0)
     if args.server_core not in cores or args.client_core not in cores:
@@ -328,10 +431,12 @@ def main() -> int:
         print(f"review body {body} bytes; server pinned to core {args.server_core}, client to "
               f"core {args.client_core}; {args.requests} sequential and {args.requests * 2} "
               f"spread over {args.connections} connections, after {args.warmup} warm-up")
+        if args.mode == "validate":
+            return _validate(tls_dir, args)
         bares, hooks = [], []
         for _ in range(args.rounds):
-            bares.append(measure("bare", _bare_server, tls_dir, args, check=False))
-            hooks.append(measure("webhook", _webhook_server, tls_dir, args, check=True))
+            bares.append(measure("bare", _bare_server, tls_dir, args, check=None))
+            hooks.append(measure("webhook", _webhook_server, tls_dir, args, check=b'"patch"'))
 
     def best(runs: list[dict[str, float]]) -> dict[str, float]:
         # On a shared machine other processes only ever slow a run down: the best round of
@@ -356,6 +461,32 @@ def main() -> int:
           f"webhook {hook['per_cpu_s']:.0f}, ratio {hook['per_cpu_s'] / bare['per_cpu_s']:.2f}; "
           f"cost per review: bare {1e6 / bare['per_cpu_s']:.0f} us, webhook "
           f"{1e6 / hook['per_cpu_s']:.0f} us")
+    return 0
+
+
+def _validate(tls_dir: str, args: argparse.Namespace) -> int:
+    pod, templates = translated_pod(VALIDATE_NAMESPACE)
+    print(f"/validate of pod {VALIDATE_NAMESPACE}/{pod['metadata']['name']} at CREATE, "
+          f"{len(templates)} template(s); policies run: 200 GPUQuotas, 50 GPUSharingPolicies, "
+          f"200 Namespaces, {args.status_writes} quota status writes every 2 s")
+    plain: list[dict[str, float]] = []
+    loaded: list[dict[str, float]] = []
+    for _ in range(args.rounds):
+        for runs, name, policies in ((plain, "none", False), (loaded, "policies", True)):
+            runs.append(measure(name, _policy_server, tls_dir, args, check=b'"allowed":true',
+                                path="/validate", pod=pod, namespace=VALIDATE_NAMESPACE,
+                                target_args=(templates, policies, args.status_writes)))
+
+    def ratio(key: str) -> float:
+        return float(statistics.median(b[key] / a[key]
+                                       for a, b in zip(plain, loaded, strict=True)))
+
+    best_plain = min(r["p99_ms"] for r in plain)
+    best_loaded = min(r["p99_ms"] for r in loaded)
+    print(f"p99 with one connection, best of {args.rounds}: none {best_plain:.3f} ms, policies "
+          f"{best_loaded:.3f} ms ({best_loaded / best_plain:.2f}x); median of per-round ratios "
+          f"policies/none: p99 {ratio('p99_ms'):.2f}, p50 {ratio('p50_ms'):.2f}, reviews per "
+          f"server CPU-second {ratio('per_cpu_s'):.2f} (goal: p99 within 1.10x)")
     return 0
 
 

@@ -4,7 +4,10 @@ Built from the objects an informer holds (GPUQuotas, GPUSharingPolicies, Namespa
 `Catalog.build`; an object that does not validate is left out and its error kept in `errors`
 (the API server's schema refuses most of them; what it cannot see, such as a CEL selector that
 does not compile, lands here). Readers on hot paths call `quotas_for` and `sharing_for`, which
-answer from precomputed maps. Pure: no I/O.
+answer from precomputed maps. A mirror that sees one quota change (its status, written by the
+allocator every few seconds) builds the next catalog with `with_quotas` from `quota_state`s it
+keeps, reusing the sharing rules and each unchanged quota's compiled form: a full build of 200
+quotas and 50 sharing policies over 200 namespaces takes tens of milliseconds. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -37,6 +40,14 @@ def _status_used(obj: Mapping[str, Any]) -> Amounts:
     return Amounts(**values)
 
 
+def quota_state(obj: Mapping[str, Any], previous: QuotaState | None = None) -> QuotaState:
+    """A GPUQuota as the catalog holds it; `previous` (the same object before a change that left
+    its spec alone) lends its compiled quota. Raises PolicyError."""
+    if previous is not None:
+        return QuotaState(previous.quota, _status_used(obj))
+    return QuotaState(compile_quota(parse_quota(obj)), _status_used(obj))
+
+
 @dataclass(frozen=True)
 class Catalog:
     quotas: tuple[QuotaState, ...] = ()
@@ -45,6 +56,7 @@ class Catalog:
     errors: tuple[str, ...] = ()
     _by_namespace: dict[str, tuple[QuotaState, ...]] = field(default_factory=dict)
     _rules: dict[str, SharingRules] = field(default_factory=dict)
+    _quota_errors: frozenset[str] = frozenset()  # which of `errors` are quotas' (with_quotas)
 
     @classmethod
     def build(cls, *, quotas: Iterable[Mapping[str, Any]] = (),
@@ -54,9 +66,10 @@ class Catalog:
         states: list[QuotaState] = []
         for obj in quotas:
             try:
-                states.append(QuotaState(compile_quota(parse_quota(obj)), _status_used(obj)))
+                states.append(quota_state(obj))
             except PolicyError as exc:
                 errors.append(str(exc))
+        quota_errors = frozenset(errors)
         policies: list[GPUSharingPolicy] = []
         for obj in sharing:
             try:
@@ -69,16 +82,30 @@ class Catalog:
             name = str(meta.get("name", ""))
             # The API server sets this label on every namespace (1.22+); the embedded one may not.
             labels[name] = {**(meta.get("labels") or {}), _NAME_LABEL: name}
-        states.sort(key=lambda s: s.quota.key)
-        by_namespace: dict[str, list[QuotaState]] = {}
-        for state in states:
-            by_namespace.setdefault(state.quota.namespace, []).append(state)
         rules = {name: combine(policies, name, ns_labels) for name, ns_labels in labels.items()}
-        return cls(quotas=tuple(states),
-                   sharing=tuple(sorted(policies, key=lambda p: p.metadata.name)),
-                   namespace_labels=labels, errors=tuple(errors),
-                   _by_namespace={k: tuple(v) for k, v in by_namespace.items()},
-                   _rules={k: v for k, v in rules.items() if not v.empty})
+        return cls._assemble(states, tuple(sorted(policies, key=lambda p: p.metadata.name)),
+                             labels, tuple(errors), {k: v for k, v in rules.items() if not v.empty},
+                             quota_errors)
+
+    @classmethod
+    def _assemble(cls, states: Iterable[QuotaState], sharing: tuple[GPUSharingPolicy, ...],
+                  labels: Mapping[str, Mapping[str, str]], errors: tuple[str, ...],
+                  rules: dict[str, SharingRules], quota_errors: frozenset[str]) -> Catalog:
+        ordered = sorted(states, key=lambda s: s.quota.key)
+        by_namespace: dict[str, list[QuotaState]] = {}
+        for state in ordered:
+            by_namespace.setdefault(state.quota.namespace, []).append(state)
+        return cls(quotas=tuple(ordered), sharing=sharing, namespace_labels=labels,
+                   errors=errors, _by_namespace={k: tuple(v) for k, v in by_namespace.items()},
+                   _rules=rules, _quota_errors=quota_errors)
+
+    def with_quotas(self, states: Iterable[QuotaState], errors: Iterable[str]) -> Catalog:
+        """This catalog's sharing rules and namespaces with other quotas (`quota_state`s) and
+        the errors of the objects left out of them; the sharing policies' errors are kept."""
+        listed = tuple(errors)
+        kept = tuple(e for e in self.errors if e not in self._quota_errors)
+        return self._assemble(states, self.sharing, self.namespace_labels, (*listed, *kept),
+                              self._rules, frozenset(listed))
 
     def quotas_for(self, namespace: str) -> tuple[QuotaState, ...]:
         return self._by_namespace.get(namespace, ())

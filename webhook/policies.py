@@ -4,7 +4,11 @@
 policies) current without an API call per review: for each type it lists through the cluster
 port, watches from the list's resourceVersion and relists when the watch expires or fails (after
 a pause that grows while the API keeps failing). After every change it publishes a fresh
-`Catalog` (pure, from dra_gateway.policy), which reviews read as one attribute. An API server
+`Catalog` (pure, from dra_gateway.policy), which reviews read as one attribute; a GPUQuota's
+change (the allocator writes their status every few seconds) is taken in alone, its compiled
+form kept while its spec stays, and the sharing rules are combined again only when a sharing
+policy or a namespace changes (a full build costs tens of milliseconds of the event loop that
+answers reviews). An API server
 without the CRDs (404: the chart's crds/ not installed) counts as a cluster without policies; a
 refusal (403) keeps the webhook unready with the RBAC fix in the log and in /readyz. A policy
 that does not validate is logged once and left out. This module must not answer reviews.
@@ -24,7 +28,9 @@ from dra_gateway.kube.resources import (
     NAMESPACES,
     ResourceType,
 )
-from dra_gateway.policy.catalog import Catalog
+from dra_gateway.policy.admission import QuotaState
+from dra_gateway.policy.catalog import Catalog, quota_state
+from dra_gateway.policy.models import PolicyError
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +60,9 @@ class PolicyWatch:
         self._listed: set[ResourceType] = set()
         self._problems: dict[ResourceType, str] = {}
         self._reported: set[str] = set()
+        # Each GPUQuota as the catalog holds it (or why it is left out), kept per object.
+        self._quota_states: dict[tuple[str, str], QuotaState] = {}
+        self._quota_errors: dict[tuple[str, str], str] = {}
         self.catalog = Catalog()
         self.generation = 0
         self.on_change: Callable[[Catalog], None] | None = None
@@ -97,11 +106,16 @@ class PolicyWatch:
                     resource_version = (objects.resource_version(event.object)
                                         or resource_version)
                     if event.type in ("ADDED", "MODIFIED"):
+                        if rt is GPU_QUOTAS:
+                            self._quota(event.object)
                         self._objects[rt][_key(event.object)] = event.object
-                        self._publish()
+                        self._publish(rt)
                     elif event.type == "DELETED" and \
                             self._objects[rt].pop(_key(event.object), None) is not None:
-                        self._publish()
+                        if rt is GPU_QUOTAS:
+                            self._quota_states.pop(_key(event.object), None)
+                            self._quota_errors.pop(_key(event.object), None)
+                        self._publish(rt)
             except Expired:
                 resource_version = None
             except ApiError as exc:
@@ -119,15 +133,39 @@ class PolicyWatch:
                 log.exception("policy watch failed, relisting", extra={"resource": rt.plural})
 
     def _replace(self, rt: ResourceType, items: list[Object]) -> None:
+        if rt is GPU_QUOTAS:
+            listed = {_key(i) for i in items}
+            for gone in set(self._quota_states) | set(self._quota_errors):
+                if gone not in listed:
+                    self._quota_states.pop(gone, None)
+                    self._quota_errors.pop(gone, None)
+            for item in items:
+                self._quota(item)
         self._objects[rt] = {_key(i): i for i in items}
         self._listed.add(rt)
         self._problems.pop(rt, None)
-        self._publish()
+        self._publish(rt)
 
-    def _publish(self) -> None:
-        catalog = Catalog.build(quotas=self._objects[GPU_QUOTAS].values(),
-                                sharing=self._objects[GPU_SHARING_POLICIES].values(),
-                                namespaces=self._objects[NAMESPACES].values())
+    def _quota(self, obj: Object) -> None:
+        """Take in one GPUQuota before it replaces the one held: a change that leaves its spec
+        alone (a status write) keeps the compiled quota."""
+        key = _key(obj)
+        held = self._objects[GPU_QUOTAS].get(key)
+        previous = self._quota_states.get(key) \
+            if held is not None and held.get("spec") == obj.get("spec") else None
+        try:
+            self._quota_states[key] = quota_state(obj, previous)
+            self._quota_errors.pop(key, None)
+        except PolicyError as exc:
+            self._quota_states.pop(key, None)
+            self._quota_errors[key] = str(exc)
+
+    def _publish(self, changed: ResourceType) -> None:
+        catalog = self.catalog
+        if changed is not GPU_QUOTAS:
+            catalog = Catalog.build(sharing=self._objects[GPU_SHARING_POLICIES].values(),
+                                    namespaces=self._objects[NAMESPACES].values())
+        catalog = catalog.with_quotas(self._quota_states.values(), self._quota_errors.values())
         for error in catalog.errors:
             if error not in self._reported:
                 log.warning("GPU policy left out: %s", error)

@@ -118,3 +118,43 @@ async def test_a_quota_of_another_namespace_does_not_apply(client: Client,
     await cluster.create(GPU_QUOTAS, _quota("1Gi", namespace="training"), namespace="training")
     await _policies_seen(client, 1)
     assert (await _translated_verdict(client))["allowed"] is True
+
+
+async def test_a_quota_status_write_is_taken_in_without_building_the_catalog_again(
+        client: Client, cluster: Cluster) -> None:
+    # The allocator writes GPUQuota status every few seconds: the webhook keeps the compiled
+    # quota and the combined sharing rules, and reads the new usage.
+    await cluster.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                      "metadata": {"name": "inference",
+                                                   "labels": {"tier": "production"}}})
+    await cluster.create(GPU_SHARING_POLICIES, {
+        "apiVersion": names.API_VERSION, "kind": "GPUSharingPolicy",
+        "metadata": {"name": "production"},
+        "spec": {"namespaceSelector": {"matchLabels": {"tier": "production"}},
+                 "maxClaimsPerDevice": 4}})
+    created = await cluster.create(GPU_QUOTAS, _quota("10Gi", admission="Refuse"),
+                                   namespace="inference")
+    await _policies_seen(client, 2)
+    watch = client.app[STATE].policies
+    before = watch.catalog
+    created["status"] = {"used": {"memory": "8Gi"}}
+    await cluster.update(GPU_QUOTAS, created, namespace="inference", subresource="status")
+    for _ in range(200):
+        if watch.catalog.quotas_for("inference")[0].used.memory:
+            break
+        await asyncio.sleep(0.01)
+    after = watch.catalog
+    assert after.quotas_for("inference")[0].used.memory == 8 << 30
+    assert after.quotas_for("inference")[0].quota is before.quotas_for("inference")[0].quota
+    assert after.sharing_for("inference") is before.sharing_for("inference")
+    assert after.sharing_for("inference").max_claims_per_device == 4
+    # A change of the spec compiles the quota again.
+    created = await cluster.get(GPU_QUOTAS, "inference-gpu", namespace="inference")
+    created["spec"]["hard"]["memory"] = "20Gi"
+    await cluster.update(GPU_QUOTAS, created, namespace="inference")
+    for _ in range(200):
+        if watch.catalog.quotas_for("inference")[0].quota.hard_amounts()["memory"] == 20 << 30:
+            break
+        await asyncio.sleep(0.01)
+    assert watch.catalog.quotas_for("inference")[0].quota.hard_amounts()["memory"] == 20 << 30
+    assert (await _translated_verdict(client))["allowed"] is True
