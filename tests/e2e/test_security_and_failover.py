@@ -1,0 +1,350 @@
+"""The chart's admission policies and the allocator's failover, on real control planes.
+
+Runs after test_real_cluster.py on the same installation (one per conftest.SETUPS entry):
+
+- An ordinary tenant (a ServiceAccount with a Role on pods and claims of its namespace; its
+  token from the TokenRequest API) cannot remove the scheduling gate dra-gateway.io/allocation
+  nor write status.allocation of a claim of a gateway class: the chart's
+  ValidatingAdmissionPolicies refuse both with their messages. The allocator's ServiceAccount
+  token may (dry-run requests, which go through admission without changing anything).
+- The allocator down, then back: pods created meanwhile stay gated, then are placed.
+- Two allocators (the chart's ServiceAccount, different identities): one leads; the leader
+  killed, the other takes over within the Lease's time and places new pods, no card over its
+  capacity (on the newest setup only: waiting out the Lease takes ~20 s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from dra_gateway.kube import names
+from dra_gateway.realcluster import Api, ApiError, path_of
+from e2e.conftest import SETUPS
+from e2e.support import (
+    NAMESPACE,
+    Component,
+    Gateway,
+    cards,
+    over_capacity,
+    pod_claims,
+    pods,
+    wait_until,
+)
+
+JSON = dict[str, Any]
+GATE = "dra-gateway.io/allocation"
+TENANT_NAMESPACE = "tenant"
+FAILOVER_NAMESPACE = "failover"
+# Leader election (allocator/leader.py): a standby takes over lease_duration after the record
+# last changed, retrying every retry_period.
+LEASE_DURATION_S = 15.0
+RETRY_PERIOD_S = 2.0
+PLACE_S = 60.0
+LEASE = path_of("coordination.k8s.io/v1", "leases", namespace=NAMESPACE,
+                name="dra-gateway-allocator")
+
+
+def _gated(pod: Mapping[str, Any]) -> bool:
+    return any(g.get("name") == GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def _bound(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("spec") or {}).get("nodeName"))
+
+
+def _share_pod(name: str, namespace: str, gpus: int = 1) -> JSON:
+    limits = {"nvidia.com/gpu": str(gpus)}
+    if gpus == 1:
+        limits |= {"nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "5"}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"containers": [{"name": "main", "image": "example.com/cuda:1",
+                                     "resources": {"limits": limits}}]}}
+
+
+def _namespace(api: Api, name: str) -> None:
+    with contextlib.suppress(ApiError):
+        api.create(path_of("v1", "namespaces"), {"apiVersion": "v1", "kind": "Namespace",
+                                                 "metadata": {"name": name}})
+
+
+def _dry_run_patch(api: Api, path: str, patch: Mapping[str, Any]) -> JSON:
+    return api.request("PATCH", path, dict(patch), query={"dryRun": "All"},
+                       content_type="application/merge-patch+json")
+
+
+def _refusal(api: Api, path: str, patch: Mapping[str, Any]) -> ApiError:
+    with pytest.raises(ApiError) as refused:
+        _dry_run_patch(api, path, patch)
+    return refused.value
+
+
+# a. The admission policies ----------------------------------------------------------------------
+
+def _tenant_api(gateway: Gateway) -> Api:
+    """A token of ServiceAccount tenant/tenant, which may read and update pods and claims
+    (their status too) of its namespace, as a namespace's users commonly may."""
+    api = gateway.api
+    _namespace(api, TENANT_NAMESPACE)
+    rbac = "rbac.authorization.k8s.io/v1"
+    for plural, body in (
+        ("serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
+                             "metadata": {"name": "tenant"}}),
+        ("roles", {"apiVersion": rbac, "kind": "Role", "metadata": {"name": "tenant"},
+                   "rules": [
+                       {"apiGroups": [""], "resources": ["pods"],
+                        "verbs": ["get", "list", "update", "patch"]},
+                       {"apiGroups": ["resource.k8s.io"],
+                        "resources": ["resourceclaims", "resourceclaims/status"],
+                        "verbs": ["get", "list", "update", "patch"]}]}),
+        ("rolebindings", {"apiVersion": rbac, "kind": "RoleBinding",
+                          "metadata": {"name": "tenant"},
+                          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                      "name": "tenant"},
+                          "subjects": [{"kind": "ServiceAccount", "name": "tenant",
+                                        "namespace": TENANT_NAMESPACE}]}),
+    ):
+        api_version = "v1" if plural == "serviceaccounts" else rbac
+        with contextlib.suppress(ApiError):
+            api.create(path_of(api_version, plural, namespace=TENANT_NAMESPACE), body)
+    token = gateway.plane.service_account_token(TENANT_NAMESPACE, "tenant", expiration_s=3600)
+    return gateway.plane.api(token)
+
+
+def _grant_binding(api: Api) -> None:
+    """Let the tenant write claims' allocations as far as RBAC goes (resourceclaims/binding,
+    cluster-wide as the API server checks it)."""
+    rbac = "rbac.authorization.k8s.io/v1"
+    with contextlib.suppress(ApiError):
+        api.create(path_of(rbac, "clusterroles"), {
+            "apiVersion": rbac, "kind": "ClusterRole", "metadata": {"name": "e2e-tenant-binding"},
+            "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/binding"],
+                       "verbs": ["update", "patch"]}]})
+    with contextlib.suppress(ApiError):
+        api.create(path_of(rbac, "clusterrolebindings"), {
+            "apiVersion": rbac, "kind": "ClusterRoleBinding",
+            "metadata": {"name": "e2e-tenant-binding"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "e2e-tenant-binding"},
+            "subjects": [{"kind": "ServiceAccount", "name": "tenant",
+                          "namespace": TENANT_NAMESPACE}]})
+
+
+def _allocator_api(gateway: Gateway) -> Api:
+    """A token of the chart's allocator ServiceAccount, as the running allocator holds."""
+    account = gateway.service_accounts["allocator"]
+    return gateway.plane.api(gateway.plane.service_account_token(NAMESPACE, account,
+                                                                 expiration_s=3600))
+
+
+def test_a_tenant_cannot_remove_the_gate_or_write_an_allocation_the_allocator_can(
+        gateway: Gateway) -> None:
+    api = gateway.api
+    tenant = _tenant_api(gateway)
+    allocator = _allocator_api(gateway)
+    # More whole GPUs than any node has: the allocator leaves the pod gated.
+    api.create(path_of("v1", "pods", namespace=TENANT_NAMESPACE),
+               _share_pod("too-big", TENANT_NAMESPACE, gpus=16))
+    pod_path = path_of("v1", "pods", namespace=TENANT_NAMESPACE, name="too-big")
+
+    def claimed() -> bool:
+        pod = api.get(pod_path)
+        return _gated(pod) and bool(pod_claims(api, pod))
+
+    wait_until("the gated pod's claim", claimed, 30, gateway.check)
+    pod = api.get(pod_path)
+    assert _gated(pod)
+    assert not _bound(pod)
+    [claim] = pod_claims(api, pod)
+    assert not (claim.get("status") or {}).get("allocation")
+    claim_path = path_of("resource.k8s.io/v1", "resourceclaims", namespace=TENANT_NAMESPACE,
+                         name=claim["metadata"]["name"])
+    # The tenant may read and update pods (RBAC allows it) ...
+    tenant.get(pod_path)
+    _dry_run_patch(tenant, pod_path, {"metadata": {"labels": {"team": "a"}}})
+    # ... but removing the gate is refused by the policy, with its message.
+    ungate = {"spec": {"schedulingGates": [g for g in pod["spec"]["schedulingGates"]
+                                           if g.get("name") != GATE]}}
+    refused = _refusal(tenant, pod_path, ungate)
+    assert refused.status == 403, refused
+    assert "only the dra-gateway allocator removes the scheduling gate" in refused.message, \
+        refused.message
+    assert "system:serviceaccount:tenant:tenant may not" in refused.message, refused.message
+    assert "allocation-gate" in refused.message, refused.message
+    assert _gated(api.get(pod_path))
+
+    # An allocation the API server would accept (a published device on a node), written as
+    # status by the tenant: refused by the policy.
+    request = claim["spec"]["devices"]["requests"][0]["name"]
+    card = sorted((c for c in cards(api).values() if c.kind == "gpu"),
+                  key=lambda c: (c.node, c.device))[0]
+    allocation = {"devices": {"results": [
+        {"request": request, "driver": names.DRIVER, "pool": card.pool,
+         "device": card.device}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [card.node]}]}]}}
+    status_path = claim_path + "/status"
+    refused = _refusal(tenant, status_path, {"status": {"allocation": allocation}})
+    if refused.status == 422 and "resourceclaims/binding" in refused.message:
+        # From 1.36 the API server itself asks for resourceclaims/binding to write an
+        # allocation (DRAResourceClaimGranularStatusAuthorization). Grant the tenant that too:
+        # the policy must still refuse.
+        assert int(gateway.version.split(".")[1]) >= 36, refused.message
+        _grant_binding(api)
+
+        def policy_refuses() -> bool:
+            nonlocal refused
+            refused = _refusal(tenant, status_path, {"status": {"allocation": allocation}})
+            return refused.status == 403
+
+        wait_until("the policy to refuse the tenant's allocation", policy_refuses, 15,
+                   gateway.check)
+    assert refused.status == 403, refused
+    assert "only the dra-gateway allocator writes the allocation" in refused.message, \
+        refused.message
+    assert "claim-allocation" in refused.message, refused.message
+    assert not (api.get(claim_path).get("status") or {}).get("allocation")
+
+    # The allocator's own token passes both policies (dry run: nothing changes).
+    written = _dry_run_patch(allocator, status_path, {"status": {"allocation": allocation}})
+    assert written["status"]["allocation"]["devices"]["results"][0]["device"] == card.device
+    ungated = _dry_run_patch(allocator, pod_path, ungate)
+    assert not _gated(ungated)
+    assert _gated(api.get(pod_path))
+    assert not (api.get(claim_path).get("status") or {}).get("allocation")
+    api.delete(pod_path, grace_period_s=0)
+
+
+# b. The allocator down, then back ---------------------------------------------------------------
+
+def _free_room(gateway: Gateway) -> None:
+    """Delete the earlier tests' burst pods and wait until their claims are released, so the
+    pods below have cards to go to."""
+    api = gateway.api
+    for pod in pods(api, "burst"):
+        with contextlib.suppress(ApiError):
+            api.delete(path_of("v1", "pods", namespace="burst", name=pod["metadata"]["name"]),
+                       grace_period_s=0)
+
+    def released() -> bool:
+        return not pods(api, "burst") and not any(
+            (c.get("status") or {}).get("allocation")
+            for c in api.list(path_of("resource.k8s.io/v1", "resourceclaims",
+                                      namespace="burst")))
+
+    wait_until("the burst pods to be gone and their claims released", released, PLACE_S,
+               gateway.check)
+
+
+def _holder(api: Api) -> str:
+    return str((api.get(LEASE).get("spec") or {}).get("holderIdentity") or "")
+
+
+def _create_and_place(gateway: Gateway, prefix: str, count: int) -> float:
+    """Create `count` small share pods and wait until all are bound; seconds it took."""
+    api = gateway.api
+    started = time.monotonic()
+    for index in range(count):
+        api.create(path_of("v1", "pods", namespace=FAILOVER_NAMESPACE),
+                   _share_pod(f"{prefix}-{index}", FAILOVER_NAMESPACE))
+    wanted = {f"{prefix}-{index}" for index in range(count)}
+
+    def placed() -> bool:
+        current = {p["metadata"]["name"]: p for p in pods(api, FAILOVER_NAMESPACE)}
+        return all(name in current and _bound(current[name]) for name in wanted)
+
+    wait_until(f"pods {prefix}-* to be placed", placed, PLACE_S, gateway.check)
+    return time.monotonic() - started
+
+
+def test_pods_created_while_the_allocator_is_down_wait_gated_then_are_placed(
+        gateway: Gateway) -> None:
+    api = gateway.api
+    _free_room(gateway)
+    _namespace(api, FAILOVER_NAMESPACE)
+    allocator = gateway.components["allocator"]
+    allocator.stop()  # graceful: it releases the Lease
+    try:
+        for index in range(3):
+            api.create(path_of("v1", "pods", namespace=FAILOVER_NAMESPACE),
+                       _share_pod(f"while-down-{index}", FAILOVER_NAMESPACE))
+        time.sleep(3)
+        waiting = pods(api, FAILOVER_NAMESPACE)
+        assert len(waiting) == 3
+        assert all(_gated(p) and not _bound(p) for p in waiting), waiting
+        assert not any((c.get("status") or {}).get("allocation")
+                       for p in waiting for c in pod_claims(api, p))
+    finally:
+        allocator.start()
+
+    def placed() -> bool:
+        current = pods(api, FAILOVER_NAMESPACE)
+        return len(current) == 3 and all(_bound(p) and not _gated(p) for p in current)
+
+    wait_until("the pods created while the allocator was down to be placed", placed, PLACE_S,
+               gateway.check)
+    assert over_capacity(api) == []
+
+
+# c. Two allocators, the leader killed -----------------------------------------------------------
+
+def test_a_standby_allocator_takes_over_when_the_leader_is_killed(gateway: Gateway) -> None:
+    # Leader election does not depend on the release and waiting out the Lease takes ~20 s:
+    # checked on the newest setup only, to keep the tier short.
+    if (gateway.version, dict(gateway.feature_gates)) != SETUPS[-1][1:]:
+        pytest.skip(f"failover is checked on the newest setup ({SETUPS[-1][0]}) only")
+    api = gateway.api
+    _namespace(api, FAILOVER_NAMESPACE)
+    first = gateway.components["allocator"]
+    first_args = list(first.args)
+    if "--identity" not in first_args:  # name the first one too, to tell them apart
+        first.stop()
+        first.args = [*first_args, "--identity", "e2e-allocator-a"]
+        first.start()
+    standby = Component("allocator-b", [*first_args, "--identity", "e2e-allocator-b"],
+                        first.log.with_name("allocator-b.log"))
+    gateway.components[standby.name] = standby
+    standby.start()
+    replicas = {"e2e-allocator-a": first, "e2e-allocator-b": standby}
+    try:
+        wait_until("one of the two allocators to lead", lambda: _holder(api) in replicas,
+                   LEASE_DURATION_S + 2 * RETRY_PERIOD_S + 5, gateway.check)
+        leader_id = _holder(api)
+        [follower_id] = set(replicas) - {leader_id}
+        took = _create_and_place(gateway, "before-kill", 2)
+        print(f"failover: {leader_id} leads and placed 2 pods in {took:.1f}s")
+        assert _holder(api) == leader_id
+
+        leader = replicas[leader_id]
+        assert leader.process is not None
+        leader.process.send_signal(signal.SIGKILL)  # no graceful release of the Lease
+        leader.process.wait()
+        leader.process = None
+        killed = time.monotonic()
+        wait_until(f"{follower_id} to take the Lease over", lambda: _holder(api) == follower_id,
+                   LEASE_DURATION_S + 2 * RETRY_PERIOD_S + 3, gateway.check)
+        took_over = time.monotonic() - killed
+        took = _create_and_place(gateway, "after-kill", 3)
+        print(f"failover: {follower_id} took over {took_over:.1f}s after the kill and placed "
+              f"3 pods in {took:.1f}s")
+        assert took_over <= LEASE_DURATION_S + 2 * RETRY_PERIOD_S + 3
+        assert over_capacity(api) == []
+        for pod in pods(api, FAILOVER_NAMESPACE):
+            for claim in pod_claims(api, pod):
+                assert (claim.get("status") or {}).get("allocation"), claim["metadata"]["name"]
+    finally:
+        # Back to one allocator for whatever runs next: the first restarted, the other stopped
+        # gracefully (it releases the Lease, so the first takes over at once).
+        first.stop()
+        first.args = first_args
+        first.start()
+        standby.stop()
+        del gateway.components[standby.name]
+        wait_until("the allocator to lead again", lambda: bool(_holder(api)),
+                   LEASE_DURATION_S + 2 * RETRY_PERIOD_S + 5, gateway.check)
