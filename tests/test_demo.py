@@ -31,7 +31,7 @@ EXAMPLE_PODS = {
     "default/web": "cpu-1",  # no GPU: the first node
     "ml/native-dra": None,
     "ml/train-resnet": None,
-    "research/gpushare-notebook-0": None,
+    "research/gpushare-notebook": None,
     "batch/vgpu-infer": None,
     "batch/gpu-share-legacy": None,
     "inference/koord-legacy-share": None,

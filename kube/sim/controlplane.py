@@ -54,6 +54,8 @@ from dra_gateway.kube.resources import (
 log = logging.getLogger(__name__)
 
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+# The scheduler a pod names when it names none; pods of any other are not this one's to bind.
+DEFAULT_SCHEDULER = "default-scheduler"
 # Upstream leaves room for "-" and the 5-character suffix in a 63-character name.
 _MAX_GENERATE_BASE = 57
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})
@@ -298,6 +300,8 @@ class ControlPlane:
         meta, spec = pod["metadata"], pod.get("spec") or {}
         if spec.get("nodeName") or spec.get("schedulingGates"):
             return
+        if spec.get("schedulerName", DEFAULT_SCHEDULER) != DEFAULT_SCHEDULER:
+            return  # another scheduler's pod: kube-scheduler leaves it alone too
         namespace = meta["namespace"]
         generated = {s.get("name"): s.get("resourceClaimName")
                      for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}

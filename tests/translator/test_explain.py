@@ -39,7 +39,7 @@ def test_text_names_the_rule_the_amounts_and_what_they_became(
     assert (code, err) == (0, "")
     template = out.split("ResourceClaimTemplate ", 1)[1].split(",", 1)[0]
     assert out.splitlines() == [
-        f"Deployment research/gpushare-notebook (spec.template): translated: "
+        f"Pod research/gpushare-notebook: translated: "
         f"ResourceClaimTemplate {template}, scheduling gate dra-gateway.io/allocation",
         '  container "jupyter": rule gpushare (builtin/alibaba.yaml) -> request "jupyter"',
         "    aliyun.com/gpu-mem: 5.5 (x Gi = 5632Mi) -> capacity memory 5632Mi, config memory "

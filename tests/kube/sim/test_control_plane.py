@@ -175,6 +175,22 @@ async def test_an_unallocated_claim_keeps_the_pod_pending(cluster: MemoryCluster
     assert await eventually(bound) == "node-a"
 
 
+async def test_a_pod_of_another_scheduler_is_left_to_it(cluster: MemoryCluster) -> None:
+    # As kube-scheduler does: a pod naming another scheduler (volcano) is not its to bind, even
+    # with every claim allocated; the same pod naming default-scheduler binds.
+    await cluster.create(RESOURCE_CLAIMS, shared_claim())
+    await allocate(cluster, "shared", "node-a")
+    other = pod("volcano-0", claim="shared")
+    other["spec"]["schedulerName"] = "volcano"
+    await cluster.create(PODS, other)
+    default = pod("web-0", claim="shared")
+    default["spec"]["schedulerName"] = "default-scheduler"
+    await cluster.create(PODS, default)
+    assert await eventually(lambda: node_of(cluster, "web-0")) == "node-a"
+    await asyncio.sleep(0.2)
+    assert await node_of(cluster, "volcano-0") is None
+
+
 async def test_a_deleted_pod_is_dropped_from_reserved_for(cluster: MemoryCluster) -> None:
     await cluster.create(RESOURCE_CLAIMS, {
         "metadata": {"name": "shared", "namespace": NS},
