@@ -43,9 +43,12 @@ from dra_gateway.allocator.planner.policies import (
 )
 from dra_gateway.allocator.planner.scoring import FULL, TaskType, task_of
 from dra_gateway.allocator.planner.search import (
+    RULES_PLACEHOLDER,
+    TENANT_PLACEHOLDER,
     NodeSearch,
     Outcome,
     Pick,
+    claim_placeholder,
     fill_claims,
     fits_node,
     score,
@@ -176,7 +179,10 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     card_key = card_rules(rules, relative_shares=relative)
     ctx = _Context(state, labelled, chosen_policy, cpu, memory, tolerations,
                    (claims_sig, chosen_policy, version, card_key), rules,
-                   policies.unlimited(rules) if rules is not None else None, own_shares)
+                   policies.unlimited(rules) if rules is not None else None, own_shares,
+                   bool(to_plan) and all(alt.class_name == names.GPU_CLASS
+                                         for _, _, d in to_plan for r in d.requests
+                                         for alt in r.alternatives))
     pod_sig = (claims_sig, cpu, memory,
                json.dumps(tolerations, sort_keys=True) if tolerations else "", chosen_policy,
                version, card_key, rules.tenant if rules is not None else None)
@@ -325,6 +331,12 @@ def _feasible(ctx: _Context, pod: Mapping[str, Any], *, pinned: set[str] | None,
     return found
 
 
+# Where every card is held by tenants the pod is isolated from and none is free.
+_BARRED = Outcome(False, reason=(
+    f"claim {claim_placeholder(0)}: every GPU of the node is held by another tenant, isolated "
+    f"from {TENANT_PLACEHOLDER} (isolation), {RULES_PLACEHOLDER}"))
+
+
 @dataclass(slots=True)
 class _Context:
     state: ClusterState
@@ -338,6 +350,7 @@ class _Context:
     # The rules rankings are kept for: without maxClaimsPerDevice (`_ranked_best` checks it).
     ranked_rules: SharingRules | None = None
     own_shares: int = 0  # shares of the pod that may land on one card
+    gpus_only: bool = False  # every request asks for gateway GPUs only
 
     def evaluate(self, group_key: tuple[object, ...] | None, node: str, *,
                  ranked: bool = False) -> tuple[Outcome, tuple[float, ...]]:
@@ -348,8 +361,11 @@ class _Context:
         outcome: Outcome | None = None
         memo_key: tuple[object, ...] | None = None
         if group_key is not None:
+            summary = state.holder_summary(group_key)
+            if rules is not None and self.gpus_only and summary.barred(rules.tenant):
+                return _BARRED, ()
             memo_key = (group_key[0], group_key[1], self.device_sig,
-                        memo_rules(rules, state.holder_summary(group_key[1]), self.own_shares))
+                        memo_rules(rules, summary, self.own_shares))
             outcome = state.memo.get(memo_key)
             if outcome is None:
                 outcome = state.memo_old.get(memo_key)
@@ -524,7 +540,7 @@ def _within_limit(ctx: _Context, ranking: Ranking,
             if best is not None and (best[0], best[1]) <= (node_score, name):
                 break
             outcome, _ = ctx.evaluate(group_key, name, ranked=True)
-            summary = state.holder_summary(group_key[1])
+            summary = state.holder_summary(group_key)
             if memo_rules(ctx.rules, summary, ctx.own_shares) == \
                     memo_rules(ctx.ranked_rules, summary, ctx.own_shares):
                 found = (name, outcome)

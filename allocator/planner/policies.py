@@ -50,6 +50,12 @@ class HolderSummary:
 
     tenants: frozenset[str]  # the tenant fact of each held card ("" when none is isolated)
     most: int  # the most holders counted on one card (counted only near a limit), else 0
+    free: int = 0  # gateway GPUs nobody holds
+
+    def barred(self, tenant: str) -> bool:
+        """Whether a share of `tenant` may join no card of the node and none is free: a pod
+        asking only for gateway GPUs cannot fit there (found without a search)."""
+        return bool(self.tenants) and not self.free and tenant not in self.tenants
 
 
 NO_HOLDERS = HolderSummary(frozenset(), 0)
@@ -190,8 +196,9 @@ class PlannerPolicies:
         return (tenant, 0, 0) if tenant else None
 
     @staticmethod
-    def summary(facts: Iterable[CardFact | None]) -> HolderSummary:
-        """A node's held cards (their `card_fact`, None for a held card without one)."""
+    def summary(facts: Iterable[CardFact | None], free: int = 0) -> HolderSummary:
+        """A node's held cards (their `card_fact`, None for a held card without one) and how
+        many of its gateway GPUs nobody holds."""
         tenants: set[str] = set()
         most = 0
         for fact in facts:
@@ -200,7 +207,7 @@ class PlannerPolicies:
                 continue
             tenants.add(fact[0])
             most = max(most, fact[1])
-        return HolderSummary(frozenset(tenants), most) if tenants else NO_HOLDERS
+        return HolderSummary(frozenset(tenants), most, free) if tenants else NO_HOLDERS
 
     def unlimited(self, rules: SharingRules) -> SharingRules:
         """The rules without their maxClaimsPerDevice: what rankings are kept for (a limit

@@ -166,8 +166,8 @@ class ClusterState:
         # Claims whose quota charges were counted before their device was published.
         self._unresolved: set[str] = set()
         self._smallest: int | None = None
-        # What `memo_rules` reads of each node class's held cards, by interned usage.
-        self._holder_summaries: dict[object, HolderSummary] = {}
+        # What `memo_rules` reads of each node class's held cards, by static and usage sig.
+        self._holder_summaries: dict[tuple[object, object], HolderSummary] = {}
 
     # --- workload -----------------------------------------------------------------------------
 
@@ -561,10 +561,13 @@ class ClusterState:
             usage = tuple(self._intern((*self.device_usage(d.key).sig(), fact))
                           for d, fact in zip(devices, facts, strict=True))
             usage_id = self._intern(usage)
-            if usage_id not in self._holder_summaries:
-                self._holder_summaries[usage_id] = self.policies.summary(
-                    fact for d, fact in zip(devices, facts, strict=True)
-                    if self.device_usage(d.key).holders)
+            static = self._static_sig.get(node, -1)
+            if (static, usage_id) not in self._holder_summaries:
+                self._holder_summaries[(static, usage_id)] = self.policies.summary(
+                    (fact for d, fact in zip(devices, facts, strict=True)
+                     if self.device_usage(d.key).holders),
+                    free=sum(1 for d in devices
+                             if d.is_gateway_gpu and not self.device_usage(d.key).holders))
         else:
             usage_id = self._intern(tuple(self._intern(self.device_usage(d.key).sig())
                                           for d in devices))
@@ -572,9 +575,9 @@ class ClusterState:
         taints = self._intern(json.dumps(info.taints, sort_keys=True)) if info.taints else -1
         return (self._static_sig.get(node, -1), usage_id, cpu, memory, taints)
 
-    def holder_summary(self, usage_id: object) -> HolderSummary:
-        """The held cards of a node class (`group_key(...)[1]`), as `memo_rules` reads them."""
-        return self._holder_summaries.get(usage_id, NO_HOLDERS)
+    def holder_summary(self, group_key: tuple[object, ...]) -> HolderSummary:
+        """The held cards of a node class, as `memo_rules` reads them."""
+        return self._holder_summaries.get((group_key[0], group_key[1]), NO_HOLDERS)
 
     def gpu_cards(self, node: str) -> list[Device]:
         return [d for d in self.node_devices.get(node, ()) if d.is_gateway_gpu]
