@@ -1,0 +1,311 @@
+"""One run of `dra-gateway demo`: the work directory, bringing the components up, the steps in
+order, the output (table or JSON), and stopping every child whatever happens (errors, Ctrl-C,
+SIGTERM).
+
+It must not hold the steps' logic: it calls the other demo modules in order and reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    pass
+from dra_gateway.demo.common import (
+    DEFAULT_PODS,
+    GRACE_S,
+    NAMESPACE,
+    NODES,
+    QUOTA_POLICIES,
+    DemoError,
+)
+from dra_gateway.demo.inspection import (
+    PodReport,
+    create_pods,
+    describe_devices,
+    inspect,
+    prepare_on_nodes,
+    show_template,
+    wait_bound,
+)
+from dra_gateway.demo.pods import DemoPod, read_pods
+from dra_gateway.demo.processes import (
+    Children,
+    Layout,
+    _api_started,
+    _webhook_ssl,
+    allocator_leads,
+    free_port,
+    log_tail,
+    prepare,
+    slices_published,
+    start_api,
+    start_components,
+    wait_for,
+    webhook_ready,
+)
+from dra_gateway.demo.quota import QuotaReport, print_quota, show_quota
+
+# Longest work directory whose node folders still fit a kubelet socket path (107 bytes).
+_SHORT_PATH = 48
+
+
+class _Terminated(BaseException):
+    """SIGTERM reached the demo: unwind like Ctrl-C so that every child is stopped."""
+
+
+@dataclass
+class Outcome:
+    reports: list[PodReport]
+    template: dict[str, Any] | None
+    template_of: str | None
+    quota: QuotaReport | None = None
+
+
+async def demo(layout: Layout, children: Children, pods: Sequence[DemoPod], *,
+               startup_s: float, place_s: float, say: Callable[[str], None],
+               quota: bool = False) -> Outcome:
+    from dra_gateway.kube.cluster.connect import ClusterConfigError, connect
+    from dra_gateway.kube.cluster.port import ApiError
+
+    webhook_port = free_port()
+    say("starting the embedded API server")
+    api = start_api(children, layout, webhook_port,
+                    policies=(QUOTA_POLICIES,) if quota else ())
+    deadline = time.monotonic() + startup_s
+
+    async def api_up() -> bool:
+        return _api_started(layout, api)
+
+    await wait_for("starting the API server", children, deadline, api, api_up,
+                   "the API server to write its kubeconfig")
+    say("starting the webhook, the allocator and node plugins for "
+        + ", ".join(n for n, _ in NODES))
+    start_components(children, layout, webhook_port)
+    try:
+        cluster = await connect("kube", str(layout.kubeconfig))
+    except ClusterConfigError as exc:
+        raise DemoError("connecting to the API server", str(exc), log=api.log) from None
+    try:
+        by_name = {c.name: c for c in children.started}
+        context = _webhook_ssl(layout)
+
+        async def webhook_up() -> bool:
+            return await webhook_ready(webhook_port, context)
+
+        await wait_for("starting the webhook", children, deadline, by_name["webhook"],
+                       webhook_up, f"the webhook's /readyz on 127.0.0.1:{webhook_port}")
+        for node, _ in NODES:
+            async def published(node: str = node) -> bool:
+                return node in await slices_published(cluster)
+
+            await wait_for("starting the node plugins", children, deadline,
+                           by_name[f"node-plugin-{node}"], published,
+                           f"node {node}'s ResourceSlices")
+
+        async def leads() -> bool:
+            return await allocator_leads(cluster)
+
+        await wait_for("starting the allocator", children, deadline, by_name["allocator"],
+                       leads, f"the allocator to take its Lease {NAMESPACE}/"
+                       "dra-gateway-allocator")
+        say(f"creating {len(pods)} pods")
+        reports = await create_pods(cluster, pods)
+        await wait_bound(cluster, children, reports, time.monotonic() + place_s)
+        # Pods expected to stay pending are judged once the others settled.
+        await inspect(cluster, reports)
+        await prepare_on_nodes(layout, reports)
+        template, template_of = await show_template(cluster, reports)
+        quota_report = await show_quota(cluster, children, place_s=place_s, say=say) \
+            if quota else None
+        return Outcome(reports, template, template_of, quota_report)
+    except ApiError as exc:
+        raise DemoError("talking to the API server", exc.message, log=api.log) from None
+    finally:
+        await cluster.close()
+
+
+def print_table(reports: Sequence[PodReport], out: IO[str]) -> None:
+    rows = [("POD", "LEGACY REQUEST", "TEMPLATE", "NODE", "DEVICES (SHARE)")]
+    for r in reports:
+        devices = "; ".join(describe_devices(c["devices"]) for c in r.claims if c["devices"])
+        node = r.node or ("(pending)" if r.expected == "pending" else "(not bound)")
+        rows.append((f"{r.namespace}/{r.name}", r.legacy + (f" [{r.rule}]" if r.rule else ""),
+                     ", ".join(r.templates) or "-", node, devices or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        out.write("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4]))
+                  + "  " + row[4] + "\n")
+    for r in reports:
+        if r.expected == "pending" and r.ok:
+            out.write(f"\n{r.namespace}/{r.name} stays pending as expected: {r.why_pending}.\n")
+        for problem in r.problems:
+            out.write(f"\nFAILED {r.namespace}/{r.name}: {problem}\n")
+
+
+def _short_temp_dir() -> str:
+    """Where the node folders go when the work directory is too long for their sockets: the
+    temporary directory if short enough (mkdtemp adds 23 characters), else /tmp ($TMPDIR may
+    be as long as the work directory)."""
+    temp = tempfile.gettempdir()
+    return temp if len(temp) + 23 <= _SHORT_PATH else "/tmp"
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated
+
+
+def run(args: argparse.Namespace) -> int:
+    err = sys.stderr
+    as_json = args.output == "json"
+
+    def say(text: str) -> None:
+        if not as_json:
+            print(f"demo: {text}", flush=True)
+
+    for option, value in (("--timeout", args.timeout), ("--startup-timeout",
+                                                         args.startup_timeout)):
+        if not value > 0:
+            print(f"demo: {option} {value:g} must be a positive number of seconds", file=err)
+            return 2
+    try:
+        pods = read_pods(args.pods or DEFAULT_PODS)
+    except DemoError as exc:
+        print(f"demo: {exc}", file=err)
+        return 2
+    try:
+        if args.work_dir is not None:
+            root = args.work_dir.resolve()
+            root.mkdir(parents=True, exist_ok=True)
+            remove = False
+        else:
+            root = Path(tempfile.mkdtemp(prefix="dra-gateway-demo-"))
+            remove = not args.keep
+        if len(str(root)) <= _SHORT_PATH:
+            nodes_root, remove_nodes = root / "n", False
+        else:
+            nodes_root = Path(tempfile.mkdtemp(prefix="dra-gateway-n-", dir=_short_temp_dir()))
+            remove_nodes = not args.keep
+    except OSError as exc:
+        print(f"demo: cannot create the work directory {exc.filename or ''}: "
+              f"{exc.strerror or exc}; pass a writable --work-dir", file=err)
+        return 2
+    layout = Layout(root, nodes_root)
+    children = Children(layout.logs)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    code = 1
+    outcome: Outcome | None = None
+    failure: DemoError | None = None
+    try:
+        say(f"work directory {root}")
+        prepare(layout)
+        # The quota step needs the bundled examples' room on the nodes: pods of --pods may
+        # fill them.
+        outcome = asyncio.run(demo(layout, children, pods, startup_s=args.startup_timeout,
+                                   place_s=args.timeout, say=say, quota=not args.pods))
+        code = 0 if all(r.ok for r in outcome.reports) \
+            and (outcome.quota is None or outcome.quota.ok) else 1
+    except DemoError as exc:
+        failure = exc
+    except (KeyboardInterrupt, _Terminated):
+        print("demo: interrupted; stopping every process it started", file=err)
+        code = 130
+    except OSError as exc:
+        failure = DemoError("setting up", f"{exc.filename or 'the work directory'}: "
+                            f"{exc.strerror or exc}")
+    except Exception as exc:  # a bug: keep the trace for a report, but show no trace
+        trace = layout.logs / "demo-error.log"
+        with contextlib.suppress(OSError):
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            trace.write_text(traceback.format_exc(), encoding="utf-8")
+        failure = DemoError("running the demo", f"unexpected {type(exc).__name__}: {exc} "
+                            f"(please report it with {trace})")
+    finally:
+        try:
+            killed = children.stop()
+        except (KeyboardInterrupt, _Terminated):
+            killed = children.stop(grace=0)  # asked twice: no more patience
+        signal.signal(signal.SIGTERM, previous)
+    if killed:
+        print(f"demo: {', '.join(killed)} did not stop within {GRACE_S:g}s of SIGTERM and was "
+              "killed", file=err)
+    if failure is not None:
+        if as_json:
+            json.dump({"ok": False, "failedStep": failure.step, "message": failure.message,
+                       "log": str(failure.log) if failure.log else None, "workDir": str(root)},
+                      sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        print(f"demo: failed at step \"{failure.step}\": {failure.message}", file=err)
+        if failure.log is not None:
+            print(f"--- last lines of {failure.log} ---\n{log_tail(failure.log)}\n---", file=err)
+        remove = False  # the logs are what the user needs now
+    if outcome is not None:
+        if code != 0:
+            remove = False  # the logs explain it; the JSON summary must say where they are
+        if as_json:
+            summary = {"ok": code == 0, "workDir": str(root) if not remove else None,
+                       "pods": [r.to_json() for r in outcome.reports],
+                       "template": {"pod": outcome.template_of, "object": outcome.template},
+                       "quota": outcome.quota.to_json() if outcome.quota else None}
+            json.dump(summary, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            _print_outcome(outcome, sys.stdout)
+        if outcome.quota is not None and not outcome.quota.ok:
+            print(f"demo: failed at step \"showing a quota at work\": "
+                  f"{'; '.join(outcome.quota.problems)}; the allocator's log is "
+                  f"{layout.logs / 'allocator.log'}", file=err)
+        failed = [f"{r.namespace}/{r.name}" for r in outcome.reports if not r.ok]
+        if failed:
+            print(f"demo: failed at step \"checking placements\": {len(failed)} pod"
+                  f"{'s' if len(failed) != 1 else ''} not placed as expected: "
+                  f"{', '.join(failed)}; each component's log is in {layout.logs}", file=err)
+            if any(not r.ok and not r.node and r.expected == "bound" for r in outcome.reports):
+                allocator_log = layout.logs / "allocator.log"
+                print(f"--- last lines of {allocator_log} ---\n{log_tail(allocator_log)}\n---",
+                      file=err)
+    if remove_nodes:
+        shutil.rmtree(nodes_root, ignore_errors=True)
+    elif nodes_root.parent != root:
+        print(f"demo: the node plugins' sockets and CDI specs are in {nodes_root}", file=err)
+    if remove:
+        shutil.rmtree(root, ignore_errors=True)
+    elif code != 130 or args.keep:
+        print(f"demo: logs, kubeconfig and certificates kept in {root}", file=err)
+    return code
+
+
+def _print_outcome(outcome: Outcome, out: IO[str]) -> None:
+    import yaml
+
+    out.write("\n")
+    print_table(outcome.reports, out)
+    if outcome.quota is not None:
+        print_quota(outcome.quota, out)
+    if outcome.template is not None:
+        out.write(f"\nThe ResourceClaimTemplate of pod {outcome.template_of}, as the webhook "
+                  "translated its legacy request:\n\n")
+        out.write(yaml.safe_dump(outcome.template, sort_keys=False))
+        shown = next((r for r in outcome.reports
+                      if f"{r.namespace}/{r.name}" == outcome.template_of), None)
+        prepared = [c["prepared"] for c in (shown.claims if shown else [])
+                    if c.get("prepared")]
+        if prepared:
+            ids = ", ".join(i for p in prepared for i in p["cdiDevices"])
+            out.write("\nIts node plugin prepared the claim as the kubelet asks it to; the "
+                      f"container sees (CDI {ids}):\n\n")
+            out.write("".join(f"  {e}\n" for p in prepared for e in p["env"]))
