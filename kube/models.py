@@ -25,7 +25,8 @@ class GpuShareConfig(BaseModel):
 
     Absolute amounts also travel as `capacity.requests` where the cluster keeps them; they are
     repeated here because an API server without the DRAConsumableCapacity gate drops those
-    fields, and the allocator then reads the share from this document (ARCHITECTURE.md, "Contracts between components").
+    fields, and the allocator then reads the share from this document (ARCHITECTURE.md,
+    "Contracts between components").
     A request with neither memory nor cores set takes whole cards.
     """
 

@@ -23,7 +23,8 @@ class PlannerSettings:
     annotation nor the caller names one. `consumable_capacity` says whether the API server keeps
     the DRAConsumableCapacity fields (`shareID`, `consumedCapacity`, `capacity.requests`,
     `allowMultipleAllocations`); when it does not, shares of gateway devices are recorded in the
-    claim annotation `dra-gateway.io/shares` instead (ARCHITECTURE.md, "Kubernetes versions and feature gates").
+    allocation's gateway config instead (`kube/shares.py`; ARCHITECTURE.md, "Kubernetes versions
+    and feature gates").
     """
 
     default_policy: str = DEFAULT

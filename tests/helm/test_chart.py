@@ -2,8 +2,8 @@
 
 Runs the real `helm` binary (the DRA_GATEWAY_HELM environment variable, else `helm` on PATH) to
 lint and render the chart for each supported combination of values, then checks every rendered
-object against the strict Kubernetes 1.34 schemas and against the contracts of ARCHITECTURE.md: names,
-RBAC of each component, webhook configurations, certificates. Without helm these tests skip,
+object against the strict Kubernetes 1.34 schemas and against the contracts of ARCHITECTURE.md:
+names, RBAC of each component, webhook configurations, certificates. Without helm these tests skip,
 except in CI (CI=true), where a missing helm is a failure: a chart nobody renders rots.
 """
 
