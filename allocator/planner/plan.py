@@ -28,13 +28,14 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for, share_policy
 from dra_gateway.allocator.planner.devices import NANO
 from dra_gateway.allocator.planner.policies import (
+    ISOLATED,
     Waiting,
     card_rules,
     memo_rules,
@@ -197,7 +198,7 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     spec = pod.get("spec") or {}
     needs_labels = bool(spec.get("nodeSelector") or spec.get("affinity"))
     if pinned is None and not needs_labels and not identity:
-        found, reasons = _ranked_best(ctx, pod_sig)
+        found, reasons = _ranked(ctx, pod_sig)
         if found is None:
             plan = PodPlan(None, reason=_no_node_reason(pod_label, state, reasons, labelled,
                                                         rules))
@@ -379,9 +380,12 @@ class _Context:
                 state.memo[memo_key] = outcome
         if not outcome.ok:
             return outcome, ()
-        cpu_free, mem_free = state.node_free(node)
-        return outcome, score(outcome, self.policy, state.workload, cpu_free=cpu_free,
-                              mem_free=mem_free, cpu=self.cpu, memory=self.memory)
+        return outcome, self.score_of(node, outcome)
+
+    def score_of(self, node: str, outcome: Outcome) -> tuple[float, ...]:
+        cpu_free, mem_free = self.state.node_free(node)
+        return score(outcome, self.policy, self.state.workload, cpu_free=cpu_free,
+                     mem_free=mem_free, cpu=self.cpu, memory=self.memory)
 
 
 def _scan(ctx: _Context, pod: Mapping[str, Any],
@@ -443,8 +447,33 @@ class Ranking:
     failures: dict[tuple[object, ...], str]
 
 
-def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...],
-                 ) -> tuple[tuple[str, Outcome] | None, Counter[str]]:
+def _ranked(ctx: _Context, pod_sig: tuple[object, ...],
+            ) -> tuple[tuple[str, Outcome] | None, Counter[str]]:
+    """The best node from the rankings. A pod of an isolated tenant takes the better of two:
+    the ranking of the classes holding its tenant's cards (its own, kept for the tenant), and
+    the ranking every isolated tenant shares, where each held card is barred (a tenant's own
+    classes passed over), so that tenants do not each rank the whole cluster again."""
+    rules = ctx.ranked_rules
+    if rules is None or not rules.tenant:
+        return _ranked_best(ctx, pod_sig)
+    tenant = rules.tenant
+    policies = ctx.state.policies
+    shared = replace(ctx, rules=policies.isolated(ctx.rules or rules),
+                     ranked_rules=policies.isolated(rules))
+    own, own_reasons = _ranked_best(ctx, (*pod_sig[:-1], ("own", tenant)), own=tenant)
+    other, other_reasons = _ranked_best(shared, (*pod_sig[:-1], ISOLATED), skip=tenant)
+    if own is None or other is None:
+        found = own or other
+        return found, Counter() if found else own_reasons + other_reasons
+    if (ctx.score_of(*own), own[0]) <= (ctx.score_of(*other), other[0]):
+        return own, Counter()
+    return other, Counter()
+
+
+def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...], *, own: str | None = None,
+                 skip: str | None = None) -> tuple[tuple[str, Outcome] | None, Counter[str]]:
+    """The ranking's best class (`own`: only classes holding that tenant's cards; `skip`:
+    passing over them)."""
     state = ctx.state
     ranking: Ranking | None = state.rankings.get(pod_sig)
     log = state.group_log
@@ -467,6 +496,8 @@ def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...],
         members = state.groups.get(group_key)
         if not members:
             continue
+        if own is not None and own not in state.holder_summary(group_key).tenants:
+            continue
         pruned = fits_node(state, members[0], ctx.cpu, ctx.memory, ctx.tolerations)
         if pruned is not None:
             failures[group_key] = pruned
@@ -485,22 +516,23 @@ def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...],
         if members[0] != name:
             heapq.heapreplace(heap, (node_score, members[0], group_key))
             continue
-        outcome, _ = ctx.evaluate(group_key, name, ranked=True)
-        if ctx.rules is ctx.ranked_rules:
+        if skip is None and ctx.rules is ctx.ranked_rules:
+            outcome, _ = ctx.evaluate(group_key, name, ranked=True)
             return (name, outcome), Counter()
-        return _within_limit(ctx, ranking)
-    return None, _ranking_reasons(state, ranking, {})
+        return _within_limit(ctx, ranking, skip)
+    return None, _ranking_reasons(state, ranking, {}, skip)
 
 
 def _ranking_reasons(state: ClusterState, ranking: Ranking,
-                     more: Mapping[tuple[object, ...], str]) -> Counter[str]:
+                     more: Mapping[tuple[object, ...], str], skip: str | None) -> Counter[str]:
     reasons: Counter[str] = Counter()
     live: dict[tuple[object, ...], str] = {}
     for group_key, reason in ranking.failures.items():
         members = state.groups.get(group_key)
         if members:
             live[group_key] = reason
-            reasons[reason] += len(members)
+            if skip is None or skip not in state.holder_summary(group_key).tenants:
+                reasons[reason] += len(members)
     ranking.failures = live
     for group_key, reason in more.items():
         members = state.groups.get(group_key)
@@ -509,7 +541,7 @@ def _ranking_reasons(state: ClusterState, ranking: Ranking,
     return reasons
 
 
-def _within_limit(ctx: _Context, ranking: Ranking,
+def _within_limit(ctx: _Context, ranking: Ranking, skip: str | None = None,
                   ) -> tuple[tuple[str, Outcome] | None, Counter[str]]:
     """The ranking's best class whose plan the namespace's maxClaimsPerDevice leaves as it is.
 
@@ -519,7 +551,7 @@ def _within_limit(ctx: _Context, ranking: Ranking,
     picks the same devices, the entry stands with its score; otherwise the node is scored as
     the search under the limit places the pod, and the entry is set aside for this pod. The
     walk ends at the first entry that stands, or at an entry scored no better than a node set
-    aside (which then wins).
+    aside (which then wins). Classes holding cards of tenant `skip` are passed over.
     """
     state = ctx.state
     heap = ranking.heap
@@ -537,10 +569,16 @@ def _within_limit(ctx: _Context, ranking: Ranking,
             if members[0] != name:
                 heapq.heapreplace(heap, (node_score, members[0], group_key))
                 continue
+            summary = state.holder_summary(group_key)
+            if skip is not None and skip in summary.tenants:
+                aside.append(heapq.heappop(heap))
+                continue
             if best is not None and (best[0], best[1]) <= (node_score, name):
                 break
             outcome, _ = ctx.evaluate(group_key, name, ranked=True)
-            summary = state.holder_summary(group_key)
+            if ctx.rules is ctx.ranked_rules:
+                found = (name, outcome)
+                break
             if memo_rules(ctx.rules, summary, ctx.own_shares) == \
                     memo_rules(ctx.ranked_rules, summary, ctx.own_shares):
                 found = (name, outcome)
@@ -561,7 +599,7 @@ def _within_limit(ctx: _Context, ranking: Ranking,
         return found, Counter()
     if best is not None:
         return (best[1], best[2]), Counter()
-    return None, _ranking_reasons(state, ranking, refused)
+    return None, _ranking_reasons(state, ranking, refused, skip)
 
 
 def _same_picks(a: Outcome, b: Outcome) -> bool:

@@ -37,6 +37,9 @@ from dra_gateway.policy.sharing import NO_RULES, Holder, SharingRules
 _NO_HOLDER = Holder("", None)
 _MIB = 1 << 20
 MIXED = "*"  # the tenant fact of a card held by several tenants: no newcomer may share it
+# The tenant of the ranking isolated tenants share: one no card belongs to (every held card
+# barred), which is how a tenant sees every node where it holds no card.
+ISOLATED = "\x00isolated"
 
 # Holder counts enter the node class key from this many below the smallest maxClaimsPerDevice,
 # so a pod putting up to this many shares on one card is planned from memoised classes; a pod
@@ -136,6 +139,7 @@ class PlannerPolicies:
         self._rules: dict[str, SharingRules] = {}
         self._holders: dict[str, Holder] = {}
         self._unlimited: dict[SharingRules, SharingRules] = {}
+        self._isolated: dict[SharingRules, SharingRules] = {}
 
     def set_catalog(self, catalog: Catalog) -> None:
         self.catalog = catalog
@@ -146,6 +150,7 @@ class PlannerPolicies:
         self._rules.clear()
         self._holders.clear()
         self._unlimited.clear()
+        self._isolated.clear()
         self.ledger = QuotaLedger()
         self.ledger.set_quotas(catalog.compiled_quotas())
 
@@ -218,6 +223,15 @@ class PlannerPolicies:
         if found is None:
             found = replace(rules, max_claims_per_device=None)
             self._unlimited[rules] = found
+        return found
+
+    def isolated(self, rules: SharingRules) -> SharingRules:
+        """The rules with the tenant `ISOLATED`: as a tenant searches nodes where it holds no
+        card."""
+        found = self._isolated.get(rules)
+        if found is None:
+            found = replace(rules, tenant=ISOLATED)
+            self._isolated[rules] = found
         return found
 
     def memoisable(self, own_shares: int) -> bool:
@@ -313,6 +327,6 @@ def surely_exceeded(policies: PlannerPolicies, quotas: Sequence[Quota],
     return never, now
 
 
-__all__ = ["MIXED", "NO_HOLDERS", "OWN_SHARES_MEMOISED", "CardFact", "HolderSummary",
+__all__ = ["ISOLATED", "MIXED", "NO_HOLDERS", "OWN_SHARES_MEMOISED", "CardFact", "HolderSummary",
            "PlannerPolicies", "QuotaQueue", "Waiting", "card_rules", "memo_rules", "quotas_for",
            "surely", "surely_exceeded"]

@@ -199,6 +199,28 @@ def test_isolation_survives_the_memo_of_nodes_with_equal_usage() -> None:
     assert place(state, gpod("b3", "b"), share("b3", "b", 4)).node_name == "n1"
 
 
+def test_isolated_tenants_pack_onto_their_own_cards_and_share_one_ranking_of_the_rest() -> None:
+    # Each tenant ranks the nodes where it holds cards; the nodes where it holds none are
+    # ranked once for every isolated tenant (all held cards barred).
+    state = nodes(3, 1)
+    policies(state, sharing_=[sharing("by-team", isolation={"mode": "Label",
+                                                            "labelKey": "team"})],
+             namespaces=[namespace("a", team="red"), namespace("b", team="blue"),
+                         namespace("c", team="green")])
+    assert place(state, gpod("r1", "a"), share("r1", "a", 4)).node_name == "n0"
+    assert place(state, gpod("b1", "b"), share("b1", "b", 4)).node_name == "n1"
+    assert place(state, gpod("r2", "a"), share("r2", "a", 4)).node_name == "n0"  # binpacked
+    assert place(state, gpod("b2", "b"), share("b2", "b", 4)).node_name == "n1"
+    assert place(state, gpod("g1", "c"), share("g1", "c", 4)).node_name == "n2"
+    refused = place(state, gpod("g2", "c"), share("g2", "c", 14))
+    assert refused.node_name is None
+    assert "isolated from team=green (isolation), GPUSharingPolicy by-team" in (
+        refused.reason or "")
+    for uid in ("claim-a-r1", "claim-a-r2"):
+        state.remove_claim(uid)
+    assert place(state, gpod("g3", "c"), share("g3", "c", 14)).node_name == "n0"
+
+
 def test_allowed_models_and_max_claims_per_card_steer_the_card() -> None:
     state = cluster({"n0": [gpu(0, product="T4"), gpu(1, product="A100-SXM4")]},
                     policy="binpack")
