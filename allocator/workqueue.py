@@ -43,7 +43,14 @@ class WorkQueue(Generic[K]):
         return set(self._dirty) | self._processing | set(self._timers)
 
     def add(self, key: K) -> None:
-        if self._closed or key in self._dirty:
+        """Queue `key` now; a delayed add of it still pending is dropped (this one serves it:
+        left, it would hand the key out a second time just after)."""
+        if self._closed:
+            return
+        pending = self._timers.pop(key, None)
+        if pending is not None:
+            pending[1].cancel()
+        if key in self._dirty:
             return
         self._dirty.add(key)
         if key not in self._processing:

@@ -14,7 +14,8 @@ Contract with the controller (and the benchmark), kept stable:
 Everything here is pure: no asyncio, no I/O, no cluster port, no logging, no clock.
 """
 
-from dra_gateway.allocator.planner.plan import PodPlan, plan_pod
+from dra_gateway.allocator.planner.allocation import PodPlan
+from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.scoring import TaskType, Workload
 from dra_gateway.allocator.planner.settings import (
     BINPACK,

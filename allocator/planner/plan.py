@@ -19,19 +19,22 @@ selector, cards the namespace already touches) are the other feasible nodes trie
 
 Pure: no I/O, no clock, no logging; it touches only the state's memos, rankings and learned
 workload. It never writes to the API: the controller writes what it returns.
+
+Over 500 lines as one idea: choosing the node, from class rankings to the quota checks
+around the search; the allocations it writes are built in `allocation`.
 """
 
 from __future__ import annotations
 
 import heapq
 import json
-import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dra_gateway.allocator.planner import kubefit
+from dra_gateway.allocator.planner.allocation import PodPlan, build_plan
 from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for, share_policy
 from dra_gateway.allocator.planner.devices import NANO
 from dra_gateway.allocator.planner.policies import (
@@ -48,7 +51,6 @@ from dra_gateway.allocator.planner.search import (
     TENANT_PLACEHOLDER,
     NodeSearch,
     Outcome,
-    Pick,
     claim_placeholder,
     fill_claims,
     fits_node,
@@ -57,8 +59,6 @@ from dra_gateway.allocator.planner.search import (
 from dra_gateway.allocator.planner.settings import POLICIES
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names, objects
-from dra_gateway.kube.models import config_applies
-from dra_gateway.kube.shares import RecordedShare, encode_shares, share_record
 from dra_gateway.policy.admission import check_admission
 from dra_gateway.policy.amounts import DeviceCharge, RequestShape
 from dra_gateway.policy.quotas import Exceeded, Quota
@@ -66,30 +66,8 @@ from dra_gateway.policy.sharing import SharingRules
 
 HAMI_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
 _HAMI_POLICIES = {"binpack": "binpack", "spread": "spread"}
-_SHARE_NAMESPACE = uuid.UUID("5b0f6b8e-2a4e-4f43-9d1c-6b1f3c2a9e77")
 _MEMO_LIMIT = 200_000
 _RANKINGS_LIMIT = 4_096
-
-
-@dataclass(frozen=True)
-class PodPlan:
-    """The plan for one pod.
-
-    `allocations` maps claim uid to the `status.allocation` to write; `annotations` maps claim
-    uid to annotations to merge (the fallback world records shares there); `reason` says why
-    the pod cannot be placed, naming claim, request and the binding limit. A pod held back by
-    a quota has `quota_reason` (`QuotaExceeded`, or `QueuedForQuota` behind an earlier pod)
-    and `quota` (the quotas exceeded, when known); `reason` is then ResourceQuota's message.
-    `charges` maps claim uid to what each allocation costs against quotas.
-    """
-
-    node_name: str | None
-    allocations: dict[str, dict[str, Any]] = field(default_factory=dict)
-    annotations: dict[str, dict[str, str]] = field(default_factory=dict)
-    reason: str | None = None
-    quota_reason: str | None = None
-    quota: tuple[Exceeded, ...] = ()
-    charges: dict[str, tuple[DeviceCharge, ...]] = field(default_factory=dict)
 
 
 QUOTA_EXCEEDED = "QuotaExceeded"
@@ -203,7 +181,7 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
             plan = PodPlan(None, reason=_no_node_reason(pod_label, state, reasons, labelled,
                                                         rules))
         else:
-            plan = _build_plan(state, found[0], to_plan, found[1])
+            plan = build_plan(state, found[0], to_plan, found[1])
     else:
         plan = _scan(ctx, pod, to_plan, pod_label, pinned=pinned, needs_labels=needs_labels,
                      identity=identity)
@@ -293,7 +271,7 @@ def _within_quota(ctx: _Context, pod: Mapping[str, Any],
                                             identity=identity):
             if member == plan.node_name:
                 continue
-            candidate = _build_plan(state, member, to_plan, outcome)
+            candidate = build_plan(state, member, to_plan, outcome)
             candidate_charges = _charges(state, pod, to_plan, candidate)
             if not policies.ledger.excess(namespace, list(candidate_charges.values())):
                 plan, charges, exceeded = candidate, candidate_charges, []
@@ -427,7 +405,7 @@ def _scan(ctx: _Context, pod: Mapping[str, Any],
     if best is None:
         return PodPlan(None, reason=_no_node_reason(pod_label, state, reasons, ctx.claims,
                                                     ctx.rules))
-    return _build_plan(state, best[1], to_plan, best[2])
+    return build_plan(state, best[1], to_plan, best[2])
 
 
 @dataclass(slots=True)
@@ -661,98 +639,3 @@ def _task(state: ClusterState, cpu: int, memory: int,
                 milli = max(milli, mem_bytes * FULL // typical)
             shares.extend([min(max(milli, 1), FULL)] * count)
     return task_of(cpu, memory, shares)
-
-
-def _build_plan(state: ClusterState, node: str,
-                to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]],
-                outcome: Outcome) -> PodPlan:
-    devices = state.node_devices.get(node, [])
-    allocations: dict[str, dict[str, Any]] = {}
-    annotations: dict[str, dict[str, str]] = {}
-    native = state.settings.consumable_capacity
-    by_claim: dict[int, list[Pick]] = {}
-    for pick in outcome.picks:
-        by_claim.setdefault(pick.claim, []).append(pick)
-    for index, (claim, _, demand) in enumerate(to_plan):
-        uid = objects.uid(claim)
-        results: list[dict[str, Any]] = []
-        recorded: list[RecordedShare] = []
-        class_requests: dict[str, list[str]] = {}
-        resolved_memory: dict[str, int] = {}
-        for n, pick in enumerate(by_claim.get(index, ())):
-            device = devices[pick.device]
-            alt = pick.alternative
-            result: dict[str, Any] = {"request": pick.result_name, "driver": device.driver,
-                                      "pool": device.pool, "device": device.name}
-            if alt.admin_access:
-                result["adminAccess"] = True
-            if alt.tolerations:
-                result["tolerations"] = [dict(t) for t in alt.tolerations]
-            multi = bool(device.raw.get("allowMultipleAllocations"))
-            if device.shareable and (multi or not pick.exclusive):
-                share_id = str(uuid.uuid5(_SHARE_NAMESPACE,
-                                          f"{uid}/{pick.result_name}/{n}/{device.key}"))
-                consumed = {k: str(device.quantity(k, v)) for k, v in pick.consumed.items()}
-                if native and multi:
-                    result["shareID"] = share_id
-                    result["consumedCapacity"] = consumed
-                elif not pick.exclusive:
-                    recorded.append(RecordedShare(
-                        request=pick.result_name, driver=device.driver, pool=device.pool,
-                        device=device.name, share_id=share_id, consumed_capacity=consumed))
-            results.append(result)
-            names_ = class_requests.setdefault(alt.class_name, [])
-            if pick.result_name not in names_:
-                names_.append(pick.result_name)
-            if alt.share.memory_percent is not None and alt.share.memory is None:
-                resolved = memory_for(alt.share, device.gpu_memory)
-                if resolved is not None:
-                    resolved_memory[pick.result_name] = resolved
-        config: list[dict[str, Any]] = []
-        for class_name, requests in class_requests.items():
-            info = state.classes.get(class_name)
-            for class_config in info.configs if info is not None else ():
-                config.append({"source": "FromClass", "requests": list(requests),
-                               "opaque": dict(class_config["opaque"])})
-        config.extend(_claim_configs(demand, resolved_memory))
-        # The shares' record goes where only status writers reach (kube.shares); the
-        # annotation below repeats it for people and is never read back.
-        record = share_record(recorded)
-        if record is not None:
-            config.append(record)
-        allocation: dict[str, Any] = {
-            "devices": {"results": results, **({"config": config} if config else {})},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
-        }
-        allocations[uid] = allocation
-        if recorded:
-            annotations[uid] = {names.ANNOTATION_SHARES: encode_shares(recorded)}
-    return PodPlan(node, allocations, annotations, None)
-
-
-def _claim_configs(demand: ClaimDemand, resolved: Mapping[str, int]) -> list[dict[str, Any]]:
-    """The claim's configs as DRA copies them, with relative memory made absolute per request."""
-    out: list[dict[str, Any]] = []
-    for raw in demand.configs:
-        opaque = raw.get("opaque")
-        if not opaque:
-            continue
-        targets = list(raw.get("requests") or ())
-        params = opaque.get("parameters") or {}
-        percent = (opaque.get("driver") == names.DRIVER
-                   and params.get("kind") == names.KIND_GPU_SHARE_CONFIG
-                   and params.get("memoryPercent") is not None)
-        applies = [r for r in resolved if config_applies(targets, r)]
-        if not percent or not applies:
-            entry: dict[str, Any] = {"source": "FromClaim", "opaque": dict(opaque)}
-            if targets:
-                entry["requests"] = targets
-            out.append(entry)
-            continue
-        for result_name in applies:
-            parameters = {k: v for k, v in params.items() if k != "memoryPercent"}
-            parameters["memory"] = resolved[result_name]
-            out.append({"source": "FromClaim", "requests": [result_name],
-                        "opaque": {"driver": opaque["driver"], "parameters": parameters}})
-    return out

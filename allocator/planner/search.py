@@ -10,6 +10,9 @@ With sharing policies in force, each card that fits is also asked `card_refusal`
 models, exclusive namespaces, maxClaimsPerDevice, tenant isolation) given who holds it,
 the pod's own earlier picks included.
 Pure: no I/O.
+
+Over 500 lines as one idea: the joint device search on one node, with its bounds and memo
+keys, which must agree with each other.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ benchmark) and keeps incremental indexes:
   queue of pods waiting for quota (`policies.PlannerPolicies`).
 
 It must not do I/O, log, or look at the clock: callers decide when objects change.
+
+Over 500 lines as one idea: the cluster as the planner sees it, with the indexes (node
+classes, usage per device, learned workload) that must change together with it.
 """
 
 from __future__ import annotations

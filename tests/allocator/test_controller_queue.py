@@ -63,3 +63,15 @@ async def test_shutdown_drops_pending_delays_and_ignores_later_adds() -> None:
 def test_backoff_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="base_delay <= max_delay"):
         WorkQueue(base_delay=2.0, max_delay=1.0)
+
+
+async def test_an_add_supersedes_the_keys_pending_delayed_add() -> None:
+    # A backoff timer due just after an event queued the key would hand it out twice in a row.
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add_after("a", 0.02)
+    queue.add("a")
+    assert queue.delayed == 0
+    assert await queue.get() == "a"
+    queue.done("a")
+    await asyncio.sleep(0.05)
+    assert len(queue) == 0
