@@ -17,19 +17,18 @@ and in /readyz. This module must not translate pods or answer reviews.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
-from dra_gateway.kube import names, objects
-from dra_gateway.kube.cluster.port import ApiError, Cluster, Expired, NotFound, Object
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError, Cluster, Object
 from dra_gateway.kube.resources import DEVICE_CLASSES
 from dra_gateway.translator.extended import ExtendedResources
 from dra_gateway.webhook.metrics import Metrics
+from dra_gateway.webhook.mirroring import mirror
 
 log = logging.getLogger(__name__)
 
-_MAX_RETRY_DELAY = 30.0
 _RBAC_FIX = ("grant the webhook's ServiceAccount list and watch on deviceclasses in API group "
              "resource.k8s.io, or start the webhook with --no-device-classes")
 
@@ -53,52 +52,25 @@ class DeviceClassWatch:
         self.on_change: Callable[[ExtendedResources], None] | None = None
 
     async def run(self) -> None:
-        resource_version: str | None = None
-        failures = 0
-        while True:
-            if failures:
-                await asyncio.sleep(min(self._retry_delay * 2 ** (failures - 1),
-                                        _MAX_RETRY_DELAY))
-            try:
-                if resource_version is None:
-                    try:
-                        listed = await self._cluster.list(DEVICE_CLASSES)
-                    except NotFound:
-                        # No resource.k8s.io/v1 DeviceClasses here: nothing can be declared.
-                        self._replace([])
-                        self._synced()
-                        log.warning("the API server serves no DeviceClasses; legacy names are "
-                                    "translated without looking for extendedResourceName")
-                        return
-                    self._replace(listed.items)
-                    self._synced()
-                    resource_version = listed.resource_version
-                failures = 0
-                async for event in self._cluster.watch(DEVICE_CLASSES,
-                                                       resource_version=resource_version):
-                    resource_version = (objects.resource_version(event.object)
-                                        or resource_version)
-                    if event.type in ("ADDED", "MODIFIED"):
-                        self._put(event.object)
-                    elif event.type == "DELETED":
-                        self._drop(event.object)
-            except Expired:
-                log.info("DeviceClass watch expired, relisting")
-                resource_version = None
-            except ApiError as exc:
-                resource_version = None
-                failures += 1
-                fix = f"; {_RBAC_FIX}" if exc.code == 403 else ""
-                if not self.synced:
-                    self.problem = f"DeviceClasses not read yet ({exc.reason}{fix})"
-                extra = {"reason": exc.reason, "error": exc.message}
-                if fix:
-                    extra["fix"] = _RBAC_FIX
-                log.warning("DeviceClass list or watch failed, relisting", extra=extra)
-            except Exception:
-                resource_version = None
-                failures += 1
-                log.exception("DeviceClass watch failed, relisting")
+        await mirror(self._cluster, DEVICE_CLASSES, what="DeviceClass",
+                     retry_delay=self._retry_delay, listed=self._listed, changed=self._put,
+                     deleted=self._drop, failed=self._failed, missing=self._missing,
+                     rbac_fix=_RBAC_FIX)
+
+    def _listed(self, items: list[Object]) -> None:
+        self._replace(items)
+        self._synced()
+
+    def _missing(self) -> None:
+        # No resource.k8s.io/v1 DeviceClasses here: nothing can be declared.
+        self._listed([])
+        log.warning("the API server serves no DeviceClasses; legacy names are translated "
+                    "without looking for extendedResourceName")
+
+    def _failed(self, exc: ApiError) -> None:
+        if not self.synced:
+            fix = f"; {_RBAC_FIX}" if exc.code == 403 else ""
+            self.problem = f"DeviceClasses not read yet ({exc.reason}{fix})"
 
     def _synced(self) -> None:
         self.synced = True

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 
 from dra_gateway.kube import objects
-from dra_gateway.kube.cluster.port import ApiError, Cluster, Expired, NotFound, Object
+from dra_gateway.kube.cluster.port import ApiError, Cluster, Object
 from dra_gateway.kube.resources import (
     GPU_QUOTAS,
     GPU_SHARING_POLICIES,
@@ -31,10 +31,10 @@ from dra_gateway.kube.resources import (
 from dra_gateway.policy.admission import QuotaState
 from dra_gateway.policy.catalog import Catalog, quota_state
 from dra_gateway.policy.models import PolicyError
+from dra_gateway.webhook.mirroring import mirror
 
 log = logging.getLogger(__name__)
 
-_MAX_RETRY_DELAY = 30.0
 WATCHED: tuple[ResourceType, ...] = (GPU_QUOTAS, GPU_SHARING_POLICIES, NAMESPACES)
 _RBAC_FIX = ("grant the webhook's ServiceAccount list and watch on gpuquotas and "
              "gpusharingpolicies in API group dra-gateway.io and on namespaces, or start the "
@@ -83,54 +83,37 @@ class PolicyWatch:
                 group.create_task(self._mirror(rt), name=f"policies-{rt.plural}")
 
     async def _mirror(self, rt: ResourceType) -> None:
-        resource_version: str | None = None
-        failures = 0
-        while True:
-            if failures:
-                await asyncio.sleep(min(self._retry_delay * 2 ** (failures - 1),
-                                        _MAX_RETRY_DELAY))
-            try:
-                if resource_version is None:
-                    try:
-                        listed = await self._cluster.list(rt)
-                    except NotFound:
-                        # The CRD is not installed: no policies of this kind.
-                        self._replace(rt, [])
-                        log.warning("the API server serves no %s; install the chart's CRDs to "
-                                    "use GPU policies", rt.plural)
-                        return
-                    self._replace(rt, listed.items)
-                    resource_version = listed.resource_version
-                failures = 0
-                async for event in self._cluster.watch(rt, resource_version=resource_version):
-                    resource_version = (objects.resource_version(event.object)
-                                        or resource_version)
-                    if event.type in ("ADDED", "MODIFIED"):
-                        if rt is GPU_QUOTAS:
-                            self._quota(event.object)
-                        self._objects[rt][_key(event.object)] = event.object
-                        self._publish(rt)
-                    elif event.type == "DELETED" and \
-                            self._objects[rt].pop(_key(event.object), None) is not None:
-                        if rt is GPU_QUOTAS:
-                            self._quota_states.pop(_key(event.object), None)
-                            self._quota_errors.pop(_key(event.object), None)
-                        self._publish(rt)
-            except Expired:
-                resource_version = None
-            except ApiError as exc:
-                resource_version = None
-                failures += 1
+        def missing() -> None:
+            # The CRD is not installed: no policies of this kind.
+            self._replace(rt, [])
+            log.warning("the API server serves no %s; install the chart's CRDs to use GPU "
+                        "policies", rt.plural)
+
+        def failed(exc: ApiError) -> None:
+            if rt not in self._listed:
                 fix = f"; {_RBAC_FIX}" if exc.code == 403 else ""
-                if rt not in self._listed:
-                    self._problems[rt] = f"{rt.plural} not read yet ({exc.reason}{fix})"
-                log.warning("policy list or watch failed, relisting",
-                            extra={"resource": rt.plural, "reason": exc.reason,
-                                   "error": exc.message})
-            except Exception:
-                resource_version = None
-                failures += 1
-                log.exception("policy watch failed, relisting", extra={"resource": rt.plural})
+                self._problems[rt] = f"{rt.plural} not read yet ({exc.reason}{fix})"
+
+        await mirror(self._cluster, rt, what=f"policy {rt.plural}",
+                     retry_delay=self._retry_delay,
+                     listed=lambda items: self._replace(rt, items),
+                     changed=lambda obj: self._changed(rt, obj),
+                     deleted=lambda obj: self._deleted(rt, obj),
+                     failed=failed, missing=missing, rbac_fix=_RBAC_FIX)
+
+    def _changed(self, rt: ResourceType, obj: Object) -> None:
+        if rt is GPU_QUOTAS:
+            self._quota(obj)
+        self._objects[rt][_key(obj)] = obj
+        self._publish(rt)
+
+    def _deleted(self, rt: ResourceType, obj: Object) -> None:
+        if self._objects[rt].pop(_key(obj), None) is None:
+            return
+        if rt is GPU_QUOTAS:
+            self._quota_states.pop(_key(obj), None)
+            self._quota_errors.pop(_key(obj), None)
+        self._publish(rt)
 
     def _replace(self, rt: ResourceType, items: list[Object]) -> None:
         if rt is GPU_QUOTAS:

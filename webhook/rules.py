@@ -33,11 +33,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dra_gateway.kube import names, objects
-from dra_gateway.kube.cluster.port import ApiError, Cluster, Expired, Object
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError, Cluster, Object
 from dra_gateway.kube.resources import CONFIG_MAPS, EVENTS
 from dra_gateway.translator.rules import RulesError, RuleSet, Source, load_rules
 from dra_gateway.webhook.metrics import Metrics
+from dra_gateway.webhook.mirroring import mirror
 from dra_gateway.webhook.settings import WebhookSettings
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,6 @@ Listener = Callable[[RuleSet], Awaitable[None]]
 _FileStamp = tuple[tuple[str, int, int, int], ...]
 _EVENT_MESSAGE_LIMIT = 1024  # the API server truncates longer Event messages anyway
 COMPONENT = "dra-gateway-webhook"
-_MAX_RETRY_DELAY = 30.0
 
 
 def _stamp(path: Path) -> _FileStamp:
@@ -183,44 +183,15 @@ class RuleStore:
 
     async def watch_config_maps(self) -> None:
         """List and watch the rule ConfigMaps; runs until cancelled."""
-        ns = self._settings.namespace
-        resource_version: str | None = None
-        failures = 0
-        while True:
-            if failures:
-                # Back off while the API is unreachable or refusing, up to half a minute.
-                await asyncio.sleep(min(self._settings.watch_retry_delay * 2 ** (failures - 1),
-                                        _MAX_RETRY_DELAY))
-            try:
-                if resource_version is None:
-                    listed = await self._cluster.list(CONFIG_MAPS, namespace=ns,
-                                                      label_selector=self.selector)
-                    await self.sync(listed.items)
-                    resource_version = listed.resource_version
-                    if self.on_synced is not None:
-                        self.on_synced()
-                failures = 0
-                async for event in self._cluster.watch(
-                        CONFIG_MAPS, namespace=ns, label_selector=self.selector,
-                        resource_version=resource_version):
-                    resource_version = (objects.resource_version(event.object)
-                                        or resource_version)
-                    if event.type in ("ADDED", "MODIFIED"):
-                        await self.config_map_changed(event.object)
-                    elif event.type == "DELETED":
-                        await self.config_map_deleted(event.object)
-            except Expired:
-                log.info("rules ConfigMap watch expired, relisting", extra={"namespace": ns})
-                resource_version = None
-            except ApiError as exc:
-                log.warning("rules ConfigMap watch failed, relisting",
-                            extra={"namespace": ns, "reason": exc.reason, "error": exc.message})
-                resource_version = None
-                failures += 1
-            except Exception:
-                log.exception("rules ConfigMap watch failed, relisting", extra={"namespace": ns})
-                resource_version = None
-                failures += 1
+        await mirror(self._cluster, CONFIG_MAPS, what="rules ConfigMap",
+                     retry_delay=self._settings.watch_retry_delay, listed=self._listed,
+                     changed=self.config_map_changed, deleted=self.config_map_deleted,
+                     namespace=self._settings.namespace, label_selector=self.selector)
+
+    async def _listed(self, items: list[Object]) -> None:
+        await self.sync(items)
+        if self.on_synced is not None:
+            self.on_synced()
 
     async def sync(self, items: list[Object]) -> None:
         """Bring the sources in line with a full list of the rule ConfigMaps."""
