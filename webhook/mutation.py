@@ -96,11 +96,15 @@ def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
     """What /mutate answers for a pod being created in `namespace`; `extended`: the names the
     cluster's DeviceClasses declare as spec.extendedResourceName (see `translate`)."""
     meta = pod.get("metadata")
+    # The patch applies to the pod as sent: metadata added here must be added by it too.
+    made_metadata: list[dict[str, Any]] = []
     if namespace and (not isinstance(meta, dict) or not meta.get("namespace")):
         # The API server fills the namespace in before admission; a review built by hand may
         # not, and the templates must land in the pod's namespace all the same.
         pod = {**pod, "metadata": {**(meta if isinstance(meta, dict) else {}),
                                    "namespace": namespace}}
+        if not isinstance(meta, dict):
+            made_metadata.append({"op": "add", "path": "/metadata", "value": {}})
     plan = translate(pod, rules, class_lookup=class_lookup, extended=extended)
     warnings = tuple(plan.warnings)
     applied = tuple(plan.rules_applied)
@@ -122,7 +126,7 @@ def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
         audit["resource-claim-templates"] = ",".join(
             t["metadata"]["name"] for t in plan.templates)
     return Mutation(
-        patch=encode_patch(plan.patch),
+        patch=encode_patch([*made_metadata, *plan.patch]),
         templates=tuple(plan.templates),
         warnings=warnings,
         audit=audit,

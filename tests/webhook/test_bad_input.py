@@ -5,6 +5,7 @@ import io
 import logging
 from typing import Any
 
+import jsonpatch
 import orjson
 import pytest
 from aiohttp import web
@@ -16,7 +17,7 @@ from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.webhook.app import STATE, create_app
 from dra_gateway.webhook.settings import WebhookSettings
 
-from .conftest import ClientFactory, hami_pod, review
+from .conftest import ClientFactory, decoded_patch, hami_pod, review
 
 Client = TestClient[web.Request, web.Application]
 
@@ -73,6 +74,10 @@ async def test_bad_bodies_get_400_with_a_one_line_reason(
     client: Client, path: str, body: bytes, reason: str
 ) -> None:
     status, text = await _status_and_text(client, path, body)
+    if path == "/validate":
+        # /validate also answers natively written claims and templates of gateway classes.
+        reason = reason.replace("serves pods only",
+                                "serves pods, resourceclaims and resourceclaimtemplates")
     assert (status, text) == (400, reason + "\n")
 
 
@@ -85,6 +90,19 @@ async def test_a_body_over_3_mib_gets_400(client: Client) -> None:
     # The connection and the server are still fine.
     status, _ = await _status_and_text(client, "/mutate", orjson.dumps(review(hami_pod())))
     assert status == 200
+
+
+async def test_a_pod_without_metadata_gets_a_patch_that_makes_it(client: Client) -> None:
+    # Found by the /mutate fuzz target: the namespace of the request was added to a copy
+    # of the pod, and the patch then added to metadata the pod as sent does not have.
+    pod = hami_pod()
+    del pod["metadata"]
+    resp = await client.post("/mutate", data=orjson.dumps(review(pod, namespace="inference")))
+    answer = (await resp.json())["response"]
+    patch = decoded_patch({"response": answer})
+    assert patch[0] == {"op": "add", "path": "/metadata", "value": {}}
+    patched = jsonpatch.apply_patch(pod, patch)
+    assert set(patched["metadata"]["annotations"]) == {"dra-gateway.io/translated"}
 
 
 class _BrokenTemplates(MemoryCluster):
