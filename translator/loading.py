@@ -74,13 +74,25 @@ def _parse_texts(texts: list[tuple[str, str]], problems: Problems) -> list[tuple
         try:
             docs = [d for d in yaml.safe_load_all(text) if d is not None]
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}" if mark is not None else "somewhere"
-            problems.add(name, "", f"not valid YAML ({where}: {getattr(exc, 'problem', exc)})")
+            problems.add(name, "", f"not valid YAML ({_yaml_problem(exc, text)})")
             continue
         for i, doc in enumerate(docs):
             out.append((f"{name}[{i}]" if len(docs) > 1 else name, doc))
     return out
+
+
+def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
+    """Where and what, on one line: PyYAML's own text spans lines (it quotes the input)."""
+    if isinstance(exc, yaml.reader.ReaderError):
+        # Refused while reading, before parsing: a character YAML does not allow.
+        line = text.count("\n", 0, exc.position) + 1
+        code = exc.character
+        character = f"U+{code:04X}" if isinstance(code, int) else repr(code)
+        return f"line {line}: {exc.reason} ({character})"
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}" if mark is not None else "somewhere"
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or str(exc)
+    return f"{where}: {' '.join(str(problem).split())}"
 
 
 def _read_text(path: Path, problems: Problems) -> str:

@@ -157,6 +157,17 @@ def test_unreadable_sources_are_load_errors(tmp_path: Path,
         "missing.yaml: cannot be read: No such file or directory"]
 
 
+def test_a_character_yaml_refuses_is_named_with_its_line_on_one_line() -> None:
+    # PyYAML refuses it while reading, with a message of several lines quoting the input
+    # (found by the rules fuzz target); the error reaches Events and /readyz as one line.
+    with pytest.raises(RulesError) as caught:
+        load_rules(("ConfigMap dra-gateway/site", {"rules.yaml": HEADER + "rules: [\x06]\n"}),
+                   builtin=False)
+    assert caught.value.errors == [
+        "ConfigMap dra-gateway/site key rules.yaml: not valid YAML (line 3: special characters "
+        "are not allowed (U+0006))"]
+
+
 def test_rules_come_from_files_folders_and_configmap_data(tmp_path: Path) -> None:
     rule = HEADER + """\
 rules:
