@@ -13,12 +13,14 @@ ResourceClaim or template) and returns every violation, so the user fixes them i
 Only what the request surely costs counts here: memory given as a percent of the card, a whole
 card's memory and the card a selector-scoped quota would count are known only once allocated,
 so the allocator (authoritative) enforces those. Allowed models and isolation depend on the
-card too, and are the allocator's. Pure: no I/O.
+card too, and are the allocator's. A ResourceClaimTemplate costs nothing until a pod uses it
+(the pod is checked then), so its caller leaves out the usage check (`over_usage=False`).
+Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dra_gateway.kube import names
@@ -62,15 +64,16 @@ def requested(quota: Quota, claims: Sequence[Sequence[RequestShape]]) -> Amounts
     return Amounts(memory, cores, whole + shared, count)
 
 
-def _sharing(what: str, rules: SharingRules,
-             claims: Sequence[Sequence[RequestShape]]) -> list[Violation]:
+def _sharing(what: str, rules: SharingRules, claims: Sequence[Sequence[RequestShape]],
+             fields: Mapping[str, str]) -> list[Violation]:
     out: list[Violation] = []
     policy = rules.named()
     for shapes in claims:
         for shape in shapes:
             if shape.whole or shape.class_name != names.GPU_CLASS:
                 continue
-            where = f"{what}: request {shape.name!r}"
+            field = fields.get(shape.name)
+            where = f"{what}: request {shape.name!r}" + (f" ({field})" if field else "")
             if rules.exclusive:
                 out.append(Violation("SharingForbidden", (
                     f"{where} asks for a share of a GPU, but {policy} makes the namespace "
@@ -101,29 +104,39 @@ def _sharing(what: str, rules: SharingRules,
 
 
 def check_admission(*, what: str, claims: Sequence[Sequence[RequestShape]],
-                    quotas: Sequence[QuotaState], sharing: SharingRules) -> list[Violation]:
+                    quotas: Sequence[QuotaState], sharing: SharingRules,
+                    fields: Mapping[str, str] | None = None,
+                    over_usage: bool = True) -> list[Violation]:
     """Every violation of the namespace's sharing rules and quotas by these claims.
 
     `claims` holds the gateway-class requests of each claim; `what` names the object in
-    messages ("pod team-a/train-0").
+    messages ("pod team-a/train-0"); `fields`, when the object is one claim spec, maps each
+    request's name to its field path ("spec.devices.requests[0]"), named in the messages.
+    `over_usage=False` leaves out Refuse-mode quotas' check against current usage (for what
+    holds nothing by itself: a ResourceClaimTemplate).
     """
-    out = _sharing(what, sharing, claims) if not sharing.empty else []
+    paths = fields or {}
+    out = _sharing(what, sharing, claims, paths) if not sharing.empty else []
     for state in quotas:
         quota = state.quota
         if quota.scoped_by_device:
             continue
         asked = requested(quota, claims)
         policy = f"GPUQuota {quota.namespace}/{quota.name}"
+        counted = [paths[s.name] for shapes in claims for s in shapes
+                   if s.class_name in quota.classes and s.name in paths]
+        subject = f"{what} ({', '.join(counted)})" if counted else what
         never = over(quota, asked, Amounts())
         if never:
             out.append(Violation("QuotaNeverFits", (
-                f"{what}: {exceeded_message(quota, asked, state.used, never)}; the request "
+                f"{subject}: {exceeded_message(quota, asked, state.used, never)}; the request "
                 f"alone is more than the quota allows, so it could never run: ask for less "
                 f"or raise spec.hard"), policy))
             continue
-        if quota.refuse:
-            fields = over(quota, asked, state.used)
-            if fields:
+        if quota.refuse and over_usage:
+            exceeded = over(quota, asked, state.used)
+            if exceeded:
                 out.append(Violation("QuotaExceeded", (
-                    f"{what}: {exceeded_message(quota, asked, state.used, fields)}"), policy))
+                    f"{subject}: {exceeded_message(quota, asked, state.used, exceeded)}"),
+                    policy))
     return out

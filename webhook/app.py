@@ -1,7 +1,8 @@
 """The webhook's aiohttp application: thin handlers over the decision modules.
 
 `create_app(settings, cluster)` builds an app serving POST /mutate and POST /validate
-(AdmissionReview v1 of pods), POST /validate-rules (of rules ConfigMaps), GET /healthz,
+(AdmissionReview v1 of pods; /validate also of ResourceClaims and ResourceClaimTemplates of
+gateway classes), POST /validate-rules (of rules ConfigMaps), GET /healthz,
 GET /readyz and GET /metrics. `create_probe_app(state)` serves the last three alone, in plain
 HTTP on a port of their own, so that the admission port can require client certificates
 without breaking the kubelet's probes or Prometheus. A handler reads the body,
@@ -45,7 +46,14 @@ from dra_gateway.webhook.reviews import BadReview, Refusal, Review
 from dra_gateway.webhook.rules import RuleStore
 from dra_gateway.webhook.settings import MAX_BODY_BYTES, WebhookSettings
 from dra_gateway.webhook.templates import TemplateConflict, Templates, TemplateUnavailable
-from dra_gateway.webhook.validation import DEFAULT_POLICIES, PodPolicy, PodUnderReview, Validator
+from dra_gateway.webhook.validation import (
+    DEFAULT_POLICIES,
+    ClaimUnderReview,
+    PodPolicy,
+    PodUnderReview,
+    Validator,
+    check_claim,
+)
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +173,7 @@ async def _serve(request: web.Request, endpoint: str) -> web.Response:
     try:
         body_read = await _read(request)
         review = (reviews.parse_config_map(body_read) if endpoint == "validate-rules"
+                  else reviews.parse_validation(body_read) if endpoint == "validate"
                   else reviews.parse(body_read))
     except BadReview as exc:
         return _bad_request(state, endpoint, str(exc))
@@ -205,9 +214,15 @@ def _refuse(state: WebhookState, endpoint: str, review: Review, refusal: Refusal
             warnings: Sequence[str] = ()) -> bytes:
     state.metrics.refusals.labels(endpoint, refusal.reason).inc()
     state.metrics.outcome(endpoint, "refused")
-    log.info("pod refused", extra={"uid": review.uid, "endpoint": endpoint,
-                                   "namespace": review.namespace, "pod": review.name,
-                                   "reason": refusal.reason, "refusal": refusal.message})
+    if review.resource in reviews.CLAIM_RESOURCES:
+        log.info("claim refused", extra={"uid": review.uid, "endpoint": endpoint,
+                                         "namespace": review.namespace,
+                                         "resource": review.resource, "object": review.name,
+                                         "reason": refusal.reason, "refusal": refusal.message})
+    else:
+        log.info("pod refused", extra={"uid": review.uid, "endpoint": endpoint,
+                                       "namespace": review.namespace, "pod": review.name,
+                                       "reason": refusal.reason, "refusal": refusal.message})
     return reviews.response(review.uid, allowed=False, refusal=refusal, warnings=warnings)
 
 
@@ -328,6 +343,15 @@ def _extended_said(state: WebhookState, review: Review, decision: mutation.Mutat
 
 async def _answer_validate(state: WebhookState, review: Review) -> bytes:
     if review.operation != "CREATE" or review.sub_resource:
+        state.metrics.outcome("validate", "allowed")
+        return reviews.response(review.uid)
+    if review.resource in reviews.CLAIM_RESOURCES:
+        # Needs no rules: only the GPU policies, from the watch's cache.
+        verdict = check_claim(ClaimUnderReview(
+            resource=review.resource, obj=review.object, namespace=_namespace(review),
+            policies=state.policies.catalog))
+        if verdict.refusal is not None:
+            return _refuse(state, "validate", review, verdict.refusal)
         state.metrics.outcome("validate", "allowed")
         return reviews.response(review.uid)
     rules = state.store.rules

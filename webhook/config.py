@@ -12,7 +12,16 @@ and nothing else. The namespaceSelector leaves out kube-system and the gateway's
 Validation runs on CREATE only: the allocator lifts the gate with an UPDATE, which a validating
 rule about ungated pods would otherwise refuse.
 
-The validating configuration carries a second webhook, `rules.dra-gateway.io`: CREATE and
+The validating configuration carries a webhook of claims, `claims.dra-gateway.io`: CREATE of
+ResourceClaims and ResourceClaimTemplates goes to /validate, which refuses what the GPU policies
+can never admit, only when a request names a gateway device class and the object was written
+natively (`claim_match_conditions`, fixed: the classes do not follow the rules). Left out, so
+that they cost no call: the templates the gateway's /mutate creates (named `dra-gateway-*`,
+labelled managed-by dra-gateway; the pod they come from is what /validate checks) and the claims
+the claim controller makes for a pod from its template (a controller ownerReference to the pod).
+Every other claim never reaches the webhook.
+
+The validating configuration carries a third webhook, `rules.dra-gateway.io`: CREATE and
 UPDATE of ConfigMaps labelled `dra-gateway.io/rules=true` in the gateway's namespace go to
 /validate-rules, which refuses rules that would not load. Its failurePolicy is Ignore: replicas
 stay unready while a broken rules ConfigMap is in the cluster, and with Fail the fix itself could
@@ -20,7 +29,8 @@ then not be written; a ConfigMap written while the webhook is down is still refu
 
 `reconcile` rewrites the matchConditions (and, given a CA, the caBundle) of the installed
 configurations when rules change, through the cluster port; it leaves every other field as the
-installer wrote it. This module must not answer reviews.
+installer wrote it (a configuration installed before the claims webhook existed is left
+without one: upgrading the chart adds it). This module must not answer reviews.
 """
 
 from __future__ import annotations
@@ -39,7 +49,9 @@ from dra_gateway.kube.resources import (
     ResourceType,
 )
 from dra_gateway.translator.rules import RuleSet
+from dra_gateway.translator.translate import TEMPLATE_PREFIX
 from dra_gateway.webhook.settings import (
+    CLAIMS_WEBHOOK,
     MUTATING_CONFIGURATION,
     MUTATING_WEBHOOK,
     RULES_WEBHOOK,
@@ -95,6 +107,58 @@ def match_expression(rules: RuleSet) -> str:
 
 def match_conditions(rules: RuleSet) -> list[dict[str, str]]:
     return [{"name": MATCH_CONDITION_NAME, "expression": match_expression(rules)}]
+
+
+def _gateway_request(spec: str) -> str:
+    """CEL: a request of the ResourceClaim spec at `spec` names a gateway device class."""
+    classes = _cel_strings(names.GATEWAY_CLASSES)
+    return (f"(has({spec}.devices) && has({spec}.devices.requests) && "
+            f"{spec}.devices.requests.exists(r, "
+            f"(has(r.exactly) && r.exactly.deviceClassName in {classes}) || "
+            f"(has(r.firstAvailable) && r.firstAvailable.exists(s, "
+            f"s.deviceClassName in {classes}))))")
+
+
+def claim_match_conditions() -> list[dict[str, str]]:
+    """The claims webhook's conditions (all must hold; see the module's docstring)."""
+    label = json.dumps(names.LABEL_MANAGED_BY)
+    return [
+        {"name": "gateway-classes", "expression": (
+            'request.resource.resource == "resourceclaimtemplates" ? '
+            f"(has(object.spec.spec) && {_gateway_request('object.spec.spec')}) : "
+            f"{_gateway_request('object.spec')}")},
+        {"name": "not-translated-by-the-gateway", "expression": (
+            f'!(request.resource.resource == "resourceclaimtemplates" && '
+            f"object.metadata.name.startsWith({json.dumps(TEMPLATE_PREFIX)}) && "
+            f"has(object.metadata.labels) && {label} in object.metadata.labels && "
+            f"object.metadata.labels[{label}] == {json.dumps(names.MANAGED_BY)})")},
+        {"name": "not-made-for-a-pod", "expression": (
+            "!(has(object.metadata.ownerReferences) && "
+            'object.metadata.ownerReferences.exists(o, o.apiVersion == "v1" && '
+            'o.kind == "Pod" && has(o.controller) && o.controller))')},
+    ]
+
+
+def claims_webhook(*, client_config: dict[str, Any],
+                   namespace_selector: dict[str, Any]) -> dict[str, Any]:
+    """The validating webhook of natively written claims (see the module's docstring)."""
+    return {
+        "name": CLAIMS_WEBHOOK,
+        "clientConfig": client_config,
+        "rules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                   "operations": ["CREATE"],
+                   "resources": ["resourceclaims", "resourceclaimtemplates"],
+                   "scope": "Namespaced"}],
+        "failurePolicy": "Fail",
+        "matchPolicy": "Equivalent",
+        "namespaceSelector": namespace_selector,
+        "objectSelector": {},
+        # It only reads the policies' cache.
+        "sideEffects": "None",
+        "timeoutSeconds": TIMEOUT_SECONDS,
+        "admissionReviewVersions": ["v1"],
+        "matchConditions": claim_match_conditions(),
+    }
 
 
 def _namespace_selector(excluded: Iterable[str]) -> dict[str, Any]:
@@ -179,7 +243,11 @@ def configurations(rules: RuleSet, *, service_namespace: str, service_name: str,
         }, rules_webhook(
             client_config=_client_config(service_namespace, service_name, "/validate-rules",
                                          port, ca_bundle),
-            gateway_namespace=gateway_namespace or service_namespace)],
+            gateway_namespace=gateway_namespace or service_namespace),
+            claims_webhook(
+                client_config=_client_config(service_namespace, service_name, "/validate",
+                                             port, ca_bundle),
+                namespace_selector=common["namespaceSelector"])],
     }
     return mutating, validating
 
@@ -193,7 +261,9 @@ async def reconcile(cluster: Cluster, rules: RuleSet, *,
     Only the gateway's own webhooks (by name) are touched. Returns the configurations updated;
     a configuration that is not installed is skipped (the installer owns creating it).
     """
-    wanted = match_conditions(rules)
+    wanted = {MUTATING_WEBHOOK: match_conditions(rules),
+              VALIDATING_WEBHOOK: match_conditions(rules),
+              CLAIMS_WEBHOOK: claim_match_conditions()}
     bundle = base64.b64encode(ca_bundle).decode("ascii") if ca_bundle else None
     updated = []
     for rt, name, hook in ((MUTATING_WEBHOOK_CONFIGURATIONS, mutating_name, MUTATING_WEBHOOK),
@@ -205,7 +275,7 @@ async def reconcile(cluster: Cluster, rules: RuleSet, *,
 
 
 async def _reconcile_one(cluster: Cluster, rt: ResourceType, name: str, hook: str,
-                         wanted: list[dict[str, str]], bundle: str | None) -> bool:
+                         wanted: dict[str, list[dict[str, str]]], bundle: str | None) -> bool:
     for _ in range(_CONFLICT_RETRIES):
         try:
             current = await cluster.get(rt, name)
@@ -214,11 +284,13 @@ async def _reconcile_one(cluster: Cluster, rt: ResourceType, name: str, hook: st
                      extra={"kind": rt.kind, "object": name})
             return False
         changed = False
+        ours = (hook, CLAIMS_WEBHOOK, RULES_WEBHOOK) if hook == VALIDATING_WEBHOOK else (hook,)
         for webhook in current.get("webhooks") or ():
-            if webhook.get("name") not in (hook, RULES_WEBHOOK):
+            if webhook.get("name") not in ours:
                 continue
-            if webhook.get("name") == hook and webhook.get("matchConditions") != wanted:
-                webhook["matchConditions"] = wanted
+            conditions = wanted.get(webhook.get("name") or "")
+            if conditions is not None and webhook.get("matchConditions") != conditions:
+                webhook["matchConditions"] = conditions
                 changed = True
             client = webhook.setdefault("clientConfig", {})
             if bundle is not None and client.get("caBundle") != bundle:

@@ -23,6 +23,10 @@ API_VERSION: Final = "admission.k8s.io/v1"
 KIND: Final = "AdmissionReview"
 _POD_RESOURCE: Final = "pods"
 _CONFIG_MAP_RESOURCE: Final = "configmaps"
+_RESOURCE_GROUP: Final = "resource.k8s.io"
+# What /validate answers besides pods: ResourceClaims and templates written natively.
+CLAIM_RESOURCES: Final = {"resourceclaims": "ResourceClaim",
+                          "resourceclaimtemplates": "ResourceClaimTemplate"}
 
 
 class BadReview(ValueError):
@@ -40,6 +44,7 @@ class Review:
     sub_resource: str
     dry_run: bool
     object: dict[str, Any]
+    resource: str = _POD_RESOURCE  # the request's resource: pods, resourceclaims, ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +71,31 @@ def parse(body: bytes) -> Review:
     return _parse(body, resource_name=_POD_RESOURCE, kind_name="Pod")
 
 
+def parse_validation(body: bytes) -> Review:
+    """The review /validate answers: of a pod, or of a resource.k8s.io ResourceClaim or
+    ResourceClaimTemplate (`Review.resource` says which); raises BadReview."""
+    return _parse(body, resource_name=_POD_RESOURCE, kind_name="Pod",
+                  claims_too=True)
+
+
 def parse_config_map(body: bytes) -> Review:
     """The ConfigMap review in `body` (the rules check); raises BadReview."""
     return _parse(body, resource_name=_CONFIG_MAP_RESOURCE, kind_name="ConfigMap")
 
 
-def _parse(body: bytes, *, resource_name: str, kind_name: str) -> Review:
+def _claim_resource(resource: Any, kind: Any) -> str | None:
+    """"resourceclaims" or "resourceclaimtemplates" when the request is for one of them."""
+    if not (isinstance(resource, dict) and isinstance(kind, dict)
+            and resource.get("group") == _RESOURCE_GROUP):
+        return None
+    name = resource.get("resource")
+    if isinstance(name, str) and CLAIM_RESOURCES.get(name) == kind.get("kind"):
+        return name
+    return None
+
+
+def _parse(body: bytes, *, resource_name: str, kind_name: str,
+           claims_too: bool = False) -> Review:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -91,12 +115,17 @@ def _parse(body: bytes, *, resource_name: str, kind_name: str) -> Review:
         raise BadReview("the AdmissionReview request has no uid")
     resource = request.get("resource")
     kind = request.get("kind")
-    if not (isinstance(resource, dict) and resource.get("group") == ""
-            and resource.get("resource") == resource_name
-            and isinstance(kind, dict) and kind.get("kind") == kind_name):
+    claim = _claim_resource(resource, kind) if claims_too else None
+    if claim is not None:
+        resource_name, kind_name = claim, CLAIM_RESOURCES[claim]
+    elif not (isinstance(resource, dict) and resource.get("group") == ""
+              and resource.get("resource") == resource_name
+              and isinstance(kind, dict) and kind.get("kind") == kind_name):
+        served = (f"{resource_name}, resourceclaims and resourceclaimtemplates" if claims_too
+                  else f"{resource_name} only")
         raise BadReview(
             f"request {uid} is for {_resource_text(resource)}, not {resource_name}; this "
-            f"webhook serves {resource_name} only: fix the webhook configuration's rules"
+            f"webhook serves {served}: fix the webhook configuration's rules"
         )
     operation = request.get("operation")
     if not isinstance(operation, str):
@@ -105,12 +134,14 @@ def _parse(body: bytes, *, resource_name: str, kind_name: str) -> Review:
     if operation in ("CREATE", "UPDATE"):
         if not isinstance(obj, dict):
             raise BadReview(f"request {uid} ({operation}) carries {_describe(obj)} as its object, "
-                            f"not a pod")
+                            f"not a {'pod' if kind_name == 'Pod' else kind_name}")
         if kind_name == "Pod" and (obj.get("kind", "Pod") != "Pod"
                                    or not isinstance(obj.get("spec"), dict)):
             raise BadReview(f"request {uid} carries an object that is not a pod with a spec")
         if kind_name != "Pod" and obj.get("kind", kind_name) != kind_name:
             raise BadReview(f"request {uid} carries an object that is not a {kind_name}")
+        if kind_name in CLAIM_RESOURCES.values() and not isinstance(obj.get("spec"), dict):
+            raise BadReview(f"request {uid} carries a {kind_name} without a spec")
     else:
         obj = {}
     namespace = request.get("namespace") or ""
@@ -127,6 +158,7 @@ def _parse(body: bytes, *, resource_name: str, kind_name: str) -> Review:
         sub_resource=sub_resource,
         dry_run=request.get("dryRun") is True,
         object=obj,
+        resource=resource_name,
     )
 
 

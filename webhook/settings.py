@@ -15,6 +15,7 @@ VALIDATING_CONFIGURATION = "dra-gateway"
 MUTATING_WEBHOOK = "mutate.dra-gateway.io"
 VALIDATING_WEBHOOK = "validate.dra-gateway.io"
 RULES_WEBHOOK = "rules.dra-gateway.io"
+CLAIMS_WEBHOOK = "claims.dra-gateway.io"
 
 
 @dataclass(frozen=True, slots=True)

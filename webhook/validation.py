@@ -6,7 +6,8 @@ Checks are pure: the facts they need from the cluster (which device classes the 
 use) are resolved before they run and handed over in `PodUnderReview`. The built-in policies
 keep the gateway's contract consistent (ARCHITECTURE.md, "Contracts between components");
 `GpuPolicies` refuses what the cluster's GPUQuotas and GPUSharingPolicies can never admit
-(dra_gateway.policy decides; the allocator enforces the rest).
+(dra_gateway.policy decides; the allocator enforces the rest). `check_claim` does the same for a
+ResourceClaim or ResourceClaimTemplate of a gateway class written natively (`ClaimUnderReview`).
 
 Every message names the pod, the container or claim, the field, and the fix. This module must
 not perform I/O.
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
 from dra_gateway.policy.admission import check_admission
-from dra_gateway.policy.amounts import RequestShape
+from dra_gateway.policy.amounts import RequestShape, requests_of
 from dra_gateway.policy.catalog import Catalog
 from dra_gateway.translator.extended import ExtendedResources, deferred_resources
 from dra_gateway.translator.rules import RuleSet
@@ -238,6 +239,101 @@ class GpuPolicies:
                                 quotas=catalog.quotas_for(review.namespace),
                                 sharing=catalog.sharing_for(review.namespace))
         return [Violation(v.reason, v.message) for v in found]
+
+
+CLAIM_KINDS: Mapping[str, str] = {"resourceclaims": "ResourceClaim",
+                                  "resourceclaimtemplates": "ResourceClaimTemplate"}
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimUnderReview:
+    """A ResourceClaim or ResourceClaimTemplate being created, and the GPU policies in force.
+
+    `resource` is the review's resource ("resourceclaims" or "resourceclaimtemplates"). A
+    claim's spec has the shape of a template's spec.spec.
+    """
+
+    resource: str
+    obj: Mapping[str, Any]
+    namespace: str
+    policies: Catalog = field(default_factory=Catalog)
+
+    @property
+    def kind(self) -> str:
+        return CLAIM_KINDS[self.resource]
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        meta = self.obj.get("metadata")
+        return meta if isinstance(meta, dict) else {}
+
+    @property
+    def display_name(self) -> str:
+        meta = self.metadata
+        name = meta.get("name") or (f"{meta['generateName']}*" if meta.get("generateName")
+                                    else "<unnamed>")
+        return f"{self.kind} {self.namespace}/{name}" if self.namespace \
+            else f"{self.kind} {name}"
+
+    @property
+    def spec_path(self) -> str:
+        return "spec.spec" if self.kind == "ResourceClaimTemplate" else "spec"
+
+    def claim_spec(self) -> Mapping[str, Any]:
+        spec = self.obj.get("spec")
+        if isinstance(spec, dict) and self.kind == "ResourceClaimTemplate":
+            spec = spec.get("spec")
+        return spec if isinstance(spec, dict) else {}
+
+    def checked_elsewhere(self) -> bool:
+        """Made from something /validate already checked: a template the gateway's /mutate
+        translated from a pod, or a claim the claim controller made for a pod from its
+        template. The pod's own review covered it; checking again would refuse the gateway's
+        own translation before the pod's message could say why, and a Refuse-mode quota would
+        count the pod twice. The webhook configuration's matchConditions keep both away; this
+        is for a configuration installed without them. A user who forges the marks only skips
+        this early check: the pod that uses the object is checked at its creation."""
+        meta = self.metadata
+        if self.kind == "ResourceClaimTemplate":
+            labels = meta.get("labels")
+            return (str(meta.get("name") or "").startswith(TEMPLATE_PREFIX)
+                    and isinstance(labels, dict)
+                    and labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY)
+        owners = meta.get("ownerReferences")
+        return isinstance(owners, list) and any(
+            isinstance(o, dict) and o.get("kind") == "Pod" and o.get("apiVersion") == "v1"
+            and o.get("controller") is True for o in owners)
+
+    def request_fields(self) -> dict[str, str]:
+        """Each request's name -> its field path (spec.devices.requests[0])."""
+        devices = self.claim_spec().get("devices")
+        requests = devices.get("requests") if isinstance(devices, dict) else None
+        return {str(r.get("name")): f"{self.spec_path}.devices.requests[{i}]"
+                for i, r in enumerate(requests if isinstance(requests, list) else ())
+                if isinstance(r, dict)}
+
+
+def check_claim(review: ClaimUnderReview) -> Verdict:
+    """What the namespace's GPU policies can never admit in a natively written claim or
+    template of a gateway class; a claim (which will hold what it asks) also meets Refuse-mode
+    quotas over current usage, a template (which holds nothing until a pod uses it) does not."""
+    catalog = review.policies
+    if catalog.empty or review.checked_elsewhere():
+        return Verdict(None, (), ())
+    shapes = requests_of(review.claim_spec())
+    if not shapes:
+        return Verdict(None, (), ())
+    found = check_admission(what=review.display_name, claims=[shapes],
+                            quotas=catalog.quotas_for(review.namespace),
+                            sharing=catalog.sharing_for(review.namespace),
+                            fields=review.request_fields(),
+                            over_usage=review.kind == "ResourceClaim")
+    if not found:
+        return Verdict(None, (), ())
+    violations = tuple(Violation(v.reason, v.message) for v in found)
+    return Verdict(Refusal(REFUSED_CODE, violations[0].reason,
+                           "; ".join(v.message for v in violations)),
+                   violations, tuple(GpuPolicies.name for _ in violations))
 
 
 DEFAULT_POLICIES: tuple[PodPolicy, ...] = (

@@ -524,14 +524,23 @@ def test_each_role_is_bound_to_its_own_components_service_account(helm: HelmRunn
 
 
 RULES_HOOK = "rules.dra-gateway.io"
+CLAIMS_HOOK = "claims.dra-gateway.io"
 
 
 def _webhooks(objects: list[Rendered]) -> list[tuple[Object, Object]]:
-    """The pod webhooks (mutate, validate); the rules ConfigMap check is `_rules_hook`'s."""
+    """The pod webhooks (mutate, validate); the rules ConfigMap check is `_rules_hook`'s, the
+    claims check `_claims_hook`'s."""
     return [(r.obj, hook) for kind in ("MutatingWebhookConfiguration",
                                        "ValidatingWebhookConfiguration")
             for r in by_kind(objects, kind) for hook in r.obj["webhooks"]
-            if hook["name"] != RULES_HOOK]
+            if hook["name"] not in (RULES_HOOK, CLAIMS_HOOK)]
+
+
+def _claims_hook(objects: list[Rendered]) -> Object:
+    (hook,) = [h for h in one(objects, "ValidatingWebhookConfiguration")["webhooks"]
+               if h["name"] == CLAIMS_HOOK]
+    result: Object = hook
+    return result
 
 
 def _rules_hook(objects: list[Rendered]) -> Object:
@@ -556,6 +565,35 @@ def test_rules_config_maps_are_checked_when_written_in_the_release_namespace(
         k: v for k, v in expected.items() if k != "clientConfig"}
     assert hook["clientConfig"]["service"]["path"] == "/validate-rules"
     assert hook["clientConfig"]["caBundle"] == one(objects, "Secret")["data"]["ca.crt"]
+
+
+def test_native_gateway_claims_and_templates_are_checked_at_create(helm: HelmRunner) -> None:
+    from dra_gateway.translator.rules import load_rules
+    from dra_gateway.webhook.config import claim_match_conditions, configurations
+
+    objects = helm.render("default")
+    hook = _claims_hook(objects)
+    _, webhook_side = configurations(load_rules(), service_namespace=NAMESPACE,
+                                     service_name=f"{RELEASE}-webhook", ca_bundle=None)
+    (expected,) = [h for h in webhook_side["webhooks"] if h["name"] == CLAIMS_HOOK]
+    # Same webhook as the webhook's own configuration prints and keeps, clientConfig and the
+    # order of the namespaces left out aside: the conditions the chart installs are those
+    # reconcile would write.
+    aside = ("clientConfig", "namespaceSelector")
+    assert {k: v for k, v in hook.items() if k not in aside} == {
+        k: v for k, v in expected.items() if k not in aside}
+    assert hook["matchConditions"] == claim_match_conditions()
+    assert hook["rules"] == [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                              "operations": ["CREATE"],
+                              "resources": ["resourceclaims", "resourceclaimtemplates"],
+                              "scope": "Namespaced"}]
+    (validate,) = [h for _, h in _webhooks(objects) if h["name"] == "validate.dra-gateway.io"]
+    assert hook["clientConfig"] == validate["clientConfig"]
+    assert hook["namespaceSelector"] == validate["namespaceSelector"]
+    # The namespaces left out follow webhook.excludeNamespaces like the pod webhooks'.
+    hook = _claims_hook(helm.render("hardened-node-plugin"))
+    assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [
+        "kube-system", NAMESPACE, "monitoring"]
 
 
 def test_webhook_configurations_send_pod_creates_safely(helm: HelmRunner) -> None:

@@ -17,7 +17,12 @@ from dra_gateway.kube.resources import (
 from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.translator.rules import RuleSet, load_rules
 from dra_gateway.translator.translate import translate
-from dra_gateway.webhook.config import configurations, match_expression, reconcile
+from dra_gateway.webhook.config import (
+    claim_match_conditions,
+    configurations,
+    match_expression,
+    reconcile,
+)
 
 from .conftest import hami_pod, plain_pod
 
@@ -55,7 +60,7 @@ def test_the_configurations_admit_gpu_pods_safely(rules: RuleSet) -> None:
     assert hook["namespaceSelector"] == {"matchExpressions": [{
         "key": "kubernetes.io/metadata.name", "operator": "NotIn",
         "values": ["dra-gateway", "kube-system"]}]}
-    (vhook, rules_hook) = validating["webhooks"]
+    (vhook, rules_hook, claims_hook) = validating["webhooks"]
     assert vhook["clientConfig"]["service"]["path"] == "/validate"
     assert "reinvocationPolicy" not in vhook
     assert vhook["matchConditions"] == hook["matchConditions"]
@@ -72,6 +77,18 @@ def test_the_configurations_admit_gpu_pods_safely(rules: RuleSet) -> None:
         "key": "kubernetes.io/metadata.name", "operator": "In", "values": ["dra-gateway"]}]}
     assert rules_hook["failurePolicy"] == "Ignore"
     assert rules_hook["sideEffects"] == "None"
+    # Natively written claims and templates of gateway classes go to /validate at CREATE.
+    assert claims_hook["name"] == "claims.dra-gateway.io"
+    assert claims_hook["clientConfig"] == vhook["clientConfig"]
+    assert claims_hook["rules"] == [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                                     "operations": ["CREATE"],
+                                     "resources": ["resourceclaims", "resourceclaimtemplates"],
+                                     "scope": "Namespaced"}]
+    assert claims_hook["namespaceSelector"] == vhook["namespaceSelector"]
+    assert claims_hook["failurePolicy"] == "Fail"
+    assert claims_hook["sideEffects"] == "None"
+    assert [c["name"] for c in claims_hook["matchConditions"]] == [
+        "gateway-classes", "not-translated-by-the-gateway", "not-made-for-a-pod"]
 
 
 def _matches(rules: RuleSet, pod: dict[str, Any]) -> bool:
@@ -121,6 +138,65 @@ def test_the_match_condition_stays_within_the_api_servers_limit(rules: RuleSet) 
     # configuration would not be written and every pod creation would fail.
     assert len(match_expression(rules)) <= 10_240
     assert len(match_expression(load_rules(EXAMPLES / "rules"))) <= 10_240
+    # The claims webhook's conditions, all of them together, as well.
+    assert sum(len(c["expression"]) for c in claim_match_conditions()) <= 10_240
+
+
+def _claim(resource: str, classes: list[str], *, first_available: bool = False,
+           **metadata: Any) -> dict[str, Any]:
+    requests = [{"name": f"r{i}", "firstAvailable": [{"name": "a", "deviceClassName": c}]}
+                if first_available else {"name": f"r{i}", "exactly": {"deviceClassName": c}}
+                for i, c in enumerate(classes)]
+    spec: dict[str, Any] = {"devices": {"requests": requests}}
+    kind = "ResourceClaim" if resource == "resourceclaims" else "ResourceClaimTemplate"
+    return {"apiVersion": "resource.k8s.io/v1", "kind": kind,
+            "metadata": {"name": "c", "namespace": "team-a", **metadata},
+            "spec": spec if kind == "ResourceClaim" else {"spec": spec}}
+
+
+def _claim_sent(resource: str, obj: dict[str, Any]) -> bool:
+    variables = {"object": obj, "request": {"resource": {
+        "group": "resource.k8s.io", "version": "v1", "resource": resource}}}
+    verdicts = [cel.evaluate(c["expression"], variables) for c in claim_match_conditions()]
+    assert all(isinstance(v, bool) for v in verdicts)
+    return all(verdicts)
+
+
+_OWNED = [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u", "controller": True}]
+_MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
+
+
+@pytest.mark.parametrize(("label", "resource", "obj", "sent"), [
+    ("claim of the gpu class", "resourceclaims", _claim("resourceclaims", [names.GPU_CLASS]),
+     True),
+    ("template of the mig class", "resourceclaimtemplates",
+     _claim("resourceclaimtemplates", [names.MIG_CLASS]), True),
+    ("a gateway class as the second request", "resourceclaims",
+     _claim("resourceclaims", ["gpu.nvidia.com", names.GPU_CLASS]), True),
+    ("a gateway class in firstAvailable", "resourceclaimtemplates",
+     _claim("resourceclaimtemplates", [names.GPU_CLASS], first_available=True), True),
+    ("another driver's claim", "resourceclaims", _claim("resourceclaims", ["gpu.nvidia.com"]),
+     False),
+    ("another driver's template", "resourceclaimtemplates",
+     _claim("resourceclaimtemplates", ["gpu.nvidia.com"], first_available=True), False),
+    ("a claim without requests", "resourceclaims",
+     {"metadata": {"name": "c"}, "spec": {"devices": {}}}, False),
+    ("a template without a claim spec", "resourceclaimtemplates",
+     {"metadata": {"name": "c"}, "spec": {}}, False),
+    ("the gateway's own translation", "resourceclaimtemplates",
+     _claim("resourceclaimtemplates", [names.GPU_CLASS], name="dra-gateway-0123abcd",
+            labels=_MANAGED), False),
+    ("a template labelled as the gateway's under another name", "resourceclaimtemplates",
+     _claim("resourceclaimtemplates", [names.GPU_CLASS], labels=_MANAGED), True),
+    ("a claim made for a pod from its template", "resourceclaims",
+     _claim("resourceclaims", [names.GPU_CLASS], ownerReferences=_OWNED), False),
+    ("a claim owned by a pod that is not its controller", "resourceclaims",
+     _claim("resourceclaims", [names.GPU_CLASS],
+            ownerReferences=[{**_OWNED[0], "controller": False}]), True),
+])
+def test_the_claims_webhook_sees_only_natively_written_gateway_claims(
+        label: str, resource: str, obj: dict[str, Any], sent: bool) -> None:
+    assert _claim_sent(resource, obj) is sent, label
 
 
 def test_the_examples_hold_translatable_pods(rules: RuleSet) -> None:
@@ -176,3 +252,18 @@ async def test_reconcile_injects_the_ca_bundle_and_is_idempotent(rules: RuleSet)
     stored = await cluster.get(MUTATING_WEBHOOK_CONFIGURATIONS, "dra-gateway")
     assert stored["webhooks"][0]["clientConfig"]["caBundle"] == base64.b64encode(b"PEM").decode()
     assert await reconcile(cluster, rules, ca_bundle=b"PEM") == []
+
+
+async def test_reconcile_keeps_the_claims_webhooks_conditions_and_ca_bundle(
+        rules: RuleSet) -> None:
+    cluster = MemoryCluster()
+    _, validating = configurations(rules, service_namespace="dra-gateway",
+                                   service_name="dra-gateway-webhook", ca_bundle=None)
+    claims_hook = validating["webhooks"][2]
+    claims_hook["matchConditions"] = [{"name": "gateway-classes", "expression": "true"}]
+    await cluster.create(VALIDATING_WEBHOOK_CONFIGURATIONS, validating)
+    assert await reconcile(cluster, rules, ca_bundle=b"PEM") == ["dra-gateway"]
+    stored = await cluster.get(VALIDATING_WEBHOOK_CONFIGURATIONS, "dra-gateway")
+    (hook,) = [h for h in stored["webhooks"] if h["name"] == "claims.dra-gateway.io"]
+    assert hook["matchConditions"] == claim_match_conditions()
+    assert hook["clientConfig"]["caBundle"] == base64.b64encode(b"PEM").decode()

@@ -8,9 +8,10 @@ webhook reaches the cluster through the kubernetes-asyncio adapter with a kubeco
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,9 +20,12 @@ from dra_gateway.kube import names
 from dra_gateway.kube.cluster.connect import connect
 from dra_gateway.kube.cluster.port import ApiError, Cluster
 from dra_gateway.kube.resources import (
+    GPU_SHARING_POLICIES,
     MUTATING_WEBHOOK_CONFIGURATIONS,
+    NAMESPACES,
     PODS,
     RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
     VALIDATING_WEBHOOK_CONFIGURATIONS,
 )
 from dra_gateway.kube.sim.memory import MemoryCluster
@@ -102,3 +106,71 @@ async def test_a_pod_the_validating_webhook_refuses_gets_its_message(stack: Stac
         await stack.client.create(PODS, pod, namespace="inference")
     assert "pod inference/web carries the annotation dra-gateway.io/translated" in \
         exc.value.message
+
+
+async def _exclusive_namespace(stack: Stack, namespace: str) -> None:
+    await stack.client.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                           "metadata": {"name": namespace,
+                                                        "labels": {"tier": "exclusive"}}})
+    await stack.client.create(GPU_SHARING_POLICIES, {
+        "apiVersion": names.API_VERSION, "kind": "GPUSharingPolicy",
+        "metadata": {"name": "exclusive"},
+        "spec": {"namespaceSelector": {"matchLabels": {"tier": "exclusive"}},
+                 "exclusive": True}})
+
+
+def _native_claim(device_class: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "shared", "namespace": "inference"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": device_class,
+                "capacity": {"requests": {"memory": "8Gi", "cores": "20"}}}}]}}}
+
+
+async def _refused(create: Callable[[], Awaitable[object]]) -> str:
+    """The message of the refusal `create` meets once the webhook has read the policies."""
+    for _ in range(100):
+        try:
+            await create()
+        except ApiError as exc:
+            return exc.message
+        await asyncio.sleep(0.05)
+    raise AssertionError("never refused")
+
+
+async def test_a_pod_sharing_in_an_exclusive_namespace_is_refused_with_the_pods_message(
+        stack: Stack) -> None:
+    # /mutate creates the translated template first, through the API server: the claims
+    # webhook leaves the gateway's own template alone, so the refusal is /validate's about the
+    # pod, not a failed template creation.
+    await _exclusive_namespace(stack, "inference")
+
+    async def create() -> None:
+        await stack.client.create(PODS, hami_pod(), namespace="inference")
+        await stack.client.delete(PODS, "llm-serve", namespace="inference")
+
+    message = await _refused(create)
+    assert message == (
+        'admission webhook "validate.dra-gateway.io" denied the request: pod '
+        "inference/llm-serve: request 'server' asks for a share of a GPU, but GPUSharingPolicy "
+        "exclusive makes the namespace exclusive (whole cards only); ask for whole GPUs")
+
+
+async def test_a_native_claim_of_a_gateway_class_meets_the_policies_through_the_api(
+        stack: Stack) -> None:
+    await _exclusive_namespace(stack, "inference")
+
+    async def create() -> None:
+        await stack.client.create(RESOURCE_CLAIMS, _native_claim(names.GPU_CLASS),
+                                  namespace="inference")
+        await stack.client.delete(RESOURCE_CLAIMS, "shared", namespace="inference")
+
+    message = await _refused(create)
+    assert message == (
+        'admission webhook "claims.dra-gateway.io" denied the request: ResourceClaim '
+        "inference/shared: request 'gpu' (spec.devices.requests[0]) asks for a share of a GPU, "
+        "but GPUSharingPolicy exclusive makes the namespace exclusive (whole cards only); ask "
+        "for whole GPUs")
+    # Another driver's claim never reaches the webhook.
+    await stack.client.create(RESOURCE_CLAIMS, _native_claim("gpu.nvidia.com"),
+                              namespace="inference")

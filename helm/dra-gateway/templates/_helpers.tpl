@@ -229,17 +229,25 @@ clientConfig:
   {{- end }}
 {{- end }}
 
-{{- define "dra-gateway.webhookCommon" -}}
-{{- $root := .root -}}
-{{ include "dra-gateway.webhookClientConfig" . }}
+{{/*
+The namespaces the pod and claim webhooks leave out: kube-system, the release's own and
+webhook.excludeNamespaces. Call with the root context.
+*/}}
+{{- define "dra-gateway.webhookNamespaceSelector" -}}
 namespaceSelector:
   matchExpressions:
     - key: kubernetes.io/metadata.name
       operator: NotIn
       values:
-        {{- range (concat (list "kube-system" $root.Release.Namespace) $root.Values.webhook.excludeNamespaces | uniq) }}
+        {{- range (concat (list "kube-system" .Release.Namespace) .Values.webhook.excludeNamespaces | uniq) }}
         - {{ . | quote }}
         {{- end }}
+{{- end }}
+
+{{- define "dra-gateway.webhookCommon" -}}
+{{- $root := .root -}}
+{{ include "dra-gateway.webhookClientConfig" . }}
+{{ include "dra-gateway.webhookNamespaceSelector" $root }}
 {{- with $root.Values.webhook.objectSelector }}
 objectSelector:
   {{- toYaml . | nindent 2 }}
