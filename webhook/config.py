@@ -19,7 +19,11 @@ natively (`claim_match_conditions`, fixed: the classes do not follow the rules).
 that they cost no call: the templates the gateway's /mutate creates (named `dra-gateway-*`,
 labelled managed-by dra-gateway; the pod they come from is what /validate checks) and the claims
 the claim controller makes for a pod from its template (a controller ownerReference to the pod).
-Every other claim never reaches the webhook.
+Every other claim never reaches the webhook. Its failurePolicy is Ignore: the check only says
+early what would be refused later, since a pod using the claim is checked at its creation
+(failurePolicy Fail) and the allocator enforces the rest; with Fail, a webhook outage would
+refuse every gateway-class claim, and an install that writes templates beside the chart, before
+the webhook serves, would fail.
 
 The validating configuration carries a third webhook, `rules.dra-gateway.io`: CREATE and
 UPDATE of ConfigMaps labelled `dra-gateway.io/rules=true` in the gateway's namespace go to
@@ -149,7 +153,7 @@ def claims_webhook(*, client_config: dict[str, Any],
                    "operations": ["CREATE"],
                    "resources": ["resourceclaims", "resourceclaimtemplates"],
                    "scope": "Namespaced"}],
-        "failurePolicy": "Fail",
+        "failurePolicy": "Ignore",
         "matchPolicy": "Equivalent",
         "namespaceSelector": namespace_selector,
         "objectSelector": {},
