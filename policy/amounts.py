@@ -167,6 +167,12 @@ def _capacity(device: Mapping[str, Any] | None, name: str, default: int) -> int:
     return default if value is None else value
 
 
+def card_amounts(device: Mapping[str, Any] | None) -> tuple[int, int]:
+    """(memory, cores) of a whole published device, as a charge holding all of it counts."""
+    return (_capacity(device, names.CAPACITY_MEMORY, 0),
+            _capacity(device, names.CAPACITY_CORES, names.CORES_PER_CARD))
+
+
 def charges_of(claim: Mapping[str, Any], lookup: DeviceLookup) -> list[DeviceCharge]:
     """One charge per device result of an allocated claim of a gateway class, whoever wrote it.
 
@@ -201,8 +207,7 @@ def charges_of(claim: Mapping[str, Any], lookup: DeviceLookup) -> list[DeviceCha
         consumed = result.get("consumedCapacity")
         if consumed is None and recorded.get(key):
             consumed = recorded[key].pop(0).get("consumedCapacity")
-        card_memory = _capacity(device, names.CAPACITY_MEMORY, 0)
-        card_cores = _capacity(device, names.CAPACITY_CORES, names.CORES_PER_CARD)
+        card_memory, card_cores = card_amounts(device)
         if isinstance(consumed, Mapping):
             memory = _int(consumed.get(names.CAPACITY_MEMORY)) or 0
             cores = _int(consumed.get(names.CAPACITY_CORES)) or 0

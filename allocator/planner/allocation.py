@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for
+from dra_gateway.allocator.planner.devices import NANO
 from dra_gateway.allocator.planner.search import Outcome, Pick
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names, objects
@@ -48,8 +49,10 @@ class PodPlan:
 
 
 def build_plan(state: ClusterState, node: str,
-                to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]],
-                outcome: Outcome) -> PodPlan:
+               to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]],
+               outcome: Outcome, *, charges: bool = False) -> PodPlan:
+    """The allocations of the devices `outcome` picked on `node`; with `charges`, what each
+    claim's allocation costs against quotas too (`plan_charges`)."""
     devices = state.node_devices.get(node, [])
     allocations: dict[str, dict[str, Any]] = {}
     annotations: dict[str, dict[str, str]] = {}
@@ -112,7 +115,51 @@ def build_plan(state: ClusterState, node: str,
         allocations[uid] = allocation
         if recorded:
             annotations[uid] = {names.ANNOTATION_SHARES: encode_shares(recorded)}
-    return PodPlan(node, allocations, annotations, None)
+    return PodPlan(node, allocations, annotations, None,
+                   charges=plan_charges(state, node, to_plan, outcome) if charges else {})
+
+
+def plan_charges(state: ClusterState, node: str,
+                 to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]],
+                 outcome: Outcome) -> dict[str, tuple[DeviceCharge, ...]]:
+    """Per claim uid, the quota charges of the allocation `build_plan` writes, taken from the
+    search's picks: what `policy.amounts.charges_of` reads back from that allocation (a share's
+    consumedCapacity, wherever it is recorded, in whole units; a device held alone, all of
+    it), without writing the allocation out and parsing it again."""
+    devices = state.node_devices.get(node, [])
+    native = state.settings.consumable_capacity
+    by_claim: dict[int, list[Pick]] = {}
+    for pick in outcome.picks:
+        by_claim.setdefault(pick.claim, []).append(pick)
+    charges: dict[str, tuple[DeviceCharge, ...]] = {}
+    for index, (claim, _, _) in enumerate(to_plan):
+        found: list[DeviceCharge] = []
+        for pick in by_claim.get(index, ()):
+            class_name = pick.alternative.class_name
+            if class_name not in names.GATEWAY_CLASSES:
+                continue
+            device = devices[pick.device]
+            card_memory, card_cores = device.card_amounts
+            multi = bool(device.raw.get("allowMultipleAllocations"))
+            # As build_plan writes it: consumedCapacity, or a recorded share.
+            shared = device.shareable and (multi or not pick.exclusive) and \
+                ((native and multi) or not pick.exclusive)
+            if shared:
+                memory = _units(pick.consumed.get(names.CAPACITY_MEMORY, 0))
+                cores = _units(pick.consumed.get(names.CAPACITY_CORES, 0))
+                whole = memory >= card_memory > 0 and cores >= card_cores
+            else:
+                memory, cores, whole = card_memory, card_cores, True
+            found.append(DeviceCharge(device.key, class_name, memory, cores, whole,
+                                      device.raw))
+        charges[objects.uid(claim)] = tuple(found)
+    return charges
+
+
+def _units(nanos: int) -> int:
+    """Nanos as whole units, rounded away from zero (a quantity's `value()`)."""
+    magnitude = -(-abs(nanos) // NANO)
+    return magnitude if nanos >= 0 else -magnitude
 
 
 def claim_configs(demand: ClaimDemand, resolved: Mapping[str, int]) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import Quantity, QuantityError, QuantityFormat, parse_quantity
+from dra_gateway.policy.amounts import card_amounts
 
 NANO = 10**9
 MIB_NANOS = (1 << 20) * NANO
@@ -83,6 +84,7 @@ class Device:
         "attributes",
         "capacity",
         "capacity_format",
+        "card_amounts",
         "driver",
         "gpu_memory",
         "group",
@@ -141,6 +143,8 @@ class Device:
             not consumable_capacity and self.is_gateway_gpu
         )
         self.gpu_memory = capacity.get(names.CAPACITY_MEMORY, 0) // NANO
+        # What a charge holding the whole device counts against quotas (memory, cores).
+        self.card_amounts = card_amounts(raw)
         self.verdicts: dict[str, bool | str] = {}
         self._view: Any = None
         self.group = self.group_sig()

@@ -29,7 +29,7 @@ from __future__ import annotations
 import heapq
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -60,7 +60,7 @@ from dra_gateway.allocator.planner.settings import POLICIES
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names, objects
 from dra_gateway.policy.admission import check_admission
-from dra_gateway.policy.amounts import DeviceCharge, RequestShape
+from dra_gateway.policy.amounts import RequestShape
 from dra_gateway.policy.quotas import Exceeded, Quota
 from dra_gateway.policy.sharing import SharingRules
 
@@ -181,10 +181,10 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
             plan = PodPlan(None, reason=_no_node_reason(pod_label, state, reasons, labelled,
                                                         rules))
         else:
-            plan = build_plan(state, found[0], to_plan, found[1])
+            plan = build_plan(state, found[0], to_plan, found[1], charges=bool(quotas))
     else:
         plan = _scan(ctx, pod, to_plan, pod_label, pinned=pinned, needs_labels=needs_labels,
-                     identity=identity)
+                     identity=identity, charges=bool(quotas))
     if not quotas:
         return plan
     if plan.node_name is None:
@@ -238,21 +238,6 @@ def _held_for_quota(state: ClusterState, pod: Mapping[str, Any], quotas: Sequenc
     return None
 
 
-def _charges(state: ClusterState, pod: Mapping[str, Any],
-             to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]],
-             plan: PodPlan) -> dict[str, tuple[DeviceCharge, ...]]:
-    namespace = objects.namespace(pod)
-    charges: dict[str, tuple[DeviceCharge, ...]] = {}
-    for claim, _, _ in to_plan:
-        uid = objects.uid(claim)
-        allocated = {"metadata": {"namespace": namespace,
-                                  "annotations": plan.annotations.get(uid) or {}},
-                     "spec": claim.get("spec") or {},
-                     "status": {"allocation": plan.allocations[uid]}}
-        charges[uid] = state.device_charges(allocated)
-    return charges
-
-
 def _within_quota(ctx: _Context, pod: Mapping[str, Any],
                   to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]], plan: PodPlan,
                   quotas: Sequence[Quota], *, pinned: set[str] | None, needs_labels: bool,
@@ -262,7 +247,7 @@ def _within_quota(ctx: _Context, pod: Mapping[str, Any],
     state = ctx.state
     policies = state.policies
     namespace = objects.namespace(pod)
-    charges = _charges(state, pod, to_plan, plan)
+    charges = plan.charges  # from the search's picks (build_plan)
     exceeded = policies.ledger.excess(namespace, list(charges.values()))
     if exceeded:
         # The card decides (a quota scoped by a device selector, cards the namespace already
@@ -271,8 +256,8 @@ def _within_quota(ctx: _Context, pod: Mapping[str, Any],
                                             identity=identity):
             if member == plan.node_name:
                 continue
-            candidate = build_plan(state, member, to_plan, outcome)
-            candidate_charges = _charges(state, pod, to_plan, candidate)
+            candidate = build_plan(state, member, to_plan, outcome, charges=True)
+            candidate_charges = candidate.charges
             if not policies.ledger.excess(namespace, list(candidate_charges.values())):
                 plan, charges, exceeded = candidate, candidate_charges, []
                 break
@@ -368,7 +353,8 @@ class _Context:
 
 def _scan(ctx: _Context, pod: Mapping[str, Any],
           to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]], pod_label: str, *,
-          pinned: set[str] | None, needs_labels: bool, identity: bool) -> PodPlan:
+          pinned: set[str] | None, needs_labels: bool, identity: bool,
+          charges: bool = False) -> PodPlan:
     """Every node class, for pods the rankings cannot serve (pinned, node affinity, selectors
     on identity attributes)."""
     state = ctx.state
@@ -405,7 +391,7 @@ def _scan(ctx: _Context, pod: Mapping[str, Any],
     if best is None:
         return PodPlan(None, reason=_no_node_reason(pod_label, state, reasons, ctx.claims,
                                                     ctx.rules))
-    return build_plan(state, best[1], to_plan, best[2])
+    return build_plan(state, best[1], to_plan, best[2], charges=charges)
 
 
 @dataclass(slots=True)
@@ -433,7 +419,8 @@ def _ranked(ctx: _Context, pod_sig: tuple[object, ...],
     classes passed over), so that tenants do not each rank the whole cluster again."""
     rules = ctx.ranked_rules
     if rules is None or not rules.tenant:
-        return _ranked_best(ctx, pod_sig)
+        found, reasons = _ranked_best(ctx, pod_sig)
+        return found, reasons() if found is None else Counter()
     tenant = rules.tenant
     policies = ctx.state.policies
     shared = replace(ctx, rules=policies.isolated(ctx.rules or rules),
@@ -442,24 +429,27 @@ def _ranked(ctx: _Context, pod_sig: tuple[object, ...],
     other, other_reasons = _ranked_best(shared, (*pod_sig[:-1], ISOLATED), skip=tenant)
     if own is None or other is None:
         found = own or other
-        return found, Counter() if found else own_reasons + other_reasons
+        return found, Counter() if found else own_reasons() + other_reasons()
     if (ctx.score_of(*own), own[0]) <= (ctx.score_of(*other), other[0]):
         return own, Counter()
     return other, Counter()
 
 
 def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...], *, own: str | None = None,
-                 skip: str | None = None) -> tuple[tuple[str, Outcome] | None, Counter[str]]:
+                 skip: str | None = None) -> tuple[tuple[str, Outcome] | None, _Reasons]:
     """The ranking's best class (`own`: only classes holding that tenant's cards; `skip`:
-    passing over them)."""
+    passing over them), or None and how to count why not: counting reads every class that
+    failed, so it is left to the caller (an isolated tenant's pod placed by one ranking never
+    asks the other why it found nothing)."""
     state = ctx.state
     ranking: Ranking | None = state.rankings.get(pod_sig)
-    log = state.group_log
+    # An own ranking reads only the classes holding the tenant's cards, and their log.
+    log = state.group_log if own is None else state.tenant_log.setdefault(own, [])
     fresh: Iterable[tuple[object, ...]]
     if ranking is None:
         ranking = Ranking([], len(log), {})
         state.rankings[pod_sig] = ranking
-        fresh = list(state.groups)
+        fresh = list(state.groups) if own is None else list(state.tenant_groups.get(own, ()))
     else:
         # Only classes created or joined since: at most the nodes that changed.
         fresh = set(log[ranking.position:])
@@ -473,8 +463,6 @@ def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...], *, own: str | None 
     for group_key in fresh:
         members = state.groups.get(group_key)
         if not members:
-            continue
-        if own is not None and own not in state.holder_summary(group_key).tenants:
             continue
         pruned = fits_node(state, members[0], ctx.cpu, ctx.memory, ctx.tolerations)
         if pruned is not None:
@@ -496,31 +484,42 @@ def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...], *, own: str | None 
             continue
         if skip is None and ctx.rules is ctx.ranked_rules:
             outcome, _ = ctx.evaluate(group_key, name, ranked=True)
-            return (name, outcome), Counter()
+            return (name, outcome), _no_reasons
         return _within_limit(ctx, ranking, skip)
-    return None, _ranking_reasons(state, ranking, {}, skip)
+    return None, lambda: _ranking_reasons(state, ranking, {}, skip)
+
+
+_Reasons = Callable[[], Counter[str]]
+
+
+def _no_reasons() -> Counter[str]:
+    return Counter()
 
 
 def _ranking_reasons(state: ClusterState, ranking: Ranking,
                      more: Mapping[tuple[object, ...], str], skip: str | None) -> Counter[str]:
-    reasons: Counter[str] = Counter()
+    counts: dict[str, int] = {}
     live: dict[tuple[object, ...], str] = {}
+    groups = state.groups
+    # Classes holding the skipped tenant's cards: its own ranking gives their reasons.
+    passed: Mapping[tuple[object, ...], None] = \
+        state.tenant_groups.get(skip, {}) if skip is not None else {}
     for group_key, reason in ranking.failures.items():
-        members = state.groups.get(group_key)
+        members = groups.get(group_key)
         if members:
             live[group_key] = reason
-            if skip is None or skip not in state.holder_summary(group_key).tenants:
-                reasons[reason] += len(members)
+            if group_key not in passed:
+                counts[reason] = counts.get(reason, 0) + len(members)
     ranking.failures = live
     for group_key, reason in more.items():
-        members = state.groups.get(group_key)
+        members = groups.get(group_key)
         if members and group_key not in live:
-            reasons[reason] += len(members)
-    return reasons
+            counts[reason] = counts.get(reason, 0) + len(members)
+    return Counter(counts)
 
 
 def _within_limit(ctx: _Context, ranking: Ranking, skip: str | None = None,
-                  ) -> tuple[tuple[str, Outcome] | None, Counter[str]]:
+                  ) -> tuple[tuple[str, Outcome] | None, _Reasons]:
     """The ranking's best class whose plan the namespace's maxClaimsPerDevice leaves as it is.
 
     Rankings are kept without the limit (namespaces differing only in it share them); a limit
@@ -574,10 +573,10 @@ def _within_limit(ctx: _Context, ranking: Ranking, skip: str | None = None,
         for entry in aside:
             heapq.heappush(heap, entry)
     if found is not None:  # scored better than every node set aside
-        return found, Counter()
+        return found, _no_reasons
     if best is not None:
-        return (best[1], best[2]), Counter()
-    return None, _ranking_reasons(state, ranking, refused, skip)
+        return (best[1], best[2]), _no_reasons
+    return None, lambda: _ranking_reasons(state, ranking, refused, skip)
 
 
 def _same_picks(a: Outcome, b: Outcome) -> bool:

@@ -161,6 +161,11 @@ class ClusterState:
         self.memo_old: dict[tuple[object, ...], Any] = {}
         # Classes created or joined, in order: rankings of pod signatures catch up from here.
         self.group_log: list[tuple[object, ...]] = []
+        # The same per isolated tenant, for the classes holding its cards (an isolated tenant's
+        # own rankings catch up from here, not from every class that changed), and the live
+        # classes holding each tenant's cards.
+        self.tenant_log: dict[str, list[tuple[object, ...]]] = {}
+        self.tenant_groups: dict[str, dict[tuple[object, ...], None]] = {}
         self.rankings: dict[tuple[object, ...], Any] = {}
         self._demands: dict[str, ClaimDemand] = {}
         self._shapes: dict[str, list[RequestShape]] = {}
@@ -214,9 +219,6 @@ class ClusterState:
             shapes = requests_of(spec)
             self._shapes[key] = shapes
         return shapes
-
-    def device_charges(self, claim: Mapping[str, Any]) -> tuple[DeviceCharge, ...]:
-        return tuple(charges_of(claim, self._device_raw))
 
     # --- slices and classes -------------------------------------------------------------------
 
@@ -537,6 +539,7 @@ class ClusterState:
         """Move dirty nodes to the equivalence class of their current state."""
         if len(self.group_log) > 200_000:
             self.group_log.clear()
+            self.tenant_log.clear()
             self.rankings.clear()
         for node in self._dirty:
             old = self.node_group.pop(node, None)
@@ -546,13 +549,26 @@ class ClusterState:
                     members.remove(node)
                     if not members:
                         del self.groups[old]
+                        for tenant in self.holder_summary(old).tenants:
+                            if tenant:
+                                self.tenant_groups[tenant].pop(old, None)
             info = self.nodes.get(node)
             if info is None or not info.known:
                 continue
             key = self.group_key(node)
             self.node_group[node] = key
-            insort(self.groups.setdefault(key, []), node)
+            members = self.groups.get(key)
+            tenants = self.holder_summary(key).tenants
+            if members is None:
+                members = self.groups[key] = []
+                for tenant in tenants:
+                    if tenant:
+                        self.tenant_groups.setdefault(tenant, {})[key] = None
+            insort(members, node)
             self.group_log.append(key)
+            for tenant in tenants:
+                if tenant:
+                    self.tenant_log.setdefault(tenant, []).append(key)
         self._dirty.clear()
 
     def group_key(self, node: str) -> tuple[object, ...]:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from dra_gateway.allocator.planner import ClusterState, PodPlan, plan_pod
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import parse_quantity
+from dra_gateway.policy.amounts import charges_of
 from dra_gateway.policy.catalog import Catalog
 
 from .planner_support import claim, cluster, gpu, share_config
@@ -334,6 +335,48 @@ def test_usage_never_exceeds_any_quota(shapes: list[tuple[str, Any]], hard: dict
         used = _usage(placed).get("a", {})
         for field, limit in limits.items():
             assert used.get(field, 0) <= limit, (field, used, limit)
+
+
+claim_shape = st.one_of(
+    st.tuples(st.just("share"), st.integers(1, 12), st.integers(1, 60)),
+    st.tuples(st.just("percent"), st.integers(1, 90), st.integers(1, 60)),
+    st.tuples(st.just("memory-only"), st.integers(1, 12), st.just(0)),
+    st.tuples(st.just("whole"), st.integers(1, 2), st.just(0)))
+
+
+def _shaped(name: str, ns: str, shape: tuple[str, int, int]) -> dict[str, Any]:
+    kind, amount, cores = shape
+    if kind == "share":
+        return share(name, ns, amount, cores)
+    if kind == "whole":
+        return whole(name, ns, amount)
+    params = {"memoryPercent": amount, "cores": cores} if kind == "percent" \
+        else {"memory": amount * GI}
+    c = claim(name, config=[share_config(["main"], **params)], uid=f"claim-{ns}-{name}")
+    c["metadata"]["namespace"] = ns
+    return c
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shapes=st.lists(claim_shape, min_size=1, max_size=12), native=st.booleans())
+def test_a_plans_charges_are_those_read_back_from_its_allocation(
+        shapes: list[tuple[str, int, int]], native: bool) -> None:
+    # The planner charges quotas from the search's picks; the ledger counts a written claim
+    # from its allocation (charges_of). Both must say the same, in both worlds.
+    state = cluster({f"n{n}": [gpu(i, memory_gib=16 + 8 * n) for i in range(3)]
+                     for n in range(2)}, policy="binpack", consumable_capacity=native)
+    policies(state, quotas=[quota("a", memory="1000Gi")])
+    for n, shape in enumerate(shapes):
+        c = _shaped(f"c{n}", "a", shape)
+        plan = place(state, gpod(f"p{n}", "a", created=n), c)
+        if plan.node_name is None:
+            continue
+        uid = c["metadata"]["uid"]
+        written = {**c, "metadata": {**c["metadata"],
+                                     "annotations": plan.annotations.get(uid) or {}},
+                   "status": {"allocation": plan.allocations[uid]}}
+        read = tuple(charges_of(written, lambda key: state.devices[key].raw))
+        assert plan.charges[uid] == read
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
