@@ -128,23 +128,29 @@ def cluster_objects(examples: Path) -> list[dict[str, Any]]:
     return objects
 
 
+class _Stacks(logging.Handler):
+    """Keeps the records logged with a stack (the handler's catch-all logs an unexpected
+    failure with log.exception); prints nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info:
+            self.records.append(record)
+
+
 @contextmanager
 def _errors_of(logger: logging.Logger) -> Iterator[list[logging.LogRecord]]:
-    """Log records with a stack that `logger` emits meanwhile (the handler's catch-all logs an
-    unexpected failure with log.exception); nothing is printed."""
-    records: list[logging.LogRecord] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if record.exc_info:
-                records.append(record)
-
-    handler = Collect(logging.ERROR)
+    """Log records with a stack that `logger` emits meanwhile."""
+    handler = _Stacks()
     logger.addHandler(handler)
     try:
-        yield records
+        yield handler.records
     finally:
         logger.removeHandler(handler)
+        handler.close()
 
 
 class Webhook:
@@ -153,7 +159,8 @@ class Webhook:
 
     def __init__(self, examples: Path = REPOSITORY / "examples") -> None:
         self.loop = asyncio.new_event_loop()
-        self.cluster = MemoryCluster()
+        # Templates come and go with every input; no watch resumes from their history.
+        self.cluster = MemoryCluster(history=100)
         self.loop.run_until_complete(self.cluster.load(cluster_objects(examples)))
         settings = WebhookSettings(namespace=_NAMESPACE, reconcile_webhooks=False,
                                    watch_retry_delay=0.05, rules_poll_interval=3600)
@@ -168,6 +175,7 @@ class Webhook:
         self._log.setLevel(logging.ERROR)
         self._body = _Body()
         self._request: web.Request | None = None
+        self._posts = 0
 
     async def _start(self) -> None:
         await self.runner.setup()
@@ -205,9 +213,11 @@ class Webhook:
 
     async def _post(self, endpoint: str, body: bytes) -> tuple[int, bytes]:
         loop = asyncio.get_running_loop()
-        # make_mocked_request builds a dozen mocks (milliseconds); a clone of one built at the
-        # first post costs microseconds and reads the body from a fresh StreamReader.
-        if self._request is None:
+        # make_mocked_request builds a dozen mocks (milliseconds); a clone of one costs
+        # microseconds and reads the body from a fresh StreamReader. Its mocks record every
+        # call made on them, so it is built again now and then.
+        self._posts += 1
+        if self._request is None or self._posts % 500 == 0:
             self._request = make_mocked_request(
                 "POST", "/", headers={"Content-Type": "application/json"}, app=self.app,
                 payload=cast(StreamReader, self._body), client_max_size=MAX_BODY_BYTES, loop=loop)
