@@ -106,14 +106,20 @@ def _sharing(what: str, rules: SharingRules, claims: Sequence[Sequence[RequestSh
 def check_admission(*, what: str, claims: Sequence[Sequence[RequestShape]],
                     quotas: Sequence[QuotaState], sharing: SharingRules,
                     fields: Mapping[str, str] | None = None,
-                    over_usage: bool = True) -> list[Violation]:
+                    over_usage: bool = True,
+                    charged: Sequence[Sequence[RequestShape]] | None = None
+                    ) -> list[Violation]:
     """Every violation of the namespace's sharing rules and quotas by these claims.
 
     `claims` holds the gateway-class requests of each claim; `what` names the object in
     messages ("pod team-a/train-0"); `fields`, when the object is one claim spec, maps each
     request's name to its field path ("spec.devices.requests[0]"), named in the messages.
     `over_usage=False` leaves out Refuse-mode quotas' check against current usage (for what
-    holds nothing by itself: a ResourceClaimTemplate).
+    holds nothing by itself: a ResourceClaimTemplate). `charged`, when given, holds the claims
+    the object adds to the namespace's usage, a subset of `claims`: a pod's claims made from
+    its templates, not the ResourceClaims it names, which exist already (counted in the usage
+    once allocated, and checked when they were created), so the usage check counts only
+    `charged` while the "never fits" check still counts every claim.
     """
     paths = fields or {}
     out = _sharing(what, sharing, claims, paths) if not sharing.empty else []
@@ -134,9 +140,10 @@ def check_admission(*, what: str, claims: Sequence[Sequence[RequestShape]],
                 f"or raise spec.hard"), policy))
             continue
         if quota.refuse and over_usage:
-            exceeded = over(quota, asked, state.used)
+            adds = asked if charged is None else requested(quota, charged)
+            exceeded = over(quota, adds, state.used)
             if exceeded:
                 out.append(Violation("QuotaExceeded", (
-                    f"{subject}: {exceeded_message(quota, asked, state.used, exceeded)}"),
+                    f"{subject}: {exceeded_message(quota, adds, state.used, exceeded)}"),
                     policy))
     return out

@@ -235,9 +235,15 @@ class GpuPolicies:
         claims = [shapes for shapes in review.claim_requests if shapes]
         if not claims:
             return ()
+        # A Refuse quota's usage check counts the claims the pod's templates will create; a
+        # ResourceClaim the pod names exists already: counted in the usage once allocated,
+        # checked by the claims webhook when it was created.
+        made = [shapes for entry, shapes in zip(review.claims(), review.claim_requests,
+                                                strict=False)
+                if shapes and entry.get("resourceClaimTemplateName")]
         found = check_admission(what=review.display_name, claims=claims,
                                 quotas=catalog.quotas_for(review.namespace),
-                                sharing=catalog.sharing_for(review.namespace))
+                                sharing=catalog.sharing_for(review.namespace), charged=made)
         return [Violation(v.reason, v.message) for v in found]
 
 

@@ -69,6 +69,29 @@ def test_quotas_at_admission(claims: list[dict[str, Any]], quotas: list[QuotaSta
         assert violation.policy == "GPUQuota team-a/team-a-gpu"
 
 
+def test_a_refusing_quota_charges_only_the_claims_the_object_adds() -> None:
+    # A pod naming an existing (allocated) claim and using a template: the named claim is in
+    # the usage already, so only the template's claim is added to it; both still count
+    # against the quota by itself.
+    named, made = requests_of(share_spec("40Gi", 30)), requests_of(share_spec("10Gi", 30))
+    refusing = [_quota(Amounts(memory=100 * GI), memory="120Gi", admission="Refuse")]
+    assert check_admission(what="pod team-a/p", claims=[named, made], quotas=refusing,
+                           sharing=NO_RULES, charged=[made]) == []
+    found = check_admission(what="pod team-a/p", claims=[named, made], quotas=refusing,
+                            sharing=NO_RULES)
+    assert [v.message for v in found] == [
+        "pod team-a/p: exceeded quota team-a-gpu: requested memory=50Gi, used memory=100Gi, "
+        "limited memory=120Gi"]
+    over_by_itself = [_quota(memory="45Gi", admission="Refuse")]
+    found = check_admission(what="pod team-a/p", claims=[named, made], quotas=over_by_itself,
+                            sharing=NO_RULES, charged=[made])
+    assert [v.reason for v in found] == ["QuotaNeverFits"]
+    # Nothing added: no usage check at all, however full the quota.
+    full = [_quota(Amounts(memory=200 * GI), memory="120Gi", admission="Refuse")]
+    assert check_admission(what="pod team-a/p", claims=[named], quotas=full,
+                           sharing=NO_RULES, charged=[]) == []
+
+
 @pytest.mark.parametrize(("claim", "spec", "reason", "message"), [
     (share_spec("10Gi", 30), {"exclusive": True}, "SharingForbidden",
      "pod team-a/p: request 'gpu' asks for a share of a GPU, but GPUSharingPolicy tenants makes "

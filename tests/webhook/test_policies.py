@@ -12,7 +12,13 @@ from aiohttp.test_utils import TestClient
 
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Cluster
-from dra_gateway.kube.resources import GPU_QUOTAS, GPU_SHARING_POLICIES, NAMESPACES
+from dra_gateway.kube.resources import (
+    GPU_QUOTAS,
+    GPU_SHARING_POLICIES,
+    NAMESPACES,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+)
 from dra_gateway.webhook.app import STATE
 
 from .conftest import decoded_patch, hami_pod, review
@@ -158,3 +164,36 @@ async def test_a_quota_status_write_is_taken_in_without_building_the_catalog_aga
         await asyncio.sleep(0.01)
     assert watch.catalog.quotas_for("inference")[0].quota.hard_amounts()["memory"] == 20 << 30
     assert (await _translated_verdict(client))["allowed"] is True
+
+
+async def test_a_refusing_quota_does_not_charge_again_a_claim_the_pod_names(
+        client: Client, cluster: Cluster) -> None:
+    # A ResourceClaim shared by several pods is charged once, when allocated (and checked when
+    # it was created): a second pod naming it adds nothing to the quota's usage.
+    pod = hami_pod()
+    mutated = await client.post("/mutate", data=orjson.dumps(review(pod)))
+    translated = jsonpatch.apply_patch(pod, decoded_patch(await mutated.json()))
+    entry = translated["spec"]["resourceClaims"][0]
+    template = await cluster.get(RESOURCE_CLAIM_TEMPLATES, entry["resourceClaimTemplateName"],
+                                 namespace="inference")
+    await cluster.create(RESOURCE_CLAIMS, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "shared", "namespace": "inference"},
+        "spec": template["spec"]["spec"]}, namespace="inference")
+    sharing = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "llm-serve-2", "namespace": "inference"},
+               "spec": {"schedulingGates": [{"name": names.SCHEDULING_GATE}],
+                        "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared"}],
+                        "containers": [{"name": "main", "image": "example.com/llm:1",
+                                        "resources": {"claims": [{"name": "gpu"}]}}]}}
+    # The shared claim's 8000Mi is in the usage already.
+    await cluster.create(GPU_QUOTAS, _quota("10Gi", admission="Refuse", used="8000Mi"),
+                         namespace="inference")
+    await _policies_seen(client, 1)
+    resp = await client.post("/validate", data=orjson.dumps(review(sharing, uid="v-2")))
+    assert (await resp.json())["response"] == {"uid": "v-2", "allowed": True}
+    # A pod whose template makes a fresh claim is charged and refused.
+    answer = await _translated_verdict(client)
+    assert answer["status"]["message"] == (
+        "pod inference/llm-serve: exceeded quota inference-gpu: requested memory=8000Mi, used "
+        "memory=8000Mi, limited memory=10Gi")
