@@ -189,7 +189,8 @@ class QuotaLedger:
                     memory += sum(c.memory for c in counted)
                     cores += sum(c.cores for c in counted)
                     fresh.update(c.key for c in counted)
-            requested = Amounts(memory, cores, len(fresh - set(use.devices)), count)
+            requested = Amounts(memory, cores, sum(1 for k in fresh if k not in use.devices),
+                                count)
             fields = over(quota, requested, use.amounts())
             if fields:
                 found.append(Exceeded(quota, requested, use.amounts(), fields))

@@ -153,18 +153,25 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     own_shares, relative = _own_shares([d for _, _, d in to_plan])
     if rules is not None and not policies.memoisable(own_shares):
         identity = True  # more of its own shares on one card than the class key counts
+    search_rules = rules
+    if rules is not None and not own_shares:
+        # Whole cards only, or no claim: isolation, maxClaimsPerDevice, exclusive and minShare
+        # rule shares alone, so the pod plans as one of no tenant and no limit, and shares
+        # the searches and rankings of every namespace that allows the same models.
+        search_rules = policies.whole_cards(rules)
     # Searches and rankings are keyed by the parts of the rules that decide which card fits,
     # not by the rules: namespaces under different policies share them (see memo_rules).
-    card_key = card_rules(rules, relative_shares=relative)
+    card_key = card_rules(search_rules, relative_shares=relative)
     ctx = _Context(state, labelled, chosen_policy, cpu, memory, tolerations,
-                   (claims_sig, chosen_policy, version, card_key), rules,
-                   policies.unlimited(rules) if rules is not None else None, own_shares,
-                   bool(to_plan) and all(alt.class_name == names.GPU_CLASS
-                                         for _, _, d in to_plan for r in d.requests
-                                         for alt in r.alternatives))
+                   (claims_sig, chosen_policy, version, card_key), search_rules,
+                   policies.unlimited(search_rules) if search_rules is not None else None,
+                   own_shares,
+                   own_shares > 0 and all(alt.class_name == names.GPU_CLASS
+                                          for _, _, d in to_plan for r in d.requests
+                                          for alt in r.alternatives))
     pod_sig = (claims_sig, cpu, memory,
                json.dumps(tolerations, sort_keys=True) if tolerations else "", chosen_policy,
-               version, card_key, rules.tenant if rules is not None else None)
+               version, card_key, search_rules.tenant if search_rules is not None else None)
     state.refresh_groups()
     if len(state.memo) > _MEMO_LIMIT:
         # Bounded memory without a cliff: the young generation becomes the old one, entries
@@ -211,22 +218,23 @@ def _held_for_quota(state: ClusterState, pod: Mapping[str, Any], quotas: Sequenc
                     shapes: Sequence[Sequence[RequestShape]]) -> PodPlan | None:
     """The plan of a pod its quotas hold back before any search, or None."""
     policies = state.policies
-    entry = _waiting(pod, quotas)
-    ahead = policies.queue.ahead_of(entry.namespace, entry.created, entry.name, entry.uid,
-                                    entry.quotas)
-    if ahead is not None:
-        shared = entry.quotas & ahead.quotas
-        policies.queue.wait(Waiting(entry.created, entry.name, entry.namespace, entry.uid,
-                                    shared))
-        names_ = ", ".join(sorted(k[1] for k in shared))
-        return PodPlan(None, reason=(
-            f"waiting for quota {names_} behind pod {ahead.label}, created earlier: pods "
-            f"waiting for a quota are placed in creation order"),
-            quota_reason=QUEUED_FOR_QUOTA)
+    if policies.queue.any_waiting(objects.namespace(pod)):
+        entry = _waiting(pod, quotas)
+        ahead = policies.queue.ahead_of(entry.namespace, entry.created, entry.name, entry.uid,
+                                        entry.quotas)
+        if ahead is not None:
+            shared = entry.quotas & ahead.quotas
+            policies.queue.wait(Waiting(entry.created, entry.name, entry.namespace, entry.uid,
+                                        shared))
+            names_ = ", ".join(sorted(k[1] for k in shared))
+            return PodPlan(None, reason=(
+                f"waiting for quota {names_} behind pod {ahead.label}, created earlier: pods "
+                f"waiting for a quota are placed in creation order"),
+                quota_reason=QUEUED_FOR_QUOTA)
     never, now = surely_exceeded(policies, quotas, shapes,
                                  smallest_card=state.smallest_card_memory())
     if never:
-        policies.queue.leave(entry.uid)
+        policies.queue.leave(objects.uid(pod))
         return PodPlan(None, reason=(
             f"{_quota_message(never)}; the pod alone is more than the quota allows, so it "
             f"could never run: ask for less or raise spec.hard"),
@@ -314,7 +322,9 @@ class _Context:
     # The rules rankings are kept for: without maxClaimsPerDevice (`_ranked_best` checks it).
     ranked_rules: SharingRules | None = None
     own_shares: int = 0  # shares of the pod that may land on one card
-    gpus_only: bool = False  # every request asks for gateway GPUs only
+    # The pod shares cards and asks for gateway GPUs only: it fits no node whose GPUs are all
+    # held by tenants it is isolated from (a pod of whole cards is told by its search).
+    gpus_only: bool = False
 
     def evaluate(self, group_key: tuple[object, ...] | None, node: str, *,
                  ranked: bool = False) -> tuple[Outcome, tuple[float, ...]]:

@@ -105,6 +105,9 @@ class QuotaQueue:
             del self._by_namespace[namespace]
         return True
 
+    def any_waiting(self, namespace: str) -> bool:
+        return namespace in self._by_namespace
+
     def ahead_of(self, namespace: str, created: str, name: str, uid: str,
                  quotas: Iterable[tuple[str, str]]) -> Waiting | None:
         """The earliest pod created before this one that waits for one of these quotas."""
@@ -140,6 +143,7 @@ class PlannerPolicies:
         self._holders: dict[str, Holder] = {}
         self._unlimited: dict[SharingRules, SharingRules] = {}
         self._isolated: dict[SharingRules, SharingRules] = {}
+        self._whole: dict[SharingRules, SharingRules] = {}
 
     def set_catalog(self, catalog: Catalog) -> None:
         self.catalog = catalog
@@ -151,6 +155,7 @@ class PlannerPolicies:
         self._holders.clear()
         self._unlimited.clear()
         self._isolated.clear()
+        self._whole.clear()
         self.ledger = QuotaLedger()
         self.ledger.set_quotas(catalog.compiled_quotas())
 
@@ -225,6 +230,16 @@ class PlannerPolicies:
             self._unlimited[rules] = found
         return found
 
+    def whole_cards(self, rules: SharingRules) -> SharingRules:
+        """The rules as a pod taking whole cards only meets them in the search: its allowed
+        models (tenant isolation, maxClaimsPerDevice, exclusive and minShare rule shares), the
+        policies kept for reasons."""
+        found = self._whole.get(rules)
+        if found is None:
+            found = SharingRules(policies=rules.policies, models=rules.models)
+            self._whole[rules] = found
+        return found
+
     def isolated(self, rules: SharingRules) -> SharingRules:
         """The rules with the tenant `ISOLATED`: as a tenant searches nodes where it holds no
         card."""
@@ -257,8 +272,9 @@ def memo_rules(rules: SharingRules | None, summary: HolderSummary,
     where a held card is another tenant's (or isolated from it), its tenant if it holds cards
     there too, else only that every held card is barred (tenants without cards on the node
     search it alike; reasons name the tenant when reported); its maxClaimsPerDevice where a
-    card (with the pod's own shares) would reach it."""
-    if rules is None or summary is NO_HOLDERS:
+    card (with the pod's own shares) would reach it. A pod without shares (whole cards only)
+    depends on neither."""
+    if rules is None or summary is NO_HOLDERS or not own_shares:
         return None
     ours = rules.tenant
     tenant: str | None = None

@@ -222,6 +222,28 @@ def test_isolated_tenants_pack_onto_their_own_cards_and_share_one_ranking_of_the
     assert place(state, gpod("g3", "c"), share("g3", "c", 14)).node_name == "n0"
 
 
+def test_a_pod_of_whole_cards_plans_alike_in_every_namespace_whatever_its_isolation() -> None:
+    # Isolation and maxClaimsPerDevice rule shares alone: a pod taking whole cards searches
+    # and ranks as a pod of no tenant (one ranking for a and d), and never takes a held card.
+    state = nodes(2, 2)
+    policies(state, sharing_=[sharing("iso", labels={"isolated": "yes"},
+                                      isolation={"mode": "Namespace"}, maxClaimsPerDevice=2)],
+             namespaces=[namespace("a", isolated="yes"), namespace("b", isolated="yes"),
+                         namespace("d")])
+    assert place(state, gpod("b1", "b"), share("b1", "b", 4)).node_name == "n0"
+    first = place(state, gpod("a1", "a"), whole("a1", "a"))
+    rankings = len(state.rankings)
+    second = place(state, gpod("d1", "d"), whole("d1", "d"))
+    assert len(state.rankings) == rankings
+    held = {(p.node_name, r["device"]) for p in (first, second)
+            for a in p.allocations.values() for r in a["devices"]["results"]}
+    assert len(held) == 2
+    assert ("n0", "gpu-0") not in held
+    refused = place(state, gpod("a2", "a"), whole("a2", "a", count=2))
+    assert refused.node_name is None
+    assert "isolation" not in (refused.reason or "")
+
+
 def test_allowed_models_and_max_claims_per_card_steer_the_card() -> None:
     state = cluster({"n0": [gpu(0, product="T4"), gpu(1, product="A100-SXM4")]},
                     policy="binpack")
