@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import AlreadyExists, ApiError, Cluster, Conflict, NotFound
 from dra_gateway.kube.resources import LEASES
 
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class LeaseSettings:
     identity: str
-    name: str = "dra-gateway-allocator"
+    name: str = names.ALLOCATOR_LEASE
     namespace: str = "dra-gateway"
     lease_duration: float = 15.0
     renew_deadline: float = 10.0

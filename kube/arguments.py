@@ -7,6 +7,7 @@ not at the first write far from it.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from typing import Final
 
@@ -20,3 +21,25 @@ def namespace(value: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{value!r} is not a namespace name (a DNS label: lowercase letters, digits, '-')")
     return value
+
+
+_DURATION_PART: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
+_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration(value: str) -> float:
+    """An argparse type: seconds from a Go-style duration (`90s`, `2m`, `1m30s`, `500ms`, `1h`)
+    or a plain number of seconds (`120`); never negative."""
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        parts = _DURATION_PART.findall(text)
+        if not parts or "".join(number + unit for number, unit in parts) != text:
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not a duration: give seconds (120) or a duration such as 90s, "
+                "2m, 1m30s or 500ms") from None
+        seconds = sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a duration of zero or more seconds")
+    return seconds

@@ -20,6 +20,8 @@ INTEL_GPU_CLASS: Final = "gpu.intel.com"
 GAUDI_CLASS: Final = "gaudi.intel.com"
 
 SCHEDULING_GATE: Final = f"{DOMAIN}/allocation"
+# The Lease through which one allocator replica leads, in the gateway's namespace.
+ALLOCATOR_LEASE: Final = "dra-gateway-allocator"
 FINALIZER: Final = f"{DOMAIN}/allocation"
 
 RULES_LABEL: Final = f"{DOMAIN}/rules"

@@ -96,3 +96,22 @@ def test_log_levels_are_accepted_in_either_case() -> None:
     assert build_parser().parse_args([*base, "--log-level", "debug"]).log_level == "DEBUG"
     args = build_parser().parse_args(["webhook", "--tls-dir", "t", "--log-level", "WARNING"])
     assert args.log_level == "warning"
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    ("120", 120.0), ("2m", 120.0), ("1m30s", 90.0), ("500ms", 0.5), ("1h", 3600.0),
+    ("0", 0.0), ("0s", 0.0), ("1.5m", 90.0)])
+def test_webhook_gated_event_after_takes_a_duration(value: str, seconds: float) -> None:
+    args = build_parser().parse_args(["webhook", "--tls-dir", "t", "--gated-event-after", value])
+    assert args.gated_event_after == seconds
+
+
+def test_webhook_gated_event_after_defaults_to_two_minutes_and_refuses_nonsense(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert build_parser().parse_args(["webhook", "--tls-dir", "t"]).gated_event_after == 120.0
+    for value in ("-1s", "2x", "1m 30s", "inf", "m"):
+        with pytest.raises(SystemExit) as exc:
+            build_parser().parse_args(["webhook", "--tls-dir", "t", "--gated-event-after",
+                                       value])
+        assert exc.value.code == 2
+        assert "argument --gated-event-after:" in capsys.readouterr().err, value

@@ -13,7 +13,8 @@ message, logged with the request UID and the stack, and the server keeps serving
 
 Background work lives in `cleanup_ctx`: loading the rules, polling rule files, watching rule
 ConfigMaps, watching DeviceClasses (for the names they declare as spec.extendedResourceName,
-left to kube-scheduler), reloading the certificate, reconciling the webhook configurations.
+left to kube-scheduler), reloading the certificate, reconciling the webhook configurations, and
+watching the allocator's Lease to post an Event on pods left gated while no allocator leads.
 The app holds no package-level state; everything is reached through typed AppKeys.
 
 This module must not translate, decide policy or talk to Kubernetes itself.
@@ -39,6 +40,7 @@ from dra_gateway.policy.amounts import RequestShape
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import ClassLookup
 from dra_gateway.webhook import config, mutation, reviews, ruleadmission
+from dra_gateway.webhook.allocatorwatch import GatedPodEvents
 from dra_gateway.webhook.deviceclasses import DeviceClassWatch
 from dra_gateway.webhook.metrics import Metrics
 from dra_gateway.webhook.policies import PolicyWatch
@@ -81,6 +83,7 @@ class WebhookState:
     device_classes: DeviceClassWatch
     policies: PolicyWatch
     tls: CertificateReloader | None = None
+    gated_events: GatedPodEvents | None = None  # None with gated_event_after 0
     config_maps_synced: bool = False
     # (resource, device class, rule, action) already logged at INFO for this generation of the
     # DeviceClasses; later admissions log the same at DEBUG (one line per review costs more than
@@ -112,6 +115,10 @@ def create_app(settings: WebhookSettings, cluster: Cluster, *,
         policies=PolicyWatch(cluster, retry_delay=settings.watch_retry_delay),
         tls=tls,
     )
+    if settings.gated_event_after > 0:
+        state.gated_events = GatedPodEvents(
+            cluster, metrics, namespace=settings.namespace, threshold=settings.gated_event_after,
+            retry_delay=settings.watch_retry_delay)
     state.device_classes.on_change = lambda _: state.extended_logged.clear()
     # One byte over the limit is enough to know a body is too large; aiohttp's own 413 is
     # turned into the 400 the API server expects for bad input.
@@ -457,6 +464,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         tasks.append(asyncio.create_task(state.policies.run(), name="gpu-policies"))
     if state.tls is not None:
         tasks.append(asyncio.create_task(state.tls.run(), name="certificate-reload"))
+    if state.gated_events is not None:
+        tasks.append(asyncio.create_task(state.gated_events.run(), name="gated-pod-events"))
     tasks.append(asyncio.create_task(_reconcile(state, rules), name="webhook-configurations"))
     try:
         yield

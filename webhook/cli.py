@@ -86,6 +86,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     serve.add_argument("--review-deadline", type=float, default=4.0, metavar="SECONDS",
                        help="most seconds one review may take, API reads included; keep it "
                        "below the webhook configurations' timeoutSeconds (default: %(default)s)")
+    serve.add_argument("--gated-event-after", type=arguments.duration, default=120.0,
+                       metavar="DURATION",
+                       help="post a Warning Event AllocatorUnavailable on each pod still gated by "
+                       "dra-gateway.io/allocation after this long while the allocator's Lease "
+                       "has had no valid holder for as long, once per pod and outage (e.g. 90s, "
+                       "2m; 0: off, and neither the Lease nor pods are watched; default: 2m)")
     serve.add_argument("--workers", type=int, default=1, metavar="N",
                        help="server processes sharing the port (SO_REUSEPORT; default: 1)")
     serve.add_argument("--log-level", default="info", type=str.lower,
@@ -161,6 +167,7 @@ def _serve(args: argparse.Namespace) -> int:
         reconcile_webhooks=not args.no_reconcile,
         review_deadline=args.review_deadline,
         template_timeout=min(2.0, args.review_deadline / 2),
+        gated_event_after=args.gated_event_after,
     )
     options = ServeOptions(
         host=host, port=port, cluster=args.cluster, kubeconfig=args.kubeconfig,

@@ -83,6 +83,15 @@ class Metrics:
             "dra_gateway_webhook_internal_errors_total",
             "Reviews refused because of an unexpected error in a decision.", ["endpoint"],
             registry=r)
+        self.gated_pod_events = Counter(
+            "dra_gateway_webhook_allocator_unavailable_events_total",
+            "Warning Events AllocatorUnavailable on pods left gated while no allocator leads, by "
+            "result (created; exists: another replica posted it first; failed: an attempt the "
+            "API refused).", ["result"], registry=r)
+        self.allocator_lease_vacant = Gauge(
+            "dra_gateway_webhook_allocator_lease_vacant_seconds",
+            "Seconds the allocator's Lease has had no valid holder, as this webhook sees it (0 "
+            "while an allocator leads, and with --gated-event-after 0).", registry=r)
         # Bound children for the hot path.
         self.latency_of = {e: self.latency.labels(e) for e in ENDPOINTS}
         self.plan_hit = self.plan_cache.labels("hit")

@@ -1,5 +1,5 @@
-"""One list-and-watch loop for the webhook's mirrors of the API: rules ConfigMaps, DeviceClasses
-and GPU policies.
+"""One list-and-watch loop for the webhook's mirrors of the API: rules ConfigMaps, DeviceClasses,
+GPU policies, and the allocator's Lease and gated pods.
 
 `mirror` lists a resource through the cluster port, watches from the list's resourceVersion,
 relists when the watch expires, and relists after a pause that doubles (up to half a minute)
@@ -31,7 +31,8 @@ async def mirror(cluster: Cluster, rt: ResourceType, *, what: str, retry_delay: 
                  listed: Callback, changed: Callback, deleted: Callback,
                  failed: Callable[[ApiError], None] | None = None,
                  missing: Callback | None = None, namespace: str | None = None,
-                 label_selector: str | None = None, rbac_fix: str | None = None) -> None:
+                 label_selector: str | None = None, field_selector: str | None = None,
+                 rbac_fix: str | None = None) -> None:
     """Mirror `rt` until cancelled (or, with `missing`, until the API serves no such resource).
 
     `listed(items)` gets every full list, `changed(obj)` and `deleted(obj)` the watch's events;
@@ -48,7 +49,8 @@ async def mirror(cluster: Cluster, rt: ResourceType, *, what: str, retry_delay: 
             if resource_version is None:
                 try:
                     items = await cluster.list(rt, namespace=namespace,
-                                               label_selector=label_selector)
+                                               label_selector=label_selector,
+                                               field_selector=field_selector)
                 except NotFound:
                     if missing is None:
                         raise
@@ -59,6 +61,7 @@ async def mirror(cluster: Cluster, rt: ResourceType, *, what: str, retry_delay: 
             failures = 0
             async for event in cluster.watch(rt, namespace=namespace,
                                              label_selector=label_selector,
+                                             field_selector=field_selector,
                                              resource_version=resource_version):
                 resource_version = objects.resource_version(event.object) or resource_version
                 if event.type in ("ADDED", "MODIFIED"):

@@ -39,6 +39,9 @@ class WebhookSettings:
         lost while the read goes on for the client's own 60 s).
     reconcile_webhooks: keep the webhook configurations' matchConditions (and caBundle, with
         ca_file) in line with the loaded rules.
+    gated_event_after: seconds after which a pod still gated by dra-gateway.io/allocation gets a
+        Warning Event AllocatorUnavailable while the allocator's Lease has had no valid holder
+        for as long (0: no Events, and neither the Lease nor pods are watched).
     """
 
     namespace: str = "dra-gateway"
@@ -58,5 +61,6 @@ class WebhookSettings:
     rules_poll_interval: float = 2.0
     watch_retry_delay: float = 1.0
     reconcile_webhooks: bool = True
+    gated_event_after: float = 120.0
     mutating_configuration: str = MUTATING_CONFIGURATION
     validating_configuration: str = VALIDATING_CONFIGURATION

@@ -57,6 +57,9 @@ GPU_NODES = (("gpu-a100-1", "gpu-a100-1.yaml"), ("gpu-h100-1", "gpu-h100-1.yaml"
 CPU_NODES = ("cpu-1",)
 # Namespaces the examples use.
 WORKLOAD_NAMESPACES = ("inference", "research", "batch", "ml")
+# The webhook's --gated-event-after: short, so that a test sees the Event on pods left gated
+# while no allocator leads (the chart's default is two minutes).
+GATED_EVENT_AFTER_S = 4
 
 JSON = dict[str, Any]
 
@@ -338,6 +341,7 @@ def _start_components(gateway: Gateway, sockets: Path) -> None:
     specs = [
         ("webhook", ["webhook", "--listen", f"127.0.0.1:{gateway.webhook_port}",
                      "--tls-dir", str(gateway.work / "webhook-tls"), *kube,
+                     "--gated-event-after", f"{GATED_EVENT_AFTER_S}s",
                      "--kubeconfig", kubeconfig("webhook")]),
         ("allocator", ["allocator", *kube, "--policy", "default",
                        "--kubeconfig", kubeconfig("allocator")]),

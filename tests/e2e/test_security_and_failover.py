@@ -7,7 +7,9 @@ Runs after test_real_cluster.py on the same installation (one per conftest.SETUP
   nor write status.allocation of a claim of a gateway class: the chart's
   ValidatingAdmissionPolicies refuse both with their messages. The allocator's ServiceAccount
   token may (dry-run requests, which go through admission without changing anything).
-- The allocator down, then back: pods created meanwhile stay gated, then are placed.
+- The allocator down, then back: pods created meanwhile stay gated, with one Warning Event
+  AllocatorUnavailable each from the webhook (two webhook replicas post it, the API keeps one),
+  then are placed.
 - Two allocators (the chart's ServiceAccount, different identities): one leads; the leader
   killed, the other takes over within the Lease's time and places new pods, no card over its
   capacity (on the newest setup only: waiting out the Lease takes ~20 s).
@@ -17,16 +19,19 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import ssl
 import time
+import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from dra_gateway.kube import names
-from dra_gateway.realcluster import Api, ApiError, path_of
+from dra_gateway.realcluster import Api, ApiError, free_port, path_of
 from e2e.conftest import SETUPS
 from e2e.support import (
+    GATED_EVENT_AFTER_S,
     NAMESPACE,
     Component,
     Gateway,
@@ -263,12 +268,48 @@ def _create_and_place(gateway: Gateway, prefix: str, count: int) -> float:
     return time.monotonic() - started
 
 
+def _unavailable_events(api: Api) -> list[JSON]:
+    """The webhook's AllocatorUnavailable Events, in every namespace."""
+    return [e for e in api.list(path_of("v1", "events"))
+            if e.get("reason") == "AllocatorUnavailable"]
+
+
+def _start_second_webhook(gateway: Gateway) -> Component:
+    """Another webhook replica, as the chart runs two (same ServiceAccount, another port),
+    started and ready."""
+    first = gateway.components["webhook"]
+    args = list(first.args)
+    port = free_port()
+    args[args.index("--listen") + 1] = f"127.0.0.1:{port}"
+    second = Component("webhook-b", args, first.log.with_name("webhook-b.log"))
+    gateway.components[second.name] = second
+    second.start()
+    context = ssl.create_default_context(cafile=str(gateway.work / "webhook-tls" / "ca.crt"))
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"https://localhost:{port}/readyz", context=context,
+                                        timeout=2) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    wait_until("a second webhook to be ready", ready, 60, gateway.check)
+    return second
+
+
 def test_pods_created_while_the_allocator_is_down_wait_gated_then_are_placed(
         gateway: Gateway) -> None:
     api = gateway.api
     _free_room(gateway)
     _namespace(api, FAILOVER_NAMESPACE)
     allocator = gateway.components["allocator"]
+    last_holder = _holder(api)
+    assert last_holder
+    before = {e["metadata"]["uid"] for e in _unavailable_events(api)}
+    # Started while the allocator leads: like the first, it sees the holder before the release.
+    second = _start_second_webhook(gateway)
+    time.sleep(1)
     allocator.stop()  # graceful: it releases the Lease
     try:
         for index in range(3):
@@ -280,7 +321,52 @@ def test_pods_created_while_the_allocator_is_down_wait_gated_then_are_placed(
         assert all(_gated(p) and not _bound(p) for p in waiting), waiting
         assert not any((c.get("status") or {}).get("allocation")
                        for p in waiting for c in pod_claims(api, p))
+        uids = {p["metadata"]["uid"]: p["metadata"]["name"] for p in waiting}
+
+        # The webhooks tell each waiting pod why, once the Lease has been vacant and the pod
+        # gated for --gated-event-after; each replica posts the same Event, the API keeps one.
+        def told() -> list[JSON]:
+            return [e for e in _unavailable_events(api)
+                    if e["metadata"]["uid"] not in before
+                    and e["involvedObject"].get("uid") in uids]
+
+        wait_until("an AllocatorUnavailable Event on each pod gated while the allocator is down",
+                   lambda: {e["involvedObject"]["uid"] for e in told()} == set(uids),
+                   GATED_EVENT_AFTER_S + 20, gateway.check)
+        time.sleep(GATED_EVENT_AFTER_S)  # more rounds of both replicas
+        events = told()
+        assert sorted(e["involvedObject"]["name"] for e in events) == sorted(uids.values()), \
+            events
+        for event in events:
+            assert event["type"] == "Warning", event
+            assert event["count"] == 1, event
+            assert event["metadata"]["namespace"] == FAILOVER_NAMESPACE, event
+            message = event["message"]
+            assert f"the Lease {NAMESPACE}/dra-gateway-allocator has had no holder" in message, \
+                message
+            assert f"its last holder was {last_holder}" in message, message
+            assert f"allocator Deployment in namespace {NAMESPACE}" in message, message
+        assert gateway.grep("posted AllocatorUnavailable"), "no webhook said it posted one"
+        for webhook in ("webhook", "webhook-b"):  # each posted every Event, or found it
+            log = gateway.components[webhook].log.read_text(errors="replace").splitlines()
+            assert any("no allocator leads" in line for line in log), webhook
+            said = [line for line in log if "posted AllocatorUnavailable" in line
+                    or "AllocatorUnavailable already posted" in line]
+            done = {name for name in uids.values()
+                    if any(f'"{FAILOVER_NAMESPACE}/{name}"' in line for line in said)}
+            assert done == set(uids.values()), (webhook, done)
+        # Only gated pods are told.
+        for event in _unavailable_events(api):
+            if event["metadata"]["uid"] in before:
+                continue
+            involved = event["involvedObject"]
+            with contextlib.suppress(ApiError):
+                pod = api.get(path_of("v1", "pods", namespace=involved["namespace"],
+                                      name=involved["name"]))
+                assert _gated(pod), pod
     finally:
+        second.stop()
+        gateway.components.pop(second.name, None)
         allocator.start()
 
     def placed() -> bool:

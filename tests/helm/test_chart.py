@@ -444,6 +444,11 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
         | _grants(CLUSTER, ["dra-gateway.io"], ["gpuquotas", "gpusharingpolicies"],
                   ["list", "watch"])
         | _grants(CLUSTER, [""], ["namespaces"], ["list", "watch"])
+        # An Event on pods left gated while no allocator leads: the allocator's Lease, by
+        # name, and the pods bound to no node (webhook.gatedEventAfterSeconds; 0 drops both).
+        | _grants(NS, ["coordination.k8s.io"], ["leases"], ["list", "watch"],
+                  [names.ALLOCATOR_LEASE])
+        | _grants(CLUSTER, [""], ["pods"], ["list", "watch"])
         | _grants(CLUSTER, ["admissionregistration.k8s.io"],
                   ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
                   ["get", "list", "watch"])
@@ -499,6 +504,31 @@ def test_each_component_is_granted_exactly_its_verbs(helm: HelmRunner) -> None:
         assert sorted(granted[component] - expected) == [], f"{component}: more than needed"
         assert sorted(expected - granted[component]) == [], f"{component}: missing grants"
     assert set(granted) == set(EXPECTED_RBAC)
+
+
+def test_without_gated_pod_events_the_webhook_neither_watches_the_lease_nor_pods(
+        helm: HelmRunner) -> None:
+    from dra_gateway.cli import build_parser
+
+    result = helm.template({"webhook": {"gatedEventAfterSeconds": 0}})
+    assert result.returncode == 0, result.stderr
+    objects = parse_render(result.stdout)
+    granted: set[Grant] = set()
+    for r in objects:
+        if r.kind in (NS, CLUSTER) and component_of(r.obj) == "webhook":
+            for rule in r.obj["rules"]:
+                granted |= _grants(r.kind, rule["apiGroups"], rule["resources"], rule["verbs"],
+                                   rule.get("resourceNames"))
+    assert granted == EXPECTED_RBAC["webhook"] - (
+        _grants(NS, ["coordination.k8s.io"], ["leases"], ["list", "watch"],
+                [names.ALLOCATOR_LEASE])
+        | _grants(CLUSTER, [""], ["pods"], ["list", "watch"]))
+    args = container(objects, "Deployment", "webhook")["args"]
+    assert args[args.index("--gated-event-after") + 1] == "0s"
+    assert build_parser().parse_args(args).gated_event_after == 0
+    refused = helm.template({"webhook": {"gatedEventAfterSeconds": -1}})
+    assert refused.returncode != 0
+    assert "gatedEventAfterSeconds" in refused.stderr, refused.stderr
 
 
 def test_each_role_is_bound_to_its_own_components_service_account(helm: HelmRunner) -> None:
@@ -861,7 +891,7 @@ def test_command_lines_are_those_of_the_components(helm: HelmRunner) -> None:
     assert container(objects, "Deployment", "webhook")["args"] == [
         "webhook", "--listen", "0.0.0.0:8443", "--tls-dir", "/tls", "--cluster", "kube",
         "--namespace", NAMESPACE, "--log-level", "info", "--probe-listen", "0.0.0.0:8080",
-        "--review-deadline", "4"]
+        "--review-deadline", "4", "--gated-event-after", "120s"]
     assert container(objects, "Deployment", "allocator")["args"] == [
         "allocator", "--cluster", "kube", "--namespace", NAMESPACE, "--policy", "default",
         "--metrics-address", ":8080"]
