@@ -7,6 +7,12 @@ Runs after test_real_cluster.py on the same installation (one per conftest.SETUP
   nor write status.allocation of a claim of a gateway class: the chart's
   ValidatingAdmissionPolicies refuse both with their messages. The allocator's ServiceAccount
   token may (dry-run requests, which go through admission without changing anything).
+- The node plugin of one node (its token bound to a pod there, so the API server names the node
+  in the user's extra `authentication.kubernetes.io/node-name`) may create, update and delete
+  its own node's ResourceSlices and patch its own Node's status, not another node's; a token
+  bound to no pod names no node and may write neither. The webhook may change caBundle and
+  matchConditions of its two configurations, not clientConfig's URL or Service, rules,
+  failurePolicy nor namespaceSelector. Each refusal carries its policy's message (dry run).
 - The allocator down, then back: pods created meanwhile stay gated, with one Warning Event
   AllocatorUnavailable each from the webhook (two webhook replicas post it, the API keeps one),
   then are placed.
@@ -32,7 +38,9 @@ from dra_gateway.realcluster import Api, ApiError, free_port, path_of
 from e2e.conftest import SETUPS
 from e2e.support import (
     GATED_EVENT_AFTER_S,
+    GPU_NODES,
     NAMESPACE,
+    RELEASE,
     Component,
     Gateway,
     cards,
@@ -224,6 +232,196 @@ def test_a_tenant_cannot_remove_the_gate_or_write_an_allocation_the_allocator_ca
     assert _gated(api.get(pod_path))
     assert not (api.get(claim_path).get("status") or {}).get("allocation")
     api.delete(pod_path, grace_period_s=0)
+
+
+# a2. Each node plugin writes only its own node's slices and status ------------------------------
+
+SLICES = path_of("resource.k8s.io/v1", "resourceslices")
+SLICES_POLICY = "node-plugin-slices"
+STATUS_POLICY = "node-plugin-status"
+
+
+def _node_plugin_api(gateway: Gateway, node: str | None) -> Api:
+    """A token of the chart's node-plugin ServiceAccount, bound to the stand-in pod on `node`
+    (support.py made one per GPU node) as the DaemonSet's pod there holds it; None: a token of
+    the same account bound to no pod, so the API server names no node."""
+    account = gateway.service_accounts["node-plugin"]
+    bound = None
+    if node is not None:
+        bound = gateway.api.get(path_of("v1", "pods", namespace=NAMESPACE,
+                                        name=f"{account}-{node}"))
+        assert bound["spec"]["nodeName"] == node
+    return gateway.plane.api(gateway.plane.service_account_token(
+        NAMESPACE, account, expiration_s=3600, bound_pod=bound))
+
+
+def _published_slice(api: Api, node: str) -> JSON:
+    found = api.list(SLICES, fieldSelector=f"spec.nodeName={node},spec.driver={names.DRIVER}")
+    assert found, f"no ResourceSlice of {names.DRIVER} on {node}"
+    return found[0]
+
+
+def _new_slice(node: str) -> JSON:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"e2e-policy-{node}"},
+            "spec": {"driver": names.DRIVER, "nodeName": node,
+                     "pool": {"name": f"e2e-policy-{node}", "generation": 0,
+                              "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-0"}]}}
+
+
+def _dry_run(api: Api, method: str, path: str, body: Any = None,
+             content_type: str = "application/merge-patch+json") -> JSON:
+    return api.request(method, path, body, query={"dryRun": "All"}, content_type=content_type)
+
+
+def _refused(api: Api, method: str, path: str, body: Any = None,
+             content_type: str = "application/merge-patch+json") -> ApiError:
+    with pytest.raises(ApiError) as refused:
+        _dry_run(api, method, path, body, content_type)
+    return refused.value
+
+
+def _by_policy(refused: ApiError, policy: str, *words: str) -> None:
+    """`refused` is the chart's policy `policy` denying, with `words` in its message."""
+    assert refused.status == 403, refused
+    assert f"ValidatingAdmissionPolicy '{RELEASE}-{policy}'" in refused.message, refused.message
+    for word in words:
+        assert word in refused.message, refused.message
+
+
+def test_each_node_plugin_writes_only_its_own_nodes_slices(gateway: Gateway) -> None:
+    api = gateway.api
+    (own, _), (other, _) = GPU_NODES
+    plugin = _node_plugin_api(gateway, own)
+    for node in (own, other):  # RBAC lets the node plugin write every node's slices ...
+        assert plugin.list(SLICES, fieldSelector=f"spec.nodeName={node}")
+    theirs = _published_slice(api, other)
+    mine = _published_slice(api, own)
+    theirs_path = path_of("resource.k8s.io/v1", "resourceslices", name=theirs["metadata"]["name"])
+    mine_path = path_of("resource.k8s.io/v1", "resourceslices", name=mine["metadata"]["name"])
+    label = {"metadata": {"labels": {"e2e": "policy"}}}
+    denied = f"the dra-gateway node plugin on node {own} may not write ResourceSlices of " \
+             f"node '{other}'"
+
+    # ... the policy only its own node's: create, update and delete of the other node's refused.
+    _by_policy(_refused(plugin, "POST", SLICES, _new_slice(other), "application/json"),
+               SLICES_POLICY, denied)
+    _by_policy(_refused(plugin, "PATCH", theirs_path, label), SLICES_POLICY, denied)
+    _by_policy(_refused(plugin, "DELETE", theirs_path), SLICES_POLICY, denied)
+    # Moving the other node's slice to its own node is refused too (spec.nodeName is immutable).
+    moved = _refused(plugin, "PATCH", theirs_path, {"spec": {"nodeName": own}})
+    assert moved.status in (403, 422), moved
+    print(f"a node plugin moving another node's slice to its own: {moved.status} "
+          f"{moved.message}")
+    # A slice of no node (all nodes, or a node selector) is no node plugin's to write.
+    everywhere = _new_slice(own)
+    everywhere["spec"] = {**everywhere["spec"], "allNodes": True}
+    del everywhere["spec"]["nodeName"]
+    _by_policy(_refused(plugin, "POST", SLICES, everywhere, "application/json"), SLICES_POLICY,
+               "may not write ResourceSlices of node ''")
+
+    # Its own node's: allowed (dry run: nothing changes).
+    created = _dry_run(plugin, "POST", SLICES, _new_slice(own), "application/json")
+    assert created["spec"]["nodeName"] == own
+    assert _dry_run(plugin, "PATCH", mine_path, label)["metadata"]["labels"]["e2e"] == "policy"
+    _dry_run(plugin, "DELETE", mine_path)
+
+    # A token of the same account bound to no pod names no node: refused, even for a slice
+    # of the node it claims to be on.
+    unbound = _node_plugin_api(gateway, None)
+    _by_policy(_refused(unbound, "POST", SLICES, _new_slice(own), "application/json"),
+               SLICES_POLICY, "the dra-gateway node plugin's token names no node")
+    _by_policy(_refused(unbound, "DELETE", mine_path), SLICES_POLICY, "names no node")
+
+    # Nothing changed.
+    assert _published_slice(api, other)["metadata"]["resourceVersion"] == \
+        theirs["metadata"]["resourceVersion"]
+    assert api.get(mine_path)["metadata"].get("labels", {}).get("e2e") is None
+    assert not api.list(SLICES, fieldSelector="metadata.name=e2e-policy-" + own)
+
+
+def test_each_node_plugin_patches_only_its_own_nodes_status(gateway: Gateway) -> None:
+    (own, _), (other, _) = GPU_NODES
+    plugin = _node_plugin_api(gateway, own)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    # What the node plugin sends (node-plugin/health.py): a strategic patch of one condition.
+    condition = {"status": {"conditions": [{
+        "type": "GpuDevicesUnhealthy", "status": "True", "reason": "E2ePolicy",
+        "message": "a dry run", "lastHeartbeatTime": now, "lastTransitionTime": now}]}}
+    strategic = "application/strategic-merge-patch+json"
+
+    def status(node: str) -> str:
+        return path_of("v1", "nodes", name=node, subresource="status")
+
+    _by_policy(_refused(plugin, "PATCH", status(other), condition, strategic), STATUS_POLICY,
+               f"the dra-gateway node plugin on node '{own}' may not write the status of node "
+               f"{other}")
+    patched = _dry_run(plugin, "PATCH", status(own), condition, strategic)
+    assert any(c["reason"] == "E2ePolicy" for c in patched["status"]["conditions"])
+    _by_policy(_refused(_node_plugin_api(gateway, None), "PATCH", status(own), condition,
+                        strategic), STATUS_POLICY, "may not write the status of node")
+    for node in (own, other):
+        conditions = gateway.api.get(path_of("v1", "nodes", name=node))["status"]["conditions"]
+        assert not any(c.get("reason") == "E2ePolicy" for c in conditions)
+
+
+# a3. The webhook changes only caBundle and matchConditions of its configurations --------------
+
+WEBHOOK_POLICY = "webhook-configurations"
+CONFIGURATIONS = ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
+
+
+def test_the_webhook_changes_only_ca_bundle_and_match_conditions_of_its_configurations(
+        gateway: Gateway) -> None:
+    import base64
+
+    api = gateway.api
+    webhook = gateway.plane.api(gateway.plane.service_account_token(
+        NAMESPACE, gateway.service_accounts["webhook"], expiration_s=3600))
+    json_patch = "application/json-patch+json"
+    for plural in CONFIGURATIONS:
+        path = path_of("admissionregistration.k8s.io/v1", plural, name=RELEASE)
+        stored = api.get(path)
+        first = stored["webhooks"][0]
+        # A rotated CA (both certificates in the bundle) and narrowed conditions: what the
+        # webhook's reconcile writes.
+        ca = base64.b64decode(first["clientConfig"]["caBundle"])
+        rotated = base64.b64encode(ca + ca).decode()
+        conditions = [{"name": "gpu-pods", "expression": "object.spec.containers.size() > 0"}]
+        written = _dry_run(webhook, "PATCH", path, [
+            {"op": "replace", "path": "/webhooks/0/clientConfig/caBundle", "value": rotated},
+            {"op": "replace", "path": "/webhooks/0/matchConditions", "value": conditions}],
+            json_patch)
+        assert written["webhooks"][0]["clientConfig"]["caBundle"] == rotated, plural
+        assert written["webhooks"][0]["matchConditions"] == conditions, plural
+
+        rules = [dict(rule) for rule in first["rules"]]
+        rules[0] = {**rules[0], "operations": sorted({*rules[0]["operations"], "UPDATE"})}
+        changes: dict[str, list[JSON]] = {
+            "clientConfig.url": [{"op": "replace", "path": "/webhooks/0/clientConfig/url",
+                                  "value": "https://attacker.example:8443/validate"}],
+            "clientConfig.service": [
+                {"op": "remove", "path": "/webhooks/0/clientConfig/url"},
+                {"op": "add", "path": "/webhooks/0/clientConfig/service",
+                 "value": {"namespace": "attacker", "name": "attacker", "port": 443}}],
+            "rules": [{"op": "replace", "path": "/webhooks/0/rules", "value": rules}],
+            "failurePolicy": [{"op": "replace", "path": "/webhooks/0/failurePolicy",
+                               "value": "Ignore" if first["failurePolicy"] == "Fail"
+                               else "Fail"}],
+            "namespaceSelector": [{"op": "replace", "path": "/webhooks/0/namespaceSelector",
+                                   "value": {}}],
+        }
+        assert "url" in first["clientConfig"]  # the e2e install points them at a URL
+        for what, patch in changes.items():
+            refused = _refused(webhook, "PATCH", path, patch, json_patch)
+            _by_policy(refused, WEBHOOK_POLICY, "the dra-gateway webhook may change only "
+                       "clientConfig.caBundle and matchConditions")
+            # The policy binds the webhook only: an administrator may (dry run).
+            _dry_run(api, "PATCH", path, patch, json_patch)
+            print(f"{plural}: the webhook may not change {what}")
+        assert api.get(path)["metadata"]["resourceVersion"] == \
+            stored["metadata"]["resourceVersion"]
 
 
 # b. The allocator down, then back ---------------------------------------------------------------
