@@ -204,6 +204,12 @@ class Quantity:
         if len(num) + len(denom) > _MAX_DIGITS:
             raise QuantityError(text, f"more than {_MAX_DIGITS} digits")
         base, exponent, fmt = _interpret(text, suffix)
+        if not any(ch in _DIGITS for ch in text[:len(text) - len(suffix)]) \
+                and not _fast_path(num, denom, exponent, fmt):
+            # Upstream reads a missing number as 0 on its fast path ("Ki"), and refuses it on
+            # the slow one, which parses the text before the suffix ("Ei", "+Pi", "e-12").
+            raise QuantityError(text, f'no number before the suffix {quoted(suffix)}; write '
+                                      f'one, e.g. "1{suffix}"')
         kept = text if _kept_as_written(num, denom, exponent, fmt) else None
         mantissa = int(num + denom) if (num != "0" or denom) else 0
         if base == 10:
@@ -347,29 +353,33 @@ class Quantity:
         return (Quantity, (self._nanos, self._format, self._text))
 
 
+def _fast_path(num: str, denom: str, exponent: int, fmt: QuantityFormat) -> bool:
+    """Whether upstream's `ParseQuantity` takes its int64 fast path for these parts (at most
+    18 digits, or 15 less the binary exponent's decimal digits; a scale down to nano; no
+    int64 overflow)."""
+    if fmt == BINARY_SI:
+        # upstream: 15 - len(num) - int(float32(exponent)*3/10) - 1, exact for 10..60
+        return (not denom and 15 - len(num) - exponent * 3 // 10 - 1 >= 0
+                and int(num) << exponent <= _INT64_MAX)
+    return (_MAX_INT64_FACTORS - (len(num) + len(denom)) >= 0
+            and exponent - len(denom) >= -9)
+
+
 def _kept_as_written(num: str, denom: str, exponent: int, fmt: QuantityFormat) -> bool:
     """Whether upstream's `ParseQuantity` fast path keeps the input as the quantity's text.
 
     Mirrors the "if the number is in canonical form, reuse the string" branch: the value must
-    fit that path (at most 18 digits, scale down to nano, no int64 overflow), then a decimal
-    value needs a scale that is a multiple of 3 and digits that neither start with 0 nor end in
-    000, a binary one a number that is not a multiple of 8.
+    fit the fast path (`_fast_path`), then a decimal value needs a scale that is a multiple of
+    3 and digits that neither start with 0 nor end in 000, a binary one a number that is not a
+    multiple of 8.
     """
+    if not _fast_path(num, denom, exponent, fmt):
+        return False
     if fmt == BINARY_SI:
-        if denom:
-            return False
-        # upstream: 15 - len(num) - int(float32(exponent)*3/10) - 1, exact for 10..60
-        if 15 - len(num) - exponent * 3 // 10 - 1 < 0:
-            return False
-        value = int(num)
-        return (value << exponent) <= _INT64_MAX and value & 0x07 != 0
-    if _MAX_INT64_FACTORS - (len(num) + len(denom)) < 0:
-        return False
-    scale = exponent - len(denom)
-    if scale < -9:
-        return False
+        return int(num) & 0x07 != 0
     shifted = num + denom
-    return scale % 3 == 0 and not shifted.endswith("000") and shifted[0] != "0"
+    return (exponent - len(denom)) % 3 == 0 and not shifted.endswith("000") \
+        and shifted[0] != "0"
 
 
 def _checked_int(n: int) -> int:
