@@ -24,7 +24,9 @@ class CelError(ValueError):
     """
 
     def __init__(self, expression: str, reason: str, *, what: str = "") -> None:
-        shown = expression
+        # On one line: the message lands in Status messages, Events and conditions, and
+        # expressions written as YAML block scalars span lines.
+        shown = " ".join(expression.split())
         if len(shown) > _SHOWN_EXPRESSION:
             shown = shown[:_SHOWN_EXPRESSION] + "..."
         prefix = f"{what}: " if what else ""
@@ -81,8 +83,16 @@ def reason_of(exc: BaseException) -> str:
     return message.split(". Check ", 1)[0] or type(exc).__name__
 
 
+_PARSE_ERROR: Final = re.compile(r"^ERROR: <input>:(\d+):(\d+): (?:Syntax error: )?(.*)$")
+
+
 def syntax_reason_of(exc: BaseException) -> str:
-    """The reason for a parse error: the engine's message from its "ERROR: " on."""
+    """The reason for a parse error, on one line: each of the engine's "ERROR: " lines with its
+    position, without the excerpt and caret lines it draws under them."""
     message = str(exc)
+    # The engine names the expression first ("Failed to parse expression '...': "), which
+    # may itself span lines; the errors follow.
     at = message.find("ERROR: ")
-    return "syntax error: " + (message[at + len("ERROR: ") :] if at >= 0 else message)
+    errors = [_PARSE_ERROR.sub(r"line \1, column \2: \3", line)
+              for line in message[max(at, 0):].splitlines() if line.startswith("ERROR: ")]
+    return "syntax error: " + ("; ".join(errors) if errors else " ".join(message.split()))

@@ -434,6 +434,18 @@ def test_a_syntax_error_fails_at_compile() -> None:
         compile_selector("device.driver ==")
 
 
+def test_a_syntax_error_is_one_line_naming_each_position() -> None:
+    # The engine draws the expression and a caret under each error on lines of their own;
+    # rule load errors, Events and Status messages carry one line (found by the rules fuzz
+    # target). An expression written as a YAML block scalar is shown on one line too.
+    with pytest.raises(CelError) as caught:
+        compile_selector('device.driver ==\n  "x" +')
+    assert str(caught.value) == (
+        'CEL expression "device.driver == "x" +": syntax error: line 2, column 8: mismatched '
+        "input '<EOF>' expecting {'[', '{', '(', '.', '-', '!', 'true', 'false', 'null', "
+        "NUM_FLOAT, NUM_INT, NUM_UINT, STRING, BYTES, IDENTIFIER}")
+
+
 def test_a_too_long_expression_fails_at_compile() -> None:
     expression = " || ".join(['device.driver == "x"'] * 600)
     assert len(expression) > MAX_EXPRESSION_LENGTH
