@@ -161,8 +161,9 @@ class NodePlugin:
     async def _detect_consumable_capacity(self) -> tuple[bool | None, str]:
         try:
             async with asyncio.timeout(self.settings.detect_timeout_seconds):
-                verdict, how = await detect_consumable_capacity(self._cluster,
-                                                                driver=self.settings.driver)
+                verdict, how = await detect_consumable_capacity(
+                    self._cluster, driver=self.settings.driver,
+                    node_name=self.settings.node_name)
         except ApiError as err:
             return None, f"detection failed: {err.message}"
         except (OSError, TimeoutError) as err:

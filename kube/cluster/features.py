@@ -26,12 +26,17 @@ BY_PROBE: Final = "dry-run probe slice"
 BY_PUBLISHED_SLICES: Final = "published slices"
 
 
-def probe_slice(driver: str = names.DRIVER) -> Object:
-    """A slice with one multi-allocatable device: what the dry-run probe sends."""
+def probe_slice(driver: str = names.DRIVER, node_name: str | None = None) -> Object:
+    """A slice with one multi-allocatable device: what the dry-run probe sends.
+
+    A node plugin probes with a slice of its own node: the chart's admission policy lets it
+    write no other (and no slice of all nodes); the allocator's probe is of all nodes.
+    """
+    where: Object = {"nodeName": node_name} if node_name else {"allNodes": True}
     return {
         "apiVersion": RESOURCE_SLICES.api_version, "kind": RESOURCE_SLICES.kind,
         "metadata": {"name": PROBE_SLICE_NAME},
-        "spec": {"driver": driver, "allNodes": True,
+        "spec": {"driver": driver, **where,
                  "pool": {"name": PROBE_SLICE_NAME, "generation": 0, "resourceSliceCount": 1},
                  "devices": [{"name": "probe", "allowMultipleAllocations": True,
                               "capacity": {names.CAPACITY_MEMORY: {"value": "1Gi"}}}]},
@@ -39,15 +44,18 @@ def probe_slice(driver: str = names.DRIVER) -> Object:
 
 
 async def detect_consumable_capacity(cluster: Cluster, *, driver: str = names.DRIVER,
+                                     node_name: str | None = None,
                                      ) -> tuple[bool | None, str]:
     """Does the API server keep `allowMultipleAllocations`? (value or None, and how we know).
 
     First a dry-run create of a probe slice (nothing is stored), read back; when that is
     refused, the slices published for `driver`: the field survives only with the gate on.
     Errors other than a refused probe (the API unreachable, the list refused) are raised.
+    `node_name` makes the probe a slice of that node (`probe_slice`).
     """
     try:
-        echoed = await cluster.create(RESOURCE_SLICES, probe_slice(driver), dry_run=True)
+        echoed = await cluster.create(RESOURCE_SLICES, probe_slice(driver, node_name),
+                                      dry_run=True)
         devices = (echoed.get("spec") or {}).get("devices") or [{}]
         return devices[0].get("allowMultipleAllocations") is True, BY_PROBE
     except ApiError as err:

@@ -10,7 +10,8 @@ Runs after test_real_cluster.py on the same installation (one per conftest.SETUP
 - The node plugin of one node (its token bound to a pod there, so the API server names the node
   in the user's extra `authentication.kubernetes.io/node-name`) may create, update and delete
   its own node's ResourceSlices and patch its own Node's status, not another node's; a token
-  bound to no pod names no node and may write neither. The webhook may change caBundle and
+  bound to no pod names no node and may write neither; its feature probe (a dry-run slice of
+  its own node) passes the policy. The webhook may change caBundle and
   matchConditions of its two configurations, not clientConfig's URL or Service, rules,
   failurePolicy nor namespaceSelector. Each refusal carries its policy's message (dry run).
 - The allocator down, then back: pods created meanwhile stay gated, with one Warning Event
@@ -339,6 +340,17 @@ def test_each_node_plugin_writes_only_its_own_nodes_slices(gateway: Gateway) -> 
         theirs["metadata"]["resourceVersion"]
     assert api.get(mine_path)["metadata"].get("labels", {}).get("e2e") is None
     assert not api.list(SLICES, fieldSelector="metadata.name=e2e-policy-" + own)
+
+
+def test_each_node_plugin_learns_the_feature_gate_by_a_probe_the_policy_lets_through(
+        gateway: Gateway) -> None:
+    # The node plugin's dry-run probe slice names its own node: a probe of all nodes would be
+    # refused by the policy above, leaving the plugin to guess until its slices were read back.
+    for node, _ in GPU_NODES:
+        log = gateway.components[f"node-plugin-{node}"].log.read_text(errors="replace")
+        verdicts = [line for line in log.splitlines() if "consumable capacity o" in line]
+        assert verdicts, f"node-plugin-{node} logged no consumable-capacity verdict"
+        assert "dry-run probe slice" in verdicts[0], verdicts[0]
 
 
 def test_each_node_plugin_patches_only_its_own_nodes_status(gateway: Gateway) -> None:

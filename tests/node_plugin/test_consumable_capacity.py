@@ -67,6 +67,17 @@ class Probes(MemoryCluster):
         return await super().create(rt, obj, namespace=namespace, dry_run=dry_run)
 
 
+class OwnNodeOnly(MemoryCluster):
+    """The chart's node-plugin-slices admission policy: slices of this plugin's node only."""
+
+    async def create(self, rt: Any, obj: dict[str, Any], *, namespace: str | None = None,
+                     dry_run: bool = False) -> dict[str, Any]:
+        if rt is RESOURCE_SLICES and obj["spec"].get("nodeName") != NODE:
+            raise Forbidden(f"the dra-gateway node plugin on node {NODE} may not write "
+                            "ResourceSlices of node '' (spec.nodeName)")
+        return await super().create(rt, obj, namespace=namespace, dry_run=dry_run)
+
+
 class GateOffProbes(GateOff, Probes):
     """Gate off, and the probe refused: only the plugin's own slices can tell."""
 
@@ -126,6 +137,17 @@ async def test_the_verdict_is_logged_with_how_it_was_reached(
     assert record.getMessage().startswith("consumable capacity off:")
     assert record.__dict__["detectedBy"] == "dry-run probe slice"
     assert record.__dict__["consumableCapacity"] is False
+
+
+async def test_behind_its_admission_policy_the_plugin_decides_by_its_probe(
+        root: Path, mixed: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The probe is a slice of the plugin's own node, which the policy lets through; a probe
+    # of all nodes would be refused and leave a fresh cluster undecided.
+    caplog.set_level(logging.INFO, logger="dra_gateway.node_plugin.plugin")
+    async with running(OwnNodeOnly(), root, mixed) as plugin:
+        assert plugin.consumable_capacity is True
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("consumable capacity")]
+    assert record.__dict__["detectedBy"] == "dry-run probe slice"
 
 
 @pytest.mark.parametrize("forced", [True, False])

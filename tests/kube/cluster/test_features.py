@@ -42,6 +42,22 @@ class NoDryRun(MemoryCluster):
         return await super().create(rt, obj, namespace=namespace, dry_run=dry_run)
 
 
+class OwnNodeOnly(MemoryCluster):
+    """The chart's node-plugin-slices admission policy: a node plugin writes only its node's
+    slices, a slice of all nodes included in what it may not write."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__()
+        self.node = node
+
+    async def create(self, rt: Any, obj: dict[str, Any], *, namespace: str | None = None,
+                     dry_run: bool = False) -> dict[str, Any]:
+        if rt is RESOURCE_SLICES and obj["spec"].get("nodeName") != self.node:
+            raise Forbidden(f"the dra-gateway node plugin on node {self.node} may not write "
+                            "ResourceSlices of node '' (spec.nodeName)")
+        return await super().create(rt, obj, namespace=namespace, dry_run=dry_run)
+
+
 def published(node: str, *, multi: bool, driver: str = names.DRIVER) -> dict[str, Any]:
     device: dict[str, Any] = {"name": "gpu-0"}
     if multi:
@@ -52,8 +68,17 @@ def published(node: str, *, multi: bool, driver: str = names.DRIVER) -> dict[str
                      "pool": {"name": node, "generation": 0, "resourceSliceCount": 1}}}
 
 
-def test_the_probe_slice_is_a_valid_resource_slice() -> None:
-    kubernetes_validate.validate(probe_slice("gpu.example.com"), "1.34", strict=True)
+@pytest.mark.parametrize("node", [None, "node-a"])
+def test_the_probe_slice_is_a_valid_resource_slice(node: str | None) -> None:
+    kubernetes_validate.validate(probe_slice("gpu.example.com", node), "1.34", strict=True)
+
+
+async def test_a_node_plugin_probes_with_a_slice_of_its_own_node() -> None:
+    # Its admission policy refuses a slice of all nodes: the probe names the node instead.
+    cluster = OwnNodeOnly("node-a")
+    assert await detect_consumable_capacity(cluster, node_name="node-a") == (True, BY_PROBE)
+    assert cluster.objects(RESOURCE_SLICES) == []
+    assert await detect_consumable_capacity(cluster) == (None, BY_PUBLISHED_SLICES)
 
 
 async def test_a_server_that_keeps_the_field_is_detected_by_a_probe_that_stores_nothing() -> None:
