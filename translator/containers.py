@@ -22,15 +22,18 @@ from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, NamedTuple
 
 import orjson
+from pydantic import ValidationError
 
 from dra_gateway.kube import names
 from dra_gateway.kube.cel import CelError, Expression
 from dra_gateway.kube.models import ENFORCEMENTS, POLICY_NAMES, GpuShareConfig
 from dra_gateway.kube.quantity import Quantity, QuantityError
+from dra_gateway.translator.errors import pydantic_message
 from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
 from dra_gateway.translator.rules import (
     CompiledRule,
     RuleSet,
+    format_path,
     render_selector,
     selector_values,
 )
@@ -243,9 +246,18 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
             own_warnings.append(f"container {quote(name)}: policy {quote(policy)} is not one of "
                                 f"{', '.join(POLICY_NAMES)}; the cluster default applies")
             policy = None
-        share = GpuShareConfig.model_validate({
-            "memory": outputs.memory or None, "memoryPercent": outputs.percent or None,
-            "cores": outputs.cores or None, "enforcement": enforcement, "policy": policy})
+        try:
+            share = GpuShareConfig.model_validate({
+                "memory": outputs.memory or None, "memoryPercent": outputs.percent or None,
+                "cores": outputs.cores or None, "enforcement": enforcement, "policy": policy})
+        except ValidationError as exc:
+            # A rule without a refusal for it (both memory and memoryPercent, say) computes
+            # from this pod's amounts a share the gateway cannot carry: the pod must change.
+            details = "; ".join(
+                (f"{format_path(e['loc'])}: " if e["loc"] else "") + pydantic_message(e)
+                for e in exc.errors())
+            raise subject.refuse(f"the share computed from these amounts is not valid: "
+                                 f"{details}") from None
         config = {"requests": [name],
                   "opaque": {"driver": names.DRIVER, "parameters": share.to_parameters()}}
     constraints = []

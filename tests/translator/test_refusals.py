@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dra_gateway.translator.rules import RuleSet
+from dra_gateway.translator.rules import RuleSet, load_rules
 from dra_gateway.translator.translate import translate
 
 from .translator_support import ctr, pod
@@ -131,3 +131,26 @@ def test_an_init_container_sharing_the_main_containers_cards_counts_once(
     assert plan.refusal is None
     (template,) = plan.templates
     assert [r["exactly"]["count"] for r in template["spec"]["spec"]["devices"]["requests"]] == [32]
+
+
+def test_a_share_a_rule_computes_that_the_gateway_cannot_carry_is_a_refusal() -> None:
+    # A site rule that reads both memory forms and lacks the built-in rules' refusal for
+    # asking both: the pod is refused, where GpuShareConfig's ValidationError escaped
+    # translate and the webhook answered an internal error (found by the rules fuzz target).
+    rules = load_rules({"site.yaml": """\
+apiVersion: dra-gateway.io/v1alpha1
+kind: TranslationRules
+rules:
+  - name: site-share
+    resources: {example.com/mem: {unit: Mi}, example.com/mem-percent: {}}
+    device:
+      className: gpu.dra-gateway.io
+      memory: r["example.com/mem"]
+      memoryPercent: r["example.com/mem-percent"]
+"""}, builtin=False)
+    plan = translate(pod(ctr("train", {"example.com/mem": 1024, "example.com/mem-percent": 50})),
+                     rules)
+    assert plan.refusal is not None
+    assert plan.refusal.message == (
+        'container "train": the share computed from these amounts is not valid: set memory or '
+        "memoryPercent, not both (rule site-share)")
