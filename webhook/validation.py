@@ -39,6 +39,14 @@ class Violation:
     message: str
 
 
+def _display_name(kind: str, namespace: str, meta: Mapping[str, Any]) -> str:
+    """How messages name an object under review: "pod team-a/train-0" ("name*" when only
+    generateName is known)."""
+    name = meta.get("name") or (f"{meta['generateName']}*" if meta.get("generateName")
+                                else "<unnamed>")
+    return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
+
+
 @dataclass(frozen=True, slots=True)
 class PodUnderReview:
     """A pod being created, with the facts policies need about it.
@@ -71,10 +79,7 @@ class PodUnderReview:
 
     @property
     def display_name(self) -> str:
-        meta = self.metadata
-        name = meta.get("name") or (f"{meta['generateName']}*" if meta.get("generateName")
-                                    else "<unnamed>")
-        return f"pod {self.namespace}/{name}" if self.namespace else f"pod {name}"
+        return _display_name("pod", self.namespace, self.metadata)
 
     def claims(self) -> list[Mapping[str, Any]]:
         claims = self.spec.get("resourceClaims")
@@ -275,11 +280,7 @@ class ClaimUnderReview:
 
     @property
     def display_name(self) -> str:
-        meta = self.metadata
-        name = meta.get("name") or (f"{meta['generateName']}*" if meta.get("generateName")
-                                    else "<unnamed>")
-        return f"{self.kind} {self.namespace}/{name}" if self.namespace \
-            else f"{self.kind} {name}"
+        return _display_name(self.kind, self.namespace, self.metadata)
 
     @property
     def spec_path(self) -> str:
