@@ -99,7 +99,8 @@ def compile_rule(entry: RuleEntry, problems: Problems) -> CompiledRule | None:
     triggers = spec.match.resources if spec.match.resources is not None else list(spec.resources)
     for i, trigger in enumerate(triggers):
         if trigger not in spec.resources:
-            fail(f"match.resources[{i}]", f"{trigger} is not one of the rule's resources")
+            fail(f"match.resources[{i}]",
+                 f"{json.dumps(trigger)} is not one of the rule's resources")
 
     # compile_expression dry-runs on these samples; rule variables get their sample values as
     # they compile, so later expressions see them.

@@ -37,6 +37,9 @@ class Problems:
     failed: set[tuple[str, str]] = field(default_factory=set)
 
     def add(self, source: str, path: str, message: str) -> None:
+        # One line each, whatever text of the document a message quotes: the errors are
+        # joined into Events, conditions, /readyz and the rules webhook's Status message.
+        message = message.replace("\r", "\\r").replace("\n", "\\n")
         self.errors.append(f"{source}: {path}: {message}" if path else f"{source}: {message}")
         # Count failures per rule (or per other top-level entry) as the summary line says.
         entry = re.match(r"^(rules|overrides)\[\d+\]", path)

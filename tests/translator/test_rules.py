@@ -168,6 +168,23 @@ def test_a_character_yaml_refuses_is_named_with_its_line_on_one_line() -> None:
         "are not allowed (U+0006))"]
 
 
+def test_a_problem_quoting_text_of_several_lines_stays_one_line() -> None:
+    # Found by the rules fuzz target: a trigger written over two lines was quoted raw.
+    document = HEADER + """\
+rules:
+  - name: site
+    resources: {example.com/gpu: {}}
+    match:
+      resources: ["example.com/gpu\\n  or more"]
+    device: {className: gpu.dra-gateway.io}
+"""
+    with pytest.raises(RulesError) as caught:
+        load_rules(("ConfigMap dra-gateway/site", {"rules.yaml": document}), builtin=False)
+    assert caught.value.errors == [
+        'ConfigMap dra-gateway/site key rules.yaml: rules[0].match.resources[0]: '
+        '"example.com/gpu\\n  or more" is not one of the rule\'s resources']
+
+
 def test_rules_come_from_files_folders_and_configmap_data(tmp_path: Path) -> None:
     rule = HEADER + """\
 rules:
