@@ -51,7 +51,9 @@ OWN_SHARES_MEMOISED = 2
 class HolderSummary:
     """What the newcomer's rules are checked against on one node's cards, for the memo key."""
 
-    tenants: frozenset[str]  # the tenant fact of each held card ("" when none is isolated)
+    # The tenant fact of each card held in shares ("" when none is isolated); a card held
+    # whole takes nobody, whoever holds it, and counts for no tenant.
+    tenants: frozenset[str]
     most: int  # the most holders counted on one card (counted only near a limit), else 0
     free: int = 0  # gateway GPUs nobody holds
 
@@ -207,8 +209,8 @@ class PlannerPolicies:
 
     @staticmethod
     def summary(facts: Iterable[CardFact | None], free: int = 0) -> HolderSummary:
-        """A node's held cards (their `card_fact`, None for a held card without one) and how
-        many of its gateway GPUs nobody holds."""
+        """A node's cards held in shares (their `card_fact`, None for a card without one) and
+        how many of its gateway GPUs nobody holds."""
         tenants: set[str] = set()
         most = 0
         for fact in facts:

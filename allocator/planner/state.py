@@ -575,18 +575,22 @@ class ClusterState:
         info = self.nodes[node]
         devices = self.node_devices.get(node, ())
         if self.policies.sharing_active:
-            facts = [self.policies.card_fact(self.device_usage(d.key).namespaces)
-                     for d in devices]
-            usage = tuple(self._intern((*self.device_usage(d.key).sig(), fact))
-                          for d, fact in zip(devices, facts, strict=True))
+            usages = [self.device_usage(d.key) for d in devices]
+            # A card held whole takes nobody else, whoever holds it: its holders' tenant and
+            # count would only split classes that plan alike (a node where an isolated tenant
+            # holds whole cards is no class of that tenant's).
+            facts = [None if u.exclusive else self.policies.card_fact(u.namespaces)
+                     for u in usages]
+            usage = tuple(self._intern((*u.sig(), fact))
+                          for u, fact in zip(usages, facts, strict=True))
             usage_id = self._intern(usage)
             static = self._static_sig.get(node, -1)
             if (static, usage_id) not in self._holder_summaries:
                 self._holder_summaries[(static, usage_id)] = self.policies.summary(
-                    (fact for d, fact in zip(devices, facts, strict=True)
-                     if self.device_usage(d.key).holders),
-                    free=sum(1 for d in devices
-                             if d.is_gateway_gpu and not self.device_usage(d.key).holders))
+                    (fact for u, fact in zip(usages, facts, strict=True)
+                     if u.holders and not u.exclusive),
+                    free=sum(1 for d, u in zip(devices, usages, strict=True)
+                             if d.is_gateway_gpu and not u.holders))
         else:
             usage_id = self._intern(tuple(self._intern(self.device_usage(d.key).sig())
                                           for d in devices))

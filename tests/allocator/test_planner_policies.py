@@ -244,6 +244,22 @@ def test_a_pod_of_whole_cards_plans_alike_in_every_namespace_whatever_its_isolat
     assert "isolation" not in (refused.reason or "")
 
 
+def test_a_card_held_whole_is_no_tenants_in_the_node_classes() -> None:
+    # Nobody joins a card held whole, so who holds it does not split node classes: two
+    # nodes each with one card held whole by another isolated tenant plan as one class.
+    state = cluster({f"n{n}": [gpu(i) for i in range(2)] for n in range(2)}, policy="spread")
+    policies(state, sharing_=[sharing("iso", isolation={"mode": "Namespace"})])
+    nodes_ = {place(state, gpod(f"{ns}1", ns), whole(f"{ns}1", ns)).node_name for ns in "ab"}
+    assert nodes_ == {"n0", "n1"}
+    state.refresh_groups()
+    assert len(state.groups) == 1
+    assert not any(state.tenant_groups.values())
+    plans = [place(state, gpod(f"{ns}2", ns), share(f"{ns}2", ns, 4)) for ns in "ab"]
+    cards = {(p.node_name, r["device"]) for p in plans for a in p.allocations.values()
+             for r in a["devices"]["results"]}
+    assert len(cards) == 2  # isolated tenants still never share a card
+
+
 def test_allowed_models_and_max_claims_per_card_steer_the_card() -> None:
     state = cluster({"n0": [gpu(0, product="T4"), gpu(1, product="A100-SXM4")]},
                     policy="binpack")
