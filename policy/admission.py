@@ -5,28 +5,33 @@ ResourceClaim or template) and returns every violation, so the user fixes them i
 
 - a sharing rule the request breaks by itself: a share in an exclusive namespace, a share
   below the minimum, a share without compute where compute is required, an enforcement mode
-  not allowed;
+  not allowed, selectors that match only cards of models not allowed (whole cards and MIG
+  instances too; the caller says which models they reach, `models`);
 - a quota the request exceeds by itself (it could never be placed), and, for a quota with
   `spec.admission: Refuse`, one it exceeds given the usage the allocator last wrote in the
   quota's status (ResourceQuota's behaviour); with the default `Queue` the pod waits instead.
 
 Only what the request surely costs counts here: memory given as a percent of the card, a whole
 card's memory and the card a selector-scoped quota would count are known only once allocated,
-so the allocator (authoritative) enforces those. Allowed models and isolation depend on the
-card too, and are the allocator's. A ResourceClaimTemplate costs nothing until a pod uses it
-(the pod is checked then), so its caller leaves out the usage check (`over_usage=False`).
-Pure: no I/O.
+so the allocator (authoritative) enforces those. Isolation depends on who holds the card, and
+the allowed models on the card the allocator picks among those the selectors match: both are
+the allocator's beyond the refusal above. A ResourceClaimTemplate costs nothing until a pod
+uses it (the pod is checked then), so its caller leaves out the usage check
+(`over_usage=False`). Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dra_gateway.kube import names
 from dra_gateway.policy.amounts import Amounts, RequestShape, format_amount
 from dra_gateway.policy.quotas import Quota, exceeded_message, over
 from dra_gateway.policy.sharing import SharingRules
+
+# The models of the cards a request's selectors reach (None: cannot tell), policy.profiles.
+ModelLookup = Callable[[RequestShape], frozenset[str | None] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,15 +69,51 @@ def requested(quota: Quota, claims: Sequence[Sequence[RequestShape]]) -> Amounts
     return Amounts(memory, cores, whole + shared, count)
 
 
+def _models_text(models: Iterable[str | None]) -> str:
+    return ", ".join(sorted(m if m is not None else "cards without a productName"
+                            for m in models))
+
+
+def _allowed_text(rules: SharingRules) -> str:
+    if len(rules.models) == 1:
+        return ", ".join(rules.models[0])
+    return " and ".join(f"[{', '.join(patterns)}]" for patterns in rules.models)
+
+
+def _model(where: str, rules: SharingRules, shape: RequestShape,
+           models: ModelLookup) -> Violation | None:
+    """ModelForbidden when every card the request's selectors match is of a model the rules
+    forbid; nothing when it matches none (the cards may come later), an allowed one, or when
+    the profiles cannot tell (the allocator decides per card)."""
+    reach = models(shape)
+    if not reach or any(rules.allows_model(m) for m in reach):
+        return None
+    policy = rules.named()
+    verb = "does" if len(rules.policies) == 1 else "do"
+    return Violation("ModelForbidden", (
+        f"{where} can run only on {_models_text(reach)}, which {policy} {verb} not allow "
+        f"(allowedModels: {_allowed_text(rules)}); ask for an allowed model"), policy)
+
+
 def _sharing(what: str, rules: SharingRules, claims: Sequence[Sequence[RequestShape]],
-             fields: Mapping[str, str]) -> list[Violation]:
+             fields: Mapping[str, str], models: ModelLookup | None,
+             places: Sequence[str] | None) -> list[Violation]:
     out: list[Violation] = []
     policy = rules.named()
-    for shapes in claims:
+    for number, shapes in enumerate(claims):
         for shape in shapes:
+            field = fields.get(shape.name)
+            if rules.models and models is not None:
+                # Its field is named even in a pod's message: which claim of the pod, and
+                # which request of its template, select the cards.
+                place = field or (f"{places[number]}.devices.requests[{shape.index}]"
+                                  if places is not None and number < len(places) else None)
+                forbidden = _model(f"{what}: request {shape.name!r}"
+                                   + (f" ({place})" if place else ""), rules, shape, models)
+                if forbidden is not None:
+                    out.append(forbidden)
             if shape.whole or shape.class_name != names.GPU_CLASS:
                 continue
-            field = fields.get(shape.name)
             where = f"{what}: request {shape.name!r}" + (f" ({field})" if field else "")
             if rules.exclusive:
                 out.append(Violation("SharingForbidden", (
@@ -107,7 +148,9 @@ def check_admission(*, what: str, claims: Sequence[Sequence[RequestShape]],
                     quotas: Sequence[QuotaState], sharing: SharingRules,
                     fields: Mapping[str, str] | None = None,
                     over_usage: bool = True,
-                    charged: Sequence[Sequence[RequestShape]] | None = None
+                    charged: Sequence[Sequence[RequestShape]] | None = None,
+                    models: ModelLookup | None = None,
+                    places: Sequence[str] | None = None,
                     ) -> list[Violation]:
     """Every violation of the namespace's sharing rules and quotas by these claims.
 
@@ -120,9 +163,15 @@ def check_admission(*, what: str, claims: Sequence[Sequence[RequestShape]],
     its templates, not the ResourceClaims it names, which exist already (counted in the usage
     once allocated, and checked when they were created), so the usage check counts only
     `charged` while the "never fits" check still counts every claim.
+
+    `models`, when given, says which models a request's selectors reach on the cluster's cards
+    (policy.profiles; None when it cannot tell); it is asked only when the namespace's sharing
+    rules restrict models. `places`, one per claim, names where each claim's spec is
+    ("spec.resourceClaims[0] ResourceClaimTemplate x: spec.spec"), so that a message about a
+    request names its field where `fields` does not.
     """
     paths = fields or {}
-    out = _sharing(what, sharing, claims, paths) if not sharing.empty else []
+    out = _sharing(what, sharing, claims, paths, models, places) if not sharing.empty else []
     for state in quotas:
         quota = state.quota
         if quota.scoped_by_device:

@@ -65,6 +65,11 @@ class RequestShape:
     memory_percent: int | None
     cores: int | None
     enforcement: str
+    # Its place in spec.devices.requests, and each alternative's device class and own CEL
+    # selectors (one for `exactly`, each of `firstAvailable` in order): which cards it may
+    # take, for the allowed-models check (policy.profiles).
+    index: int = 0
+    alternatives: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def amounts(self) -> Amounts:
@@ -103,15 +108,18 @@ def requests_of(spec: Mapping[str, Any]) -> list[RequestShape]:
     """The gateway-class requests of a ResourceClaim spec (a template's spec.spec)."""
     shapes: list[RequestShape] = []
     devices = spec.get("devices") if isinstance(spec, Mapping) else None
-    for request in (devices or {}).get("requests") or ():
+    for index, request in enumerate((devices or {}).get("requests") or ()):
         if not isinstance(request, Mapping):
             continue
         name = str(request.get("name", ""))
         exact = request.get("exactly")
-        if not isinstance(exact, Mapping):
+        if isinstance(exact, Mapping):
+            choices = [exact]
+        else:
             alternatives = request.get("firstAvailable") or ()
-            exact = alternatives[0] if alternatives and isinstance(alternatives[0], Mapping) \
-                else None
+            choices = [a if isinstance(a, Mapping) else {} for a in alternatives] \
+                if isinstance(alternatives, list) else []
+            exact = choices[0] if choices else None
         if exact is None or exact.get("deviceClassName") not in names.GATEWAY_CLASSES:
             continue
         config = _share_config(spec, name)
@@ -130,8 +138,20 @@ def requests_of(spec: Mapping[str, Any]) -> list[RequestShape]:
             memory=memory if isinstance(memory, int) else None,
             memory_percent=percent if isinstance(percent, int) else None,
             cores=cores if isinstance(cores, int) else None,
-            enforcement=str(config.get("enforcement") or "none")))
+            enforcement=str(config.get("enforcement") or "none"),
+            index=index, alternatives=tuple(_selectable(c) for c in choices)))
     return shapes
+
+
+def _selectable(choice: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """(device class, CEL selectors) of one `exactly` or `firstAvailable` entry."""
+    selectors = choice.get("selectors")
+    expressions = []
+    for selector in selectors if isinstance(selectors, list) else ():
+        cel = selector.get("cel") if isinstance(selector, Mapping) else None
+        expression = cel.get("expression") if isinstance(cel, Mapping) else None
+        expressions.append(expression if isinstance(expression, str) else "")
+    return str(choice.get("deviceClassName", "")), tuple(expressions)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,10 @@ message, logged with the request UID and the stack, and the server keeps serving
 
 Background work lives in `cleanup_ctx`: loading the rules, polling rule files, watching rule
 ConfigMaps, watching DeviceClasses (for the names they declare as spec.extendedResourceName,
-left to kube-scheduler), reloading the certificate, reconciling the webhook configurations, and
-watching the allocator's Lease to post an Event on pods left gated while no allocator leads.
+left to kube-scheduler, and their selectors), watching GPU policies and the profiles of the
+gateway driver's devices (ResourceSlices: which models a request can reach), reloading the
+certificate, reconciling the webhook configurations, and watching the allocator's Lease to
+post an Event on pods left gated while no allocator leads.
 The app holds no package-level state; everything is reached through typed AppKeys.
 
 This module must not translate, decide policy or talk to Kubernetes itself.
@@ -36,12 +38,15 @@ from aiohttp import web
 from dra_gateway.certs.generate import CERT_FILE, KEY_FILE
 from dra_gateway.certs.tls import CertificateReloader
 from dra_gateway.kube.cluster.port import Cluster
+from dra_gateway.policy.admission import ModelLookup
 from dra_gateway.policy.amounts import RequestShape
+from dra_gateway.policy.profiles import ModelReach, model_lookup
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import ClassLookup
 from dra_gateway.webhook import config, mutation, reviews, ruleadmission
 from dra_gateway.webhook.allocatorwatch import GatedPodEvents
 from dra_gateway.webhook.deviceclasses import DeviceClassWatch
+from dra_gateway.webhook.deviceprofiles import DeviceProfileWatch
 from dra_gateway.webhook.metrics import Metrics
 from dra_gateway.webhook.policies import PolicyWatch
 from dra_gateway.webhook.reviews import BadReview, Refusal, Review
@@ -82,6 +87,8 @@ class WebhookState:
     plans: mutation.PlanCache
     device_classes: DeviceClassWatch
     policies: PolicyWatch
+    device_profiles: DeviceProfileWatch
+    reach: ModelReach
     tls: CertificateReloader | None = None
     gated_events: GatedPodEvents | None = None  # None with gated_event_after 0
     config_maps_synced: bool = False
@@ -113,6 +120,8 @@ def create_app(settings: WebhookSettings, cluster: Cluster, *,
         plans=mutation.PlanCache(settings.plan_cache_size),
         device_classes=DeviceClassWatch(cluster, metrics, retry_delay=settings.watch_retry_delay),
         policies=PolicyWatch(cluster, retry_delay=settings.watch_retry_delay),
+        device_profiles=DeviceProfileWatch(cluster, retry_delay=settings.watch_retry_delay),
+        reach=ModelReach(),
         tls=tls,
     )
     if settings.gated_event_after > 0:
@@ -277,6 +286,13 @@ def _claim_requests(state: WebhookState, namespace: str, pod: dict[str, Any]
     return tuple(out)
 
 
+def _models(state: WebhookState) -> ModelLookup:
+    """Which models a request's selectors reach on the cards published now (from the mirrors,
+    evaluated only when a namespace's sharing rules restrict models, and remembered)."""
+    return model_lookup(state.reach, state.device_profiles.profiles,
+                        state.device_classes.selectors)
+
+
 def _namespace(review: Review) -> str:
     meta = review.object.get("metadata")
     ns = meta.get("namespace") if isinstance(meta, dict) else None
@@ -356,7 +372,7 @@ async def _answer_validate(state: WebhookState, review: Review) -> bytes:
         # Needs no rules: only the GPU policies, from the watch's cache.
         verdict = check_claim(ClaimUnderReview(
             resource=review.resource, obj=review.object, namespace=_namespace(review),
-            policies=state.policies.catalog))
+            policies=state.policies.catalog, models=_models(state)))
         if verdict.refusal is not None:
             return _refuse(state, "validate", review, verdict.refusal)
         state.metrics.outcome("validate", "allowed")
@@ -371,7 +387,7 @@ async def _answer_validate(state: WebhookState, review: Review) -> bytes:
         claim_classes=await _claim_classes(state, namespace, review.object),
         enforce=state.settings.enforce, extended=state.device_classes.extended,
         claim_requests=_claim_requests(state, namespace, review.object),
-        policies=state.policies.catalog)
+        policies=state.policies.catalog, models=_models(state))
     verdict = state.validator.check(under_review)
     if verdict.refusal is not None:
         return _refuse(state, "validate", review, verdict.refusal)
@@ -414,6 +430,8 @@ async def _readyz(request: web.Request) -> web.Response:
         missing.append(state.device_classes.problem or "DeviceClasses not read yet")
     if state.settings.watch_policies and not state.policies.synced:
         missing.append(state.policies.problem or "GPU policies not read yet")
+    if state.settings.watch_policies and not state.device_profiles.synced:
+        missing.append(state.device_profiles.problem or "ResourceSlices not read yet")
     if not _certificate_in_place(state):
         missing.append("no serving certificate in place")
     if missing:
@@ -462,6 +480,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         tasks.append(asyncio.create_task(state.device_classes.run(), name="device-classes"))
     if state.settings.watch_policies:
         tasks.append(asyncio.create_task(state.policies.run(), name="gpu-policies"))
+        tasks.append(asyncio.create_task(state.device_profiles.run(), name="device-profiles"))
     if state.tls is not None:
         tasks.append(asyncio.create_task(state.tls.run(), name="certificate-reload"))
     if state.gated_events is not None:

@@ -70,8 +70,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        "DeviceClass declares them as spec.extendedResourceName (for "
                        "kube-scheduler to serve)")
     serve.add_argument("--no-policies", action="store_true",
-                       help="do not watch GPUQuotas and GPUSharingPolicies: /validate checks "
-                       "only the gateway's own contract (the allocator still enforces them)")
+                       help="do not watch GPUQuotas, GPUSharingPolicies and the gateway "
+                       "driver's ResourceSlices: /validate checks only the gateway's own "
+                       "contract (the allocator still enforces them)")
     serve.add_argument("--client-ca", metavar="FILE",
                        help="require client certificates signed by this CA on the admission "
                        "port (the API server's, from its AdmissionConfiguration kubeConfigFile); "

@@ -12,7 +12,8 @@ It logs each declaration as it appears or goes (a warning for a dra-gateway clas
 then allocates the gateway's devices itself, outside the allocator) and keeps the gauge of
 declarations current. An API server without the DeviceClass API (404) counts as a cluster
 without declarations; a refusal (403) keeps the webhook unready, with the RBAC fix in the log
-and in /readyz. This module must not translate pods or answer reviews.
+and in /readyz. It also answers which selectors a class applies (`selectors`), for /validate's
+allowed-models check. This module must not translate pods or answer reviews.
 """
 
 from __future__ import annotations
@@ -56,6 +57,21 @@ class DeviceClassWatch:
                      retry_delay=self._retry_delay, listed=self._listed, changed=self._put,
                      deleted=self._drop, failed=self._failed, missing=self._missing,
                      rbac_fix=_RBAC_FIX)
+
+    def selectors(self, name: str) -> tuple[str, ...] | None:
+        """The CEL expressions of a DeviceClass's spec.selectors as mirrored now, or None when
+        no such class is known (/validate's allowed-models check reads them)."""
+        device_class = self._classes.get(name)
+        if device_class is None:
+            return None
+        spec = device_class.get("spec")
+        selectors = spec.get("selectors") if isinstance(spec, dict) else None
+        out = []
+        for selector in selectors if isinstance(selectors, list) else ():
+            cel = selector.get("cel") if isinstance(selector, dict) else None
+            expression = cel.get("expression") if isinstance(cel, dict) else None
+            out.append(expression if isinstance(expression, str) else "")
+        return tuple(out)
 
     def _listed(self, items: list[Object]) -> None:
         self._replace(items)

@@ -30,7 +30,8 @@ class WebhookSettings:
     watch_device_classes: watch DeviceClasses, and leave the legacy names they declare as
         spec.extendedResourceName to kube-scheduler (unless a rule takes the name back).
     watch_policies: watch GPUQuotas, GPUSharingPolicies and Namespaces, and refuse at /validate
-        what those policies can never admit (and what a Refuse-mode quota refuses).
+        what those policies can never admit (and what a Refuse-mode quota refuses); also the
+        gateway driver's ResourceSlices, for the models a request's selectors can reach.
     tls_dir: where tls.crt and tls.key live; readiness needs a certificate there.
     enforce: refuse pods whose legacy GPU requests escaped translation.
     template_timeout: seconds one admission may spend making its templates exist.

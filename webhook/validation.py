@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
-from dra_gateway.policy.admission import check_admission
+from dra_gateway.policy.admission import ModelLookup, check_admission
 from dra_gateway.policy.amounts import RequestShape, requests_of
 from dra_gateway.policy.catalog import Catalog
 from dra_gateway.translator.extended import ExtendedResources, deferred_resources
@@ -55,7 +55,8 @@ class PodUnderReview:
     claim), or None when that object does not exist or could not be read. `extended` holds the
     legacy names the cluster's DeviceClasses declare as spec.extendedResourceName.
     claim_requests[i] holds the gateway-class requests of spec.resourceClaims[i] (None when
-    unknown), and `policies` the GPU policies in force (empty when they are not watched).
+    unknown), and `policies` the GPU policies in force (empty when they are not watched);
+    `models` says which models a request's selectors reach on the cluster's cards.
     """
 
     pod: Mapping[str, Any]
@@ -66,6 +67,7 @@ class PodUnderReview:
     extended: ExtendedResources = field(default_factory=ExtendedResources)
     claim_requests: tuple[tuple[RequestShape, ...] | None, ...] = ()
     policies: Catalog = field(default_factory=Catalog)
+    models: ModelLookup | None = None
 
     @property
     def spec(self) -> Mapping[str, Any]:
@@ -237,7 +239,17 @@ class GpuPolicies:
         catalog = review.policies
         if catalog.empty:
             return ()
-        claims = [shapes for shapes in review.claim_requests if shapes]
+        entries = review.claims()
+        claims: list[tuple[RequestShape, ...]] = []
+        places: list[str] = []
+        for index, shapes in enumerate(review.claim_requests):
+            if not shapes:
+                continue
+            claims.append(shapes)
+            entry = entries[index] if index < len(entries) else {}
+            _, what = _claim_field(index, entry)
+            inner = "spec.spec" if entry.get("resourceClaimTemplateName") else "spec"
+            places.append(f"spec.resourceClaims[{index}] {what}: {inner}")
         if not claims:
             return ()
         # A Refuse quota's usage check counts the claims the pod's templates will create; a
@@ -248,7 +260,8 @@ class GpuPolicies:
                 if shapes and entry.get("resourceClaimTemplateName")]
         found = check_admission(what=review.display_name, claims=claims,
                                 quotas=catalog.quotas_for(review.namespace),
-                                sharing=catalog.sharing_for(review.namespace), charged=made)
+                                sharing=catalog.sharing_for(review.namespace), charged=made,
+                                models=review.models, places=places)
         return [Violation(v.reason, v.message) for v in found]
 
 
@@ -268,6 +281,7 @@ class ClaimUnderReview:
     obj: Mapping[str, Any]
     namespace: str
     policies: Catalog = field(default_factory=Catalog)
+    models: ModelLookup | None = None
 
     @property
     def kind(self) -> str:
@@ -334,7 +348,7 @@ def check_claim(review: ClaimUnderReview) -> Verdict:
                             quotas=catalog.quotas_for(review.namespace),
                             sharing=catalog.sharing_for(review.namespace),
                             fields=review.request_fields(),
-                            over_usage=review.kind == "ResourceClaim")
+                            over_usage=review.kind == "ResourceClaim", models=review.models)
     if not found:
         return Verdict(None, (), ())
     violations = tuple(Violation(v.reason, v.message) for v in found)

@@ -444,6 +444,8 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
         | _grants(CLUSTER, ["dra-gateway.io"], ["gpuquotas", "gpusharingpolicies"],
                   ["list", "watch"])
         | _grants(CLUSTER, [""], ["namespaces"], ["list", "watch"])
+        # The gateway driver's slices, for the models a request can reach (allowedModels).
+        | _grants(CLUSTER, ["resource.k8s.io"], ["resourceslices"], ["list", "watch"])
         # An Event on pods left gated while no allocator leads: the allocator's Lease, by
         # name, and the pods bound to no node (webhook.gatedEventAfterSeconds; 0 drops both).
         | _grants(NS, ["coordination.k8s.io"], ["leases"], ["list", "watch"],
