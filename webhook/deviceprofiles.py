@@ -10,8 +10,9 @@ however many cards), counted per slice, and publishes a fresh `DeviceProfiles` w
 generation only when a profile appears or the last device of one goes: node plugins republish
 their slices (health, restarts) without making /validate evaluate selectors again.
 
-A refusal (403) keeps the webhook unready, with the RBAC fix in the log and in /readyz. This
-module must not answer reviews.
+An API server without the ResourceSlice API (404) counts as a cluster without cards; a refusal
+(403) keeps the webhook unready, with the RBAC fix in the log and in /readyz. This module must
+not answer reviews.
 """
 
 from __future__ import annotations
@@ -77,8 +78,14 @@ class DeviceProfileWatch:
     async def run(self) -> None:
         await mirror(self._cluster, RESOURCE_SLICES, what="ResourceSlice",
                      retry_delay=self._retry_delay, listed=self._listed, changed=self._put,
-                     deleted=self._drop, failed=self._failed,
+                     deleted=self._drop, failed=self._failed, missing=self._missing,
                      field_selector=f"spec.driver={names.DRIVER}", rbac_fix=_RBAC_FIX)
+
+    def _missing(self) -> None:
+        # No resource.k8s.io/v1 here: no cards to judge models by; the allocator decides.
+        self._listed([])
+        log.warning("the API server serves no ResourceSlices; /validate leaves allowedModels "
+                    "to the allocator")
 
     def _listed(self, items: list[Object]) -> None:
         before = set(self._count)

@@ -15,13 +15,16 @@ claims are released, and deletes its quotas, sharing policies and namespaces, fa
 - /validate refuses at creation, through the API server, a share in an exclusive namespace
   (the translated template passes: the refusal is about the pod), a request larger than the
   hard quota by itself, and a ResourceClaim or ResourceClaimTemplate of a gateway class written
-  natively that breaks a rule; another driver's claim is never sent to the webhook.
+  natively that breaks a rule; another driver's claim is never sent to the webhook; and a pod
+  whose selectors match only cards of models the namespace's policy does not allow, judged on
+  the cards the demo inventories publish (its allowed twin is placed on an A100).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import ssl
 import time
 import urllib.request
@@ -53,6 +56,7 @@ QUOTA_NS = "policy-quota"
 TENANT_A = "policy-tenant-a"
 TENANT_B = "policy-tenant-b"
 EXCLUSIVE_NS = "policy-exclusive"
+MODELS_NS = "policy-models"
 SCHEMA_NS = "policy-schema"
 
 
@@ -417,3 +421,51 @@ def test_validate_refuses_at_creation_what_the_policies_can_never_admit(
         wait_until("the whole-card claim to go", lambda: not api.exists(
             path_of(RESOURCE, "resourceclaims", namespace=EXCLUSIVE_NS, name="whole")), 20)
         api.create(claims, _whole("gpu.example.com"))
+
+
+def _model_pod(name: str, models: str) -> JSON:
+    """A HAMi share pod that may run only on the models named (nvidia.com/use-gputype)."""
+    pod = _share_pod(name, MODELS_NS)
+    pod["metadata"]["annotations"] = {"nvidia.com/use-gputype": models}
+    return pod
+
+
+def test_validate_refuses_at_creation_a_pod_that_could_run_only_on_forbidden_models(
+        gateway: Gateway) -> None:
+    # The demo publishes A100 and H100 cards; the namespace may use A100s only. The webhook
+    # judges the pod's translated selectors on the cards its ResourceSlice mirror has seen.
+    with _scene(gateway, {MODELS_NS: {POLICY_LABEL: "models"}},
+                sharing=("policy-a100-only",)) as api:
+        api.create(path_of(GROUP, "gpusharingpolicies"),
+                   _sharing("policy-a100-only", "models", allowedModels=["*A100*"]))
+        pods_path = path_of("v1", "pods", namespace=MODELS_NS)
+
+        def delete_pod(pod: JSON) -> None:
+            api.delete(_pod_path(MODELS_NS, pod["metadata"]["name"]), grace_period_s=0)
+
+        refused = _until_refused(gateway, "a pod asking for H100s only",
+                                 lambda: api.create(pods_path, _model_pod("h100", "H100")),
+                                 delete_pod)
+        assert refused.status == 403, refused
+        found = re.search(r"ResourceClaimTemplate (\S+):", refused.message)
+        assert found is not None, refused.message
+        assert refused.message == (
+            'admission webhook "validate.dra-gateway.io" denied the request: pod '
+            "policy-models/h100: request 'main' (spec.resourceClaims[0] ResourceClaimTemplate "
+            f"{found.group(1)}: spec.spec.devices.requests[0]) can run only on NVIDIA H100 80GB "
+            "HBM3, which GPUSharingPolicy policy-a100-only does not allow (allowedModels: "
+            "*A100*); ask for an allowed model"), refused.message
+        assert not api.exists(_pod_path(MODELS_NS, "h100"))
+
+        # An allowed model, and a choice of both: admitted, and placed on A100s.
+        for name, models in (("a100", "A100"), ("either", "A100,H100")):
+            api.create(pods_path, _model_pod(name, models))
+
+        def placed() -> bool:
+            return all(_bound(api.get(_pod_path(MODELS_NS, n))) for n in ("a100", "either"))
+
+        wait_until("the pods asking for allowed models to be placed", placed, PLACE_S,
+                   gateway.check)
+        for pod in pods(api, MODELS_NS):
+            assert api.get(_pod_path(MODELS_NS, pod["metadata"]["name"]))["spec"][
+                "nodeName"].startswith("gpu-a100"), pod["metadata"]["name"]
