@@ -512,13 +512,12 @@ def _ranking_reasons(state: ClusterState, ranking: Ranking,
     live: dict[tuple[object, ...], str] = {}
     groups = state.groups
     # Classes holding the skipped tenant's cards: its own ranking gives their reasons.
-    passed: Mapping[tuple[object, ...], None] = \
-        state.tenant_groups.get(skip, {}) if skip is not None else {}
+    passed = state.tenant_groups.get(skip) if skip is not None else None
     for group_key, reason in ranking.failures.items():
         members = groups.get(group_key)
         if members:
             live[group_key] = reason
-            if group_key not in passed:
+            if not passed or group_key not in passed:
                 counts[reason] = counts.get(reason, 0) + len(members)
     ranking.failures = live
     for group_key, reason in more.items():
