@@ -99,8 +99,12 @@ def exceeded_message(quota: Quota, requested: Amounts, used: Amounts,
 
 def over(quota: Quota, requested: Amounts, used: Amounts) -> tuple[str, ...]:
     """The limited fields where used + requested passes hard (a field requested as 0 never)."""
-    return tuple(f for f, limit in quota.hard
-                 if requested.get(f) > 0 and used.get(f) + requested.get(f) > limit)
+    fields: list[str] = []
+    for field_, limit in quota.hard:
+        asked = getattr(requested, field_)
+        if asked > 0 and getattr(used, field_) + asked > limit:
+            fields.append(field_)
+    return tuple(fields)
 
 
 @dataclass(slots=True)

@@ -335,12 +335,13 @@ def surely_exceeded(policies: PlannerPolicies, quotas: Sequence[Quota],
     for quota in quotas:
         asked = surely(quota, claims, smallest_card=smallest_card)
         used = policies.ledger.used(quota)
+        fields = over(quota, asked, used)
+        if not fields:  # then not alone either: usage only adds
+            continue
         alone = over(quota, asked, Amounts())
         if alone:
             never.append(Exceeded(quota, asked, used, alone))
-            continue
-        fields = over(quota, asked, used)
-        if fields:
+        else:
             now.append(Exceeded(quota, asked, used, fields))
     return never, now
 
