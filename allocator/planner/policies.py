@@ -17,8 +17,9 @@ which card fits, so that 50 policies do not make 50 copies of every memo and ran
 `card_fact` (the tenant of its holders when any is isolated; its holder count and the holders'
 smallest maxClaimsPerDevice only near the smallest limit of any policy), and of the newcomer's
 rules the part `memo_rules` finds relevant to one node's cards (its tenant where a held card
-belongs to another, its maxClaimsPerDevice where a card is that full). Quotas, minShare,
-requireCores, allowedEnforcement and exclusive are checked per pod, not per card.
+belongs to another, its maxClaimsPerDevice where a card is that full; nothing for a pod
+taking whole cards only, `whole_cards`). Quotas, minShare, requireCores, allowedEnforcement
+and exclusive are checked per pod, not per card.
 
 Pure: no I/O, no clock; the state feeds it and `plan_pod` asks it.
 """

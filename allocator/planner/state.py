@@ -13,8 +13,9 @@ benchmark) and keeps incremental indexes:
   same free CPU and memory and the same taints plan identically, so the planner evaluates one
   node per class and memoises the result; with sharing policies in force, the usage of a card
   includes what its holders bring to the sharing rules (`PlannerPolicies.card_fact`: their
-  tenant when isolated, their count near a maxClaimsPerDevice), or isolation would be memoised
-  away, and no more, or every namespace's holders would split the classes;
+  tenant when isolated, their count near a maxClaimsPerDevice; nothing for a card held whole,
+  which nobody joins), or isolation would be memoised away, and no more, or every namespace's
+  holders would split the classes;
 - the GPU policies (`set_policies`): quota usage per namespace from the same claims, and the
   queue of pods waiting for quota (`policies.PlannerPolicies`).
 
