@@ -188,6 +188,15 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
         if _references_gateway_class(spec, namespace, class_lookup):
             _add_gate(spec, plan.patch)
         return plan
+    twice = _name_used_twice(spec)
+    if twice is not None:
+        # Mutating admission runs before the API server validates the pod; the patch finds
+        # containers by name, so it would remove and add in the wrong one.
+        plan.refusal = Refusal(
+            message=f"container name {quote(twice)} is used by more than one container; names "
+                    f"must be unique across containers and initContainers",
+            container=twice, resource="", rule="")
+        return plan
 
     node_selector = spec.get("nodeSelector") or {}
     shape = (
@@ -397,6 +406,17 @@ def _plan_pod(found: list[Found], *, context: PodContext, rules: RuleSet) -> _Po
     return _PodPlan(template=template_json, request_of=request_of, removed=removed,
                     annotation=annotation, gated=gated, warnings=tuple(warnings),
                     rules_applied=applied, refusal=None, extended=tuple(uses))
+
+
+def _name_used_twice(spec: Mapping[str, Any]) -> str | None:
+    seen: set[str] = set()
+    for key in ("initContainers", "containers"):
+        for container in spec.get(key) or ():
+            name = container.get("name", "")
+            if name in seen:
+                return str(name)
+            seen.add(name)
+    return None
 
 
 def _unchanged(warnings: list[str], *, refusal: Refusal | None = None,

@@ -154,3 +154,15 @@ rules:
     assert plan.refusal.message == (
         'container "train": the share computed from these amounts is not valid: set memory or '
         "memoryPercent, not both (rule site-share)")
+
+
+def test_two_containers_of_one_name_are_refused(builtin_rules: RuleSet) -> None:
+    # Mutating admission comes before the API server's validation; the patch finds containers
+    # by name and did not apply to such a pod (found by the /mutate fuzz target).
+    plan = translate(pod(ctr("train", {"nvidia.com/gpu": 1}), ctr("train", {"nvidia.com/gpu": 2})),
+                     builtin_rules)
+    assert plan.refusal is not None
+    assert plan.refusal.message == (
+        'container name "train" is used by more than one container; names must be unique '
+        "across containers and initContainers")
+    assert plan.patch == []
