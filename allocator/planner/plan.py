@@ -303,10 +303,10 @@ def _feasible(ctx: _Context, pod: Mapping[str, Any], *, pinned: set[str] | None,
     return found
 
 
-# Where every card is held by tenants the pod is isolated from and none is free.
+# Where every card is held whole or by tenants the pod is isolated from, and none is free.
 _BARRED = Outcome(False, reason=(
-    f"claim {claim_placeholder(0)}: every GPU of the node is held by another tenant, isolated "
-    f"from {TENANT_PLACEHOLDER} (isolation), {RULES_PLACEHOLDER}"))
+    f"claim {claim_placeholder(0)}: every GPU of the node is held whole or by another tenant, "
+    f"isolated from {TENANT_PLACEHOLDER} (isolation), {RULES_PLACEHOLDER}"))
 
 
 @dataclass(slots=True)
