@@ -21,7 +21,9 @@ p99 under 5 ms with one connection.
 `--mode validate` measures /validate instead, the webhook against itself: pods at CREATE (the
 HAMi pod above as /mutate left it, in a namespace that has a GPUQuota and a sharing policy)
 with no GPU policies in the cluster, and with the 200 GPUQuotas, 50 GPUSharingPolicies and 200
-Namespaces of `dra-gateway bench allocator --gpu-policies`, alternated round by round. With
+Namespaces of `dra-gateway bench allocator --gpu-policies`, alternated round by round; both
+publish 64 nodes of eight A100s or H100s, and the pod's sharing policy allows A100s only, so
+its selectors are judged on the cards (allowedModels) in the policies run. With
 `--status-writes N` the policies run also has N GPUQuota status writes every 2 s, as the
 allocator makes them, each a watched change the webhook's policy cache takes in. Goal: p99 with
 policies within 10% of p99 without.
@@ -188,8 +190,12 @@ def _webhook_server(tls_dir: str, port: int, core: int) -> None:
 
 
 # The namespace of the validated pods: it has a GPUQuota and a sharing policy (tier t7, which
-# requires compute with every share) when the policies are loaded.
+# requires compute with every share, and here allows A100s only) when the policies are loaded.
 VALIDATE_NAMESPACE = "team-007"
+_VALIDATE_POLICY = "tier-07"
+# The cards both runs publish: nodes of eight A100s or eight H100s (16 device profiles), which
+# the pod's selector (A100 or H100) matches both of.
+_NODES = 64
 # The GPUs of the openb trace's cluster, which the generated quotas are sized against.
 _TOTAL_GPUS = 6212
 
@@ -212,6 +218,26 @@ def translated_pod(namespace: str) -> tuple[dict[str, Any], list[dict[str, Any]]
     return translated, templates
 
 
+def _node_slice(n: int) -> dict[str, Any]:
+    """The ResourceSlice of node `n`: eight shared A100s (even n) or H100s (odd n)."""
+    from dra_gateway.kube import names
+
+    node = f"gpu-{n:03d}"
+    product = "NVIDIA H100 80GB HBM3" if n % 2 else "NVIDIA A100-SXM4-80GB"
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{names.DRIVER}"},
+            "spec": {"driver": names.DRIVER, "nodeName": node,
+                     "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
+                     "devices": [{
+                         "name": f"gpu-{i}", "allowMultipleAllocations": True,
+                         "attributes": {"type": {"string": "gpu"},
+                                        "uuid": {"string": f"GPU-{n:03d}-{i}"},
+                                        "productName": {"string": product},
+                                        "index": {"int": i}},
+                         "capacity": {"memory": {"value": "80Gi"}, "cores": {"value": "100"}},
+                     } for i in range(8)]}}
+
+
 def _policy_server(tls_dir: str, port: int, core: int, templates: list[dict[str, Any]],
                    policies: bool, status_writes: int) -> None:
     """The webhook over an in-memory cluster holding the pod's templates, and the generated
@@ -219,12 +245,15 @@ def _policy_server(tls_dir: str, port: int, core: int, templates: list[dict[str,
     _pin(core)
     from dra_gateway.allocator.bench import policy_objects
     from dra_gateway.kube.resources import (
+        DEVICE_CLASSES,
         GPU_QUOTAS,
         GPU_SHARING_POLICIES,
         NAMESPACES,
         RESOURCE_CLAIM_TEMPLATES,
+        RESOURCE_SLICES,
     )
     from dra_gateway.kube.sim.memory import MemoryCluster
+    from dra_gateway.node_plugin.deviceclasses import device_classes
     from dra_gateway.webhook import logs
     from dra_gateway.webhook.server import ServeOptions, serve
     from dra_gateway.webhook.settings import WebhookSettings
@@ -236,6 +265,10 @@ def _policy_server(tls_dir: str, port: int, core: int, templates: list[dict[str,
         for template in templates:
             await cluster.create(RESOURCE_CLAIM_TEMPLATES, template,
                                  namespace=template["metadata"]["namespace"])
+        for obj in device_classes():
+            await cluster.create(DEVICE_CLASSES, obj)
+        for n in range(_NODES):
+            await cluster.create(RESOURCE_SLICES, _node_slice(n))
         quotas: list[dict[str, Any]] = []
         if policies:
             namespaces, quotas, sharing = policy_objects(_TOTAL_GPUS)
@@ -244,6 +277,9 @@ def _policy_server(tls_dir: str, port: int, core: int, templates: list[dict[str,
             for obj in quotas:
                 await cluster.create(GPU_QUOTAS, obj, namespace=obj["metadata"]["namespace"])
             for obj in sharing:
+                if obj["metadata"]["name"] == _VALIDATE_POLICY:
+                    # Evaluated on the published cards' profiles at /validate.
+                    obj["spec"]["allowedModels"] = ["*A100*"]
                 await cluster.create(GPU_SHARING_POLICIES, obj)
 
         async def write_status() -> None:

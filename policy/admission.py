@@ -30,8 +30,9 @@ from dra_gateway.policy.amounts import Amounts, RequestShape, format_amount
 from dra_gateway.policy.quotas import Quota, exceeded_message, over
 from dra_gateway.policy.sharing import SharingRules
 
-# The models of the cards a request's selectors reach (None: cannot tell), policy.profiles.
-ModelLookup = Callable[[RequestShape], frozenset[str | None] | None]
+# The models of the cards a request's selectors reach when the rules allow none of them (it can
+# never be admitted), else None (an allowed one, no card, or cannot tell): policy.profiles.
+ModelLookup = Callable[[RequestShape, SharingRules], frozenset[str | None] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +81,18 @@ def _allowed_text(rules: SharingRules) -> str:
     return " and ".join(f"[{', '.join(patterns)}]" for patterns in rules.models)
 
 
-def _model(where: str, rules: SharingRules, shape: RequestShape,
-           models: ModelLookup) -> Violation | None:
+def _model(what: str, field: str | None, claim_place: str | None, rules: SharingRules,
+           shape: RequestShape, models: ModelLookup) -> Violation | None:
     """ModelForbidden when every card the request's selectors match is of a model the rules
     forbid; nothing when it matches none (the cards may come later), an allowed one, or when
-    the profiles cannot tell (the allocator decides per card)."""
-    reach = models(shape)
-    if not reach or any(rules.allows_model(m) for m in reach):
+    the profiles cannot tell (the allocator decides per card). Its field is named even in a
+    pod's message: which claim of the pod, and which request of its spec, select the cards."""
+    reach = models(shape, rules)
+    if not reach:
         return None
+    place = field or (f"{claim_place}.devices.requests[{shape.index}]" if claim_place
+                      else None)
+    where = f"{what}: request {shape.name!r}" + (f" ({place})" if place else "")
     policy = rules.named()
     verb = "does" if len(rules.policies) == 1 else "do"
     return Violation("ModelForbidden", (
@@ -104,12 +109,8 @@ def _sharing(what: str, rules: SharingRules, claims: Sequence[Sequence[RequestSh
         for shape in shapes:
             field = fields.get(shape.name)
             if rules.models and models is not None:
-                # Its field is named even in a pod's message: which claim of the pod, and
-                # which request of its template, select the cards.
-                place = field or (f"{places[number]}.devices.requests[{shape.index}]"
-                                  if places is not None and number < len(places) else None)
-                forbidden = _model(f"{what}: request {shape.name!r}"
-                                   + (f" ({place})" if place else ""), rules, shape, models)
+                forbidden = _model(what, field, places[number] if places is not None
+                                   and number < len(places) else None, rules, shape, models)
                 if forbidden is not None:
                     out.append(forbidden)
             if shape.whole or shape.class_name != names.GPU_CLASS:
@@ -165,10 +166,10 @@ def check_admission(*, what: str, claims: Sequence[Sequence[RequestShape]],
     `charged` while the "never fits" check still counts every claim.
 
     `models`, when given, says which models a request's selectors reach on the cluster's cards
-    (policy.profiles; None when it cannot tell); it is asked only when the namespace's sharing
-    rules restrict models. `places`, one per claim, names where each claim's spec is
-    ("spec.resourceClaims[0] ResourceClaimTemplate x: spec.spec"), so that a message about a
-    request names its field where `fields` does not.
+    when the rules allow none of them (policy.profiles; None otherwise, or when it cannot
+    tell); it is asked only when the namespace's sharing rules restrict models. `places`, one
+    per claim, names where each claim's spec is ("spec.resourceClaims[0] ResourceClaimTemplate
+    x: spec.spec"), so that a message about a request names its field where `fields` does not.
     """
     paths = fields or {}
     out = _sharing(what, sharing, claims, paths, models, places) if not sharing.empty else []

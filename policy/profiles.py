@@ -33,6 +33,7 @@ from cachetools import LRUCache
 
 from dra_gateway.kube import cel, names
 from dra_gateway.policy.amounts import RequestShape
+from dra_gateway.policy.sharing import SharingRules
 
 # Attributes unique to one physical device: left out of a profile, as the allocator leaves them
 # out of the signature that groups interchangeable devices (allocator/planner/devices.py).
@@ -118,6 +119,10 @@ class ModelReach:
         self._cost_limit = cost_limit
         self._answers: LRUCache[tuple[int, tuple[Selectors, ...]], Models | None] = \
             LRUCache(cache_size)
+        self._verdicts: LRUCache[
+            tuple[int, tuple[Selectors, ...], tuple[tuple[str, ...], ...]], Models | None] = \
+            LRUCache(cache_size)
+        self._selectors: LRUCache[str, cel.Selector | cel.CelError] = LRUCache(cache_size)
         # The CEL views of the profiles of one generation; each keeps the verdict of every
         # selector evaluated on it, so they are built afresh after `cache_size` misses.
         self._views: dict[str, cel.DeviceView] = {}
@@ -125,6 +130,22 @@ class ModelReach:
         self._misses = 0
         self._cache_size = cache_size
         self.evaluations = 0  # answers computed (cache misses), for tests and metrics
+
+    def forbidden(self, profiles: DeviceProfiles, alternatives: tuple[Selectors, ...],
+                  rules: SharingRules) -> Models | None:
+        """The models the alternatives reach when `rules` allow none of them (the request can
+        never be admitted), else None; remembered with the rules' patterns, so that a repeated
+        review costs one lookup (matching the patterns costs more than that)."""
+        key = (profiles.generation, alternatives, rules.models)
+        try:
+            return self._verdicts[key]
+        except KeyError:
+            pass
+        reached = self.models(profiles, alternatives)
+        verdict = reached if reached and not any(rules.allows_model(m) for m in reached) \
+            else None
+        self._verdicts[key] = verdict
+        return verdict
 
     def models(self, profiles: DeviceProfiles,
                alternatives: Sequence[Selectors]) -> Models | None:
@@ -152,7 +173,7 @@ class ModelReach:
             if any(reads_identity(e) for e in expressions):
                 return None
             try:
-                compiled.append([cel.compile_selector(e) for e in expressions])
+                compiled.append([self._compiled(e) for e in expressions])
             except cel.CelError:
                 return None
         views = self._views_of(profiles)
@@ -172,6 +193,19 @@ class ModelReach:
             return None
         return frozenset(found)
 
+    def _compiled(self, expression: str) -> cel.Selector:
+        """A selector compiled once (kept across generations: the cards change, not it)."""
+        found = self._selectors.get(expression)
+        if found is None:
+            try:
+                found = cel.compile_selector(expression)
+            except cel.CelError as exc:
+                found = exc
+            self._selectors[expression] = found
+        if isinstance(found, cel.CelError):
+            raise found
+        return found
+
     def _views_of(self, profiles: DeviceProfiles) -> dict[str, cel.DeviceView]:
         self._misses += 1
         if self._views_generation != profiles.generation or self._misses > self._cache_size:
@@ -190,12 +224,12 @@ class ModelReach:
 
 def model_lookup(reach: ModelReach, profiles: DeviceProfiles,
                  class_selectors: Callable[[str], tuple[str, ...] | None]
-                 ) -> Callable[[RequestShape], Models | None]:
+                 ) -> Callable[[RequestShape, SharingRules], Models | None]:
     """`check_admission`'s `models`: a request's alternatives, each with its DeviceClass's
     selectors (`class_selectors(name)`, None when unknown), asked of `reach`. An alternative of
     another driver's class may land on cards no sharing policy reads: then it cannot tell."""
-    def lookup(shape: RequestShape) -> Models | None:
-        return reach.models(profiles, tuple(
+    def lookup(shape: RequestShape, rules: SharingRules) -> Models | None:
+        return reach.forbidden(profiles, tuple(
             (class_selectors(class_name) if class_name in names.GATEWAY_CLASSES else None, own)
-            for class_name, own in shape.alternatives))
+            for class_name, own in shape.alternatives), rules)
     return lookup
