@@ -138,7 +138,7 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     quotas = quotas_for(policies, namespace, shapes) \
         if to_plan and policies.has_quotas(namespace) else []
     if quotas:
-        held = _held_for_quota(state, pod, quotas, shapes)
+        held = _held_for_quota(state, pod, quotas, shapes, tuple(k for _, k, _ in to_plan))
         if held is not None:
             return held
     chosen_policy = resolve_policy(state, pod, [d for _, _, d in to_plan], policy)
@@ -215,8 +215,10 @@ def _quota_message(exceeded: Sequence[Exceeded]) -> str:
 
 
 def _held_for_quota(state: ClusterState, pod: Mapping[str, Any], quotas: Sequence[Quota],
-                    shapes: Sequence[Sequence[RequestShape]]) -> PodPlan | None:
-    """The plan of a pod its quotas hold back before any search, or None."""
+                    shapes: Sequence[Sequence[RequestShape]],
+                    claims_key: tuple[str, ...]) -> PodPlan | None:
+    """The plan of a pod its quotas hold back before any search, or None (`claims_key`: the
+    specs of the claims `shapes` were read from)."""
     policies = state.policies
     if policies.queue.any_waiting(objects.namespace(pod)):
         entry = _waiting(pod, quotas)
@@ -232,7 +234,8 @@ def _held_for_quota(state: ClusterState, pod: Mapping[str, Any], quotas: Sequenc
                 f"waiting for a quota are placed in creation order"),
                 quota_reason=QUEUED_FOR_QUOTA)
     never, now = surely_exceeded(policies, quotas, shapes,
-                                 smallest_card=state.smallest_card_memory())
+                                 smallest_card=state.smallest_card_memory(),
+                                 claims_key=claims_key)
     if never:
         policies.queue.leave(objects.uid(pod))
         return PodPlan(None, reason=(
@@ -338,7 +341,11 @@ class _Context:
             summary = state.holder_summary(group_key)
             if rules is not None and self.gpus_only and summary.barred(rules.tenant):
                 return _BARRED, ()
-            memo_key = (group_key[0], group_key[1], self.device_sig,
+            usage = group_key[1]
+            if summary.alike is not None and rules is not None \
+                    and rules.tenant in summary.tenants:
+                usage = summary.alike  # its own cards only: searched as a plain pod's
+            memo_key = (group_key[0], usage, self.device_sig,
                         memo_rules(rules, summary, self.own_shares))
             outcome = state.memo.get(memo_key)
             if outcome is None:

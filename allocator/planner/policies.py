@@ -57,6 +57,11 @@ class HolderSummary:
     tenants: frozenset[str]
     most: int  # the most holders counted on one card (counted only near a limit), else 0
     free: int = 0  # gateway GPUs nobody holds
+    # Where every card held in shares is one isolated tenant's: the node's usage id as it
+    # reads were those holders of no isolated tenant (`PlannerPolicies.alike_fact`). That
+    # tenant's pods search the node as pods without isolation search such a node (they may
+    # join every held card, within the same limits), so they share those searches.
+    alike: int | None = None
 
     def barred(self, tenant: str) -> bool:
         """Whether a share of `tenant` may join no card of the node and none is free: a pod
@@ -147,6 +152,9 @@ class PlannerPolicies:
         self._unlimited: dict[SharingRules, SharingRules] = {}
         self._isolated: dict[SharingRules, SharingRules] = {}
         self._whole: dict[SharingRules, SharingRules] = {}
+        # `surely` per (claim specs, quota classes, smallest card): pods of one trace shape
+        # ask it again and again, and it reads only those.
+        self._surely: dict[tuple[object, ...], Amounts] = {}
 
     def set_catalog(self, catalog: Catalog) -> None:
         self.catalog = catalog
@@ -159,6 +167,7 @@ class PlannerPolicies:
         self._unlimited.clear()
         self._isolated.clear()
         self._whole.clear()
+        self._surely.clear()
         self.ledger = QuotaLedger()
         self.ledger.set_quotas(catalog.compiled_quotas())
 
@@ -209,6 +218,14 @@ class PlannerPolicies:
         return (tenant, 0, 0) if tenant else None
 
     @staticmethod
+    def alike_fact(fact: CardFact | None) -> CardFact | None:
+        """A held card's fact as it would read were its holders of no isolated tenant (what
+        `card_fact` gives for such holders: their count and limit only near a limit)."""
+        if fact is None or not fact[0]:
+            return fact
+        return ("", fact[1], fact[2]) if fact[1] else None
+
+    @staticmethod
     def summary(facts: Iterable[CardFact | None], free: int = 0) -> HolderSummary:
         """A node's cards held in shares (their `card_fact`, None for a card without one) and
         how many of its gateway GPUs nobody holds."""
@@ -250,6 +267,21 @@ class PlannerPolicies:
         if found is None:
             found = replace(rules, tenant=ISOLATED)
             self._isolated[rules] = found
+        return found
+
+    def surely(self, quota: Quota, claims: Sequence[Sequence[RequestShape]], *,
+               smallest_card: int, claims_key: object = None) -> Amounts:
+        """`surely`, remembered per `claims_key` (what names the claims' specs, None: not
+        remembered) for quotas not scoped by a device selector (those surely cost nothing)."""
+        if claims_key is None or quota.scoped_by_device:
+            return surely(quota, claims, smallest_card=smallest_card)
+        key = (claims_key, quota.classes, smallest_card)
+        found = self._surely.get(key)
+        if found is None:
+            if len(self._surely) > 10_000:
+                self._surely.clear()
+            found = surely(quota, claims, smallest_card=smallest_card)
+            self._surely[key] = found
         return found
 
     def memoisable(self, own_shares: int) -> bool:
@@ -329,12 +361,14 @@ def quotas_for(policies: PlannerPolicies, namespace: str,
 
 def surely_exceeded(policies: PlannerPolicies, quotas: Sequence[Quota],
                     claims: Sequence[Sequence[RequestShape]], *, smallest_card: int = 0,
-                    ) -> tuple[list[Exceeded], list[Exceeded]]:
-    """(quotas the claims exceed by themselves, quotas they exceed given current usage)."""
+                    claims_key: object = None) -> tuple[list[Exceeded], list[Exceeded]]:
+    """(quotas the claims exceed by themselves, quotas they exceed given current usage);
+    `claims_key` names the claims' specs, so that what they surely cost is remembered."""
     never: list[Exceeded] = []
     now: list[Exceeded] = []
     for quota in quotas:
-        asked = surely(quota, claims, smallest_card=smallest_card)
+        asked = policies.surely(quota, claims, smallest_card=smallest_card,
+                                claims_key=claims_key)
         used = policies.ledger.used(quota)
         fields = over(quota, asked, used)
         if not fields:  # then not alone either: usage only adds

@@ -221,8 +221,12 @@ class NodeSearch:
         rules = self.rules
         if rules is None or device.driver != names.DRIVER:
             return None
+        namespaces = self._usage[i].namespaces
+        if not namespaces and not self.extra_holders[i] and not rules.models and (
+                rules.min_memory is None or alt.share.memory_percent is None):
+            return None  # nobody holds it, any model: only a relative share's minimum is left
         policies = self.state.policies
-        holders = policies.holders(self._usage[i].namespaces)
+        holders = policies.holders(namespaces)
         if self.extra_holders[i] and self._own is not None:
             holders.extend([self._own] * self.extra_holders[i])
         whole = alt.whole or not device.shareable

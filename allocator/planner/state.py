@@ -30,13 +30,14 @@ from __future__ import annotations
 import json
 from bisect import insort
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.demand import ClaimDemand, compile_claim
 from dra_gateway.allocator.planner.devices import Device
 from dra_gateway.allocator.planner.policies import (
+    MIXED,
     NO_HOLDERS,
     HolderSummary,
     PlannerPolicies,
@@ -587,11 +588,18 @@ class ClusterState:
             usage_id = self._intern(usage)
             static = self._static_sig.get(node, -1)
             if (static, usage_id) not in self._holder_summaries:
-                self._holder_summaries[(static, usage_id)] = self.policies.summary(
+                summary = self.policies.summary(
                     (fact for u, fact in zip(usages, facts, strict=True)
                      if u.holders and not u.exclusive),
                     free=sum(1 for d, u in zip(devices, usages, strict=True)
                              if d.is_gateway_gpu and not u.holders))
+                if len(summary.tenants) == 1 and MIXED not in summary.tenants \
+                        and "" not in summary.tenants:
+                    alike = self._intern(tuple(
+                        self._intern((*u.sig(), self.policies.alike_fact(fact)))
+                        for u, fact in zip(usages, facts, strict=True)))
+                    summary = replace(summary, alike=alike)
+                self._holder_summaries[(static, usage_id)] = summary
         else:
             usage_id = self._intern(tuple(self._intern(self.device_usage(d.key).sig())
                                           for d in devices))

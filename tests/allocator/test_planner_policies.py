@@ -260,6 +260,24 @@ def test_a_card_held_whole_is_no_tenants_in_the_node_classes() -> None:
     assert len(cards) == 2  # isolated tenants still never share a card
 
 
+def test_a_tenant_on_its_own_cards_shares_the_searches_of_pods_without_isolation() -> None:
+    # A node whose shared cards are all one isolated tenant's is searched by that tenant as a
+    # node held by tenants without isolation is by theirs: one memoised search serves both.
+    state = nodes(2, 1)
+    policies(state, sharing_=[sharing("iso", labels={"isolated": "yes"},
+                                      isolation={"mode": "Namespace"})],
+             namespaces=[namespace("a", isolated="yes"), namespace("d")])
+    assert place(state, gpod("a1", "a"), share("a1", "a", 4)).node_name == "n0"
+    assert place(state, gpod("d1", "d"), share("d1", "d", 4)).node_name == "n1"
+    assert plan_pod(state, gpod("a2", "a"), [share("a2", "a", 4)]).node_name == "n0"
+    searched = len(state.memo)
+    assert plan_pod(state, gpod("d2", "d"), [share("d2", "d", 4)]).node_name == "n1"
+    assert len(state.memo) == searched  # n1 is a's n0 alike; n0 bars d without a search
+    refused = plan_pod(state, gpod("a3", "a"), [share("a3", "a", 14)])
+    assert refused.node_name is None
+    assert "isolated from namespace=a (isolation)" in (refused.reason or "")
+
+
 def test_allowed_models_and_max_claims_per_card_steer_the_card() -> None:
     state = cluster({"n0": [gpu(0, product="T4"), gpu(1, product="A100-SXM4")]},
                     policy="binpack")
