@@ -39,6 +39,7 @@ from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for, share_
 from dra_gateway.allocator.planner.devices import NANO
 from dra_gateway.allocator.planner.policies import (
     ISOLATED,
+    NO_HOLDERS,
     Waiting,
     card_rules,
     memo_rules,
@@ -346,7 +347,8 @@ class _Context:
                     and rules.tenant in summary.tenants:
                 usage = summary.alike  # its own cards only: searched as a plain pod's
             memo_key = (group_key[0], usage, self.device_sig,
-                        memo_rules(rules, summary, self.own_shares))
+                        None if summary is NO_HOLDERS
+                        else memo_rules(rules, summary, self.own_shares))
             outcome = state.memo.get(memo_key)
             if outcome is None:
                 outcome = state.memo_old.get(memo_key)

@@ -176,8 +176,9 @@ class ClusterState:
         # Claims whose quota charges were counted before their device was published.
         self._unresolved: set[str] = set()
         self._smallest: int | None = None
-        # What `memo_rules` reads of each node class's held cards, by static and usage sig.
-        self._holder_summaries: dict[tuple[object, object], HolderSummary] = {}
+        # What `memo_rules` reads of each node class's held cards, by usage id (which, with
+        # sharing policies in force, names the node's devices too).
+        self._holder_summaries: dict[object, HolderSummary] = {}
 
     # --- workload -----------------------------------------------------------------------------
 
@@ -583,11 +584,13 @@ class ClusterState:
             # holds whole cards is no class of that tenant's).
             facts = [None if u.exclusive else self.policies.card_fact(u.namespaces)
                      for u in usages]
-            usage = tuple(self._intern((*u.sig(), fact))
-                          for u, fact in zip(usages, facts, strict=True))
-            usage_id = self._intern(usage)
             static = self._static_sig.get(node, -1)
-            if (static, usage_id) not in self._holder_summaries:
+            # With the node's devices, so that the id alone names the summary below (read
+            # once per class evaluated).
+            usage_id = self._intern((static, tuple(self._intern((*u.sig(), fact))
+                                                   for u, fact in zip(usages, facts,
+                                                                      strict=True))))
+            if usage_id not in self._holder_summaries:
                 summary = self.policies.summary(
                     (fact for u, fact in zip(usages, facts, strict=True)
                      if u.holders and not u.exclusive),
@@ -595,11 +598,11 @@ class ClusterState:
                              if d.is_gateway_gpu and not u.holders))
                 if len(summary.tenants) == 1 and MIXED not in summary.tenants \
                         and "" not in summary.tenants:
-                    alike = self._intern(tuple(
+                    alike = self._intern((static, tuple(
                         self._intern((*u.sig(), self.policies.alike_fact(fact)))
-                        for u, fact in zip(usages, facts, strict=True)))
+                        for u, fact in zip(usages, facts, strict=True))))
                     summary = replace(summary, alike=alike)
-                self._holder_summaries[(static, usage_id)] = summary
+                self._holder_summaries[usage_id] = summary
         else:
             usage_id = self._intern(tuple(self._intern(self.device_usage(d.key).sig())
                                           for d in devices))
@@ -609,7 +612,7 @@ class ClusterState:
 
     def holder_summary(self, group_key: tuple[object, ...]) -> HolderSummary:
         """The held cards of a node class, as `memo_rules` reads them."""
-        return self._holder_summaries.get((group_key[0], group_key[1]), NO_HOLDERS)
+        return self._holder_summaries.get(group_key[1], NO_HOLDERS)
 
     def gpu_cards(self, node: str) -> list[Device]:
         return [d for d in self.node_devices.get(node, ()) if d.is_gateway_gpu]
