@@ -170,7 +170,10 @@ class Webhook:
         self.state = self.app[STATE]
         self._kept_templates = self._templates()
         # The app's own loggers: a stack logged there is a finding, other records are noise.
+        # Restored by close(): the replay runs inside the test session, whose other tests
+        # read these records through the root logger (caplog).
         self._log = logging.getLogger("dra_gateway")
+        self._saved_log = (self._log.propagate, self._log.level)
         self._log.propagate = False
         self._log.setLevel(logging.ERROR)
         self._body = _Body()
@@ -191,6 +194,8 @@ class Webhook:
         self.loop.run_until_complete(self.runner.cleanup())
         self.loop.run_until_complete(self.cluster.close())
         self.loop.close()
+        self._log.propagate, level = self._saved_log
+        self._log.setLevel(level)
 
     def reset(self) -> None:
         """Forget what the last input left (templates it made, cached plans and classes), so

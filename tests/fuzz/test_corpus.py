@@ -8,6 +8,7 @@ tested here too: a target that could not fail would pass any corpus.
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,3 +141,14 @@ def test_a_rules_error_is_checked_and_good_rules_are_translated() -> None:
     assert RULES_SOURCE.startswith(RULES_LABEL)
     rules_target(b"apiVersion: dra-gateway.io/v1alpha1\nkind: TranslationRules\nrules: [{}]\n")
     rules_target((CORPUS.parents[2] / "examples" / "rules" / "new-vendor.yaml").read_bytes())
+
+
+def test_a_closed_target_gives_the_package_logger_back_as_it_found_it() -> None:
+    # The replay runs inside the test session: a logger left silenced hid the records that
+    # later tests read through the root logger (caplog).
+    logger = logging.getLogger("dra_gateway")
+    before = (logger.propagate, logger.level)
+    app = Webhook()
+    assert (logger.propagate, logger.level) == (False, logging.ERROR)
+    app.close()
+    assert (logger.propagate, logger.level) == before
