@@ -113,7 +113,8 @@ class DeviceProfiles:
 
 class ModelReach:
     """Which models a request's selectors reach among the cluster's profiles, remembered per
-    (selectors, profile generation). Not thread-safe: one event loop uses it."""
+    (selectors, profile generation), and whether sharing rules allow any of them, remembered
+    with the rules' patterns. Not thread-safe: one event loop uses it."""
 
     def __init__(self, *, cost_limit: int = DEFAULT_COST_LIMIT, cache_size: int = 4096) -> None:
         self._cost_limit = cost_limit
