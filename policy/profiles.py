@@ -32,16 +32,9 @@ from typing import Any
 from cachetools import LRUCache
 
 from dra_gateway.kube import cel, names
+from dra_gateway.kube.cel.devices import IDENTITY_ATTRIBUTES, may_read_identity
 from dra_gateway.policy.amounts import RequestShape
 from dra_gateway.policy.sharing import SharingRules
-
-# Attributes unique to one physical device: left out of a profile, as the allocator leaves them
-# out of the signature that groups interchangeable devices (allocator/planner/devices.py).
-IDENTITY_ATTRIBUTES = frozenset({names.ATTR_UUID, names.ATTR_PARENT_UUID, names.ATTR_PCIE_BUS_ID,
-                                 "resource.kubernetes.io/pciBusID"})
-# A macro may walk the attribute maps, identity attributes included (allocator/planner/demand.py
-# treats such selectors per device too).
-_MACRO_MARKERS = (".all(", ".exists(", ".exists_one(", ".map(", ".filter(")
 
 # One review evaluates each selector on each profile at most once; ten times what a selector may
 # cost by itself (cel.COST_LIMIT) is far above a few selectors over a few dozen profiles.
@@ -57,12 +50,6 @@ def _identity(driver: str, name: str) -> bool:
     domain, slash, ident = name.rpartition("/")
     return name in IDENTITY_ATTRIBUTES or (bool(slash) and domain in ("", driver)
                                            and ident in IDENTITY_ATTRIBUTES)
-
-
-def reads_identity(expression: str) -> bool:
-    """Whether a selector may tell apart devices of one profile (then profiles cannot judge it)."""
-    return any(a in expression for a in IDENTITY_ATTRIBUTES) or any(
-        m in expression for m in _MACRO_MARKERS)
 
 
 def profile_device(driver: str, device: Mapping[str, Any]) -> dict[str, Any]:
@@ -171,7 +158,7 @@ class ModelReach:
             if class_selectors is None:
                 return None
             expressions = (*class_selectors, *own)
-            if any(reads_identity(e) for e in expressions):
+            if any(may_read_identity(e) for e in expressions):
                 return None
             try:
                 compiled.append([self._compiled(e) for e in expressions])

@@ -12,12 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_gateway.allocator.planner.devices import IDENTITY_ATTRIBUTES, MIB_NANOS, NANO
+from dra_gateway.allocator.planner.devices import MIB_NANOS, NANO
 from dra_gateway.kube import names
+from dra_gateway.kube.cel.devices import IDENTITY_ATTRIBUTES, may_read_identity
 from dra_gateway.kube.models import share_parameters
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
-
-MACRO_MARKERS = (".all(", ".exists(", ".exists_one(", ".map(", ".filter(")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +111,6 @@ def share_policy(configs: Sequence[Mapping[str, Any]]) -> str | None:
     return policy
 
 
-def _mentions_identity(expression: str) -> bool:
-    return any(a in expression for a in IDENTITY_ATTRIBUTES) or any(
-        m in expression for m in MACRO_MARKERS
-    )
-
-
 def _alternative(path: str, result_name: str, body: Mapping[str, Any],
                  configs: Sequence[Mapping[str, Any]]) -> Alternative:
     from dra_gateway.kube import cel
@@ -155,7 +148,7 @@ def _alternative(path: str, result_name: str, body: Mapping[str, Any],
         share=share,
         whole=whole,
         admin_access=bool(body.get("adminAccess")),
-        identity_sensitive=any(_mentions_identity(e) for e in expressions),
+        identity_sensitive=any(may_read_identity(e) for e in expressions),
     )
 
 

@@ -14,15 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_gateway.kube import names
+from dra_gateway.kube.cel.devices import IDENTITY_ATTRIBUTES
 from dra_gateway.kube.quantity import Quantity, QuantityError, QuantityFormat, parse_quantity
 from dra_gateway.policy.amounts import card_amounts
 
 NANO = 10**9
 MIB_NANOS = (1 << 20) * NANO
-# Attributes unique to one physical device: left out of the signature that groups identical
-# nodes, unless a selector or constraint names them (see `Device.group_sig`).
-IDENTITY_ATTRIBUTES = frozenset({names.ATTR_UUID, names.ATTR_PARENT_UUID, names.ATTR_PCIE_BUS_ID,
-                                 "resource.kubernetes.io/pciBusID"})
 
 
 @dataclass(frozen=True, slots=True)

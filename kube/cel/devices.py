@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any
+from typing import Any, Final
 
 import cel as _engine
 
@@ -22,6 +22,22 @@ from dra_gateway.kube.cel.library import FUNCTIONS
 from dra_gateway.kube.cel.values import is_int, parse_quantity, quantity_value, version_value
 from dra_gateway.kube.quantity import Quantity, QuantityError
 from dra_gateway.kube.semver import SemverError
+
+# Attributes unique to one physical device (its UUID, its parent's, its PCI address): devices
+# alike but for them are interchangeable to every selector that reads none of them. The
+# allocator groups devices, and the webhook builds its device profiles, by leaving them out.
+IDENTITY_ATTRIBUTES: Final = frozenset({names.ATTR_UUID, names.ATTR_PARENT_UUID,
+                                        names.ATTR_PCIE_BUS_ID,
+                                        "resource.kubernetes.io/pciBusID"})
+# A macro may walk the attribute maps, identity attributes included.
+_MACRO_MARKERS: Final = (".all(", ".exists(", ".exists_one(", ".map(", ".filter(")
+
+
+def may_read_identity(expression: str) -> bool:
+    """Whether a selector may tell apart devices alike but for their identity attributes: it
+    names one, or walks the attribute maps with a macro (then judge it per device)."""
+    return any(a in expression for a in IDENTITY_ATTRIBUTES) or any(
+        m in expression for m in _MACRO_MARKERS)
 
 
 class DeviceView:
