@@ -492,20 +492,32 @@ def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...], *, own: str | None 
             heapq.heappush(heap, (node_score, members[0], group_key))
         else:
             failures[group_key] = outcome.reason or "no devices fit"
+    head = _live_head(heap, state.groups)
+    if head is None:
+        return None, lambda: _ranking_reasons(state, ranking, {}, skip)
+    if skip is None and ctx.rules is ctx.ranked_rules:
+        _, name, group_key = head
+        outcome, _ = ctx.evaluate(group_key, name, ranked=True)
+        return (name, outcome), _no_reasons
+    return _within_limit(ctx, ranking, skip)
+
+
+def _live_head(heap: list[tuple[tuple[float, ...], str, tuple[object, ...]]],
+               groups: Mapping[tuple[object, ...], Sequence[str]],
+               ) -> tuple[tuple[float, ...], str, tuple[object, ...]] | None:
+    """The ranking heap's best entry, after dropping entries of classes that are gone and
+    re-keying those whose first node changed (the heap is brought up to date lazily); None
+    when it is empty."""
     while heap:
         node_score, name, group_key = heap[0]
-        members = state.groups.get(group_key)
+        members = groups.get(group_key)
         if not members:
             heapq.heappop(heap)
-            continue
-        if members[0] != name:
+        elif members[0] != name:
             heapq.heapreplace(heap, (node_score, members[0], group_key))
-            continue
-        if skip is None and ctx.rules is ctx.ranked_rules:
-            outcome, _ = ctx.evaluate(group_key, name, ranked=True)
-            return (name, outcome), _no_reasons
-        return _within_limit(ctx, ranking, skip)
-    return None, lambda: _ranking_reasons(state, ranking, {}, skip)
+        else:
+            return heap[0]
+    return None
 
 
 _Reasons = Callable[[], Counter[str]]
@@ -555,15 +567,8 @@ def _within_limit(ctx: _Context, ranking: Ranking, skip: str | None = None,
     best: tuple[tuple[float, ...], str, Outcome] | None = None
     found: tuple[str, Outcome] | None = None
     try:
-        while heap:
-            node_score, name, group_key = heap[0]
-            members = state.groups.get(group_key)
-            if not members:
-                heapq.heappop(heap)
-                continue
-            if members[0] != name:
-                heapq.heapreplace(heap, (node_score, members[0], group_key))
-                continue
+        while (head := _live_head(heap, state.groups)) is not None:
+            node_score, name, group_key = head
             summary = state.holder_summary(group_key)
             if skip is not None and skip in summary.tenants:
                 aside.append(heapq.heappop(heap))
