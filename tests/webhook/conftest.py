@@ -13,6 +13,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from testkit import EXAMPLES
 
+from dra_gateway.kube.cluster.port import Forbidden, NotFound, ObjectList
+from dra_gateway.kube.resources import ResourceType
 from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.webhook.app import create_app
 from dra_gateway.webhook.settings import WebhookSettings
@@ -81,3 +83,23 @@ def settings(tmp_path: Path) -> WebhookSettings:
 async def client(aiohttp_client: ClientFactory, settings: WebhookSettings,
                  cluster: MemoryCluster) -> TestClient[web.Request, web.Application]:
     return await aiohttp_client(create_app(settings, cluster))
+
+
+class RefusedList(MemoryCluster):
+    """An API server that refuses the webhook a list of `rt` (Forbidden: RBAC lacks it;
+    NotFound: the server does not serve the resource)."""
+
+    def __init__(self, rt: ResourceType, error: type[Forbidden] | type[NotFound]) -> None:
+        super().__init__()
+        self.rt = rt
+        self.error = error
+
+    async def list(self, rt: ResourceType, *, namespace: str | None = None,
+                   label_selector: str | None = None,
+                   field_selector: str | None = None) -> ObjectList:
+        if rt is self.rt:
+            raise self.error(f'{rt.plural}.{rt.group} is forbidden: User '
+                             '"system:serviceaccount:dra-gateway:dra-gateway-webhook" cannot list '
+                             f'resource "{rt.plural}"')
+        return await super().list(rt, namespace=namespace, label_selector=label_selector,
+                                  field_selector=field_selector)

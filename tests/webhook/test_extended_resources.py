@@ -17,14 +17,14 @@ from aiohttp.test_utils import TestClient
 from testkit import eventually
 
 from dra_gateway.kube import names
-from dra_gateway.kube.cluster.port import Forbidden, NotFound, ObjectList
+from dra_gateway.kube.cluster.port import Forbidden, NotFound
 from dra_gateway.kube.logs import JsonFormatter
-from dra_gateway.kube.resources import DEVICE_CLASSES, RESOURCE_CLAIM_TEMPLATES, ResourceType
+from dra_gateway.kube.resources import DEVICE_CLASSES, RESOURCE_CLAIM_TEMPLATES
 from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.webhook.app import STATE, create_app
 from dra_gateway.webhook.settings import WebhookSettings
 
-from .conftest import ClientFactory, decoded_patch, hami_pod, review
+from .conftest import ClientFactory, RefusedList, decoded_patch, hami_pod, review
 
 Client = TestClient[web.Request, web.Application]
 
@@ -223,29 +223,11 @@ async def test_a_dra_gateway_class_declaring_a_name_is_left_alone_and_warned_abo
         "(a dra-gateway class: no shares) declares nvidia.com/gpu")
 
 
-class _NoDeviceClasses(MemoryCluster):
-    """An API server that refuses DeviceClasses to the webhook (or does not serve them)."""
-
-    def __init__(self, error: type[Forbidden] | type[NotFound]) -> None:
-        super().__init__()
-        self.error = error
-
-    async def list(self, rt: ResourceType, *, namespace: str | None = None,
-                   label_selector: str | None = None,
-                   field_selector: str | None = None) -> ObjectList:
-        if rt is DEVICE_CLASSES:
-            raise self.error('deviceclasses.resource.k8s.io is forbidden: User '
-                             '"system:serviceaccount:dra-gateway:dra-gateway-webhook" cannot list '
-                             'resource "deviceclasses"')
-        return await super().list(rt, namespace=namespace, label_selector=label_selector,
-                                  field_selector=field_selector)
-
-
 async def test_readiness_waits_for_device_classes_and_names_the_missing_rbac(
     aiohttp_client: ClientFactory, tmp_path: Path
 ) -> None:
     settings = WebhookSettings(watch_config_maps=False, watch_retry_delay=0.05)
-    client = await aiohttp_client(create_app(settings, _NoDeviceClasses(Forbidden)))
+    client = await aiohttp_client(create_app(settings, RefusedList(DEVICE_CLASSES, Forbidden)))
     state = client.app[STATE]
     await eventually(lambda: state.device_classes.problem is not None)
     resp = await client.get("/readyz")
@@ -256,7 +238,7 @@ async def test_readiness_waits_for_device_classes_and_names_the_missing_rbac(
     # Without the watch, the webhook translates as before and is ready.
     quiet = await aiohttp_client(create_app(
         WebhookSettings(watch_config_maps=False, watch_device_classes=False),
-        _NoDeviceClasses(Forbidden)))
+        RefusedList(DEVICE_CLASSES, Forbidden)))
     resp = await quiet.get("/readyz")
     assert (resp.status, await resp.text()) == (200, "ok\n")
 
@@ -265,7 +247,7 @@ async def test_an_api_server_without_device_classes_declares_nothing(
     aiohttp_client: ClientFactory
 ) -> None:
     settings = WebhookSettings(watch_config_maps=False, watch_retry_delay=0.05)
-    client = await aiohttp_client(create_app(settings, _NoDeviceClasses(NotFound)))
+    client = await aiohttp_client(create_app(settings, RefusedList(DEVICE_CLASSES, NotFound)))
     state = client.app[STATE]
     await eventually(lambda: state.device_classes.synced)
     assert (await client.get("/readyz")).status == 200

@@ -15,21 +15,19 @@ from aiohttp.test_utils import TestClient
 from testkit import eventually
 
 from dra_gateway.kube import names
-from dra_gateway.kube.cluster.port import Cluster, Forbidden, NotFound, ObjectList
+from dra_gateway.kube.cluster.port import Cluster, Forbidden, NotFound
 from dra_gateway.kube.resources import (
     DEVICE_CLASSES,
     GPU_SHARING_POLICIES,
     NAMESPACES,
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
-    ResourceType,
 )
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.node_plugin.deviceclasses import device_classes
 from dra_gateway.webhook.app import STATE, create_app
 from dra_gateway.webhook.settings import WebhookSettings
 
-from .conftest import ClientFactory, decoded_patch, hami_pod, review
+from .conftest import ClientFactory, RefusedList, decoded_patch, hami_pod, review
 
 Client = TestClient[web.Request, web.Application]
 
@@ -175,28 +173,10 @@ async def test_a_native_claim_asking_only_for_a_forbidden_model_is_refused(
 
 
 
-class _NoSlices(MemoryCluster):
-    """An API server that refuses ResourceSlices to the webhook (or does not serve them)."""
-
-    def __init__(self, error: type[Forbidden] | type[NotFound]) -> None:
-        super().__init__()
-        self.error = error
-
-    async def list(self, rt: ResourceType, *, namespace: str | None = None,
-                   label_selector: str | None = None,
-                   field_selector: str | None = None) -> ObjectList:
-        if rt is RESOURCE_SLICES:
-            raise self.error('resourceslices.resource.k8s.io is forbidden: User '
-                             '"system:serviceaccount:dra-gateway:dra-gateway-webhook" cannot list '
-                             'resource "resourceslices"')
-        return await super().list(rt, namespace=namespace, label_selector=label_selector,
-                                  field_selector=field_selector)
-
-
 async def test_readiness_waits_for_the_slices_and_names_the_missing_rbac(
         aiohttp_client: ClientFactory) -> None:
     settings = WebhookSettings(watch_config_maps=False, watch_retry_delay=0.05)
-    client = await aiohttp_client(create_app(settings, _NoSlices(Forbidden)))
+    client = await aiohttp_client(create_app(settings, RefusedList(RESOURCE_SLICES, Forbidden)))
     state = client.app[STATE]
     await eventually(lambda: state.device_profiles.problem is not None)
     resp = await client.get("/readyz")
@@ -205,6 +185,6 @@ async def test_readiness_waits_for_the_slices_and_names_the_missing_rbac(
              "ServiceAccount list and watch on resourceslices in API group resource.k8s.io, or "
              "start the webhook with --no-policies)\n")
     # An API server without them: no cards to judge models by, ready.
-    served = await aiohttp_client(create_app(settings, _NoSlices(NotFound)))
+    served = await aiohttp_client(create_app(settings, RefusedList(RESOURCE_SLICES, NotFound)))
     await eventually(lambda: served.app[STATE].device_profiles.synced)
     assert (await served.get("/readyz")).status == 200
