@@ -22,6 +22,10 @@ from dra_gateway.kube import names
 from dra_gateway.policy.models import GPUSharingPolicy, LabelSelector
 
 Tenant = str  # "" for a namespace without isolation
+# The newcomer neither isolation nor any maxClaimsPerDevice concerns, whoever holds the card:
+# the planner ranks nodes for it once for every namespace, then asks each pod's own rules of
+# the cards it picked. No namespace is of this tenant.
+EVERY_TENANT: Tenant = "\x00every"
 
 
 def selector_matches(selector: LabelSelector, labels: Mapping[str, str]) -> bool:
@@ -137,6 +141,8 @@ def card_refusal(rules: SharingRules, *, whole: bool, product_name: str | None,
         return None
     if rules.exclusive:
         return f"shared, and {rules.named()} allows no shares (exclusive)"
+    if rules.tenant == EVERY_TENANT:
+        return None
     limits = [h.max_claims_per_device for h in listed if h.max_claims_per_device is not None]
     if rules.max_claims_per_device is not None:
         limits.append(rules.max_claims_per_device)

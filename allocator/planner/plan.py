@@ -30,7 +30,7 @@ import heapq
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from dra_gateway.allocator.planner import kubefit
@@ -38,7 +38,6 @@ from dra_gateway.allocator.planner.allocation import PodPlan, build_plan
 from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for, share_policy
 from dra_gateway.allocator.planner.devices import NANO
 from dra_gateway.allocator.planner.policies import (
-    ISOLATED,
     NO_HOLDERS,
     Waiting,
     card_rules,
@@ -55,6 +54,7 @@ from dra_gateway.allocator.planner.search import (
     claim_placeholder,
     fill_claims,
     fits_node,
+    refused_picks,
     score,
 )
 from dra_gateway.allocator.planner.settings import POLICIES
@@ -165,14 +165,15 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     card_key = card_rules(search_rules, relative_shares=relative)
     ctx = _Context(state, labelled, chosen_policy, cpu, memory, tolerations,
                    (claims_sig, chosen_policy, version, card_key), search_rules,
-                   policies.unlimited(search_rules) if search_rules is not None else None,
+                   policies.ranked(search_rules, shares=own_shares > 0)
+                   if search_rules is not None else None,
                    own_shares,
                    own_shares > 0 and all(alt.class_name == names.GPU_CLASS
                                           for _, _, d in to_plan for r in d.requests
                                           for alt in r.alternatives))
     pod_sig = (claims_sig, cpu, memory,
                json.dumps(tolerations, sort_keys=True) if tolerations else "", chosen_policy,
-               version, card_key, search_rules.tenant if search_rules is not None else None)
+               version, card_key)
     state.refresh_groups()
     if len(state.memo) > _MEMO_LIMIT:
         # Bounded memory without a cliff: the young generation becomes the old one, entries
@@ -184,9 +185,9 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     spec = pod.get("spec") or {}
     needs_labels = bool(spec.get("nodeSelector") or spec.get("affinity"))
     if pinned is None and not needs_labels and not identity:
-        found, reasons = _ranked(ctx, pod_sig)
+        found, reasons = _ranked_best(ctx, pod_sig)
         if found is None:
-            plan = PodPlan(None, reason=_no_node_reason(pod_label, state, reasons, labelled,
+            plan = PodPlan(None, reason=_no_node_reason(pod_label, state, reasons(), labelled,
                                                         rules))
         else:
             plan = build_plan(state, found[0], to_plan, found[1], charges=bool(quotas))
@@ -323,7 +324,8 @@ class _Context:
     tolerations: Sequence[Mapping[str, Any]]
     device_sig: tuple[object, ...]  # what device search results depend on besides the node
     rules: SharingRules | None = None  # the namespace's sharing rules, when any policy exists
-    # The rules rankings are kept for: without maxClaimsPerDevice (`_ranked_best` checks it).
+    # The rules rankings are kept for: a share's without its tenant and maxClaimsPerDevice
+    # (`_within_rules` asks them of the cards the best nodes pick).
     ranked_rules: SharingRules | None = None
     own_shares: int = 0  # shares of the pod that may land on one card
     # The pod shares cards and asks for gateway GPUs only: it fits no node whose GPUs are all
@@ -338,17 +340,22 @@ class _Context:
         rules = self.ranked_rules if ranked else self.rules
         outcome: Outcome | None = None
         memo_key: tuple[object, ...] | None = None
-        if group_key is not None:
+        if group_key is not None and ranked:
+            # Rankings' searches read neither tenants nor limits (`PlannerPolicies.ranked`),
+            # nor, for whole cards, who holds a card: only the cards' usage.
+            memo_key = (group_key[0], group_key[5], self.device_sig, None)
+        elif group_key is not None:
             summary = state.holder_summary(group_key)
             if rules is not None and self.gpus_only and summary.barred(rules.tenant):
                 return _BARRED, ()
             usage = group_key[1]
-            if summary.alike is not None and rules is not None \
-                    and rules.tenant in summary.tenants:
-                usage = summary.alike  # its own cards only: searched as a plain pod's
+            if rules is not None and summary.neutral is not None:
+                # Isolation cannot change the search: as on a node of no isolated holder.
+                usage = summary.neutral_for(rules.tenant) or usage
             memo_key = (group_key[0], usage, self.device_sig,
                         None if summary is NO_HOLDERS
                         else memo_rules(rules, summary, self.own_shares))
+        if memo_key is not None:
             outcome = state.memo.get(memo_key)
             if outcome is None:
                 outcome = state.memo_old.get(memo_key)
@@ -430,45 +437,19 @@ class Ranking:
     failures: dict[tuple[object, ...], str]
 
 
-def _ranked(ctx: _Context, pod_sig: tuple[object, ...],
-            ) -> tuple[tuple[str, Outcome] | None, Counter[str]]:
-    """The best node from the rankings. A pod of an isolated tenant takes the better of two:
-    the ranking of the classes holding its tenant's cards (its own, kept for the tenant), and
-    the ranking every isolated tenant shares, where each held card is barred (a tenant's own
-    classes passed over), so that tenants do not each rank the whole cluster again."""
-    rules = ctx.ranked_rules
-    if rules is None or not rules.tenant:
-        found, reasons = _ranked_best(ctx, pod_sig)
-        return found, reasons() if found is None else Counter()
-    tenant = rules.tenant
-    policies = ctx.state.policies
-    shared = replace(ctx, rules=policies.isolated(ctx.rules or rules),
-                     ranked_rules=policies.isolated(rules))
-    own, own_reasons = _ranked_best(ctx, (*pod_sig[:-1], ("own", tenant)), own=tenant)
-    other, other_reasons = _ranked_best(shared, (*pod_sig[:-1], ISOLATED), skip=tenant)
-    if own is None or other is None:
-        found = own or other
-        return found, Counter() if found else own_reasons() + other_reasons()
-    if (ctx.score_of(*own), own[0]) <= (ctx.score_of(*other), other[0]):
-        return own, Counter()
-    return other, Counter()
-
-
-def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...], *, own: str | None = None,
-                 skip: str | None = None) -> tuple[tuple[str, Outcome] | None, _Reasons]:
-    """The ranking's best class (`own`: only classes holding that tenant's cards; `skip`:
-    passing over them), or None and how to count why not: counting reads every class that
-    failed, so it is left to the caller (an isolated tenant's pod placed by one ranking never
-    asks the other why it found nothing)."""
+def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...],
+                 ) -> tuple[tuple[str, Outcome] | None, _Reasons]:
+    """The ranking's best class that the pod's own rules leave as it is, or None and how to
+    count why not (counting reads every class that failed: only a pod that fits nowhere
+    asks)."""
     state = ctx.state
     ranking: Ranking | None = state.rankings.get(pod_sig)
-    # An own ranking reads only the classes holding the tenant's cards, and their log.
-    log = state.group_log if own is None else state.tenant_log.setdefault(own, [])
+    log = state.group_log
     fresh: Iterable[tuple[object, ...]]
     if ranking is None:
         ranking = Ranking([], len(log), {})
         state.rankings[pod_sig] = ranking
-        fresh = list(state.groups) if own is None else list(state.tenant_groups.get(own, ()))
+        fresh = list(state.groups)
     else:
         # Only classes created or joined since: at most the nodes that changed.
         fresh = set(log[ranking.position:])
@@ -494,12 +475,12 @@ def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...], *, own: str | None 
             failures[group_key] = outcome.reason or "no devices fit"
     head = _live_head(heap, state.groups)
     if head is None:
-        return None, lambda: _ranking_reasons(state, ranking, {}, skip)
-    if skip is None and ctx.rules is ctx.ranked_rules:
+        return None, lambda: _ranking_reasons(state, ranking, {})
+    if ctx.rules is ctx.ranked_rules:
         _, name, group_key = head
         outcome, _ = ctx.evaluate(group_key, name, ranked=True)
         return (name, outcome), _no_reasons
-    return _within_limit(ctx, ranking, skip)
+    return _within_rules(ctx, ranking)
 
 
 def _live_head(heap: list[tuple[tuple[float, ...], str, tuple[object, ...]]],
@@ -528,18 +509,15 @@ def _no_reasons() -> Counter[str]:
 
 
 def _ranking_reasons(state: ClusterState, ranking: Ranking,
-                     more: Mapping[tuple[object, ...], str], skip: str | None) -> Counter[str]:
+                     more: Mapping[tuple[object, ...], str]) -> Counter[str]:
     counts: dict[str, int] = {}
     live: dict[tuple[object, ...], str] = {}
     groups = state.groups
-    # Classes holding the skipped tenant's cards: its own ranking gives their reasons.
-    passed = state.tenant_groups.get(skip) if skip is not None else None
     for group_key, reason in ranking.failures.items():
         members = groups.get(group_key)
         if members:
             live[group_key] = reason
-            if not passed or group_key not in passed:
-                counts[reason] = counts.get(reason, 0) + len(members)
+            counts[reason] = counts.get(reason, 0) + len(members)
     ranking.failures = live
     for group_key, reason in more.items():
         members = groups.get(group_key)
@@ -548,17 +526,17 @@ def _ranking_reasons(state: ClusterState, ranking: Ranking,
     return Counter(counts)
 
 
-def _within_limit(ctx: _Context, ranking: Ranking, skip: str | None = None,
+def _within_rules(ctx: _Context, ranking: Ranking,
                   ) -> tuple[tuple[str, Outcome] | None, _Reasons]:
-    """The ranking's best class whose plan the namespace's maxClaimsPerDevice leaves as it is.
+    """The ranking's best class whose plan the pod's own rules leave as it is.
 
-    Rankings are kept without the limit (namespaces differing only in it share them); a limit
-    can only take cards away, and only on a node where a card is that full (`memo_rules`). The
-    best entries are taken in order: where the limit does not matter, or the search under it
-    picks the same devices, the entry stands with its score; otherwise the node is scored as
-    the search under the limit places the pod, and the entry is set aside for this pod. The
-    walk ends at the first entry that stands, or at an entry scored no better than a node set
-    aside (which then wins). Classes holding cards of tenant `skip` are passed over.
+    Rankings of shares are kept without the tenant and maxClaimsPerDevice (every namespace's
+    pods share them); each can only keep a pod off cards. The best entries are taken in
+    order: where the pod's rules leave the cards the ranked search picked (or cannot matter on
+    the node), the entry stands with its score (a search under them walks the same choices
+    and stops at the same picks); otherwise the node is scored as the search under the pod's
+    rules places it, and the entry is set aside for this pod. The walk ends at the first entry
+    that stands, or at an entry scored no better than a node set aside (which then wins).
     """
     state = ctx.state
     heap = ranking.heap
@@ -566,27 +544,17 @@ def _within_limit(ctx: _Context, ranking: Ranking, skip: str | None = None,
     refused: dict[tuple[object, ...], str] = {}
     best: tuple[tuple[float, ...], str, Outcome] | None = None
     found: tuple[str, Outcome] | None = None
+    rules = ctx.rules
     try:
         while (head := _live_head(heap, state.groups)) is not None:
             node_score, name, group_key = head
-            summary = state.holder_summary(group_key)
-            if skip is not None and skip in summary.tenants:
-                aside.append(heapq.heappop(heap))
-                continue
             if best is not None and (best[0], best[1]) <= (node_score, name):
                 break
             outcome, _ = ctx.evaluate(group_key, name, ranked=True)
-            if ctx.rules is ctx.ranked_rules:
-                found = (name, outcome)
-                break
-            if memo_rules(ctx.rules, summary, ctx.own_shares) == \
-                    memo_rules(ctx.ranked_rules, summary, ctx.own_shares):
+            if rules is None or not refused_picks(state, name, outcome, rules):
                 found = (name, outcome)
                 break
             limited, limited_score = ctx.evaluate(group_key, name)
-            if limited.ok and _same_picks(limited, outcome):
-                found = (name, outcome)
-                break
             aside.append(heapq.heappop(heap))
             if not limited.ok:
                 refused[group_key] = limited.reason or "no devices fit"
@@ -599,12 +567,7 @@ def _within_limit(ctx: _Context, ranking: Ranking, skip: str | None = None,
         return found, _no_reasons
     if best is not None:
         return (best[1], best[2]), _no_reasons
-    return None, lambda: _ranking_reasons(state, ranking, refused, skip)
-
-
-def _same_picks(a: Outcome, b: Outcome) -> bool:
-    return [(p.claim, p.result_name, p.device) for p in a.picks] == \
-        [(p.claim, p.result_name, p.device) for p in b.picks]
+    return None, lambda: _ranking_reasons(state, ranking, refused)
 
 
 def _own_shares(demands: Sequence[ClaimDemand]) -> tuple[int, bool]:

@@ -33,14 +33,11 @@ from dra_gateway.kube import names
 from dra_gateway.policy.amounts import Amounts, RequestShape
 from dra_gateway.policy.catalog import Catalog
 from dra_gateway.policy.quotas import Exceeded, Quota, QuotaLedger, over
-from dra_gateway.policy.sharing import NO_RULES, Holder, SharingRules
+from dra_gateway.policy.sharing import EVERY_TENANT, NO_RULES, Holder, SharingRules
 
 _NO_HOLDER = Holder("", None)
 _MIB = 1 << 20
 MIXED = "*"  # the tenant fact of a card held by several tenants: no newcomer may share it
-# The tenant of the ranking isolated tenants share: one no card belongs to (every held card
-# barred), which is how a tenant sees every node where it holds no card.
-ISOLATED = "\x00isolated"
 
 # Holder counts enter the node class key from this many below the smallest maxClaimsPerDevice,
 # so a pod putting up to this many shares on one card is planned from memoised classes; a pod
@@ -57,16 +54,28 @@ class HolderSummary:
     tenants: frozenset[str]
     most: int  # the most holders counted on one card (counted only near a limit), else 0
     free: int = 0  # gateway GPUs nobody holds
-    # Where every card held in shares is one isolated tenant's: the node's usage id as it
-    # reads were those holders of no isolated tenant (`PlannerPolicies.alike_fact`). That
-    # tenant's pods search the node as pods without isolation search such a node (they may
-    # join every held card, within the same limits), so they share those searches.
-    alike: int | None = None
+    # Where a card is held by an isolated tenant: the node's usage id as it reads were its
+    # holders of no isolated tenant (`PlannerPolicies.alike_fact`). Searches that isolation
+    # does not concern (the rankings', `EVERY_TENANT`) read the node so, and so does the
+    # search of a tenant whose cards are the only ones held there (it may join every held
+    # card, within the same limits): nodes differing only in which tenant holds a card share
+    # them.
+    neutral: int | None = None
 
     def barred(self, tenant: str) -> bool:
         """Whether a share of `tenant` may join no card of the node and none is free: a pod
         asking only for gateway GPUs cannot fit there (found without a search)."""
-        return bool(self.tenants) and not self.free and tenant not in self.tenants
+        return bool(self.tenants) and not self.free and tenant not in self.tenants \
+            and tenant != EVERY_TENANT
+
+    def neutral_for(self, tenant: str) -> int | None:
+        """The usage id a search under `tenant` reads the node by when isolation cannot
+        change it there, else None (the node's own)."""
+        if self.neutral is None:
+            return None
+        if tenant == EVERY_TENANT or self.tenants == {tenant}:
+            return self.neutral
+        return None
 
 
 NO_HOLDERS = HolderSummary(frozenset(), 0)
@@ -149,8 +158,7 @@ class PlannerPolicies:
         self.count_from: int | None = None
         self._rules: dict[str, SharingRules] = {}
         self._holders: dict[str, Holder] = {}
-        self._unlimited: dict[SharingRules, SharingRules] = {}
-        self._isolated: dict[SharingRules, SharingRules] = {}
+        self._ranked: dict[SharingRules, SharingRules] = {}
         self._whole: dict[SharingRules, SharingRules] = {}
         # `surely` per (claim specs, quota classes, smallest card): pods of one trace shape
         # ask it again and again, and it reads only those.
@@ -164,8 +172,7 @@ class PlannerPolicies:
         self.count_from = max(1, min(limits) - OWN_SHARES_MEMOISED + 1) if limits else None
         self._rules.clear()
         self._holders.clear()
-        self._unlimited.clear()
-        self._isolated.clear()
+        self._ranked.clear()
         self._whole.clear()
         self._surely.clear()
         self.ledger = QuotaLedger()
@@ -239,15 +246,17 @@ class PlannerPolicies:
             most = max(most, fact[1])
         return HolderSummary(frozenset(tenants), most, free) if tenants else NO_HOLDERS
 
-    def unlimited(self, rules: SharingRules) -> SharingRules:
-        """The rules without their maxClaimsPerDevice: what rankings are kept for (a limit
-        steers only off cards that full, checked on the ranking's best nodes)."""
-        if rules.max_claims_per_device is None:
+    def ranked(self, rules: SharingRules, *, shares: bool) -> SharingRules:
+        """The rules rankings are kept for: for a pod with shares, without its tenant and its
+        maxClaimsPerDevice (`EVERY_TENANT`; each can only keep a pod off cards, so every
+        namespace's pods share one ranking and check their own rules on the cards its best
+        nodes pick); a pod of whole cards only meets neither (`whole_cards`)."""
+        if not shares:
             return rules
-        found = self._unlimited.get(rules)
+        found = self._ranked.get(rules)
         if found is None:
-            found = replace(rules, max_claims_per_device=None)
-            self._unlimited[rules] = found
+            found = replace(rules, max_claims_per_device=None, tenant=EVERY_TENANT)
+            self._ranked[rules] = found
         return found
 
     def whole_cards(self, rules: SharingRules) -> SharingRules:
@@ -258,15 +267,6 @@ class PlannerPolicies:
         if found is None:
             found = SharingRules(policies=rules.policies, models=rules.models)
             self._whole[rules] = found
-        return found
-
-    def isolated(self, rules: SharingRules) -> SharingRules:
-        """The rules with the tenant `ISOLATED`: as a tenant searches nodes where it holds no
-        card."""
-        found = self._isolated.get(rules)
-        if found is None:
-            found = replace(rules, tenant=ISOLATED)
-            self._isolated[rules] = found
         return found
 
     def surely(self, quota: Quota, claims: Sequence[Sequence[RequestShape]], *,
@@ -313,7 +313,8 @@ def memo_rules(rules: SharingRules | None, summary: HolderSummary,
         return None
     ours = rules.tenant
     tenant: str | None = None
-    if any(t != ours for t in summary.tenants):  # t != ours: one of them is isolated
+    if ours != EVERY_TENANT and any(t != ours for t in summary.tenants):
+        # t != ours: one of them is isolated
         tenant = ours if ours in summary.tenants else MIXED
     limit = rules.max_claims_per_device
     if limit is not None and summary.most + own_shares <= limit:
@@ -381,6 +382,6 @@ def surely_exceeded(policies: PlannerPolicies, quotas: Sequence[Quota],
     return never, now
 
 
-__all__ = ["ISOLATED", "MIXED", "NO_HOLDERS", "OWN_SHARES_MEMOISED", "CardFact", "HolderSummary",
+__all__ = ["MIXED", "NO_HOLDERS", "OWN_SHARES_MEMOISED", "CardFact", "HolderSummary",
            "PlannerPolicies", "QuotaQueue", "Waiting", "card_rules", "memo_rules", "quotas_for",
            "surely", "surely_exceeded"]

@@ -582,3 +582,35 @@ def fits_node(state: ClusterState, node: str, cpu: int, memory: int,
         return (f"untolerated taint {taint.get('key')}={taint.get('value', '')}:"
                 f"{taint.get('effect')}")
     return None
+
+
+def refused_picks(state: ClusterState, node: str, outcome: Outcome,
+                  rules: SharingRules) -> bool:
+    """Whether `rules` keep the pod off a card that a search under rules without its tenant
+    and maxClaimsPerDevice picked on `node`, given the card's holders and the pod's own other
+    shares of it. When they do not, a search under `rules` stops at the same picks: it walks
+    the same choices in the same order, with only cards the picks did not take removed.
+    Allowed models, exclusive and minShare are the same under both, so not asked again."""
+    if not outcome.ok:
+        return False
+    devices = state.node_devices.get(node, ())
+    shares: dict[int, int] = {}
+    for pick in outcome.picks:
+        if not pick.exclusive and devices[pick.device].driver == names.DRIVER:
+            shares[pick.device] = shares.get(pick.device, 0) + 1
+    if not shares:
+        return False
+    policies = state.policies
+    own = Holder(rules.tenant, rules.max_claims_per_device)
+    for i, count in shares.items():
+        device = devices[i]
+        holders = policies.holders(state.device_usage(device.key).namespaces)
+        if count > 1:
+            holders.extend([own] * (count - 1))
+        if not holders:
+            continue
+        product = device.attributes.get(f"{device.driver}/{names.ATTR_PRODUCT_NAME}")
+        if card_refusal(rules, whole=False, product_name=None if product is None
+                        else str(product), holders=holders) is not None:
+            return True
+    return False

@@ -36,12 +36,7 @@ from typing import Any
 from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.demand import ClaimDemand, compile_claim
 from dra_gateway.allocator.planner.devices import Device
-from dra_gateway.allocator.planner.policies import (
-    MIXED,
-    NO_HOLDERS,
-    HolderSummary,
-    PlannerPolicies,
-)
+from dra_gateway.allocator.planner.policies import NO_HOLDERS, HolderSummary, PlannerPolicies
 from dra_gateway.allocator.planner.scoring import Workload
 from dra_gateway.allocator.planner.settings import PlannerSettings
 from dra_gateway.kube import objects
@@ -163,11 +158,6 @@ class ClusterState:
         self.memo_old: dict[tuple[object, ...], Any] = {}
         # Classes created or joined, in order: rankings of pod signatures catch up from here.
         self.group_log: list[tuple[object, ...]] = []
-        # The same per isolated tenant, for the classes holding its cards (an isolated tenant's
-        # own rankings catch up from here, not from every class that changed), and the live
-        # classes holding each tenant's cards.
-        self.tenant_log: dict[str, list[tuple[object, ...]]] = {}
-        self.tenant_groups: dict[str, dict[tuple[object, ...], None]] = {}
         self.rankings: dict[tuple[object, ...], Any] = {}
         self._demands: dict[str, ClaimDemand] = {}
         self._shapes: dict[str, list[RequestShape]] = {}
@@ -542,7 +532,6 @@ class ClusterState:
         """Move dirty nodes to the equivalence class of their current state."""
         if len(self.group_log) > 200_000:
             self.group_log.clear()
-            self.tenant_log.clear()
             self.rankings.clear()
         for node in self._dirty:
             old = self.node_group.pop(node, None)
@@ -552,26 +541,16 @@ class ClusterState:
                     members.remove(node)
                     if not members:
                         del self.groups[old]
-                        for tenant in self.holder_summary(old).tenants:
-                            if tenant:
-                                self.tenant_groups[tenant].pop(old, None)
             info = self.nodes.get(node)
             if info is None or not info.known:
                 continue
             key = self.group_key(node)
             self.node_group[node] = key
             members = self.groups.get(key)
-            tenants = self.holder_summary(key).tenants
             if members is None:
                 members = self.groups[key] = []
-                for tenant in tenants:
-                    if tenant:
-                        self.tenant_groups.setdefault(tenant, {})[key] = None
             insort(members, node)
             self.group_log.append(key)
-            for tenant in tenants:
-                if tenant:
-                    self.tenant_log.setdefault(tenant, []).append(key)
         self._dirty.clear()
 
     def group_key(self, node: str) -> tuple[object, ...]:
@@ -596,19 +575,20 @@ class ClusterState:
                      if u.holders and not u.exclusive),
                     free=sum(1 for d, u in zip(devices, usages, strict=True)
                              if d.is_gateway_gpu and not u.holders))
-                if len(summary.tenants) == 1 and MIXED not in summary.tenants \
-                        and "" not in summary.tenants:
-                    alike = self._intern((static, tuple(
+                if any(summary.tenants - {""}):
+                    neutral = self._intern((static, tuple(
                         self._intern((*u.sig(), self.policies.alike_fact(fact)))
                         for u, fact in zip(usages, facts, strict=True))))
-                    summary = replace(summary, alike=alike)
+                    summary = replace(summary, neutral=neutral)
                 self._holder_summaries[usage_id] = summary
+            # What the rankings' searches read (`EVERY_TENANT`): the cards' usage alone.
+            bare = self._intern((static, tuple(self._intern(u.sig()) for u in usages)))
         else:
-            usage_id = self._intern(tuple(self._intern(self.device_usage(d.key).sig())
-                                          for d in devices))
+            usage_id = bare = self._intern(tuple(self._intern(self.device_usage(d.key).sig())
+                                                 for d in devices))
         cpu, memory = self.node_free(node)
         taints = self._intern(json.dumps(info.taints, sort_keys=True)) if info.taints else -1
-        return (self._static_sig.get(node, -1), usage_id, cpu, memory, taints)
+        return (self._static_sig.get(node, -1), usage_id, cpu, memory, taints, bare)
 
     def holder_summary(self, group_key: tuple[object, ...]) -> HolderSummary:
         """The held cards of a node class, as `memo_rules` reads them."""

@@ -200,26 +200,38 @@ def test_isolation_survives_the_memo_of_nodes_with_equal_usage() -> None:
     assert place(state, gpod("b3", "b"), share("b3", "b", 4)).node_name == "n1"
 
 
-def test_isolated_tenants_pack_onto_their_own_cards_and_share_one_ranking_of_the_rest() -> None:
-    # Each tenant ranks the nodes where it holds cards; the nodes where it holds none are
-    # ranked once for every isolated tenant (all held cards barred).
+def test_isolated_tenants_pack_onto_their_own_cards_and_every_tenant_shares_one_ranking(
+) -> None:
+    # Rankings are kept without tenants: each pod asks its own tenant of the cards the best
+    # nodes pick, so every tenant's pods of one shape keep one ranking between them.
     state = nodes(3, 1)
     policies(state, sharing_=[sharing("by-team", isolation={"mode": "Label",
                                                             "labelKey": "team"})],
              namespaces=[namespace("a", team="red"), namespace("b", team="blue"),
-                         namespace("c", team="green")])
+                         namespace("c", team="green"), namespace("d", team="yellow")])
     assert place(state, gpod("r1", "a"), share("r1", "a", 4)).node_name == "n0"
     assert place(state, gpod("b1", "b"), share("b1", "b", 4)).node_name == "n1"
     assert place(state, gpod("r2", "a"), share("r2", "a", 4)).node_name == "n0"  # binpacked
     assert place(state, gpod("b2", "b"), share("b2", "b", 4)).node_name == "n1"
     assert place(state, gpod("g1", "c"), share("g1", "c", 4)).node_name == "n2"
-    refused = place(state, gpod("g2", "c"), share("g2", "c", 14))
+    assert place(state, gpod("g2", "c"), share("g2", "c", 4)).node_name == "n2"
+    assert len(state.rankings) == 1
+    # Room on every card, each another tenant's: isolation is what keeps yellow out.
+    refused = place(state, gpod("y1", "d"), share("y1", "d", 4))
     assert refused.node_name is None
-    assert "isolated from team=green (isolation), GPUSharingPolicy by-team" in (
-        refused.reason or "")
+    assert refused.reason == (
+        "pod d/y1: 0/3 nodes fit; 3 node(s): claim d/y1: every GPU of the node is held whole "
+        "or by another tenant, isolated from team=yellow (isolation), GPUSharingPolicy "
+        "by-team")
+    # Where no card has room, that is the reason, whoever holds them.
+    short = place(state, gpod("g3", "c"), share("g3", "c", 14))
+    assert short.node_name is None
+    assert "isolation" not in (short.reason or "")
+    assert "short of memory on 1" in (short.reason or "")
     for uid in ("claim-a-r1", "claim-a-r2"):
         state.remove_claim(uid)
-    assert place(state, gpod("g3", "c"), share("g3", "c", 14)).node_name == "n0"
+    assert place(state, gpod("y2", "d"), share("y2", "d", 4)).node_name == "n0"
+    assert len(state.rankings) == 2  # one per shape: 4Gi and 14Gi
 
 
 def test_a_pod_of_whole_cards_plans_alike_in_every_namespace_whatever_its_isolation() -> None:
@@ -253,7 +265,7 @@ def test_a_card_held_whole_is_no_tenants_in_the_node_classes() -> None:
     assert nodes_ == {"n0", "n1"}
     state.refresh_groups()
     assert len(state.groups) == 1
-    assert not any(state.tenant_groups.values())
+    assert not any(state.holder_summary(key).tenants for key in state.groups)
     plans = [place(state, gpod(f"{ns}2", ns), share(f"{ns}2", ns, 4)) for ns in "ab"]
     cards = {(p.node_name, r["device"]) for p in plans for a in p.allocations.values()
              for r in a["devices"]["results"]}
@@ -273,9 +285,15 @@ def test_a_tenant_on_its_own_cards_shares_the_searches_of_pods_without_isolation
     searched = len(state.memo)
     assert plan_pod(state, gpod("d2", "d"), [share("d2", "d", 4)]).node_name == "n1"
     assert len(state.memo) == searched  # n1 is a's n0 alike; n0 bars d without a search
-    refused = plan_pod(state, gpod("a3", "a"), [share("a3", "a", 14)])
+    assert place(state, gpod("a4", "a"), share("a4", "a", 4)).node_name == "n0"
+    # n0 (a's) is too full for 10Gi, n1 has room but is d's.
+    refused = plan_pod(state, gpod("a3", "a"), [share("a3", "a", 10)])
     assert refused.node_name is None
-    assert "isolated from namespace=a (isolation)" in (refused.reason or "")
+    assert "1 node(s): claim a/a3: every GPU of the node is held whole or by another tenant, " \
+        "isolated from namespace=a (isolation)" in (refused.reason or "")
+    assert "1 node(s): claim a/a3: request main needs 1 device(s) of class " \
+        "gpu.dra-gateway.io, 0 of 1 matching on the node has room for memory 10Gi" \
+        in (refused.reason or "")
 
 
 def test_allowed_models_and_max_claims_per_card_steer_the_card() -> None:
