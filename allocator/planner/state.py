@@ -556,19 +556,24 @@ class ClusterState:
     def group_key(self, node: str) -> tuple[object, ...]:
         info = self.nodes[node]
         devices = self.node_devices.get(node, ())
+        static = self._static_sig.get(node, -1)
+        usages = [self.device_usage(d.key) for d in devices]
+        sigs = tuple([self._intern(u.sig()) for u in usages])
+        # What the rankings' searches read (`EVERY_TENANT`): the cards' usage alone.
+        bare = self._intern((static, sigs))
+        usage_id = bare
         if self.policies.sharing_active:
-            usages = [self.device_usage(d.key) for d in devices]
             # A card held whole takes nobody else, whoever holds it: its holders' tenant and
             # count would only split classes that plan alike (a node where an isolated tenant
             # holds whole cards is no class of that tenant's).
-            facts = [None if u.exclusive else self.policies.card_fact(u.namespaces)
-                     for u in usages]
-            static = self._static_sig.get(node, -1)
-            # With the node's devices, so that the id alone names the summary below (read
-            # once per class evaluated).
-            usage_id = self._intern((static, tuple(self._intern((*u.sig(), fact))
-                                                   for u, fact in zip(usages, facts,
-                                                                      strict=True))))
+            facts = [None if u.exclusive or not u.holders
+                     else self.policies.card_fact(u.namespaces) for u in usages]
+            if any(fact is not None for fact in facts):
+                # With the node's devices, so that the id alone names the summary below (read
+                # once per class evaluated).
+                usage_id = self._intern((static, tuple([
+                    sig if fact is None else self._intern((sig, fact))
+                    for sig, fact in zip(sigs, facts, strict=True)])))
             if usage_id not in self._holder_summaries:
                 summary = self.policies.summary(
                     (fact for u, fact in zip(usages, facts, strict=True)
@@ -576,19 +581,15 @@ class ClusterState:
                     free=sum(1 for d, u in zip(devices, usages, strict=True)
                              if d.is_gateway_gpu and not u.holders))
                 if any(summary.tenants - {""}):
-                    neutral = self._intern((static, tuple(
-                        self._intern((*u.sig(), self.policies.alike_fact(fact)))
-                        for u, fact in zip(usages, facts, strict=True))))
+                    neutral = self._intern((static, tuple([
+                        sig if (alike := self.policies.alike_fact(fact)) is None
+                        else self._intern((sig, alike))
+                        for sig, fact in zip(sigs, facts, strict=True)])))
                     summary = replace(summary, neutral=neutral)
                 self._holder_summaries[usage_id] = summary
-            # What the rankings' searches read (`EVERY_TENANT`): the cards' usage alone.
-            bare = self._intern((static, tuple(self._intern(u.sig()) for u in usages)))
-        else:
-            usage_id = bare = self._intern(tuple(self._intern(self.device_usage(d.key).sig())
-                                                 for d in devices))
         cpu, memory = self.node_free(node)
         taints = self._intern(json.dumps(info.taints, sort_keys=True)) if info.taints else -1
-        return (self._static_sig.get(node, -1), usage_id, cpu, memory, taints, bare)
+        return (static, usage_id, cpu, memory, taints, bare)
 
     def holder_summary(self, group_key: tuple[object, ...]) -> HolderSummary:
         """The held cards of a node class, as `memo_rules` reads them."""
