@@ -29,7 +29,8 @@ from __future__ import annotations
 import heapq
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,9 @@ _RANKINGS_LIMIT = 4_096
 
 
 QUOTA_EXCEEDED = "QuotaExceeded"
+# A node where a pod fits: its score, its name and the devices found.
+_Candidate = tuple[tuple[float, ...], str, Outcome]
+_Candidates = Generator[_Candidate, None, None]
 QUEUED_FOR_QUOTA = "QueuedForQuota"
 
 
@@ -184,16 +188,23 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
         state.rankings.clear()
     spec = pod.get("spec") or {}
     needs_labels = bool(spec.get("nodeSelector") or spec.get("affinity"))
+    candidates: Callable[[], _Candidates]
     if pinned is None and not needs_labels and not identity:
-        found, reasons = _ranked_best(ctx, pod_sig)
-        if found is None:
-            plan = PodPlan(None, reason=_no_node_reason(pod_label, state, reasons(), labelled,
-                                                        rules))
+        ranking = _caught_up(ctx, pod_sig)
+        refused: dict[tuple[object, ...], str] = {}
+        with closing(_walk(ctx, ranking, refused)) as walk:
+            found = next(walk, None)
+        if found is None:  # the walk read every class: `refused` has them all
+            plan = PodPlan(None, reason=_no_node_reason(
+                pod_label, state, _ranking_reasons(state, ranking, refused), labelled, rules))
         else:
-            plan = build_plan(state, found[0], to_plan, found[1], charges=bool(quotas))
+            plan = build_plan(state, found[1], to_plan, found[2], charges=bool(quotas))
+        candidates = lambda: _walk(ctx, ranking, {})  # noqa: E731
     else:
         plan = _scan(ctx, pod, to_plan, pod_label, pinned=pinned, needs_labels=needs_labels,
                      identity=identity, charges=bool(quotas))
+        candidates = lambda: _feasible(  # noqa: E731
+            ctx, pod, pinned=pinned, needs_labels=needs_labels, identity=identity)
     if not quotas:
         return plan
     if plan.node_name is None:
@@ -201,8 +212,7 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
         # the quota's queue (where it would hold back every later pod of the namespace).
         policies.queue.leave(objects.uid(pod))
         return plan
-    return _within_quota(ctx, pod, to_plan, plan, quotas, pinned=pinned,
-                         needs_labels=needs_labels, identity=identity)
+    return _within_quota(ctx, pod, to_plan, plan, quotas, candidates)
 
 
 def _waiting(pod: Mapping[str, Any], quotas: Iterable[Quota]) -> Waiting:
@@ -253,10 +263,10 @@ def _held_for_quota(state: ClusterState, pod: Mapping[str, Any], quotas: Sequenc
 
 def _within_quota(ctx: _Context, pod: Mapping[str, Any],
                   to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]], plan: PodPlan,
-                  quotas: Sequence[Quota], *, pinned: set[str] | None, needs_labels: bool,
-                  identity: bool) -> PodPlan:
-    """The plan if its charges fit the quotas, else the best other node's that does, else
-    the pod waits for quota."""
+                  quotas: Sequence[Quota], candidates: Callable[[], _Candidates],
+                  ) -> PodPlan:
+    """The plan if its charges fit the quotas, else the best other node's that does (from
+    `candidates`, the nodes where the pod fits, best first), else the pod waits for quota."""
     state = ctx.state
     policies = state.policies
     namespace = objects.namespace(pod)
@@ -265,15 +275,15 @@ def _within_quota(ctx: _Context, pod: Mapping[str, Any],
     if exceeded:
         # The card decides (a quota scoped by a device selector, cards the namespace already
         # touches, the memory of a whole card): try the other feasible nodes, best first.
-        for _, member, outcome in _feasible(ctx, pod, pinned=pinned, needs_labels=needs_labels,
-                                            identity=identity):
-            if member == plan.node_name:
-                continue
-            candidate = build_plan(state, member, to_plan, outcome, charges=True)
-            candidate_charges = candidate.charges
-            if not policies.ledger.excess(namespace, list(candidate_charges.values())):
-                plan, charges, exceeded = candidate, candidate_charges, []
-                break
+        with closing(candidates()) as walk:
+            for _, member, outcome in walk:
+                if member == plan.node_name:
+                    continue
+                candidate = build_plan(state, member, to_plan, outcome, charges=True)
+                candidate_charges = candidate.charges
+                if not policies.ledger.excess(namespace, list(candidate_charges.values())):
+                    plan, charges, exceeded = candidate, candidate_charges, []
+                    break
     if exceeded:
         policies.queue.wait(_waiting(pod, [e.quota for e in exceeded]))
         return PodPlan(None, reason=_quota_message(exceeded), quota_reason=QUOTA_EXCEEDED,
@@ -283,11 +293,11 @@ def _within_quota(ctx: _Context, pod: Mapping[str, Any],
 
 
 def _feasible(ctx: _Context, pod: Mapping[str, Any], *, pinned: set[str] | None,
-              needs_labels: bool, identity: bool,
-              ) -> list[tuple[tuple[float, ...], str, Outcome]]:
-    """Every node class's best member where the pod fits, best first."""
+              needs_labels: bool, identity: bool) -> _Candidates:
+    """Every node class's best member where the pod fits, best first, for pods the rankings
+    cannot serve."""
     state = ctx.state
-    found: list[tuple[tuple[float, ...], str, Outcome]] = []
+    found: list[_Candidate] = []
     for group_key, members in state.groups.items():
         candidates: Sequence[str] = members
         if pinned is not None:
@@ -305,7 +315,7 @@ def _feasible(ctx: _Context, pod: Mapping[str, Any], *, pinned: set[str] | None,
             if not identity:
                 break
     found.sort(key=lambda e: (e[0], e[1]))
-    return found
+    yield from found
 
 
 # Where every card is held whole or by tenants the pod is isolated from, and none is free.
@@ -437,11 +447,9 @@ class Ranking:
     failures: dict[tuple[object, ...], str]
 
 
-def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...],
-                 ) -> tuple[tuple[str, Outcome] | None, _Reasons]:
-    """The ranking's best class that the pod's own rules leave as it is, or None and how to
-    count why not (counting reads every class that failed: only a pod that fits nowhere
-    asks)."""
+def _caught_up(ctx: _Context, pod_sig: tuple[object, ...]) -> Ranking:
+    """The pod signature's ranking, brought up to date with the classes that changed since
+    it was last read."""
     state = ctx.state
     ranking: Ranking | None = state.rankings.get(pod_sig)
     log = state.group_log
@@ -473,14 +481,7 @@ def _ranked_best(ctx: _Context, pod_sig: tuple[object, ...],
             heapq.heappush(heap, (node_score, members[0], group_key))
         else:
             failures[group_key] = outcome.reason or "no devices fit"
-    head = _live_head(heap, state.groups)
-    if head is None:
-        return None, lambda: _ranking_reasons(state, ranking, {})
-    if ctx.rules is ctx.ranked_rules:
-        _, name, group_key = head
-        outcome, _ = ctx.evaluate(group_key, name, ranked=True)
-        return (name, outcome), _no_reasons
-    return _within_rules(ctx, ranking)
+    return ranking
 
 
 def _live_head(heap: list[tuple[tuple[float, ...], str, tuple[object, ...]]],
@@ -501,13 +502,6 @@ def _live_head(heap: list[tuple[tuple[float, ...], str, tuple[object, ...]]],
     return None
 
 
-_Reasons = Callable[[], Counter[str]]
-
-
-def _no_reasons() -> Counter[str]:
-    return Counter()
-
-
 def _ranking_reasons(state: ClusterState, ranking: Ranking,
                      more: Mapping[tuple[object, ...], str]) -> Counter[str]:
     counts: dict[str, int] = {}
@@ -526,48 +520,46 @@ def _ranking_reasons(state: ClusterState, ranking: Ranking,
     return Counter(counts)
 
 
-def _within_rules(ctx: _Context, ranking: Ranking,
-                  ) -> tuple[tuple[str, Outcome] | None, _Reasons]:
-    """The ranking's best class whose plan the pod's own rules leave as it is.
+def _walk(ctx: _Context, ranking: Ranking,
+          refused: dict[tuple[object, ...], str]) -> _Candidates:
+    """The ranking's classes where the pod fits under its own rules, best first (each as its
+    score, first member and outcome); `refused` gets why the others the ranking holds do not
+    fit, once the walk has passed them.
 
     Rankings of shares are kept without the tenant and maxClaimsPerDevice (every namespace's
-    pods share them); each can only keep a pod off cards. The best entries are taken in
-    order: where the pod's rules leave the cards the ranked search picked (or cannot matter on
-    the node), the entry stands with its score (a search under them walks the same choices
-    and stops at the same picks); otherwise the node is scored as the search under the pod's
-    rules places it, and the entry is set aside for this pod. The walk ends at the first entry
-    that stands, or at an entry scored no better than a node set aside (which then wins).
+    pods share them); each can only keep a pod off cards. Entries are taken in order: where
+    the pod's rules leave the cards the ranked search picked, the entry stands with its score
+    (a search under them walks the same choices and stops at the same picks); otherwise the
+    node is scored as the search under the pod's rules places it. A class is given once no
+    entry still to be taken can score better. The ranking is left as found, however far the
+    caller reads (close the walk).
     """
     state = ctx.state
     heap = ranking.heap
-    aside: list[tuple[tuple[float, ...], str, tuple[object, ...]]] = []
-    refused: dict[tuple[object, ...], str] = {}
-    best: tuple[tuple[float, ...], str, Outcome] | None = None
-    found: tuple[str, Outcome] | None = None
     rules = ctx.rules
+    taken: list[tuple[tuple[float, ...], str, tuple[object, ...]]] = []
+    scored: list[tuple[tuple[float, ...], str, int, Outcome]] = []
     try:
-        while (head := _live_head(heap, state.groups)) is not None:
+        while True:
+            head = _live_head(heap, state.groups)
+            while scored and (head is None or scored[0][:2] <= head[:2]):
+                node_score, name, _, outcome = heapq.heappop(scored)
+                yield node_score, name, outcome
+            if head is None:
+                return
             node_score, name, group_key = head
-            if best is not None and (best[0], best[1]) <= (node_score, name):
-                break
+            taken.append(heapq.heappop(heap))
             outcome, _ = ctx.evaluate(group_key, name, ranked=True)
-            if rules is None or not refused_picks(state, name, outcome, rules):
-                found = (name, outcome)
-                break
-            limited, limited_score = ctx.evaluate(group_key, name)
-            aside.append(heapq.heappop(heap))
-            if not limited.ok:
-                refused[group_key] = limited.reason or "no devices fit"
-            elif best is None or (limited_score, name) < (best[0], best[1]):
-                best = (limited_score, name, limited)
+            if rules is not None and rules is not ctx.ranked_rules \
+                    and refused_picks(state, name, outcome, rules):
+                outcome, node_score = ctx.evaluate(group_key, name)
+                if not outcome.ok:
+                    refused[group_key] = outcome.reason or "no devices fit"
+                    continue
+            heapq.heappush(scored, (node_score, name, len(taken), outcome))
     finally:
-        for entry in aside:
+        for entry in taken:
             heapq.heappush(heap, entry)
-    if found is not None:  # scored better than every node set aside
-        return found, _no_reasons
-    if best is not None:
-        return (best[1], best[2]), _no_reasons
-    return None, lambda: _ranking_reasons(state, ranking, refused)
 
 
 def _own_shares(demands: Sequence[ClaimDemand]) -> tuple[int, bool]:
