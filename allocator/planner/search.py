@@ -30,7 +30,7 @@ from dra_gateway.allocator.planner.settings import BINPACK, DEFAULT, SPREAD
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import Quantity
-from dra_gateway.policy.sharing import Holder, SharingRules, card_refusal
+from dra_gateway.policy.sharing import EVERY_TENANT, Holder, SharingRules, card_refusal
 
 
 @dataclass(slots=True)
@@ -117,6 +117,8 @@ class NodeSearch:
         # The pod's namespace's sharing rules; None when no sharing policy is in force.
         self.rules = rules
         self._own = Holder(rules.tenant, rules.max_claims_per_device) if rules else None
+        # The rankings' rules (not exclusive): who holds a card does not matter.
+        self._every = rules is not None and rules.tenant == EVERY_TENANT and not rules.exclusive
 
     # --- reasons ------------------------------------------------------------------------------
 
@@ -222,13 +224,17 @@ class NodeSearch:
         if rules is None or device.driver != names.DRIVER:
             return None
         namespaces = self._usage[i].namespaces
-        if not namespaces and not self.extra_holders[i] and not rules.models and (
-                rules.min_memory is None or alt.share.memory_percent is None):
-            return None  # nobody holds it, any model: only a relative share's minimum is left
-        policies = self.state.policies
-        holders = policies.holders(namespaces)
-        if self.extra_holders[i] and self._own is not None:
-            holders.extend([self._own] * self.extra_holders[i])
+        if (self._every or (not namespaces and not self.extra_holders[i])) \
+                and not rules.models \
+                and (rules.min_memory is None or alt.share.memory_percent is None):
+            # Nobody holds it or who does not matter, any model: only a relative share's
+            # minimum is left.
+            return None
+        holders: list[Holder] = []
+        if not self._every:
+            holders = self.state.policies.holders(namespaces)
+            if self.extra_holders[i] and self._own is not None:
+                holders.extend([self._own] * self.extra_holders[i])
         whole = alt.whole or not device.shareable
         product = device.attributes.get(f"{device.driver}/{names.ATTR_PRODUCT_NAME}")
         why = card_refusal(rules, whole=whole, product_name=None if product is None
