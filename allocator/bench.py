@@ -15,10 +15,11 @@ Reported per policy: GPU allocation ratio (allocated GPU share over all GPUs, me
 unallocated GPUs, claims placed per second of planning time, and p50/p99 planning time per
 claim. Times are the planning thread's CPU time (one core, unaffected by other processes on a
 shared machine); the JSON output adds wall-clock figures (`wall_*`) measured alongside.
-With `--gpu-policies` each replay runs twice, interleaved seed by seed: without policies and
-with 200 GPUQuotas and 50 GPUSharingPolicies (`gpu_policies`) over 200 namespaces the trace
-pods are dealt into (the same namespaces in both runs), so their cost is a ratio measured side
-by side on the same noisy machine.
+With `--gpu-policies` each replay runs twice, side by side pod by pod (each pod is placed in
+both before the next, first in each in turn): without policies and with 200 GPUQuotas and 50
+GPUSharingPolicies (`gpu_policies`) over 200 namespaces the trace pods are dealt into (the
+same namespaces in both runs), so their cost is a ratio measured at the same moments on the
+same noisy machine.
 This module does I/O (reads the CSVs, prints); the planner it drives does none.
 
 Over 500 lines as one idea: one replay, from the trace's rows to the table it prints.
@@ -374,37 +375,34 @@ def policy_objects(total_gpus: int, *, quotas: int = NAMESPACES, sharing: int = 
     return namespaces, quota_objects, policies
 
 
-def replay(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *,
-           policy: str, load: float, seed: int, workload: Workload,
-           catalog: Catalog | None = None, namespaces: bool = False) -> RunResult:
-    settings = PlannerSettings(default_policy=policy)
-    state = cluster.state(settings)
-    state.set_workload(workload)
-    if catalog is not None:
-        state.set_policies(catalog)
-    # As a long-running allocator would after its initial sync (and periodically after): move
-    # what is loaded out of the cyclic collector's way, so full collections stay short.
-    gc.collect()
-    gc.freeze()
-    allocated = 0.0
-    claims_placed = 0
-    seconds = 0.0
-    per_claim: list[float] = []
-    per_claim_wall: list[float] = []
-    wall_seconds = 0.0
-    placed = failed = 0
-    for n, trace_pod in enumerate(sample(pods, cluster.total_gpus, load, seed)):
-        if n % 1000 == 999:
-            # Outside the timed region, what the replay has kept so far joins the frozen
-            # set, so no full collection lands inside one claim's planning.
-            gc.freeze()
-        translated, templates = translator.translate(trace_pod)
-        uid = f"pod-{n}"
+class _Replay:
+    """One configuration's replay of a trace, a pod at a time."""
+
+    def __init__(self, cluster: Cluster, translator: Translator, *, policy: str,
+                 workload: Workload, catalog: Catalog | None, namespaces: bool) -> None:
+        self.translator = translator
+        self.total_gpus = cluster.total_gpus
+        self.namespaces = namespaces
+        self.state = cluster.state(PlannerSettings(default_policy=policy))
+        self.state.set_workload(workload)
+        if catalog is not None:
+            self.state.set_policies(catalog)
+        self.allocated = 0.0
+        self.claims_placed = 0
+        self.seconds = 0.0
+        self.wall_seconds = 0.0
+        self.per_claim: list[float] = []
+        self.per_claim_wall: list[float] = []
+        self.placed = self.failed = 0
+
+    def place(self, n: int, trace_pod: TracePod) -> None:
+        translated, templates = self.translator.translate(trace_pod)
         pod = {**translated, "metadata": {**translated["metadata"], "name": f"p{n}",
-                                          "uid": uid}}
-        if namespaces:
+                                          "uid": f"pod-{n}"}}
+        if self.namespaces:
             pod["metadata"]["namespace"] = namespace_of(n)
         claims = claims_for(pod, templates)
+        state = self.state
         start = time.thread_time()
         wall_start = time.perf_counter()
         plan = plan_pod(state, pod, claims)
@@ -413,22 +411,57 @@ def replay(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *
         elapsed = time.thread_time() - start
         wall = time.perf_counter() - wall_start
         if claims:
-            seconds += elapsed
-            wall_seconds += wall
-            per_claim.extend([elapsed * 1000 / len(claims)] * len(claims))
-            per_claim_wall.extend([wall * 1000 / len(claims)] * len(claims))
+            self.seconds += elapsed
+            self.wall_seconds += wall
+            self.per_claim.extend([elapsed * 1000 / len(claims)] * len(claims))
+            self.per_claim_wall.extend([wall * 1000 / len(claims)] * len(claims))
         if plan.node_name is None:
-            failed += 1
-            continue
-        placed += 1
-        claims_placed += len(claims)
-        allocated += trace_pod.gpu_share
+            self.failed += 1
+            return
+        self.placed += 1
+        self.claims_placed += len(claims)
+        self.allocated += trace_pod.gpu_share
+
+    def result(self) -> RunResult:
+        total = self.total_gpus
+        return RunResult(ratio=100 * self.allocated / total if total else 0.0,
+                         unallocated=total - self.allocated, claims=self.claims_placed,
+                         seconds=self.seconds, per_claim_ms=self.per_claim,
+                         wall_seconds=self.wall_seconds, wall_per_claim_ms=self.per_claim_wall,
+                         placed_pods=self.placed, failed_pods=self.failed)
+
+
+def replay(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *,
+           policy: str, load: float, seed: int, workload: Workload,
+           catalog: Catalog | None = None, namespaces: bool = False) -> RunResult:
+    return side_by_side(cluster, translator, pods, policy=policy, load=load, seed=seed,
+                        workload=workload, catalogs=[catalog], namespaces=namespaces)[0]
+
+
+def side_by_side(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *,
+                 policy: str, load: float, seed: int, workload: Workload,
+                 catalogs: Sequence[Catalog | None], namespaces: bool = False,
+                 ) -> list[RunResult]:
+    """One replay per catalog (None: no policies), pod by pod side by side: each pod is
+    placed in every configuration before the next pod, first in each in turn, so that
+    the configurations see the same machine at the same moments (a shared machine's speed
+    moves by tens of per cent over seconds)."""
+    # As a long-running allocator would after its initial sync (and periodically after): move
+    # what is loaded out of the cyclic collector's way, so full collections stay short.
+    gc.collect()
+    gc.freeze()
+    replays = [_Replay(cluster, translator, policy=policy, workload=workload,
+                       catalog=catalog, namespaces=namespaces) for catalog in catalogs]
+    for n, trace_pod in enumerate(sample(pods, cluster.total_gpus, load, seed)):
+        if n % 1000 == 999:
+            # Outside the timed region, what the replays have kept so far joins the frozen
+            # set, so no full collection lands inside one claim's planning.
+            gc.freeze()
+        turn = n % len(replays)
+        for one in replays[turn:] + replays[:turn]:
+            one.place(n, trace_pod)
     gc.unfreeze()
-    total = cluster.total_gpus
-    return RunResult(ratio=100 * allocated / total if total else 0.0,
-                     unallocated=total - allocated, claims=claims_placed, seconds=seconds,
-                     per_claim_ms=per_claim, wall_seconds=wall_seconds,
-                     wall_per_claim_ms=per_claim_wall, placed_pods=placed, failed_pods=failed)
+    return [one.result() for one in replays]
 
 
 def trace_workload(pods: Sequence[TracePod]) -> Workload:
@@ -461,15 +494,17 @@ def run(nodes_path: Path, pods_path: Path, *, policies: Sequence[str], load: flo
     catalog = gpu_policies(cluster.total_gpus) if gpu_policies_too else None
     for policy in policies:
         configurations: dict[str, list[RunResult]] = {policy: []}
+        catalogs: list[Catalog | None] = [None]
         if catalog is not None:
             configurations[f"{policy}+policies"] = []
+            catalogs.append(catalog)
         for seed in seeds:
-            # Interleaved, seed by seed: both configurations see the same machine load.
-            for label, runs_ in configurations.items():
-                runs_.append(replay(cluster, translator, pods, policy=policy, load=load,
-                                    seed=seed, workload=workload,
-                                    catalog=catalog if label != policy else None,
-                                    namespaces=catalog is not None))
+            # Side by side, pod by pod: both configurations see the same machine load.
+            results_ = side_by_side(cluster, translator, pods, policy=policy, load=load,
+                                    seed=seed, workload=workload, catalogs=catalogs,
+                                    namespaces=catalog is not None)
+            for runs_, result in zip(configurations.values(), results_, strict=True):
+                runs_.append(result)
         for label, runs in configurations.items():
             results[label] = _summary(runs)
         if catalog is not None:
