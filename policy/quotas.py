@@ -125,6 +125,8 @@ class QuotaLedger:
         self._quotas: dict[str, list[Quota]] = {}
         self._claims: dict[str, tuple[str, tuple[DeviceCharge, ...]]] = {}
         self._use: dict[tuple[str, str], _Use] = {}
+        # Per quota, (index in FIELDS, hard amount) of each field it limits.
+        self._limits: dict[tuple[str, str], tuple[tuple[int, int], ...]] = {}
 
     def set_quotas(self, quotas: Iterable[Quota]) -> None:
         by_ns: dict[str, list[Quota]] = {}
@@ -134,6 +136,8 @@ class QuotaLedger:
             listed.sort(key=lambda q: q.name)
         self._quotas = by_ns
         self._use = {q.key: _Use() for listed in by_ns.values() for q in listed}
+        self._limits = {q.key: tuple((FIELDS.index(f), limit) for f, limit in q.hard)
+                        for listed in by_ns.values() for q in listed}
         for namespace, charges in self._claims.values():
             self._count(namespace, charges, 1)
 
@@ -179,6 +183,17 @@ class QuotaLedger:
         use = self._use.get(quota.key)
         return use.amounts() if use is not None else Amounts()
 
+    def exceeds(self, quota: Quota, asked: Amounts) -> bool:
+        """Whether `asked` on top of the quota's usage passes one of its hard amounts (what
+        `over` tells field by field, without building the usage)."""
+        use = self._use.get(quota.key)
+        limits = self._limits.get(quota.key)
+        if use is None or limits is None:
+            return bool(over(quota, asked, Amounts()))
+        used = (use.memory, use.cores, len(use.devices), use.claims)
+        wanted = (asked.memory, asked.cores, asked.devices, asked.claims)
+        return any(wanted[i] > 0 and used[i] + wanted[i] > limit for i, limit in limits)
+
     def excess(self, namespace: str, claims: Sequence[Sequence[DeviceCharge]]) -> list[Exceeded]:
         """The quotas of `namespace` that these new claims would take past their hard amounts."""
         found: list[Exceeded] = []
@@ -187,17 +202,22 @@ class QuotaLedger:
             memory = cores = count = 0
             fresh: set[DeviceKey] = set()
             for charges in claims:
-                counted = [c for c in charges if quota.counts(c)]
-                if counted:
-                    count += 1
-                    memory += sum(c.memory for c in counted)
-                    cores += sum(c.cores for c in counted)
-                    fresh.update(c.key for c in counted)
-            requested = Amounts(memory, cores, sum(1 for k in fresh if k not in use.devices),
-                                count)
-            fields = over(quota, requested, use.amounts())
-            if fields:
-                found.append(Exceeded(quota, requested, use.amounts(), fields))
+                counted = False
+                for charge in charges:
+                    if quota.counts(charge):
+                        counted = True
+                        memory += charge.memory
+                        cores += charge.cores
+                        if charge.key not in use.devices:
+                            fresh.add(charge.key)
+                count += counted
+            asked = (memory, cores, len(fresh), count)
+            used = (use.memory, use.cores, len(use.devices), use.claims)
+            # Amounts and messages only for a quota passed (rare): this runs once per plan.
+            if any(asked[i] > 0 and used[i] + asked[i] > limit
+                   for i, limit in self._limits[quota.key]):
+                requested, now = Amounts(*asked), Amounts(*used)
+                found.append(Exceeded(quota, requested, now, over(quota, requested, now)))
         return found
 
     def status(self, quota: Quota) -> dict[str, Any]:

@@ -43,7 +43,6 @@ from dra_gateway.allocator.planner.policies import (
     Waiting,
     card_rules,
     memo_rules,
-    quotas_for,
     surely_exceeded,
 )
 from dra_gateway.allocator.planner.scoring import FULL, TaskType, task_of
@@ -135,15 +134,17 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     policies = state.policies
     rules = policies.rules(namespace) if policies.sharing_active else None
     shapes = [state.shapes(k, c.get("spec") or {}) for c, k, _ in to_plan]
-    if rules is not None and not rules.empty:
+    claims_sig = tuple(k for _, k, _ in to_plan)
+    if rules is not None and not rules.empty and not policies.admitted(namespace, claims_sig):
         violations = check_admission(what=f"pod {pod_label}", claims=shapes, quotas=(),
                                      sharing=rules)
         if violations:
             return PodPlan(None, reason="; ".join(v.message for v in violations))
-    quotas = quotas_for(policies, namespace, shapes) \
+        policies.admit(namespace, claims_sig)
+    quotas = policies.quotas_for(namespace, shapes, claims_key=claims_sig) \
         if to_plan and policies.has_quotas(namespace) else []
     if quotas:
-        held = _held_for_quota(state, pod, quotas, shapes, tuple(k for _, k, _ in to_plan))
+        held = _held_for_quota(state, pod, quotas, shapes, claims_sig)
         if held is not None:
             return held
     chosen_policy = resolve_policy(state, pod, [d for _, _, d in to_plan], policy)
@@ -153,25 +154,23 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     if not state.workload_given:
         state.workload.observe(_task(state, cpu, memory, labelled))
     identity = any(d.identity_sensitive for _, d in labelled)
-    claims_sig = tuple(k for _, k, _ in to_plan)
     version = state.workload.version if chosen_policy == "default" else 0
     own_shares, relative = _own_shares([d for _, _, d in to_plan])
     if rules is not None and not policies.memoisable(own_shares):
         identity = True  # more of its own shares on one card than the class key counts
-    search_rules = rules
-    if rules is not None and not own_shares:
+    search_rules = ranked_rules = rules
+    if rules is not None:
         # Whole cards only, or no claim: isolation, maxClaimsPerDevice, exclusive and minShare
         # rule shares alone, so the pod plans as one of no tenant and no limit, and shares
-        # the searches and rankings of every namespace that allows the same models.
-        search_rules = policies.whole_cards(rules)
+        # the searches and rankings of every namespace that allows the same models. Shares
+        # rank without tenant and limit, for every namespace alike.
+        search_rules, ranked_rules = policies.planned(namespace, shares=own_shares > 0)
     # Searches and rankings are keyed by the parts of the rules that decide which card fits,
     # not by the rules: namespaces under different policies share them (see memo_rules).
     card_key = card_rules(search_rules, relative_shares=relative)
     ctx = _Context(state, labelled, chosen_policy, cpu, memory, tolerations,
                    (claims_sig, chosen_policy, version, card_key), search_rules,
-                   policies.ranked(search_rules, shares=own_shares > 0)
-                   if search_rules is not None else None,
-                   own_shares,
+                   ranked_rules, own_shares,
                    own_shares > 0 and all(alt.class_name == names.GPU_CLASS
                                           for _, _, d in to_plan for r in d.requests
                                           for alt in r.alternatives))
@@ -346,6 +345,14 @@ class _Context:
                  ranked: bool = False) -> tuple[Outcome, tuple[float, ...]]:
         """Devices for the pod on `node` (memoised per node class) and the policy's score,
         under the namespace's rules (`ranked`: under the rules its ranking is kept for)."""
+        outcome = self.outcome(group_key, node, ranked=ranked)
+        if not outcome.ok:
+            return outcome, ()
+        return outcome, self.score_of(node, outcome)
+
+    def outcome(self, group_key: tuple[object, ...] | None, node: str, *,
+                ranked: bool = False) -> Outcome:
+        """`evaluate`'s devices, without the score."""
         state = self.state
         rules = self.ranked_rules if ranked else self.rules
         outcome: Outcome | None = None
@@ -357,7 +364,7 @@ class _Context:
         elif group_key is not None:
             summary = state.holder_summary(group_key)
             if rules is not None and self.gpus_only and summary.barred(rules.tenant):
-                return _BARRED, ()
+                return _BARRED
             usage = group_key[1]
             if rules is not None and summary.neutral is not None:
                 # Isolation cannot change the search: as on a node of no isolated holder.
@@ -377,9 +384,7 @@ class _Context:
                                  budget=state.settings.search_budget, rules=rules).run()
             if memo_key is not None:
                 state.memo[memo_key] = outcome
-        if not outcome.ok:
-            return outcome, ()
-        return outcome, self.score_of(node, outcome)
+        return outcome
 
     def score_of(self, node: str, outcome: Outcome) -> tuple[float, ...]:
         cpu_free, mem_free = self.state.node_free(node)
@@ -549,7 +554,7 @@ def _walk(ctx: _Context, ranking: Ranking,
                 return
             node_score, name, group_key = head
             taken.append(heapq.heappop(heap))
-            outcome, _ = ctx.evaluate(group_key, name, ranked=True)
+            outcome = ctx.outcome(group_key, name, ranked=True)
             if rules is not None and rules is not ctx.ranked_rules \
                     and refused_picks(state, name, outcome, rules):
                 outcome, node_score = ctx.evaluate(group_key, name)

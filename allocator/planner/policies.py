@@ -18,7 +18,7 @@ which card fits, so that 50 policies do not make 50 copies of every memo and ran
 smallest maxClaimsPerDevice only near the smallest limit of any policy), and of the newcomer's
 rules the part `memo_rules` finds relevant to one node's cards (its tenant where a held card
 belongs to another, its maxClaimsPerDevice where a card is that full; nothing for a pod
-taking whole cards only, `whole_cards`). Quotas, minShare, requireCores, allowedEnforcement
+taking whole cards only, `planned`). Quotas, minShare, requireCores, allowedEnforcement
 and exclusive are checked per pod, not per card.
 
 Pure: no I/O, no clock; the state feeds it and `plan_pod` asks it.
@@ -158,11 +158,14 @@ class PlannerPolicies:
         self.count_from: int | None = None
         self._rules: dict[str, SharingRules] = {}
         self._holders: dict[str, Holder] = {}
-        self._ranked: dict[SharingRules, SharingRules] = {}
-        self._whole: dict[SharingRules, SharingRules] = {}
+        self._planned: dict[tuple[str, bool], tuple[SharingRules, SharingRules]] = {}
         # `surely` per (claim specs, quota classes, smallest card): pods of one trace shape
         # ask it again and again, and it reads only those.
         self._surely: dict[tuple[object, ...], Amounts] = {}
+        # Per (namespace, claim specs): the quotas counting them. Per (rules, claim specs):
+        # claims no sharing rule refuses by themselves (`check_admission` found nothing).
+        self._quotas_for: dict[tuple[str, object], list[Quota]] = {}
+        self._admitted: set[tuple[str, object]] = set()
 
     def set_catalog(self, catalog: Catalog) -> None:
         self.catalog = catalog
@@ -172,9 +175,10 @@ class PlannerPolicies:
         self.count_from = max(1, min(limits) - OWN_SHARES_MEMOISED + 1) if limits else None
         self._rules.clear()
         self._holders.clear()
-        self._ranked.clear()
-        self._whole.clear()
+        self._planned.clear()
         self._surely.clear()
+        self._quotas_for.clear()
+        self._admitted.clear()
         self.ledger = QuotaLedger()
         self.ledger.set_quotas(catalog.compiled_quotas())
 
@@ -246,27 +250,26 @@ class PlannerPolicies:
             most = max(most, fact[1])
         return HolderSummary(frozenset(tenants), most, free) if tenants else NO_HOLDERS
 
-    def ranked(self, rules: SharingRules, *, shares: bool) -> SharingRules:
-        """The rules rankings are kept for: for a pod with shares, without its tenant and its
-        maxClaimsPerDevice (`EVERY_TENANT`; each can only keep a pod off cards, so every
-        namespace's pods share one ranking and check their own rules on the cards its best
-        nodes pick); a pod of whole cards only meets neither (`whole_cards`)."""
-        if not shares:
-            return rules
-        found = self._ranked.get(rules)
-        if found is None:
-            found = replace(rules, max_claims_per_device=None, tenant=EVERY_TENANT)
-            self._ranked[rules] = found
-        return found
+    def planned(self, namespace: str, *, shares: bool) -> tuple[SharingRules, SharingRules]:
+        """The rules a pod of the namespace is searched under, and those its ranking is kept
+        for (remembered per namespace).
 
-    def whole_cards(self, rules: SharingRules) -> SharingRules:
-        """The rules as a pod taking whole cards only meets them in the search: its allowed
-        models (tenant isolation, maxClaimsPerDevice, exclusive and minShare rule shares), the
-        policies kept for reasons."""
-        found = self._whole.get(rules)
+        A pod with shares is searched under the namespace's rules and ranked without its
+        tenant and any maxClaimsPerDevice (`EVERY_TENANT`: each can only keep a pod off cards,
+        so every namespace's pods share one ranking and check their own rules on the cards
+        its best nodes pick). A pod taking whole cards only meets the rules only in its
+        allowed models (tenant isolation, maxClaimsPerDevice, exclusive and minShare rule
+        shares), for both; the policies are kept for reasons."""
+        key = (namespace, shares)
+        found = self._planned.get(key)
         if found is None:
-            found = SharingRules(policies=rules.policies, models=rules.models)
-            self._whole[rules] = found
+            rules = self.rules(namespace)
+            if shares:
+                found = (rules, replace(rules, max_claims_per_device=None, tenant=EVERY_TENANT))
+            else:
+                whole = SharingRules(policies=rules.policies, models=rules.models)
+                found = (whole, whole)
+            self._planned[key] = found
         return found
 
     def surely(self, quota: Quota, claims: Sequence[Sequence[RequestShape]], *,
@@ -283,6 +286,31 @@ class PlannerPolicies:
             found = surely(quota, claims, smallest_card=smallest_card)
             self._surely[key] = found
         return found
+
+    def quotas_for(self, namespace: str, claims: Sequence[Sequence[RequestShape]], *,
+                   claims_key: object = None) -> list[Quota]:
+        """The quotas of the namespace that count any of these claims' classes (remembered
+        per `claims_key`, what names the claims' specs, when given)."""
+        key = (namespace, claims_key)
+        if claims_key is not None and (found := self._quotas_for.get(key)) is not None:
+            return found
+        classes = {s.class_name for shapes in claims for s in shapes}
+        found = [q for q in self.ledger.quotas(namespace) if q.classes & classes]
+        if claims_key is not None:
+            if len(self._quotas_for) > 10_000:
+                self._quotas_for.clear()
+            self._quotas_for[key] = found
+        return found
+
+    def admitted(self, namespace: str, claims_key: object) -> bool:
+        """Whether claims of these specs were found to break none of the namespace's sharing
+        rules by themselves (they then never do: the check reads only the two)."""
+        return (namespace, claims_key) in self._admitted
+
+    def admit(self, namespace: str, claims_key: object) -> None:
+        if len(self._admitted) > 10_000:
+            self._admitted.clear()
+        self._admitted.add((namespace, claims_key))
 
     def memoisable(self, own_shares: int) -> bool:
         """Whether a pod putting `own_shares` shares on one card plans from memoised classes
@@ -353,13 +381,6 @@ def surely(quota: Quota, claims: Sequence[Sequence[RequestShape]], *,
     return Amounts(memory, cores, whole, count)
 
 
-def quotas_for(policies: PlannerPolicies, namespace: str,
-               claims: Sequence[Sequence[RequestShape]]) -> list[Quota]:
-    """The quotas of the namespace that count any of these claims' classes."""
-    classes = {s.class_name for shapes in claims for s in shapes}
-    return [q for q in policies.ledger.quotas(namespace) if q.classes & classes]
-
-
 def surely_exceeded(policies: PlannerPolicies, quotas: Sequence[Quota],
                     claims: Sequence[Sequence[RequestShape]], *, smallest_card: int = 0,
                     claims_key: object = None) -> tuple[list[Exceeded], list[Exceeded]]:
@@ -370,6 +391,8 @@ def surely_exceeded(policies: PlannerPolicies, quotas: Sequence[Quota],
     for quota in quotas:
         asked = policies.surely(quota, claims, smallest_card=smallest_card,
                                 claims_key=claims_key)
+        if not policies.ledger.exceeds(quota, asked):
+            continue
         used = policies.ledger.used(quota)
         fields = over(quota, asked, used)
         if not fields:  # then not alone either: usage only adds
@@ -383,5 +406,5 @@ def surely_exceeded(policies: PlannerPolicies, quotas: Sequence[Quota],
 
 
 __all__ = ["MIXED", "NO_HOLDERS", "OWN_SHARES_MEMOISED", "CardFact", "HolderSummary",
-           "PlannerPolicies", "QuotaQueue", "Waiting", "card_rules", "memo_rules", "quotas_for",
+           "PlannerPolicies", "QuotaQueue", "Waiting", "card_rules", "memo_rules",
            "surely", "surely_exceeded"]
