@@ -214,10 +214,11 @@ class QuotaLedger:
             asked = (memory, cores, len(fresh), count)
             used = (use.memory, use.cores, len(use.devices), use.claims)
             # Amounts and messages only for a quota passed (rare): this runs once per plan.
-            if any(asked[i] > 0 and used[i] + asked[i] > limit
-                   for i, limit in self._limits[quota.key]):
-                requested, now = Amounts(*asked), Amounts(*used)
-                found.append(Exceeded(quota, requested, now, over(quota, requested, now)))
+            for i, limit in self._limits[quota.key]:
+                if asked[i] > 0 and used[i] + asked[i] > limit:
+                    requested, now = Amounts(*asked), Amounts(*used)
+                    found.append(Exceeded(quota, requested, now, over(quota, requested, now)))
+                    break
         return found
 
     def status(self, quota: Quota) -> dict[str, Any]:

@@ -151,6 +151,7 @@ class PlannerPolicies:
 
     def __init__(self) -> None:
         self.catalog = Catalog()
+        self.generation = 0  # bumped by each catalog: what was read of the last goes stale
         self.ledger = QuotaLedger()
         self.queue = QuotaQueue()
         self.sharing_active = False  # any sharing policy: cards carry holder facts
@@ -169,6 +170,7 @@ class PlannerPolicies:
 
     def set_catalog(self, catalog: Catalog) -> None:
         self.catalog = catalog
+        self.generation += 1
         self.sharing_active = bool(catalog.sharing)
         limits = [p.spec.max_claims_per_device for p in catalog.sharing
                   if p.spec.max_claims_per_device is not None]

@@ -36,7 +36,12 @@ from typing import Any
 from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.demand import ClaimDemand, compile_claim
 from dra_gateway.allocator.planner.devices import Device
-from dra_gateway.allocator.planner.policies import NO_HOLDERS, HolderSummary, PlannerPolicies
+from dra_gateway.allocator.planner.policies import (
+    NO_HOLDERS,
+    CardFact,
+    HolderSummary,
+    PlannerPolicies,
+)
 from dra_gateway.allocator.planner.scoring import Workload
 from dra_gateway.allocator.planner.settings import PlannerSettings
 from dra_gateway.kube import objects
@@ -80,8 +85,12 @@ class DeviceUsage:
     holders: int = 0
     exclusive: int = 0
     namespaces: dict[str, int] = field(default_factory=dict)  # holders per namespace
+    # The holders' `card_fact` and the policies' generation it was read under; None until
+    # read, and again after each change.
+    fact_of: tuple[int, CardFact | None] | None = None
 
     def add(self, use: Use, sign: int, namespace: str = "") -> None:
+        self.fact_of = None
         held = self.namespaces.get(namespace, 0) + sign
         if held > 0:
             self.namespaces[namespace] = held
@@ -566,8 +575,8 @@ class ClusterState:
             # A card held whole takes nobody else, whoever holds it: its holders' tenant and
             # count would only split classes that plan alike (a node where an isolated tenant
             # holds whole cards is no class of that tenant's).
-            facts = [None if u.exclusive or not u.holders
-                     else self.policies.card_fact(u.namespaces) for u in usages]
+            facts = [None if u.exclusive or not u.holders else self._card_fact(u)
+                     for u in usages]
             if any(fact is not None for fact in facts):
                 # With the node's devices, so that the id alone names the summary below (read
                 # once per class evaluated).
@@ -590,6 +599,13 @@ class ClusterState:
         cpu, memory = self.node_free(node)
         taints = self._intern(json.dumps(info.taints, sort_keys=True)) if info.taints else -1
         return (static, usage_id, cpu, memory, taints, bare)
+
+    def _card_fact(self, usage: DeviceUsage) -> CardFact | None:
+        policies = self.policies
+        read = usage.fact_of
+        if read is None or read[0] != policies.generation:
+            read = usage.fact_of = (policies.generation, policies.card_fact(usage.namespaces))
+        return read[1]
 
     def holder_summary(self, group_key: tuple[object, ...]) -> HolderSummary:
         """The held cards of a node class, as `memo_rules` reads them."""
