@@ -29,10 +29,10 @@ class Quota:
     classes: frozenset[str]  # the gateway classes it counts
     selector: Selector | None
     refuse: bool  # spec.admission: Refuse
+    key: tuple[str, str] = field(init=False, compare=False)  # (namespace, name)
 
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.namespace, self.name)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.namespace, self.name))
 
     @property
     def scoped_by_device(self) -> bool:
@@ -113,6 +113,8 @@ class _Use:
     cores: int = 0
     claims: int = 0
     devices: Counter[DeviceKey] = field(default_factory=Counter)
+    # (index in FIELDS, hard amount) of each field the quota limits.
+    limits: tuple[tuple[int, int], ...] = ()
 
     def amounts(self) -> Amounts:
         return Amounts(self.memory, self.cores, len(self.devices), self.claims)
@@ -125,8 +127,6 @@ class QuotaLedger:
         self._quotas: dict[str, list[Quota]] = {}
         self._claims: dict[str, tuple[str, tuple[DeviceCharge, ...]]] = {}
         self._use: dict[tuple[str, str], _Use] = {}
-        # Per quota, (index in FIELDS, hard amount) of each field it limits.
-        self._limits: dict[tuple[str, str], tuple[tuple[int, int], ...]] = {}
 
     def set_quotas(self, quotas: Iterable[Quota]) -> None:
         by_ns: dict[str, list[Quota]] = {}
@@ -135,9 +135,8 @@ class QuotaLedger:
         for listed in by_ns.values():
             listed.sort(key=lambda q: q.name)
         self._quotas = by_ns
-        self._use = {q.key: _Use() for listed in by_ns.values() for q in listed}
-        self._limits = {q.key: tuple((FIELDS.index(f), limit) for f, limit in q.hard)
-                        for listed in by_ns.values() for q in listed}
+        self._use = {q.key: _Use(limits=tuple((FIELDS.index(f), limit) for f, limit in q.hard))
+                     for listed in by_ns.values() for q in listed}
         for namespace, charges in self._claims.values():
             self._count(namespace, charges, 1)
 
@@ -187,9 +186,9 @@ class QuotaLedger:
         """Whether `asked` on top of the quota's usage passes one of its hard amounts (what
         `over` tells field by field, without building the usage)."""
         use = self._use.get(quota.key)
-        limits = self._limits.get(quota.key)
-        if use is None or limits is None:
+        if use is None:
             return bool(over(quota, asked, Amounts()))
+        limits = use.limits
         used = (use.memory, use.cores, len(use.devices), use.claims)
         wanted = (asked.memory, asked.cores, asked.devices, asked.claims)
         return any(wanted[i] > 0 and used[i] + wanted[i] > limit for i, limit in limits)
@@ -214,7 +213,7 @@ class QuotaLedger:
             asked = (memory, cores, len(fresh), count)
             used = (use.memory, use.cores, len(use.devices), use.claims)
             # Amounts and messages only for a quota passed (rare): this runs once per plan.
-            for i, limit in self._limits[quota.key]:
+            for i, limit in use.limits:
                 if asked[i] > 0 and used[i] + asked[i] > limit:
                     requested, now = Amounts(*asked), Amounts(*used)
                     found.append(Exceeded(quota, requested, now, over(quota, requested, now)))

@@ -577,7 +577,7 @@ class ClusterState:
             # holds whole cards is no class of that tenant's).
             facts = [None if u.exclusive or not u.holders else self._card_fact(u)
                      for u in usages]
-            if any(fact is not None for fact in facts):
+            if facts.count(None) != len(facts):
                 # With the node's devices, so that the id alone names the summary below (read
                 # once per class evaluated).
                 usage_id = self._intern((static, tuple([
