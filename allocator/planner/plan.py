@@ -31,7 +31,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dra_gateway.allocator.planner import kubefit
@@ -444,12 +444,17 @@ class Ranking:
     member changes; both are checked when the entry reaches the top. Classes created or joined
     since the signature was last planned are read from the state's log and evaluated then, so
     a pod costs the classes that changed, not the cluster. `failures` keeps why the other
-    classes do not fit, for the reason of an unplaceable pod.
+    classes do not fit, for the reason of an unplaceable pod. `ruled` keeps, per class and
+    the part of a pod's rules its ranking leaves out (tenant, maxClaimsPerDevice), the score
+    and devices under those rules, read again by the next pods alike (a class key is its
+    whole state, so they never change).
     """
 
     heap: list[tuple[tuple[float, ...], str, tuple[object, ...]]]
     position: int
     failures: dict[tuple[object, ...], str]
+    ruled: dict[tuple[object, ...], tuple[tuple[float, ...], Outcome]] = field(
+        default_factory=dict)
 
 
 def _caught_up(ctx: _Context, pod_sig: tuple[object, ...]) -> Ranking:
@@ -542,6 +547,12 @@ def _walk(ctx: _Context, ranking: Ranking,
     state = ctx.state
     heap = ranking.heap
     rules = ctx.rules
+    # What of the pod's rules its ranking leaves out; None when they are the ranking's.
+    kind = None if rules is None or rules is ctx.ranked_rules \
+        else (rules.tenant, rules.max_claims_per_device)
+    ruled = ranking.ruled
+    if len(ruled) > 4 * len(state.groups) + 1024:
+        ruled.clear()
     taken: list[tuple[tuple[float, ...], str, tuple[object, ...]]] = []
     scored: list[tuple[tuple[float, ...], str, int, Outcome]] = []
     try:
@@ -554,10 +565,16 @@ def _walk(ctx: _Context, ranking: Ranking,
                 return
             node_score, name, group_key = head
             taken.append(heapq.heappop(heap))
-            outcome = ctx.outcome(group_key, name, ranked=True)
-            if rules is not None and rules is not ctx.ranked_rules \
-                    and refused_picks(state, name, outcome, rules):
-                outcome, node_score = ctx.evaluate(group_key, name)
+            if kind is None or rules is None:
+                outcome = ctx.outcome(group_key, name, ranked=True)
+            else:
+                known = ruled.get((group_key, kind))
+                if known is None:
+                    outcome = ctx.outcome(group_key, name, ranked=True)
+                    if refused_picks(state, name, outcome, rules):
+                        outcome, node_score = ctx.evaluate(group_key, name)
+                    known = ruled[(group_key, kind)] = (node_score, outcome)
+                node_score, outcome = known
                 if not outcome.ok:
                     refused[group_key] = outcome.reason or "no devices fit"
                     continue
