@@ -578,24 +578,10 @@ class ClusterState:
             facts = [None if u.exclusive or not u.holders else self._card_fact(u)
                      for u in usages]
             if facts.count(None) != len(facts):
-                # With the node's devices, so that the id alone names the summary below (read
-                # once per class evaluated).
+                # With the node's devices, so that the id alone names its `holder_summary`.
                 usage_id = self._intern((static, tuple([
                     sig if fact is None else self._intern((sig, fact))
                     for sig, fact in zip(sigs, facts, strict=True)])))
-            if usage_id not in self._holder_summaries:
-                summary = self.policies.summary(
-                    (fact for u, fact in zip(usages, facts, strict=True)
-                     if u.holders and not u.exclusive),
-                    free=sum(1 for d, u in zip(devices, usages, strict=True)
-                             if d.is_gateway_gpu and not u.holders))
-                if any(summary.tenants - {""}):
-                    neutral = self._intern((static, tuple([
-                        sig if (alike := self.policies.alike_fact(fact)) is None
-                        else self._intern((sig, alike))
-                        for sig, fact in zip(sigs, facts, strict=True)])))
-                    summary = replace(summary, neutral=neutral)
-                self._holder_summaries[usage_id] = summary
         cpu, memory = self.node_free(node)
         taints = self._intern(json.dumps(info.taints, sort_keys=True)) if info.taints else -1
         return (static, usage_id, cpu, memory, taints, bare)
@@ -608,8 +594,32 @@ class ClusterState:
         return read[1]
 
     def holder_summary(self, group_key: tuple[object, ...]) -> HolderSummary:
-        """The held cards of a node class, as `memo_rules` reads them."""
-        return self._holder_summaries.get(group_key[1], NO_HOLDERS)
+        """The held cards of a node class, as `memo_rules` reads them (read from a member
+        the first time a class of its usage is asked: the rankings' searches never ask)."""
+        summary = self._holder_summaries.get(group_key[1])
+        if summary is None:
+            members = self.groups.get(group_key)
+            if not members or not self.policies.sharing_active:
+                return NO_HOLDERS
+            summary = self._holder_summaries[group_key[1]] = self._summary(members[0])
+        return summary
+
+    def _summary(self, node: str) -> HolderSummary:
+        devices = self.node_devices.get(node, ())
+        usages = [self.device_usage(d.key) for d in devices]
+        facts = [None if u.exclusive or not u.holders else self._card_fact(u) for u in usages]
+        summary = self.policies.summary(
+            (fact for u, fact in zip(usages, facts, strict=True)
+             if u.holders and not u.exclusive),
+            free=sum(1 for d, u in zip(devices, usages, strict=True)
+                     if d.is_gateway_gpu and not u.holders))
+        if any(summary.tenants - {""}):
+            neutral = self._intern((self._static_sig.get(node, -1), tuple([
+                self._intern(u.sig()) if (alike := self.policies.alike_fact(fact)) is None
+                else self._intern((self._intern(u.sig()), alike))
+                for u, fact in zip(usages, facts, strict=True)])))
+            summary = replace(summary, neutral=neutral)
+        return summary
 
     def gpu_cards(self, node: str) -> list[Device]:
         return [d for d in self.node_devices.get(node, ()) if d.is_gateway_gpu]
