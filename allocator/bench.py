@@ -13,8 +13,9 @@ assumed. Nothing is faked: the figures are those of the code the allocator runs.
 
 Reported per policy: GPU allocation ratio (allocated GPU share over all GPUs, mean over seeds),
 unallocated GPUs, claims placed per second of planning time, and p50/p99 planning time per
-claim. Times are the planning thread's CPU time (one core, unaffected by other processes on a
-shared machine); the JSON output adds wall-clock figures (`wall_*`) measured alongside.
+claim. Times are the planning thread's CPU time (one core; other processes on a shared
+machine still slow it, through the caches and the host); the JSON output adds wall-clock
+figures (`wall_*`) measured alongside.
 With `--gpu-policies` each replay runs twice, side by side pod by pod (each pod is placed in
 both before the next, first in each in turn): without policies and with 200 GPUQuotas and 50
 GPUSharingPolicies (`gpu_policies`) over 200 namespaces the trace pods are dealt into (the

@@ -10,12 +10,15 @@ identity attributes) take a full pass over the classes.
 
 GPU policies (`state.set_policies`): a pod whose namespace's sharing rules its requests break
 by themselves (exclusive, minShare, requireCores, allowedEnforcement) does not fit anywhere;
-the rules that depend on the card are applied in the device search. Quotas are checked around
+the rules that depend on the card are applied in the device search. Rankings of shares are
+kept once for every namespace, without tenant and maxClaimsPerDevice, and each pod walks its
+ranking best first asking its own rules of the cards picked (`_walk`). Quotas are checked around
 the search: a pod behind an earlier pod waiting for one of its quotas waits too (creation
 order); one that surely exceeds a quota (stated amounts, whole cards, relative memory on the
 smallest card) is refused without a search; otherwise the best plan's charges are checked
 against the ledger, and only if they exceed (the card decides: a quota scoped by a device
-selector, cards the namespace already touches) are the other feasible nodes tried, best first.
+selector, cards the namespace already touches) are the other feasible nodes tried, best first
+(the walk read on).
 
 Pure: no I/O, no clock, no logging; it touches only the state's memos, rankings and learned
 workload. It never writes to the API: the controller writes what it returns.

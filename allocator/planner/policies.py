@@ -12,8 +12,10 @@ A pod leaves the queue when it is placed, gone, or when its quotas let it throug
 fits it (it then waits for room like any pod: keeping it at the head would hold every later pod
 of the namespace behind a pod that does not fit anywhere).
 
-What the node class key and the search memo carry of the sharing rules is kept to what changes
-which card fits, so that 50 policies do not make 50 copies of every memo and ranking: a card's
+Rankings of shares are kept under the rules without tenant and maxClaimsPerDevice (`planned`,
+`EVERY_TENANT`), once for every namespace. What the node class key and the memo of searches
+under a pod's own rules carry of the sharing rules is kept to what changes which card fits,
+so that 50 policies do not make 50 copies of every memo: a card's
 `card_fact` (the tenant of its holders when any is isolated; its holder count and the holders'
 smallest maxClaimsPerDevice only near the smallest limit of any policy), and of the newcomer's
 rules the part `memo_rules` finds relevant to one node's cards (its tenant where a held card

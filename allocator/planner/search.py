@@ -8,7 +8,8 @@ claims like upstream's allocator, but every device tried costs one unit of a fix
 request that cannot be met never takes more than the budget whatever the node looks like.
 With sharing policies in force, each card that fits is also asked `card_refusal` (allowed
 models, exclusive namespaces, maxClaimsPerDevice, tenant isolation) given who holds it,
-the pod's own earlier picks included.
+the pod's own earlier picks included; a ranking's search (`EVERY_TENANT`) asks none of who
+holds it, and `refused_picks` asks a pod's own rules of the cards such a search picked.
 Pure: no I/O.
 
 Over 500 lines as one idea: the joint device search on one node, with its bounds and memo
