@@ -526,3 +526,37 @@ def test_pods_waiting_for_quota_are_placed_in_creation_order(
             waiting.add(n)
         else:
             waiting.discard(n)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pods=st.lists(st.tuples(st.sampled_from("abcd"), st.integers(1, 8)), min_size=1,
+                     max_size=30),
+       limit=st.integers(2, 5), policy=st.sampled_from(["binpack", "spread", "default"]),
+       releases=st.lists(st.integers(0, 29), max_size=6))
+def test_the_ranking_every_namespace_shares_places_a_pod_as_a_pass_over_every_node_does(
+        pods: list[tuple[str, int]], limit: int, policy: str, releases: list[int]) -> None:
+    # Rankings of shares are kept without tenant and maxClaimsPerDevice; walking one under a
+    # pod's own rules must give the node and cards that searching every node under them gives
+    # (a pod with node affinity takes that pass).
+    state = cluster({f"n{n}": [gpu(i) for i in range(3)] for n in range(4)}, policy=policy)
+    policies(state, sharing_=[
+        sharing("iso", labels={"isolated": "yes"}, isolation={"mode": "Namespace"},
+                maxClaimsPerDevice=limit),
+        sharing("team", labels={"team": "red"}, isolation={"mode": "Label", "labelKey": "team"}),
+        sharing("limited", labels={"limited": "yes"}, maxClaimsPerDevice=limit + 1)],
+        namespaces=[namespace("a", isolated="yes"), namespace("b", isolated="yes"),
+                    namespace("c", team="red"), namespace("d", limited="yes")])
+    everywhere = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In",
+                                                "values": [f"n{n}" for n in range(4)]}]}]}}}
+    placed: list[str] = []
+    for n, (ns, memory_gib) in enumerate(pods):
+        c = share(f"c{n}", ns, memory_gib)
+        p = gpod(f"p{n}", ns)
+        passed = plan_pod(state, {**p, "spec": {**p["spec"], "affinity": everywhere}}, [c])
+        plan = place(state, p, c)
+        assert (plan.node_name, plan.allocations) == (passed.node_name, passed.allocations)
+        if plan.node_name is not None:
+            placed.append(c["metadata"]["uid"])
+        if n in releases and placed:
+            state.remove_claim(placed.pop(0))
