@@ -231,6 +231,10 @@ class NodeSearch:
             # Nobody holds it or who does not matter, any model: only a relative share's
             # minimum is left.
             return None
+        if self._every and not rules.models and rules.min_memory is not None and (
+                alt.whole or not device.shareable or names.CAPACITY_MEMORY in alt.capacity
+                or (memory_for(alt.share, device.gpu_memory) or 0) >= rules.min_memory):
+            return None  # the only rule left, a relative share's minimum, is met
         holders: list[Holder] = []
         if not self._every:
             holders = self.state.policies.holders(namespaces)
