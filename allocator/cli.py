@@ -50,8 +50,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                         help="seeds, e.g. 42-51 or 42,43 (default: %(default)s)")
     replay.add_argument("--gpu-policies", action="store_true",
                         help="also replay each seed with 200 GPUQuotas and 50 "
-                        "GPUSharingPolicies over 200 namespaces, interleaved, and report the "
-                        "ratio of claims/s")
+                        "GPUSharingPolicies over 200 namespaces, side by side pod by pod, and "
+                        "report the ratio of claims/s")
     replay.add_argument("-o", "--output", choices=("table", "json"), default="table")
     replay.set_defaults(func=_run_bench)
 

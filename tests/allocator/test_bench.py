@@ -108,3 +108,27 @@ def test_an_unknown_policy_is_refused_with_the_choices(
     assert bench.main(_args(policies=["best"])) == 2
     assert "--policy 'best' is not a policy; use one of default, binpack, spread, first-fit" in \
         capsys.readouterr().err
+
+
+def test_configurations_replayed_side_by_side_place_as_each_replayed_alone() -> None:
+    # Pod by pod, first in each in turn: no state passes between the replays, so each places
+    # exactly what it places alone (only the times are shared with the other).
+    nodes = bench.read_nodes(DATA / "openb_nodes_small.csv")
+    pods = bench.read_pods(DATA / "openb_pods_small.csv")
+    cluster = bench.Cluster(nodes)
+    translator = bench.Translator()
+    workload = bench.trace_workload(pods)
+    catalog = bench.gpu_policies(cluster.total_gpus)
+    together = bench.side_by_side(cluster, translator, pods, policy="default", load=1.3,
+                                  seed=42, workload=workload, catalogs=[None, catalog],
+                                  namespaces=True)
+    alone = [bench.replay(cluster, translator, pods, policy="default", load=1.3, seed=42,
+                          workload=workload, catalog=c, namespaces=True)
+             for c in (None, catalog)]
+    for paired, single in zip(together, alone, strict=True):
+        assert (paired.ratio, paired.claims, paired.placed_pods, paired.failed_pods) == \
+            (single.ratio, single.claims, single.placed_pods, single.failed_pods)
+        assert len(paired.per_claim_ms) == len(single.per_claim_ms)
+    # The policies change what is placed, so replays mixed up would show above.
+    assert (together[0].ratio, together[0].claims, together[0].failed_pods) != \
+        (together[1].ratio, together[1].claims, together[1].failed_pods)
