@@ -118,14 +118,18 @@ async def test_a_pod_whose_selectors_cost_too_much_is_refused_and_others_are_pla
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-    (message,) = {e["message"] for e in refusals(memory_cluster)}
-    assert message.startswith(f"CEL cost budget exceeded: evaluating the selectors would cost "
-                              f"more than {3 * COST_LIMIT} (at least ")
-    assert message.endswith("simplify the claim's selectors")
-    # The budget counts estimated costs: evaluation stopped at the first one (~584k each, 5
-    # ran of the 32 devices) that would have overspent it.
-    at_least = int(message.split("(at least ")[1].split(")")[0])
-    assert 3 * COST_LIMIT < at_least <= 4 * COST_LIMIT
+    # One refusal per attempt: a pod planned again (the bystander's placement changed the
+    # cluster) spends less on the class's own selectors, whose verdicts are cached by then.
+    messages = {e["message"] for e in refusals(memory_cluster)}
+    assert messages
+    for message in messages:
+        assert message.startswith(f"CEL cost budget exceeded: evaluating the selectors would "
+                                  f"cost more than {3 * COST_LIMIT} (at least ")
+        assert message.endswith("simplify the claim's selectors")
+        # The budget counts estimated costs: evaluation stopped at the first one (~584k each,
+        # 5 ran of the 32 devices) that would have overspent it.
+        at_least = int(message.split("(at least ")[1].split(")")[0])
+        assert 3 * COST_LIMIT < at_least <= 4 * COST_LIMIT
 
 
 def refusals(cluster: MemoryCluster) -> list[Object]:
