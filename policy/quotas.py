@@ -119,6 +119,15 @@ class _Use:
     def amounts(self) -> Amounts:
         return Amounts(self.memory, self.cores, len(self.devices), self.claims)
 
+    def used(self) -> tuple[int, int, int, int]:
+        return (self.memory, self.cores, len(self.devices), self.claims)
+
+    def passed_by(self, asked: Sequence[int]) -> bool:
+        """Whether `asked` (amounts in FIELDS order) on top of this usage passes a limit; a
+        field asked as 0 never does."""
+        used = self.used()
+        return any(asked[i] > 0 and used[i] + asked[i] > limit for i, limit in self.limits)
+
 
 class QuotaLedger:
     """Usage per quota from allocated claims; `set_quotas` re-counts from the claims it holds."""
@@ -188,10 +197,7 @@ class QuotaLedger:
         use = self._use.get(quota.key)
         if use is None:
             return bool(over(quota, asked, Amounts()))
-        limits = use.limits
-        used = (use.memory, use.cores, len(use.devices), use.claims)
-        wanted = (asked.memory, asked.cores, asked.devices, asked.claims)
-        return any(wanted[i] > 0 and used[i] + wanted[i] > limit for i, limit in limits)
+        return use.passed_by((asked.memory, asked.cores, asked.devices, asked.claims))
 
     def excess(self, namespace: str, claims: Sequence[Sequence[DeviceCharge]]) -> list[Exceeded]:
         """The quotas of `namespace` that these new claims would take past their hard amounts."""
@@ -211,13 +217,10 @@ class QuotaLedger:
                             fresh.add(charge.key)
                 count += counted
             asked = (memory, cores, len(fresh), count)
-            used = (use.memory, use.cores, len(use.devices), use.claims)
             # Amounts and messages only for a quota passed (rare): this runs once per plan.
-            for i, limit in use.limits:
-                if asked[i] > 0 and used[i] + asked[i] > limit:
-                    requested, now = Amounts(*asked), Amounts(*used)
-                    found.append(Exceeded(quota, requested, now, over(quota, requested, now)))
-                    break
+            if use.passed_by(asked):
+                requested, now = Amounts(*asked), use.amounts()
+                found.append(Exceeded(quota, requested, now, over(quota, requested, now)))
         return found
 
     def status(self, quota: Quota) -> dict[str, Any]:

@@ -75,10 +75,11 @@ _RANKINGS_LIMIT = 4_096
 
 
 QUOTA_EXCEEDED = "QuotaExceeded"
+QUEUED_FOR_QUOTA = "QueuedForQuota"
+
 # A node where a pod fits: its score, its name and the devices found.
 _Candidate = tuple[tuple[float, ...], str, Outcome]
 _Candidates = Generator[_Candidate, None, None]
-QUEUED_FOR_QUOTA = "QueuedForQuota"
 
 
 def _claim_label(claim: Mapping[str, Any]) -> str:
@@ -337,7 +338,7 @@ class _Context:
     device_sig: tuple[object, ...]  # what device search results depend on besides the node
     rules: SharingRules | None = None  # the namespace's sharing rules, when any policy exists
     # The rules rankings are kept for: a share's without its tenant and maxClaimsPerDevice
-    # (`_within_rules` asks them of the cards the best nodes pick).
+    # (`_walk` asks them of the cards the best nodes pick).
     ranked_rules: SharingRules | None = None
     own_shares: int = 0  # shares of the pod that may land on one card
     # The pod shares cards and asks for gateway GPUs only: it fits no node whose GPUs are all
@@ -361,17 +362,16 @@ class _Context:
         outcome: Outcome | None = None
         memo_key: tuple[object, ...] | None = None
         if group_key is not None and ranked:
-            # Rankings' searches read neither tenants nor limits (`PlannerPolicies.ranked`),
+            # Rankings' searches read neither tenants nor limits (`PlannerPolicies.planned`),
             # nor, for whole cards, who holds a card: only the cards' usage.
             memo_key = (group_key[0], group_key[5], self.device_sig, None)
         elif group_key is not None:
             summary = state.holder_summary(group_key)
             if rules is not None and self.gpus_only and summary.barred(rules.tenant):
                 return _BARRED
-            usage = group_key[1]
-            if rules is not None and summary.neutral is not None:
-                # Isolation cannot change the search: as on a node of no isolated holder.
-                usage = summary.neutral_for(rules.tenant) or usage
+            neutral = summary.neutral_for(rules.tenant) if rules is not None else None
+            # Isolation cannot change the search there: as on a node of no isolated holder.
+            usage = group_key[1] if neutral is None else neutral
             memo_key = (group_key[0], usage, self.device_sig,
                         None if summary is NO_HOLDERS
                         else memo_rules(rules, summary, self.own_shares))

@@ -57,27 +57,21 @@ class HolderSummary:
     most: int  # the most holders counted on one card (counted only near a limit), else 0
     free: int = 0  # gateway GPUs nobody holds
     # Where a card is held by an isolated tenant: the node's usage id as it reads were its
-    # holders of no isolated tenant (`PlannerPolicies.alike_fact`). Searches that isolation
-    # does not concern (the rankings', `EVERY_TENANT`) read the node so, and so does the
-    # search of a tenant whose cards are the only ones held there (it may join every held
+    # holders of no isolated tenant (`PlannerPolicies.alike_fact`). The search of a tenant
+    # whose cards are the only ones held there reads the node so (it may join every held
     # card, within the same limits): nodes differing only in which tenant holds a card share
-    # them.
+    # it.
     neutral: int | None = None
 
     def barred(self, tenant: str) -> bool:
         """Whether a share of `tenant` may join no card of the node and none is free: a pod
         asking only for gateway GPUs cannot fit there (found without a search)."""
-        return bool(self.tenants) and not self.free and tenant not in self.tenants \
-            and tenant != EVERY_TENANT
+        return bool(self.tenants) and not self.free and tenant not in self.tenants
 
     def neutral_for(self, tenant: str) -> int | None:
         """The usage id a search under `tenant` reads the node by when isolation cannot
         change it there, else None (the node's own)."""
-        if self.neutral is None:
-            return None
-        if tenant == EVERY_TENANT or self.tenants == {tenant}:
-            return self.neutral
-        return None
+        return self.neutral if self.tenants == {tenant} else None
 
 
 NO_HOLDERS = HolderSummary(frozenset(), 0)
@@ -165,8 +159,8 @@ class PlannerPolicies:
         # `surely` per (claim specs, quota classes, smallest card): pods of one trace shape
         # ask it again and again, and it reads only those.
         self._surely: dict[tuple[object, ...], Amounts] = {}
-        # Per (namespace, claim specs): the quotas counting them. Per (rules, claim specs):
-        # claims no sharing rule refuses by themselves (`check_admission` found nothing).
+        # Per (namespace, claim specs): the quotas counting them, and whether no sharing rule
+        # of the namespace refuses them by themselves (`check_admission` found nothing).
         self._quotas_for: dict[tuple[str, object], list[Quota]] = {}
         self._admitted: set[tuple[str, object]] = set()
 
@@ -345,8 +339,7 @@ def memo_rules(rules: SharingRules | None, summary: HolderSummary,
         return None
     ours = rules.tenant
     tenant: str | None = None
-    if ours != EVERY_TENANT and any(t != ours for t in summary.tenants):
-        # t != ours: one of them is isolated
+    if any(t != ours for t in summary.tenants):  # t != ours: one of them is isolated
         tenant = ours if ours in summary.tenants else MIXED
     limit = rules.max_claims_per_device
     if limit is not None and summary.most + own_shares <= limit:

@@ -225,33 +225,24 @@ class NodeSearch:
         if rules is None or device.driver != names.DRIVER:
             return None
         namespaces = self._usage[i].namespaces
+        short = _short_share(alt, device, rules)
         if (self._every or (not namespaces and not self.extra_holders[i])) \
-                and not rules.models \
-                and (rules.min_memory is None or alt.share.memory_percent is None):
-            # Nobody holds it or who does not matter, any model: only a relative share's
-            # minimum is left.
+                and not rules.models and short is None:
+            # Nobody holds it or who does not matter, any model, and no relative share below
+            # the minimum: nothing to refuse.
             return None
-        if self._every and not rules.models and rules.min_memory is not None and (
-                alt.whole or not device.shareable or names.CAPACITY_MEMORY in alt.capacity
-                or (memory_for(alt.share, device.gpu_memory) or 0) >= rules.min_memory):
-            return None  # the only rule left, a relative share's minimum, is met
         holders: list[Holder] = []
         if not self._every:
             holders = self.state.policies.holders(namespaces)
             if self.extra_holders[i] and self._own is not None:
                 holders.extend([self._own] * self.extra_holders[i])
         whole = alt.whole or not device.shareable
-        product = device.attributes.get(f"{device.driver}/{names.ATTR_PRODUCT_NAME}")
-        why = card_refusal(rules, whole=whole, product_name=None if product is None
-                           else str(product), holders=holders)
-        if why is None and not whole and rules.min_memory is not None \
-                and alt.share.memory_percent is not None \
-                and names.CAPACITY_MEMORY not in alt.capacity:
-            share = memory_for(alt.share, device.gpu_memory) or 0
-            if share < rules.min_memory:
-                why = (f"{alt.share.memory_percent}% of its memory is "
-                       f"{Quantity.from_bytes(share)}, below the minimum share memory="
-                       f"{Quantity.from_bytes(rules.min_memory)} of {rules.named()} (minShare)")
+        why = card_refusal(rules, whole=whole, product_name=_product(device), holders=holders)
+        if why is None and short is not None:
+            why = (f"{alt.share.memory_percent}% of its memory is "
+                   f"{Quantity.from_bytes(short)}, below the minimum share memory="
+                   f"{Quantity.from_bytes(rules.min_memory or 0)} of {rules.named()} "
+                   "(minShare)")
         if why is None:
             return None
         # The policies are named where the reason is reported (`fill_claims`): outcomes are
@@ -314,8 +305,7 @@ class NodeSearch:
     def _model(self) -> str:
         for device in self.devices:
             if device.is_gateway_gpu:
-                value = device.attributes.get(f"{device.driver}/{names.ATTR_PRODUCT_NAME}")
-                return str(value) if value is not None else ""
+                return _product(device) or ""
         return ""
 
     def _solve(self, claim_i: int, request_i: int) -> bool:
@@ -618,10 +608,23 @@ def refused_picks(state: ClusterState, node: str, outcome: Outcome,
         holders = policies.holders(state.device_usage(device.key).namespaces)
         if count > 1:
             holders.extend([own] * (count - 1))
-        if not holders:
-            continue
-        product = device.attributes.get(f"{device.driver}/{names.ATTR_PRODUCT_NAME}")
-        if card_refusal(rules, whole=False, product_name=None if product is None
-                        else str(product), holders=holders) is not None:
+        if holders and card_refusal(rules, whole=False, product_name=_product(device),
+                                    holders=holders) is not None:
             return True
     return False
+
+
+def _product(device: Device) -> str | None:
+    """The card's productName attribute, as allowedModels reads it."""
+    value = device.attributes.get(f"{device.driver}/{names.ATTR_PRODUCT_NAME}")
+    return None if value is None else str(value)
+
+
+def _short_share(alt: Alternative, device: Device, rules: SharingRules) -> int | None:
+    """The bytes of a share relative to the card's memory where they fall below the rules'
+    minShare memory, else None (a share naming its memory is checked at admission)."""
+    if rules.min_memory is None or alt.whole or not device.shareable \
+            or alt.share.memory_percent is None or names.CAPACITY_MEMORY in alt.capacity:
+        return None
+    share = memory_for(alt.share, device.gpu_memory) or 0
+    return share if share < rules.min_memory else None

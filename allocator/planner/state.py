@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from bisect import insort
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -575,8 +575,7 @@ class ClusterState:
             # A card held whole takes nobody else, whoever holds it: its holders' tenant and
             # count would only split classes that plan alike (a node where an isolated tenant
             # holds whole cards is no class of that tenant's).
-            facts = [None if u.exclusive or not u.holders else self._card_fact(u)
-                     for u in usages]
+            facts = self._facts(usages)
             if facts.count(None) != len(facts):
                 # With the node's devices, so that the id alone names its `holder_summary`.
                 usage_id = self._intern((static, tuple([
@@ -586,12 +585,21 @@ class ClusterState:
         taints = self._intern(json.dumps(info.taints, sort_keys=True)) if info.taints else -1
         return (static, usage_id, cpu, memory, taints, bare)
 
-    def _card_fact(self, usage: DeviceUsage) -> CardFact | None:
+    def _facts(self, usages: Sequence[DeviceUsage]) -> list[CardFact | None]:
+        """Each card's holder facts (None for a card nobody holds or one held whole), read
+        once per change of its holders."""
         policies = self.policies
-        read = usage.fact_of
-        if read is None or read[0] != policies.generation:
-            read = usage.fact_of = (policies.generation, policies.card_fact(usage.namespaces))
-        return read[1]
+        facts: list[CardFact | None] = []
+        for usage in usages:
+            if usage.exclusive or not usage.holders:
+                facts.append(None)
+                continue
+            read = usage.fact_of
+            if read is None or read[0] != policies.generation:
+                read = usage.fact_of = (policies.generation,
+                                        policies.card_fact(usage.namespaces))
+            facts.append(read[1])
+        return facts
 
     def holder_summary(self, group_key: tuple[object, ...]) -> HolderSummary:
         """The held cards of a node class, as `memo_rules` reads them (read from a member
@@ -607,17 +615,17 @@ class ClusterState:
     def _summary(self, node: str) -> HolderSummary:
         devices = self.node_devices.get(node, ())
         usages = [self.device_usage(d.key) for d in devices]
-        facts = [None if u.exclusive or not u.holders else self._card_fact(u) for u in usages]
+        facts = self._facts(usages)
         summary = self.policies.summary(
             (fact for u, fact in zip(usages, facts, strict=True)
              if u.holders and not u.exclusive),
             free=sum(1 for d, u in zip(devices, usages, strict=True)
                      if d.is_gateway_gpu and not u.holders))
         if any(summary.tenants - {""}):
+            sigs = [self._intern(u.sig()) for u in usages]
             neutral = self._intern((self._static_sig.get(node, -1), tuple([
-                self._intern(u.sig()) if (alike := self.policies.alike_fact(fact)) is None
-                else self._intern((self._intern(u.sig()), alike))
-                for u, fact in zip(usages, facts, strict=True)])))
+                sig if (alike := self.policies.alike_fact(fact)) is None
+                else self._intern((sig, alike)) for sig, fact in zip(sigs, facts, strict=True)])))
             summary = replace(summary, neutral=neutral)
         return summary
 
