@@ -67,3 +67,20 @@ MEMORY_STEP: Final = 1 << 20
 K8S_DELETE_PROTECTION_FINALIZER: Final = "resource.kubernetes.io/delete-protection"
 K8S_POD_CLAIM_NAME_ANNOTATION: Final = "resource.kubernetes.io/pod-claim-name"
 KEP5004_PREFIX: Final = "deviceclass.resource.kubernetes.io/"
+
+# Moving a live cluster (ARCHITECTURE.md, "Moving a live cluster").
+# The namespace label, and the pod annotation, that say whether pods are translated.
+TRANSLATION_LABEL: Final = f"{DOMAIN}/translation"
+TRANSLATION_ENABLED: Final = "enabled"
+TRANSLATION_AUDIT: Final = "audit"
+TRANSLATION_DISABLED: Final = "disabled"
+TRANSLATION_MODES: Final = (TRANSLATION_ENABLED, TRANSLATION_AUDIT, TRANSLATION_DISABLED)
+# The node label an administrator (or `dra-gateway migrate node`) sets to cut a node over: the
+# legacy device plugin's DaemonSet is told to leave nodes carrying it.
+NODE_CUT_OVER_LABEL: Final = f"{DOMAIN}/cut-over"
+NODE_CUT_OVER_VALUE: Final = "true"
+# The node condition through which the node plugin says where its node is in the move.
+NODE_MIGRATION_CONDITION: Final = "DraGatewayMigration"
+NODE_STATE_LEGACY: Final = "Legacy"
+NODE_STATE_CUTTING_OVER: Final = "CuttingOver"
+NODE_STATE_DRA: Final = "DRA"
