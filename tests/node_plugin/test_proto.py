@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from typing import Any
+
 from dra_gateway.node_plugin.proto import (
     dra_v1_pb2,
     dra_v1beta1_pb2,
     generate,
     pluginregistration_pb2,
+    podresources_v1_pb2,
 )
 
 
@@ -30,3 +33,20 @@ def test_messages_carry_the_kubelet_field_numbers() -> None:
     assert {n: f.number for n, f in info.items()} == {
         "type": 1, "name": 2, "endpoint": 3, "supported_versions": 4}
     assert pluginregistration_pb2.DESCRIPTOR.package == "pluginregistration"
+
+
+def test_pod_resources_messages_carry_the_kubelet_field_numbers() -> None:
+    pb2 = podresources_v1_pb2
+    def numbers(message: Any) -> dict[str, int]:
+        return {n: f.number for n, f in message.DESCRIPTOR.fields_by_name.items()}
+
+    assert numbers(pb2.ListPodResourcesResponse) == {"pod_resources": 1}
+    assert numbers(pb2.PodResources) == {"name": 1, "namespace": 2, "containers": 3}
+    assert numbers(pb2.ContainerResources) == {
+        "name": 1, "devices": 2, "cpu_ids": 3, "memory": 4, "dynamic_resources": 5}
+    assert numbers(pb2.ContainerDevices) == {"resource_name": 1, "device_ids": 2, "topology": 3}
+    assert numbers(pb2.AllocatableResourcesResponse) == {"devices": 1, "cpu_ids": 2, "memory": 3}
+    assert numbers(pb2.GetPodResourcesRequest) == {"pod_name": 1, "pod_namespace": 2}
+    service = pb2.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    assert service.full_name == "v1.PodResourcesLister"
+    assert sorted(m.name for m in service.methods) == ["Get", "GetAllocatableResources", "List"]
