@@ -23,6 +23,18 @@ def _dns_subdomain(what: str, longest: int) -> Callable[[str], str]:
     return check
 
 
+def _positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a positive number of seconds; to stop asking the kubelet, use "
+            "--no-legacy-coexistence")
+    return seconds
+
+
 def _source(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--inventory", type=Path, metavar="FILE",
@@ -80,6 +92,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     serve.add_argument("--hami-library", default="/usr/local/vgpu/libvgpu.so",
                        help="HAMi-core library preloaded for hami-core shares "
                             "(default: %(default)s)")
+    serve.add_argument("--legacy-coexistence", action=argparse.BooleanOptionalAction,
+                       default=True, help="withhold the cards a legacy GPU device plugin offers "
+                       "or its running pods hold, as the kubelet's pod-resources API says "
+                       "(default: on; turn it off only on nodes that never ran one)")
+    serve.add_argument("--pod-resources-socket", type=Path,
+                       default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+                       help="the kubelet's pod-resources socket (default: %(default)s)")
+    serve.add_argument("--legacy-poll-interval", type=_positive_seconds, default=2.0,
+                       metavar="SECONDS", help="how often the pod-resources API is asked; "
+                       "withheld cards come back this long after their last legacy holder "
+                       "ends (default: %(default)s)")
     serve.add_argument("--log-level", default="INFO", type=str.upper,
                        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                        help="least severe level logged, in any case "

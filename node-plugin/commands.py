@@ -78,6 +78,7 @@ def serve(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace) -> int:
     from dra_gateway.kube.cluster.connect import ClusterConfigError, connect
+    from dra_gateway.node_plugin.coexistence import CoexistenceSettings
     from dra_gateway.node_plugin.nvml import Nvml
     from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
 
@@ -87,7 +88,10 @@ async def _serve(args: argparse.Namespace) -> int:
         state_dir=args.state_dir or args.plugins_dir / args.driver, devices=_options(args),
         consumable_capacity=args.consumable_capacity,
         device_taints=args.device_taints,
-        enforcement=cdi.EnforcementSettings(hami_library=args.hami_library))
+        enforcement=cdi.EnforcementSettings(hami_library=args.hami_library),
+        coexistence=CoexistenceSettings(enabled=args.legacy_coexistence,
+                                        socket=args.pod_resources_socket,
+                                        poll_seconds=args.legacy_poll_interval))
     try:
         cluster = await connect(args.cluster, args.kubeconfig)
     except ClusterConfigError as exc:

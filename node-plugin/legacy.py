@@ -242,6 +242,8 @@ def decide(*, cards: Sequence[Card], kubelet: KubeletView | None,
     node_offers = sorted(n for n, a in node_names.items() if _nonzero(a))
     if kubelet is None:
         return _without_kubelet(cards, node_allocatable, node_names, node_offers, kubelet_error)
+    # With the kubelet's answer, the Node's amounts add only the offers of names no device
+    # plugin serves; a name at zero there says nothing the kubelet's holders do not.
     offered = sorted(set(node_offers) | {
         n for n, ids in kubelet.allocatable.items() if ids and is_legacy_gpu_resource(n)})
     holders = tuple(sorted(

@@ -45,3 +45,19 @@ class Metrics:
         self.unprepares = Counter(
             f"{prefix}_unprepare_claims", "claims unprepared, by result", ["result"],
             registry=self.registry)
+        self.migration_state = Gauge(
+            f"{prefix}_migration_state",
+            "1 for the node's state in the move from a legacy device plugin (Legacy, "
+            "CuttingOver, DRA), 0 for the others", ["state"], registry=self.registry)
+        self.legacy_held_cards = Gauge(
+            f"{prefix}_legacy_held_cards",
+            "cards withheld because a legacy device plugin offers them or legacy pods hold them",
+            registry=self.registry)
+        self.legacy_withheld_devices = Gauge(
+            f"{prefix}_legacy_withheld_devices",
+            "devices left out of the node's ResourceSlices for a legacy device plugin",
+            registry=self.registry)
+        self.pod_resources_up = Gauge(
+            f"{prefix}_pod_resources_up",
+            "1 when the last read of the kubelet's pod-resources API succeeded",
+            registry=self.registry)

@@ -32,6 +32,7 @@ from dra_gateway.kube.cluster.features import (
 from dra_gateway.kube.cluster.port import ApiError, Cluster
 from dra_gateway.kube.resources import RESOURCE_SLICES
 from dra_gateway.node_plugin import cdi
+from dra_gateway.node_plugin.coexistence import CoexistenceSettings, LegacyCoexistence
 from dra_gateway.node_plugin.devices import (
     CONSUMABLE_CAPACITY_FALLBACK,
     DeviceInfo,
@@ -48,6 +49,7 @@ from dra_gateway.node_plugin.health import (
     report_condition,
     watch_nvml,
 )
+from dra_gateway.node_plugin.legacy import Card, cards_of
 from dra_gateway.node_plugin.metrics import Metrics
 from dra_gateway.node_plugin.nvml import Nvml
 from dra_gateway.node_plugin.prepare import Preparer
@@ -85,6 +87,9 @@ class PluginSettings:
     # before asking again while undecided (doubling up to a minute).
     detect_timeout_seconds: float = 10.0
     detect_retry_seconds: float = 5.0
+    # Coexistence with a legacy GPU device plugin (ARCHITECTURE.md, "Moving a live cluster"):
+    # cards it offers or its pods hold are never published.
+    coexistence: CoexistenceSettings = field(default_factory=CoexistenceSettings)
 
 
 class NodePlugin:
@@ -106,6 +111,9 @@ class NodePlugin:
             else settings.consumable_capacity))
         self.health = Health(driver=settings.driver, on_change=self._health_changed,
                              metrics=self.metrics)
+        self.coexistence = LegacyCoexistence(
+            settings.coexistence, cluster, node_name=settings.node_name, cards=self.cards,
+            on_change=self._legacy_changed, metrics=self.metrics)
         self.publisher = Publisher(
             cluster, node_name=settings.node_name, driver=settings.driver,
             max_devices=MAX_DEVICES_PER_SLICE_WITH_TAINTS if settings.device_taints
@@ -120,17 +128,33 @@ class NodePlugin:
         self._background: set[asyncio.Task[Any]] = set()
 
     def device_table(self) -> Mapping[str, DeviceInfo]:
-        return self._table
+        """The devices a claim may be prepared on: a device a legacy plugin may hand out is
+        left out, so a claim allocated on it (before a legacy plugin came back) fails to
+        prepare, and the kubelet retries, instead of sharing the card with a legacy pod."""
+        legacy = self.coexistence.withheld()
+        if not legacy:
+            return self._table
+        return {name: info for name, info in self._table.items() if name not in legacy}
+
+    def cards(self) -> tuple[Card, ...]:
+        return cards_of(self.facts, self._table)
 
     def devices(self) -> list[dict[str, Any]]:
-        """The devices to publish now, with health applied as the cluster allows."""
+        """The devices to publish now, with health applied as the cluster allows and every
+        device a legacy plugin may hand out left out."""
+        legacy = self.coexistence.withheld()
         if self.settings.device_taints:
-            return devices_of(self.facts, self._options, taints=self.health.taints())
-        return devices_of(self.facts, self._options, withheld=self.health.withheld())
+            return devices_of(self.facts, self._options, taints=self.health.taints(),
+                              withheld=legacy)
+        return devices_of(self.facts, self._options, withheld=self.health.withheld() | legacy)
 
     def _set_facts(self, facts: NodeFacts) -> None:
         self.facts = facts
         self._table = device_table(facts, self._options)
+        self.coexistence.refresh()  # new cards are judged on the last answers at once
+        self.publisher.set_devices(self.devices())
+
+    def _legacy_changed(self) -> None:
         self.publisher.set_devices(self.devices())
 
     # Consumable capacity --------------------------------------------------------------------
@@ -248,6 +272,11 @@ class NodePlugin:
         try:
             # Before the first publish, so that it already has the mode the allocator sees.
             await self.settle_consumable_capacity()
+            # Before the first publish too: until the kubelet has said what legacy pods hold,
+            # every card is withheld, and the first publish shows what may really be offered.
+            if self.settings.coexistence.enabled:
+                await self.coexistence.check()
+                self._spawn(self.coexistence.run(), "legacy-coexistence")
             self._spawn(self.publisher.run(), "publisher")
             while not ok:
                 if started is not None:

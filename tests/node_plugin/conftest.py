@@ -13,6 +13,7 @@ from testkit import EXAMPLES
 
 from dra_gateway.kube.resources import NODES, RESOURCE_CLAIMS
 from dra_gateway.kube.sim.memory import MemoryCluster
+from dra_gateway.node_plugin.coexistence import CoexistenceSettings
 from dra_gateway.node_plugin.devices import DeviceOptions
 from dra_gateway.node_plugin.inventory import load_inventory
 from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
@@ -49,19 +50,25 @@ async def cluster() -> AsyncIterator[MemoryCluster]:
     await memory.close()
 
 
-def plugin_settings(root: Path) -> PluginSettings:
-    """Settings of a node plugin whose folders all live under `root`."""
+def plugin_settings(root: Path, *, poll_seconds: float = 2.0) -> PluginSettings:
+    """Settings of a node plugin whose folders all live under `root`; its kubelet pod-resources
+    socket is `root/pod-resources/kubelet.sock`, absent unless a test serves it (the plugin then
+    judges legacy devices from the Node's status, which shows none)."""
     return PluginSettings(node_name=NODE, plugins_dir=root / "plugins",
                           registry_dir=root / "registry", cdi_dir=root / "cdi",
                           state_dir=root / "state",
-                          devices=DeviceOptions(default_sharing="shared"))
+                          devices=DeviceOptions(default_sharing="shared"),
+                          coexistence=CoexistenceSettings(
+                              socket=root / "pod-resources" / "kubelet.sock",
+                              poll_seconds=poll_seconds))
 
 
 @contextlib.asynccontextmanager
-async def running_plugin(root: Path, cluster: MemoryCluster, inventory: Path
-                  ) -> AsyncIterator[NodePlugin]:
+async def running_plugin(root: Path, cluster: MemoryCluster, inventory: Path,
+                         settings: PluginSettings | None = None) -> AsyncIterator[NodePlugin]:
     """A node plugin serving `inventory` until the block ends."""
-    plugin = NodePlugin(plugin_settings(root), cluster, discover=lambda: load_inventory(inventory))
+    plugin = NodePlugin(settings or plugin_settings(root), cluster,
+                        discover=lambda: load_inventory(inventory))
     started = asyncio.Event()
     task = asyncio.create_task(plugin.run(started=started))
     await asyncio.wait_for(started.wait(), 5)

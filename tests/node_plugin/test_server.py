@@ -164,6 +164,8 @@ async def test_a_crash_between_checkpoint_states_is_repaired_on_restart(
     # Prepare dies after PrepareStarted is on disk, before the CDI spec is written.
     plugin = NodePlugin(plugin_settings(root), cluster, discover=lambda: load_inventory(h100x8))
     await plugin.discover_once()
+    # As run() does before any card may be prepared: ask what legacy pods hold (nothing here).
+    await plugin.coexistence.check()
     with monkeypatch.context() as patch:
         patch.setattr(cdi, "write_spec", crash)
         with pytest.raises(Crash):

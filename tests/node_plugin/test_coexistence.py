@@ -1,0 +1,298 @@
+"""A node plugin next to a legacy device plugin: what the kubelet says legacy pods hold is never
+published, and comes back once they end.
+
+The kubelet is played by `podresources/`, a small Go program serving the kubelet's own
+pod-resources package (k8s.io/kubelet/pkg/apis/podresources/v1, version in its go.mod) over a
+unix socket, answering from a JSON file it re-reads on every call; the plugin's client talks real
+gRPC to it. It is built once per session with Go; without `go` those tests skip, except in CI
+(CI=true). The fallbacks (no socket) need no Go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf import descriptor_pb2
+from google.protobuf.json_format import MessageToDict
+from gotools import build_go_tool
+
+from dra_gateway.kube import names
+from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
+from dra_gateway.kube.sim.memory import MemoryCluster
+from dra_gateway.node_plugin.inventory import load_inventory
+from dra_gateway.node_plugin.legacy import Holder, KubeletView
+from dra_gateway.node_plugin.plugin import NodePlugin
+from dra_gateway.node_plugin.podresources import PodResourcesClient, PodResourcesError
+from dra_gateway.node_plugin.prepare import ClaimRef
+from dra_gateway.node_plugin.proto import podresources_v1_pb2
+
+from .claimdata import NODE, claim
+from .conftest import allocated, plugin_settings, running_plugin
+
+pytestmark = pytest.mark.timeout(60, func_only=True)
+
+TOOL_DIR = Path(__file__).resolve().parent / "podresources"
+# Cards of examples/inventory/h100x8.yaml.
+CARD_3 = "GPU-7589ca4a-7cc6-7400-63f6-92b87eb72f82"
+CARD_0 = "GPU-3a096533-5ed3-f658-6018-3170205738d1"
+EVERY_CARD = [f"gpu-{i}" for i in range(8)]
+
+
+@pytest.fixture(scope="session")
+def podresources_tool(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_go_tool(TOOL_DIR, tmp_path_factory.mktemp("podresources"),
+                         "the fake kubelet pod-resources server")
+
+
+def _socket(root: Path) -> Path:
+    return root / "pod-resources" / "kubelet.sock"
+
+
+def _write_state(path: Path, *, allocatable: dict[str, list[str]] | None = None,
+                 held: Sequence[tuple[str, str, str, list[str]]] = ()) -> None:
+    """What the fake kubelet answers: allocatable IDs per name; (pod, namespace, resource, IDs)
+    held by a container `main` of each pod. Replaced atomically, as the tool asks."""
+    state = {
+        "allocatable": {"devices": [{"resource_name": n, "device_ids": ids}
+                                    for n, ids in (allocatable or {}).items()]},
+        "list": {"pod_resources": [
+            {"name": pod, "namespace": ns, "containers": [
+                {"name": "main", "devices": [{"resource_name": res, "device_ids": ids}]}]}
+            for pod, ns, res, ids in held]},
+    }
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(json.dumps(state))
+    os.replace(scratch, path)
+
+
+@contextlib.asynccontextmanager
+async def _kubelet(tool: Path, root: Path) -> AsyncIterator[Path]:
+    """The fake kubelet serving `root/pod-resources/kubelet.sock`; yields its state file."""
+    _socket(root).parent.mkdir(parents=True, exist_ok=True)
+    state = root / "pod-resources-state.json"
+    _write_state(state)
+    process = await asyncio.create_subprocess_exec(
+        str(tool), "-socket", str(_socket(root)), "-state", str(state),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 20)
+        assert line.decode().strip() == f"serving {_socket(root)}", line
+        yield state
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        await process.wait()
+
+
+async def _eventually(check: Callable[[], Any], seconds: float = 5.0) -> None:
+    """Wait until `check()` holds (the plugin polls the kubelet every 0.1 s in these tests)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, f"{check.__name__} never held"
+        await asyncio.sleep(0.05)
+
+
+async def _settled(plugin: NodePlugin, cluster: MemoryCluster) -> list[str]:
+    """The devices in the node's slices once the publisher has caught up."""
+    await asyncio.wait_for(plugin.publisher.synced.wait(), 5)
+    return await _published(cluster)
+
+
+async def _published(cluster: MemoryCluster) -> list[str]:
+    listed = await cluster.list(RESOURCE_SLICES)
+    return sorted((d["name"] for s in listed.items for d in s["spec"]["devices"]),
+                  key=lambda n: int(n.split("-")[1]))
+
+
+async def _condition(cluster: MemoryCluster) -> dict[str, Any] | None:
+    node = await cluster.get(NODES, NODE)
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition["type"] == names.NODE_MIGRATION_CONDITION:
+            return dict(condition)
+    return None
+
+
+def _gauge(plugin: NodePlugin, name: str, **labels: str) -> float | None:
+    return plugin.metrics.registry.get_sample_value(f"dra_gateway_node_plugin_{name}", labels)
+
+
+# With the kubelet's own API (Go) -------------------------------------------------------------
+
+async def test_our_pod_resources_proto_matches_the_kubelets_own(
+        podresources_tool: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        str(podresources_tool), "-describe", stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(process.communicate(), 20)
+    upstream = json.loads(out)
+    ours = MessageToDict(descriptor_pb2.FileDescriptorProto.FromString(
+        podresources_v1_pb2.DESCRIPTOR.serialized_pb), preserving_proto_field_name=True)
+
+    def shape(file: dict[str, Any]) -> tuple[Any, ...]:
+        messages = {m["name"]: sorted((f["name"], f["number"], f.get("label"), f["type"],
+                                       f.get("type_name", "")) for f in m.get("field", []))
+                    for m in file["message_type"]}
+        services = {s["name"]: sorted((m["name"], m["input_type"], m["output_type"])
+                                      for m in s["method"]) for s in file["service"]}
+        return file["package"], messages, services
+
+    assert shape(ours) == shape(upstream)
+
+
+async def test_the_client_reads_what_the_kubelet_offers_and_what_containers_hold(
+        podresources_tool: Path, root: Path) -> None:
+    async with _kubelet(podresources_tool, root) as state:
+        _write_state(state, allocatable={"nvidia.com/gpu": [CARD_0, CARD_3],
+                                         "example.com/nic": ["eth1"]},
+                     held=[("train", "ml", "nvidia.com/gpu", [f"{CARD_3}::2"])])
+        client = PodResourcesClient(_socket(root))
+        try:
+            view = await client.read()
+        finally:
+            await client.close()
+    assert view == KubeletView(
+        allocatable={"example.com/nic": ("eth1",), "nvidia.com/gpu": (CARD_0, CARD_3)},
+        holders=(Holder(namespace="ml", pod="train", container="main",
+                        resource="nvidia.com/gpu", device_ids=(f"{CARD_3}::2",)),))
+
+
+async def test_a_kubelet_that_cannot_answer_is_an_error_naming_the_socket(
+        podresources_tool: Path, root: Path) -> None:
+    async with _kubelet(podresources_tool, root) as state:
+        state.write_text("{not json")
+        client = PodResourcesClient(_socket(root))
+        try:
+            with pytest.raises(PodResourcesError) as caught:
+                await client.read()
+        finally:
+            await client.close()
+    assert str(caught.value).startswith(
+        f"the kubelet's pod-resources API at {_socket(root)} failed: UNAVAILABLE: state file")
+
+
+async def test_cards_legacy_pods_hold_come_back_once_those_pods_end(
+        podresources_tool: Path, root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    async with _kubelet(podresources_tool, root) as state:
+        # The legacy plugin has left (its name stays, without devices); one pod still runs.
+        _write_state(state, allocatable={"nvidia.com/gpu": []},
+                     held=[("train", "ml", "nvidia.com/gpu", [CARD_3])])
+        settings = plugin_settings(root, poll_seconds=0.1)
+        async with running_plugin(root, cluster, h100x8, settings) as plugin:
+            assert await _settled(plugin, cluster) == [d for d in EVERY_CARD if d != "gpu-3"]
+            condition = await _condition(cluster)
+            assert condition is not None
+            assert (condition["status"], condition["reason"], condition["message"]) == (
+                "True", names.NODE_STATE_CUTTING_OVER,
+                "1 of 8 card(s) held by legacy pods: ml/train (nvidia.com/gpu); withheld "
+                "until those pods end")
+            assert _gauge(plugin, "legacy_held_cards") == 1
+            assert _gauge(plugin, "migration_state", state="CuttingOver") == 1
+
+            _write_state(state, allocatable={"nvidia.com/gpu": []})
+
+            async def all_back() -> bool:
+                return await _published(cluster) == EVERY_CARD
+            await _eventually(all_back, 5)
+
+            async def dra() -> bool:
+                condition = await _condition(cluster)
+                return condition is not None and condition["reason"] == names.NODE_STATE_DRA
+            await _eventually(dra, 5)
+            assert _gauge(plugin, "legacy_held_cards") == 0
+            assert _gauge(plugin, "migration_state", state="DRA") == 1
+            assert _gauge(plugin, "migration_state", state="CuttingOver") == 0
+
+
+async def test_while_a_legacy_plugin_offers_gpus_no_card_is_published(
+        podresources_tool: Path, root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    async with _kubelet(podresources_tool, root) as state:
+        _write_state(state, allocatable={"nvidia.com/gpu": [CARD_0, CARD_3]})
+        settings = plugin_settings(root, poll_seconds=0.1)
+        async with running_plugin(root, cluster, h100x8, settings) as plugin:
+            assert await _settled(plugin, cluster) == []
+            condition = await _condition(cluster)
+            assert condition is not None
+            assert condition["reason"] == names.NODE_STATE_LEGACY
+
+            _write_state(state, allocatable={"nvidia.com/gpu": []})
+
+            async def all_back() -> bool:
+                return await _published(cluster) == EVERY_CARD
+            await _eventually(all_back, 5)
+
+
+async def test_a_claim_on_a_card_a_legacy_pod_holds_is_not_prepared(
+        podresources_tool: Path, root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    obj = await allocated(cluster, claim(devices=["gpu-3"]))
+    ref = ClaimRef(namespace="ml", name=obj["metadata"]["name"], uid=obj["metadata"]["uid"])
+    async with _kubelet(podresources_tool, root) as state:
+        _write_state(state, held=[("train", "ml", "nvidia.com/gpu", [f"{CARD_3}-0"])])
+        async with running_plugin(root, cluster, h100x8,
+                                  plugin_settings(root, poll_seconds=0.1)) as plugin:
+            refused = await plugin.preparer.prepare([ref])
+            assert "device gpu-3 is not published by node" in refused[ref.uid].error
+            _write_state(state)
+
+            async def prepared() -> bool:
+                return (await plugin.preparer.prepare([ref]))[ref.uid].error == ""
+            await _eventually(prepared, 5)
+
+
+# Without the kubelet's socket ----------------------------------------------------------------
+
+async def test_without_the_socket_a_node_offering_legacy_gpus_publishes_nothing(
+        root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    node = await cluster.get(NODES, NODE)
+    node["status"] = {"allocatable": {"nvidia.com/gpu": "8", "cpu": "64"}}
+    await cluster.update(NODES, node, subresource="status")
+    async with running_plugin(root, cluster, h100x8) as plugin:
+        assert await _settled(plugin, cluster) == []
+        condition = await _condition(cluster)
+    assert condition is not None
+    assert condition["reason"] == names.NODE_STATE_LEGACY
+    assert condition["message"] == (
+        "the Node's allocatable offers nvidia.com/gpu and the kubelet's pod-resources API "
+        f"cannot be read (the kubelet's pod-resources socket {_socket(root)} does not exist: "
+        f"mount the kubelet's pod-resources directory ({_socket(root).parent}) into the plugin, "
+        "or set --pod-resources-socket to where the kubelet serves it): none of its 8 card(s) "
+        "is published")
+
+
+async def test_without_the_socket_a_node_that_never_offered_legacy_gpus_publishes_all(
+        root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    async with running_plugin(root, cluster, h100x8) as plugin:
+        assert await _settled(plugin, cluster) == EVERY_CARD
+        condition = await _condition(cluster)
+        assert _gauge(plugin, "pod_resources_up") == 0
+    assert condition is not None
+    assert condition["reason"] == names.NODE_STATE_DRA
+
+
+async def test_before_the_kubelet_has_answered_no_card_is_published_or_prepared(
+        root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    plugin = NodePlugin(plugin_settings(root), cluster, discover=lambda: load_inventory(h100x8))
+    await plugin.discover_once()
+    assert plugin.devices() == []
+    assert dict(plugin.device_table()) == {}
+    await plugin.coexistence.check()
+    assert [d["name"] for d in plugin.devices()] == EVERY_CARD
+
+
+async def test_with_coexistence_off_every_card_is_published_and_no_condition_written(
+        root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    node = await cluster.get(NODES, NODE)
+    node["status"] = {"allocatable": {"nvidia.com/gpu": "8"}}
+    await cluster.update(NODES, node, subresource="status")
+    base = plugin_settings(root)
+    settings = type(base)(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
+                             "coexistence": type(base.coexistence)(enabled=False)})
+    async with running_plugin(root, cluster, h100x8, settings) as plugin:
+        assert await _settled(plugin, cluster) == EVERY_CARD
+        assert await _condition(cluster) is None
