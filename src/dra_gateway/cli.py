@@ -28,10 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     bench_parser = sub.add_parser("bench", help="benchmarks on the embedded default")
     bench = bench_parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    from dra_gateway import demo, report
+    from dra_gateway import demo, migrate, report
 
     demo.register(sub)
     report.register(sub)
+    migrate.register(sub)
     for module in (kube_cli, translator_cli, webhook_cli, certs_cli, allocator_cli,
                    node_plugin_cli):
         module.register(sub, bench)

@@ -157,3 +157,37 @@ def live_cluster(tmp_path: Path) -> Iterator[LiveCluster]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.close()
+
+
+def scenario() -> list[dict[str, Any]]:
+    """A cluster half-way through nothing: legacy GPU stacks everywhere, the gateway installed.
+
+    team-a (unlabelled): a HAMi Deployment with a running pod on gpu-1, and a ResourceQuota;
+    team-b (audit): a whole-GPU Job; team-c (disabled): a pod; team-d: a pod that opts out;
+    team-e (label "maybe"): a pod; ml: a pod a rule refuses. gpu-1 runs the legacy plugin.
+    """
+    hami = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4096, "nvidia.com/gpucores": 30}
+    rs_pod = pod("infer-7d9f-abcde", "team-a", hami, node="gpu-1",
+                 owner=("ReplicaSet", "infer-7d9f"), labels={"pod-template-hash": "7d9f"})
+    job = deployment("train", "team-b", {"nvidia.com/gpu": 2})
+    job.update(apiVersion="batch/v1", kind="Job")
+    del job["spec"]["replicas"], job["spec"]["selector"]
+    job["spec"]["template"]["spec"]["restartPolicy"] = "Never"
+    return [
+        namespace("team-a"), namespace("team-b", "audit"), namespace("team-c", "disabled"),
+        namespace("team-d", "enabled"), namespace("team-e", "maybe"), namespace("ml", "enabled"),
+        deployment("infer", "team-a", hami), rs_pod, job,
+        pod("old", "team-c", {"nvidia.com/gpu": 1}, node="gpu-1"),
+        pod("optout", "team-d", {"nvidia.com/gpu": 1},
+            annotations={names.TRANSLATION_LABEL: "disabled"}),
+        pod("odd", "team-e", {"nvidia.com/gpu": 1}),
+        pod("bad", "ml", {"nvidia.com/gpumem": 1024, "nvidia.com/gpumem-percentage": 50}),
+        pod("web", "team-a", {"cpu": 1}),
+        node("gpu-1", {"nvidia.com/gpu": 8}, labels={"nvidia.com/gpu.product": "H100"}),
+        node("gpu-2", {"nvidia.com/gpu": 0}, labels={names.NODE_CUT_OVER_LABEL: "true"},
+             condition=("DRA", "every card published")),
+        node("cpu-1"),
+        resource_quota("gpus", "team-a", {"requests.nvidia.com/gpu": 4,
+                                          "limits.nvidia.com/gpumem": 16384}),
+        resource_quota("compute", "team-a", {"cpu": 100}),
+    ]
