@@ -902,7 +902,9 @@ def test_command_lines_are_those_of_the_components(helm: HelmRunner) -> None:
         "--plugins-dir", "/var/lib/kubelet/plugins",
         "--registry-dir", "/var/lib/kubelet/plugins_registry", "--cdi-dir", "/var/run/cdi",
         "--state-dir", "/var/lib/dra-gateway", "--sharing", "exclusive",
-        "--no-device-taints", "--log-level", "INFO"]
+        "--no-device-taints", "--pod-resources-socket",
+        "/var/lib/kubelet/pod-resources/kubelet.sock", "--legacy-poll-interval", "2",
+        "--log-level", "INFO"]
 
 
 def test_an_ipv6_listen_address_binds_every_ipv6_address(helm: HelmRunner) -> None:
@@ -964,7 +966,8 @@ def test_node_plugin_mounts_host_directories_at_their_host_paths(helm: HelmRunne
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert set(host_paths.values()) == {"/var/lib/kubelet/plugins_registry",
                                         "/var/lib/kubelet/plugins", "/var/run/cdi",
-                                        "/var/lib/dra-gateway"}
+                                        "/var/lib/dra-gateway",
+                                        "/var/lib/kubelet/pod-resources"}
     mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
     for name, path in host_paths.items():
         assert mounts[name] == path
@@ -974,6 +977,36 @@ def test_node_plugin_mounts_host_directories_at_their_host_paths(helm: HelmRunne
     assert spec["priorityClassName"] == "system-cluster-critical"
     assert one(objects, "DaemonSet", "node-plugin")["spec"]["updateStrategy"] == {
         "type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+
+
+def test_node_plugin_reads_the_kubelets_pod_resources_read_only_unless_turned_off(
+        helm: HelmRunner) -> None:
+    from dra_gateway.cli import build_parser
+
+    plugin = container(helm.render("default"), "DaemonSet", "node-plugin")
+    mount = {m["name"]: m for m in plugin["volumeMounts"]}["pod-resources"]
+    assert mount == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources",
+                     "readOnly": True}
+    result = helm.template({"nodePlugin": {"kubeletDir": "/data/kubelet/",
+                                           "legacyCoexistence": {"pollIntervalSeconds": 0.5}}})
+    assert result.returncode == 0, result.stderr
+    args = container(parse_render(result.stdout), "DaemonSet", "node-plugin")["args"]
+    parsed = build_parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in args])
+    assert (parsed.legacy_coexistence, str(parsed.pod_resources_socket),
+            parsed.legacy_poll_interval) == (True, "/data/kubelet/pod-resources/kubelet.sock", 0.5)
+
+    result = helm.template({"nodePlugin": {"legacyCoexistence": {"enabled": False}}})
+    assert result.returncode == 0, result.stderr
+    objects = parse_render(result.stdout)
+    plugin = container(objects, "DaemonSet", "node-plugin")
+    assert "--no-legacy-coexistence" in plugin["args"]
+    assert "--pod-resources-socket" not in plugin["args"]
+    volumes = one(objects, "DaemonSet", "node-plugin")["spec"]["template"]["spec"]["volumes"]
+    assert "pod-resources" not in {v["name"] for v in volumes}
+
+    result = helm.template({"nodePlugin": {"legacyCoexistence": {"pollIntervalSeconds": 0}}})
+    assert result.returncode != 0
+    assert "pollIntervalSeconds" in result.stderr
 
 
 def test_unprivileged_node_plugin_keeps_no_capability(helm: HelmRunner) -> None:
