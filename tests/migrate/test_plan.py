@@ -60,7 +60,8 @@ def test_an_unknown_mode_is_reported_with_its_fix(tmp_path: Path) -> None:
                "dra-gateway.io/translation=audit --overwrite")
     assert problem in plan.notes
     odd = _workload(plan, "team-e", "odd")
-    assert (odd.status, odd.why) == ("unknown-mode", problem)
+    assert (odd.status, odd.why) == ("unknown-mode",
+                                     f"admitted unchanged, with a warning: {problem}")
 
 
 def test_pods_are_grouped_under_the_workload_that_owns_them(tmp_path: Path) -> None:
@@ -110,6 +111,23 @@ def test_the_dra_request_is_what_the_translator_makes_of_the_pod_template(
 def test_what_stays_legacy_says_why(tmp_path: Path, ns: str, name: str, status: str,
                                     why: str) -> None:
     workload = _workload(_plan(scenario(), tmp_path), ns, name)
+    assert workload.status == status
+    assert workload.why.startswith(why)
+
+
+@pytest.mark.parametrize(("mode", "annotation", "status", "why"), [
+    ("enabled", "audit", "audit", "its pods are annotated dra-gateway.io/translation: audit"),
+    ("audit", "enabled", "audit", "admitted unchanged (audit mode)"),
+    ("enabled", "sometimes", "refused",
+     "pods are refused at creation: its pods' annotation dra-gateway.io/translation="
+     "'sometimes' is none of enabled, audit, disabled"),
+    ("audit", "sometimes", "audit", "admitted unchanged (audit mode), with a warning"),
+])
+def test_a_pod_annotation_holds_its_own_pod_back_never_forward(
+        tmp_path: Path, mode: str, annotation: str, status: str, why: str) -> None:
+    objects = [namespace("a", mode), pod("p", "a", {"nvidia.com/gpu": 1},
+                                         annotations={names.TRANSLATION_LABEL: annotation})]
+    workload = _workload(_plan(objects, tmp_path), "a", "p")
     assert workload.status == status
     assert workload.why.startswith(why)
 
@@ -236,6 +254,14 @@ def test_the_command_reads_a_live_cluster_through_its_kubeconfig(
     (note,) = [n for n in out["notes"] if n.startswith("the API does not serve")]
     assert "resourcequotas" in note
     assert "deployments.apps" in note
+
+
+def test_files_and_a_kubeconfig_together_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dump = write_dump(tmp_path / "dump.yaml", scenario())
+    assert main(["migrate", "quotas", "-f", str(dump), "--kubeconfig", "kc"]) == 2
+    assert capsys.readouterr().err == ("dra-gateway migrate quotas: give either -f FILE "
+                                       "(offline) or --kubeconfig (live), not both\n")
 
 
 def test_a_kubeconfig_that_does_not_exist_is_one_line_and_exit_2(

@@ -118,7 +118,8 @@ def _handle(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
                   "file named", file=sys.stderr)
             return 2
         except ApiError as exc:
-            print(f"{where}: reading the cluster: {exc.reason}: {exc.message}", file=sys.stderr)
+            print(f"{where}: the Kubernetes API failed: {exc.reason}: {exc.message}",
+                  file=sys.stderr)
             return 1
 
     return handler
@@ -197,6 +198,7 @@ def _run_node(args: argparse.Namespace) -> int:
 
 
 async def _node(args: argparse.Namespace) -> int:
+    from dra_gateway.kube import names
     from dra_gateway.kube.cluster.connect import connect
     from dra_gateway.kube.cluster.port import NotFound
     from dra_gateway.kube.resources import CONFIG_MAPS
@@ -205,8 +207,6 @@ async def _node(args: argparse.Namespace) -> int:
 
     cluster = await connect("kube", args.kubeconfig)
     try:
-        from dra_gateway.kube import names
-
         listed = await cluster.list(
             CONFIG_MAPS, label_selector=f"{names.RULES_LABEL}={names.RULES_LABEL_VALUE}")
         rules = _rules(Inventory(rule_config_maps=list(listed.items)), args.rules)

@@ -63,12 +63,6 @@ class Inventory:
             found.update(namespace_of(obj) for obj in group)
         return sorted(found)
 
-    def namespace(self, name: str) -> Mapping[str, Any] | None:
-        for ns in self.namespaces:
-            if objects.name(ns) == name:
-                return ns
-        return None
-
 
 def namespace_of(obj: Mapping[str, Any]) -> str:
     """The object's namespace; `default` when a manifest leaves it out, as kubectl does."""

@@ -134,7 +134,8 @@ def _mode(value: str) -> Mode:
 def build_plan(inventory: Inventory, rules: RuleSet, *, default_mode: str = "enabled",
                rule_sources: Sequence[str] = ()) -> MigrationPlan:
     """The plan for the cluster `inventory` describes, under `rules`."""
-    modes = {n: namespace_mode(n, inventory.namespace(n), default_mode)
+    listed = {objects.name(ns): ns for ns in inventory.namespaces}
+    modes = {n: namespace_mode(n, listed.get(n), default_mode)
              for n in inventory.namespace_names()}
     workloads = _workloads(inventory, rules, modes)
     quotas = migrate_quotas(inventory, rules)
@@ -274,14 +275,22 @@ def _status(mode: NamespacePlan, annotations: Mapping[str, str], outcome: str, r
     if outcome == "translated-before":
         return "translated", (f"already translated (annotation {names.ANNOTATION_TRANSLATED}): "
                               "its pods use DRA claims")
-    if annotations.get(names.TRANSLATION_LABEL) == names.TRANSLATION_DISABLED:
+    annotation = annotations.get(names.TRANSLATION_LABEL)
+    if annotation == names.TRANSLATION_DISABLED:
         return "legacy", (f"its pods are annotated {names.TRANSLATION_LABEL}: "
                           f"{names.TRANSLATION_DISABLED}: they stay legacy")
     if mode.mode == "disabled":
         return "legacy", (f"namespace {mode.name} is disabled: the webhook is never called; "
                           f"once enabled it would {_would(outcome, refusal, containers)}")
     if mode.mode == "unknown":
-        return "unknown-mode", mode.problem
+        return "unknown-mode", f"admitted unchanged, with a warning: {mode.problem}"
+    if annotation is not None and annotation not in names.TRANSLATION_MODES:
+        problem = (f"its pods' annotation {names.TRANSLATION_LABEL}={annotation!r} is none of "
+                   f"{', '.join(names.TRANSLATION_MODES)}; set it to disabled or audit, or "
+                   "remove it")
+        if mode.mode == "enabled":
+            return "refused", f"pods are refused at creation: {problem}"
+        return "audit", f"admitted unchanged (audit mode), with a warning: {problem}"
     if outcome == "refused":
         when = ("pods are refused at creation" if mode.mode == "enabled" else
                 "admitted now (audit); refused at creation once the namespace is enabled")
@@ -291,6 +300,10 @@ def _status(mode: NamespacePlan, annotations: Mapping[str, str], outcome: str, r
     if mode.mode == "audit":
         return "audit", ("admitted unchanged (audit mode); the webhook's warnings say what "
                          "enabling the namespace makes of it, as shown here")
+    if annotation == names.TRANSLATION_AUDIT:
+        return "audit", (f"its pods are annotated {names.TRANSLATION_LABEL}: "
+                         f"{names.TRANSLATION_AUDIT}: admitted unchanged, the webhook's "
+                         "warnings say what translation would make of them, as shown here")
     return "translate", "translated into a DRA claim when its pods are created"
 
 
