@@ -9,7 +9,6 @@ so the caller can fall back safely. It only reads: `Get` is not used (a kubelet 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,10 +52,8 @@ class PodResourcesClient:
                 f"the kubelet's pod-resources socket {self.socket} does not exist: mount the "
                 f"kubelet's pod-resources directory ({self.socket.parent}) into the plugin, or "
                 "set --pod-resources-socket to where the kubelet serves it")
-        if not os.access(self.socket, os.R_OK | os.W_OK):
-            raise PodResourcesError(
-                f"the kubelet's pod-resources socket {self.socket} is not readable and "
-                "writable by this process: run the plugin as root (the kubelet owns it)")
+        # No access() check: the directory is mounted read-only, where access(W_OK) says no
+        # though connecting works; a refused connection is reported by the call below.
         if self._stub is None:
             self._channel = grpc.aio.insecure_channel(
                 f"unix://{self.socket.absolute()}",
@@ -75,9 +72,12 @@ class PodResourcesClient:
         except grpc.aio.AioRpcError as exc:
             # A channel stuck on a replaced socket is rebuilt on the next call.
             await self.close()
+            hint = ("; the plugin must run as root (the kubelet owns the socket)"
+                    if exc.code() == grpc.StatusCode.UNAVAILABLE
+                    and "ermission denied" in (exc.details() or "") else "")
             raise PodResourcesError(
                 f"the kubelet's pod-resources API at {self.socket} failed: "
-                f"{exc.code().name}: {exc.details()}") from None
+                f"{exc.code().name}: {exc.details()}{hint}") from None
         by_name: dict[str, list[str]] = {}
         for devices in allocatable.devices:
             by_name.setdefault(devices.resource_name, []).extend(devices.device_ids)

@@ -106,3 +106,28 @@ def test_serve_logs_json_lines_as_the_other_components_do(
         logger.handlers[:] = before[0]
         logger.setLevel(before[1])
         logger.propagate = before[2]
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "soon", "inf"])
+def test_a_legacy_poll_interval_that_is_not_a_positive_time_names_the_off_switch(
+        h100x8: Path, interval: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["node-plugin", "serve", "--inventory", str(h100x8), "--node-name", "n",
+              "--legacy-poll-interval", interval])
+    assert exited.value.code == 2
+    assert (f"argument --legacy-poll-interval: {interval!r} is not a positive number of "
+            "seconds; to stop asking the kubelet, use --no-legacy-coexistence"
+            ) in capsys.readouterr().err
+
+
+def test_serve_asks_the_kubelets_pod_resources_socket_every_two_seconds_by_default(
+        h100x8: Path) -> None:
+    from dra_gateway.cli import build_parser
+
+    args = build_parser().parse_args(["node-plugin", "serve", "--inventory", str(h100x8),
+                                      "--node-name", "n"])
+    assert (args.legacy_coexistence, args.pod_resources_socket, args.legacy_poll_interval) == (
+        True, Path("/var/lib/kubelet/pod-resources/kubelet.sock"), 2.0)
+    off = build_parser().parse_args(["node-plugin", "serve", "--inventory", str(h100x8),
+                                     "--node-name", "n", "--no-legacy-coexistence"])
+    assert off.legacy_coexistence is False
