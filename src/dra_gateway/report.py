@@ -1,16 +1,22 @@
 """`dra-gateway report`: quotas, cards and pending pods of a cluster, as a table, JSON or HTML.
 
 It reads the cluster through the port (a kubeconfig's API, the embedded one included) and hands
-the objects to the pure builder in dra_gateway.policy.report.
+the objects to the pure builder in dra_gateway.policy.report. Where each GPU node is in the move
+from a legacy device plugin is read here, from the condition the node plugin writes on its Node
+(`migration_nodes`), and added as one line per node.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import html
 import json
 import sys
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from dra_gateway.kube import names
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,6 +39,7 @@ async def _read(kubeconfig: str | None) -> dict[str, Any]:
         GPU_QUOTAS,
         GPU_SHARING_POLICIES,
         NAMESPACES,
+        NODES,
         PODS,
         RESOURCE_CLAIM_TEMPLATES,
         RESOURCE_CLAIMS,
@@ -52,11 +59,44 @@ async def _read(kubeconfig: str | None) -> dict[str, Any]:
         catalog = Catalog.build(quotas=await items(GPU_QUOTAS),
                                 sharing=await items(GPU_SHARING_POLICIES),
                                 namespaces=await items(NAMESPACES))
-        return build_report(claims=await items(RESOURCE_CLAIMS),
-                            slices=await items(RESOURCE_SLICES), pods=await items(PODS),
-                            templates=await items(RESOURCE_CLAIM_TEMPLATES), catalog=catalog)
+        report = build_report(claims=await items(RESOURCE_CLAIMS),
+                              slices=await items(RESOURCE_SLICES), pods=await items(PODS),
+                              templates=await items(RESOURCE_CLAIM_TEMPLATES), catalog=catalog)
+        report["nodes"] = migration_nodes(await items(NODES))
+        return report
     finally:
         await cluster.close()
+
+
+def migration_nodes(nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """Per node whose plugin said so, its state in the move from a legacy device plugin
+    (Legacy, CuttingOver, DRA), why, and since when; nodes without the condition are left out."""
+    out = []
+    for node in nodes:
+        for condition in (node.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == names.NODE_MIGRATION_CONDITION:
+                out.append({"node": str((node.get("metadata") or {}).get("name", "")),
+                            "state": str(condition.get("reason", "")),
+                            "message": str(condition.get("message", "")),
+                            "since": str(condition.get("lastTransitionTime", ""))})
+    return sorted(out, key=lambda row: row["node"])
+
+
+def nodes_table(rows: Iterable[Mapping[str, str]]) -> str:
+    lines = ["", "NODES (move from legacy device plugins)",
+             f"{'NODE':<20} {'STATE':<12} {'SINCE':<21} WHY"]
+    lines += [f"{r['node']:<20} {r['state']:<12} {r['since'] or '-':<21} {r['message']}"
+              for r in rows] or ["none: no node plugin has reported (or it runs with "
+                                 "--no-legacy-coexistence)"]
+    return "\n".join(lines) + "\n"
+
+
+def nodes_html(rows: Iterable[Mapping[str, str]]) -> str:
+    body = "".join(f"<tr><td>{html.escape(r['node'])}</td><td>{html.escape(r['state'])}</td>"
+                   f"<td>{html.escape(r['since'])}</td><td>{html.escape(r['message'])}</td></tr>"
+                   for r in rows)
+    return ("<h2>Nodes: move from legacy device plugins</h2><table><tr><th>Node</th>"
+            f"<th>State</th><th>Since</th><th>Why</th></tr>{body}</table>")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -75,7 +115,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(report, indent=2))
     elif args.output == "html":
-        sys.stdout.write(render_html(report))
+        page = render_html(report)
+        sys.stdout.write(page.replace("</body>", nodes_html(report["nodes"]) + "</body>", 1))
     else:
-        sys.stdout.write(render_table(report))
+        sys.stdout.write(render_table(report) + nodes_table(report["nodes"]))
     return 0

@@ -1,0 +1,70 @@
+"""`dra-gateway report`: the line per node saying where it is in the move from a legacy device
+plugin, read from the condition the node plugin writes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from dra_gateway import report
+from dra_gateway.cli import main
+from dra_gateway.kube import names
+from dra_gateway.policy.catalog import Catalog
+from dra_gateway.policy.report import build_report
+
+
+def _node(name: str, *conditions: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {"conditions": list(conditions)}}
+
+
+CUTTING_OVER = {"type": names.NODE_MIGRATION_CONDITION, "status": "True",
+                "reason": names.NODE_STATE_CUTTING_OVER,
+                "message": "2 of 8 card(s) held by legacy pods: ml/train (nvidia.com/gpu); "
+                           "withheld until those pods end",
+                "lastTransitionTime": "2026-12-01T10:00:00Z"}
+DRA = {"type": names.NODE_MIGRATION_CONDITION, "status": "True", "reason": names.NODE_STATE_DRA,
+       "message": "all 4 card(s) published", "lastTransitionTime": "2026-12-01T09:00:00Z"}
+HEALTHY = {"type": "GpuDevicesUnhealthy", "status": "False", "reason": "AllDevicesHealthy"}
+
+
+def test_each_node_with_the_migration_condition_is_one_row_by_name() -> None:
+    rows = report.migration_nodes([_node("gpu-b", HEALTHY, CUTTING_OVER), _node("cpu-1"),
+                                   _node("gpu-a", DRA)])
+    assert rows == [
+        {"node": "gpu-a", "state": "DRA", "message": "all 4 card(s) published",
+         "since": "2026-12-01T09:00:00Z"},
+        {"node": "gpu-b", "state": "CuttingOver", "message": CUTTING_OVER["message"],
+         "since": "2026-12-01T10:00:00Z"}]
+
+
+@pytest.fixture
+def cluster_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def read(kubeconfig: str | None) -> dict[str, Any]:
+        shown = build_report(claims=[], slices=[], pods=[], catalog=Catalog.build())
+        shown["nodes"] = report.migration_nodes([_node("gpu-b", CUTTING_OVER)])
+        return shown
+    monkeypatch.setattr(report, "_read", read)
+
+
+@pytest.mark.usefixtures("cluster_report")
+def test_the_table_ends_with_a_line_per_node_and_its_state(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report"]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith(
+        "NODES (move from legacy device plugins)\n"
+        "NODE                 STATE        SINCE                 WHY\n"
+        "gpu-b                CuttingOver  2026-12-01T10:00:00Z  2 of 8 card(s) held by legacy "
+        "pods: ml/train (nvidia.com/gpu); withheld until those pods end\n")
+
+
+@pytest.mark.usefixtures("cluster_report")
+def test_json_and_html_carry_the_nodes_too(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["nodes"][0]["state"] == "CuttingOver"
+    assert main(["report", "-o", "html"]) == 0
+    page = capsys.readouterr().out
+    assert "<td>gpu-b</td><td>CuttingOver</td>" in page
+    assert page.rstrip().endswith("</table></body></html>")
