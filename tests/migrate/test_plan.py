@@ -158,13 +158,14 @@ def test_nodes_show_legacy_plugins_pods_and_the_node_plugin_condition(tmp_path: 
 
 
 def test_the_steps_come_in_order_with_what_each_waits_for(tmp_path: Path) -> None:
-    plan = _plan(scenario(), tmp_path)
+    plan = _plan(scenario(), tmp_path, source="-f dump.yaml")
     audit, create, enable, cut = plan.steps
     assert [s.number for s in plan.steps] == [1, 2, 3, 4]
     assert audit.actions == tuple(
         f"kubectl label namespace {ns} dra-gateway.io/translation=audit --overwrite"
         for ns in ("team-a", "team-c", "team-e"))
     assert any(w.startswith("fix Pod ml/bad, which a rule refuses") for w in audit.waits_for)
+    assert create.actions == ("dra-gateway migrate quotas -f dump.yaml | kubectl apply -f -",)
     assert create.waits_for[0] == ("GPUQuota team-a/gpus exists (kubectl get gpuquotas -n "
                                    "team-a)")
     assert "team-a: its GPUQuota exists (step 2)" in enable.waits_for
@@ -205,6 +206,7 @@ def test_the_html_is_one_self_contained_page_with_everything_escaped(tmp_path: P
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert not re.search(r"""(src|href)=|https?://|@import""", page)
     assert "team-a/infer-7d9f-abcde" in page
+    assert "&amp;" not in page  # nothing escaped twice
 
 
 def test_the_table_names_each_section(tmp_path: Path) -> None:

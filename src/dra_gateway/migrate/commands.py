@@ -160,6 +160,17 @@ def _rule_sources(inventory: Inventory, files: list[str]) -> list[str]:
                                                    key=objects.namespace_name))]
 
 
+def _source(args: argparse.Namespace) -> str:
+    """The arguments naming the cluster and rules, as another migrate command takes them."""
+    import shlex
+
+    parts = [*(f"-f {shlex.quote(f)}" for f in args.filename)]
+    if args.kubeconfig:
+        parts.append(f"--kubeconfig {shlex.quote(args.kubeconfig)}")
+    parts.extend(f"--rules {shlex.quote(r)}" for r in args.rules)
+    return " ".join(parts)
+
+
 @_handle
 def _run_plan(args: argparse.Namespace) -> int:
     from dra_gateway.migrate.plan import build_plan
@@ -167,7 +178,7 @@ def _run_plan(args: argparse.Namespace) -> int:
 
     inventory = _inventory(args)
     plan = build_plan(inventory, _rules(inventory, args.rules), default_mode=args.default_mode,
-                      rule_sources=_rule_sources(inventory, args.rules))
+                      rule_sources=_rule_sources(inventory, args.rules), source=_source(args))
     if args.output == "json":
         print(json.dumps(plan.to_dict(), indent=2))
     elif args.output == "html":

@@ -132,8 +132,11 @@ def _mode(value: str) -> Mode:
 
 
 def build_plan(inventory: Inventory, rules: RuleSet, *, default_mode: str = "enabled",
-               rule_sources: Sequence[str] = ()) -> MigrationPlan:
-    """The plan for the cluster `inventory` describes, under `rules`."""
+               rule_sources: Sequence[str] = (), source: str = "") -> MigrationPlan:
+    """The plan for the cluster `inventory` describes, under `rules`.
+
+    `source` is how the command line named the cluster (`-f dump.yaml`, `--kubeconfig FILE`),
+    repeated in the commands the steps give."""
     listed = {objects.name(ns): ns for ns in inventory.namespaces}
     modes = {n: namespace_mode(n, listed.get(n), default_mode)
              for n in inventory.namespace_names()}
@@ -148,7 +151,7 @@ def build_plan(inventory: Inventory, rules: RuleSet, *, default_mode: str = "ena
                       gpu_quotas=tuple(sorted(gpu_quotas.get(p.name, ()))))
         for p in modes.values())
     nodes = _nodes(inventory, rules)
-    steps = _steps(namespaces, workloads, nodes, quotas)
+    steps = _steps(namespaces, workloads, nodes, quotas, source)
     notes = list(inventory.notes)
     notes.extend(p.problem for p in namespaces if p.problem)
     return MigrationPlan(default_mode=default_mode, rules=tuple(rule_sources),
@@ -341,7 +344,8 @@ def _label(ns: str, mode: str) -> str:
 
 
 def _steps(namespaces: Sequence[NamespacePlan], workloads: Sequence[WorkloadPlan],
-           nodes: Sequence[NodeState], quotas: QuotaMigration) -> tuple[Step, ...]:
+           nodes: Sequence[NodeState], quotas: QuotaMigration, source: str
+           ) -> tuple[Step, ...]:
     moving = [n for n in namespaces if n.workloads]
     refused = [w for w in workloads if w.status == "refused"
                or (w.status == "legacy" and "be refused" in w.why)]
@@ -359,7 +363,8 @@ def _steps(namespaces: Sequence[NamespacePlan], workloads: Sequence[WorkloadPlan
                                                  != c.gpu_quota["spec"]["hard"])]
     create = Step(
         2, "Create the GPUQuotas", not to_create,
-        ("dra-gateway migrate quotas <same source> | kubectl apply -f -",) if to_create else (),
+        (" ".join(p for p in ("dra-gateway migrate quotas", source, "| kubectl apply -f -") if p),)
+        if to_create else (),
         tuple(f"GPUQuota {c.namespace}/{c.name} exists (kubectl get gpuquotas -n {c.namespace})"
               for c in to_create)
         + tuple(f"review: {w}" for w in quotas.warnings))

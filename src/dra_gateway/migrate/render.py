@@ -150,7 +150,7 @@ def render_html(plan: MigrationPlan) -> str:
                      for n in plan.namespaces]),
              "<h2>Workloads</h2>",
              _table(["Workload", "Status", "Why", "Pods", "Legacy pods",
-                     "Containers: legacy &rarr; rule &rarr; DRA request"],
+                     "Containers: legacy → rule → DRA request"],
                     [row for w in plan.workloads for row in _workload_rows(w)]),
              "<h2>Nodes</h2>",
              _table(["Node", "Cut over", "Legacy plugins", "Cards", "Legacy pods",
