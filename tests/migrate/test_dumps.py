@@ -3,13 +3,22 @@ file, document and problem."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dra_gateway.cli import main
 from dra_gateway.migrate.dumps import DumpError, read_dumps
+from dra_gateway.migrate.plan import build_plan
+from dra_gateway.migrate.quotas import migrate_quotas, render_yaml
+from dra_gateway.migrate.render import render_html, render_table
+from dra_gateway.migrate.rules import rules_in_force
+from dra_gateway.translator.rules import RulesError
 
 from .conftest import deployment, namespace, pod, scenario, write_dump
 
@@ -88,10 +97,61 @@ def test_a_missing_file_or_a_folder_is_named_with_the_fix(tmp_path: Path) -> Non
 
 
 def test_json_from_kubectl_reads_as_yaml(tmp_path: Path) -> None:
-    import json
-
     path = tmp_path / "dump.json"
     path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": scenario()}))
     assert read_dumps([str(path)]) == read_dumps([str(write_dump(tmp_path / "d.yaml",
                                                                  scenario()))])
     assert yaml.safe_load(path.read_text())["kind"] == "List"
+
+
+# Properties ------------------------------------------------------------------------------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from(["", "x", "1", "true"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(
+        ["name", "kind", "spec", "containers", "limits", "nvidia.com/gpu", "items"]),
+        inner, max_size=3),
+    max_leaves=6)
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [path] if path else []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            out.extend(_paths(item, (*path, key)))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            out.extend(_paths(item, (*path, index)))
+    return out
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_damaged_dump_is_refused_by_name_or_planned_never_a_crash(
+        tmp_path: Path, data: st.DataObject) -> None:
+    objects = scenario()
+    target = data.draw(st.sampled_from(objects))
+    path = data.draw(st.sampled_from(_paths(target)))
+    parent = target
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = data.draw(_json)
+    dump = write_dump(tmp_path / "dump.yaml", objects)
+    problem = ""
+    try:
+        inventory = read_dumps([str(dump)])
+    except DumpError as exc:
+        problem = str(exc)
+    if problem:
+        assert problem.startswith(f"{dump}: document 1, item ")
+        return
+    try:
+        rules = rules_in_force(inventory.rule_config_maps)
+    except RulesError:
+        return
+    plan = build_plan(inventory, rules)
+    render_table(plan)
+    render_html(plan)
+    json.dumps(plan.to_dict())
+    render_yaml(migrate_quotas(inventory, rules))

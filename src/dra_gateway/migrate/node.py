@@ -59,6 +59,10 @@ class NodeState:
         return out
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _positive(value: Any) -> bool:
     try:
         return parse_quantity(str(value)).sign() > 0
@@ -101,7 +105,7 @@ def node_state(node: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
     labels = objects.labels(node)
     cut_over = labels.get(names.NODE_CUT_OVER_LABEL) == names.NODE_CUT_OVER_VALUE
     status = objects.status(node)
-    allocatable = status.get("allocatable") or {}
+    allocatable = _mapping(status.get("allocatable"))
     legacy_plugins = {str(k): str(v) for k, v in sorted(allocatable.items())
                       if holds_devices(rules, str(k)) and _positive(v)}
     cards: int | None = None
@@ -109,15 +113,16 @@ def node_state(node: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
     if count is not None and count.isdigit():
         cards = int(count)
     else:
-        capacity = (status.get("capacity") or {}).get("nvidia.com/gpu",
-                                                      allocatable.get("nvidia.com/gpu"))
+        capacity = _mapping(status.get("capacity")).get("nvidia.com/gpu",
+                                                        allocatable.get("nvidia.com/gpu"))
         if capacity is not None and str(capacity).isdigit():
             cards = int(capacity)
     holding = tuple(sorted(f"{objects.namespace(p)}/{objects.name(p)}" for p in pods
                            if objects.spec(p).get("nodeName") == name
                            and holds_legacy_cards(p, rules)))
     condition = None
-    for c in status.get("conditions") or ():
+    conditions = status.get("conditions")
+    for c in conditions if isinstance(conditions, list) else ():
         if isinstance(c, Mapping) and c.get("type") == names.NODE_MIGRATION_CONDITION:
             condition = {k: str(c.get(k) or "") for k in ("status", "reason", "message")}
     waits: list[str] = []
