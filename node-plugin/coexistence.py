@@ -164,7 +164,7 @@ class LegacyCoexistence:
         self._metrics.legacy_held_cards.set(len(verdict.held_cards))
         self._metrics.legacy_withheld_devices.set(len(verdict.withheld))
 
-    def condition(self, verdict: Verdict) -> dict[str, Any]:
+    def _condition(self, verdict: Verdict) -> dict[str, Any]:
         now = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
         if self._reported is None or self._reported[0] != verdict.state or not self._transition:
             self._transition = now
@@ -176,7 +176,7 @@ class LegacyCoexistence:
         # Written on change only: a poll every two seconds must not become a Node write.
         if self._reported == (verdict.state, verdict.message):
             return
-        condition = self.condition(verdict)
+        condition = self._condition(verdict)
         try:
             await self._cluster.patch(NODES, self._node_name,
                                       {"status": {"conditions": [condition]}},

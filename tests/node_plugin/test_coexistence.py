@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from gotools import build_go_tool
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
 from dra_gateway.kube.sim.memory import MemoryCluster
+from dra_gateway.node_plugin.coexistence import CoexistenceSettings
 from dra_gateway.node_plugin.inventory import load_inventory
 from dra_gateway.node_plugin.legacy import Holder, KubeletView
 from dra_gateway.node_plugin.plugin import NodePlugin
@@ -290,9 +292,7 @@ async def test_with_coexistence_off_every_card_is_published_and_no_condition_wri
     node = await cluster.get(NODES, NODE)
     node["status"] = {"allocatable": {"nvidia.com/gpu": "8"}}
     await cluster.update(NODES, node, subresource="status")
-    base = plugin_settings(root)
-    settings = type(base)(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
-                             "coexistence": type(base.coexistence)(enabled=False)})
+    settings = replace(plugin_settings(root), coexistence=CoexistenceSettings(enabled=False))
     async with running_plugin(root, cluster, h100x8, settings) as plugin:
         assert await _settled(plugin, cluster) == EVERY_CARD
         assert await _condition(cluster) is None
