@@ -26,6 +26,7 @@ from dra_gateway.translator.translate import translate
 from .conftest import (
     LiveCluster,
     assert_valid_gpu_quota,
+    deployment,
     namespace,
     pod,
     rules_config_map,
@@ -278,3 +279,29 @@ def test_the_scenario_is_made_of_objects_an_api_server_would_hand_out() -> None:
     # So the plan is tested on what a real cluster's dump holds, not on shapes it never sees.
     for obj in scenario():
         kubernetes_validate.validate(obj, "1.34", strict=True)
+
+
+def test_a_replicaset_and_a_job_stand_aside_for_the_deployment_and_cronjob_owning_them(
+        tmp_path: Path) -> None:
+    rs = deployment("web-5c8", "a", {"nvidia.com/gpu": 1})
+    rs.update(kind="ReplicaSet")
+    rs["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "Deployment",
+                                          "name": "web", "uid": "u1", "controller": True}]
+    job = deployment("nightly-2900", "a", {"nvidia.com/gpu": 1})
+    job.update(apiVersion="batch/v1", kind="Job")
+    job["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "CronJob",
+                                           "name": "nightly", "uid": "u2", "controller": True}]
+    cron = {"apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": {"name": "nightly", "namespace": "a"},
+            "spec": {"schedule": "0 0 * * *", "jobTemplate": {"spec": {
+                "template": deployment("x", "a", {"nvidia.com/gpu": 2})["spec"]["template"]}}}}
+    objects = [namespace("a", "enabled"), rs, job, cron,
+               pod("web-5c8-x1", "a", {"nvidia.com/gpu": 1}, owner=("ReplicaSet", "web-5c8")),
+               pod("nightly-2900-y", "a", {"nvidia.com/gpu": 1}, owner=("Job", "nightly-2900"))]
+    plan = _plan(objects, tmp_path)
+    found = {(w.kind, w.name): w.pods for w in plan.workloads}
+    assert found == {("Deployment", "web"): ("web-5c8-x1",),
+                     ("CronJob", "nightly"): ("nightly-2900-y",)}
+    # The CronJob's own template (two cards) is what its next pods become.
+    (container,) = _workload(plan, "a", "nightly").containers
+    assert container.legacy == {"nvidia.com/gpu": "2"}

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from dra_gateway.kube import names, objects
-from dra_gateway.migrate.inventory import Inventory, Object, namespace_of
+from dra_gateway.migrate.inventory import WORKLOAD_KINDS, Inventory, Object, namespace_of
 from dra_gateway.migrate.node import NodeState, node_state, pod_legacy_requests
 from dra_gateway.migrate.quotas import QuotaMigration, migrate_quotas
 from dra_gateway.translator.explaining import ContainerExplanation, explain
@@ -193,6 +193,13 @@ def _owner(pod: Mapping[str, Any], known: Mapping[tuple[str, str, str], Object]
     return kind, name
 
 
+def _newest(workload: Mapping[str, Any]) -> tuple[int, str]:
+    """Sorts a controller's children oldest first: by Deployment revision, then creation."""
+    revision = objects.annotations(workload).get("deployment.kubernetes.io/revision", "")
+    return (int(revision) if revision.isdigit() else 0,
+            str(objects.meta(workload).get("creationTimestamp") or ""))
+
+
 def _template_pod(workload: Object) -> Object | None:
     """A pod as the workload's controller would create it (the first pod template)."""
     for _, template in pod_specs(workload):
@@ -214,15 +221,23 @@ def _workloads(inventory: Inventory, rules: RuleSet,
         kind, name = _owner(pod, known)
         pods_of.setdefault((namespace_of(pod), kind, name), []).append(pod)
     keys = set(pods_of)
-    for key, workload in known.items():
+    templates: dict[tuple[str, str, str], Object] = {}
+    for key, workload in sorted(known.items(), key=lambda kv: _newest(kv[1])):
         owner = _controller(workload)
-        if owner is not None and (key[0], *owner) in known:
-            continue  # a Deployment's ReplicaSet, a CronJob's Job: its owner stands for it
+        if owner is not None and owner[0] in WORKLOAD_KINDS:
+            # A Deployment's ReplicaSet, a CronJob's Job: its owner stands for it, and when the
+            # owner is not in the inventory the newest child's template is the owner's.
+            target = (key[0], *owner)
+            keys.add(target)
+            if target not in known:
+                templates[target] = workload
+            continue
         keys.add(key)
+        templates[key] = workload
     out = []
     for key in sorted(keys):
         pods = sorted(pods_of.get(key, ()), key=objects.name)
-        owner_obj = known.get(key)
+        owner_obj = templates.get(key)
         sample = _template_pod(owner_obj) if owner_obj is not None else None
         if sample is None and pods:
             sample = pods[0]
