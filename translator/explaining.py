@@ -36,7 +36,8 @@ from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceU
 from dra_gateway.translator.rules import CompiledRule, RuleSet
 from dra_gateway.translator.translate import TranslationPlan
 
-__all__ = ["ContainerExplanation", "KeyUse", "Left", "PodExplanation", "explain", "render_text"]
+__all__ = ["ContainerExplanation", "KeyUse", "Left", "PodExplanation", "explain", "render_text",
+           "summary_lines"]
 
 Outcome = Literal["translated", "shares-request", "no-rule", "zero", "deferred", "refused",
                   "no-gpu", "translated-before"]
@@ -428,6 +429,35 @@ def render_text(where: str, explanation: PodExplanation) -> list[str]:
         if warning not in said:
             lines.append(f"  warning: {warning}")
     return lines
+
+
+def summary_lines(explanation: PodExplanation, *, prefix: str = "") -> list[str]:
+    """One short line per container that asks for a GPU resource, saying what it would become
+    and by which rule (or why it would stay as it is); a refused pod gets one line. For the
+    warnings of a namespace in audit mode, which the API server shows to whoever created the
+    pod: each line, `prefix` first, stays within the 256 characters a warning keeps."""
+    if explanation.outcome == "refused":
+        return [_clip(prefix + f"would be refused: {explanation.refusal}")]
+    lines = []
+    for c in explanation.containers:
+        if c.outcome in ("no-gpu", "translated-before"):
+            continue
+        label = f"{'' if c.kind == 'container' else c.kind + ' '}{quote(c.name)}"
+        keys = ", ".join(f"{k.key}: {k.value}" for k in c.keys if k.kind == "resource")
+        if c.outcome in ("translated", "shares-request") and c.device is not None:
+            lines.append(_clip(
+                prefix + f"container {label} ({keys}) would get {_device_line(c.device)} by rule "
+                f"{c.rule}, from ResourceClaimTemplate {explanation.template}"))
+        else:
+            lines.append(_clip(prefix + f"container {label} would stay untranslated: {c.why}"))
+    return lines
+
+
+_WARNING_LIMIT: Final = 256
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _WARNING_LIMIT else text[:_WARNING_LIMIT - 3] + "..."
 
 
 _OUTCOME_WORDS: Final = {

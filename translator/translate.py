@@ -132,7 +132,8 @@ def template_name(spec: Mapping[str, Any]) -> str:
 
 def translate(pod: Mapping[str, Any], rules: RuleSet, *,
               class_lookup: ClassLookup | None = None,
-              extended: ExtendedResources | None = None) -> TranslationPlan:
+              extended: ExtendedResources | None = None,
+              hold_legacy: bool = False) -> TranslationPlan:
     """The plan for one pod (a plain dict as the API serves it); the pod is not modified.
 
     A pod that carries the gateway's `translated` annotation is not translated again (it only
@@ -146,6 +147,10 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
     reads such a name is left as it is, every resource of that rule in it included (half a
     HAMi request cannot be translated), with a warning naming the resource and the class,
     unless the rule says `extendedResourceNames: translate`. `plan.extended` lists both cases.
+
+    `hold_legacy` leaves every legacy request as it is (a namespace in audit mode, a pod that
+    opts out of translation) and only gates a pod whose own claims use a gateway class: the
+    gate is what keeps such a pod from the scheduler, whoever wrote its claims.
     """
     metadata = objects.meta(pod)
     annotations = objects.annotations(pod)
@@ -173,7 +178,7 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
             requests = resources.get("requests") or {}
             in_limits = tuple(n for n in limits if is_legacy(n))
             in_requests = tuple(n for n in requests if is_legacy(n))
-            if in_limits or in_requests:
+            if (in_limits or in_requests) and not hold_legacy:
                 found.append(Found(key, index, container, in_limits, in_requests))
             if disabled_rule is not None:
                 for name in dict.fromkeys((*limits, *requests)):

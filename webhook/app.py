@@ -2,14 +2,15 @@
 
 `create_app(settings, cluster)` builds an app serving POST /mutate and POST /validate
 (AdmissionReview v1 of pods; /validate also of ResourceClaims and ResourceClaimTemplates of
-gateway classes), POST /validate-rules (of rules ConfigMaps), GET /healthz,
-GET /readyz and GET /metrics. `create_probe_app(state)` serves the last three alone, in plain
-HTTP on a port of their own, so that the admission port can require client certificates
-without breaking the kubelet's probes or Prometheus. A handler reads the body,
-parses it (`reviews`), calls one decision (`mutation`, `validation`), and maps the outcome to a
-response: a malformed review is HTTP 400 with a one-line reason; a refusal is `allowed: false`
-with a Status; an unexpected failure inside a decision is `allowed: false` with a generic
-message, logged with the request UID and the stack, and the server keeps serving.
+gateway classes), the same for namespaces in audit mode (/mutate/audit, /validate/audit) and
+with a translation label of unknown value (/mutate/unknown-mode), POST /validate-rules (of
+rules ConfigMaps), GET /healthz, GET /readyz and GET /metrics. `create_probe_app(state)`
+serves the last three alone, in plain HTTP on a port of their own, so that the admission port
+can require client certificates without breaking the kubelet's probes or Prometheus. A handler
+reads the body, parses it (`reviews`), calls one decision (`mutation`, `validation`), and maps
+the outcome to a response: a malformed review is HTTP 400 with a one-line reason; a refusal is
+`allowed: false` with a Status; an unexpected failure inside a decision is `allowed: false`
+with a generic message, logged with the request UID and the stack, and the server keeps serving.
 
 Background work lives in `cleanup_ctx`: loading the rules, polling rule files, watching rule
 ConfigMaps, watching DeviceClasses (for the names they declare as spec.extendedResourceName,
@@ -37,6 +38,7 @@ from aiohttp import web
 
 from dra_gateway.certs.generate import CERT_FILE, KEY_FILE
 from dra_gateway.certs.tls import CertificateReloader
+from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Cluster
 from dra_gateway.policy.admission import ModelLookup
 from dra_gateway.policy.amounts import RequestShape
@@ -53,6 +55,7 @@ from dra_gateway.webhook.reviews import BadReview, Refusal, Review
 from dra_gateway.webhook.rules import RuleStore
 from dra_gateway.webhook.settings import MAX_BODY_BYTES, WebhookSettings
 from dra_gateway.webhook.templates import TemplateConflict, Templates, TemplateUnavailable
+from dra_gateway.webhook.translation import NAMESPACE_UNKNOWN, NamespaceMode, held_back
 from dra_gateway.webhook.validation import (
     DEFAULT_POLICIES,
     ClaimUnderReview,
@@ -72,6 +75,11 @@ NOT_READY = Refusal(503, "ServiceUnavailable",
                     "admitted and can be retried")
 RETRY_LATER_CODE = 503
 CONFLICT_CODE = 409
+# Where the API server sends the pods of namespaces whose translation is not simply enabled
+# (webhook/config.py chooses by namespaceSelector).
+MUTATE_AUDIT_PATH = "/mutate/audit"
+MUTATE_UNKNOWN_PATH = "/mutate/unknown-mode"
+VALIDATE_AUDIT_PATH = "/validate/audit"
 
 
 @dataclass(slots=True)
@@ -134,7 +142,10 @@ def create_app(settings: WebhookSettings, cluster: Cluster, *,
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[STATE] = state
     app.router.add_post("/mutate", _mutate)
+    app.router.add_post(MUTATE_AUDIT_PATH, _mutate_audit)
+    app.router.add_post(MUTATE_UNKNOWN_PATH, _mutate_unknown)
     app.router.add_post("/validate", _validate)
+    app.router.add_post(VALIDATE_AUDIT_PATH, _validate_audit)
     app.router.add_post("/validate-rules", _validate_rules)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
@@ -175,15 +186,30 @@ async def _mutate(request: web.Request) -> web.Response:
     return await _serve(request, "mutate")
 
 
+async def _mutate_audit(request: web.Request) -> web.Response:
+    return await _serve(request, "mutate", names.TRANSLATION_AUDIT)
+
+
+async def _mutate_unknown(request: web.Request) -> web.Response:
+    return await _serve(request, "mutate", NAMESPACE_UNKNOWN)
+
+
 async def _validate(request: web.Request) -> web.Response:
     return await _serve(request, "validate")
+
+
+async def _validate_audit(request: web.Request) -> web.Response:
+    return await _serve(request, "validate", names.TRANSLATION_AUDIT)
 
 
 async def _validate_rules(request: web.Request) -> web.Response:
     return await _serve(request, "validate-rules")
 
 
-async def _serve(request: web.Request, endpoint: str) -> web.Response:
+async def _serve(request: web.Request, endpoint: str,
+                 mode: NamespaceMode = names.TRANSLATION_ENABLED) -> web.Response:
+    """Answer one review; `mode`: the translation mode of the review's namespace, which the
+    path says (the configurations' namespaceSelectors choose it, `webhook/config.py`)."""
     state = request.app[STATE]
     started = time.perf_counter()
     try:
@@ -199,11 +225,11 @@ async def _serve(request: web.Request, endpoint: str) -> web.Response:
         # client's own 60 s.
         async with asyncio.timeout(state.settings.review_deadline):
             if endpoint == "mutate":
-                body = await _answer_mutate(state, review)
+                body = await _answer_mutate(state, review, mode)
             elif endpoint == "validate-rules":
                 body = _answer_validate_rules(state, review)
             else:
-                body = await _answer_validate(state, review)
+                body = await _answer_validate(state, review, mode)
     except BadReview as exc:
         return _bad_request(state, endpoint, str(exc))
     except TimeoutError:
@@ -299,7 +325,7 @@ def _namespace(review: Review) -> str:
     return review.namespace or (ns if isinstance(ns, str) else "")
 
 
-async def _answer_mutate(state: WebhookState, review: Review) -> bytes:
+async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMode) -> bytes:
     if review.operation != "CREATE" or review.sub_resource:
         state.metrics.outcome("mutate", "allowed")
         return reviews.response(review.uid)
@@ -309,7 +335,9 @@ async def _answer_mutate(state: WebhookState, review: Review) -> bytes:
     namespace = _namespace(review)
     pod = review.object
     generation = (state.store.generation, state.device_classes.generation)
-    key = state.plans.key(pod, namespace)
+    label = state.policies.namespace_label(namespace, names.TRANSLATION_LABEL) \
+        if mode == NAMESPACE_UNKNOWN else None
+    key = state.plans.key(pod, namespace, f"{mode}={label}" if label is not None else mode)
     decision = state.plans.get(key, generation) if key is not None else None
     if decision is None:
         state.metrics.plan_miss.inc()
@@ -318,7 +346,8 @@ async def _answer_mutate(state: WebhookState, review: Review) -> bytes:
             # Natively written claims: learn their classes so a gateway-class one is gated.
             await _claim_classes(state, namespace, pod)
         decision = mutation.decide(pod, namespace, rules, class_lookup=_class_lookup(state),
-                                   extended=state.device_classes.extended)
+                                   extended=state.device_classes.extended, mode=mode,
+                                   namespace_label=label)
         if key is not None:
             state.plans.put(key, generation, decision)
     else:
@@ -337,6 +366,10 @@ async def _answer_mutate(state: WebhookState, review: Review) -> bytes:
                            Refusal(RETRY_LATER_CODE, "ServiceUnavailable", str(exc)))
     for rule in decision.rules_applied:
         state.metrics.translations.labels(rule).inc()
+    for rule in decision.would_apply:
+        state.metrics.audit_translations.labels(rule).inc()
+    if decision.mode != names.TRANSLATION_ENABLED:
+        state.metrics.held_back.labels(decision.mode).inc()
     if decision.extended:
         _extended_said(state, review, decision)
     for item in decision.untranslated:
@@ -364,7 +397,7 @@ def _extended_said(state: WebhookState, review: Review, decision: mutation.Mutat
                        "resources": list(use.resources)})
 
 
-async def _answer_validate(state: WebhookState, review: Review) -> bytes:
+async def _answer_validate(state: WebhookState, review: Review, mode: NamespaceMode) -> bytes:
     if review.operation != "CREATE" or review.sub_resource:
         state.metrics.outcome("validate", "allowed")
         return reviews.response(review.uid)
@@ -386,6 +419,7 @@ async def _answer_validate(state: WebhookState, review: Review) -> bytes:
         pod=review.object, namespace=namespace, rules=rules,
         claim_classes=await _claim_classes(state, namespace, review.object),
         enforce=state.settings.enforce, extended=state.device_classes.extended,
+        translation=held_back(review.object, namespace, mode),
         claim_requests=_claim_requests(state, namespace, review.object),
         policies=state.policies.catalog, models=_models(state))
     verdict = state.validator.check(under_review)

@@ -114,6 +114,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                         help="the gateway's namespace, excluded from admission (default: the "
                         "Service's)")
     config.add_argument("--port", type=_port, default=443, help="Service port (default: 443)")
+    config.add_argument("--default-translation", choices=("enabled", "audit"), default="enabled",
+                        help="translation mode of namespaces without the label "
+                        "dra-gateway.io/translation (default: %(default)s)")
     config.set_defaults(func=_config)
 
 
@@ -216,6 +219,6 @@ def _config(args: argparse.Namespace) -> int:
     namespace, name = args.service
     documents = configurations(rules, service_namespace=namespace, service_name=name,
                                ca_bundle=ca_bundle, gateway_namespace=args.namespace or namespace,
-                               port=args.port)
+                               port=args.port, default_translation=args.default_translation)
     sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False, width=100))
     return 0

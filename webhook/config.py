@@ -9,6 +9,16 @@ annotation". With `failurePolicy: Fail` for exactly those pods, a webhook outage
 and nothing else. The namespaceSelector leaves out kube-system and the gateway's own namespace
 (a webhook that admits its own replacement pods can deadlock).
 
+Each pod webhook is written once per translation mode of a namespace (ARCHITECTURE.md, "Moving
+a live cluster"): `mutate.dra-gateway.io` for namespaces without the label
+`dra-gateway.io/translation` (the install's default mode; the name users saw before the label
+existed), `enabled.mutate.dra-gateway.io` and `audit.mutate.dra-gateway.io` for those labelled
+so, `unknown-mode.mutate.dra-gateway.io` for any other value; `validate.dra-gateway.io`
+likewise. Their namespaceSelectors are disjoint, so a pod is sent once, and the path tells the
+webhook the mode: the API server reads the namespace's labels at the moment of the pod's
+creation, which no mirror in the webhook could match. `disabled` namespaces are selected by
+none: the webhook is never called there, nor for their claims.
+
 Validation runs on CREATE only: the allocator lifts the gate with an UPDATE, which a validating
 rule about ungated pods would otherwise refuse.
 
@@ -42,7 +52,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from dra_gateway.kube import names
@@ -58,6 +68,7 @@ from dra_gateway.webhook.settings import (
     CLAIMS_WEBHOOK,
     MUTATING_CONFIGURATION,
     MUTATING_WEBHOOK,
+    POD_WEBHOOK_MODES,
     RULES_WEBHOOK,
     VALIDATING_CONFIGURATION,
     VALIDATING_WEBHOOK,
@@ -198,13 +209,72 @@ def rules_webhook(*, client_config: dict[str, Any], gateway_namespace: str) -> d
     }
 
 
+def pod_webhook_names(base: str) -> tuple[str, ...]:
+    """The pod webhooks of one configuration: `base` for namespaces without the translation
+    label, then one per value of it (see `pod_webhooks`)."""
+    return (base, *(f"{mode}.{base}" for mode in POD_WEBHOOK_MODES))
+
+
+def translation_selectors(default_mode: str) -> dict[str, tuple[dict[str, Any], str]]:
+    """Per pod webhook mode: the namespace label expressions that select it, and the mode the
+    path tells the webhook. Disjoint, so a pod is sent once; `disabled` is sent nowhere."""
+    if default_mode not in (names.TRANSLATION_ENABLED, names.TRANSLATION_AUDIT):
+        raise ValueError(f"the default translation mode must be {names.TRANSLATION_ENABLED} or "
+                         f"{names.TRANSLATION_AUDIT}, not {default_mode!r}")
+    key = names.TRANSLATION_LABEL
+    return {
+        "": ({"matchExpressions": [{"key": key, "operator": "DoesNotExist"}]}, default_mode),
+        "enabled": ({"matchExpressions": [{"key": key, "operator": "In",
+                                           "values": [names.TRANSLATION_ENABLED]}]},
+                    names.TRANSLATION_ENABLED),
+        "audit": ({"matchExpressions": [{"key": key, "operator": "In",
+                                         "values": [names.TRANSLATION_AUDIT]}]},
+                  names.TRANSLATION_AUDIT),
+        "unknown-mode": ({"matchExpressions": [
+            {"key": key, "operator": "Exists"},
+            {"key": key, "operator": "NotIn", "values": list(names.TRANSLATION_MODES)}]},
+            "unknown-mode"),
+    }
+
+
+# The path of each mode, per endpoint ("unknown-mode" validates as audit: its pods are admitted
+# unchanged, with the warning /mutate gave).
+MODE_PATHS = {
+    "mutate": {names.TRANSLATION_ENABLED: "/mutate", names.TRANSLATION_AUDIT: "/mutate/audit",
+               "unknown-mode": "/mutate/unknown-mode"},
+    "validate": {names.TRANSLATION_ENABLED: "/validate",
+                 names.TRANSLATION_AUDIT: "/validate/audit",
+                 "unknown-mode": "/validate/audit"},
+}
+
+
+def pod_webhooks(endpoint: str, base: str, *, common: dict[str, Any],
+                 excluded: dict[str, Any], client_config: Callable[[str], dict[str, Any]],
+                 default_mode: str) -> list[dict[str, Any]]:
+    """The pod webhooks of `endpoint` (mutate or validate), one per translation mode of a
+    namespace (ARCHITECTURE.md, "Moving a live cluster"): the mode is chosen by the API server
+    from the namespace's labels when the pod is created, and told to the webhook by the path."""
+    out = []
+    for prefix, (selector, mode) in translation_selectors(default_mode).items():
+        out.append({
+            "name": f"{prefix}.{base}" if prefix else base,
+            "clientConfig": client_config(MODE_PATHS[endpoint][mode]),
+            **common,
+            "namespaceSelector": {"matchExpressions": [
+                *excluded["matchExpressions"], *selector["matchExpressions"]]},
+        })
+    return out
+
+
 def configurations(rules: RuleSet, *, service_namespace: str, service_name: str,
                    ca_bundle: bytes | None, gateway_namespace: str | None = None,
                    excluded_namespaces: Iterable[str] = ("kube-system",), port: int = 443,
                    mutating_name: str = MUTATING_CONFIGURATION,
                    validating_name: str = VALIDATING_CONFIGURATION,
+                   default_translation: str = names.TRANSLATION_ENABLED,
                    ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The MutatingWebhookConfiguration and the ValidatingWebhookConfiguration."""
+    """The MutatingWebhookConfiguration and the ValidatingWebhookConfiguration;
+    `default_translation`: the mode of namespaces without the translation label."""
     excluded = {*excluded_namespaces, gateway_namespace or service_namespace}
     labels = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
     pod_rule: dict[str, Any] = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
@@ -220,38 +290,37 @@ def configurations(rules: RuleSet, *, service_namespace: str, service_name: str,
         "admissionReviewVersions": ["v1"],
         "matchConditions": match_conditions(rules),
     }
+
+    def client(path: str) -> dict[str, Any]:
+        return _client_config(service_namespace, service_name, path, port, ca_bundle)
+
+    # Another webhook may change the pod after ours: run again. A translated pod only gets its
+    # scheduling gate back if that webhook dropped it; a GPU request added after the
+    # translation is left to /validate, which refuses it with that reason.
+    mutating_common = {**common, "reinvocationPolicy": "IfNeeded"}
     mutating = {
         "apiVersion": MUTATING_WEBHOOK_CONFIGURATIONS.api_version,
         "kind": MUTATING_WEBHOOK_CONFIGURATIONS.kind,
         "metadata": {"name": mutating_name, "labels": labels},
-        "webhooks": [{
-            "name": MUTATING_WEBHOOK,
-            "clientConfig": _client_config(service_namespace, service_name, "/mutate", port,
-                                           ca_bundle),
-            **common,
-            # Another webhook may change the pod after ours: run again. A translated pod only
-            # gets its scheduling gate back if that webhook dropped it; a GPU request added
-            # after the translation is left to /validate, which refuses it with that reason.
-            "reinvocationPolicy": "IfNeeded",
-        }],
+        "webhooks": pod_webhooks("mutate", MUTATING_WEBHOOK, common=mutating_common,
+                                 excluded=common["namespaceSelector"], client_config=client,
+                                 default_mode=default_translation),
     }
     validating = {
         "apiVersion": VALIDATING_WEBHOOK_CONFIGURATIONS.api_version,
         "kind": VALIDATING_WEBHOOK_CONFIGURATIONS.kind,
         "metadata": {"name": validating_name, "labels": labels},
-        "webhooks": [{
-            "name": VALIDATING_WEBHOOK,
-            "clientConfig": _client_config(service_namespace, service_name, "/validate", port,
-                                           ca_bundle),
-            **common,
-        }, rules_webhook(
-            client_config=_client_config(service_namespace, service_name, "/validate-rules",
-                                         port, ca_bundle),
-            gateway_namespace=gateway_namespace or service_namespace),
-            claims_webhook(
-                client_config=_client_config(service_namespace, service_name, "/validate",
-                                             port, ca_bundle),
-                namespace_selector=common["namespaceSelector"])],
+        "webhooks": [
+            *pod_webhooks("validate", VALIDATING_WEBHOOK, common=common,
+                          excluded=common["namespaceSelector"], client_config=client,
+                          default_mode=default_translation),
+            rules_webhook(client_config=client("/validate-rules"),
+                          gateway_namespace=gateway_namespace or service_namespace),
+            claims_webhook(client_config=client("/validate"),
+                           namespace_selector={"matchExpressions": [
+                               *common["namespaceSelector"]["matchExpressions"],
+                               {"key": names.TRANSLATION_LABEL, "operator": "NotIn",
+                                "values": [names.TRANSLATION_DISABLED]}]})],
     }
     return mutating, validating
 
@@ -265,9 +334,9 @@ async def reconcile(cluster: Cluster, rules: RuleSet, *,
     Only the gateway's own webhooks (by name) are touched. Returns the configurations updated;
     a configuration that is not installed is skipped (the installer owns creating it).
     """
-    wanted = {MUTATING_WEBHOOK: match_conditions(rules),
-              VALIDATING_WEBHOOK: match_conditions(rules),
-              CLAIMS_WEBHOOK: claim_match_conditions()}
+    pods = match_conditions(rules)
+    hooks = (*pod_webhook_names(MUTATING_WEBHOOK), *pod_webhook_names(VALIDATING_WEBHOOK))
+    wanted = {**dict.fromkeys(hooks, pods), CLAIMS_WEBHOOK: claim_match_conditions()}
     bundle = base64.b64encode(ca_bundle).decode("ascii") if ca_bundle else None
     updated = []
     for rt, name, hook in ((MUTATING_WEBHOOK_CONFIGURATIONS, mutating_name, MUTATING_WEBHOOK),
@@ -288,7 +357,8 @@ async def _reconcile_one(cluster: Cluster, rt: ResourceType, name: str, hook: st
                      extra={"kind": rt.kind, "object": name})
             return False
         changed = False
-        ours = (hook, CLAIMS_WEBHOOK, RULES_WEBHOOK) if hook == VALIDATING_WEBHOOK else (hook,)
+        ours = (*pod_webhook_names(hook), CLAIMS_WEBHOOK, RULES_WEBHOOK) \
+            if hook == VALIDATING_WEBHOOK else pod_webhook_names(hook)
         for webhook in current.get("webhooks") or ():
             if webhook.get("name") not in ours:
                 continue

@@ -36,6 +36,16 @@ class Metrics:
         self.translations = Counter(
             "dra_gateway_webhook_translations_total",
             "Pods translated, by rule applied.", ["rule"], registry=r)
+        self.audit_translations = Counter(
+            "dra_gateway_webhook_audit_translations_total",
+            "Pods admitted unchanged in audit mode that a rule would translate, by rule.",
+            ["rule"], registry=r)
+        self.held_back = Counter(
+            "dra_gateway_webhook_pods_held_back_total",
+            "Pods asking for GPUs admitted with their legacy requests as they are, by mode: "
+            "audit (their namespace, or their own annotation, says audit; a namespace label "
+            "of unknown value counts as audit) or disabled (their annotation).", ["mode"],
+            registry=r)
         self.refusals = Counter(
             "dra_gateway_webhook_refusals_total",
             "Pods refused, by endpoint and reason.", ["endpoint", "reason"], registry=r)

@@ -16,14 +16,23 @@ from typing import Any
 
 import orjson
 
+from dra_gateway.kube import names
+from dra_gateway.translator.explaining import explain, summary_lines
 from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import ClassLookup, Untranslated, translate
+from dra_gateway.webhook import translation
 from dra_gateway.webhook.reviews import Refusal, encode_patch
+from dra_gateway.webhook.translation import NamespaceMode
 
 # A pod the rules cannot honour is a request the user must change, not a server failure.
 REFUSED_CODE = 403
 REFUSED_REASON = "Forbidden"
+# A pod whose own translation annotation cannot be read is malformed input.
+INVALID_CODE = 422
+INVALID_REASON = "Invalid"
+# Heads each audit-mode warning, so that it reads apart from the API server's own.
+AUDIT_PREFIX = "dra-gateway audit: "
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +47,10 @@ class Mutation:
     extended: tuple[ExtendedResourceUse, ...] = ()
     # Known legacy names left in the pod because their rule is disabled (each with a warning).
     untranslated: tuple[Untranslated, ...] = ()
+    # The pod's translation mode: enabled, or why its legacy requests were left as they are
+    # (audit, disabled by its annotation); `would_apply`: the rules audit mode says would apply.
+    mode: str = names.TRANSLATION_ENABLED
+    would_apply: tuple[str, ...] = ()
 
 
 NO_CHANGE = Mutation()
@@ -62,7 +75,7 @@ class PlanCache:
         self._entries: dict[bytes, Mutation] = {}
 
     @staticmethod
-    def key(pod: Mapping[str, Any], namespace: str) -> bytes | None:
+    def key(pod: Mapping[str, Any], namespace: str, mode: str = "") -> bytes | None:
         spec = pod.get("spec")
         if isinstance(spec, dict) and spec.get("resourceClaims"):
             return None
@@ -72,7 +85,7 @@ class PlanCache:
             return None
         if len(text) > MAX_CACHED_POD_BYTES:
             return None
-        return namespace.encode() + b"\0" + text
+        return f"{mode}\0{namespace}\0".encode() + text
 
     def get(self, key: bytes, generation: Hashable) -> Mutation | None:
         if generation != self._generation:
@@ -92,19 +105,75 @@ class PlanCache:
 
 def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
            class_lookup: ClassLookup | None = None,
-           extended: ExtendedResources | None = None) -> Mutation:
+           extended: ExtendedResources | None = None,
+           mode: NamespaceMode = names.TRANSLATION_ENABLED,
+           namespace_label: str | None = None) -> Mutation:
     """What /mutate answers for a pod being created in `namespace`; `extended`: the names the
-    cluster's DeviceClasses declare as spec.extendedResourceName (see `translate`)."""
+    cluster's DeviceClasses declare as spec.extendedResourceName (see `translate`); `mode`:
+    the namespace's translation mode, which the webhook configuration's namespaceSelectors
+    tell through the path the API server calls (see `translation`), and `namespace_label` its
+    label's value where the webhook knows it (for the warning of an unknown value)."""
+    held = translation.held_back(pod, namespace, mode, namespace_label=namespace_label)
+    if held.refusal is not None:
+        return Mutation(refusal=Refusal(INVALID_CODE, INVALID_REASON, held.refusal))
+    if held.mode != names.TRANSLATION_ENABLED:
+        return _held(pod, namespace, rules, held, class_lookup=class_lookup, extended=extended)
+    return _translated(pod, namespace, rules, class_lookup=class_lookup, extended=extended)
+
+
+def _held(pod: Mapping[str, Any], namespace: str, rules: RuleSet, held: translation.Held, *,
+          class_lookup: ClassLookup | None, extended: ExtendedResources | None) -> Mutation:
+    """A pod admitted with its legacy requests as they are: what translation would do is said
+    (in audit mode) but not done; a pod whose own claims use a gateway class is still gated."""
+    made_metadata = _metadata_made(pod, namespace)
+    pod = _with_namespace(pod, namespace)
+    would = translate(pod, rules, class_lookup=class_lookup, extended=extended)
+    kept = translate(pod, rules, class_lookup=class_lookup, extended=extended,
+                     hold_legacy=True)
+    audit = {"translation": held.mode}
+    warnings = list(held.warnings)
+    would_apply: tuple[str, ...] = ()
+    if held.mode == names.TRANSLATION_AUDIT:
+        would_apply = tuple(would.rules_applied)
+        if would.refusal is not None or would.templates:
+            explanation = explain(pod, rules, plan=would, extended=extended)
+            warnings += summary_lines(explanation, prefix=AUDIT_PREFIX)
+        if would.refusal is not None:
+            audit["would-be-refused"] = would.refusal.message
+        if would_apply:
+            audit["would-translate-by"] = ",".join(would_apply)
+        if would.templates:
+            audit["would-use-resource-claim-templates"] = ",".join(
+                t["metadata"]["name"] for t in would.templates)
+    warnings += [w for w in would.warnings if w not in warnings]
+    return Mutation(
+        patch=encode_patch([*made_metadata, *kept.patch]) if kept.patch else None,
+        warnings=tuple(warnings), audit=audit, would_apply=would_apply,
+        mode=held.mode, untranslated=tuple(would.untranslated))
+
+
+def _with_namespace(pod: Mapping[str, Any], namespace: str) -> Mapping[str, Any]:
     meta = pod.get("metadata")
-    # The patch applies to the pod as sent: metadata added here must be added by it too.
-    made_metadata: list[dict[str, Any]] = []
     if namespace and (not isinstance(meta, dict) or not meta.get("namespace")):
         # The API server fills the namespace in before admission; a review built by hand may
         # not, and the templates must land in the pod's namespace all the same.
-        pod = {**pod, "metadata": {**(meta if isinstance(meta, dict) else {}),
-                                   "namespace": namespace}}
-        if not isinstance(meta, dict):
-            made_metadata.append({"op": "add", "path": "/metadata", "value": {}})
+        return {**pod, "metadata": {**(meta if isinstance(meta, dict) else {}),
+                                    "namespace": namespace}}
+    return pod
+
+
+def _metadata_made(pod: Mapping[str, Any], namespace: str) -> list[dict[str, Any]]:
+    """The patch applies to the pod as sent: metadata `_with_namespace` adds must be added by
+    it too."""
+    return [] if not namespace or isinstance(pod.get("metadata"), dict) else [
+        {"op": "add", "path": "/metadata", "value": {}}]
+
+
+def _translated(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
+                class_lookup: ClassLookup | None,
+                extended: ExtendedResources | None) -> Mutation:
+    made_metadata = _metadata_made(pod, namespace)
+    pod = _with_namespace(pod, namespace)
     plan = translate(pod, rules, class_lookup=class_lookup, extended=extended)
     warnings = tuple(plan.warnings)
     applied = tuple(plan.rules_applied)

@@ -20,7 +20,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from dra_gateway.kube import objects
+from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import ApiError, Cluster, Object
 from dra_gateway.kube.resources import (
     GPU_QUOTAS,
@@ -63,6 +63,8 @@ class PolicyWatch:
         # Each GPUQuota as the catalog holds it (or why it is left out), kept per object.
         self._quota_states: dict[tuple[str, str], QuotaState] = {}
         self._quota_errors: dict[tuple[str, str], str] = {}
+        # Namespaces whose translation label has an unknown value, with the value reported.
+        self._bad_labels: dict[str, str] = {}
         self.catalog = Catalog()
         self.generation = 0
         self.on_change: Callable[[Catalog], None] | None = None
@@ -101,7 +103,31 @@ class PolicyWatch:
                      deleted=lambda obj: self._deleted(rt, obj),
                      failed=failed, missing=missing, rbac_fix=_RBAC_FIX)
 
+    def namespace_label(self, namespace: str, key: str) -> str | None:
+        """The value of label `key` on `namespace` as last seen (None: no such label, or the
+        namespace not seen)."""
+        obj = self._objects[NAMESPACES].get(("", namespace))
+        return objects.labels(obj).get(key) if obj is not None else None
+
+    def _check_translation_label(self, namespace: Object) -> None:
+        """Say, once per value, that a namespace's translation label reads as no mode: its pods
+        are admitted unchanged, and its administrator should know why."""
+        name = objects.name(namespace)
+        value = objects.labels(namespace).get(names.TRANSLATION_LABEL)
+        if value is None or value in names.TRANSLATION_MODES:
+            self._bad_labels.pop(name, None)
+            return
+        if self._bad_labels.get(name) != value:
+            self._bad_labels[name] = value
+            log.warning("namespace translation label has an unknown value: its pods are "
+                        "admitted unchanged, as in audit mode", extra={
+                            "namespace": name, "label": names.TRANSLATION_LABEL,
+                            "value": value, "fix": "set it to " + ", ".join(
+                                names.TRANSLATION_MODES)})
+
     def _changed(self, rt: ResourceType, obj: Object) -> None:
+        if rt is NAMESPACES:
+            self._check_translation_label(obj)
         if rt is GPU_QUOTAS:
             self._quota(obj)
         self._objects[rt][_key(obj)] = obj
@@ -124,6 +150,9 @@ class PolicyWatch:
                     self._quota_errors.pop(gone, None)
             for item in items:
                 self._quota(item)
+        if rt is NAMESPACES:
+            for item in items:
+                self._check_translation_label(item)
         self._objects[rt] = {_key(i): i for i in items}
         self._listed.add(rt)
         self._problems.pop(rt, None)

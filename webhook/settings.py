@@ -14,6 +14,10 @@ MUTATING_CONFIGURATION = "dra-gateway"
 VALIDATING_CONFIGURATION = "dra-gateway"
 MUTATING_WEBHOOK = "mutate.dra-gateway.io"
 VALIDATING_WEBHOOK = "validate.dra-gateway.io"
+# The pod webhooks of namespaces that carry the translation label, by its value: each has a
+# namespaceSelector of its own (webhook/config.py), named "<mode>.<the name above>"; the names
+# above serve the namespaces without the label, as they did before the label existed.
+POD_WEBHOOK_MODES = ("enabled", "audit", "unknown-mode")
 RULES_WEBHOOK = "rules.dra-gateway.io"
 CLAIMS_WEBHOOK = "claims.dra-gateway.io"
 

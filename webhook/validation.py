@@ -29,6 +29,7 @@ from dra_gateway.translator.extended import ExtendedResources, deferred_resource
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import CLAIM_NAME, TEMPLATE_PREFIX
 from dra_gateway.webhook.reviews import Refusal
+from dra_gateway.webhook.translation import ENABLED, Held
 
 REFUSED_CODE = 403
 
@@ -68,6 +69,9 @@ class PodUnderReview:
     claim_requests: tuple[tuple[RequestShape, ...] | None, ...] = ()
     policies: Catalog = field(default_factory=Catalog)
     models: ModelLookup | None = None
+    # The mode the pod is admitted under (its namespace's and its own annotation's): legacy
+    # requests are judged only where it is enabled.
+    translation: Held = ENABLED
 
     @property
     def spec(self) -> Mapping[str, Any]:
@@ -173,7 +177,10 @@ class LegacyRequestsTranslated:
     name = "legacy-requests-translated"
 
     def check(self, review: PodUnderReview) -> Sequence[Violation]:
-        if not review.enforce:
+        if not review.enforce or review.translation.mode != names.TRANSLATION_ENABLED \
+                or review.translation.refusal is not None:
+            # Audit mode and a pod's own opt-out keep legacy requests on purpose (`migrate
+            # plan` counts them); an unreadable annotation is the one thing to fix.
             return ()
         out: list[Violation] = []
         annotations = review.metadata.get("annotations")
@@ -357,8 +364,20 @@ def check_claim(review: ClaimUnderReview) -> Verdict:
                    violations, tuple(GpuPolicies.name for _ in violations))
 
 
+class TranslationAnnotation:
+    """A pod's translation annotation takes one of the modes where the pod would be
+    translated (elsewhere /mutate warns instead: audit mode changes nothing)."""
+
+    name = "translation-annotation"
+
+    def check(self, review: PodUnderReview) -> Sequence[Violation]:
+        refusal = review.translation.refusal
+        return (Violation("InvalidTranslationAnnotation", refusal),) if refusal else ()
+
+
 DEFAULT_POLICIES: tuple[PodPolicy, ...] = (
-    TranslationConsistency(), GatedGatewayClaims(), LegacyRequestsTranslated(), GpuPolicies())
+    TranslationAnnotation(), TranslationConsistency(), GatedGatewayClaims(),
+    LegacyRequestsTranslated(), GpuPolicies())
 
 
 @dataclass(frozen=True, slots=True)

@@ -591,7 +591,7 @@ def test_rules_config_maps_are_checked_when_written_in_the_release_namespace(
     hook = _rules_hook(objects)
     _, webhook_side = configurations(load_rules(), service_namespace=NAMESPACE,
                                      service_name=f"{RELEASE}-webhook", ca_bundle=None)
-    expected = dict(webhook_side["webhooks"][1])
+    (expected,) = [h for h in webhook_side["webhooks"] if h["name"] == RULES_HOOK]
     # Same webhook as the webhook's own configuration prints, clientConfig aside.
     assert {k: v for k, v in hook.items() if k != "clientConfig"} == {
         k: v for k, v in expected.items() if k != "clientConfig"}
@@ -621,7 +621,10 @@ def test_native_gateway_claims_and_templates_are_checked_at_create(helm: HelmRun
                               "scope": "Namespaced"}]
     (validate,) = [h for _, h in _webhooks(objects) if h["name"] == "validate.dra-gateway.io"]
     assert hook["clientConfig"] == validate["clientConfig"]
-    assert hook["namespaceSelector"] == validate["namespaceSelector"]
+    # Every namespace the pod webhooks may see, but those whose translation is disabled.
+    assert hook["namespaceSelector"] == {"matchExpressions": [
+        validate["namespaceSelector"]["matchExpressions"][0],
+        {"key": "dra-gateway.io/translation", "operator": "NotIn", "values": ["disabled"]}]}
     # The namespaces left out follow webhook.excludeNamespaces like the pod webhooks'.
     hook = _claims_hook(helm.render("hardened-node-plugin"))
     assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [
@@ -633,7 +636,15 @@ def test_webhook_configurations_send_pod_creates_safely(helm: HelmRunner) -> Non
     hooks = _webhooks(objects)
     assert [(c["kind"], h["name"], h["clientConfig"]["service"]["path"]) for c, h in hooks] == [
         ("MutatingWebhookConfiguration", "mutate.dra-gateway.io", "/mutate"),
+        ("MutatingWebhookConfiguration", "enabled.mutate.dra-gateway.io", "/mutate"),
+        ("MutatingWebhookConfiguration", "audit.mutate.dra-gateway.io", "/mutate/audit"),
+        ("MutatingWebhookConfiguration", "unknown-mode.mutate.dra-gateway.io",
+         "/mutate/unknown-mode"),
         ("ValidatingWebhookConfiguration", "validate.dra-gateway.io", "/validate"),
+        ("ValidatingWebhookConfiguration", "enabled.validate.dra-gateway.io", "/validate"),
+        ("ValidatingWebhookConfiguration", "audit.validate.dra-gateway.io", "/validate/audit"),
+        ("ValidatingWebhookConfiguration", "unknown-mode.validate.dra-gateway.io",
+         "/validate/audit"),
     ]
     service = one(objects, "Service", "webhook")
     for config, hook in hooks:
@@ -645,14 +656,48 @@ def test_webhook_configurations_send_pod_creates_safely(helm: HelmRunner) -> Non
         assert hook["failurePolicy"] == "Fail"
         assert hook["timeoutSeconds"] == 5
         assert hook["admissionReviewVersions"] == ["v1"]
-        assert hook["namespaceSelector"] == {"matchExpressions": [{
+        assert hook["namespaceSelector"]["matchExpressions"][0] == {
             "key": "kubernetes.io/metadata.name", "operator": "NotIn",
-            "values": ["kube-system", NAMESPACE]}]}
+            "values": ["kube-system", NAMESPACE]}
         assert [c["name"] for c in hook["matchConditions"]] == ["gpu-pods"]
         assert hook["clientConfig"]["service"] == {
             "name": service["metadata"]["name"], "namespace": NAMESPACE,
             "path": hook["clientConfig"]["service"]["path"], "port": 443}
-    assert hooks[0][1]["reinvocationPolicy"] == "IfNeeded"
+    assert all(h.get("reinvocationPolicy") == ("IfNeeded" if c["kind"].startswith("Mutating")
+                                                 else None) for c, h in hooks)
+
+
+@pytest.mark.parametrize("default", ["enabled", "audit"])
+def test_pod_webhooks_per_translation_mode_are_those_the_webhook_writes(
+        helm: HelmRunner, default: str) -> None:
+    from dra_gateway.translator.rules import load_rules
+    from dra_gateway.webhook.config import configurations
+
+    result = helm.template({"webhook": {"translation": {"default": default}}})
+    assert result.returncode == 0, result.stderr
+    objects = parse_render(result.stdout)
+    written = configurations(load_rules(), service_namespace=NAMESPACE,
+                             service_name=f"{RELEASE}-webhook", ca_bundle=None,
+                             default_translation=default)
+    def canonical(selector: Object) -> list[Object]:
+        # The order of the namespaces left out is the chart's own.
+        return [{**e, "values": sorted(e["values"])} if "values" in e else e
+                for e in selector["matchExpressions"]]
+
+    expected = [(h["name"], h["clientConfig"]["service"]["path"],
+                 canonical(h["namespaceSelector"]))
+                for config in written for h in config["webhooks"]
+                if h["name"] not in (RULES_HOOK, CLAIMS_HOOK)]
+    assert [(h["name"], h["clientConfig"]["service"]["path"], canonical(h["namespaceSelector"]))
+            for _, h in _webhooks(objects)] == expected
+
+
+def test_an_unknown_default_translation_mode_fails_with_the_fix(helm: HelmRunner) -> None:
+    # The schema says so before any template runs.
+    result = helm.template({"webhook": {"translation": {"default": "disabled"}}})
+    assert result.returncode != 0
+    assert "/webhook/translation/default" in result.stderr
+    assert "'enabled', 'audit'" in result.stderr
 
 
 def _pod(*, limits: dict[str, str] | None = None, requests: dict[str, str] | None = None,
@@ -750,9 +795,9 @@ def test_webhook_configurations_have_the_names_the_webhook_reconciles(helm: Helm
 def test_webhook_url_points_both_configurations_outside_the_cluster(helm: HelmRunner) -> None:
     hooks = _webhooks(helm.render("external-webhook"))
     assert [hook["clientConfig"] for _, hook in hooks] == [
-        {"url": "https://localhost:9443/mutate", "caBundle": CA_BUNDLE},
-        {"url": "https://localhost:9443/validate", "caBundle": CA_BUNDLE},
-    ]
+        {"url": f"https://localhost:9443{path}", "caBundle": CA_BUNDLE} for path in (
+            "/mutate", "/mutate", "/mutate/audit", "/mutate/unknown-mode",
+            "/validate", "/validate", "/validate/audit", "/validate/audit")]
     assert _rules_hook(helm.render("external-webhook"))["clientConfig"] == {
         "url": "https://localhost:9443/validate-rules", "caBundle": CA_BUNDLE}
 

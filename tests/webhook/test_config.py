@@ -44,7 +44,7 @@ def test_both_configurations_pass_the_strict_1_34_schemas(rules: RuleSet) -> Non
 
 def test_the_configurations_admit_gpu_pods_safely(rules: RuleSet) -> None:
     mutating, validating = _configs(rules)
-    (hook,) = mutating["webhooks"]
+    hook = mutating["webhooks"][0]
     assert hook["name"] == "mutate.dra-gateway.io"
     assert hook["clientConfig"] == {
         "service": {"namespace": "dra-gateway", "name": "dra-gateway-webhook",
@@ -59,8 +59,9 @@ def test_the_configurations_admit_gpu_pods_safely(rules: RuleSet) -> None:
                               "resources": ["pods"], "scope": "Namespaced"}]
     assert hook["namespaceSelector"] == {"matchExpressions": [{
         "key": "kubernetes.io/metadata.name", "operator": "NotIn",
-        "values": ["dra-gateway", "kube-system"]}]}
-    (vhook, rules_hook, claims_hook) = validating["webhooks"]
+        "values": ["dra-gateway", "kube-system"]}, {
+        "key": "dra-gateway.io/translation", "operator": "DoesNotExist"}]}
+    (vhook, *_, rules_hook, claims_hook) = validating["webhooks"]
     assert vhook["clientConfig"]["service"]["path"] == "/validate"
     assert "reinvocationPolicy" not in vhook
     assert vhook["matchConditions"] == hook["matchConditions"]
@@ -84,13 +85,69 @@ def test_the_configurations_admit_gpu_pods_safely(rules: RuleSet) -> None:
                                      "operations": ["CREATE"],
                                      "resources": ["resourceclaims", "resourceclaimtemplates"],
                                      "scope": "Namespaced"}]
-    assert claims_hook["namespaceSelector"] == vhook["namespaceSelector"]
+    # Every namespace but the disabled ones (and those left out of every webhook).
+    assert claims_hook["namespaceSelector"] == {"matchExpressions": [
+        vhook["namespaceSelector"]["matchExpressions"][0],
+        {"key": "dra-gateway.io/translation", "operator": "NotIn", "values": ["disabled"]}]}
     # Ignore: a pod using such a claim is checked at its creation anyway (Fail), and a webhook
     # outage must not refuse every gateway-class claim.
     assert claims_hook["failurePolicy"] == "Ignore"
     assert claims_hook["sideEffects"] == "None"
     assert [c["name"] for c in claims_hook["matchConditions"]] == [
         "gateway-classes", "not-translated-by-the-gateway", "not-made-for-a-pod"]
+
+
+def _selected(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a namespace with `labels` matches a namespaceSelector's matchExpressions."""
+    for expression in selector["matchExpressions"]:
+        key, operator = expression["key"], expression["operator"]
+        values = expression.get("values", [])
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("default", ["enabled", "audit"])
+@pytest.mark.parametrize(("label", "mutate", "validate"), [
+    ("enabled", "/mutate", "/validate"),
+    ("audit", "/mutate/audit", "/validate/audit"),
+    ("disabled", None, None),
+    (None, "default", "default"),
+    ("enable", "/mutate/unknown-mode", "/validate/audit"),
+    ("", "/mutate/unknown-mode", "/validate/audit"),
+])
+def test_each_namespace_mode_sends_a_pod_to_exactly_one_path_of_each_configuration(
+        rules: RuleSet, default: str, label: str | None, mutate: str | None,
+        validate: str | None) -> None:
+    mutating, validating = configurations(
+        rules, service_namespace="dra-gateway", service_name="dra-gateway-webhook",
+        ca_bundle=b"PEM", default_translation=default)
+    labels = {"kubernetes.io/metadata.name": "team-a"}
+    if label is not None:
+        labels["dra-gateway.io/translation"] = label
+    for config, wanted in ((mutating, mutate), (validating, validate)):
+        if wanted == "default":
+            wanted = ("/mutate" if config is mutating else "/validate") + (
+                "/audit" if default == "audit" else "")
+        paths = [h["clientConfig"]["service"]["path"] for h in config["webhooks"]
+                 if h["rules"][0]["resources"] == ["pods"]
+                 and _selected(h["namespaceSelector"], labels)]
+        assert paths == ([wanted] if wanted else [])
+    # The claims webhook follows: every namespace but a disabled one.
+    claims = validating["webhooks"][-1]
+    assert _selected(claims["namespaceSelector"], labels) == (label != "disabled")
+
+
+def test_an_unknown_default_translation_mode_is_refused(rules: RuleSet) -> None:
+    with pytest.raises(ValueError, match="must be enabled or audit, not 'disabled'"):
+        configurations(rules, service_namespace="dra-gateway", service_name="w",
+                       ca_bundle=None, default_translation="disabled")
 
 
 def _matches(rules: RuleSet, pod: dict[str, Any]) -> bool:

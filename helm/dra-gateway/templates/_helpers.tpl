@@ -233,21 +233,66 @@ clientConfig:
 The namespaces the pod and claim webhooks leave out: kube-system, the release's own and
 webhook.excludeNamespaces. Call with the root context.
 */}}
-{{- define "dra-gateway.webhookNamespaceSelector" -}}
-namespaceSelector:
-  matchExpressions:
-    - key: kubernetes.io/metadata.name
-      operator: NotIn
-      values:
-        {{- range (concat (list "kube-system" .Release.Namespace) .Values.webhook.excludeNamespaces | uniq) }}
-        - {{ . | quote }}
-        {{- end }}
+{{- define "dra-gateway.excludedNamespaces" -}}
+- key: kubernetes.io/metadata.name
+  operator: NotIn
+  values:
+    {{- range (concat (list "kube-system" .Release.Namespace) .Values.webhook.excludeNamespaces | uniq) }}
+    - {{ . | quote }}
+    {{- end }}
+{{- end }}
+
+{{/*
+The translation mode of namespaces without the label dra-gateway.io/translation.
+*/}}
+{{- define "dra-gateway.defaultTranslation" -}}
+{{- $mode := "enabled" -}}
+{{- with .Values.webhook.translation }}{{ with .default }}{{ $mode = . }}{{ end }}{{ end -}}
+{{- if not (has $mode (list "enabled" "audit")) -}}
+{{- fail (printf "webhook.translation.default is %q; set it to enabled or audit (disabled namespaces are labelled dra-gateway.io/translation=disabled one by one)" $mode) -}}
+{{- end -}}
+{{- $mode -}}
+{{- end }}
+
+{{/*
+The pod webhooks of one configuration, one per translation mode of a namespace, with disjoint
+namespaceSelectors (webhook/config.py writes the same): NAME for namespaces without the label
+dra-gateway.io/translation (webhook.translation.default), enabled.NAME and audit.NAME for those
+labelled so, unknown-mode.NAME for any other value; disabled namespaces
+are sent nowhere. The path tells the webhook the mode. Call with (dict "root" $ "name" NAME
+"endpoint" "/mutate" or "/validate" "reinvoke" true|false).
+*/}}
+{{- define "dra-gateway.podWebhooks" -}}
+{{- $root := .root -}}
+{{- $endpoint := .endpoint -}}
+{{- $default := include "dra-gateway.defaultTranslation" $root -}}
+{{- $audit := printf "%s/audit" $endpoint -}}
+{{- $paths := dict "enabled" $endpoint "audit" $audit -}}
+{{- $unknown := ternary (printf "%s/unknown-mode" $endpoint) $audit (eq $endpoint "/mutate") -}}
+{{- $hooks := list
+  (dict "prefix" "" "path" (get $paths $default) "expressions" (list (dict "key" "dra-gateway.io/translation" "operator" "DoesNotExist")))
+  (dict "prefix" "enabled." "path" $endpoint "expressions" (list (dict "key" "dra-gateway.io/translation" "operator" "In" "values" (list "enabled"))))
+  (dict "prefix" "audit." "path" $audit "expressions" (list (dict "key" "dra-gateway.io/translation" "operator" "In" "values" (list "audit"))))
+  (dict "prefix" "unknown-mode." "path" $unknown "expressions" (list (dict "key" "dra-gateway.io/translation" "operator" "Exists") (dict "key" "dra-gateway.io/translation" "operator" "NotIn" "values" (list "enabled" "audit" "disabled"))))
+-}}
+{{- range $hooks }}
+- name: {{ printf "%s%s" .prefix $.name }}
+  {{- if $.reinvoke }}
+  reinvocationPolicy: IfNeeded
+  {{- end }}
+  {{- include "dra-gateway.webhookCommon" (dict "root" $root "path" .path "expressions" .expressions) | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{- define "dra-gateway.webhookCommon" -}}
 {{- $root := .root -}}
 {{ include "dra-gateway.webhookClientConfig" . }}
-{{ include "dra-gateway.webhookNamespaceSelector" $root }}
+namespaceSelector:
+  matchExpressions:
+    {{- include "dra-gateway.excludedNamespaces" $root | nindent 4 }}
+    {{- with .expressions }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- with $root.Values.webhook.objectSelector }}
 objectSelector:
   {{- toYaml . | nindent 2 }}
