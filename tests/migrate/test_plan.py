@@ -165,7 +165,9 @@ def test_the_steps_come_in_order_with_what_each_waits_for(tmp_path: Path) -> Non
     assert audit.actions == tuple(
         f"kubectl label namespace {ns} dra-gateway.io/translation=audit --overwrite"
         for ns in ("team-a", "team-c", "team-e"))
-    assert any(w.startswith("fix Pod ml/bad, which a rule refuses") for w in audit.waits_for)
+    assert ('fix Pod ml/bad, whose pods translation refuses: container "main": set '
+            "nvidia.com/gpumem or nvidia.com/gpumem-percentage, not both (rule hami)"
+            ) in audit.waits_for
     assert create.actions == ("dra-gateway migrate quotas -f dump.yaml | kubectl apply -f -",)
     assert create.waits_for[0] == ("GPUQuota team-a/gpus exists (kubectl get gpuquotas -n "
                                    "team-a)")

@@ -66,6 +66,7 @@ class WorkloadPlan:
     legacy_pods: tuple[str, ...] = ()  # those of them still holding legacy requests
     nodes: tuple[str, ...] = ()
     template: str = ""  # the ResourceClaimTemplate its pods would use
+    refusal: str = ""  # why a rule refuses its pods, whatever the namespace's mode
     containers: tuple[ContainerPlan, ...] = ()
     warnings: tuple[str, ...] = ()
 
@@ -271,7 +272,7 @@ def _workload(key: tuple[str, str, str], sample: Object, pods: Sequence[Object],
         pods=tuple(objects.name(p) for p in pods), legacy_pods=legacy_pods,
         nodes=tuple(sorted({str(objects.spec(p).get("nodeName")) for p in pods
                             if objects.spec(p).get("nodeName")})),
-        template=explanation.template, containers=containers,
+        template=explanation.template, refusal=explanation.refusal, containers=containers,
         warnings=tuple(translation.warnings))
 
 
@@ -362,10 +363,10 @@ def _steps(namespaces: Sequence[NamespacePlan], workloads: Sequence[WorkloadPlan
            nodes: Sequence[NodeState], quotas: QuotaMigration, source: str
            ) -> tuple[Step, ...]:
     moving = [n for n in namespaces if n.workloads]
-    refused = [w for w in workloads if w.status == "refused"
-               or (w.status == "legacy" and "be refused" in w.why)]
-    refusals = tuple(f"fix {w.kind} {w.namespace}/{w.name}, which a rule refuses: {w.why}"
-                     for w in refused)
+    refused = [w for w in workloads
+               if (w.refusal or w.status == "refused") and w.status != "translated"]
+    refusals = tuple(f"fix {w.kind} {w.namespace}/{w.name}, whose pods translation refuses: "
+                     f"{w.refusal or w.why}" for w in refused)
 
     to_audit = [n for n in moving if n.mode not in ("audit", "enabled") or n.source == "default"]
     audit = Step(1, "Put the namespaces in audit mode", not to_audit,
@@ -392,7 +393,8 @@ def _steps(namespaces: Sequence[NamespacePlan], workloads: Sequence[WorkloadPlan
             enable_waits.append(f"{n.name}: its GPUQuota exists (step 2)")
         blocked = [w for w in refused if w.namespace == n.name]
         if blocked:
-            enable_waits.append(f"{n.name}: {len(blocked)} workload(s) a rule refuses are fixed")
+            enable_waits.append(f"{n.name}: {len(blocked)} workload(s) whose pods translation "
+                                "refuses are fixed")
     enable_waits.append("translated pods wait, gated, until a cut-over node publishes cards "
                         "to the gateway (step 4)")
     enable = Step(3, "Enable translation namespace by namespace", not to_enable,
