@@ -159,7 +159,7 @@ def build_plan(inventory: Inventory, rules: RuleSet, *, default_mode: str = "ena
                          namespaces=namespaces, workloads=workloads, nodes=nodes, quotas=quotas,
                          steps=steps, notes=tuple(notes),
                          gpu_quotas=tuple(sorted(inventory.gpu_quotas,
-                                                       key=objects.namespace_name)))
+                                                 key=objects.namespace_name)))
 
 
 # Workloads ------------------------------------------------------------------------------------
