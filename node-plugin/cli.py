@@ -103,6 +103,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        metavar="SECONDS", help="how often the pod-resources API is asked; "
                        "withheld cards come back this long after their last legacy holder "
                        "ends (default: %(default)s)")
+    serve.add_argument("--legacy-node-interval", type=_positive_seconds, default=30.0,
+                       metavar="SECONDS", help="how often the Node's status.allocatable is "
+                       "read for legacy GPU names no device plugin lists (Koordinator's, HAMi's "
+                       "memory), and to see a legacy plugin's amount drop to zero "
+                       "(default: %(default)s)")
     serve.add_argument("--log-level", default="INFO", type=str.upper,
                        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                        help="least severe level logged, in any case "

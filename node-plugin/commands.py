@@ -91,7 +91,8 @@ async def _serve(args: argparse.Namespace) -> int:
         enforcement=cdi.EnforcementSettings(hami_library=args.hami_library),
         coexistence=CoexistenceSettings(enabled=args.legacy_coexistence,
                                         socket=args.pod_resources_socket,
-                                        poll_seconds=args.legacy_poll_interval))
+                                        poll_seconds=args.legacy_poll_interval,
+                                        node_seconds=args.legacy_node_interval))
     try:
         cluster = await connect(args.cluster, args.kubeconfig)
     except ClusterConfigError as exc:

@@ -126,8 +126,12 @@ def test_serve_asks_the_kubelets_pod_resources_socket_every_two_seconds_by_defau
 
     args = build_parser().parse_args(["node-plugin", "serve", "--inventory", str(h100x8),
                                       "--node-name", "n"])
-    assert (args.legacy_coexistence, args.pod_resources_socket, args.legacy_poll_interval) == (
-        True, Path("/var/lib/kubelet/pod-resources/kubelet.sock"), 2.0)
+    assert (args.legacy_coexistence, args.pod_resources_socket, args.legacy_poll_interval,
+            args.legacy_node_interval) == (
+        True, Path("/var/lib/kubelet/pod-resources/kubelet.sock"), 2.0, 30.0)
+    faster = build_parser().parse_args(["node-plugin", "serve", "--inventory", str(h100x8),
+                                        "--node-name", "n", "--legacy-node-interval", "1.5"])
+    assert faster.legacy_node_interval == 1.5
     off = build_parser().parse_args(["node-plugin", "serve", "--inventory", str(h100x8),
                                      "--node-name", "n", "--no-legacy-coexistence"])
     assert off.legacy_coexistence is False
