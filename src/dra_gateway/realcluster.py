@@ -135,6 +135,17 @@ def path_of(api_version: str, plural: str, *, namespace: str | None = None,
     return "/".join(parts)
 
 
+def _warning_text(header: str) -> str:
+    """The text of a `Warning: 299 - "text"` header (RFC 7234), as kubectl prints it."""
+    parts = header.split(" ", 2)
+    if len(parts) == 3 and parts[0] == "299":
+        text = parts[2]
+        if len(text) >= 2 and text[0] == '"' and text[-1] == '"':
+            return text[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+        return text
+    return header
+
+
 @dataclass(frozen=True)
 class Api:
     """JSON REST calls to the API server as one user (a bearer token)."""
@@ -150,7 +161,10 @@ class Api:
 
     def request(self, method: str, path: str, body: Any = None, *,
                 query: Mapping[str, str] | None = None,
-                content_type: str = "application/json") -> JSON:
+                content_type: str = "application/json",
+                warnings: list[str] | None = None) -> JSON:
+        """One call; the API server's warnings (admission webhooks' among them) are appended to
+        `warnings` when given."""
         url = self.server + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
@@ -163,6 +177,9 @@ class Api:
             with urllib.request.urlopen(request, context=self._context,
                                         timeout=self.timeout_s) as response:
                 raw = response.read()
+                if warnings is not None:
+                    warnings.extend(_warning_text(h) for h in
+                                    response.headers.get_all("Warning") or ())
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             exc.close()
@@ -187,8 +204,9 @@ class Api:
         items = self.request("GET", path, query=query or None).get("items") or []
         return [item for item in items if isinstance(item, dict)]
 
-    def create(self, path: str, body: Mapping[str, Any]) -> JSON:
-        return self.request("POST", path, dict(body))
+    def create(self, path: str, body: Mapping[str, Any], *,
+               warnings: list[str] | None = None) -> JSON:
+        return self.request("POST", path, dict(body), warnings=warnings)
 
     def apply_status(self, path: str, patch: Mapping[str, Any]) -> JSON:
         return self.request("PATCH", path + "/status", dict(patch),
