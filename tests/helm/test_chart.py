@@ -405,6 +405,11 @@ def test_validation_lists_every_problem_with_its_fix(helm: HelmRunner) -> None:
                      "certificates.helm.renewBeforeDays: 30 is not below "
                      "certificates.helm.validityDays 30, so every upgrade would renew the "
                      "certificate and roll the webhook", id="renewal-window-covers-validity"),
+        pytest.param({"webhook": {"rollingUpdate": {"maxUnavailable": "0%", "maxSurge": 0}}},
+                     (), NAMESPACE,
+                     "webhook.rollingUpdate: maxUnavailable and maxSurge are both 0, so a "
+                     "rollout could replace no pod; set maxSurge to 1 (a new webhook pod is "
+                     "ready before an old one stops)", id="rollout-that-cannot-move"),
         pytest.param({}, (), "default",
                      "release namespace default: the webhook never sees pods of its own "
                      "namespace, so pods there would not be translated; install into a namespace "
@@ -834,6 +839,35 @@ def test_webhook_service_reaches_the_https_port_of_its_pods(helm: HelmRunner) ->
     budget = one(objects, "PodDisruptionBudget", "webhook")
     assert budget["spec"] == {"minAvailable": 1,
                               "selector": deployment["spec"]["selector"]}
+
+
+def test_an_upgrade_never_leaves_fewer_ready_webhooks_than_replicas(helm: HelmRunner) -> None:
+    objects = helm.render("default")
+    deployment = one(objects, "Deployment", "webhook")["spec"]
+    # failurePolicy Fail: any moment without a ready webhook refuses every GPU pod creation.
+    assert one(objects, "MutatingWebhookConfiguration")["webhooks"][0]["failurePolicy"] == "Fail"
+    assert deployment["replicas"] == 2
+    assert deployment["strategy"] == {"type": "RollingUpdate",
+                                      "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    # A drain or an eviction may take one of the two, never both.
+    budget = one(objects, "PodDisruptionBudget", "webhook")["spec"]
+    assert budget == {"minAvailable": 1, "selector": deployment["selector"]}
+    result = helm.template({"webhook": {"replicas": 4, "rollingUpdate": {
+        "maxUnavailable": "25%", "maxSurge": "50%"}}})
+    assert result.returncode == 0, result.stderr
+    (custom,) = [r.obj for r in parse_render(result.stdout)
+                 if r.kind == "Deployment" and component_of(r.obj) == "webhook"]
+    assert custom["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": "25%",
+                                                           "maxSurge": "50%"}
+
+
+def test_schema_refuses_a_rollout_bound_that_is_neither_a_count_nor_a_percentage(
+        helm: HelmRunner) -> None:
+    for bad in (-1, "one", "25"):
+        result = helm.template({"webhook": {"rollingUpdate": {"maxUnavailable": 0,
+                                                              "maxSurge": bad}}})
+        assert result.returncode != 0, bad
+        assert "/webhook/rollingUpdate/maxSurge" in result.stderr, result.stderr
 
 
 def test_helm_mode_certificate_is_one_ca_shared_by_secret_and_configurations(
