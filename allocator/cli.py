@@ -78,7 +78,10 @@ def _release_all(args: argparse.Namespace) -> int:
             summary = await release_all(cluster)
         finally:
             await cluster.close()
-        print(f"allocator --release-all: {summary.text()}")
+        first, *rest = summary.lines()
+        print(f"allocator --release-all: {first}")
+        for line in rest:
+            print(line)
         return 1 if summary.failed else 0
 
     try:

@@ -101,3 +101,109 @@ def test_release_all_is_a_flag_of_the_allocator_command(capsys: Any) -> None:
         "allocator --release-all: released 0 claims no pod uses (allocation cleared, finalizer "
         "dra-gateway.io/allocation removed); removed the finalizer from 0 claims running pods "
         "still use (allocation kept)\n")
+
+
+async def _bound_pod_with_generated_claim(cluster: MemoryCluster, name: str, node: str, *,
+                                          phase: str = "Running") -> None:
+    """A pod on `node` whose claim the claim controller made from a template: owned by the
+    pod, reserved for it, named only in the pod's status."""
+    pod = await cluster.create(PODS, {**_pod(name), "spec": {
+        "nodeName": node, "containers": [{"name": "c", "image": "cuda"}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]}}, namespace=NS)
+    pod["status"] = {"phase": phase, "resourceClaimStatuses": [
+        {"name": "gpu", "resourceClaimName": f"{name}-gpu"}]}
+    pod = await cluster.update(PODS, pod, namespace=NS, subresource="status")
+    claim = _claim(f"{name}-gpu")
+    claim["metadata"]["ownerReferences"] = [{
+        "apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod["metadata"]["uid"],
+        "controller": True}]
+    await cluster.create(RESOURCE_CLAIMS, claim, namespace=NS)
+    allocated = await _allocated_status(cluster, f"{name}-gpu")
+    allocated["status"]["reservedFor"] = [{"resource": "pods", "name": name,
+                                           "uid": pod["metadata"]["uid"]}]
+    await cluster.update(RESOURCE_CLAIMS, allocated, namespace=NS, subresource="status")
+
+
+async def _allocated_status(cluster: MemoryCluster, name: str) -> dict[str, Any]:
+    claim = await cluster.get(RESOURCE_CLAIMS, name, namespace=NS)
+    claim["status"] = {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": "gpu.dra-gateway.io",
+                                 "pool": "node-b", "device": "gpu-1"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-b"]}]}]}}}
+    return await cluster.update(RESOURCE_CLAIMS, claim, namespace=NS, subresource="status")
+
+
+async def test_release_all_names_each_pod_still_running_on_gateway_claims() -> None:
+    cluster = await _setup()
+    await _bound_pod_with_generated_claim(cluster, "trainer", "node-b")
+    await _bound_pod_with_generated_claim(cluster, "done", "node-b", phase="Succeeded")
+    summary = await release_all(cluster)
+    # The orphan and the finished pod's claim are released; the gated pod holds no allocation.
+    assert sorted(summary.released) == [f"{NS}/done-gpu", f"{NS}/orphan"]
+    assert [(p.pod, p.claims, p.node) for p in summary.running] == [
+        (f"{NS}/runner", (f"{NS}/in-use",), ""),
+        (f"{NS}/trainer", (f"{NS}/trainer-gpu",), "node-b")]
+    assert summary.lines() == [
+        f"released 2 claims no pod uses (allocation cleared, finalizer {names.FINALIZER} "
+        f"removed); removed the finalizer from 2 claims running pods still use (allocation "
+        f"kept); 2 pods still run on gateway claims, which keep their devices after the "
+        f"uninstall (one line each below); 1 pods stay behind the scheduling gate "
+        f"{names.SCHEDULING_GATE} (delete them, or reinstall the gateway): {NS}/waiting",
+        "pods still running on gateway claims (NAMESPACE/POD on node NODE: CLAIMS); they keep "
+        "their devices until they end, and a claim a pod names itself (resourceClaimName) "
+        "keeps them until it is deleted:",
+        f"  {NS}/runner: {NS}/in-use",
+        f"  {NS}/trainer on node node-b: {NS}/trainer-gpu",
+    ]
+
+
+async def test_a_second_release_all_still_names_the_pods_on_gateway_claims() -> None:
+    cluster = await _setup()
+    await _bound_pod_with_generated_claim(cluster, "trainer", "node-b")
+    first = await release_all(cluster)
+    again = await release_all(cluster)  # no finalizer left: the claims' classes tell
+    assert (again.released, again.kept) == ([], [])
+    assert again.running == first.running
+    assert [p.pod for p in again.running] == [f"{NS}/runner", f"{NS}/trainer"]
+
+
+async def test_a_pod_on_another_drivers_claim_is_not_named() -> None:
+    cluster = MemoryCluster()
+    await cluster.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                      "metadata": {"name": NS}})
+    other = _claim("nvidia")
+    other["metadata"]["finalizers"] = []
+    other["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "gpu.nvidia.com"
+    await cluster.create(RESOURCE_CLAIMS, other, namespace=NS)
+    await _allocated_status(cluster, "nvidia")
+    await cluster.create(PODS, _pod("nvidia-user", claim="nvidia"), namespace=NS)
+    summary = await release_all(cluster)
+    assert summary.running == []
+    assert len(summary.lines()) == 1
+
+
+def test_the_release_all_command_prints_each_pod_on_a_line_of_its_own(
+        capsys: Any, monkeypatch: Any) -> None:
+    import asyncio
+    import importlib
+
+    # The package re-exports the function under the module's name: reach the module itself.
+    connecting = importlib.import_module("dra_gateway.kube.cluster.connect")
+
+    async def seeded() -> MemoryCluster:
+        cluster = await _setup()
+        await _bound_pod_with_generated_claim(cluster, "trainer", "node-b")
+        return cluster
+
+    cluster = asyncio.run(seeded())
+
+    async def connect(*args: Any, **kwargs: Any) -> MemoryCluster:
+        return cluster
+
+    monkeypatch.setattr(connecting, "connect", connect)
+    assert main(["allocator", "--cluster", "memory", "--release-all"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("allocator --release-all: released 1 claims no pod uses")
+    assert out[2:] == [f"  {NS}/runner: {NS}/in-use",
+                       f"  {NS}/trainer on node node-b: {NS}/trainer-gpu"]

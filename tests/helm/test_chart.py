@@ -1283,6 +1283,15 @@ def test_notes_say_how_to_check_the_install(helm: HelmRunner) -> None:
     assert "WARNING" not in notes
 
 
+def test_notes_say_where_the_uninstall_names_the_pods_still_on_gateway_claims(
+        helm: HelmRunner) -> None:
+    notes = _notes(helm, {})
+    job = one(helm.render("default"), "Job", "allocator")["metadata"]["name"]
+    assert "On `helm uninstall`, a pre-delete Job first lets go of the gateway's claims" in notes
+    assert f"kubectl -n {NAMESPACE} logs job/{job}\n" in notes + "\n"
+    assert "logs job/" not in _notes(helm, {"allocator": {"releaseOnUninstall": False}})
+
+
 def test_notes_warn_about_a_fragile_webhook(helm: HelmRunner) -> None:
     notes = _notes(helm, COMBINATIONS["single-replica-ignore"][0])
     assert "WARNING: failurePolicy Ignore: while the webhook is unreachable" in notes
@@ -1332,6 +1341,10 @@ def test_uninstall_releases_every_claim_with_the_allocators_rights(helm: HelmRun
     objects = helm.render("default")
     job = one(objects, "Job", "allocator")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    # Its log is the uninstall's report: kept after success, until its TTL runs out.
+    assert job["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == \
+        "before-hook-creation"
+    assert job["spec"]["ttlSecondsAfterFinished"] == 3600
     spec = job["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == one(objects, "ServiceAccount", "allocator")[
         "metadata"]["name"]
