@@ -41,7 +41,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,7 +162,7 @@ class Api:
     def request(self, method: str, path: str, body: Any = None, *,
                 query: Mapping[str, str] | None = None,
                 content_type: str = "application/json",
-                warnings: list[str] | None = None) -> JSON:
+                warnings: MutableSequence[str] | None = None) -> JSON:
         """One call; the API server's warnings (admission webhooks' among them) are appended to
         `warnings` when given."""
         url = self.server + path
@@ -205,7 +205,7 @@ class Api:
         return [item for item in items if isinstance(item, dict)]
 
     def create(self, path: str, body: Mapping[str, Any], *,
-               warnings: list[str] | None = None) -> JSON:
+               warnings: MutableSequence[str] | None = None) -> JSON:
         return self.request("POST", path, dict(body), warnings=warnings)
 
     def apply_status(self, path: str, patch: Mapping[str, Any]) -> JSON:
