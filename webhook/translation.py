@@ -46,6 +46,8 @@ class Held:
     mode: str
     warnings: tuple[str, ...] = ()
     refusal: str | None = None
+    # What is wrong with the pod's annotation (refused or warned about), "" when nothing.
+    bad_annotation: str = ""
 
 
 ENABLED: Final = Held(names.TRANSLATION_ENABLED)
@@ -98,8 +100,8 @@ def held_back(pod: Mapping[str, Any], namespace: str, mode: NamespaceMode, *,
     if not isinstance(value, str) or value not in _STRICTNESS:
         message = bad_annotation_message(pod, namespace, value)
         if effective == names.TRANSLATION_ENABLED:
-            return Held(effective, refusal=message)
-        return Held(effective, (*warnings, "dra-gateway: " + message))
+            return Held(effective, refusal=message, bad_annotation=message)
+        return Held(effective, (*warnings, "dra-gateway: " + message), bad_annotation=message)
     if _STRICTNESS[value] > _STRICTNESS[effective]:
         effective = value
     return Held(effective, tuple(warnings))

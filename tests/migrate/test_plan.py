@@ -120,8 +120,9 @@ def test_what_stays_legacy_says_why(tmp_path: Path, ns: str, name: str, status: 
     ("enabled", "audit", "audit", "its pods are annotated dra-gateway.io/translation: audit"),
     ("audit", "enabled", "audit", "admitted unchanged (audit mode)"),
     ("enabled", "sometimes", "refused",
-     "pods are refused at creation: its pods' annotation dra-gateway.io/translation="
-     "'sometimes' is none of enabled, audit, disabled"),
+     # The webhook's own words.
+     'pods are refused at creation: pod a/p: metadata.annotations["dra-gateway.io/translation"] '
+     'is "sometimes", which is none of enabled, audit, disabled'),
     ("audit", "sometimes", "audit", "admitted unchanged (audit mode), with a warning"),
 ])
 def test_a_pod_annotation_holds_its_own_pod_back_never_forward(

@@ -25,6 +25,7 @@ from dra_gateway.translator.explaining import ContainerExplanation, explain
 from dra_gateway.translator.manifests import pod_specs
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import translate
+from dra_gateway.webhook.translation import held_back
 
 Mode = Literal["enabled", "audit", "disabled", "unknown"]
 Status = Literal["translate", "audit", "legacy", "refused", "untranslated", "translated",
@@ -262,8 +263,7 @@ def _workload(key: tuple[str, str, str], sample: Object, pods: Sequence[Object],
                         and pod_legacy_requests(p, rules))
     if not containers and explanation.outcome != "translated-before" and not legacy_pods:
         return None  # no GPU requests the gateway knows of
-    status, why = _status(mode, objects.annotations(sample), explanation.outcome,
-                          explanation.refusal, containers)
+    status, why = _status(mode, sample, explanation.outcome, explanation.refusal, containers)
     if legacy_pods and status == "translate":
         why += (f"; {len(legacy_pods)} running pod(s) were created before and keep their legacy "
                 "requests until their controller recreates them")
@@ -289,37 +289,36 @@ def _container(explained: ContainerExplanation, pod: Mapping[str, Any],
         why=explained.why, left={x.resource: x.reason for x in explained.left})
 
 
-def _status(mode: NamespacePlan, annotations: Mapping[str, str], outcome: str, refusal: str,
+def _status(mode: NamespacePlan, sample: Mapping[str, Any], outcome: str, refusal: str,
             containers: Sequence[ContainerPlan]) -> tuple[Status, str]:
+    """What happens to the workload's pods, decided as the webhook decides (`held_back`), so
+    that the plan cannot disagree with admission."""
     if outcome == "translated-before":
         return "translated", (f"already translated (annotation {names.ANNOTATION_TRANSLATED}): "
                               "its pods use DRA claims")
-    annotation = annotations.get(names.TRANSLATION_LABEL)
-    if annotation == names.TRANSLATION_DISABLED:
-        return "legacy", (f"its pods are annotated {names.TRANSLATION_LABEL}: "
-                          f"{names.TRANSLATION_DISABLED}: they stay legacy")
     if mode.mode == "disabled":
         return "legacy", (f"namespace {mode.name} is disabled: the webhook is never called; "
                           f"once enabled it would {_would(outcome, refusal, containers)}")
+    held = held_back(sample, mode.name, mode.mode, namespace_label=mode.label)
+    if held.refusal is not None:
+        return "refused", f"pods are refused at creation: {held.refusal}"
     if mode.mode == "unknown":
         return "unknown-mode", f"admitted unchanged, with a warning: {mode.problem}"
-    if annotation is not None and annotation not in names.TRANSLATION_MODES:
-        problem = (f"its pods' annotation {names.TRANSLATION_LABEL}={annotation!r} is none of "
-                   f"{', '.join(names.TRANSLATION_MODES)}; set it to disabled or audit, or "
-                   "remove it")
-        if mode.mode == "enabled":
-            return "refused", f"pods are refused at creation: {problem}"
-        return "audit", f"admitted unchanged (audit mode), with a warning: {problem}"
+    if held.mode == names.TRANSLATION_DISABLED:
+        return "legacy", (f"its pods are annotated {names.TRANSLATION_LABEL}: "
+                          f"{names.TRANSLATION_DISABLED}: they stay legacy")
+    if held.bad_annotation:
+        return "audit", f"admitted unchanged (audit mode), with a warning: {held.bad_annotation}"
     if outcome == "refused":
-        when = ("pods are refused at creation" if mode.mode == "enabled" else
+        when = ("pods are refused at creation" if held.mode == names.TRANSLATION_ENABLED else
                 "admitted now (audit); refused at creation once the namespace is enabled")
         return "refused", f"{when}: {refusal}"
     if outcome != "translated":
         return "untranslated", _would(outcome, refusal, containers)
-    if mode.mode == "audit":
+    if mode.mode == names.TRANSLATION_AUDIT:
         return "audit", ("admitted unchanged (audit mode); the webhook's warnings say what "
                          "enabling the namespace makes of it, as shown here")
-    if annotation == names.TRANSLATION_AUDIT:
+    if held.mode == names.TRANSLATION_AUDIT:
         return "audit", (f"its pods are annotated {names.TRANSLATION_LABEL}: "
                          f"{names.TRANSLATION_AUDIT}: admitted unchanged, the webhook's "
                          "warnings say what translation would make of them, as shown here")
