@@ -46,6 +46,7 @@ LEGACY_GPU_RESOURCES: frozenset[str] = frozenset({
     "nvidia.com/gpumem-percentage",  # HAMi
     "nvidia.com/gpucores",  # HAMi
     "amd.com/gpu",  # ROCm device plugin
+    "k8s.amazonaws.com/vgpu",  # AWS's MPS-backed slices of NVIDIA cards
 })
 LEGACY_GPU_RESOURCE_PREFIXES: tuple[str, ...] = (
     "nvidia.com/mig-",  # NVIDIA's MIG "mixed" strategy; HAMi

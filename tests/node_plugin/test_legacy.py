@@ -48,7 +48,7 @@ def _holder(resource: str, *ids: str, pod: str = "train") -> Holder:
     "nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb", "nvidia.com/gpumem",
     "nvidia.com/gpucores", "volcano.sh/vgpu-number", "aliyun.com/gpu-mem",
     "aliyun.com/gpu-core.percentage", "koordinator.sh/gpu-core", "koordinator.sh/gpu.shared",
-    "tke.cloud.tencent.com/qgpu-core", "amd.com/gpu"])
+    "tke.cloud.tencent.com/qgpu-core", "amd.com/gpu", "k8s.amazonaws.com/vgpu"])
 def test_the_legacy_gpu_names_of_every_vendor_are_recognised(name: str) -> None:
     assert is_legacy_gpu_resource(name)
 
