@@ -127,3 +127,14 @@ def test_only_running_untranslated_pods_asking_for_cards_hold_legacy_cards() -> 
             pod("amd", "a", {"amd.com/gpu": 1}, node="n")]
     state = node_state(node("n", {"nvidia.com/gpu": 2}), pods, load_rules())
     assert state.legacy_pods == ("a/amd", "a/running")
+
+
+def test_a_node_that_never_ran_a_legacy_plugin_needs_no_cut_over_label() -> None:
+    rules = load_rules()
+    fresh = node_state(node("gpu-new", {}, condition=("DRA", "8 cards published")), [], rules)
+    assert fresh.waits_for == ()
+    # A legacy name at zero: a plugin ran there and may come back without the label.
+    left = node_state(node("gpu-old", {"nvidia.com/gpu": 0},
+                           condition=("DRA", "8 cards published")), [], rules)
+    assert left.waits_for == ("the label dra-gateway.io/cut-over=true "
+                              "(dra-gateway migrate node gpu-old)",)

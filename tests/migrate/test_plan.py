@@ -308,3 +308,21 @@ def test_a_replicaset_and_a_job_stand_aside_for_the_deployment_and_cronjob_ownin
     # The CronJob's own template (two cards) is what its next pods become.
     (container,) = _workload(plan, "a", "nightly").containers
     assert container.legacy == {"nvidia.com/gpu": "2"}
+
+
+def test_namespaces_the_webhooks_leave_out_stay_legacy_and_get_no_step(tmp_path: Path) -> None:
+    objects = [namespace("kube-system"), namespace("gpu-system"), namespace("ops"),
+               pod("exporter", "kube-system", {"nvidia.com/gpu": 1}),
+               pod("agent", "gpu-system", {"nvidia.com/gpu": 1}),
+               pod("job", "ops", {"nvidia.com/gpu": 1})]
+    plan = _plan(objects, tmp_path, excluded=("kube-system", "gpu-system"))
+    modes = {n.name: (n.mode, n.source) for n in plan.namespaces}
+    assert modes["kube-system"] == modes["gpu-system"] == ("disabled", "excluded")
+    assert modes["ops"] == ("enabled", "default")
+    for ns, name in (("kube-system", "exporter"), ("gpu-system", "agent")):
+        workload = _workload(plan, ns, name)
+        assert workload.status == "legacy"
+        assert workload.why.startswith(f"namespace {ns} is left out of the gateway's webhooks")
+    commands = [c for step in plan.steps for c in step.actions]
+    assert not any("kube-system" in c or "gpu-system" in c for c in commands)
+    assert any("label namespace ops" in c for c in commands)

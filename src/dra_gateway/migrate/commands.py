@@ -66,6 +66,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plan.add_argument("--default-mode", choices=("enabled", "audit"), default="enabled",
                       help="the chart's webhook.translation.default: the mode of namespaces "
                            "without the dra-gateway.io/translation label (default: enabled)")
+    plan.add_argument("--gateway-namespace", default="dra-gateway", metavar="NS",
+                      help="the namespace the gateway is installed in, which its webhooks "
+                           "leave out as they leave out kube-system (default: %(default)s)")
+    plan.add_argument("--exclude-namespace", action="append", default=[], metavar="NS",
+                      help="a namespace of the chart's webhook.excludeNamespaces (repeatable)")
     plan.set_defaults(func=_run_plan)
 
     quotas = commands.add_parser(
@@ -178,7 +183,9 @@ def _run_plan(args: argparse.Namespace) -> int:
 
     inventory = _inventory(args)
     plan = build_plan(inventory, _rules(inventory, args.rules), default_mode=args.default_mode,
-                      rule_sources=_rule_sources(inventory, args.rules), source=_source(args))
+                      rule_sources=_rule_sources(inventory, args.rules), source=_source(args),
+                      excluded=("kube-system", args.gateway_namespace,
+                                *args.exclude_namespace))
     if args.output == "json":
         print(json.dumps(plan.to_dict(), indent=2))
     elif args.output == "html":

@@ -126,7 +126,11 @@ def node_state(node: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
         if isinstance(c, Mapping) and c.get("type") == names.NODE_MIGRATION_CONDITION:
             condition = {k: str(c.get(k) or "") for k in ("status", "reason", "message")}
     waits: list[str] = []
-    if not cut_over:
+    # A node whose status never named a legacy GPU resource, holding no legacy pod, where the
+    # node plugin publishes every card, has nothing to cut over.
+    never_legacy = not holding and not any(holds_devices(rules, str(k)) for k in allocatable) \
+        and condition is not None and condition["reason"] == names.NODE_STATE_DRA
+    if not cut_over and not never_legacy:
         waits.append(f"the label {names.NODE_CUT_OVER_LABEL}={names.NODE_CUT_OVER_VALUE} "
                      f"(dra-gateway migrate node {name})")
     if legacy_plugins:

@@ -13,7 +13,7 @@ Pure: it reads data and returns data. It must not read files or a cluster, nor r
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -28,6 +28,8 @@ from dra_gateway.translator.translate import translate
 from dra_gateway.webhook.translation import held_back
 
 Mode = Literal["enabled", "audit", "disabled", "unknown"]
+# The namespaces the chart's webhook configurations always leave out (with the release's own).
+DEFAULT_EXCLUDED = ("kube-system", "dra-gateway")
 Status = Literal["translate", "audit", "legacy", "refused", "untranslated", "translated",
                  "unknown-mode"]
 
@@ -36,7 +38,10 @@ Status = Literal["translate", "audit", "legacy", "refused", "untranslated", "tra
 class NamespacePlan:
     name: str
     mode: Mode
-    source: Literal["label", "default"]  # where the mode comes from
+    # Where the mode comes from: the label, the default, or the webhook configurations, which
+    # leave kube-system, the gateway's own namespace and webhook.excludeNamespaces out (mode
+    # "disabled").
+    source: Literal["label", "default", "excluded"]
     label: str | None = None  # the label's value as written
     problem: str = ""  # an unknown label value, and the fix
     workloads: int = 0  # workloads with legacy GPU requests
@@ -109,9 +114,13 @@ class MigrationPlan:
         }
 
 
-def namespace_mode(name: str, ns: Mapping[str, Any] | None, default: str) -> NamespacePlan:
-    """A namespace's translation mode: its label, else the chart's default."""
+def namespace_mode(name: str, ns: Mapping[str, Any] | None, default: str, *,
+                   excluded: Collection[str] = ()) -> NamespacePlan:
+    """A namespace's translation mode: none where the webhooks never look (`excluded`), else
+    its label, else the chart's default."""
     label = objects.labels(ns).get(names.TRANSLATION_LABEL) if ns is not None else None
+    if name in excluded:
+        return NamespacePlan(name, "disabled", "excluded", label)
     if label is None:
         return NamespacePlan(name, _mode(default), "default")
     if label in names.TRANSLATION_MODES:
@@ -134,13 +143,15 @@ def _mode(value: str) -> Mode:
 
 
 def build_plan(inventory: Inventory, rules: RuleSet, *, default_mode: str = "enabled",
-               rule_sources: Sequence[str] = (), source: str = "") -> MigrationPlan:
+               rule_sources: Sequence[str] = (), source: str = "",
+               excluded: Collection[str] = DEFAULT_EXCLUDED) -> MigrationPlan:
     """The plan for the cluster `inventory` describes, under `rules`.
 
     `source` is how the command line named the cluster (`-f dump.yaml`, `--kubeconfig FILE`),
-    repeated in the commands the steps give."""
+    repeated in the commands the steps give; `excluded`: the namespaces the webhook
+    configurations leave out (kube-system, the gateway's own, webhook.excludeNamespaces)."""
     listed = {objects.name(ns): ns for ns in inventory.namespaces}
-    modes = {n: namespace_mode(n, listed.get(n), default_mode)
+    modes = {n: namespace_mode(n, listed.get(n), default_mode, excluded=excluded)
              for n in inventory.namespace_names()}
     workloads = _workloads(inventory, rules, modes)
     quotas = migrate_quotas(inventory, rules)
@@ -296,6 +307,10 @@ def _status(mode: NamespacePlan, sample: Mapping[str, Any], outcome: str, refusa
     if outcome == "translated-before":
         return "translated", (f"already translated (annotation {names.ANNOTATION_TRANSLATED}): "
                               "its pods use DRA claims")
+    if mode.source == "excluded":
+        return "legacy", (f"namespace {mode.name} is left out of the gateway's webhooks "
+                          "(kube-system, the gateway's own namespace and "
+                          "webhook.excludeNamespaces): its pods stay legacy")
     if mode.mode == "disabled":
         return "legacy", (f"namespace {mode.name} is disabled: the webhook is never called; "
                           f"once enabled it would {_would(outcome, refusal, containers)}")
@@ -361,7 +376,7 @@ def _label(ns: str, mode: str) -> str:
 def _steps(namespaces: Sequence[NamespacePlan], workloads: Sequence[WorkloadPlan],
            nodes: Sequence[NodeState], quotas: QuotaMigration, source: str
            ) -> tuple[Step, ...]:
-    moving = [n for n in namespaces if n.workloads]
+    moving = [n for n in namespaces if n.workloads and n.source != "excluded"]
     refused = [w for w in workloads
                if (w.refusal or w.status == "refused") and w.status != "translated"]
     refusals = tuple(f"fix {w.kind} {w.namespace}/{w.name}, whose pods translation refuses: "
