@@ -169,11 +169,6 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def workload_of(pods: Sequence[TracePod]) -> list[TracePod]:
-    """All pods, then seeded copies are added by `replay`; here only validation."""
-    return list(pods)
-
-
 def sample(pods: Sequence[TracePod], total_gpus: int, load: float, seed: int) -> list[TracePod]:
     """The paper's workload: every pod, plus random copies until GPU requests reach
     `load` x the cluster's GPUs, shuffled with `seed`."""

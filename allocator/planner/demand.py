@@ -74,10 +74,6 @@ class ClaimDemand:
     error: str | None = None
     identity_sensitive: bool = False
 
-    @property
-    def class_names(self) -> set[str]:
-        return {a.class_name for r in self.requests for a in r.alternatives}
-
 
 def _share_config(configs: Sequence[Mapping[str, Any]], result_name: str) -> Share:
     """The share of a card the GpuShareConfig for a request asks (`share_parameters`).

@@ -629,9 +629,6 @@ class ClusterState:
             summary = replace(summary, neutral=neutral)
         return summary
 
-    def gpu_cards(self, node: str) -> list[Device]:
-        return [d for d in self.node_devices.get(node, ()) if d.is_gateway_gpu]
-
     def smallest_card_memory(self) -> int:
         """Bytes of the smallest gateway GPU published (0 when none): a lower bound of what a
         whole card or a share relative to the card costs wherever it lands."""
