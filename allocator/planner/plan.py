@@ -14,7 +14,7 @@ the rules that depend on the card are applied in the device search. Rankings of 
 kept once for every namespace, without tenant and maxClaimsPerDevice, and each pod walks its
 ranking best first asking its own rules of the cards picked (`_walk`). Quotas are checked around
 the search: a pod behind an earlier pod waiting for one of its quotas waits too (creation
-order); one that surely exceeds a quota (stated amounts, whole cards, relative memory on the
+order); one whose least cost exceeds a quota (stated amounts, whole cards, relative memory on the
 smallest card) is refused without a search; otherwise the best plan's charges are checked
 against the ledger, and only if they exceed (the card decides: a quota scoped by a device
 selector, cards the namespace already touches) are the other feasible nodes tried, best first
@@ -45,8 +45,8 @@ from dra_gateway.allocator.planner.policies import (
     NO_HOLDERS,
     Waiting,
     card_rules,
+    exceeded_by_least_cost,
     memo_rules,
-    surely_exceeded,
 )
 from dra_gateway.allocator.planner.scoring import FULL, TaskType, task_of
 from dra_gateway.allocator.planner.search import (
@@ -248,9 +248,9 @@ def _held_for_quota(state: ClusterState, pod: Mapping[str, Any], quotas: Sequenc
                 f"waiting for quota {names_} behind pod {ahead.label}, created earlier: pods "
                 f"waiting for a quota are placed in creation order"),
                 quota_reason=QUEUED_FOR_QUOTA)
-    never, now = surely_exceeded(policies, quotas, shapes,
-                                 smallest_card=state.smallest_card_memory(),
-                                 claims_key=claims_key)
+    never, now = exceeded_by_least_cost(policies, quotas, shapes,
+                                        smallest_card=state.smallest_card_memory(),
+                                        claims_key=claims_key)
     if never:
         policies.queue.leave(objects.uid(pod))
         return PodPlan(None, reason=(

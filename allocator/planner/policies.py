@@ -57,7 +57,7 @@ class HolderSummary:
     most: int  # the most holders counted on one card (counted only near a limit), else 0
     free: int = 0  # gateway GPUs nobody holds
     # Where a card is held by an isolated tenant: the node's usage id as it reads were its
-    # holders of no isolated tenant (`PlannerPolicies.alike_fact`). The search of a tenant
+    # holders of no isolated tenant (`PlannerPolicies.fact_without_tenant`). The search of a tenant
     # whose cards are the only ones held there reads the node so (it may join every held
     # card, within the same limits): nodes differing only in which tenant holds a card share
     # it.
@@ -156,9 +156,9 @@ class PlannerPolicies:
         self._rules: dict[str, SharingRules] = {}
         self._holders: dict[str, Holder] = {}
         self._planned: dict[tuple[str, bool], tuple[SharingRules, SharingRules]] = {}
-        # `surely` per (claim specs, quota classes, smallest card): pods of one trace shape
+        # `least_cost` per (claim specs, quota classes, smallest card): pods of one trace shape
         # ask it again and again, and it reads only those.
-        self._surely: dict[tuple[object, ...], Amounts] = {}
+        self._least_costs: dict[tuple[object, ...], Amounts] = {}
         # Per (namespace, claim specs): the quotas counting them, and whether no sharing rule
         # of the namespace refuses them by themselves (`check_admission` found nothing).
         self._quotas_for: dict[tuple[str, object], list[Quota]] = {}
@@ -174,7 +174,7 @@ class PlannerPolicies:
         self._rules.clear()
         self._holders.clear()
         self._planned.clear()
-        self._surely.clear()
+        self._least_costs.clear()
         self._quotas_for.clear()
         self._admitted.clear()
         self.ledger = QuotaLedger()
@@ -227,7 +227,7 @@ class PlannerPolicies:
         return (tenant, 0, 0) if tenant else None
 
     @staticmethod
-    def alike_fact(fact: CardFact | None) -> CardFact | None:
+    def fact_without_tenant(fact: CardFact | None) -> CardFact | None:
         """A held card's fact as it would read were its holders of no isolated tenant (what
         `card_fact` gives for such holders: their count and limit only near a limit)."""
         if fact is None or not fact[0]:
@@ -270,19 +270,20 @@ class PlannerPolicies:
             self._planned[key] = found
         return found
 
-    def surely(self, quota: Quota, claims: Sequence[Sequence[RequestShape]], *,
-               smallest_card: int, claims_key: object = None) -> Amounts:
-        """`surely`, remembered per `claims_key` (what names the claims' specs, None: not
-        remembered) for quotas not scoped by a device selector (those surely cost nothing)."""
+    def least_cost(self, quota: Quota, claims: Sequence[Sequence[RequestShape]], *,
+                   smallest_card: int, claims_key: object = None) -> Amounts:
+        """The module's `least_cost`, remembered per `claims_key` (what names the claims'
+        specs, None: not remembered) for quotas not scoped by a device selector (those cost
+        nothing for sure)."""
         if claims_key is None or quota.scoped_by_device:
-            return surely(quota, claims, smallest_card=smallest_card)
+            return least_cost(quota, claims, smallest_card=smallest_card)
         key = (claims_key, quota.classes, smallest_card)
-        found = self._surely.get(key)
+        found = self._least_costs.get(key)
         if found is None:
-            if len(self._surely) > 10_000:
-                self._surely.clear()
-            found = surely(quota, claims, smallest_card=smallest_card)
-            self._surely[key] = found
+            if len(self._least_costs) > 10_000:
+                self._least_costs.clear()
+            found = least_cost(quota, claims, smallest_card=smallest_card)
+            self._least_costs[key] = found
         return found
 
     def quotas_for(self, namespace: str, claims: Sequence[Sequence[RequestShape]], *,
@@ -349,9 +350,9 @@ def memo_rules(rules: SharingRules | None, summary: HolderSummary,
     return (tenant, limit)
 
 
-def surely(quota: Quota, claims: Sequence[Sequence[RequestShape]], *,
-           smallest_card: int = 0) -> Amounts:
-    """What claims cost against `quota` wherever they land: stated memory and cores, memory
+def least_cost(quota: Quota, claims: Sequence[Sequence[RequestShape]], *,
+               smallest_card: int = 0) -> Amounts:
+    """The least claims cost against `quota` wherever they land: stated memory and cores, memory
     relative to the card and whole cards on the smallest card of the cluster, and whole cards
     as devices (nobody else touches them); a share may land on a card the namespace already
     touches, and a quota scoped by a device selector may not count the card at all."""
@@ -378,16 +379,16 @@ def surely(quota: Quota, claims: Sequence[Sequence[RequestShape]], *,
     return Amounts(memory, cores, whole, count)
 
 
-def surely_exceeded(policies: PlannerPolicies, quotas: Sequence[Quota],
-                    claims: Sequence[Sequence[RequestShape]], *, smallest_card: int = 0,
-                    claims_key: object = None) -> tuple[list[Exceeded], list[Exceeded]]:
-    """(quotas the claims exceed by themselves, quotas they exceed given current usage);
-    `claims_key` names the claims' specs, so that what they surely cost is remembered."""
+def exceeded_by_least_cost(policies: PlannerPolicies, quotas: Sequence[Quota],
+                           claims: Sequence[Sequence[RequestShape]], *, smallest_card: int = 0,
+                           claims_key: object = None) -> tuple[list[Exceeded], list[Exceeded]]:
+    """(quotas the claims' least cost exceeds by itself, quotas it exceeds given current
+    usage); `claims_key` names the claims' specs, so that their `least_cost` is remembered."""
     never: list[Exceeded] = []
     now: list[Exceeded] = []
     for quota in quotas:
-        asked = policies.surely(quota, claims, smallest_card=smallest_card,
-                                claims_key=claims_key)
+        asked = policies.least_cost(quota, claims, smallest_card=smallest_card,
+                                    claims_key=claims_key)
         if not policies.ledger.exceeds(quota, asked):
             continue
         used = policies.ledger.used(quota)
@@ -403,5 +404,5 @@ def surely_exceeded(policies: PlannerPolicies, quotas: Sequence[Quota],
 
 
 __all__ = ["MIXED", "NO_HOLDERS", "OWN_SHARES_MEMOISED", "CardFact", "HolderSummary",
-           "PlannerPolicies", "QuotaQueue", "Waiting", "card_rules", "memo_rules",
-           "surely", "surely_exceeded"]
+           "PlannerPolicies", "QuotaQueue", "Waiting", "card_rules", "exceeded_by_least_cost",
+           "least_cost", "memo_rules"]

@@ -624,8 +624,9 @@ class ClusterState:
         if any(summary.tenants - {""}):
             sigs = [self._intern(u.sig()) for u in usages]
             neutral = self._intern((self._static_sig.get(node, -1), tuple([
-                sig if (alike := self.policies.alike_fact(fact)) is None
-                else self._intern((sig, alike)) for sig, fact in zip(sigs, facts, strict=True)])))
+                sig if (untenanted := self.policies.fact_without_tenant(fact)) is None
+                else self._intern((sig, untenanted))
+                for sig, fact in zip(sigs, facts, strict=True)])))
             summary = replace(summary, neutral=neutral)
         return summary
 
