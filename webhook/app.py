@@ -268,30 +268,52 @@ def _refuse(state: WebhookState, endpoint: str, review: Review, refusal: Refusal
     return reviews.response(review.uid, allowed=False, refusal=refusal, warnings=warnings)
 
 
-def _class_lookup(state: WebhookState) -> ClassLookup:
-    def lookup(kind: str, namespace: str, name: str) -> Collection[str] | None:
-        return state.templates.cached_classes(
-            "template" if kind == "ResourceClaimTemplate" else "claim", namespace, name)
-    return lookup
+# What a pod claim references, as the templates cache keys it: ("template" or "claim", name).
+ClaimRef = tuple[str, str]
+_LOOKUP_KINDS = {"template": "ResourceClaimTemplate", "claim": "ResourceClaim"}
+
+
+def _claim_refs(pod: dict[str, Any]) -> list[ClaimRef | None]:
+    """Per entry of the pod's spec.resourceClaims, the template or claim it names (a template
+    first), None for an entry naming neither."""
+    claims = pod["spec"].get("resourceClaims")
+    if not isinstance(claims, list):
+        return []
+    out: list[ClaimRef | None] = []
+    for claim in claims:
+        if isinstance(claim, dict) and isinstance(claim.get("resourceClaimTemplateName"), str):
+            out.append(("template", claim["resourceClaimTemplateName"]))
+        elif isinstance(claim, dict) and isinstance(claim.get("resourceClaimName"), str):
+            out.append(("claim", claim["resourceClaimName"]))
+        else:
+            out.append(None)
+    return out
 
 
 async def _claim_classes(state: WebhookState, namespace: str, pod: dict[str, Any]
                          ) -> tuple[frozenset[str] | None, ...]:
-    claims = pod["spec"].get("resourceClaims")
-    if not isinstance(claims, list) or not claims:
-        return ()
+    """The device classes of each pod claim's template or claim, read through the templates
+    cache (None where it names neither or does not exist yet)."""
     out: list[frozenset[str] | None] = []
-    for claim in claims:
-        if not isinstance(claim, dict):
+    for ref in _claim_refs(pod):
+        if ref is None:
             out.append(None)
-        elif isinstance(claim.get("resourceClaimTemplateName"), str):
-            out.append(await state.templates.classes(
-                namespace, template=claim["resourceClaimTemplateName"]))
-        elif isinstance(claim.get("resourceClaimName"), str):
-            out.append(await state.templates.classes(namespace, claim=claim["resourceClaimName"]))
+        elif ref[0] == "template":
+            out.append(await state.templates.classes(namespace, template=ref[1]))
         else:
-            out.append(None)
+            out.append(await state.templates.classes(namespace, claim=ref[1]))
     return tuple(out)
+
+
+def _class_lookup(pod: dict[str, Any],
+                  classes: Sequence[frozenset[str] | None]) -> ClassLookup:
+    """The translator's view of what `_claim_classes` read for this pod's own claims."""
+    known = {(_LOOKUP_KINDS[ref[0]], ref[1]): found
+             for ref, found in zip(_claim_refs(pod), classes, strict=True) if ref is not None}
+
+    def lookup(kind: str, namespace: str, name: str) -> Collection[str] | None:
+        return known.get((kind, name))
+    return lookup
 
 
 def _claim_requests(state: WebhookState, namespace: str, pod: dict[str, Any]
@@ -299,17 +321,9 @@ def _claim_requests(state: WebhookState, namespace: str, pod: dict[str, Any]
     """The gateway-class requests of each pod claim, from what `_claim_classes` just read."""
     if state.policies.catalog.empty:
         return ()
-    out: list[tuple[RequestShape, ...] | None] = []
-    for claim in pod["spec"].get("resourceClaims") or ():
-        if isinstance(claim, dict) and isinstance(claim.get("resourceClaimTemplateName"), str):
-            out.append(state.templates.cached_requests(
-                "template", namespace, claim["resourceClaimTemplateName"]))
-        elif isinstance(claim, dict) and isinstance(claim.get("resourceClaimName"), str):
-            out.append(state.templates.cached_requests("claim", namespace,
-                                                       claim["resourceClaimName"]))
-        else:
-            out.append(None)
-    return tuple(out)
+    return tuple(None if ref is None else state.templates.cached_requests(ref[0], namespace,
+                                                                          ref[1])
+                 for ref in _claim_refs(pod))
 
 
 def _models(state: WebhookState) -> ModelLookup:
@@ -342,10 +356,10 @@ async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMod
     if decision is None:
         state.metrics.plan_miss.inc()
         reviews.check_pod_shape(review)
-        if pod["spec"].get("resourceClaims"):
-            # Natively written claims: learn their classes so a gateway-class one is gated.
-            await _claim_classes(state, namespace, pod)
-        decision = mutation.decide(pod, namespace, rules, class_lookup=_class_lookup(state),
+        # Natively written claims: their classes tell whether a gateway-class one is gated.
+        claim_classes = await _claim_classes(state, namespace, pod)
+        decision = mutation.decide(pod, namespace, rules,
+                                   class_lookup=_class_lookup(pod, claim_classes),
                                    extended=state.device_classes.extended, mode=mode,
                                    namespace_label=label)
         if key is not None:
@@ -371,7 +385,7 @@ async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMod
     if decision.mode != names.TRANSLATION_ENABLED:
         state.metrics.held_back.labels(decision.mode).inc()
     if decision.extended:
-        _extended_said(state, review, decision)
+        _record_extended_uses(state, review, decision)
     for item in decision.untranslated:
         state.metrics.untranslated.labels(item.resource, item.rule).inc()
     state.metrics.outcome("mutate", "patched" if decision.patch else "allowed")
@@ -379,7 +393,7 @@ async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMod
                             audit=decision.audit)
 
 
-def _extended_said(state: WebhookState, review: Review, decision: mutation.Mutation) -> None:
+def _record_extended_uses(state: WebhookState, review: Review, decision: mutation.Mutation) -> None:
     """Count and log the legacy names a DeviceClass declares that this pod asks for."""
     for use in decision.extended:
         state.metrics.extended_resources.labels(use.resource, use.device_class,
