@@ -54,8 +54,6 @@ from dra_gateway.allocator.claims import claims_for
 from dra_gateway.allocator.conditions import PLACED, quota_condition, set_quota_condition
 from dra_gateway.allocator.events import COMPONENT, EventRecorder
 from dra_gateway.allocator.index import ClaimIndex
-from dra_gateway.allocator.informer import Change, Informer
-from dra_gateway.allocator.leader import LeadershipLost
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
 from dra_gateway.allocator.policies import PolicyMirror, QuotaStatusWriter
@@ -72,7 +70,6 @@ from dra_gateway.allocator.work import (
     Write,
     unfenced,
 )
-from dra_gateway.allocator.workqueue import WorkQueue
 from dra_gateway.allocator.writes import (
     Replan,
     gate_index,
@@ -108,6 +105,9 @@ from dra_gateway.kube.resources import (
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
 )
+from dra_gateway.kube.runtime.informer import Change, Informer
+from dra_gateway.kube.runtime.leader import LeadershipLost
+from dra_gateway.kube.runtime.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 

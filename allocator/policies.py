@@ -20,12 +20,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from dra_gateway.allocator.informer import Change, Informer
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.planner.policies import PlannerPolicies
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound, Object
 from dra_gateway.kube.resources import GPU_QUOTAS, GPU_SHARING_POLICIES, NAMESPACES
+from dra_gateway.kube.runtime.informer import Change, Informer
 from dra_gateway.policy.amounts import FIELDS
 from dra_gateway.policy.catalog import Catalog
 
@@ -37,9 +37,9 @@ class PolicyMirror:
                  watch_timeout: float) -> None:
         self.on_change = on_change
         self.quotas = Informer(cluster, GPU_QUOTAS, self._on_quota, watch_timeout=watch_timeout,
-                               optional=True)
+                               when_missing="empty")
         self.sharing = Informer(cluster, GPU_SHARING_POLICIES, self._on_sharing,
-                                watch_timeout=watch_timeout, optional=True)
+                                watch_timeout=watch_timeout, when_missing="empty")
         self.namespaces = Informer(cluster, NAMESPACES, self._on_namespace,
                                    watch_timeout=watch_timeout)
         self.informers = (self.quotas, self.sharing, self.namespaces)

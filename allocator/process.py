@@ -17,10 +17,10 @@ import signal
 import socket
 
 from dra_gateway.allocator.controller import Controller
-from dra_gateway.allocator.leader import LeaderElector, LeaseSettings
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.kube.cluster.port import ApiError, Cluster
+from dra_gateway.kube.runtime.leader import LeaderElector, LeaseSettings
 
 log = logging.getLogger(__name__)
 

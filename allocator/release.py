@@ -17,7 +17,6 @@ import logging
 from collections.abc import Callable, Sequence
 
 from dra_gateway.allocator.index import ClaimIndex
-from dra_gateway.allocator.informer import Informer
 from dra_gateway.allocator.metrics import Metrics, Stats
 from dra_gateway.allocator.work import (
     MAX_WRITE_ATTEMPTS,
@@ -30,6 +29,7 @@ from dra_gateway.allocator.work import (
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import Cluster, Conflict, NotFound, Object
 from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS
+from dra_gateway.kube.runtime.informer import Informer
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 
 from dra_gateway.allocator.work import PodKey, WorkKey
-from dra_gateway.allocator.workqueue import WorkQueue
+from dra_gateway.kube.runtime.workqueue import WorkQueue
 
 
 class Unplaceable:

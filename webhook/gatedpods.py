@@ -2,7 +2,7 @@
 
 Pods that use a claim of a gateway class carry the scheduling gate dra-gateway.io/allocation
 until the allocator's leader places them; one allocator replica leads, through the Lease
-`dra-gateway-allocator` in the gateway's namespace (allocator/leader.py). With no allocator
+`dra-gateway-allocator` in the gateway's namespace (kube/runtime/leader.py). With no allocator
 running, those pods would wait gated without a word. `due_events` says which pods get an Event
 now: the Lease has had no valid holder (none named, or its renewTime plus leaseDurationSeconds is
 past, or no Lease at all) for at least the threshold, and the pod has been gated for at least the
@@ -30,7 +30,7 @@ from dra_gateway.kube import names, objects
 
 REASON = "AllocatorUnavailable"
 COMPONENT = "dra-gateway-webhook"
-# What leader election assumes when a Lease names a holder but no duration (allocator/leader.py).
+# What leader election assumes when a Lease names a holder but no duration (kube/runtime/leader.py).
 DEFAULT_LEASE_DURATION_S = 15.0
 _MAX_NAME = 253  # Event names are DNS subdomains
 _DIGEST = 16

@@ -19,7 +19,6 @@ from testkit import eventually
 
 from dra_gateway.allocator import controller as controller_module
 from dra_gateway.allocator.controller import Controller, ControllerSettings
-from dra_gateway.allocator.leader import LeaderElector, LeadershipLost, LeaseSettings
 from dra_gateway.allocator.metrics import Metrics, Stats
 from dra_gateway.allocator.work import PodKey
 from dra_gateway.allocator.writes import gate_index, remove_gate, write_allocation
@@ -27,6 +26,7 @@ from dra_gateway.kube import names
 from dra_gateway.kube.cel import COST_LIMIT
 from dra_gateway.kube.cluster.port import Object
 from dra_gateway.kube.resources import EVENTS, LEASES, PODS, RESOURCE_CLAIMS, ResourceType
+from dra_gateway.kube.runtime.leader import LeaderElector, LeadershipLost, LeaseSettings
 from dra_gateway.kube.sim.memory import MemoryCluster
 
 from .conftest import FAST, NAMESPACE, World, ungated

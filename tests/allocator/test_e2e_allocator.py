@@ -23,7 +23,6 @@ import yaml
 from testkit import eventually
 
 from dra_gateway.allocator.controller import ControllerSettings
-from dra_gateway.allocator.leader import LeaseSettings
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.process import run_allocator
 from dra_gateway.kube import names
@@ -38,6 +37,7 @@ from dra_gateway.kube.resources import (
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
 )
+from dra_gateway.kube.runtime.leader import LeaseSettings
 from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.kube.sim.server import serve, write_kubeconfig
 from dra_gateway.node_plugin.deviceclasses import device_classes

@@ -55,7 +55,7 @@ JSON = dict[str, Any]
 GATE = "dra-gateway.io/allocation"
 TENANT_NAMESPACE = "tenant"
 FAILOVER_NAMESPACE = "failover"
-# Leader election (allocator/leader.py): a standby takes over lease_duration after the record
+# Leader election (kube/runtime/leader.py): a standby takes over lease_duration after the record
 # last changed, retrying every retry_period.
 LEASE_DURATION_S = 15.0
 RETRY_PERIOD_S = 2.0

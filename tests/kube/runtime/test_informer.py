@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from testkit import eventually
 
-from dra_gateway.allocator.informer import Change, Informer
+from dra_gateway.kube.cluster.port import Forbidden, NotFound
 from dra_gateway.kube.resources import NODES, PODS
+from dra_gateway.kube.runtime.informer import Change, Informer
 from dra_gateway.kube.sim.memory import MemoryCluster
 
 
@@ -191,3 +192,118 @@ async def test_a_watch_that_closes_at_once_is_retried_with_backoff_not_in_a_loop
         await asyncio.sleep(0.5)
     assert 1 <= cluster.watches <= 12
     assert seen.events == [("added", "a", "1")]
+
+
+async def test_a_replacing_informer_hands_over_each_full_list_and_then_the_watch() -> None:
+    cluster = MemoryCluster()
+    await cluster.create(NODES, node("a", v="1"))
+    lists: list[list[str]] = []
+    seen = Recorder()
+    informer = Informer(cluster, NODES, seen, min_backoff=0.01,
+                        replaced=lambda items: lists.append([i["metadata"]["name"] for i in items]))
+    async with running(informer):
+        assert (lists, seen.events) == ([["a"]], [])
+        await cluster.create(NODES, node("b", v="1"))
+        await seen.wait_for(1)
+        cluster.expire_watches()
+        await eventually(lambda: len(lists) == 2)
+        await cluster.patch(NODES, "a", {"metadata": {"labels": {"v": "2"}}})
+        await seen.wait_for(2)
+        assert (lists, seen.events) == ([["a"], ["a", "b"]], [("added", "b", "1"),
+                                                              ("modified", "a", "2")])
+
+
+async def test_coroutine_callbacks_are_awaited_in_order_before_the_next_event() -> None:
+    cluster = MemoryCluster()
+    log: list[str] = []
+
+    async def handler(change: Change, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        log.append(f"start {change} {obj['metadata']['name']}")
+        await asyncio.sleep(0.01)
+        log.append(f"end {change} {obj['metadata']['name']}")
+
+    async with running(Informer(cluster, NODES, handler)):
+        await cluster.create(NODES, node("a"))
+        await cluster.delete(NODES, "a")
+        await eventually(lambda: len(log) == 4)
+    assert log == ["start added a", "end added a", "start deleted a", "end deleted a"]
+
+
+async def test_a_missing_type_is_empty_and_listed_again_or_ends_the_mirror() -> None:
+    class Unserved(MemoryCluster):
+        lists = 0
+
+        async def list(self, rt: Any, **kwargs: Any) -> Any:
+            self.lists += 1
+            raise NotFound("the server could not find the requested resource")
+
+    cluster = Unserved()
+    missing: list[str] = []
+    empty = Informer(cluster, NODES, Recorder(), when_missing="empty", max_backoff=0.02,
+                     missing=lambda: missing.append("empty"))
+    async with running(empty):
+        assert empty.absent
+        assert empty.synced.is_set()
+        await eventually(lambda: cluster.lists >= 3)
+    assert missing == ["empty"]  # once, not at every listing
+    stopped = Informer(cluster, NODES, Recorder(), when_missing="stop",
+                       missing=lambda: missing.append("stop"))
+    async with asyncio.timeout(5):
+        await stopped.run()
+    assert missing == ["empty", "stop"]
+
+
+async def test_a_refused_list_is_reported_and_logged_with_the_rbac_fix(
+        caplog: pytest.LogCaptureFixture) -> None:
+    class Refused(MemoryCluster):
+        async def list(self, rt: Any, **kwargs: Any) -> Any:
+            raise Forbidden('nodes is forbidden: User "x" cannot list resource "nodes"')
+
+    refusals: list[int] = []
+    informer = Informer(Refused(), NODES, Recorder(), min_backoff=0.01,
+                        failed=lambda exc: refusals.append(exc.code), rbac_fix="grant list")
+    task = asyncio.create_task(informer.run())
+    try:
+        await eventually(lambda: len(refusals) >= 2)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    (record, *_) = [r for r in caplog.records if "list or watch failed" in r.getMessage()]
+    assert (refusals[0], record.fix) == (403, "grant list")  # type: ignore[attr-defined]
+    assert not informer.synced.is_set()
+
+
+async def test_indexes_follow_the_store_through_changes_and_relists() -> None:
+    cluster = MemoryCluster()
+    await cluster.create(NODES, node("a", v="1"))
+    await cluster.create(NODES, node("b", v="1"))
+    informer = Informer(cluster, NODES, Recorder(), min_backoff=0.01,
+                        indexers={"v": lambda obj: [obj["metadata"]["labels"]["v"]]})
+
+    def names(value: str) -> list[str]:
+        return sorted(o["metadata"]["name"] for o in informer.by_index("v", value))
+
+    async with running(informer):
+        assert names("1") == ["a", "b"]
+        await cluster.patch(NODES, "a", {"metadata": {"labels": {"v": "2"}}})
+        await eventually(lambda: names("2") == ["a"])
+        assert names("1") == ["b"]
+        cluster.expire_watches()
+        await cluster.delete(NODES, "b")
+        await eventually(lambda: names("1") == [])
+        assert names("2") == ["a"]
+
+
+async def test_an_informer_without_a_store_passes_changes_as_the_watch_names_them() -> None:
+    cluster = MemoryCluster()
+    await cluster.create(NODES, node("a", v="1"))
+    lists: list[int] = []
+    seen = Recorder()
+    informer = Informer(cluster, NODES, seen, keep=False,
+                        replaced=lambda items: lists.append(len(items)))
+    async with running(informer):
+        await cluster.patch(NODES, "a", {"metadata": {"labels": {"v": "2"}}})
+        await cluster.delete(NODES, "a")
+        await seen.wait_for(2)
+        assert (lists, seen.events, informer.store) == (
+            [1], [("modified", "a", "2"), ("deleted", "a", "2")], {})

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from dra_gateway.allocator.workqueue import WorkQueue
+from dra_gateway.kube.runtime.workqueue import WorkQueue
 
 
 async def test_a_key_added_twice_is_handed_out_once() -> None:
