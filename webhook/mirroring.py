@@ -1,25 +1,22 @@
-"""One list-and-watch loop for the webhook's mirrors of the API: rules ConfigMaps, DeviceClasses,
-GPU policies, and the allocator's Lease and gated pods.
+"""The webhook's way of mirroring the API: rules ConfigMaps, DeviceClasses, ResourceSlices, GPU
+policies, and the allocator's Lease and gated pods.
 
-`mirror` lists a resource through the cluster port, watches from the list's resourceVersion,
-relists when the watch expires, and relists after a pause that doubles (up to half a minute)
-while the API keeps failing. The caller's callbacks keep the mirrored state and say what a
-failure means for readiness; this module keeps no state of its own and decides nothing about
-what it mirrors.
+`mirror` runs the runtime's `Informer` (list, watch, relist on expiry, backoff) with the
+webhook's conventions: callers rebuild their state from every full list (`listed`) and take in
+the watch's changes one object at a time (`changed`, `deleted`); a failure of anything but the
+API keeps the mirror going; a missing resource type ends it after `missing`. The caller's
+callbacks keep the mirrored state and say what a failure means for readiness; this module keeps
+no state of its own and decides nothing about what it mirrors.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-from dra_gateway.kube import objects
-from dra_gateway.kube.cluster.port import ApiError, Cluster, Expired, NotFound, Object
+from dra_gateway.kube.cluster.port import ApiError, Cluster, Object
 from dra_gateway.kube.resources import ResourceType
-
-log = logging.getLogger(__name__)
+from dra_gateway.kube.runtime.informer import Change, Informer
 
 MAX_RETRY_DELAY = 30.0
 
@@ -40,54 +37,24 @@ async def mirror(cluster: Cluster, rt: ResourceType, *, what: str, retry_delay: 
     list or watch; `missing()` is called once, instead of retrying, when the list answers 404.
     `rbac_fix` is logged with a 403.
     """
-    resource_version: str | None = None
-    failures = 0
-    while True:
-        if failures:
-            await asyncio.sleep(min(retry_delay * 2 ** (failures - 1), MAX_RETRY_DELAY))
-        try:
-            if resource_version is None:
-                try:
-                    items = await cluster.list(rt, namespace=namespace,
-                                               label_selector=label_selector,
-                                               field_selector=field_selector)
-                except NotFound:
-                    if missing is None:
-                        raise
-                    await _call(missing)
-                    return
-                await _call(listed, items.items)
-                resource_version = items.resource_version
-            failures = 0
-            async for event in cluster.watch(rt, namespace=namespace,
-                                             label_selector=label_selector,
-                                             field_selector=field_selector,
-                                             resource_version=resource_version):
-                resource_version = objects.resource_version(event.object) or resource_version
-                if event.type in ("ADDED", "MODIFIED"):
-                    await _call(changed, event.object)
-                elif event.type == "DELETED":
-                    await _call(deleted, event.object)
-        except Expired:
-            log.info("%s watch expired, relisting", what, extra={"namespace": namespace})
-            resource_version = None
-        except ApiError as exc:
-            resource_version = None
-            failures += 1
-            if failed is not None:
-                failed(exc)
-            extra = {"resource": rt.plural, "namespace": namespace, "reason": exc.reason,
-                     "error": exc.message}
-            if rbac_fix and exc.code == 403:
-                extra["fix"] = rbac_fix
-            log.warning("%s list or watch failed, relisting", what, extra=extra)
-        except Exception:
-            resource_version = None
-            failures += 1
-            log.exception("%s watch failed, relisting", what, extra={"namespace": namespace})
+    def handler(change: Change, obj: Object, old: Object | None) -> Awaitable[object] | None:
+        return _awaitable((deleted if change == "deleted" else changed)(obj))
+
+    def replaced(items: list[Object]) -> Awaitable[object] | None:
+        return _awaitable(listed(items))
+
+    def gone(callback: Callback) -> Callable[[], Awaitable[object] | None]:
+        return lambda: _awaitable(callback())
+
+    # The webhook keeps its own digest of what it mirrors (profiles, selectors, rules): the
+    # informer keeps no second copy of the objects.
+    await Informer(cluster, rt, handler, replaced=replaced, failed=failed,
+                   missing=None if missing is None else gone(missing),
+                   when_missing="fail" if missing is None else "stop", namespace=namespace,
+                   label_selector=label_selector, field_selector=field_selector,
+                   min_backoff=retry_delay, max_backoff=MAX_RETRY_DELAY, what=what,
+                   rbac_fix=rbac_fix, keep_going=True, keep=False).run()
 
 
-async def _call(callback: Callback, *args: Object | list[Object]) -> None:
-    result = callback(*args)
-    if inspect.isawaitable(result):
-        await result
+def _awaitable(result: object) -> Awaitable[object] | None:
+    return result if inspect.isawaitable(result) else None
