@@ -4,9 +4,9 @@
 deterministic names, a controller owner reference to the Node), so an unchanged node always
 produces the same objects. `Publisher` keeps the cluster equal to them: it writes only when
 something differs, bumps the pool generation on every change (consumers trust only the highest
-generation), and watches its own slices so that a deletion (the kubelet deletes a node's slices
-when it starts and when a plugin deregisters) is repaired at once; an expired watch relists.
-Nothing here discovers hardware or talks to the kubelet.
+generation), and watches its own slices with the runtime's informer so that a deletion (the
+kubelet deletes a node's slices when it starts and when a plugin deregisters) is repaired at
+once; an expired watch relists. Nothing here discovers hardware or talks to the kubelet.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from dra_gateway.kube.cluster.port import (
     ApiError,
     Cluster,
     Conflict,
-    Expired,
     NotFound,
     Object,
 )
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
+from dra_gateway.kube.runtime.informer import Change, Informer
 from dra_gateway.node_plugin.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,12 @@ class Publisher:
 
     async def run(self) -> None:
         """Reconcile now and whenever the slices or the devices change; never returns."""
-        watcher = asyncio.create_task(self._watch(), name=f"slice-watch-{self.node_name}")
+        # No store: each pass lists the slices itself, the watch only says when to look again.
+        informer = Informer(self._cluster, RESOURCE_SLICES, self._on_slice,
+                            replaced=self._relisted, field_selector=self._selector,
+                            min_backoff=self._retry, max_backoff=self._max_retry,
+                            what="ResourceSlice", keep=False)
+        watcher = asyncio.create_task(informer.run(), name=f"slice-watch-{self.node_name}")
         self._dirty.set()
         delay = self._retry
         try:
@@ -251,35 +256,21 @@ class Publisher:
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
 
-    async def _watch(self) -> None:
-        delay = self._retry
-        while True:
-            try:
-                listed = await self._cluster.list(RESOURCE_SLICES, field_selector=self._selector)
-                # Anything may have happened while the watch was down.
-                self._dirty.set()
-                async for event in self._cluster.watch(
-                        RESOURCE_SLICES, resource_version=listed.resource_version,
-                        field_selector=self._selector, timeout_seconds=300):
-                    delay = self._retry
-                    if event.type == "BOOKMARK" or not self._ours(event.object):
-                        continue
-                    rv = objects.resource_version(event.object)
-                    if event.type != "DELETED" and rv in self._written:
-                        self._written.discard(rv)
-                        continue
-                    if event.type == "DELETED":
-                        log.info("ResourceSlice %s was deleted: republishing",
-                                 objects.name(event.object))
-                    self.synced.clear()
-                    self._dirty.set()
-            except Expired:
-                log.info("ResourceSlice watch expired: relisting")
-            except ApiError as exc:
-                log.warning("watching ResourceSlices failed: %s (%s); retrying in %.0fs",
-                            exc.message, exc.reason, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self._max_retry)
+    def _relisted(self, items: list[Object]) -> None:
+        # Anything may have happened while the watch was down.
+        self._dirty.set()
+
+    def _on_slice(self, change: Change, obj: Object, old: Object | None) -> None:
+        if not self._ours(obj):
+            return
+        rv = objects.resource_version(obj)
+        if change != "deleted" and rv in self._written:
+            self._written.discard(rv)
+            return
+        if change == "deleted":
+            log.info("ResourceSlice %s was deleted: republishing", objects.name(obj))
+        self.synced.clear()
+        self._dirty.set()
 
     async def unpublish(self) -> int:
         """Delete this node's slices (when the plugin is removed for good); returns the count."""
