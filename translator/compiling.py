@@ -19,7 +19,6 @@ from typing import Any, Final
 from dra_gateway.kube import names
 from dra_gateway.kube.cel import CelError, Expression, compile_expression, compile_selector
 from dra_gateway.kube.models import ENFORCEMENTS, POLICY_NAMES
-from dra_gateway.translator.compiled import CompiledRule, CompiledSelector
 from dra_gateway.translator.documents import (
     IDENT_RE,
     NAME_RE,
@@ -28,6 +27,7 @@ from dra_gateway.translator.documents import (
     RuleSpec,
 )
 from dra_gateway.translator.errors import Problems
+from dra_gateway.translator.ruleset import CompiledRule, CompiledSelector
 from dra_gateway.translator.selectors import render_selector, selector_values
 
 

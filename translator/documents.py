@@ -4,7 +4,7 @@ A rules document (`apiVersion: dra-gateway.io/v1alpha1`, `kind: TranslationRules
 that say which legacy container resources they translate, how to compute the DRA device request
 from them with CEL, and which device class serves it, plus `overrides` of rules defined
 elsewhere. These pydantic models exist for loading only: they check shapes, names and units.
-They must not compile CEL, read files or be used on the admission path (`compiled.py` holds
+They must not compile CEL, read files or be used on the admission path (`ruleset.py` holds
 what that path reads); `loading.py` turns them into a `RuleSet`.
 """
 

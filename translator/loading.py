@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from dra_gateway.translator.compiled import CompiledRule, RuleSet
 from dra_gateway.translator.compiling import RuleEntry, check_overlaps, compile_rule
 from dra_gateway.translator.documents import OverrideSpec, RulesDocument, RuleSpec
 from dra_gateway.translator.errors import Problems, RulesError, format_path, pydantic_message
+from dra_gateway.translator.ruleset import CompiledRule, RuleSet
 
 # A file or folder path; a ConfigMap's data; or (label, data) such as
 # ("ConfigMap dra-gateway/site-rules", data) so that messages name the ConfigMap.

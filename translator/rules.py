@@ -7,7 +7,7 @@ from them with CEL, and which device class serves it. The work is split by idea:
 - `documents.py`: the document as typed models, for loading only;
 - `errors.py`: `RulesError` and the collector of problems with their field paths;
 - `compiling.py`: one rule compiled to CEL programs and dry-run at load;
-- `compiled.py`: `CompiledRule` and `RuleSet`, the structures the admission hot path reads;
+- `ruleset.py`: `CompiledRule` and `RuleSet`, the structures the admission hot path reads;
 - `selectors.py`: device selectors rendered safely from pod text;
 - `loading.py`: files, folders and ConfigMap data to a `RuleSet`, overrides applied.
 
@@ -17,7 +17,6 @@ not grow code of its own.
 
 from __future__ import annotations
 
-from dra_gateway.translator.compiled import CompiledRule, CompiledSelector, RuleSet
 from dra_gateway.translator.documents import (
     BASE_VARIABLES,
     UNITS,
@@ -28,6 +27,7 @@ from dra_gateway.translator.documents import (
 )
 from dra_gateway.translator.errors import RulesError, format_path
 from dra_gateway.translator.loading import Source, builtin_sources, load_rules
+from dra_gateway.translator.ruleset import CompiledRule, CompiledSelector, RuleSet
 from dra_gateway.translator.selectors import render_selector, selector_values
 
 __all__ = [

@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from dra_gateway.translator.compiled import CompiledSelector
+from dra_gateway.translator.ruleset import CompiledSelector
 
 
 def selector_values(selector: CompiledSelector, value: Any) -> list[str]:

@@ -52,7 +52,7 @@ from dra_gateway.webhook.deviceprofiles import DeviceProfileWatch
 from dra_gateway.webhook.metrics import Metrics
 from dra_gateway.webhook.policies import PolicyWatch
 from dra_gateway.webhook.reviews import BadReview, Refusal, Review
-from dra_gateway.webhook.rules import RuleStore
+from dra_gateway.webhook.rulestore import RuleStore
 from dra_gateway.webhook.settings import MAX_BODY_BYTES, WebhookSettings
 from dra_gateway.webhook.templates import TemplateConflict, Templates, TemplateUnavailable
 from dra_gateway.webhook.translation import NAMESPACE_UNKNOWN, NamespaceMode, held_back

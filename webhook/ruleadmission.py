@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from dra_gateway.kube import names
 from dra_gateway.webhook.reviews import Refusal, Review
-from dra_gateway.webhook.rules import RuleStore
+from dra_gateway.webhook.rulestore import RuleStore
 
 INVALID_CODE = 422
 

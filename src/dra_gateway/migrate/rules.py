@@ -1,6 +1,6 @@
 """The translation rules in force for a plan: the built-in rules, `--rules` files and the rule
 ConfigMaps (label `dra-gateway.io/rules: "true"`) found in the cluster or the dumps, loaded as
-the webhook loads them (`webhook/rules.py`: files first, then ConfigMaps by name).
+the webhook loads them (`webhook/rulestore.py`: files first, then ConfigMaps by name).
 
 Also what those rules do with a legacy name, in the terms the quota conversion reads
 (`policy.legacyquotas.Route`). It must not read files other than `--rules`, or a cluster.
