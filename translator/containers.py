@@ -283,11 +283,7 @@ def _choose_rule(found: Found, ordered: list[str], *, context: PodContext,
                  rules: RuleSet) -> tuple[CompiledRule, dict[str, Any]] | None:
     """The rule that translates the container, by precedence, with the activation it sees:
     the first whose trigger the container asks for and whose match conditions hold."""
-    candidates: dict[str, CompiledRule] = {}
-    for resource in ordered:
-        for rule in rules.rules_for(resource):
-            candidates.setdefault(rule.name, rule)
-    for rule in sorted(candidates.values(), key=lambda r: (-r.precedence, r.name)):
+    for rule in rules.by_precedence(ordered):
         mine = [n for n in ordered if rule.claims(n)]
         if not any(rule.triggered_by(n) for n in mine):
             continue

@@ -247,12 +247,9 @@ def _skipped(found: Found, skipped: Skipped, *, rules: RuleSet, context: PodCont
 
 
 def _why_no_rule(legacy: list[str], *, rules: RuleSet, context: PodContext) -> Iterator[str]:
-    """For each enabled rule reading one of `legacy`, why it did not fire."""
-    seen: dict[str, CompiledRule] = {}
-    for resource in legacy:
-        for rule in rules.rules_for(resource):
-            seen.setdefault(rule.name, rule)
-    for rule in sorted(seen.values(), key=lambda r: (-r.precedence, r.name)):
+    """For each enabled rule reading one of `legacy`, in the order the translator tried them,
+    why it did not fire."""
+    for rule in rules.by_precedence(legacy):
         mine = [n for n in legacy if rule.claims(n)]
         if not any(rule.triggered_by(n) for n in mine):
             triggers = sorted(rule.triggers) or [f"{rule.pattern}*"]

@@ -8,7 +8,7 @@ compiles CEL.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,6 +181,15 @@ class RuleSet:
             if resource.startswith(prefix):
                 found = (*found, rule)
         return found
+
+    def by_precedence(self, resources: Iterable[str]) -> list[CompiledRule]:
+        """Every enabled rule reading one of `resources`, once, in the order the translator
+        tries them: highest precedence first, then by name."""
+        candidates: dict[str, CompiledRule] = {}
+        for resource in resources:
+            for rule in self.rules_for(resource):
+                candidates.setdefault(rule.name, rule)
+        return sorted(candidates.values(), key=lambda r: (-r.precedence, r.name))
 
     def remember(self, key: Any, value: Any) -> None:
         if len(self.cache) >= self.cache_size:
