@@ -30,7 +30,7 @@ Around it: `process.py` (flags, signals, leadership terms), `settings.py`, `work
 outcomes), `index.py` (which pods use which claims), `claims.py` (a pod's claims from the
 mirror), `writes.py` (a claim's allocation, the gate's removal), `release.py`, `unplaceable.py`
 (when a pod that did not fit is planned again), `events.py` (Warning Events), `policies.py`
-(GPUQuotas, GPUSharingPolicies and Namespaces mirrored into the planner; GPUQuota status) and
+(GPUQuota status; the policies reach the planner through kube/runtime's `PolicyMirror`) and
 `conditions.py` (the pod condition of a pod a quota holds back).
 
 At about 690 lines this module is over the house's 500 for a reason: what is left (informer
@@ -56,7 +56,7 @@ from dra_gateway.allocator.events import COMPONENT, EventRecorder
 from dra_gateway.allocator.index import ClaimIndex
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
-from dra_gateway.allocator.policies import PolicyMirror, QuotaStatusWriter
+from dra_gateway.allocator.policies import QuotaStatusWriter
 from dra_gateway.allocator.release import ClaimReleaser
 from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.allocator.unplaceable import Unplaceable
@@ -107,7 +107,9 @@ from dra_gateway.kube.resources import (
 )
 from dra_gateway.kube.runtime.informer import Change, Informer
 from dra_gateway.kube.runtime.leader import LeadershipLost
+from dra_gateway.kube.runtime.policymirror import PolicyMirror
 from dra_gateway.kube.runtime.workqueue import WorkQueue
+from dra_gateway.policy.keeper import CatalogKeeper
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +152,8 @@ class Controller:
         self.nodes = Informer(cluster, NODES, self._on_node, watch_timeout=timeout)
         self.pods = Informer(cluster, PODS, self._on_pod, field_selector=LIVE_PODS_SELECTOR,
                              watch_timeout=timeout)
-        self.policy_mirror = PolicyMirror(cluster, self._on_policies, watch_timeout=timeout)
+        self.policy_mirror = PolicyMirror(cluster, CatalogKeeper(usage=False),
+                                          on_change=self._on_policies, watch_timeout=timeout)
         # Policies first: a pod planned before its namespace's quotas are known could pass them.
         self.informers = (*self.policy_mirror.informers, self.classes, self.nodes, self.slices,
                           self.claims, self.pods)

@@ -1,11 +1,10 @@
-"""The GPU policies for the allocator controller: their mirrors, and GPUQuota status.
+"""GPUQuota status, written by the allocator controller from the planner's ledger.
 
-`PolicyMirror` lists and watches GPUQuotas, GPUSharingPolicies and Namespaces (their labels
-select sharing policies and name tenants) with the controller's `Informer`s, and calls
-`on_change` with a fresh `Catalog` when something the planner reads changed: a quota's spec, a
-sharing policy, a namespace's labels. The allocator's own status writes and namespace
-heartbeats change nothing it reads and are skipped. Without the CRDs (an API server the chart's
-crds/ never reached) the mirrors are empty and the allocator runs without policies.
+The policies themselves reach the planner through the runtime's `PolicyMirror` fed to a
+`CatalogKeeper` that leaves quotas' status out (the controller wires them): the allocator's own
+status writes and namespace heartbeats change nothing the planner reads. Without the CRDs (an API
+server the chart's crds/ never reached) the mirrors are empty and the allocator runs without
+policies.
 
 `QuotaStatusWriter` keeps `status.hard` and `status.used` of every GPUQuota current from the
 planner's ledger, through the status subresource, at most once per interval (debounced: usage
@@ -22,57 +21,12 @@ from typing import Any
 
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.planner.policies import PlannerPolicies
-from dra_gateway.kube import objects
-from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound, Object
-from dra_gateway.kube.resources import GPU_QUOTAS, GPU_SHARING_POLICIES, NAMESPACES
-from dra_gateway.kube.runtime.informer import Change, Informer
+from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound
+from dra_gateway.kube.resources import GPU_QUOTAS
+from dra_gateway.kube.runtime.informer import Informer
 from dra_gateway.policy.amounts import FIELDS
-from dra_gateway.policy.catalog import Catalog
 
 log = logging.getLogger(__name__)
-
-
-class PolicyMirror:
-    def __init__(self, cluster: Cluster, on_change: Callable[[Catalog], None], *,
-                 watch_timeout: float) -> None:
-        self.on_change = on_change
-        self.quotas = Informer(cluster, GPU_QUOTAS, self._on_quota, watch_timeout=watch_timeout,
-                               when_missing="empty")
-        self.sharing = Informer(cluster, GPU_SHARING_POLICIES, self._on_sharing,
-                                watch_timeout=watch_timeout, when_missing="empty")
-        self.namespaces = Informer(cluster, NAMESPACES, self._on_namespace,
-                                   watch_timeout=watch_timeout)
-        self.informers = (self.quotas, self.sharing, self.namespaces)
-        self._reported: set[str] = set()
-
-    def catalog(self) -> Catalog:
-        catalog = Catalog.build(quotas=self.quotas.values(), sharing=self.sharing.values(),
-                                namespaces=self.namespaces.values())
-        for error in catalog.errors:
-            if error not in self._reported:
-                log.warning("GPU policy left out: %s", error)
-        self._reported = set(catalog.errors)
-        return catalog
-
-    def _changed(self) -> None:
-        if all(i.synced.is_set() for i in self.informers):
-            self.on_change(self.catalog())
-
-    def _on_quota(self, change: Change, obj: Object, old: Object | None) -> None:
-        if change == "modified" and old is not None and old.get("spec") == obj.get("spec"):
-            return  # status (ours) or metadata: the planner reads neither
-        self._changed()
-
-    def _on_sharing(self, change: Change, obj: Object, old: Object | None) -> None:
-        if change == "modified" and old is not None and old.get("spec") == obj.get("spec"):
-            return
-        self._changed()
-
-    def _on_namespace(self, change: Change, obj: Object, old: Object | None) -> None:
-        if change == "modified" and old is not None and \
-                objects.labels(old) == objects.labels(obj):
-            return
-        self._changed()
 
 
 def _status_patch(old: Any, new: dict[str, Any]) -> dict[str, Any]:
@@ -144,4 +98,4 @@ class QuotaStatusWriter:
         self._labels = labels
 
 
-__all__ = ["PolicyMirror", "QuotaStatusWriter"]
+__all__ = ["QuotaStatusWriter"]

@@ -218,10 +218,11 @@ class Informer:
                     await _awaited(self.missing())
                 return False
             if not self.absent:
-                log.warning("the API server does not serve this resource; running without it "
-                            "and listing again later", extra={"resource": self.rt.plural})
-                if self.missing is not None:
+                if self.missing is not None:  # the caller says what it means
                     await _awaited(self.missing())
+                else:
+                    log.warning("the API server does not serve this resource; running without "
+                                "it and listing again later", extra={"resource": self.rt.plural})
             self.absent = True
             await self._deliver([], "")
             return True
