@@ -1,4 +1,5 @@
-"""`dra-gateway bench allocator`: replay an openb-format trace through the planner, per policy.
+"""`dra-gateway bench allocator`: replay an openb-format trace through the planner, per packing
+strategy.
 
 The replay follows the FGD paper's simulator (Weng et al., USENIX ATC'23;
 `../shared/data/openb/README.md`): every pod of the list plus seeded random copies until the
@@ -11,7 +12,7 @@ built-in rules, its claim is made from the template as the claim controller woul
 nodes publish slices as the node plugin builds them; `plan_pod` places it and the plan is
 assumed. Nothing is faked: the figures are those of the code the allocator runs.
 
-Reported per policy: GPU allocation ratio (allocated GPU share over all GPUs, mean over seeds),
+Reported per strategy: GPU allocation ratio (allocated GPU share over all GPUs, mean over seeds),
 unallocated GPUs, claims placed per second of planning time, and p50/p99 planning time per
 claim. Times are the planning thread's CPU time (one core; other processes on a shared
 machine still slow it, through the caches and the host); the JSON output adds wall-clock
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_gateway.allocator.planner import (
-    POLICIES,
+    STRATEGIES,
     ClusterState,
     PlannerSettings,
     TaskType,
@@ -374,12 +375,12 @@ def policy_objects(total_gpus: int, *, quotas: int = NAMESPACES, sharing: int = 
 class _Replay:
     """One configuration's replay of a trace, a pod at a time."""
 
-    def __init__(self, cluster: Cluster, translator: Translator, *, policy: str,
+    def __init__(self, cluster: Cluster, translator: Translator, *, strategy: str,
                  workload: Workload, catalog: Catalog | None, namespaces: bool) -> None:
         self.translator = translator
         self.total_gpus = cluster.total_gpus
         self.namespaces = namespaces
-        self.state = cluster.state(PlannerSettings(default_policy=policy))
+        self.state = cluster.state(PlannerSettings(default_strategy=strategy))
         self.state.set_workload(workload)
         if catalog is not None:
             self.state.set_policies(catalog)
@@ -428,14 +429,14 @@ class _Replay:
 
 
 def replay(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *,
-           policy: str, load: float, seed: int, workload: Workload,
+           strategy: str, load: float, seed: int, workload: Workload,
            catalog: Catalog | None = None, namespaces: bool = False) -> RunResult:
-    return side_by_side(cluster, translator, pods, policy=policy, load=load, seed=seed,
+    return side_by_side(cluster, translator, pods, strategy=strategy, load=load, seed=seed,
                         workload=workload, catalogs=[catalog], namespaces=namespaces)[0]
 
 
 def side_by_side(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *,
-                 policy: str, load: float, seed: int, workload: Workload,
+                 strategy: str, load: float, seed: int, workload: Workload,
                  catalogs: Sequence[Catalog | None], namespaces: bool = False,
                  ) -> list[RunResult]:
     """One replay per catalog (None: no policies), pod by pod side by side: each pod is
@@ -446,7 +447,7 @@ def side_by_side(cluster: Cluster, translator: Translator, pods: Sequence[TraceP
     # what is loaded out of the cyclic collector's way, so full collections stay short.
     gc.collect()
     gc.freeze()
-    replays = [_Replay(cluster, translator, policy=policy, workload=workload,
+    replays = [_Replay(cluster, translator, strategy=strategy, workload=workload,
                        catalog=catalog, namespaces=namespaces) for catalog in catalogs]
     for n, trace_pod in enumerate(sample(pods, cluster.total_gpus, load, seed)):
         if n % 1000 == 999:
@@ -479,7 +480,7 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run(nodes_path: Path, pods_path: Path, *, policies: Sequence[str], load: float,
+def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: float,
         seeds: Sequence[int], gpu_policies_too: bool = False) -> dict[str, dict[str, float]]:
     nodes = read_nodes(nodes_path)
     pods = read_pods(pods_path)
@@ -488,15 +489,15 @@ def run(nodes_path: Path, pods_path: Path, *, policies: Sequence[str], load: flo
     workload = trace_workload(pods)
     results: dict[str, dict[str, float]] = {}
     catalog = gpu_policies(cluster.total_gpus) if gpu_policies_too else None
-    for policy in policies:
-        configurations: dict[str, list[RunResult]] = {policy: []}
+    for strategy in strategies:
+        configurations: dict[str, list[RunResult]] = {strategy: []}
         catalogs: list[Catalog | None] = [None]
         if catalog is not None:
-            configurations[f"{policy}+policies"] = []
+            configurations[f"{strategy}+policies"] = []
             catalogs.append(catalog)
         for seed in seeds:
             # Side by side, pod by pod: both configurations see the same machine load.
-            results_ = side_by_side(cluster, translator, pods, policy=policy, load=load,
+            results_ = side_by_side(cluster, translator, pods, strategy=strategy, load=load,
                                     seed=seed, workload=workload, catalogs=catalogs,
                                     namespaces=catalog is not None)
             for runs_, result in zip(configurations.values(), results_, strict=True):
@@ -504,9 +505,9 @@ def run(nodes_path: Path, pods_path: Path, *, policies: Sequence[str], load: flo
         for label, runs in configurations.items():
             results[label] = _summary(runs)
         if catalog is not None:
-            base = results[policy]["claims_per_second"]
-            results[f"{policy}+policies"]["claims_per_second_ratio"] = round(
-                results[f"{policy}+policies"]["claims_per_second"] / base, 3) if base else 0.0
+            base = results[strategy]["claims_per_second"]
+            results[f"{strategy}+policies"]["claims_per_second_ratio"] = round(
+                results[f"{strategy}+policies"]["claims_per_second"] / base, 3) if base else 0.0
     return results
 
 
@@ -535,9 +536,9 @@ def _table(results: Mapping[str, Mapping[str, float]], seeds: Sequence[int]) -> 
     header = (f"{'policy':<{width}} {'GPU alloc %':>11} {'unalloc GPUs':>12} {'claims/s':>9} "
               f"{'p50 ms':>7} {'p99 ms':>7}")
     lines = [header, "-" * len(header)]
-    for policy, r in results.items():
+    for label, r in results.items():
         ratio = r.get("claims_per_second_ratio")
-        lines.append(f"{policy:<{width}} {r['allocation_ratio']:>11.2f} "
+        lines.append(f"{label:<{width}} {r['allocation_ratio']:>11.2f} "
                      f"{r['unallocated_gpus']:>12.1f} {r['claims_per_second']:>9.0f} "
                      f"{r['p50_ms']:>7.3f} {r['p99_ms']:>7.3f}"
                      + (f"  ({ratio:.3f} x without)" if ratio is not None else ""))
@@ -546,18 +547,20 @@ def _table(results: Mapping[str, Mapping[str, float]], seeds: Sequence[int]) -> 
 
 
 def main(args: argparse.Namespace) -> int:
-    policies = list(args.policies or POLICIES)
-    unknown = [p for p in policies if p not in POLICIES]
+    strategies = list(args.strategies or STRATEGIES)
+    unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
-        print(f"dra-gateway bench allocator: --policy {unknown[0]!r} is not a policy; use one "
-              f"of {', '.join(POLICIES)}", file=sys.stderr)
+        # Named as the user typed it: --strategy, or its deprecated alias --policy.
+        flag = getattr(args, "strategy_option", None) or "--strategy"
+        print(f"dra-gateway bench allocator: {flag} {unknown[0]!r} is not a {flag[2:]}; use "
+              f"one of {', '.join(STRATEGIES)}", file=sys.stderr)
         return 2
     if not args.load > 0:
         print("dra-gateway bench allocator: --load must be above 0, e.g. 1.3", file=sys.stderr)
         return 2
     try:
         seeds = parse_seeds(args.seeds)
-        results = run(Path(args.nodes), Path(args.pods), policies=policies, load=args.load,
+        results = run(Path(args.nodes), Path(args.pods), strategies=strategies, load=args.load,
                       seeds=seeds, gpu_policies_too=getattr(args, "gpu_policies", False))
     except TraceError as exc:
         print(f"dra-gateway bench allocator: {exc}", file=sys.stderr)

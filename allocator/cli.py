@@ -6,8 +6,34 @@ Light imports only; each handler imports its module when it runs.
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
 
 from dra_gateway.kube import arguments
+
+
+class _StrategyOption(argparse.Action):
+    """`--strategy` and its deprecated alias `--policy` (the packing choice was called a policy
+    before "policy" was kept for GPUQuota and GPUSharingPolicy): one destination, the flag used
+    kept in `strategy_option` so that an error names what was typed; the alias says on stderr
+    to use `--strategy`. `append`: the flag is repeatable (`bench allocator`)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, append: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.append = append
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None,
+                 option_string: str | None = None) -> None:
+        if option_string == "--policy":
+            print(f"{parser.prog}: --policy is deprecated, use --strategy (same values)",
+                  file=sys.stderr)
+        namespace.strategy_option = option_string
+        if self.append:
+            values = [*(getattr(namespace, self.dest) or ()), values]
+        setattr(namespace, self.dest, values)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -23,8 +49,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     controller.add_argument("--namespace", default="dra-gateway",
                             type=arguments.namespace,
                             help="namespace of the allocator's Lease (default: %(default)s)")
-    controller.add_argument("--policy", default="default",
-                            help="cluster-wide scoring policy (default: %(default)s)")
+    controller.add_argument("--strategy", "--policy", action=_StrategyOption, default="default",
+                            metavar="STRATEGY",
+                            help="cluster-wide packing strategy: default (fragmentation-aware), "
+                            "binpack, spread or first-fit (default: %(default)s; --policy is "
+                            "its deprecated name)")
     controller.add_argument("--identity", help="holder identity in the Lease (default: host name "
                             "and process id)")
     controller.add_argument("--metrics-address", metavar="HOST:PORT",
@@ -38,12 +67,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     controller.set_defaults(func=_run_controller)
 
     replay = bench.add_parser(
-        "allocator", help="replay an openb-format trace through the planner, per policy"
+        "allocator", help="replay an openb-format trace through the planner, per packing strategy"
     )
     replay.add_argument("--nodes", required=True, help="node list CSV (openb format)")
     replay.add_argument("--pods", required=True, help="pod list CSV (openb format)")
-    replay.add_argument("--policy", action="append", dest="policies", metavar="NAME",
-                        help="policy to compare (repeatable; default: every policy)")
+    replay.add_argument("--strategy", "--policy", action=_StrategyOption, append=True,
+                        dest="strategies", metavar="NAME",
+                        help="packing strategy to compare (repeatable; default: every "
+                        "strategy; --policy is its deprecated name)")
     replay.add_argument("--load", type=float, default=1.3,
                         help="GPU requests as a share of the cluster's GPUs (default: 1.3)")
     replay.add_argument("--seeds", default="42-51",

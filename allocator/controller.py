@@ -142,7 +142,7 @@ class Controller:
         self.queue: WorkQueue[WorkKey] = WorkQueue(base_delay=self.settings.base_delay,
                                                    max_delay=self.settings.max_delay)
         self.consumable_capacity: bool | None = self.settings.consumable_capacity
-        self.state = ClusterState(PlannerSettings(default_policy=self.settings.policy,
+        self.state = ClusterState(PlannerSettings(default_strategy=self.settings.strategy,
                                                   consumable_capacity=bool(
                                                       self.consumable_capacity)))
         timeout = self.settings.watch_timeout
@@ -255,7 +255,7 @@ class Controller:
 
     def _rebuild_state(self) -> None:
         """A fresh planner state from the mirrors (after the feature mode changed)."""
-        self.state = ClusterState(PlannerSettings(default_policy=self.settings.policy,
+        self.state = ClusterState(PlannerSettings(default_strategy=self.settings.strategy,
                                                   consumable_capacity=bool(
                                                       self.consumable_capacity)))
         if all(i.synced.is_set() for i in self.policy_mirror.informers):
@@ -590,12 +590,13 @@ class Controller:
         """
         async with self._planning:
             self._held_changes = []
-            state, policy, budget = self.state, self.settings.policy, self.settings.plan_cost_budget
+            state, strategy = self.state, self.settings.strategy
+            budget = self.settings.plan_cost_budget
 
             def planned() -> PodPlan:
                 try:
                     with cel.cost_budget(budget):
-                        return plan_pod(state, pod, gateway, policy=policy)
+                        return plan_pod(state, pod, gateway, strategy=strategy)
                 except cel.CostBudgetExceeded as exc:
                     return PodPlan(node_name=None, allocations={}, annotations={},
                                    reason=f"{exc}; simplify the claim's selectors")

@@ -77,12 +77,13 @@ def main(args: argparse.Namespace) -> int:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from dra_gateway.allocator.planner import POLICIES
+    from dra_gateway.allocator.planner import STRATEGIES
 
     identity = args.identity or default_identity()
-    if args.policy not in POLICIES:
-        log.error("unknown scoring policy", extra={
-            "policy": args.policy, "fix": f"pass --policy with one of {', '.join(POLICIES)}"})
+    if args.strategy not in STRATEGIES:
+        log.error("unknown packing strategy", extra={
+            "strategy": args.strategy,
+            "fix": f"pass --strategy with one of {', '.join(STRATEGIES)}"})
         return 2
     from dra_gateway.kube.cluster import ClusterConfigError
 
@@ -99,7 +100,7 @@ async def _main(args: argparse.Namespace) -> int:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     log.info("allocator starting", extra={"identity": identity, "leaseNamespace":
-                                          args.namespace, "policy": args.policy,
+                                          args.namespace, "strategy": args.strategy,
                                           "cluster": args.cluster})
     metrics = Metrics()
     try:
@@ -117,7 +118,7 @@ async def _main(args: argparse.Namespace) -> int:
                     return 2
                 log.info("serving metrics", extra={"address": address, "port": port})
             await run_allocator(cluster, namespace=args.namespace, identity=identity,
-                                settings=ControllerSettings(policy=args.policy),
+                                settings=ControllerSettings(strategy=args.strategy),
                                 metrics=metrics, stop=stop)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ControllerSettings:
-    policy: str = "default"
+    strategy: str = "default"  # how pods are packed (planner.STRATEGIES)
     workers: int = 4
     # Retry timings of the work queue: base * 2**failures, capped.
     base_delay: float = 0.05

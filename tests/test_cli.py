@@ -47,6 +47,15 @@ def test_help_states_the_defaults(argv: list[str], default: str,
     assert default in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.mark.parametrize("flag", ["--strategy", "--policy"])
+def test_allocator_packing_strategy_is_strategy_and_policy_its_deprecated_name(
+        flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert build_parser().parse_args(["allocator"]).strategy == "default"
+    assert build_parser().parse_args(["allocator", flag, "binpack"]).strategy == "binpack"
+    deprecated = "dra-gateway allocator: --policy is deprecated, use --strategy (same values)\n"
+    assert capsys.readouterr().err == (deprecated if flag == "--policy" else "")
+
+
 def test_allocator_refuses_a_namespace_the_api_would_refuse(
         capsys: pytest.CaptureFixture[str]) -> None:
     # Accepted until the first Lease write, which the API server refuses far from the flag.

@@ -96,15 +96,15 @@ def _share_config(configs: Sequence[Mapping[str, Any]], result_name: str) -> Sha
     )
 
 
-def share_policy(configs: Sequence[Mapping[str, Any]]) -> str | None:
-    """The scoring policy a claim's GpuShareConfig names, if any."""
-    policy: str | None = None
+def share_strategy(configs: Sequence[Mapping[str, Any]]) -> str | None:
+    """The packing strategy a claim's GpuShareConfig names in its `policy` field, if any."""
+    strategy: str | None = None
     for config in configs:
         opaque = config.get("opaque") or {}
         params = opaque.get("parameters") or {}
         if opaque.get("driver") == names.DRIVER and params.get("policy"):
-            policy = str(params["policy"])
-    return policy
+            strategy = str(params["policy"])
+    return strategy
 
 
 def _alternative(path: str, result_name: str, body: Mapping[str, Any],
@@ -195,4 +195,4 @@ def memory_for(share: Share, card_memory_bytes: int) -> int | None:
 
 
 __all__ = ["MIB_NANOS", "NANO", "Alternative", "ClaimDemand", "Constraint", "Request", "Share",
-           "compile_claim", "memory_for", "share_policy"]
+           "compile_claim", "memory_for", "share_strategy"]

@@ -39,7 +39,7 @@ from typing import Any
 
 from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.allocation import PodPlan, build_plan
-from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for, share_policy
+from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for, share_strategy
 from dra_gateway.allocator.planner.devices import NANO
 from dra_gateway.allocator.planner.policies import (
     NO_HOLDERS,
@@ -60,7 +60,7 @@ from dra_gateway.allocator.planner.search import (
     refused_picks,
     score,
 )
-from dra_gateway.allocator.planner.settings import POLICIES
+from dra_gateway.allocator.planner.settings import STRATEGIES
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names, objects
 from dra_gateway.policy.admission import check_admission
@@ -69,7 +69,7 @@ from dra_gateway.policy.quotas import Exceeded, Quota
 from dra_gateway.policy.sharing import SharingRules
 
 HAMI_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
-_HAMI_POLICIES = {"binpack": "binpack", "spread": "spread"}
+_HAMI_STRATEGIES = {"binpack": "binpack", "spread": "spread"}
 _MEMO_LIMIT = 200_000
 _RANKINGS_LIMIT = 4_096
 
@@ -99,27 +99,28 @@ def _pinned_node(allocation: Mapping[str, Any]) -> set[str] | None:
     return allowed or None
 
 
-def resolve_policy(state: ClusterState, pod: Mapping[str, Any], demands: Sequence[ClaimDemand],
-                   policy: str | None) -> str:
+def resolve_strategy(state: ClusterState, pod: Mapping[str, Any],
+                     demands: Sequence[ClaimDemand], strategy: str | None) -> str:
     for demand in demands:
-        named = share_policy(demand.configs)
-        if named in POLICIES:
+        named = share_strategy(demand.configs)
+        if named in STRATEGIES:
             return named
     annotation = objects.annotations(pod).get(HAMI_POLICY_ANNOTATION)
-    if annotation in _HAMI_POLICIES:
-        return _HAMI_POLICIES[annotation]
-    if policy in POLICIES:
-        return policy
-    return state.settings.default_policy
+    if annotation in _HAMI_STRATEGIES:
+        return _HAMI_STRATEGIES[annotation]
+    if strategy in STRATEGIES:
+        return strategy
+    return state.settings.default_strategy
 
 
 def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mapping[str, Any]],
-             *, policy: str | None = None) -> PodPlan:
+             *, strategy: str | None = None) -> PodPlan:
     """Place every claim of one pod (gateway classes only) on ONE node, jointly, honouring the
     pod's CPU/memory requests, node taints vs pod tolerations, node selector/affinity (required
-    terms), and the claims' requests, selectors, constraints and configs. Policy precedence:
-    GpuShareConfig.policy of the claim, then pod annotation hami.io/gpu-scheduler-policy
-    (binpack|spread), then `policy`, then settings.default_policy."""
+    terms), and the claims' requests, selectors, constraints and configs. Packing strategy
+    precedence: GpuShareConfig.policy of the claim, then pod annotation
+    hami.io/gpu-scheduler-policy (binpack|spread), then `strategy`, then
+    settings.default_strategy."""
     pod_label = "/".join(objects.namespace_name(pod))
     to_plan: list[tuple[Mapping[str, Any], str, ClaimDemand]] = []
     pinned: set[str] | None = None
@@ -151,14 +152,14 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
         held = _held_for_quota(state, pod, quotas, shapes, claims_sig)
         if held is not None:
             return held
-    chosen_policy = resolve_policy(state, pod, [d for _, _, d in to_plan], policy)
+    chosen_strategy = resolve_strategy(state, pod, [d for _, _, d in to_plan], strategy)
     cpu, memory = kubefit.pod_requests(pod)
     tolerations = (pod.get("spec") or {}).get("tolerations") or ()
     labelled = [(_claim_label(c), d) for c, _, d in to_plan]
     if not state.workload_given:
         state.workload.observe(_task(state, cpu, memory, labelled))
     identity = any(d.identity_sensitive for _, d in labelled)
-    version = state.workload.version if chosen_policy == "default" else 0
+    version = state.workload.version if chosen_strategy == "default" else 0
     own_shares, relative = _own_shares([d for _, _, d in to_plan])
     if rules is not None and not policies.memoisable(own_shares):
         identity = True  # more of its own shares on one card than the class key counts
@@ -172,14 +173,14 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     # Searches and rankings are keyed by the parts of the rules that decide which card fits,
     # not by the rules: namespaces under different policies share them (see memo_rules).
     card_key = card_rules(search_rules, relative_shares=relative)
-    ctx = _Context(state, labelled, chosen_policy, cpu, memory, tolerations,
-                   (claims_sig, chosen_policy, version, card_key), search_rules,
+    ctx = _Context(state, labelled, chosen_strategy, cpu, memory, tolerations,
+                   (claims_sig, chosen_strategy, version, card_key), search_rules,
                    ranked_rules, own_shares,
                    own_shares > 0 and all(alt.class_name == names.GPU_CLASS
                                           for _, _, d in to_plan for r in d.requests
                                           for alt in r.alternatives))
     pod_sig = (claims_sig, cpu, memory,
-               json.dumps(tolerations, sort_keys=True) if tolerations else "", chosen_policy,
+               json.dumps(tolerations, sort_keys=True) if tolerations else "", chosen_strategy,
                version, card_key)
     state.refresh_groups()
     if len(state.memo) > _MEMO_LIMIT:
@@ -331,7 +332,7 @@ _BARRED = Outcome(False, reason=(
 class _Context:
     state: ClusterState
     claims: Sequence[tuple[str, ClaimDemand]]
-    policy: str
+    strategy: str
     cpu: int
     memory: int
     tolerations: Sequence[Mapping[str, Any]]
@@ -347,7 +348,7 @@ class _Context:
 
     def evaluate(self, group_key: tuple[object, ...] | None, node: str, *,
                  ranked: bool = False) -> tuple[Outcome, tuple[float, ...]]:
-        """Devices for the pod on `node` (memoised per node class) and the policy's score,
+        """Devices for the pod on `node` (memoised per node class) and the strategy's score,
         under the namespace's rules (`ranked`: under the rules its ranking is kept for)."""
         outcome = self.outcome(group_key, node, ranked=ranked)
         if not outcome.ok:
@@ -382,7 +383,7 @@ class _Context:
                 if outcome is not None:
                     state.memo[memo_key] = outcome
         if outcome is None:
-            outcome = NodeSearch(state, node, self.claims, policy=self.policy,
+            outcome = NodeSearch(state, node, self.claims, strategy=self.strategy,
                                  workload=state.workload,
                                  budget=state.settings.search_budget, rules=rules).run()
             if memo_key is not None:
@@ -391,7 +392,7 @@ class _Context:
 
     def score_of(self, node: str, outcome: Outcome) -> tuple[float, ...]:
         cpu_free, mem_free = self.state.node_free(node)
-        return score(outcome, self.policy, self.state.workload, cpu_free=cpu_free,
+        return score(outcome, self.strategy, self.state.workload, cpu_free=cpu_free,
                      mem_free=mem_free, cpu=self.cpu, memory=self.memory)
 
 

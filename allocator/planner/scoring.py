@@ -137,7 +137,7 @@ class Workload:
 
     def expected_loss(self, cards: tuple[int, ...], cpu_free: int, mem_free: int,
                       model: str) -> float:
-        """What the `default` policy minimises: fragmentation plus the stranded share."""
+        """What the `default` strategy minimises: fragmentation plus the stranded share."""
         return (self.fragmentation(cards, cpu_free, mem_free, model)
                 + self.stranded(sum(cards), cpu_free, mem_free))
 

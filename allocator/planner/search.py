@@ -2,10 +2,11 @@
 
 Requests are taken in order; for each, its alternatives (the request itself, or its
 `firstAvailable` subrequests in order), and for each alternative `count` devices (or all
-matching devices) from the node's candidates in the policy's preference order, under the claim's
-matchAttribute / distinctAttribute constraints. Choices are backtracked across requests and
-claims like upstream's allocator, but every device tried costs one unit of a fixed budget, so a
-request that cannot be met never takes more than the budget whatever the node looks like.
+matching devices) from the node's candidates in the packing strategy's preference order, under
+the claim's matchAttribute / distinctAttribute constraints. Choices are backtracked across
+requests and claims like upstream's allocator, but every device tried costs one unit of a fixed
+budget, so a request that cannot be met never takes more than the budget whatever the node
+looks like.
 With sharing policies in force, each card that fits is also asked `card_refusal` (allowed
 models, exclusive namespaces, maxClaimsPerDevice, tenant isolation) given who holds it,
 the pod's own earlier picks included; a ranking's search (`EVERY_TENANT`) asks none of who
@@ -58,17 +59,18 @@ class Outcome:
     model: str = ""
 
 
-def score(outcome: Outcome, policy: str, workload: Workload, *, cpu_free: int, mem_free: int,
-          cpu: int, memory: int) -> tuple[float, ...]:
-    """The policy's score of a found placement; lower is better, ties go to the node name."""
-    if policy not in (DEFAULT, BINPACK, SPREAD):
+def score(outcome: Outcome, strategy: str, workload: Workload, *, cpu_free: int,
+          mem_free: int, cpu: int, memory: int) -> tuple[float, ...]:
+    """The packing strategy's score of a found placement; lower is better, ties go to the node
+    name."""
+    if strategy not in (DEFAULT, BINPACK, SPREAD):
         return (0.0,)
     after = outcome.after
     free_after = sum(after)
     cpu_after = cpu_free - cpu
-    if policy == BINPACK:
+    if strategy == BINPACK:
         return (float(free_after), float(cpu_after))
-    if policy == SPREAD:
+    if strategy == SPREAD:
         share = free_after / len(after) if after else 0.0
         return (-share, -float(cpu_after))
     delta = workload.expected_loss(after, cpu_after, mem_free - memory, outcome.model) - \
@@ -94,13 +96,13 @@ class NodeSearch:
     """One search for one pod on one node (see module docstring)."""
 
     def __init__(self, state: ClusterState, node: str, claims: Sequence[tuple[str, ClaimDemand]], *,
-                 policy: str, workload: Workload, budget: int,
+                 strategy: str, workload: Workload, budget: int,
                  rules: SharingRules | None = None) -> None:
         self.state = state
         self.node = node
         self.devices: list[Device] = state.node_devices.get(node, [])
         self.claims = claims
-        self.policy = policy
+        self.strategy = strategy
         self.workload = workload
         self.budget = budget
         self.initial_budget = budget
@@ -404,11 +406,11 @@ class NodeSearch:
 
     def _order(self, alt: Alternative, available: list[int],
                fits: dict[int, dict[str, int]]) -> list[int]:
-        if self.policy == BINPACK:
+        if self.strategy == BINPACK:
             return sorted(available, key=lambda i: (self.free_of(i), i))
-        if self.policy == SPREAD:
+        if self.strategy == SPREAD:
             return sorted(available, key=lambda i: (-self.free_of(i), i))
-        if self.policy == DEFAULT:
+        if self.strategy == DEFAULT:
             if alt.whole or len(available) == 1:
                 return sorted(available, key=lambda i: (self.free_of(i), i))
             seen: dict[tuple[int, int], float] = {}

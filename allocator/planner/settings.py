@@ -1,4 +1,4 @@
-"""Settings of the planner and the names of its scoring policies.
+"""Settings of the planner and the names of its packing strategies.
 
 Data only: a frozen settings object passed in explicitly, never read from the environment here.
 """
@@ -12,22 +12,23 @@ FIRST_FIT: Final = "first-fit"
 BINPACK: Final = "binpack"
 SPREAD: Final = "spread"
 DEFAULT: Final = "default"
-POLICIES: Final[tuple[str, ...]] = (DEFAULT, BINPACK, SPREAD, FIRST_FIT)
+STRATEGIES: Final[tuple[str, ...]] = (DEFAULT, BINPACK, SPREAD, FIRST_FIT)
 
 
 @dataclass(frozen=True)
 class PlannerSettings:
     """How the planner decides.
 
-    `default_policy` is used when neither the claim's GpuShareConfig nor the pod's HAMi
-    annotation nor the caller names one. `consumable_capacity` says whether the API server keeps
+    `default_strategy`, how pods are packed onto nodes and cards, is used when neither the
+    claim's GpuShareConfig (its `policy` field) nor the pod's HAMi annotation nor the caller
+    names one. `consumable_capacity` says whether the API server keeps
     the DRAConsumableCapacity fields (`shareID`, `consumedCapacity`, `capacity.requests`,
     `allowMultipleAllocations`); when it does not, shares of gateway devices are recorded in the
     allocation's gateway config instead (`kube/shares.py`; ARCHITECTURE.md, "Kubernetes versions
     and feature gates").
     """
 
-    default_policy: str = DEFAULT
+    default_strategy: str = DEFAULT
     consumable_capacity: bool = True
     # Most device combinations one claim may try on one node before the node is given up with a
     # reason: bounds the time of requests that cannot be met (n+1 devices on an n-device node,
@@ -35,10 +36,10 @@ class PlannerSettings:
     search_budget: int = 2000
 
     def __post_init__(self) -> None:
-        if self.default_policy not in POLICIES:
+        if self.default_strategy not in STRATEGIES:
             raise ValueError(
-                f"default_policy: unknown policy {self.default_policy!r}; "
-                f"use one of {', '.join(POLICIES)}"
+                f"default_strategy: unknown strategy {self.default_strategy!r}; "
+                f"use one of {', '.join(STRATEGIES)}"
             )
         if self.search_budget < 1:
             raise ValueError("search_budget: must be at least 1")

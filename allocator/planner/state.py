@@ -182,7 +182,7 @@ class ClusterState:
     # --- workload -----------------------------------------------------------------------------
 
     def set_workload(self, workload: Workload) -> None:
-        """Score the `default` policy against this distribution instead of learning one."""
+        """Score the `default` strategy against this distribution instead of learning one."""
         self.workload = workload
         self.workload_given = True
 

@@ -131,9 +131,9 @@ def claim(name: str = "c", *, requests: list[dict[str, Any]] | None = None,
             "spec": {"devices": devices}}
 
 
-def cluster(nodes: dict[str, list[dict[str, Any]]], *, policy: str = "first-fit",
+def cluster(nodes: dict[str, list[dict[str, Any]]], *, strategy: str = "first-fit",
             consumable_capacity: bool = True, **node_args: Any) -> ClusterState:
-    state = ClusterState(PlannerSettings(default_policy=policy,
+    state = ClusterState(PlannerSettings(default_strategy=strategy,
                                          consumable_capacity=consumable_capacity))
     state.set_device_class(device_class(names.GPU_CLASS, "gpu"))
     state.set_device_class(device_class(names.MIG_CLASS, "mig"))
@@ -144,9 +144,9 @@ def cluster(nodes: dict[str, list[dict[str, Any]]], *, policy: str = "first-fit"
 
 
 def place(state: ClusterState, p: dict[str, Any], *claims: dict[str, Any],
-          policy: str | None = None) -> PodPlan:
+          strategy: str | None = None) -> PodPlan:
     """Plan and assume, as the controller does before writing."""
-    plan = plan_pod(state, p, list(claims), policy=policy)
+    plan = plan_pod(state, p, list(claims), strategy=strategy)
     if plan.node_name is not None:
         state.assume(p, plan)
     return plan

@@ -19,7 +19,7 @@ PODS = DATA / "openb_pods_tiny.csv"
 
 
 def _args(**overrides: object) -> argparse.Namespace:
-    values: dict[str, object] = {"nodes": str(NODES), "pods": str(PODS), "policies": None,
+    values: dict[str, object] = {"nodes": str(NODES), "pods": str(PODS), "strategies": None,
                                  "load": 1.3, "seeds": "42-43", "output": "json"}
     values.update(overrides)
     return argparse.Namespace(**values)
@@ -65,7 +65,7 @@ def test_a_larger_sample_replays_with_every_policy_above_a_sane_ratio(
 def test_gpu_spec_restricts_the_models_a_pod_may_use() -> None:
     cluster = bench.Cluster(bench.read_nodes(NODES))
     translator = bench.Translator()
-    state = cluster.state(PlannerSettings(default_policy="first-fit"))
+    state = cluster.state(PlannerSettings(default_strategy="first-fit"))
     trace_pod = bench.TracePod("x", 1000, 1024, 1, 250, ("V100M32",))
     pod, templates = translator.translate(trace_pod)
     pod = {**pod, "metadata": {**pod["metadata"], "uid": "u"}}
@@ -105,9 +105,31 @@ def test_a_file_without_the_openb_columns_is_refused_by_name(
 def test_an_unknown_policy_is_refused_with_the_choices(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert bench.main(_args(policies=["best"])) == 2
+    assert bench.main(_args(strategies=["best"], strategy_option="--policy")) == 2
     assert "--policy 'best' is not a policy; use one of default, binpack, spread, first-fit" in \
         capsys.readouterr().err
+
+
+def test_an_unknown_strategy_is_refused_naming_the_flag_typed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli_main(["bench", "allocator", "--nodes", str(NODES), "--pods", str(PODS),
+                     "--strategy", "best"])
+    assert code == 2
+    assert "--strategy 'best' is not a strategy; use one of default, binpack, spread, " \
+        "first-fit" in capsys.readouterr().err
+
+
+def test_policy_is_a_deprecated_name_of_strategy_that_still_works(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli_main(["bench", "allocator", "--nodes", str(NODES), "--pods", str(PODS),
+                     "--strategy", "first-fit", "--policy", "binpack", "--seeds", "7"])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert [line.split()[0] for line in captured.out.splitlines()[2:4]] == [
+        "first-fit", "binpack"]
+    assert "--policy is deprecated, use --strategy (same values)" in captured.err
 
 
 def test_configurations_replayed_side_by_side_place_as_each_replayed_alone() -> None:
@@ -119,10 +141,10 @@ def test_configurations_replayed_side_by_side_place_as_each_replayed_alone() -> 
     translator = bench.Translator()
     workload = bench.trace_workload(pods)
     catalog = bench.gpu_policies(cluster.total_gpus)
-    together = bench.side_by_side(cluster, translator, pods, policy="default", load=1.3,
+    together = bench.side_by_side(cluster, translator, pods, strategy="default", load=1.3,
                                   seed=42, workload=workload, catalogs=[None, catalog],
                                   namespaces=True)
-    alone = [bench.replay(cluster, translator, pods, policy="default", load=1.3, seed=42,
+    alone = [bench.replay(cluster, translator, pods, strategy="default", load=1.3, seed=42,
                           workload=workload, catalog=c, namespaces=True)
              for c in (None, catalog)]
     for paired, single in zip(together, alone, strict=True):

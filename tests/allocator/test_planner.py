@@ -213,7 +213,7 @@ def test_n_plus_one_devices_on_n_device_nodes_is_refused_naming_claim_and_reques
 def test_the_search_budget_bounds_constraints_that_cannot_be_met() -> None:
     # Eight cards on eight NUMA nodes and a claim for 4 cards of one NUMA node: the search
     # gives up after the budget instead of enumerating combinations.
-    settings = PlannerSettings(default_policy="first-fit", search_budget=50)
+    settings = PlannerSettings(default_strategy="first-fit", search_budget=50)
     state = ClusterState(settings)
     state.set_device_class(device_class(names.GPU_CLASS, "gpu"))
     state.set_node(node("n1"))
@@ -306,7 +306,7 @@ def test_node_taints_need_a_pod_toleration() -> None:
 
 
 def test_node_selector_and_required_affinity_are_honoured() -> None:
-    state = ClusterState(PlannerSettings(default_policy="first-fit"))
+    state = ClusterState(PlannerSettings(default_strategy="first-fit"))
     state.set_device_class(device_class(names.GPU_CLASS, "gpu"))
     for name, zone in (("n1", "a"), ("n2", "b")):
         state.set_node(node(name, labels={"zone": zone}))
@@ -532,7 +532,7 @@ def test_first_fit_takes_nodes_in_name_order_and_devices_in_slice_order() -> Non
 
 def test_binpack_fills_the_busiest_node_and_spread_the_emptiest() -> None:
     for policy, expected in (("binpack", "b"), ("spread", "a")):
-        state = cluster({"a": [gpu(0), gpu(1)], "b": [gpu(0), gpu(1)]}, policy=policy)
+        state = cluster({"a": [gpu(0), gpu(1)], "b": [gpu(0), gpu(1)]}, strategy=policy)
         seed = _share("seed")
         seed["status"] = {"allocation": {"devices": {"results": [
             {"request": "main", "driver": DRIVER, "pool": "b", "device": "gpu-0",
@@ -547,18 +547,18 @@ def test_binpack_fills_the_busiest_node_and_spread_the_emptiest() -> None:
 
 
 def test_spread_puts_shares_on_the_emptiest_card() -> None:
-    state = cluster({"a": [gpu(0), gpu(1)]}, policy="spread")
+    state = cluster({"a": [gpu(0), gpu(1)]}, strategy="spread")
     c1, c2 = _share("c1"), _share("c2")
     assert devices_of(place(state, pod("1"), c1), c1) == ["gpu-0"]
     assert devices_of(place(state, pod("2"), c2), c2) == ["gpu-1"]
 
 
-def test_default_policy_keeps_whole_cards_free_for_the_workload() -> None:
+def test_default_strategy_keeps_whole_cards_free_for_the_workload() -> None:
     # Node a has one card a quarter used, node b two empty cards. First-fit puts a 25% share
     # on a's partly used card... and a's free card too would be fine; FGD picks what leaves the
     # fewest unusable fractions given a workload of whole-card and half-card tasks.
     workload = Workload([(TaskType(1000, GI, 1, 1000), 1.0), (TaskType(1000, GI, 1, 500), 1.0)])
-    state = cluster({"a": [gpu(0), gpu(1)], "b": [gpu(0), gpu(1)]}, policy="default")
+    state = cluster({"a": [gpu(0), gpu(1)], "b": [gpu(0), gpu(1)]}, strategy="default")
     state.set_workload(workload)
     seed = claim("seed", capacity={"memory": "8Gi", "cores": "50"})
     place(state, pod("seed"), seed)  # a/gpu-0 half used
@@ -567,35 +567,35 @@ def test_default_policy_keeps_whole_cards_free_for_the_workload() -> None:
     # The second half-card share completes a/gpu-0 instead of breaking a free card.
     assert (plan.node_name, devices_of(plan, c)) == ("a", ["gpu-0"])
     quarter = claim("q", capacity={"memory": "4Gi", "cores": "25"})
-    spread_state = cluster({"a": [gpu(0), gpu(1)]}, policy="spread")
+    spread_state = cluster({"a": [gpu(0), gpu(1)]}, strategy="spread")
     assert devices_of(place(spread_state, pod("s"), quarter), quarter) == ["gpu-0"]
 
 
 def test_policy_precedence_claim_config_then_hami_annotation_then_argument() -> None:
     def fresh() -> ClusterState:
-        state = cluster({"a": [gpu(0), gpu(1)]}, policy="first-fit")
+        state = cluster({"a": [gpu(0), gpu(1)]}, strategy="first-fit")
         seed = _share("seed")
         place(state, pod("seed"), seed)  # a/gpu-0 a quarter used
         return state
 
     spread_claim = claim("s", capacity={"memory": "4Gi", "cores": "25"},
                          config=[share_config(["main"], policy="spread")])
-    assert devices_of(place(fresh(), pod(), spread_claim, policy="binpack"),
+    assert devices_of(place(fresh(), pod(), spread_claim, strategy="binpack"),
                       spread_claim) == ["gpu-1"]
     annotated = pod(annotations={"hami.io/gpu-scheduler-policy": "spread"})
     c = _share("c")
-    assert devices_of(place(fresh(), annotated, c, policy="binpack"), c) == ["gpu-1"]
-    assert devices_of(place(fresh(), pod(), c, policy="spread"), c) == ["gpu-1"]
+    assert devices_of(place(fresh(), annotated, c, strategy="binpack"), c) == ["gpu-1"]
+    assert devices_of(place(fresh(), pod(), c, strategy="spread"), c) == ["gpu-1"]
     assert devices_of(place(fresh(), pod(), c), c) == ["gpu-0"]
 
 
-def test_unknown_default_policy_is_refused_with_the_choices() -> None:
-    with pytest.raises(ValueError, match="default_policy: unknown policy 'best'; use one of"):
-        PlannerSettings(default_policy="best")
+def test_unknown_default_strategy_is_refused_with_the_choices() -> None:
+    with pytest.raises(ValueError, match="default_strategy: unknown strategy 'best'; use one of"):
+        PlannerSettings(default_strategy="best")
 
 
 def test_identical_nodes_are_evaluated_once_per_class() -> None:
-    state = cluster({f"n{i:03d}": [gpu(0), gpu(1)] for i in range(200)}, policy="default")
+    state = cluster({f"n{i:03d}": [gpu(0), gpu(1)] for i in range(200)}, strategy="default")
     searches = 0
     import dra_gateway.allocator.planner.plan as plan_module
 
@@ -706,11 +706,11 @@ def test_expected_loss_adds_the_share_the_cpu_left_cannot_carry() -> None:
         workload.fragmentation(cards, 4000, 64 * GI, "T4") + 800)
 
 
-def test_default_policy_keeps_cpu_next_to_free_cards() -> None:
+def test_default_strategy_keeps_cpu_next_to_free_cards() -> None:
     # A CPU-heavy share goes where CPU is plentiful for the cards left, not where it would
     # leave free cards without the CPU their tasks need.
     workload = Workload([(TaskType(2000, GI, 1, 1000), 1.0), (TaskType(2000, GI, 1, 500), 1.0)])
-    state = cluster({"a": [gpu(0), gpu(1)], "b": [gpu(0), gpu(1)]}, policy="default", cpu="4")
+    state = cluster({"a": [gpu(0), gpu(1)], "b": [gpu(0), gpu(1)]}, strategy="default", cpu="4")
     state.set_node(node("b", cpu="16"))
     state.set_workload(workload)
     # Either node is left with the same cards, (500, 1000); a's 2 CPUs left would carry 0.75
@@ -720,7 +720,7 @@ def test_default_policy_keeps_cpu_next_to_free_cards() -> None:
 
 
 def test_the_learned_workload_follows_the_pods_planned() -> None:
-    state = cluster({"a": [gpu(0), gpu(1)]}, policy="default")
+    state = cluster({"a": [gpu(0), gpu(1)]}, strategy="default")
     for n in range(20):
         place(state, pod(f"p{n}", cpu="100m"), claim(f"c{n}", capacity={
             "cores": "25"}, config=[share_config(["main"], memoryPercent=25, cores=25)]))
@@ -729,7 +729,7 @@ def test_the_learned_workload_follows_the_pods_planned() -> None:
 
 def test_an_unsatisfiable_numa_constraint_costs_one_search_per_node_class() -> None:
     eight = [gpu(i, numa=i // 4) for i in range(8)]
-    state = cluster({f"n{i:04d}": eight for i in range(300)}, policy="default")
+    state = cluster({f"n{i:04d}": eight for i in range(300)}, strategy="default")
     import dra_gateway.allocator.planner.plan as plan_module
 
     searches: list[int] = []

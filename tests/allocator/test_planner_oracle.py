@@ -46,7 +46,7 @@ OTHER_DRIVER = "nic.example.com"
 NODE = "n1"
 PIN = "oracle.dra-gateway.test/name"
 SCENARIOS = int(os.environ.get("ORACLE_SCENARIOS", "200"))
-POLICIES = ("first-fit", "binpack", "spread", "default")
+STRATEGIES = ("first-fit", "binpack", "spread", "default")
 
 Json = dict[str, Any]
 
@@ -218,7 +218,7 @@ def scenario(seed: int) -> Json:
         # distinctAttribute came with DRAConsumableCapacity (alpha in 1.34): without the gate
         # the API server drops it and upstream refuses the empty constraint.
         "consumableCapacity": any("distinctAttribute" in c for c in constraints),
-        "policy": rng.choice(POLICIES),
+        "strategy": rng.choice(STRATEGIES),
         "plannerConsumableCapacity": rng.random() < 0.5,
     }
 
@@ -228,7 +228,7 @@ def scenario(seed: int) -> Json:
 
 def ours(s: Mapping[str, Any]) -> tuple[list[Json] | None, str | None]:
     """The planner's device results for the claim, or None and its reason."""
-    state = ClusterState(PlannerSettings(default_policy=s["policy"],
+    state = ClusterState(PlannerSettings(default_strategy=s["strategy"],
                                          consumable_capacity=s["plannerConsumableCapacity"]))
     for cls in s["classes"]:
         state.set_device_class(cls)

@@ -90,7 +90,7 @@ def nodes(count: int, cards: int, *, memory_gib: int = 16,
           product: str = "T4") -> ClusterState:
     return cluster({f"n{n}": [gpu(i, memory_gib=memory_gib, product=product)
                               for i in range(cards)] for n in range(count)},
-                   policy="binpack")
+                   strategy="binpack")
 
 
 # --- quotas ------------------------------------------------------------------------------------
@@ -156,7 +156,7 @@ def test_a_later_small_pod_waits_behind_an_earlier_pod_waiting_for_the_same_quot
 
 def test_a_quota_scoped_to_a_model_sends_the_pod_to_another_model() -> None:
     state = cluster({"a100": [gpu(0, memory_gib=80, product="A100")],
-                     "t4": [gpu(0, memory_gib=16, product="T4")]}, policy="binpack")
+                     "t4": [gpu(0, memory_gib=16, product="T4")]}, strategy="binpack")
     policies(state, quotas=[quota("a", "no-a100", devices=0,
                                   selector="device.attributes['gpu.dra-gateway.io']."
                                            "productName == 'A100'")])
@@ -259,7 +259,7 @@ def test_a_pod_of_whole_cards_plans_alike_in_every_namespace_whatever_its_isolat
 def test_a_card_held_whole_is_no_tenants_in_the_node_classes() -> None:
     # Nobody joins a card held whole, so who holds it does not split node classes: two
     # nodes each with one card held whole by another isolated tenant plan as one class.
-    state = cluster({f"n{n}": [gpu(i) for i in range(2)] for n in range(2)}, policy="spread")
+    state = cluster({f"n{n}": [gpu(i) for i in range(2)] for n in range(2)}, strategy="spread")
     policies(state, sharing_=[sharing("iso", isolation={"mode": "Namespace"})])
     nodes_ = {place(state, gpod(f"{ns}1", ns), whole(f"{ns}1", ns)).node_name for ns in "ab"}
     assert nodes_ == {"n0", "n1"}
@@ -298,7 +298,7 @@ def test_a_tenant_on_its_own_cards_shares_the_searches_of_pods_without_isolation
 
 def test_allowed_models_and_max_claims_per_card_steer_the_card() -> None:
     state = cluster({"n0": [gpu(0, product="T4"), gpu(1, product="A100-SXM4")]},
-                    policy="binpack")
+                    strategy="binpack")
     policies(state, sharing_=[sharing("models", allowedModels=["a100*"],
                                       maxClaimsPerDevice=2)])
     plans = [place(state, gpod(f"p{i}", "a"), share(f"c{i}", "a", 1)) for i in range(3)]
@@ -438,7 +438,7 @@ def test_a_plans_charges_are_those_read_back_from_its_allocation(
     # The planner charges quotas from the search's picks; the ledger counts a written claim
     # from its allocation (charges_of). Both must say the same, in both worlds.
     state = cluster({f"n{n}": [gpu(i, memory_gib=16 + 8 * n) for i in range(3)]
-                     for n in range(2)}, policy="binpack", consumable_capacity=native)
+                     for n in range(2)}, strategy="binpack", consumable_capacity=native)
     policies(state, quotas=[quota("a", memory="1000Gi")])
     for n, shape in enumerate(shapes):
         c = _shaped(f"c{n}", "a", shape)
@@ -538,7 +538,7 @@ def test_the_ranking_every_namespace_shares_places_a_pod_as_a_pass_over_every_no
     # Rankings of shares are kept without tenant and maxClaimsPerDevice; walking one under a
     # pod's own rules must give the node and cards that searching every node under them gives
     # (a pod with node affinity takes that pass).
-    state = cluster({f"n{n}": [gpu(i) for i in range(3)] for n in range(4)}, policy=policy)
+    state = cluster({f"n{n}": [gpu(i) for i in range(3)] for n in range(4)}, strategy=policy)
     policies(state, sharing_=[
         sharing("iso", labels={"isolated": "yes"}, isolation={"mode": "Namespace"},
                 maxClaimsPerDevice=limit),

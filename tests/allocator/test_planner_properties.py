@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dra_gateway.allocator.planner import POLICIES, TaskType, Workload
+from dra_gateway.allocator.planner import STRATEGIES, TaskType, Workload
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import parse_quantity
 
@@ -40,7 +40,7 @@ def _claim_for(n: int, spec: tuple[Any, ...], native: bool) -> dict[str, Any]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(specs=st.lists(request, min_size=1, max_size=30), policy=st.sampled_from(POLICIES),
+@given(specs=st.lists(request, min_size=1, max_size=30), policy=st.sampled_from(STRATEGIES),
        releases=st.lists(st.integers(0, 29), max_size=8), native=st.booleans())
 def test_random_claims_never_exceed_a_card_or_share_a_whole_one(
     specs: list[tuple[Any, ...]], policy: str, releases: list[int], native: bool
@@ -49,7 +49,7 @@ def test_random_claims_never_exceed_a_card_or_share_a_whole_one(
     state = cluster({"n1": [gpu(0, memory_gib=16, shared=native),
                             gpu(1, memory_gib=16, shared=native)],
                      "n2": [gpu(i, memory_gib=24, shared=native) for i in range(3)]},
-                    policy=policy, consumable_capacity=native)
+                    strategy=policy, consumable_capacity=native)
     placed: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {}
     for n, spec in enumerate(specs):
         c = _claim_for(n, spec, native)

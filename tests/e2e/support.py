@@ -343,7 +343,7 @@ def _start_components(gateway: Gateway, sockets: Path) -> None:
                      "--tls-dir", str(gateway.work / "webhook-tls"), *kube,
                      "--gated-event-after", f"{GATED_EVENT_AFTER_S}s",
                      "--kubeconfig", kubeconfig("webhook")]),
-        ("allocator", ["allocator", *kube, "--policy", "default",
+        ("allocator", ["allocator", *kube, "--strategy", "default",
                        "--kubeconfig", kubeconfig("allocator")]),
     ]
     for node, inventory in GPU_NODES:

@@ -347,11 +347,11 @@ def test_every_value_is_in_the_schema() -> None:
 
 
 def test_schema_offers_exactly_the_allocators_policies() -> None:
-    from dra_gateway.allocator.planner import POLICIES
+    from dra_gateway.allocator.planner import STRATEGIES
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     policy = schema["properties"]["allocator"]["properties"]["policy"]
-    assert sorted(policy["enum"]) == sorted(POLICIES)
+    assert sorted(policy["enum"]) == sorted(STRATEGIES)
 
 
 def test_schema_refuses_an_unknown_value_with_its_path(helm: HelmRunner) -> None:
