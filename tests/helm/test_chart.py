@@ -352,6 +352,22 @@ def test_schema_offers_exactly_the_allocators_policies() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     policy = schema["properties"]["allocator"]["properties"]["policy"]
     assert sorted(policy["enum"]) == sorted(STRATEGIES)
+    strategy = schema["properties"]["allocator"]["properties"]["strategy"]
+    assert sorted(strategy["enum"]) == sorted(STRATEGIES)
+
+
+@pytest.mark.parametrize(("allocator", "expected"), [
+    ({"strategy": "binpack"}, "binpack"),
+    ({"policy": "spread"}, "spread"),  # the value's former name is still honoured
+    ({"strategy": "binpack", "policy": "spread"}, "spread"),  # and wins when set
+])
+def test_the_allocators_packing_strategy_comes_from_strategy_or_its_former_name_policy(
+        helm: HelmRunner, allocator: Object, expected: str) -> None:
+    result = helm.template({"allocator": allocator})
+    assert result.returncode == 0, result.stderr
+    args = container(parse_render(result.stdout), "Deployment", "allocator")["args"]
+    assert args[args.index("--strategy") + 1] == expected
+    assert "--policy" not in args
 
 
 def test_schema_refuses_an_unknown_value_with_its_path(helm: HelmRunner) -> None:
@@ -974,7 +990,7 @@ def test_command_lines_are_those_of_the_components(helm: HelmRunner) -> None:
         "--namespace", NAMESPACE, "--log-level", "info", "--probe-listen", "0.0.0.0:8080",
         "--review-deadline", "4", "--gated-event-after", "120s"]
     assert container(objects, "Deployment", "allocator")["args"] == [
-        "allocator", "--cluster", "kube", "--namespace", NAMESPACE, "--policy", "default",
+        "allocator", "--cluster", "kube", "--namespace", NAMESPACE, "--strategy", "default",
         "--metrics-address", ":8080"]
     assert container(objects, "DaemonSet", "node-plugin")["args"] == [
         "node-plugin", "serve", "--nvml", "--node-name", "$(NODE_NAME)", "--cluster", "kube",
