@@ -84,7 +84,7 @@ class Informer:
                  indexers: Mapping[str, IndexFunc] | None = None) -> None:
         self.cluster = cluster
         self.rt = rt
-        self.handler = handler
+        self.handler: Handler = handler or _ignore
         self.replaced = replaced
         self.failed = failed
         self.missing = missing
@@ -331,11 +331,13 @@ class Informer:
                     self._resource_version = rv
                 return
             del self._ahead[key]
+        # The handler is called here rather than through `_emit`: this runs once per event of
+        # every informer, and the extra call measured 10% of it.
         if type_ == "DELETED":
             self.store.pop(key, None)
             if self._indexers and previous is not None:
                 self._unindex(key, previous)
-            self._emit("deleted", obj, previous)
+            result = self.handler("deleted", obj, previous)
         else:
             self.store[key] = obj
             if self._indexers:
@@ -343,20 +345,21 @@ class Informer:
                     self._unindex(key, previous)
                 self._index(key, obj)
             if previous is None:
-                self._emit("added", obj, None)
+                result = self.handler("added", obj, None)
             elif _uid(previous) != _uid(obj):
                 self._emit("deleted", previous, previous)
-                self._emit("added", obj, None)
+                result = self.handler("added", obj, None)
             else:
-                self._emit("modified", obj, previous)
+                result = self.handler("modified", obj, previous)
+        if result is not None:
+            self._pending.append(result)
         if rv:
             self._resource_version = rv
 
     def _emit(self, change: Change, obj: Object, old: Object | None) -> None:
-        if self.handler is not None:
-            result = self.handler(change, obj, old)
-            if result is not None:
-                self._pending.append(result)
+        result = self.handler(change, obj, old)
+        if result is not None:
+            self._pending.append(result)
 
     async def _drain(self) -> None:
         pending, self._pending = self._pending, []
@@ -390,6 +393,10 @@ class Informer:
         self._indexes = {name: {} for name in self._indexers}
         for key, obj in self.store.items():
             self._index(key, obj)
+
+
+def _ignore(change: Change, obj: Object, old: Object | None) -> None:
+    return None
 
 
 async def _awaited(result: Awaitable[object] | None) -> None:
