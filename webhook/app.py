@@ -57,9 +57,9 @@ from dra_gateway.webhook.settings import MAX_BODY_BYTES, WebhookSettings
 from dra_gateway.webhook.templates import TemplateConflict, Templates, TemplateUnavailable
 from dra_gateway.webhook.translation import NAMESPACE_UNKNOWN, NamespaceMode, held_back
 from dra_gateway.webhook.validation import (
-    DEFAULT_POLICIES,
+    DEFAULT_CHECKS,
     ClaimUnderReview,
-    PodPolicy,
+    PodCheck,
     PodUnderReview,
     Validator,
     check_claim,
@@ -112,9 +112,9 @@ STATE: web.AppKey[WebhookState] = web.AppKey("dra_gateway_webhook_state", Webhoo
 
 def create_app(settings: WebhookSettings, cluster: Cluster, *,
                tls: CertificateReloader | None = None,
-               policies: Sequence[PodPolicy] = DEFAULT_POLICIES) -> web.Application:
+               checks: Sequence[PodCheck] = DEFAULT_CHECKS) -> web.Application:
     """The webhook app. `tls` is the reloader of the serving context when the caller serves
-    TLS (readiness then needs its certificate); `policies` are /validate's checks."""
+    TLS (readiness then needs its certificate); `checks` are /validate's checks of a pod."""
     metrics = Metrics()
     state = WebhookState(
         settings=settings,
@@ -124,7 +124,7 @@ def create_app(settings: WebhookSettings, cluster: Cluster, *,
         templates=Templates(cluster, metrics, timeout=settings.template_timeout,
                             cache_size=settings.template_cache_size,
                             ttl=settings.template_cache_ttl),
-        validator=Validator(policies),
+        validator=Validator(checks),
         plans=mutation.PlanCache(settings.plan_cache_size),
         device_classes=DeviceClassWatch(cluster, metrics, retry_delay=settings.watch_retry_delay),
         policies=PolicyWatch(cluster, retry_delay=settings.watch_retry_delay),

@@ -1,9 +1,10 @@
-"""The /validate decision: policies that each look at a pod and say what is wrong with it.
+"""The /validate decision: checks that each look at a pod and say what is wrong with it.
 
-A policy is any object with a `name` and a `check(pod) -> Sequence[Violation]`; `Validator` runs
+A check is any object with a `name` and a `check(pod) -> Sequence[Violation]` (a `PodCheck`;
+"policy" is kept for the GPU policies); `Validator` runs
 them in order and refuses the pod with every violation found, so the user fixes them in one go.
 Checks are pure: the facts they need from the cluster (which device classes the pod's claims
-use) are resolved before they run and handed over in `PodUnderReview`. The built-in policies
+use) are resolved before they run and handed over in `PodUnderReview`. The built-in checks
 keep the gateway's contract consistent (ARCHITECTURE.md, "Contracts between components");
 `GpuPolicies` refuses what the cluster's GPUQuotas and GPUSharingPolicies can never admit
 (dra_gateway.policy decides; the allocator enforces the rest). `check_claim` does the same for a
@@ -50,7 +51,7 @@ def _display_name(kind: str, namespace: str, meta: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class PodUnderReview:
-    """A pod being created, with the facts policies need about it.
+    """A pod being created, with the facts the checks need about it.
 
     claim_classes[i] holds the device classes of spec.resourceClaims[i] (from its template or
     claim), or None when that object does not exist or could not be read. `extended` holds the
@@ -98,7 +99,7 @@ class PodUnderReview:
             isinstance(g, dict) and g.get("name") == names.SCHEDULING_GATE for g in gates)
 
 
-class PodPolicy(Protocol):
+class PodCheck(Protocol):
     name: str
 
     def check(self, review: PodUnderReview) -> Sequence[Violation]:
@@ -375,7 +376,7 @@ class TranslationAnnotation:
         return (Violation("InvalidTranslationAnnotation", refusal),) if refusal else ()
 
 
-DEFAULT_POLICIES: tuple[PodPolicy, ...] = (
+DEFAULT_CHECKS: tuple[PodCheck, ...] = (
     TranslationAnnotation(), TranslationConsistency(), GatedGatewayClaims(),
     LegacyRequestsTranslated(), GpuPolicies())
 
@@ -384,20 +385,20 @@ DEFAULT_POLICIES: tuple[PodPolicy, ...] = (
 class Verdict:
     refusal: Refusal | None
     violations: tuple[Violation, ...]
-    policies: tuple[str, ...]  # the policy of each violation
+    checks: tuple[str, ...]  # the name of the check that found each violation
 
 
 class Validator:
-    def __init__(self, policies: Sequence[PodPolicy] = DEFAULT_POLICIES) -> None:
-        self.policies = tuple(policies)
+    def __init__(self, checks: Sequence[PodCheck] = DEFAULT_CHECKS) -> None:
+        self.checks = tuple(checks)
 
     def check(self, review: PodUnderReview) -> Verdict:
         violations: list[Violation] = []
         by: list[str] = []
-        for policy in self.policies:
-            found = policy.check(review)
+        for pod_check in self.checks:
+            found = pod_check.check(review)
             violations.extend(found)
-            by.extend(policy.name for _ in found)
+            by.extend(pod_check.name for _ in found)
         if not violations:
             return Verdict(None, (), ())
         message = "; ".join(v.message for v in violations)

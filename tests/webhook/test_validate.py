@@ -16,7 +16,7 @@ from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.webhook.app import create_app
 from dra_gateway.webhook.settings import WebhookSettings
 from dra_gateway.webhook.validation import (
-    DEFAULT_POLICIES,
+    DEFAULT_CHECKS,
     PodUnderReview,
     Violation,
 )
@@ -190,12 +190,12 @@ class _NoMoreThanOneContainer:
 
 
 @pytest.mark.parametrize("containers", [1, 2])
-async def test_further_policies_plug_into_validate(
+async def test_further_checks_plug_into_validate(
     aiohttp_client: ClientFactory, cluster: MemoryCluster, containers: int
 ) -> None:
     client = await aiohttp_client(create_app(
         WebhookSettings(watch_config_maps=False), cluster,
-        policies=(*DEFAULT_POLICIES, _NoMoreThanOneContainer())))
+        checks=(*DEFAULT_CHECKS, _NoMoreThanOneContainer())))
     pod = plain_pod()
     pod["spec"]["containers"] = pod["spec"]["containers"] * containers
     answer = await _validate(client, pod)
