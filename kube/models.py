@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from dra_gateway.kube import names
 
 Enforcement = Literal["none", "hami-core", "mps"]
-PolicyName = Literal["default", "binpack", "spread", "first-fit"]
-POLICY_NAMES: tuple[str, ...] = ("default", "binpack", "spread", "first-fit")
+# How the allocator packs a pod onto nodes and cards: carried in the field `policy`, its wire name.
+Strategy = Literal["default", "binpack", "spread", "first-fit"]
+STRATEGIES: tuple[str, ...] = ("default", "binpack", "spread", "first-fit")
 ENFORCEMENTS: tuple[str, ...] = ("none", "hami-core", "mps")
 
 
@@ -40,7 +41,7 @@ class GpuShareConfig(BaseModel):
     memory_percent: int | None = Field(default=None, ge=1, le=100, alias="memoryPercent")
     cores: int | None = Field(default=None, ge=1, le=100, description="percent of SMs per card")
     enforcement: Enforcement = "none"
-    policy: PolicyName | None = None
+    policy: Strategy | None = None  # the packing strategy
 
     @model_validator(mode="after")
     def _one_memory_form(self) -> GpuShareConfig:

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from dra_gateway.kube import names
 from dra_gateway.kube.cel import CelError, Expression, compile_expression, compile_selector
-from dra_gateway.kube.models import ENFORCEMENTS, POLICY_NAMES
+from dra_gateway.kube.models import ENFORCEMENTS, STRATEGIES
 from dra_gateway.translator.documents import (
     IDENT_RE,
     NAME_RE,
@@ -292,10 +292,10 @@ def _dry_run(rule: CompiledRule, entry: RuleEntry, problems: Problems) -> None:
                              f"{', '.join(ENFORCEMENTS)}")
                 reported.add("device.enforcement")
             if key == "policy" and isinstance(value, str) and value and (
-                    value not in POLICY_NAMES and _text_free(activation)):
+                    value not in STRATEGIES and _text_free(activation)):
                 problems.add(source, f"{base}.device.policy",
                              f"gives {json.dumps(value)}; expected one of "
-                             f"{', '.join(POLICY_NAMES)} or \"\"")
+                             f"{', '.join(STRATEGIES)} or \"\"")
                 reported.add("device.policy")
         for i, sel in enumerate(rule.selectors):
             path = f"device.selectors[{i}]"

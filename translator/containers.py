@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from dra_gateway.kube import names
 from dra_gateway.kube.cel import CelError, Expression
-from dra_gateway.kube.models import ENFORCEMENTS, POLICY_NAMES, GpuShareConfig
+from dra_gateway.kube.models import ENFORCEMENTS, STRATEGIES, GpuShareConfig
 from dra_gateway.kube.quantity import Quantity, QuantityError
 from dra_gateway.translator.errors import pydantic_message
 from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
@@ -242,9 +242,9 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
             raise subject.refuse(f"enforcement {quote(enforcement)} is not one of "
                                  f"{', '.join(ENFORCEMENTS)}")
         policy = outputs.policy or None
-        if policy is not None and policy not in POLICY_NAMES:
+        if policy is not None and policy not in STRATEGIES:
             own_warnings.append(f"container {quote(name)}: policy {quote(policy)} is not one of "
-                                f"{', '.join(POLICY_NAMES)}; the cluster default applies")
+                                f"{', '.join(STRATEGIES)}; the cluster default applies")
             policy = None
         try:
             share = GpuShareConfig.model_validate({
