@@ -23,8 +23,6 @@ GPUSharingPolicies (`gpu_policies`) over 200 namespaces the trace pods are dealt
 same namespaces in both runs), so their cost is a ratio measured at the same moments on the
 same noisy machine.
 This module does I/O (reads the CSVs, prints); the planner it drives does none.
-
-Over 500 lines as one idea: one replay, from the trace's rows to the table it prints.
 """
 
 from __future__ import annotations

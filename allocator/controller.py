@@ -33,10 +33,10 @@ mirror), `writes.py` (a claim's allocation, the gate's removal), `release.py`, `
 (GPUQuota status; the policies reach the planner through kube/runtime's `PolicyMirror`) and
 `conditions.py` (the pod condition of a pod a quota holds back).
 
-At about 690 lines this module is over the house's 500 for a reason: what is left (informer
-handlers, workers, the API's feature mode, and the pod's plan-write-ungate path) all reads and
-changes the same mirrors, planner state and in-flight plans, atomically between two awaits;
-split further, each part would take the whole controller as a parameter.
+What stays in this class (informer handlers, workers, the API's feature mode, and the pod's
+plan-write-ungate path) all reads and changes the same mirrors, planner state and in-flight
+plans, atomically between two awaits; split further, each part would take the whole controller
+as a parameter.
 
 This module must not make placement decisions (the planner does) nor talk to Kubernetes other
 than through the cluster port.

@@ -10,8 +10,7 @@ patch from these plans and caches them per request shape.
 Pure: no I/O, no logging, and the pod is never modified. It must not build patches or know
 where a container sits in the pod beyond its kind.
 
-Over 500 lines as one idea: choosing a rule and turning its outputs into one device request;
-each output's checks stay beside the code that reads it.
+Each output's checks stay beside the code that reads it.
 """
 
 from __future__ import annotations

@@ -23,8 +23,7 @@ selector, cards the namespace already touches) are the other feasible nodes trie
 Pure: no I/O, no clock, no logging; it touches only the state's memos, rankings and learned
 workload. It never writes to the API: the controller writes what it returns.
 
-Over 500 lines as one idea: choosing the node, from class rankings to the quota checks
-around the search; the allocations it writes are built in `allocation`.
+The allocations a plan writes are built in `allocation`.
 """
 
 from __future__ import annotations

@@ -13,8 +13,7 @@ the pod's own earlier picks included; a ranking's search (`EVERY_TENANT`) asks n
 holds it, and `refused_picks` asks a pod's own rules of the cards such a search picked.
 Pure: no I/O.
 
-Over 500 lines as one idea: the joint device search on one node, with its bounds and memo
-keys, which must agree with each other.
+The search's bounds and memo keys live beside it because they must agree with it.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ benchmark) and keeps incremental indexes:
 
 It must not do I/O, log, or look at the clock: callers decide when objects change.
 
-Over 500 lines as one idea: the cluster as the planner sees it, with the indexes (node
-classes, usage per device, learned workload) that must change together with it.
+The indexes (node classes, usage per device, learned workload) live with the cluster they
+index because they must change together with it.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ Deliberate simplifications, each documented where it happens:
 - garbage collection runs synchronously when an owner is deleted; dependents whose owners never
   existed are left alone.
 
-Over 500 lines as one idea: the store and its bookkeeping; wording, patching, validation and
-watch filtering already live apart.
+Wording, patching, validation and watch filtering live apart (`errors`, `patching`,
+`validation`, `watching`).
 """
 
 from __future__ import annotations

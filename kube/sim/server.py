@@ -6,8 +6,7 @@ Python clients talk to it exactly as they talk to a real cluster (paths, verbs, 
 state of its own; semantics (versions, conflicts, validation) belong to the cluster behind it.
 It must not be exposed beyond loopback without a token: it has no authorization.
 
-Over 500 lines as one idea: the REST surface of the subset it serves (paths, verbs, watch
-streams, discovery, Status errors); split by verb, one translation table would be scattered.
+The REST surface stays one table of paths and verbs: split by verb, it would be scattered.
 """
 
 from __future__ import annotations

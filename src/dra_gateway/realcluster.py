@@ -21,8 +21,7 @@ them again (SIGTERM, then SIGKILL, by the process ids it started) however the ca
 token, the standard library only), enough for tests and the demo to create, read, patch and
 delete objects. This module decides nothing about the gateway; it only runs Kubernetes.
 
-Over 500 lines as one idea: running a control plane (processes, certificates, tokens, nodes)
-and the small client that drives it.
+The small client that drives the control plane lives with it.
 """
 
 from __future__ import annotations
