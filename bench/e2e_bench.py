@@ -35,6 +35,11 @@ last bind. It reports both, p50/p99 time to bound, and the ratio gateway/native 
 Both paths' pods come from the same client threads, so while the cluster keeps up, pods/s follows
 the create rate and the ratio stays near 1; time to bound shows what each path adds per pod,
 and more `--workers` push harder.
+A second table says where each path's time goes, step by step (p50 and p99 of each step's time
+since the step before it), from watches of the bench's pods and of ResourceClaims: admitted (the
+create request answered, admission webhooks included), claim created (by the claim controller),
+allocated (the claim's status.allocation written: by the allocator, or by kube-scheduler on the
+native path), gate lifted (gateway only) and bound.
 The machine's load average is printed before and after: wall-clock figures on a shared machine
 move with it.
 """
@@ -141,16 +146,25 @@ def _raise_pod_limit(api: Api, pods: int) -> None:
                          {"status": {"capacity": resources, "allocatable": resources}})
 
 
-class _Watch(threading.Thread):
-    """Records when each bench pod is first seen bound, from a watch of all pods."""
+# The steps of a pod's path, in order, as the bench sees them from outside (watches of pods and
+# claims): each is the first moment it was seen, in the bench's monotonic clock.
+STEPS = ("admitted", "claim created", "allocated", "gate lifted", "bound")
 
-    def __init__(self, api: Api) -> None:
+
+class _Watch(threading.Thread):
+    """Records, from a watch of `plural`, the first moment each bench pod reached each step
+    `observe` says an event shows."""
+
+    def __init__(self, api: Api, api_version: str, plural: str, seen: dict[str, dict[str, float]],
+                 lock: threading.Lock, *, label_selector: str | None = None) -> None:
         super().__init__(daemon=True)
         self.api = api
-        self.bound: dict[str, float] = {}
-        self.lock = threading.Lock()
+        self.path = path_of(api_version, plural)
+        self.query = {"labelSelector": label_selector} if label_selector else {}
+        self.seen = seen
+        self.lock = lock
         self.stopping = False
-        listing = api.request("GET", path_of("v1", "pods"), query={"labelSelector": LABEL})
+        listing = api.request("GET", self.path, query=self.query or None)
         self.resource_version = str(listing["metadata"]["resourceVersion"])
 
     def run(self) -> None:
@@ -159,28 +173,86 @@ class _Watch(threading.Thread):
                 self._stream()
 
     def _stream(self) -> None:
-        query = urllib.parse.urlencode({"watch": "1", "labelSelector": LABEL,
+        query = urllib.parse.urlencode({**self.query, "watch": "1",
                                         "resourceVersion": self.resource_version,
                                         "allowWatchBookmarks": "true"})
-        request = urllib.request.Request(
-            f"{self.api.server}{path_of('v1', 'pods')}?{query}",
-            headers={"Authorization": f"Bearer {self.api.token}"})
+        request = urllib.request.Request(f"{self.api.server}{self.path}?{query}",
+                                         headers={"Authorization": f"Bearer {self.api.token}"})
         with urllib.request.urlopen(request, context=self.api._context,
                                     timeout=60) as response:
             for line in response:
                 now = time.monotonic()
                 event = json.loads(line)
-                pod = event.get("object") or {}
-                meta = pod.get("metadata") or {}
+                obj = event.get("object") or {}
+                meta = obj.get("metadata") or {}
                 if meta.get("resourceVersion"):
                     self.resource_version = str(meta["resourceVersion"])
-                if event.get("type") in ("ADDED", "MODIFIED") and \
-                        (pod.get("spec") or {}).get("nodeName"):
-                    key = f"{meta['namespace']}/{meta['name']}"
-                    with self.lock:
-                        self.bound.setdefault(key, now)
+                if event.get("type") in ("ADDED", "MODIFIED"):
+                    steps = self.observe(obj)
+                    if steps:
+                        with self.lock:
+                            for key, step in steps:
+                                self.seen.setdefault(key, {}).setdefault(step, now)
                 if self.stopping:
                     return
+
+    def observe(self, obj: JSON) -> list[tuple[str, str]]:
+        raise NotImplementedError
+
+
+class _PodWatch(_Watch):
+    def observe(self, pod: JSON) -> list[tuple[str, str]]:
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        steps = []
+        if not any(g.get("name") == names.SCHEDULING_GATE
+                   for g in spec.get("schedulingGates") or []):
+            steps.append((key, "gate lifted"))
+        if spec.get("nodeName"):
+            steps.append((key, "bound"))
+        return steps
+
+
+class _ClaimWatch(_Watch):
+    def observe(self, claim: JSON) -> list[tuple[str, str]]:
+        meta = claim.get("metadata") or {}
+        if meta.get("namespace") not in NAMESPACES.values():
+            return []
+        owners = [o.get("name") for o in meta.get("ownerReferences") or []
+                  if o.get("kind") == "Pod"]
+        steps = []
+        for owner in owners:
+            key = f"{meta['namespace']}/{owner}"
+            steps.append((key, "claim created"))
+            if (claim.get("status") or {}).get("allocation"):
+                steps.append((key, "allocated"))
+        return steps
+
+
+def _breakdown(created: dict[str, float], seen: dict[str, dict[str, float]]
+               ) -> dict[str, dict[str, list[float]]]:
+    """Per path and step, the time each pod took from the step before it (its create request
+    for the first). A step a path does not take (the native path has no gate) is skipped; the
+    "gate lifted" of a native pod is the moment it was first seen without a gate."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for path, namespace in NAMESPACES.items():
+        steps: dict[str, list[float]] = {step: [] for step in STEPS}
+        for key, started in created.items():
+            if not key.startswith(namespace + "/"):
+                continue
+            at = seen.get(key, {})
+            before = started
+            for step in STEPS:
+                if step == "gate lifted" and path == "native":
+                    continue
+                if step not in at:
+                    break
+                # Watches may deliver a later step first; time never runs backwards here.
+                moment = max(at[step], before)
+                steps[step].append(moment - before)
+                before = moment
+        out[path] = steps
+    return out
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -197,6 +269,11 @@ def run(args: argparse.Namespace) -> int:
               f"hack/build-control-plane.sh {version}", file=sys.stderr)
         return 2
     helm = os.environ.get("DRA_GATEWAY_HELM") or str(REPO / ".ci" / "bin" / "helm")
+    if not Path(helm).is_file():
+        print(f"helm not found at {helm}: set DRA_GATEWAY_HELM to a helm v3 binary, or build the "
+              "pinned one as .ci/run does: GOBIN=$PWD/.ci/bin go install "
+              "helm.sh/helm/v3/cmd/helm@v3.19.5", file=sys.stderr)
+        return 2
     minor = int(version.split(".")[1])
     gates = {"DRAConsumableCapacity": True} if minor < 36 else {}
     work = Path(tempfile.mkdtemp(prefix="dra-gateway-e2e-bench-"))
@@ -207,8 +284,12 @@ def run(args: argparse.Namespace) -> int:
         _raise_pod_limit(api, args.pods)
         print(f"native driver: {devices} devices copied from the gateway's slices")
         time.sleep(2)  # the scheduler's informers see the new slices and class
-        watch = _Watch(api)
-        watch.start()
+        lock = threading.Lock()
+        seen: dict[str, dict[str, float]] = {}
+        watches = [_PodWatch(api, "v1", "pods", seen, lock, label_selector=LABEL),
+                   _ClaimWatch(api, "resource.k8s.io/v1", "resourceclaims", seen, lock)]
+        for watch in watches:
+            watch.start()
         created: dict[str, float] = {}
         errors: list[str] = []
 
@@ -220,7 +301,10 @@ def run(args: argparse.Namespace) -> int:
             except Exception as exc:
                 errors.append(f"{key}: {exc}")
                 return
-            created[key] = started
+            answered = time.monotonic()
+            with lock:
+                created[key] = started
+                seen.setdefault(key, {}).setdefault("admitted", answered)
 
         order = [p for i in range(args.pods) for p in (_gateway_pod(i), _native_pod(i))]
         begin = time.monotonic()
@@ -229,13 +313,15 @@ def run(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + args.timeout
         while time.monotonic() < deadline:
             gateway.check()
-            with watch.lock:
-                if all(key in watch.bound for key in created):
+            with lock:
+                if all("bound" in seen.get(key, {}) for key in created):
                     break
             time.sleep(0.5)
-        watch.stopping = True
-        with watch.lock:
-            bound = dict(watch.bound)
+        for watch in watches:
+            watch.stopping = True
+        with lock:
+            bound = {k: v["bound"] for k, v in seen.items() if "bound" in v}
+            steps_seen = {k: dict(v) for k, v in seen.items()}
         load_after = os.getloadavg()
 
         rows = {}
@@ -260,6 +346,18 @@ def run(args: argparse.Namespace) -> int:
         for path, row in rows.items():
             print(f"| {path} | {row['bound']}/{row['pods']} | {row['span_s']:.1f} | "
                   f"{row['pods_per_s']:.1f} | {row['p50_s']:.2f} | {row['p99_s']:.2f} |")
+        breakdown = _breakdown(created, steps_seen)
+        print("\nWhere a pod's time goes: each step's time since the step before it (s); "
+              "admitted is the create request's answer (admission webhooks included)")
+        print("| step | gateway p50 | gateway p99 | native p50 | native p99 |")
+        print("|---|---|---|---|---|")
+        for step in STEPS:
+            cells = []
+            for path in ("gateway", "native"):
+                values = breakdown[path].get(step)
+                cells += ([f"{statistics.median(values):.3f}", f"{_percentile(values, 0.99):.3f}"]
+                          if values else ["-", "-"])
+            print(f"| {step} | " + " | ".join(cells) + " |")
         native = rows["native"]["pods_per_s"]
         ratio = rows["gateway"]["pods_per_s"] / native if native else float("nan")
         print(f"\ngateway/native pods/s: {ratio:.2f} (goal >= 0.8)")
@@ -267,6 +365,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"{len(errors)} create errors, first: {errors[0]}")
         if args.json:
             print(json.dumps({"version": version, "rows": rows, "ratio": ratio,
+                              "breakdown": {path: {step: {
+                                  "p50_s": statistics.median(v),
+                                  "p99_s": _percentile(v, 0.99)}
+                                  for step, v in steps.items() if v}
+                                  for path, steps in breakdown.items()},
                               "load": [load_before[0], load_after[0]]}))
         complete = all(r["bound"] == r["pods"] == args.pods for r in rows.values())
     if args.keep:
