@@ -217,7 +217,8 @@ def _nonzero(amount: str) -> bool:
         return True  # unreadable: assume it offers something
 
 
-def _everything(cards: Sequence[Card]) -> tuple[frozenset[str], frozenset[str]]:
+def _every_card(cards: Sequence[Card]) -> tuple[frozenset[str], frozenset[str]]:
+    """(withheld devices, held card UUIDs) when every card is kept from DRA."""
     return (frozenset(d for c in cards for d in c.devices), frozenset(c.uuid for c in cards))
 
 
@@ -251,7 +252,7 @@ def decide(*, cards: Sequence[Card], kubelet: KubeletView | None,
         (h for h in kubelet.holders if h.device_ids and is_legacy_gpu_resource(h.resource)),
         key=lambda h: (h.namespace, h.pod, h.container, h.resource)))
     if offered:
-        withheld, held = _everything(cards)
+        withheld, held = _every_card(cards)
         return Verdict(
             state=names.NODE_STATE_LEGACY, withheld=withheld, held_cards=held, cards=total,
             offered=tuple(offered), holders=holders,
@@ -270,7 +271,7 @@ def decide(*, cards: Sequence[Card], kubelet: KubeletView | None,
                 devices.update(mapped.devices)
                 held_cards.add(mapped.card)
     if unmapped:
-        withheld, held = _everything(cards)
+        withheld, held = _every_card(cards)
         return Verdict(
             state=names.NODE_STATE_CUTTING_OVER, withheld=withheld, held_cards=held, cards=total,
             holders=holders, unmapped=tuple(unmapped),
@@ -293,7 +294,7 @@ def _without_kubelet(cards: Sequence[Card], node_allocatable: Mapping[str, str] 
                      kubelet_error: str) -> Verdict:
     total = len(cards)
     why = f"the kubelet's pod-resources API cannot be read ({kubelet_error})"
-    withheld, held = _everything(cards)
+    withheld, held = _every_card(cards)
     if node_allocatable is None:
         return Verdict(state=names.NODE_STATE_CUTTING_OVER, withheld=withheld, held_cards=held,
                        cards=total, from_kubelet=False,

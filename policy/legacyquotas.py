@@ -69,7 +69,8 @@ _PERCENT_OF_MEMORY = ("a percentage of each card's memory, while a GPUQuota coun
 _REPLICAS = "a GPUQuota counts cards touched: replicas sharing one card count once"
 
 
-def _other(allocator: str) -> LegacyName:
+def _another_allocators(allocator: str) -> LegacyName:
+    """A legacy name that `allocator`, not the gateway, serves: its quotas stay as they are."""
     return LegacyName(None, why=f"{allocator} allocates these, not the gateway; keep the "
                                 "ResourceQuota for them")
 
@@ -113,13 +114,13 @@ KNOWN_NAMES: Final[Mapping[str, LegacyName]] = {
     "tke.cloud.tencent.com/qgpu-memory": LegacyName("memory", _GI),
     # Counts of devices other drivers allocate (unless the rules in force say otherwise).
     "k8s.amazonaws.com/vgpu": LegacyName("devices", note=_REPLICAS),
-    "amd.com/gpu": _other("AMD's driver"),
-    "gpu.intel.com/i915": _other("Intel's driver"),
-    "gpu.intel.com/xe": _other("Intel's driver"),
-    "habana.ai/gaudi": _other("Habana's driver"),
-    "aws.amazon.com/neuron": _other("AWS Neuron's driver"),
-    "aws.amazon.com/neuroncore": _other("AWS Neuron's driver"),
-    "google.com/tpu": _other("Google's TPU support"),
+    "amd.com/gpu": _another_allocators("AMD's driver"),
+    "gpu.intel.com/i915": _another_allocators("Intel's driver"),
+    "gpu.intel.com/xe": _another_allocators("Intel's driver"),
+    "habana.ai/gaudi": _another_allocators("Habana's driver"),
+    "aws.amazon.com/neuron": _another_allocators("AWS Neuron's driver"),
+    "aws.amazon.com/neuroncore": _another_allocators("AWS Neuron's driver"),
+    "google.com/tpu": _another_allocators("Google's TPU support"),
 }
 
 

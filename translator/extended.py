@@ -170,8 +170,9 @@ def report(rules: RuleSet, extended: ExtendedResources) -> list[str]:
         if deferring:
             parts.append(f"{_rules(deferring, 'leave')} it to kube-scheduler "
                          f"(set extendedResourceNames: {TRANSLATE} on a rule to translate it)")
-            companions = [f"rule {r.name}: {', '.join(_others(r, resource))}" for r in readers
-                          if r.name in deferring and _others(r, resource)]
+            companions = [f"rule {r.name}: {', '.join(others)}" for r in readers
+                          if r.name in deferring
+                          and (others := _other_resources_read(r, resource))]
             if companions:
                 parts.append("what else such a rule reads stays in the container with it, "
                              "for a device plugin or another DeviceClass to serve ("
@@ -190,7 +191,8 @@ def report(rules: RuleSet, extended: ExtendedResources) -> list[str]:
     return lines
 
 
-def _others(rule: CompiledRule, resource: str) -> list[str]:
+def _other_resources_read(rule: CompiledRule, resource: str) -> list[str]:
+    """What else `rule` reads besides `resource` (its pattern as `prefix*`)."""
     others = sorted(n for n in rule.exact if n != resource)
     return others + ([f"{rule.pattern}*"] if rule.pattern is not None else [])
 

@@ -188,7 +188,7 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
 
     plan = TranslationPlan()
     if untranslated:
-        _say_untranslated(untranslated, plan)
+        _warn_untranslated(untranslated, plan)
     if not found:
         if _references_gateway_class(spec, namespace, class_lookup):
             _add_gate(spec, plan.patch)
@@ -260,7 +260,7 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
     return plan
 
 
-def _say_untranslated(untranslated: list[Untranslated], plan: TranslationPlan) -> None:
+def _warn_untranslated(untranslated: list[Untranslated], plan: TranslationPlan) -> None:
     """One warning per container and disabled rule, naming the resources and the fix."""
     plan.untranslated.extend(untranslated)
     by_rule: dict[tuple[str, str], list[str]] = {}

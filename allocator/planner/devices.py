@@ -54,7 +54,7 @@ def _nanos(value: Any) -> int:
     return parse_quantity(value).nanos
 
 
-def _policy(raw: Mapping[str, Any]) -> RequestPolicy:
+def _request_policy(raw: Mapping[str, Any]) -> RequestPolicy:
     default = _nanos(raw["default"]) if raw.get("default") is not None else None
     values = raw.get("validValues")
     valid = tuple(sorted(_nanos(v) for v in values)) if values else None
@@ -121,7 +121,7 @@ class Device:
                 capacity[cap_name] = quantity.nanos
                 formats[cap_name] = quantity.format
                 if entry.get("requestPolicy"):
-                    policies[cap_name] = _policy(entry["requestPolicy"])
+                    policies[cap_name] = _request_policy(entry["requestPolicy"])
             except (QuantityError, KeyError, TypeError):
                 capacity[cap_name] = 0
                 formats[cap_name] = "DecimalSI"
