@@ -1308,6 +1308,19 @@ def test_notes_say_where_the_uninstall_names_the_pods_still_on_gateway_claims(
     assert "logs job/" not in _notes(helm, {"allocator": {"releaseOnUninstall": False}})
 
 
+def test_notes_say_which_namespaces_are_translated_and_which_audited(helm: HelmRunner) -> None:
+    enabled = " ".join(_notes(helm, {}).split())
+    assert ("in namespaces labelled dra-gateway.io/translation=enabled or without that label "
+            "are translated into DRA claims") in enabled
+    assert "In namespaces labelled audit, they are admitted unchanged" in enabled
+    audit = " ".join(_notes(helm, {"webhook": {"translation": {"default": "audit"}}}).split())
+    assert ("in namespaces labelled dra-gateway.io/translation=enabled are translated into "
+            "DRA claims") in audit
+    assert ("In namespaces labelled audit or without the label "
+            "(webhook.translation.default=audit), they are admitted unchanged") in audit
+    assert "read `dra-gateway migrate plan`" in audit
+
+
 def test_notes_warn_about_a_fragile_webhook(helm: HelmRunner) -> None:
     notes = _notes(helm, COMBINATIONS["single-replica-ignore"][0])
     assert "WARNING: failurePolicy Ignore: while the webhook is unreachable" in notes
