@@ -45,7 +45,6 @@ DECIMAL_EXPONENT: Final = "DecimalExponent"
 _NANO: Final = 10**9
 # Upstream caps binary-suffixed quantities at the largest int64 when parsing.
 _MAX_BINARY_NANOS: Final = (2**63 - 1) * _NANO
-_INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 _MAX_EXPONENT: Final = 1000
 _MAX_DIGITS: Final = 1000
@@ -234,11 +233,6 @@ class Quantity:
         """An integer amount in the given format (upstream `NewQuantity`)."""
         return cls(_checked_int(n) * _NANO, fmt)
 
-    @classmethod
-    def from_milli(cls, n: int, fmt: QuantityFormat = DECIMAL_SI) -> Quantity:
-        """`n` thousandths in the given format (upstream `NewMilliQuantity`)."""
-        return cls(_checked_int(n) * 10**6, fmt)
-
     # --- accessors ----------------------------------------------------------------------------
 
     @property
@@ -279,13 +273,6 @@ class Quantity:
         magnitude = _ceil_div(abs(self._nanos), 10**shift)
         return magnitude if self._nanos >= 0 else -magnitude
 
-    def as_int64(self) -> int | None:
-        """The value as an int64 when that is exact, else None (Kubernetes CEL `asInteger`)."""
-        if not self.is_integer():
-            return None
-        v = self._nanos // _NANO
-        return v if _INT64_MIN <= v <= _INT64_MAX else None
-
     def as_approximate_float(self) -> float:
         """The nearest float; infinite when out of range (upstream `AsApproximateFloat64`)."""
         try:
@@ -312,10 +299,6 @@ class Quantity:
 
     def __abs__(self) -> Quantity:
         return Quantity(abs(self._nanos), self._format)
-
-    def mul(self, factor: int) -> Quantity:
-        """The value times an integer, format kept (upstream `Mul`)."""
-        return Quantity(self._nanos * _checked_int(factor), self._format)
 
     # --- comparison ---------------------------------------------------------------------------
 

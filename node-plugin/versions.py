@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 
-_NUMERIC = re.compile(r"^(0|[1-9][0-9]*)$")
 _PART = re.compile(r"^[0-9]+$")
 
 
@@ -41,9 +40,3 @@ def cuda_version_from_int(value: int) -> str:
     return f"{value // 1000}.{(value % 1000) // 10}"
 
 
-def is_semver(text: str) -> bool:
-    core, _, build = text.partition("+")
-    parts = core.split(".")
-    return len(parts) == 3 and all(_NUMERIC.match(p) for p in parts) and (
-        not build or bool(re.match(r"^[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*$", build))
-    )

@@ -164,10 +164,6 @@ class Templates:
         # What quotas and sharing policies read (policy.amounts), kept beside the classes.
         self._requests: TTLCache[Key, tuple[RequestShape, ...]] = TTLCache(cache_size, ttl)
 
-    def cached_classes(self, kind: str, namespace: str, name: str) -> frozenset[str] | None:
-        """Classes of a template ("template") or claim ("claim") already known, without I/O."""
-        return self._known.get((kind, namespace, name))
-
     def cached_requests(self, kind: str, namespace: str,
                         name: str) -> tuple[RequestShape, ...] | None:
         """Gateway-class requests of a template or claim already known, without I/O."""

@@ -28,7 +28,7 @@ from dra_gateway.kube.cel.values import (
     type_name,
 )
 from dra_gateway.kube.quantity import Quantity, QuantityError
-from dra_gateway.kube.semver import Semver, SemverError
+from dra_gateway.kube.semver import Semver, SemverError, is_semver
 
 
 def _no_overload(function: str, args: tuple[Any, ...]) -> Failure:
@@ -162,11 +162,7 @@ def _fn_semver(*args: Any) -> dict[str, str]:
 
 def _fn_is_semver(*args: Any) -> bool:
     text, normalize = _semver_args("isSemver", args)
-    try:
-        Semver.parse(text, normalize=normalize)
-    except SemverError:
-        return False
-    return True
+    return is_semver(text, normalize=normalize)
 
 
 def _checked_int64(value: int) -> int:

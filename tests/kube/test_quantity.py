@@ -345,16 +345,12 @@ def test_accessors() -> None:
     assert Quantity.parse("0Gi").sign() == 0
     assert Quantity.parse("1m").sign() == 1
     assert Quantity.parse("1.5Gi").as_approximate_float() == 1610612736.0
-    assert Quantity.parse("50k").as_int64() == 50000
-    assert Quantity.parse("9999999999999999999999999999999999999G").as_int64() is None
-    assert Quantity.parse("1500m").as_int64() is None
 
 
 def test_from_bytes_writes_binary_suffixes() -> None:
     assert str(Quantity.from_bytes(85899345920)) == "80Gi"
     assert str(Quantity.from_bytes(1000)) == "1k"  # under 1Ki: decimal, as upstream
     assert str(Quantity.from_int(1234000)) == "1234k"
-    assert str(Quantity.from_milli(1024, BINARY_SI)) == "1024m"
     with pytest.raises(TypeError):
         Quantity.from_bytes(1.5)  # type: ignore[arg-type]
 
