@@ -34,7 +34,6 @@ class _EventRecord:
     name: str
     message: str
     count: int  # failures seen
-    written_count: int  # the count the API has
     written_at: float  # monotonic time of the last write
 
 
@@ -66,7 +65,7 @@ class EventRecorder:
                     return  # counted; written with a later repeat
                 await self.cluster.patch(EVENTS, record.name, {
                     "count": record.count, "lastTimestamp": stamp}, namespace=ns)
-                record.written_count, record.written_at = record.count, time.monotonic()
+                record.written_at = time.monotonic()
                 return
             event_name = f"{name}.{time.time_ns():x}"
             event = {
@@ -81,7 +80,7 @@ class EventRecorder:
                 "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
             }
             await self.cluster.create(EVENTS, event, namespace=ns)
-            self._events[uid] = _EventRecord(event_name, message, 1, 1, time.monotonic())
+            self._events[uid] = _EventRecord(event_name, message, 1, time.monotonic())
         except NotFound:
             self._events.pop(uid, None)  # the event expired: the next failure creates one
         except (ApiError, OSError, TimeoutError) as err:
