@@ -39,7 +39,6 @@ KIND_GPU_SHARE_CONFIG: Final = "GpuShareConfig"
 # The allocator's record of the shares it allocated, an opaque config in status.allocation.
 KIND_GPU_SHARE_ALLOCATION: Final = "GpuShareAllocation"
 KIND_TRANSLATION_RULES: Final = "TranslationRules"
-KIND_POLICY: Final = "Policy"
 
 # Device attribute and capacity names (bare names belong to the driver's domain).
 ATTR_TYPE: Final = "type"
@@ -64,9 +63,7 @@ CORES_PER_CARD: Final = 100
 MEMORY_STEP: Final = 1 << 20
 
 # Kubernetes' own names the gateway reads or must avoid.
-K8S_DELETE_PROTECTION_FINALIZER: Final = "resource.kubernetes.io/delete-protection"
 K8S_POD_CLAIM_NAME_ANNOTATION: Final = "resource.kubernetes.io/pod-claim-name"
-KEP5004_PREFIX: Final = "deviceclass.resource.kubernetes.io/"
 
 # Moving a live cluster (ARCHITECTURE.md, "Moving a live cluster").
 # The namespace label, and the pod annotation, that say whether pods are translated.
