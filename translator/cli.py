@@ -238,7 +238,8 @@ def _write_explanations(result: ManifestResult, ruleset: RuleSet, *,
     -o yaml is the text (a stream of manifests would not be an explanation)."""
     import json
 
-    from dra_gateway.translator.explaining import explain, render_text
+    from dra_gateway.translator.explaining import explain
+    from dra_gateway.translator.wording import render_text
 
     entries: list[dict[str, Any]] = []
     lines: list[str] = []

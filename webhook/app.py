@@ -12,13 +12,9 @@ the outcome to a response: a malformed review is HTTP 400 with a one-line reason
 `allowed: false` with a Status; an unexpected failure inside a decision is `allowed: false`
 with a generic message, logged with the request UID and the stack, and the server keeps serving.
 
-Background work lives in `cleanup_ctx`: loading the rules, polling rule files, watching rule
-ConfigMaps, watching DeviceClasses (for the names they declare as spec.extendedResourceName,
-left to kube-scheduler, and their selectors), watching GPU policies and the profiles of the
-gateway driver's devices (ResourceSlices: which models a request can reach), reloading the
-certificate, reconciling the webhook configurations, and watching the allocator's Lease to
-post an Event on pods left gated while no allocator leads.
-The app holds no package-level state; everything is reached through typed AppKeys.
+Background work (`background`) lives in `cleanup_ctx`. The app holds no package-level state;
+what handlers and background tasks share is a `WebhookState` (`state`) reached through a typed
+AppKey.
 
 This module must not translate, decide policy or talk to Kubernetes itself.
 """
@@ -26,12 +22,9 @@ This module must not translate, decide policy or talk to Kubernetes itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Collection, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -43,10 +36,10 @@ from dra_gateway.kube.cluster.port import Cluster
 from dra_gateway.policy.admission import ModelLookup
 from dra_gateway.policy.amounts import RequestShape
 from dra_gateway.policy.profiles import ModelReach, model_lookup
-from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import ClassLookup
-from dra_gateway.webhook import config, mutation, reviews, ruleadmission
+from dra_gateway.webhook import mutation, reviews, ruleadmission
 from dra_gateway.webhook.allocatorwatch import GatedPodEvents
+from dra_gateway.webhook.background import background
 from dra_gateway.webhook.deviceclasses import DeviceClassWatch
 from dra_gateway.webhook.deviceprofiles import DeviceProfileWatch
 from dra_gateway.webhook.metrics import Metrics
@@ -54,6 +47,7 @@ from dra_gateway.webhook.policies import PolicyWatch
 from dra_gateway.webhook.reviews import BadReview, Refusal, Review
 from dra_gateway.webhook.rulestore import RuleStore
 from dra_gateway.webhook.settings import MAX_BODY_BYTES, WebhookSettings
+from dra_gateway.webhook.state import STATE, WebhookState
 from dra_gateway.webhook.templates import TemplateConflict, Templates, TemplateUnavailable
 from dra_gateway.webhook.translation import NAMESPACE_UNKNOWN, NamespaceMode, held_back
 from dra_gateway.webhook.validation import (
@@ -82,32 +76,6 @@ MUTATE_UNKNOWN_PATH = "/mutate/unknown-mode"
 VALIDATE_AUDIT_PATH = "/validate/audit"
 
 
-@dataclass(slots=True)
-class WebhookState:
-    """Everything the handlers and background tasks share, owned by one app."""
-
-    settings: WebhookSettings
-    cluster: Cluster
-    metrics: Metrics
-    store: RuleStore
-    templates: Templates
-    validator: Validator
-    plans: mutation.PlanCache
-    device_classes: DeviceClassWatch
-    policies: PolicyWatch
-    device_profiles: DeviceProfileWatch
-    reach: ModelReach
-    tls: CertificateReloader | None = None
-    gated_events: GatedPodEvents | None = None  # None with gated_event_after 0
-    config_maps_synced: bool = False
-    # (resource, device class, rule, action) already logged at INFO for this generation of the
-    # DeviceClasses; later admissions log the same at DEBUG (one line per review costs more than
-    # the review).
-    extended_logged: set[tuple[str, str, str, str]] = field(default_factory=set)
-    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
-
-
-STATE: web.AppKey[WebhookState] = web.AppKey("dra_gateway_webhook_state", WebhookState)
 
 
 def create_app(settings: WebhookSettings, cluster: Cluster, *,
@@ -150,7 +118,7 @@ def create_app(settings: WebhookSettings, cluster: Cluster, *,
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
-    app.cleanup_ctx.append(_background)
+    app.cleanup_ctx.append(background)
     return app
 
 
@@ -490,56 +458,3 @@ async def _readyz(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     body = request.app[STATE].metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
-
-
-# ---- background work ---------------------------------------------------------------------------
-
-
-async def _reconcile(state: WebhookState, rules: RuleSet) -> None:
-    if not state.settings.reconcile_webhooks:
-        return
-    try:
-        # Read at every reconcile (the CA rotates); a file gone for a moment must not end the
-        # background task, whose error would otherwise surface only at shutdown.
-        ca_bundle = state.settings.ca_file.read_bytes() if state.settings.ca_file else None
-        updated = await config.reconcile(
-            state.cluster, rules, mutating_name=state.settings.mutating_configuration,
-            validating_name=state.settings.validating_configuration, ca_bundle=ca_bundle)
-    except Exception:
-        state.metrics.config_reconciles.labels("failed").inc()
-        log.exception("webhook configurations not reconciled")
-        return
-    for _ in updated:
-        state.metrics.config_reconciles.labels("updated").inc()
-
-
-async def _background(app: web.Application) -> AsyncIterator[None]:
-    state = app[STATE]
-    rules = state.store.load_files()
-    state.store.listeners.append(functools.partial(_reconcile, state))
-    tasks = state.tasks
-    if state.settings.rules_paths:
-        tasks.append(asyncio.create_task(state.store.poll_files(), name="rules-files"))
-    if state.settings.watch_config_maps:
-        state.store.on_synced = lambda: setattr(state, "config_maps_synced", True)
-        tasks.append(asyncio.create_task(state.store.watch_config_maps(),
-                                         name="rules-configmaps"))
-    if state.settings.watch_device_classes:
-        tasks.append(asyncio.create_task(state.device_classes.run(), name="device-classes"))
-    if state.settings.watch_policies:
-        tasks.append(asyncio.create_task(state.policies.run(), name="gpu-policies"))
-        tasks.append(asyncio.create_task(state.device_profiles.run(), name="device-profiles"))
-    if state.tls is not None:
-        tasks.append(asyncio.create_task(state.tls.run(), name="certificate-reload"))
-    if state.gated_events is not None:
-        tasks.append(asyncio.create_task(state.gated_events.run(), name="gated-pod-events"))
-    tasks.append(asyncio.create_task(_reconcile(state, rules), name="webhook-configurations"))
-    try:
-        yield
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        tasks.clear()

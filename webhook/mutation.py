@@ -17,10 +17,11 @@ from typing import Any
 import orjson
 
 from dra_gateway.kube import names
-from dra_gateway.translator.explaining import explain, summary_lines
+from dra_gateway.translator.explaining import explain
 from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import ClassLookup, Untranslated, translate
+from dra_gateway.translator.wording import summary_lines
 from dra_gateway.webhook import translation
 from dra_gateway.webhook.reviews import Refusal, encode_patch
 from dra_gateway.webhook.translation import NamespaceMode
