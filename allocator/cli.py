@@ -54,6 +54,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                             help="cluster-wide packing strategy: default (fragmentation-aware), "
                             "binpack, spread or first-fit (default: %(default)s; --policy is "
                             "its deprecated name)")
+    controller.add_argument("--workers", type=_positive_int, default=16, metavar="N",
+                            help="pods handled at once; planning itself is one at a time, the "
+                            "rest waits on the API (default: %(default)s)")
     controller.add_argument("--identity", help="holder identity in the Lease (default: host name "
                             "and process id)")
     controller.add_argument("--metrics-address", metavar="HOST:PORT",
@@ -85,6 +88,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                         "report the ratio of claims/s")
     replay.add_argument("-o", "--output", choices=("table", "json"), default="table")
     replay.set_defaults(func=_run_bench)
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of at least 1")
+    return number
 
 
 def _run_controller(args: argparse.Namespace) -> int:

@@ -118,7 +118,8 @@ async def _main(args: argparse.Namespace) -> int:
                     return 2
                 log.info("serving metrics", extra={"address": address, "port": port})
             await run_allocator(cluster, namespace=args.namespace, identity=identity,
-                                settings=ControllerSettings(strategy=args.strategy),
+                                settings=ControllerSettings(strategy=args.strategy,
+                                                            workers=args.workers),
                                 metrics=metrics, stop=stop)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):

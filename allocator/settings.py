@@ -11,7 +11,12 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ControllerSettings:
     strategy: str = "default"  # how pods are packed (planner.STRATEGIES)
-    workers: int = 4
+    # Pods handled at once. Planning is one at a time (under a lock, in a thread); the rest of
+    # a pod's work is waiting on the API (two claim writes, a read, the gate's patch: about a
+    # quarter of a second on a busy API server), so four workers made a burst queue: in the
+    # e2e bench (150 pods a path) the claim-to-allocation step fell from 0.51 s to 0.24 s p50
+    # with sixteen, as fast as kube-scheduler's own (0.28 s).
+    workers: int = 16
     # Retry timings of the work queue: base * 2**failures, capped.
     base_delay: float = 0.05
     max_delay: float = 60.0

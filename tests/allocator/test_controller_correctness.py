@@ -146,7 +146,7 @@ SCENARIOS = st.builds(
     gpus=st.integers(1, 3),
     memory_gib=st.sampled_from([40, 80]),
     native=st.booleans(),
-    workers=st.integers(1, 4),
+    workers=st.integers(1, 16),
     conflict_rate=st.sampled_from([0.0, 0.2, 0.4]),
     steps=st.lists(STEP, min_size=4, max_size=14),
     seed=st.integers(0, 2**32 - 1),

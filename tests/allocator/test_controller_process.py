@@ -61,3 +61,16 @@ def test_a_metrics_address_is_host_and_port() -> None:
     for bad in ("8080", "host:", "host:http", ":70000"):
         with pytest.raises(ValueError, match="use HOST:PORT or :PORT"):
             parse_address(bad)
+
+
+def test_the_allocator_handles_sixteen_pods_at_once_unless_told_otherwise(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from dra_gateway.allocator.settings import ControllerSettings
+    from dra_gateway.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["allocator"]).workers == ControllerSettings().workers == 16
+    assert parser.parse_args(["allocator", "--workers", "4"]).workers == 4
+    with pytest.raises(SystemExit):
+        parser.parse_args(["allocator", "--workers", "0"])
+    assert "argument --workers: '0' is not a whole number of at least 1" in capsys.readouterr().err

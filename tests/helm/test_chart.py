@@ -370,6 +370,18 @@ def test_the_allocators_packing_strategy_comes_from_strategy_or_its_former_name_
     assert "--policy" not in args
 
 
+def test_the_allocators_workers_come_from_allocator_workers(helm: HelmRunner) -> None:
+    args = container(helm.render("default"), "Deployment", "allocator")["args"]
+    assert args[args.index("--workers") + 1] == "16"
+    result = helm.template({"allocator": {"workers": 32}})
+    assert result.returncode == 0, result.stderr
+    args = container(parse_render(result.stdout), "Deployment", "allocator")["args"]
+    assert args[args.index("--workers") + 1] == "32"
+    refused = helm.template({"allocator": {"workers": 0}})
+    assert refused.returncode != 0
+    assert "/allocator/workers" in refused.stderr
+
+
 def test_schema_refuses_an_unknown_value_with_its_path(helm: HelmRunner) -> None:
     result = helm.template({"webhook": {"replica": 3}, "certificates": {"mode": "vault"}})
     assert result.returncode != 0
