@@ -1003,7 +1003,7 @@ def test_command_lines_are_those_of_the_components(helm: HelmRunner) -> None:
         "--review-deadline", "4", "--gated-event-after", "120s"]
     assert container(objects, "Deployment", "allocator")["args"] == [
         "allocator", "--cluster", "kube", "--namespace", NAMESPACE, "--strategy", "default",
-        "--metrics-address", ":8080"]
+        "--workers", "16", "--metrics-address", ":8080"]
     assert container(objects, "DaemonSet", "node-plugin")["args"] == [
         "node-plugin", "serve", "--nvml", "--node-name", "$(NODE_NAME)", "--cluster", "kube",
         "--plugins-dir", "/var/lib/kubelet/plugins",
