@@ -56,7 +56,7 @@ from dra_gateway.allocator.events import COMPONENT, EventRecorder
 from dra_gateway.allocator.index import ClaimIndex
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
-from dra_gateway.allocator.policies import QuotaStatusWriter
+from dra_gateway.allocator.quotastatus import QuotaStatusWriter
 from dra_gateway.allocator.release import ClaimReleaser
 from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.allocator.unplaceable import Unplaceable
@@ -662,7 +662,6 @@ class Controller:
                 except NotFound:
                     return "done"
                 continue
-            self.stats.pods_ungated += 1
             self.metrics.pods_allocated.inc()
             self.unplaceable.discard(key)
             self.pending.drop(key.uid)

@@ -18,7 +18,6 @@ class Stats:
     """What tests and logs want to know about a running controller."""
 
     plans: int = 0
-    pods_ungated: int = 0
     claims_allocated: int = 0
     claims_released: int = 0
     conflicts: int = 0

@@ -43,7 +43,7 @@ from dra_gateway.webhook.background import background
 from dra_gateway.webhook.deviceclasses import DeviceClassWatch
 from dra_gateway.webhook.deviceprofiles import DeviceProfileWatch
 from dra_gateway.webhook.metrics import Metrics
-from dra_gateway.webhook.policies import PolicyWatch
+from dra_gateway.webhook.policywatch import PolicyWatch
 from dra_gateway.webhook.reviews import BadReview, Refusal, Review
 from dra_gateway.webhook.rulestore import RuleStore
 from dra_gateway.webhook.settings import MAX_BODY_BYTES, WebhookSettings

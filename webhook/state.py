@@ -19,7 +19,7 @@ from dra_gateway.webhook.allocatorwatch import GatedPodEvents
 from dra_gateway.webhook.deviceclasses import DeviceClassWatch
 from dra_gateway.webhook.deviceprofiles import DeviceProfileWatch
 from dra_gateway.webhook.metrics import Metrics
-from dra_gateway.webhook.policies import PolicyWatch
+from dra_gateway.webhook.policywatch import PolicyWatch
 from dra_gateway.webhook.rulestore import RuleStore
 from dra_gateway.webhook.settings import WebhookSettings
 from dra_gateway.webhook.templates import Templates

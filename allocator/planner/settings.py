@@ -8,11 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+# The names a claim's GpuShareConfig may carry are the names the planner knows: one list.
+from dra_gateway.kube.models import STRATEGIES as STRATEGIES
+
 FIRST_FIT: Final = "first-fit"
 BINPACK: Final = "binpack"
 SPREAD: Final = "spread"
 DEFAULT: Final = "default"
-STRATEGIES: Final[tuple[str, ...]] = (DEFAULT, BINPACK, SPREAD, FIRST_FIT)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from dra_gateway.kube.cel.values import (
     semver_value,
     type_name,
 )
-from dra_gateway.kube.quantity import Quantity, QuantityError
+from dra_gateway.kube.quantity import Quantity, QuantityError, is_quantity
 from dra_gateway.kube.semver import Semver, SemverError, is_semver
 
 
@@ -85,11 +85,7 @@ def _fn_quantity(*args: Any) -> dict[str, str]:
 def _fn_is_quantity(*args: Any) -> bool:
     if len(args) != 1 or not isinstance(args[0], str):
         raise _no_overload("isQuantity", args)
-    try:
-        parse_quantity(args[0])
-    except QuantityError:
-        return False
-    return True
+    return is_quantity(args[0])
 
 
 def _fn_sign(*args: Any) -> int:

@@ -757,3 +757,12 @@ def test_an_unsatisfiable_numa_constraint_costs_one_search_per_node_class() -> N
     assert again.reason.startswith("pod ns/again: 0/300 nodes fit; 300 node(s): claim ns/again:")
     assert len(searches) == 1  # one class of identical nodes, and the second pod is memoised
     assert searches[0] <= 200  # device choices tried, far below C(8, 5) x 5!
+
+
+def test_the_planners_strategies_are_the_names_a_share_config_accepts() -> None:
+    from dra_gateway.allocator.planner import settings
+    from dra_gateway.kube import models
+
+    assert settings.STRATEGIES is models.STRATEGIES
+    assert set(models.STRATEGIES) == {settings.DEFAULT, settings.BINPACK, settings.SPREAD,
+                                      settings.FIRST_FIT}
