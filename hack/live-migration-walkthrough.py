@@ -5,7 +5,7 @@ says: for a closing note, a demo to a team, or checking a change by eye.
 
 It installs the gateway as the e2e tier does (tests/e2e/support.py: the chart, the components as
 local processes, KWOK nodes) and adds the e2e scenario's node, whose four GPUs NVIDIA's device
-plugin serves as far as a fake kubelet pod-resources server says (tests/e2e/test_live_migration.py).
+plugin serves as far as a fake kubelet pod-resources server says (tests/e2e/legacynode.py).
 Then: a legacy trainer holds two cards; a ResourceQuota on legacy names and a HAMi Deployment
 exist; a pod created in an audit namespace gets its warning; `migrate plan`, `migrate quotas`
 and `migrate node` speak; the legacy plugin leaves; a burst of six translated pods gets only the
@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from e2e import test_live_migration as scenario  # noqa: E402
+from e2e import legacynode as scenario  # noqa: E402
 from e2e.support import Gateway, build_binaries, find_helm, install, wait_until  # noqa: E402
 from gotools import build_go_tool  # noqa: E402
 
@@ -46,9 +46,9 @@ def _say(gateway: Gateway, *args: str) -> None:
 def _walk(gateway: Gateway, kubelet: scenario.FakeKubelet) -> None:
     api = gateway.api
     wait_until("the node to be Legacy",
-               lambda: scenario._condition(gateway).get("reason") == "Legacy", 60)
+               lambda: scenario.condition(gateway).get("reason") == "Legacy", 60)
     api.create(path_of("v1", "pods", namespace=scenario.LEGACY_NS),
-               scenario._gpu_pod("trainer", scenario.LEGACY_NS, 2))
+               scenario.gpu_pod("trainer", scenario.LEGACY_NS, 2))
     wait_until("the trainer to be bound", lambda: bool(api.get(path_of(
         "v1", "pods", namespace=scenario.LEGACY_NS, name="trainer"))["spec"].get("nodeName")), 60)
     kubelet.write(offered=True, holders={f"{scenario.LEGACY_NS}/trainer": scenario.HELD})
@@ -80,19 +80,19 @@ def _walk(gateway: Gateway, kubelet: scenario.FakeKubelet) -> None:
 
     print("\n# the legacy plugin's DaemonSet leaves the cut-over node; the trainer runs on")
     kubelet.write(offered=False, holders={f"{scenario.LEGACY_NS}/trainer": scenario.HELD})
-    scenario._set_gpus(gateway, "0")
+    scenario.set_gpus(gateway, "0")
     wait_until("CuttingOver",
-               lambda: scenario._condition(gateway).get("reason") == "CuttingOver", 60)
+               lambda: scenario.condition(gateway).get("reason") == "CuttingOver", 60)
     _say(gateway, "migrate", "node", scenario.NODE)
     for i in range(scenario.BURST):
         api.create(path_of("v1", "pods", namespace=scenario.TRAIN_NS),
-                   scenario._gpu_pod(f"w{i}", scenario.TRAIN_NS, 1))
-    uuids = scenario._device_uuids(gateway)
-    wait_until("two burst pods", lambda: len(scenario._burst_cards(gateway, uuids)) == 2, 90)
+                   scenario.gpu_pod(f"w{i}", scenario.TRAIN_NS, 1))
+    uuids = scenario.device_uuids(gateway)
+    wait_until("two burst pods", lambda: len(scenario.burst_cards(gateway, uuids)) == 2, 90)
     time.sleep(3)
     print(f"\n# {scenario.BURST} translated pods while the trainer holds "
           f"{', '.join(scenario.HELD)}; placed:\n"
-          + json.dumps(scenario._burst_cards(gateway, uuids), indent=1))
+          + json.dumps(scenario.burst_cards(gateway, uuids), indent=1))
     _say(gateway, "report")
 
     print("\n# the trainer ends")
@@ -100,13 +100,13 @@ def _walk(gateway: Gateway, kubelet: scenario.FakeKubelet) -> None:
                grace_period_s=0)
     kubelet.write(offered=False, holders={})
     ended = time.monotonic()
-    wait_until("DRA", lambda: scenario._condition(gateway).get("reason") == "DRA", 30)
+    wait_until("DRA", lambda: scenario.condition(gateway).get("reason") == "DRA", 30)
     print(f"DRA {time.monotonic() - ended:.1f}s later (the node plugin asks every 0.5 s here, "
           "2 s by default)")
-    uuids = scenario._device_uuids(gateway)
-    wait_until("four burst pods", lambda: len(scenario._burst_cards(gateway, uuids)) == 4, 90)
+    uuids = scenario.device_uuids(gateway)
+    wait_until("four burst pods", lambda: len(scenario.burst_cards(gateway, uuids)) == 4, 90)
     print(f"4 burst pods placed {time.monotonic() - ended:.1f}s later:\n"
-          + json.dumps(scenario._burst_cards(gateway, uuids), indent=1))
+          + json.dumps(scenario.burst_cards(gateway, uuids), indent=1))
     _say(gateway, "migrate", "node", scenario.NODE)
 
 
@@ -122,7 +122,7 @@ def main() -> int:
                      work / "gateway") as gateway:
             binary = build_go_tool(REPO / "tests" / "node_plugin" / "podresources", work,
                                    "the fake kubelet pod-resources server")
-            with scenario._legacy_node(gateway, binary) as kubelet:
+            with scenario.legacy_node(gateway, binary) as kubelet:
                 _walk(gateway, kubelet)
     return 0
 

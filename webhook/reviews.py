@@ -162,6 +162,14 @@ def _parse(body: bytes, *, resource_name: str, kind_name: str,
     )
 
 
+def display_name(kind: str, namespace: str, meta: Mapping[str, Any]) -> str:
+    """How messages name an object under review: "pod team-a/train-0" ("name*" when only
+    generateName is known)."""
+    name = meta.get("name") or (f"{meta['generateName']}*" if meta.get("generateName")
+                                else "<unnamed>")
+    return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
+
+
 def check_pod_shape(review: Review) -> None:
     """Raise BadReview when the review's pod could not have come from an API server."""
     if review.object:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from dra_gateway.kube import names
+from dra_gateway.webhook.reviews import display_name
 
 NamespaceMode = Literal["enabled", "audit", "unknown"]
 NAMESPACE_UNKNOWN: Final = "unknown"
@@ -60,17 +61,11 @@ def pod_annotation(pod: Mapping[str, Any]) -> object:
     return annotations.get(names.TRANSLATION_LABEL) if isinstance(annotations, dict) else None
 
 
-def _pod_name(pod: Mapping[str, Any], namespace: str) -> str:
-    meta = pod.get("metadata")
-    meta = meta if isinstance(meta, dict) else {}
-    name = meta.get("name") or (f"{meta['generateName']}*" if meta.get("generateName")
-                                else "<unnamed>")
-    return f"pod {namespace}/{name}" if namespace else f"pod {name}"
-
-
 def bad_annotation_message(pod: Mapping[str, Any], namespace: str, value: object) -> str:
     """What a pod whose translation annotation has an unknown value is told."""
-    return (f"{_pod_name(pod, namespace)}: metadata.annotations"
+    meta = pod.get("metadata")
+    name = display_name("pod", namespace, meta if isinstance(meta, dict) else {})
+    return (f"{name}: metadata.annotations"
             f"[{json.dumps(names.TRANSLATION_LABEL)}] is {json.dumps(value)}, which is none of "
             f"{_MODES_TEXT}; set it to disabled to keep this pod's legacy GPU requests as they "
             f"are, to audit to see what translation would do, or remove it")

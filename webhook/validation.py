@@ -29,7 +29,7 @@ from dra_gateway.policy.catalog import Catalog
 from dra_gateway.translator.extended import ExtendedResources, deferred_resources
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import CLAIM_NAME, TEMPLATE_PREFIX
-from dra_gateway.webhook.reviews import Refusal
+from dra_gateway.webhook.reviews import Refusal, display_name
 from dra_gateway.webhook.translation import ENABLED, Held
 
 REFUSED_CODE = 403
@@ -39,14 +39,6 @@ REFUSED_CODE = 403
 class Violation:
     reason: str  # a short CamelCase word, counted in metrics
     message: str
-
-
-def _display_name(kind: str, namespace: str, meta: Mapping[str, Any]) -> str:
-    """How messages name an object under review: "pod team-a/train-0" ("name*" when only
-    generateName is known)."""
-    name = meta.get("name") or (f"{meta['generateName']}*" if meta.get("generateName")
-                                else "<unnamed>")
-    return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +78,7 @@ class PodUnderReview:
 
     @property
     def display_name(self) -> str:
-        return _display_name("pod", self.namespace, self.metadata)
+        return display_name("pod", self.namespace, self.metadata)
 
     def claims(self) -> list[Mapping[str, Any]]:
         claims = self.spec.get("resourceClaims")
@@ -302,7 +294,7 @@ class ClaimUnderReview:
 
     @property
     def display_name(self) -> str:
-        return _display_name(self.kind, self.namespace, self.metadata)
+        return display_name(self.kind, self.namespace, self.metadata)
 
     @property
     def spec_path(self) -> str:

@@ -235,7 +235,7 @@ def _service_accounts(manifest: str) -> dict[str, str]:
     return accounts
 
 
-def _short_dir() -> Path:
+def short_dir() -> Path:
     """A folder for kubelet-style unix sockets, whose paths must stay within 107 bytes."""
     temp = tempfile.gettempdir()
     return Path(tempfile.mkdtemp(prefix="dg-", dir=temp if len(temp) <= 24 else "/tmp"))
@@ -248,7 +248,7 @@ def install(version: str, feature_gates: Mapping[str, bool], bin_dir: Path, helm
 
     plane = ControlPlane(bin_dir, feature_gates=feature_gates, work_dir=work / "kube",
                          startup_timeout_s=180)
-    sockets = _short_dir()
+    sockets = short_dir()
     gateway: Gateway | None = None
     try:
         started = time.monotonic()
@@ -351,7 +351,7 @@ def _start_components(gateway: Gateway, sockets: Path) -> None:
         specs.append((f"node-plugin-{node}", [
             "node-plugin", "serve", "--inventory", str(EXAMPLES / "demo" / inventory),
             "--node-name", node, "--cluster", "kube",
-            "--kubeconfig", _node_plugin_kubeconfig(gateway, node),
+            "--kubeconfig", node_plugin_kubeconfig(gateway, node),
             "--plugins-dir", str(base / "plugins"), "--registry-dir", str(base / "registry"),
             "--cdi-dir", str(base / "cdi"), "--state-dir", str(base / "state")]))
     for name, args in specs:
@@ -360,7 +360,7 @@ def _start_components(gateway: Gateway, sockets: Path) -> None:
         component.start()
 
 
-def _node_plugin_kubeconfig(gateway: Gateway, node: str) -> str:
+def node_plugin_kubeconfig(gateway: Gateway, node: str) -> str:
     """A kubeconfig for the node plugin of `node`, as its DaemonSet pod there gets it: a token
     of the chart's node-plugin ServiceAccount bound to a pod on that node (KWOK runs the
     stand-in pod), so the API server names the node in the token's user."""
