@@ -3,40 +3,29 @@
 It mirrors ResourceClaims, ResourceSlices, DeviceClasses, Nodes and live Pods with informers,
 feeds them into the planner's `ClusterState`, and works through a queue of pods and claims:
 
-- a pod carrying the gateway's scheduling gate waits until every claim it names exists;
-  its unallocated gateway-class claims are then planned jointly (`plan_pod`), each gets the
-  allocator's finalizer (and, in the fallback world, the planner's share annotations) before
-  its `status.allocation` is written through the `/status` subresource; only when every
-  gateway claim of the pod is allocated is the gate removed, with a JSON patch that tests the
-  gate's index and the pod's uid;
+- a pod carrying the gateway's scheduling gate is planned, its claims written and its gate
+  removed by `allocate.PodAllocator` once every claim it names exists;
 - a claim carrying the finalizer is handed to `release.ClaimReleaser` once a pod that owned
   or used it is gone or finished (`index.ClaimIndex` knows which pods those are).
 
 Every write is optimistic (resourceVersion) and a conflict rereads and retries: an allocation
 found already set is accepted as it is, since the API allows it only to be cleared. Every write
 of an allocation, a gate removal or a release first calls the `fence` (the leader elector's
-`check_leading`): a replica that stalled past its renew deadline writes nothing.
+`check_leading`): a replica that stalled past its renew deadline writes nothing. Nothing is kept
+anywhere but in the API: a new leader rebuilds everything from a list.
 
-Planning runs in a worker thread (`_plan`), one plan at a time, so that the event loop keeps
-renewing the Lease and serving watches however long a plan takes; while it runs, the loop's
-changes to the planner state are held (`_change`) and applied in order when it returns, so the
-plan sees the state as it was when it started, as when it ran on the loop. Each plan may spend
-at most `plan_cost_budget` on CEL selectors (kube.cel.cost_budget): a pod whose selectors cost
-more is not placed, with that reason, and the others are planned meanwhile. A plan is
-`assume`d in the state while its writes are in flight so that concurrent workers never hand
-out the same share, and the writes are applied to the local mirror as soon as they succeed.
-Nothing is kept anywhere but in the API: a new leader rebuilds everything from a list.
-Around it: `process.py` (flags, signals, leadership terms), `settings.py`, `work.py` (keys,
-outcomes), `index.py` (which pods use which claims), `claims.py` (a pod's claims from the
-mirror), `writes.py` (a claim's allocation, the gate's removal), `release.py`, `unplaceable.py`
-(when a pod that did not fit is planned again), `events.py` (Warning Events), `policies.py`
-(GPUQuota status; the policies reach the planner through kube/runtime's `PolicyMirror`) and
-`conditions.py` (the pod condition of a pod a quota holds back).
-
-What stays in this class (informer handlers, workers, the API's feature mode, and the pod's
-plan-write-ungate path) all reads and changes the same mirrors, planner state and in-flight
-plans, atomically between two awaits; split further, each part would take the whole controller
-as a parameter.
+What stays in this class: building the parts and running them for one term, the API's feature
+mode (consumable capacity: native shares, or shares recorded in annotations), and the informer
+handlers, which keep the planner state, the claim index and the queue in step with the mirrors,
+atomically between two awaits. Around it: `process.py` (flags, signals, leadership terms),
+`settings.py`, `work.py` (keys, outcomes), `workers.py` (a worker: a key's sync, its failures,
+its requeue), `planning.py` (the planner state, changed between plans, and the plans that run in
+a thread or are being written), `allocate.py` (a gated pod: plan, write, ungate), `index.py`
+(which pods use which claims), `claims.py` (a pod's claims from the mirror), `writes.py` (a
+claim's allocation, the gate's removal), `release.py`, `unplaceable.py` (when a pod that did not
+fit is planned again), `events.py` (Warning Events), `quotastatus.py` (GPUQuota status; the
+policies reach the planner through kube/runtime's `PolicyMirror`) and `conditions.py` (the pod
+condition of a pod a quota holds back).
 
 This module must not make placement decisions (the planner does) nor talk to Kubernetes other
 than through the cluster port.
@@ -46,22 +35,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from dra_gateway.allocator.claims import claims_for
-from dra_gateway.allocator.conditions import PLACED, quota_condition, set_quota_condition
+from dra_gateway.allocator.allocate import PodAllocator
 from dra_gateway.allocator.events import COMPONENT, EventRecorder
 from dra_gateway.allocator.index import ClaimIndex
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
-from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
+from dra_gateway.allocator.planner import ClusterState
+from dra_gateway.allocator.planning import Planning
 from dra_gateway.allocator.quotastatus import QuotaStatusWriter
 from dra_gateway.allocator.release import ClaimReleaser
 from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.allocator.unplaceable import Unplaceable
 from dra_gateway.allocator.work import (
-    MAX_WRITE_ATTEMPTS,
     ClaimKey,
     Fence,
     Outcome,
@@ -70,34 +57,14 @@ from dra_gateway.allocator.work import (
     Write,
     unfenced,
 )
-from dra_gateway.allocator.writes import (
-    Replan,
-    gate_index,
-    remove_gate,
-    still_allocated,
-    write_allocation,
-)
-from dra_gateway.kube import cel, names, objects
+from dra_gateway.allocator.workers import run_worker
+from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.features import (
     detect_consumable_capacity,
     slices_show_consumable_capacity,
 )
-from dra_gateway.kube.cluster.port import (
-    ApiError,
-    Cluster,
-    Conflict,
-    Invalid,
-    NotFound,
-    Object,
-)
-from dra_gateway.kube.objects import (
-    controller_owner_uid,
-    has_finalizer,
-    is_allocated,
-    is_finished,
-    is_gated,
-    is_gateway_claim,
-)
+from dra_gateway.kube.cluster.port import ApiError, Cluster, Object
+from dra_gateway.kube.objects import has_finalizer, is_allocated, is_finished, is_gated
 from dra_gateway.kube.resources import (
     DEVICE_CLASSES,
     NODES,
@@ -106,7 +73,6 @@ from dra_gateway.kube.resources import (
     RESOURCE_SLICES,
 )
 from dra_gateway.kube.runtime.informer import Change, Informer
-from dra_gateway.kube.runtime.leader import LeadershipLost
 from dra_gateway.kube.runtime.policymirror import PolicyMirror
 from dra_gateway.kube.runtime.workqueue import WorkQueue
 from dra_gateway.policy.keeper import CatalogKeeper
@@ -115,9 +81,6 @@ log = logging.getLogger(__name__)
 
 # Pods that still exist and may still run: finished pods drop out of the watch (DELETED).
 LIVE_PODS_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
-
-
-_NO_PLAN = PodPlan(node_name=None, allocations={}, annotations={}, reason=None)
 
 
 def _node_fit(node: Object) -> tuple[Any, ...]:
@@ -142,9 +105,6 @@ class Controller:
         self.queue: WorkQueue[WorkKey] = WorkQueue(base_delay=self.settings.base_delay,
                                                    max_delay=self.settings.max_delay)
         self.consumable_capacity: bool | None = self.settings.consumable_capacity
-        self.state = ClusterState(PlannerSettings(default_strategy=self.settings.strategy,
-                                                  consumable_capacity=bool(
-                                                      self.consumable_capacity)))
         timeout = self.settings.watch_timeout
         self.claims = Informer(cluster, RESOURCE_CLAIMS, self._on_claim, watch_timeout=timeout)
         self.slices = Informer(cluster, RESOURCE_SLICES, self._on_slice, watch_timeout=timeout)
@@ -152,6 +112,8 @@ class Controller:
         self.nodes = Informer(cluster, NODES, self._on_node, watch_timeout=timeout)
         self.pods = Informer(cluster, PODS, self._on_pod, field_selector=LIVE_PODS_SELECTOR,
                              watch_timeout=timeout)
+        self.planning = Planning(self.settings, claims=self.claims.get,
+                                 consumable_capacity=bool(self.consumable_capacity))
         self.policy_mirror = PolicyMirror(cluster, CatalogKeeper(usage=False),
                                           on_change=self._on_policies, watch_timeout=timeout)
         # Policies first: a pod planned before its namespace's quotas are known could pass them.
@@ -171,12 +133,18 @@ class Controller:
         self.releaser = ClaimReleaser(cluster, claims=self.claims, pods=self.pods,
                                       index=self.index, stats=self.stats, metrics=self.metrics,
                                       observe=self._observe_writes, fence=fence)
-        self._inflight: dict[str, PodPlan] = {}  # pod uid -> plan being written
-        self._planning = asyncio.Lock()  # one plan at a time, as when plans ran on the loop
-        # Changes to the planner state made while a plan runs in its thread, in order.
-        self._held_changes: list[Callable[[], None]] | None = None
+        self.allocator = PodAllocator(cluster, pods=self.pods, claims=self.claims,
+                                      planning=self.planning, unplaceable=self.unplaceable,
+                                      pending=self.pending, events=self.events,
+                                      releaser=self.releaser, stats=self.stats,
+                                      metrics=self.metrics, fence=fence)
         self._detected = asyncio.Event()
         self.ready = asyncio.Event()  # informers synced, workers running
+
+    @property
+    def state(self) -> ClusterState:
+        """The planner's view of the cluster, as the mirrors have fed it."""
+        return self.planning.state
 
     # Running -------------------------------------------------------------------------------
 
@@ -204,7 +172,9 @@ class Controller:
                 "deviceClasses": len(self.classes.store)})
             self.state.set_policies(self.policy_mirror.catalog())
             for n in range(max(1, self.settings.workers)):
-                tasks.append(asyncio.create_task(self._worker(), name=f"allocator-worker-{n}"))
+                worker = run_worker(self.queue, self._sync, stats=self.stats,
+                                    metrics=self.metrics)
+                tasks.append(asyncio.create_task(worker, name=f"allocator-worker-{n}"))
             tasks.append(asyncio.create_task(self._resync(), name="allocator-resync"))
             tasks.append(asyncio.create_task(self.quota_status.run(), name="quota-status"))
             self.quota_status.changed()
@@ -255,74 +225,31 @@ class Controller:
 
     def _rebuild_state(self) -> None:
         """A fresh planner state from the mirrors (after the feature mode changed)."""
-        self.state = ClusterState(PlannerSettings(default_strategy=self.settings.strategy,
-                                                  consumable_capacity=bool(
-                                                      self.consumable_capacity)))
+        state = self.planning.reset(bool(self.consumable_capacity))
         if all(i.synced.is_set() for i in self.policy_mirror.informers):
-            self.state.set_policies(self.policy_mirror.catalog())
+            state.set_policies(self.policy_mirror.catalog())
         for obj in self.classes.values():
-            self.state.set_device_class(obj)
+            state.set_device_class(obj)
         for obj in self.nodes.values():
-            self.state.set_node(obj)
+            state.set_node(obj)
         for obj in self.slices.values():
-            self.state.set_slice(obj)
+            state.set_slice(obj)
         for obj in self.claims.values():
-            self.state.set_claim(obj)
+            state.set_claim(obj)
         for obj in self.pods.values():
-            self.state.set_pod(obj)
+            state.set_pod(obj)
             # Placed-but-unbound pods, and plans still being written, hold capacity too.
-            self._refresh_placement(obj)
-        for uid, plan in self._inflight.items():
+            self.planning.refresh_placement(obj)
+        for uid, plan in self.planning.inflight.items():
             where = self.index.pod_location(uid)
             pod = self.pods.get(*where) if where else None
             if pod is not None:
-                self.state.assume(pod, plan)
+                state.assume(pod, plan)
 
-    async def _worker(self) -> None:
-        while True:
-            key = await self.queue.get()
-            try:
-                if isinstance(key, PodKey):
-                    outcome = await self._sync_pod(key)
-                else:
-                    outcome = await self.releaser.sync_claim(key)
-            except asyncio.CancelledError:
-                self.queue.done(key)
-                raise
-            except LeadershipLost as err:
-                # The term is ending (the elector cancels the work): write nothing more.
-                log.warning("not writing: leadership is not current", extra={
-                    "key": str(key), "error": str(err)})
-                outcome = "retry"
-            except Conflict as err:
-                self.stats.conflicts += 1
-                self.metrics.conflicts.inc()
-                log.info("write conflict, retrying", extra={"key": str(key),
-                                                            "error": err.message})
-                outcome = "retry"
-            except ApiError as err:
-                self.stats.errors += 1
-                log.warning("API call failed, retrying", extra={
-                    "key": str(key), "code": err.code, "reason": err.reason,
-                    "error": err.message})
-                outcome = "retry"
-            except (OSError, TimeoutError) as err:
-                self.stats.errors += 1
-                log.warning("API unreachable, retrying", extra={"key": str(key),
-                                                                "error": str(err)})
-                outcome = "retry"
-            except Exception:
-                # A bug must not stop the other keys: log it loudly and back off this one.
-                self.stats.errors += 1
-                log.exception("unexpected failure handling key", extra={"key": str(key)})
-                outcome = "retry"
-            if outcome == "retry":
-                delay = self.queue.add_rate_limited(key)
-                log.debug("requeued", extra={"key": str(key), "delay": delay})
-            elif outcome == "done":
-                self.queue.forget(key)
-            self.queue.done(key)
-            self.metrics.queue_depth.set(len(self.queue))
+    async def _sync(self, key: WorkKey) -> Outcome:
+        if isinstance(key, PodKey):
+            return await self.allocator.sync_pod(key)
+        return await self.releaser.sync_claim(key)
 
     async def _resync(self) -> None:
         while True:
@@ -340,27 +267,27 @@ class Controller:
     # Informer handlers (synchronous: each runs atomically on the loop) -----------------------
 
     def _on_policies(self, catalog: Any) -> None:
-        self._change(self.state.set_policies, catalog)
+        self.planning.change(self.state.set_policies, catalog)
         self.quota_status.changed()
         self.unplaceable.capacity_changed()
 
     def _on_slice(self, change: Change, obj: Object, old: Object | None) -> None:
         if change == "deleted":
-            self._change(self.state.remove_slice, objects.name(obj))
+            self.planning.change(self.state.remove_slice, objects.name(obj))
         else:
             if not self._detected.is_set() and (obj.get("spec") or {}).get(
                     "driver") == names.DRIVER:
                 verdict = slices_show_consumable_capacity([obj])
                 if verdict is not None:
                     self._set_capacity_mode(verdict, "published slices")
-            self._change(self.state.set_slice, obj)
+            self.planning.change(self.state.set_slice, obj)
         self.unplaceable.capacity_changed()
 
     def _on_class(self, change: Change, obj: Object, old: Object | None) -> None:
         if change == "deleted":
-            self._change(self.state.remove_device_class, objects.name(obj))
+            self.planning.change(self.state.remove_device_class, objects.name(obj))
         else:
-            self._change(self.state.set_device_class, obj)
+            self.planning.change(self.state.set_device_class, obj)
         self.unplaceable.capacity_changed()
 
     def _on_node(self, change: Change, obj: Object, old: Object | None) -> None:
@@ -369,16 +296,16 @@ class Controller:
             # unplaceable pod on each would bypass their backoff for as long as nodes report.
             return
         if change == "deleted":
-            self._change(self.state.remove_node, objects.name(obj))
+            self.planning.change(self.state.remove_node, objects.name(obj))
         else:
-            self._change(self.state.set_node, obj)
+            self.planning.change(self.state.set_node, obj)
         self.unplaceable.capacity_changed()
 
     def _on_pod(self, change: Change, obj: Object, old: Object | None) -> None:
         uid = objects.uid(obj)
         ns, name = objects.namespace_name(obj)
         if change == "deleted":
-            self._change(self.state.remove_pod, uid)
+            self.planning.change(self.state.remove_pod, uid)
             self.events.forget(uid)
             self.pending.drop(uid)
             self.unplaceable.discard(PodKey(ns, name, uid))
@@ -387,9 +314,9 @@ class Controller:
             self._release_claims(held)
             self.unplaceable.capacity_changed()
             return
-        self._change(self.state.set_pod, obj)
+        self.planning.change(self.state.set_pod, obj)
         self.index.set_pod(obj)
-        self._refresh_placement(obj)
+        self.planning.refresh_placement(obj)
         key = PodKey(ns, name, uid)
         if is_gated(obj) and not objects.is_deleting(obj):
             self.unplaceable.wake(key)
@@ -402,10 +329,10 @@ class Controller:
         key = ClaimKey(*objects.namespace_name(obj))
         if change == "deleted":
             self.index.remove_claim(key)
-            self._change(self.state.remove_claim, objects.uid(obj))
+            self.planning.change(self.state.remove_claim, objects.uid(obj))
         else:
             self.index.set_claim(obj)
-            self._change(self.state.set_claim, obj)
+            self.planning.change(self.state.set_claim, obj)
             if has_finalizer(obj):
                 self.queue.add(key)
         was_allocated = old is not None and is_allocated(old)
@@ -422,44 +349,9 @@ class Controller:
             pod = self.pods.get(*where)
             if pod is None:
                 continue
-            self._refresh_placement(pod)
+            self.planning.refresh_placement(pod)
             if is_gated(pod):
                 self.unplaceable.wake(PodKey(where[0], where[1], uid))
-
-    def _refresh_placement(self, pod: Object) -> None:
-        """Count the CPU and memory of a pod that is placed but not yet bound.
-
-        The planner counts bound pods itself; between our allocation and the scheduler's
-        binding the pod's node is known only from its claims' node selectors (or from the plan
-        being written). Derived from the API each time, so a new leader counts it too.
-        """
-        self._change(self.state.forget, pod, _NO_PLAN)  # drops only an assumed pod record
-        spec = pod.get("spec") or {}
-        if spec.get("nodeName") or is_finished(pod):
-            return
-        inflight = self._inflight.get(objects.uid(pod))
-        node = inflight.node_name if inflight is not None else self._placed_on(pod)
-        if node:
-            self._change(self.state.assume, pod, PodPlan(node_name=node, allocations={},
-                                                         annotations={}, reason=None))
-
-    def _placed_on(self, pod: Object) -> str | None:
-        ns = objects.namespace(pod)
-        for claim_name in sorted(objects.claim_names_of(pod)):
-            claim = self.claims.get(ns, claim_name)
-            if claim is None or not is_allocated(claim) or not is_gateway_claim(claim):
-                continue
-            node = objects.allocation_node(claim["status"]["allocation"])
-            if node:
-                return node
-        return None
-
-    def _release_claims(self, keys: Iterable[ClaimKey]) -> None:
-        """Queue a release check for every claim a gone or finished pod used."""
-        for key in keys:
-            claim = self.claims.get(key.namespace, key.name)
-            if claim is not None and has_finalizer(claim):
-                self.queue.add(key)
 
     def outstanding(self) -> set[WorkKey]:
         """Keys with work left, other than pods waiting for room: empty once caught up.
@@ -469,206 +361,20 @@ class Controller:
         """
         return {key for key in self.queue.pending() if key not in self.unplaceable}
 
-    # Pods: plan, write, ungate ---------------------------------------------------------------
+    # Releases -------------------------------------------------------------------------------
 
-    async def _sync_pod(self, key: PodKey) -> Outcome:
-        pod = self.pods.get(key.namespace, key.name)
-        if pod is None or objects.uid(pod) != key.uid or not is_gated(pod) or objects.is_deleting(
-                pod):
-            self.unplaceable.discard(key)
-            return "done"
-        claims, waiting = claims_for(pod, self.claims.get)
-        if waiting:
-            # The claim controller has not created them yet: their arrival requeues the pod.
-            log.debug("waiting for claims", extra={"pod": str(key), "waitingFor": waiting})
-            return "wait"
-        gateway = [c for c in claims if is_gateway_claim(c)]
-        pending = [c for c in gateway if not is_allocated(c)]
-        if pending:
-            try:
-                outcome = await self._allocate(key, pod, gateway, pending)
-            except Replan as why:
-                log.info("planning again", extra={"pod": str(key), "why": str(why)})
-                return "retry"
-            if outcome != "done":
-                return outcome
-        return await self._ungate(key)
-
-    async def _allocate(self, key: PodKey, pod: Object, gateway: list[Object],
-                        pending: list[Object]) -> Outcome:
-        # A claim shared with another pod whose plan is being written: planning it again
-        # would replace that plan's reservation in the state and free its device for others.
-        # Its write lands (or fails) soon, and the claim's change requeues this pod.
-        busy = {uid for other, plan in self._inflight.items() if other != key.uid
-                for uid in plan.allocations}
-        if any(objects.uid(c) in busy for c in pending):
-            log.debug("a claim of the pod is being allocated for another pod",
-                      extra={"pod": str(key)})
-            return "retry"
-        started = time.perf_counter()
-        self.stats.plans += 1  # counted as it starts: it runs in a thread, others meanwhile
-        self.unplaceable.planning(key)  # events meanwhile count from the plan's outcome
-        try:
-            plan = await self._plan(pod, gateway)
-        except BaseException:
-            self.unplaceable.settle(key)
-            raise
-        self.metrics.plan_seconds.observe(time.perf_counter() - started)
-        if plan.node_name is None:
-            self.stats.failures += 1
-            self.metrics.allocation_failures.inc()
-            # The worker requeues it after its backoff; events may bring that forward to the
-            # retry interval, no further.
-            self.unplaceable.failed(key)
-            reason = plan.reason or "no node can hold every claim of the pod"
-            held = [c for c in gateway
-                    if is_allocated(c) and has_finalizer(c) and controller_owner_uid(c) == key.uid
-                    and not (c.get("status") or {}).get("reservedFor")]
-            if held:
-                # Part of the pod was allocated earlier (a crash or a conflict between two
-                # claims' writes) and now pins the rest to a node where it no longer fits.
-                # Nothing uses those claims while the pod is gated: let go and plan them all
-                # together.
-                log.info("releasing a partial allocation to plan the pod's claims together",
-                         extra={"pod": str(key), "reason": reason,
-                                "claims": [objects.name(c) for c in held]})
-                for claim in held:
-                    await self.releaser.release(claim, replanning=True)
-                return "retry"
-            log.info("pod cannot be placed", extra={"pod": str(key), "reason": reason})
-            if plan.quota_reason is not None:
-                # Held back by a GPUQuota: the pod says so (condition) and so does an Event.
-                self.pending.set(key.uid, plan.quota_reason)
-                await set_quota_condition(self.cluster, pod, held=True,
-                                          reason=plan.quota_reason, message=reason)
-                await self.events.record_failure(pod, reason, reason=plan.quota_reason)
-                return "retry"
-            self.pending.set(key.uid, "Unschedulable")
-            await self._clear_quota_condition(pod, "within its GPUQuotas, waiting for room: "
-                                              f"{reason}")
-            await self.events.record_failure(pod, reason)
-            return "retry"
-        self.unplaceable.discard(key)
-        self.pending.drop(key.uid)
-        missing = [c for c in pending if objects.uid(c) not in plan.allocations]
-        if missing:
-            names_missing = ", ".join(objects.name(c) for c in missing)
-            raise RuntimeError(f"the planner placed pod {key} on {plan.node_name} without "
-                               f"allocating claims {names_missing}")
-        writes: list[Write] = []
-        self._change(self.state.assume, pod, plan)
-        self._inflight[key.uid] = plan
-        try:
-            for claim in sorted(pending, key=lambda c: objects.name(c)):
-                uid = objects.uid(claim)
-                await write_allocation(self.cluster, claim, allocation=plan.allocations[uid],
-                                       annotations=plan.annotations.get(uid) or {},
-                                       writes=writes, stats=self.stats, metrics=self.metrics,
-                                       fence=self.fence)
-        finally:
-            # No await between these: the assumption becomes the written truth atomically.
-            del self._inflight[key.uid]
-            self._change(self.state.forget, pod, plan)
-            self._observe_claims(writes)
-            live = self.pods.get(key.namespace, key.name)
-            if live is not None and objects.uid(live) == key.uid:
-                self._refresh_placement(live)
-        log.info("allocated", extra={"pod": str(key), "node": plan.node_name,
-                                     "claims": [objects.name(c) for c in pending]})
-        if plan.charges:
-            # Later pods of the namespace may have waited behind this one for its quota.
-            self.unplaceable.capacity_changed()
-        await self._clear_quota_condition(pod, f"placed on {plan.node_name} within its "
-                                          "GPUQuotas")
-        return "done"
-
-    async def _plan(self, pod: Object, gateway: list[Object]) -> PodPlan:
-        """plan_pod in a worker thread on the live state, the loop's changes held meanwhile.
-
-        The thread cannot be interrupted; if the term ends while it runs, the changes stay held
-        (this controller is being thrown away) and the thread finishes on its own.
-        """
-        async with self._planning:
-            self._held_changes = []
-            state, strategy = self.state, self.settings.strategy
-            budget = self.settings.plan_cost_budget
-
-            def planned() -> PodPlan:
-                try:
-                    with cel.cost_budget(budget):
-                        return plan_pod(state, pod, gateway, strategy=strategy)
-                except cel.CostBudgetExceeded as exc:
-                    return PodPlan(node_name=None, allocations={}, annotations={},
-                                   reason=f"{exc}; simplify the claim's selectors")
-
-            plan = await asyncio.to_thread(planned)
-            held, self._held_changes = self._held_changes, None
-            for change in held:
-                change()
-        return plan
-
-    def _change(self, method: Callable[..., None], *args: Any) -> None:
-        """Apply a change to the planner state now, or after the plan running in its thread."""
-        if self._held_changes is None:
-            method(*args)
-        else:
-            self._held_changes.append(lambda: method(*args))
-
-    async def _clear_quota_condition(self, pod: Object, message: str) -> None:
-        condition = quota_condition(pod)
-        if condition is not None and condition.get("status") == "True":
-            await set_quota_condition(self.cluster, pod, held=False, reason=PLACED,
-                                      message=message)
-
-    def _observe_claims(self, writes: Sequence[Write]) -> None:
-        """Apply our own writes to the mirror unless the watch already brought them (or later)."""
-        for base_rv, written in writes:
-            stored = self.claims.get(*objects.namespace_name(written))
-            if (stored is not None and objects.resource_version(stored) == base_rv
-                    and objects.uid(stored) == objects.uid(written)):
-                self.claims.observe_write(written)
+    def _release_claims(self, keys: Iterable[ClaimKey]) -> None:
+        """Queue a release check for every claim a gone or finished pod used."""
+        for key in keys:
+            claim = self.claims.get(key.namespace, key.name)
+            if claim is not None and has_finalizer(claim):
+                self.queue.add(key)
 
     def _observe_writes(self, writes: Sequence[Write]) -> None:
         """A release wrote claims: mirror the writes, and capacity may have freed up."""
-        self._observe_claims(writes)
+        self.allocator.observe_claims(writes)
         if writes:
             self.unplaceable.capacity_changed()
-
-    async def _ungate(self, key: PodKey) -> Outcome:
-        pod = self.pods.get(key.namespace, key.name)
-        for _attempt in range(MAX_WRITE_ATTEMPTS):
-            if pod is None or objects.uid(pod) != key.uid:
-                return "done"
-            claims, waiting = claims_for(pod, self.claims.get)
-            gateway = [c for c in claims if is_gateway_claim(c)]
-            if waiting or any(not is_allocated(c) for c in gateway):
-                return "retry"  # something changed since planning: go round again
-            index = gate_index(pod)
-            if index is None:
-                return "done"
-            # The gate cannot be put back: confirm with the API, not the mirror, that every
-            # allocation is still there (a claim may have been wiped a moment ago).
-            if not await still_allocated(self.cluster, gateway):
-                return "retry"
-            try:
-                await remove_gate(self.cluster, key, pod, index, fence=self.fence)
-            except NotFound:
-                return "done"
-            except (Conflict, Invalid):
-                # The gate list moved (another gate removed) or the pod was replaced: reread.
-                self.stats.conflicts += 1
-                try:
-                    pod = await self.cluster.get(PODS, key.name, namespace=key.namespace)
-                except NotFound:
-                    return "done"
-                continue
-            self.metrics.pods_allocated.inc()
-            self.unplaceable.discard(key)
-            self.pending.drop(key.uid)
-            log.info("scheduling gate removed", extra={
-                "pod": str(key), "claims": [objects.name(c) for c in gateway]})
-            return "done"
-        raise Conflict(f"pod {key} kept changing while its scheduling gate was being removed")
 
     # Helpers ---------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from testkit import eventually
 
-from dra_gateway.allocator import controller as controller_module
+from dra_gateway.allocator import planning as planning_module
 from dra_gateway.allocator.controller import Controller, ControllerSettings
 from dra_gateway.allocator.metrics import Metrics, Stats
 from dra_gateway.allocator.work import PodKey
@@ -60,7 +60,7 @@ class LeaseWrites:
 async def test_a_plan_slower_than_the_renew_deadline_does_not_cost_the_lease(
         memory_cluster: MemoryCluster, world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     await world.setup(nodes=1, gpus=1)
-    real_plan = controller_module.plan_pod
+    real_plan = planning_module.plan_pod
     planning: list[tuple[float, float]] = []
 
     def slow_plan(*args: Any, **kwargs: Any) -> Any:
@@ -71,7 +71,7 @@ async def test_a_plan_slower_than_the_renew_deadline_does_not_cost_the_lease(
         finally:
             planning.append((started, time.monotonic()))
 
-    monkeypatch.setattr(controller_module, "plan_pod", slow_plan)
+    monkeypatch.setattr(planning_module, "plan_pod", slow_plan)
     cluster = LeaseWrites(memory_cluster)
     elector = LeaderElector(cluster, lease("slow"))  # type: ignore[arg-type]
 

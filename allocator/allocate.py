@@ -1,0 +1,247 @@
+"""The allocator controller's work on one gated pod: plan its claims, write them, remove the gate.
+
+A pod carrying the gateway's scheduling gate waits until every claim it names exists; its
+unallocated gateway-class claims are then planned jointly (`Planning.plan`), each gets the
+allocator's finalizer (and, in the fallback world, the planner's share annotations) before its
+`status.allocation` is written through the `/status` subresource (`writes.write_allocation`);
+only when every gateway claim of the pod is allocated is the gate removed, with a JSON patch
+that tests the gate's index and the pod's uid. A plan is `assume`d in the state while its writes
+are in flight, and the writes are applied to the claims' mirror as soon as they succeed.
+
+A pod that does not fit is left gated and says why: a Warning Event, the pending-pods metric,
+and the pod condition when a GPUQuota holds it back (`conditions.py`); a partial allocation
+that pins it to a node where the rest no longer fits is released so that all of its claims are
+planned together. `unplaceable.py` decides when it is planned again.
+
+This is `ClaimReleaser`'s counterpart for pods (a worker's sync of a `PodKey`); it must not make
+placement decisions (the planner does) nor talk to Kubernetes other than through the cluster
+port.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from dra_gateway.allocator.claims import claims_for
+from dra_gateway.allocator.conditions import PLACED, quota_condition, set_quota_condition
+from dra_gateway.allocator.events import EventRecorder
+from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
+from dra_gateway.allocator.planning import Planning
+from dra_gateway.allocator.release import ClaimReleaser
+from dra_gateway.allocator.unplaceable import Unplaceable
+from dra_gateway.allocator.work import (
+    MAX_WRITE_ATTEMPTS,
+    Fence,
+    Outcome,
+    PodKey,
+    Write,
+    unfenced,
+)
+from dra_gateway.allocator.writes import (
+    Replan,
+    gate_index,
+    remove_gate,
+    still_allocated,
+    write_allocation,
+)
+from dra_gateway.kube import objects
+from dra_gateway.kube.cluster.port import Cluster, Conflict, Invalid, NotFound, Object
+from dra_gateway.kube.objects import (
+    controller_owner_uid,
+    has_finalizer,
+    is_allocated,
+    is_gated,
+    is_gateway_claim,
+)
+from dra_gateway.kube.resources import PODS
+from dra_gateway.kube.runtime.informer import Informer
+
+log = logging.getLogger(__name__)
+
+
+class PodAllocator:
+    def __init__(self, cluster: Cluster, *, pods: Informer, claims: Informer,
+                 planning: Planning, unplaceable: Unplaceable, pending: PendingPods,
+                 events: EventRecorder, releaser: ClaimReleaser, stats: Stats, metrics: Metrics,
+                 fence: Fence = unfenced) -> None:
+        self.cluster = cluster
+        self.pods = pods
+        self.claims = claims
+        self.planning = planning
+        self.unplaceable = unplaceable
+        self.pending = pending
+        self.events = events
+        self.releaser = releaser  # lets go of a partial allocation to plan the pod again
+        self.stats = stats
+        self.metrics = metrics
+        self.fence = fence  # called before each write: a former leader must not allocate
+
+    async def sync_pod(self, key: PodKey) -> Outcome:
+        pod = self.pods.get(key.namespace, key.name)
+        if pod is None or objects.uid(pod) != key.uid or not is_gated(pod) or objects.is_deleting(
+                pod):
+            self.unplaceable.discard(key)
+            return "done"
+        claims, waiting = claims_for(pod, self.claims.get)
+        if waiting:
+            # The claim controller has not created them yet: their arrival requeues the pod.
+            log.debug("waiting for claims", extra={"pod": str(key), "waitingFor": waiting})
+            return "wait"
+        gateway = [c for c in claims if is_gateway_claim(c)]
+        pending = [c for c in gateway if not is_allocated(c)]
+        if pending:
+            try:
+                outcome = await self._allocate(key, pod, gateway, pending)
+            except Replan as why:
+                log.info("planning again", extra={"pod": str(key), "why": str(why)})
+                return "retry"
+            if outcome != "done":
+                return outcome
+        return await self._ungate(key)
+
+    async def _allocate(self, key: PodKey, pod: Object, gateway: list[Object],
+                        pending: list[Object]) -> Outcome:
+        # A claim shared with another pod whose plan is being written: planning it again
+        # would replace that plan's reservation in the state and free its device for others.
+        # Its write lands (or fails) soon, and the claim's change requeues this pod.
+        busy = self.planning.busy_claims(key.uid)
+        if any(objects.uid(c) in busy for c in pending):
+            log.debug("a claim of the pod is being allocated for another pod",
+                      extra={"pod": str(key)})
+            return "retry"
+        started = time.perf_counter()
+        self.stats.plans += 1  # counted as it starts: it runs in a thread, others meanwhile
+        self.unplaceable.planning(key)  # events meanwhile count from the plan's outcome
+        try:
+            plan = await self.planning.plan(pod, gateway)
+        except BaseException:
+            self.unplaceable.settle(key)
+            raise
+        self.metrics.plan_seconds.observe(time.perf_counter() - started)
+        if plan.node_name is None:
+            return await self._not_placed(key, pod, gateway, plan.reason, plan.quota_reason)
+        self.unplaceable.discard(key)
+        self.pending.drop(key.uid)
+        missing = [c for c in pending if objects.uid(c) not in plan.allocations]
+        if missing:
+            names_missing = ", ".join(objects.name(c) for c in missing)
+            raise RuntimeError(f"the planner placed pod {key} on {plan.node_name} without "
+                               f"allocating claims {names_missing}")
+        writes: list[Write] = []
+        self.planning.change(self.planning.state.assume, pod, plan)
+        self.planning.inflight[key.uid] = plan
+        try:
+            for claim in sorted(pending, key=lambda c: objects.name(c)):
+                uid = objects.uid(claim)
+                await write_allocation(self.cluster, claim, allocation=plan.allocations[uid],
+                                       annotations=plan.annotations.get(uid) or {},
+                                       writes=writes, stats=self.stats, metrics=self.metrics,
+                                       fence=self.fence)
+        finally:
+            # No await between these: the assumption becomes the written truth atomically.
+            del self.planning.inflight[key.uid]
+            self.planning.change(self.planning.state.forget, pod, plan)
+            self.observe_claims(writes)
+            live = self.pods.get(key.namespace, key.name)
+            if live is not None and objects.uid(live) == key.uid:
+                self.planning.refresh_placement(live)
+        log.info("allocated", extra={"pod": str(key), "node": plan.node_name,
+                                     "claims": [objects.name(c) for c in pending]})
+        if plan.charges:
+            # Later pods of the namespace may have waited behind this one for its quota.
+            self.unplaceable.capacity_changed()
+        await self._clear_quota_condition(pod, f"placed on {plan.node_name} within its "
+                                          "GPUQuotas")
+        return "done"
+
+    async def _not_placed(self, key: PodKey, pod: Object, gateway: list[Object],
+                          why: str | None, quota_reason: str | None) -> Outcome:
+        """The plan found no node: let go of a partial allocation, or say why the pod waits."""
+        self.stats.failures += 1
+        self.metrics.allocation_failures.inc()
+        # The worker requeues it after its backoff; events may bring that forward to the
+        # retry interval, no further.
+        self.unplaceable.failed(key)
+        reason = why or "no node can hold every claim of the pod"
+        held = [c for c in gateway
+                if is_allocated(c) and has_finalizer(c) and controller_owner_uid(c) == key.uid
+                and not (c.get("status") or {}).get("reservedFor")]
+        if held:
+            # Part of the pod was allocated earlier (a crash or a conflict between two
+            # claims' writes) and now pins the rest to a node where it no longer fits.
+            # Nothing uses those claims while the pod is gated: let go and plan them all
+            # together.
+            log.info("releasing a partial allocation to plan the pod's claims together",
+                     extra={"pod": str(key), "reason": reason,
+                            "claims": [objects.name(c) for c in held]})
+            for claim in held:
+                await self.releaser.release(claim, replanning=True)
+            return "retry"
+        log.info("pod cannot be placed", extra={"pod": str(key), "reason": reason})
+        if quota_reason is not None:
+            # Held back by a GPUQuota: the pod says so (condition) and so does an Event.
+            self.pending.set(key.uid, quota_reason)
+            await set_quota_condition(self.cluster, pod, held=True,
+                                      reason=quota_reason, message=reason)
+            await self.events.record_failure(pod, reason, reason=quota_reason)
+            return "retry"
+        self.pending.set(key.uid, "Unschedulable")
+        await self._clear_quota_condition(pod, "within its GPUQuotas, waiting for room: "
+                                          f"{reason}")
+        await self.events.record_failure(pod, reason)
+        return "retry"
+
+    async def _clear_quota_condition(self, pod: Object, message: str) -> None:
+        condition = quota_condition(pod)
+        if condition is not None and condition.get("status") == "True":
+            await set_quota_condition(self.cluster, pod, held=False, reason=PLACED,
+                                      message=message)
+
+    def observe_claims(self, writes: Sequence[Write]) -> None:
+        """Apply our own writes to the mirror unless the watch already brought them (or later)."""
+        for base_rv, written in writes:
+            stored = self.claims.get(*objects.namespace_name(written))
+            if (stored is not None and objects.resource_version(stored) == base_rv
+                    and objects.uid(stored) == objects.uid(written)):
+                self.claims.observe_write(written)
+
+    async def _ungate(self, key: PodKey) -> Outcome:
+        pod = self.pods.get(key.namespace, key.name)
+        for _attempt in range(MAX_WRITE_ATTEMPTS):
+            if pod is None or objects.uid(pod) != key.uid:
+                return "done"
+            claims, waiting = claims_for(pod, self.claims.get)
+            gateway = [c for c in claims if is_gateway_claim(c)]
+            if waiting or any(not is_allocated(c) for c in gateway):
+                return "retry"  # something changed since planning: go round again
+            index = gate_index(pod)
+            if index is None:
+                return "done"
+            # The gate cannot be put back: confirm with the API, not the mirror, that every
+            # allocation is still there (a claim may have been wiped a moment ago).
+            if not await still_allocated(self.cluster, gateway):
+                return "retry"
+            try:
+                await remove_gate(self.cluster, key, pod, index, fence=self.fence)
+            except NotFound:
+                return "done"
+            except (Conflict, Invalid):
+                # The gate list moved (another gate removed) or the pod was replaced: reread.
+                self.stats.conflicts += 1
+                try:
+                    pod = await self.cluster.get(PODS, key.name, namespace=key.namespace)
+                except NotFound:
+                    return "done"
+                continue
+            self.metrics.pods_allocated.inc()
+            self.unplaceable.discard(key)
+            self.pending.drop(key.uid)
+            log.info("scheduling gate removed", extra={
+                "pod": str(key), "claims": [objects.name(c) for c in gateway]})
+            return "done"
+        raise Conflict(f"pod {key} kept changing while its scheduling gate was being removed")
+
+
+__all__ = ["PodAllocator"]

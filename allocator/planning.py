@@ -1,0 +1,115 @@
+"""The planner state as the allocator controller keeps it, and one plan at a time in a thread.
+
+The controller's informer handlers change the planner's `ClusterState` on the event loop; a
+plan runs in a worker thread (`plan`), one at a time, so that the loop keeps renewing the Lease
+and serving watches however long it takes. While it runs, the loop's changes are held
+(`change`) and applied in order when it returns: the plan sees the state as it was when it
+started, as when it ran on the loop. Each plan may spend at most `plan_cost_budget` on CEL
+selectors (kube.cel.cost_budget): a pod whose selectors cost more is not placed, with that
+reason. The plans whose writes are in flight (`inflight`) hold their node and devices in the
+state (`assume`) so that concurrent workers never hand out the same share; a pod placed but not
+yet bound holds its CPU and memory (`refresh_placement`).
+
+This module must not make placement decisions (the planner does), read the API or write to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from dra_gateway.allocator.claims import ClaimLookup
+from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
+from dra_gateway.allocator.settings import ControllerSettings
+from dra_gateway.kube import cel, objects
+from dra_gateway.kube.cluster.port import Object
+from dra_gateway.kube.objects import is_allocated, is_finished, is_gateway_claim
+
+_NO_PLAN = PodPlan(node_name=None, allocations={}, annotations={}, reason=None)
+
+
+class Planning:
+    def __init__(self, settings: ControllerSettings, *, claims: ClaimLookup,
+                 consumable_capacity: bool) -> None:
+        self.settings = settings
+        self.claims = claims  # the claims' mirror: where a placed pod's claims put it
+        self.state = self.reset(consumable_capacity)
+        self.inflight: dict[str, PodPlan] = {}  # pod uid -> plan being written
+        self._planning = asyncio.Lock()  # one plan at a time, as when plans ran on the loop
+        # Changes to the planner state made while a plan runs in its thread, in order.
+        self._held_changes: list[Callable[[], None]] | None = None
+
+    def reset(self, consumable_capacity: bool) -> ClusterState:
+        """A fresh, empty planner state (the API's feature mode changed); the caller fills it."""
+        self.state = ClusterState(PlannerSettings(default_strategy=self.settings.strategy,
+                                                  consumable_capacity=consumable_capacity))
+        return self.state
+
+    async def plan(self, pod: Object, gateway: list[Object]) -> PodPlan:
+        """plan_pod in a worker thread on the live state, the loop's changes held meanwhile.
+
+        The thread cannot be interrupted; if the term ends while it runs, the changes stay held
+        (this controller is being thrown away) and the thread finishes on its own.
+        """
+        async with self._planning:
+            self._held_changes = []
+            state, strategy = self.state, self.settings.strategy
+            budget = self.settings.plan_cost_budget
+
+            def planned() -> PodPlan:
+                try:
+                    with cel.cost_budget(budget):
+                        return plan_pod(state, pod, gateway, strategy=strategy)
+                except cel.CostBudgetExceeded as exc:
+                    return PodPlan(node_name=None, allocations={}, annotations={},
+                                   reason=f"{exc}; simplify the claim's selectors")
+
+            plan = await asyncio.to_thread(planned)
+            held, self._held_changes = self._held_changes, None
+            for change in held:
+                change()
+        return plan
+
+    def change(self, method: Callable[..., None], *args: Any) -> None:
+        """Apply a change to the planner state now, or after the plan running in its thread."""
+        if self._held_changes is None:
+            method(*args)
+        else:
+            self._held_changes.append(lambda: method(*args))
+
+    def busy_claims(self, pod_uid: str) -> set[str]:
+        """Uids of the claims that plans of other pods than this one are writing."""
+        return {uid for other, plan in self.inflight.items() if other != pod_uid
+                for uid in plan.allocations}
+
+    def refresh_placement(self, pod: Object) -> None:
+        """Count the CPU and memory of a pod that is placed but not yet bound.
+
+        The planner counts bound pods itself; between our allocation and the scheduler's
+        binding the pod's node is known only from its claims' node selectors (or from the plan
+        being written). Derived from the API each time, so a new leader counts it too.
+        """
+        self.change(self.state.forget, pod, _NO_PLAN)  # drops only an assumed pod record
+        spec = pod.get("spec") or {}
+        if spec.get("nodeName") or is_finished(pod):
+            return
+        inflight = self.inflight.get(objects.uid(pod))
+        node = inflight.node_name if inflight is not None else self._placed_on(pod)
+        if node:
+            self.change(self.state.assume, pod, PodPlan(node_name=node, allocations={},
+                                                        annotations={}, reason=None))
+
+    def _placed_on(self, pod: Object) -> str | None:
+        ns = objects.namespace(pod)
+        for claim_name in sorted(objects.claim_names_of(pod)):
+            claim = self.claims(ns, claim_name)
+            if claim is None or not is_allocated(claim) or not is_gateway_claim(claim):
+                continue
+            node = objects.allocation_node(claim["status"]["allocation"])
+            if node:
+                return node
+        return None
+
+
+__all__ = ["Planning"]
