@@ -1,4 +1,5 @@
-"""Subcommands of the allocator: `allocator` (the controller) and `bench allocator`.
+"""Subcommands of the allocator: `allocator` (the controller). `bench allocator`, the trace
+benchmark, is the development kit's (`dra_gateway.devkit.cli`) and shares `StrategyOption`.
 
 Light imports only; each handler imports its module when it runs.
 """
@@ -13,7 +14,7 @@ from typing import Any
 from dra_gateway.kube import arguments
 
 
-class _StrategyOption(argparse.Action):
+class StrategyOption(argparse.Action):
     """`--strategy` and its deprecated alias `--policy` (the packing choice was called a policy
     before "policy" was kept for GPUQuota and GPUSharingPolicy): one destination, the flag used
     kept in `strategy_option` so that an error names what was typed; the alias says on stderr
@@ -49,7 +50,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     controller.add_argument("--namespace", default="dra-gateway",
                             type=arguments.namespace,
                             help="namespace of the allocator's Lease (default: %(default)s)")
-    controller.add_argument("--strategy", "--policy", action=_StrategyOption, default="default",
+    controller.add_argument("--strategy", "--policy", action=StrategyOption, default="default",
                             metavar="STRATEGY",
                             help="cluster-wide packing strategy: default (fragmentation-aware), "
                             "binpack, spread or first-fit (default: %(default)s; --policy is "
@@ -68,26 +69,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                             "claim, then exit (the chart's pre-delete hook; run it with the "
                             "allocator stopped)")
     controller.set_defaults(func=_run_controller)
-
-    replay = bench.add_parser(
-        "allocator", help="replay an openb-format trace through the planner, per packing strategy"
-    )
-    replay.add_argument("--nodes", required=True, help="node list CSV (openb format)")
-    replay.add_argument("--pods", required=True, help="pod list CSV (openb format)")
-    replay.add_argument("--strategy", "--policy", action=_StrategyOption, append=True,
-                        dest="strategies", metavar="NAME",
-                        help="packing strategy to compare (repeatable; default: every "
-                        "strategy; --policy is its deprecated name)")
-    replay.add_argument("--load", type=float, default=1.3,
-                        help="GPU requests as a share of the cluster's GPUs (default: 1.3)")
-    replay.add_argument("--seeds", default="42-51",
-                        help="seeds, e.g. 42-51 or 42,43 (default: %(default)s)")
-    replay.add_argument("--gpu-policies", action="store_true",
-                        help="also replay each seed with 200 GPUQuotas and 50 "
-                        "GPUSharingPolicies over 200 namespaces, side by side pod by pod, and "
-                        "report the ratio of claims/s")
-    replay.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    replay.set_defaults(func=_run_bench)
 
 
 def _positive_int(value: str) -> int:
@@ -133,9 +114,3 @@ def _release_all(args: argparse.Namespace) -> int:
     except (ClusterConfigError, ApiError) as exc:
         print(f"allocator --release-all: {exc}", file=sys.stderr)
         return 1
-
-
-def _run_bench(args: argparse.Namespace) -> int:
-    from dra_gateway.allocator import bench
-
-    return bench.main(args)

@@ -68,8 +68,8 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from e2e.support import GPU_NODES, install  # noqa: E402
 
+from dra_gateway.devkit.realcluster import Api, cache_dir, missing_binaries, path_of  # noqa: E402
 from dra_gateway.kube import names  # noqa: E402
-from dra_gateway.realcluster import Api, cache_dir, missing_binaries, path_of  # noqa: E402
 
 NATIVE_DRIVER = "native.bench.dra-gateway.io"
 NATIVE_CLASS = "gpu.native.bench.dra-gateway.io"

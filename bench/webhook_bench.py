@@ -243,7 +243,8 @@ def _policy_server(tls_dir: str, port: int, core: int, templates: list[dict[str,
     """The webhook over an in-memory cluster holding the pod's templates, and the generated
     GPU policies when `policies`; `status_writes` GPUQuota status writes every 2 s."""
     _pin(core)
-    from dra_gateway.allocator.bench import policy_objects
+    from dra_gateway.devkit.allocator_bench import policy_objects
+    from dra_gateway.devkit.sim.memory import MemoryCluster
     from dra_gateway.kube.resources import (
         DEVICE_CLASSES,
         GPU_QUOTAS,
@@ -252,7 +253,6 @@ def _policy_server(tls_dir: str, port: int, core: int, templates: list[dict[str,
         RESOURCE_CLAIM_TEMPLATES,
         RESOURCE_SLICES,
     )
-    from dra_gateway.kube.sim.memory import MemoryCluster
     from dra_gateway.node_plugin.deviceclasses import device_classes
     from dra_gateway.webhook import logs
     from dra_gateway.webhook.server import ServeOptions, serve

@@ -31,7 +31,7 @@ from e2e import legacynode as scenario  # noqa: E402
 from e2e.support import Gateway, build_binaries, find_helm, install, wait_until  # noqa: E402
 from gotools import build_go_tool  # noqa: E402
 
-from dra_gateway.realcluster import path_of  # noqa: E402
+from dra_gateway.devkit.realcluster import path_of  # noqa: E402
 
 
 def _say(gateway: Gateway, *args: str) -> None:

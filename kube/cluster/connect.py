@@ -4,6 +4,10 @@ Components call `connect` from their command-line handlers; libraries take a `Cl
 argument instead, so tests hand them a `MemoryCluster`. This module must stay light to import:
 the client library (and the YAML parser) is imported only when a real API is asked for.
 
+The in-memory cluster is the simulator's (`dra_gateway.devkit.sim`), which production code never
+imports: the entry point that offers `--cluster memory` (`dra-gateway`, through
+`dra_gateway.devkit.cli`) hands `offer_memory` a factory first.
+
 The kubeconfig is checked here before the client library reads it, so that every way it can be
 wrong is one line naming the file and the fix: the library reports an empty file as a
 `TypeError`, a missing one only through a logged warning ("Config not found") followed by an
@@ -13,7 +17,7 @@ unrelated `KeyError`, and a file that is not YAML with a raw parser traceback.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +33,15 @@ _MAX_NAMES = 10
 
 class ClusterConfigError(Exception):
     """The cluster to connect to could not be configured (no kubeconfig, bad file...)."""
+
+
+# What `connect("memory")` hands out, offered by the entry point (see the module's text).
+_memory_factories: list[Callable[[], Cluster]] = []
+
+
+def offer_memory(factory: Callable[[], Cluster]) -> None:
+    """Let `connect("memory")` return `factory()`, a fresh in-memory cluster each call."""
+    _memory_factories[:] = [factory]
 
 
 def _read_text(path: str) -> str:
@@ -47,9 +60,11 @@ async def connect(kind: Literal["kube", "memory"], kubeconfig: str | None = None
     order of controller-runtime, so an operator's habits carry over.
     """
     if kind == "memory":
-        from dra_gateway.kube.sim.memory import MemoryCluster
-
-        return MemoryCluster()
+        if not _memory_factories:
+            raise ClusterConfigError(
+                "no in-memory cluster is offered here: it is the development kit's simulator, "
+                "which the dra-gateway command offers (dra-gateway COMPONENT --cluster memory)")
+        return _memory_factories[0]()
     if kind != "kube":
         raise ClusterConfigError(f'unknown cluster kind "{kind}": use "kube" or "memory"')
     from kubernetes_asyncio.config import ConfigException

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dra_gateway import __version__
 from dra_gateway.allocator import cli as allocator_cli
 from dra_gateway.certs import cli as certs_cli
-from dra_gateway.kube import cli as kube_cli
+from dra_gateway.devkit import cli as devkit_cli
 from dra_gateway.node_plugin import cli as node_plugin_cli
 from dra_gateway.translator import cli as translator_cli
 from dra_gateway.webhook import cli as webhook_cli
@@ -28,12 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     bench_parser = sub.add_parser("bench", help="benchmarks on the embedded default")
     bench = bench_parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    from dra_gateway import demo, migrate, report
+    from dra_gateway import migrate, report
+    from dra_gateway.devkit import demo
 
     demo.register(sub)
     report.register(sub)
     migrate.register(sub)
-    for module in (kube_cli, translator_cli, webhook_cli, certs_cli, allocator_cli,
+    for module in (devkit_cli, translator_cli, webhook_cli, certs_cli, allocator_cli,
                    node_plugin_cli):
         module.register(sub, bench)
     return parser
@@ -41,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "cluster", None) == "memory":
+        devkit_cli.offer_memory_cluster()
     try:
         code: int = args.func(args)
     except KeyboardInterrupt:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from dra_gateway.allocator.controller import Controller, ControllerSettings
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Cluster, Object, ObjectList, PatchType, WatchEvent
 from dra_gateway.kube.quantity import parse_quantity
@@ -30,7 +31,6 @@ from dra_gateway.kube.resources import (
     RESOURCE_SLICES,
     ResourceType,
 )
-from dra_gateway.kube.sim.memory import MemoryCluster
 
 from .planner_support import device_class, node
 

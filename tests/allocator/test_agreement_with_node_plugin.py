@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from testkit import eventually
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import NODES, RESOURCE_CLAIMS, RESOURCE_SLICES
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.node_plugin.inventory import load_inventory
 from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
 

@@ -11,11 +11,11 @@ import kubernetes_validate
 from testkit import eventually
 
 from dra_gateway.allocator.controller import ControllerSettings
+from dra_gateway.devkit.sim.controlplane import ControlPlane
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import ApiError, Forbidden
 from dra_gateway.kube.resources import EVENTS, NODES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
-from dra_gateway.kube.sim.controlplane import ControlPlane
-from dra_gateway.kube.sim.memory import MemoryCluster
 
 from .conftest import (
     FAST,

@@ -15,8 +15,8 @@ import asyncio
 from testkit import eventually
 
 from dra_gateway.allocator.controller import ControllerSettings
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.resources import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
-from dra_gateway.kube.sim.memory import MemoryCluster
 
 from .conftest import NAMESPACE, World, running_controller, ungated
 from .conftest import whole_claim_spec as whole

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from testkit import eventually
 
 from dra_gateway.allocator.controller import Controller, ControllerSettings
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Conflict, Object, ObjectList, PatchType, WatchEvent
 from dra_gateway.kube.resources import (
@@ -29,7 +30,6 @@ from dra_gateway.kube.resources import (
     RESOURCE_SLICES,
     ResourceType,
 )
-from dra_gateway.kube.sim.memory import MemoryCluster
 
 from .conftest import (
     NAMESPACE,

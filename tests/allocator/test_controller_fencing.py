@@ -22,12 +22,12 @@ from dra_gateway.allocator.controller import Controller, ControllerSettings
 from dra_gateway.allocator.metrics import Metrics, Stats
 from dra_gateway.allocator.work import PodKey
 from dra_gateway.allocator.writes import gate_index, remove_gate, write_allocation
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cel import COST_LIMIT
 from dra_gateway.kube.cluster.port import Object
 from dra_gateway.kube.resources import EVENTS, LEASES, PODS, RESOURCE_CLAIMS, ResourceType
 from dra_gateway.kube.runtime.leader import LeaderElector, LeadershipLost, LeaseSettings
-from dra_gateway.kube.sim.memory import MemoryCluster
 
 from .conftest import FAST, NAMESPACE, World, ungated
 from .conftest import whole_claim_spec as whole

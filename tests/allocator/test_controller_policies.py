@@ -7,10 +7,10 @@ from typing import Any
 from testkit import eventually
 
 from dra_gateway.allocator.conditions import QUOTA_CONDITION
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Object
 from dra_gateway.kube.resources import EVENTS, GPU_QUOTAS, GPU_SHARING_POLICIES, NAMESPACES
-from dra_gateway.kube.sim.memory import MemoryCluster
 
 from .conftest import NAMESPACE, World, running_controller, share_claim_spec, ungated
 

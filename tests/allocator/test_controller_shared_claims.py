@@ -12,10 +12,10 @@ import asyncio
 
 from testkit import eventually
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Object
 from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, ResourceType
-from dra_gateway.kube.sim.memory import MemoryCluster
 
 from .conftest import (
     NAMESPACE,

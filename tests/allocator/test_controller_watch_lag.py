@@ -12,9 +12,9 @@ import asyncio
 
 from testkit import eventually
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
-from dra_gateway.kube.sim.memory import MemoryCluster
 
 from .conftest import (
     NAMESPACE,

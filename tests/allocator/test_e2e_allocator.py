@@ -25,6 +25,8 @@ from testkit import eventually
 from dra_gateway.allocator.controller import ControllerSettings
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.process import run_allocator
+from dra_gateway.devkit.sim.memory import MemoryCluster
+from dra_gateway.devkit.sim.server import serve, write_kubeconfig
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.connect import connect
 from dra_gateway.kube.cluster.port import AlreadyExists, Cluster, Object
@@ -38,8 +40,6 @@ from dra_gateway.kube.resources import (
     RESOURCE_SLICES,
 )
 from dra_gateway.kube.runtime.leader import LeaseSettings
-from dra_gateway.kube.sim.memory import MemoryCluster
-from dra_gateway.kube.sim.server import serve, write_kubeconfig
 from dra_gateway.node_plugin.deviceclasses import device_classes
 from dra_gateway.node_plugin.devices import DeviceOptions, devices_of
 from dra_gateway.node_plugin.inventory import load_inventory

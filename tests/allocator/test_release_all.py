@@ -11,10 +11,10 @@ from typing import Any
 
 from dra_gateway.allocator.uninstall import release_all
 from dra_gateway.cli import main
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import NotFound
 from dra_gateway.kube.resources import NAMESPACES, PODS, RESOURCE_CLAIMS
-from dra_gateway.kube.sim.memory import MemoryCluster
 
 NS = "team-a"
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
+from dra_gateway.devkit.realcluster import ApiError, path_of
 from dra_gateway.kube import names
-from dra_gateway.realcluster import ApiError, path_of
 from e2e.support import (
     Component,
     Gateway,

@@ -1,12 +1,12 @@
 """The gateway installed on a real control plane, as a user installs it, for the e2e tier.
 
 `install` builds (or finds cached) the Kubernetes binaries of a version with
-`hack/build-control-plane.sh`, starts them with `dra_gateway.realcluster.ControlPlane`, installs
-the Helm chart into the API server (its webhook configurations pointed by `webhook.url` at a
-webhook served on loopback, with a certificate for `localhost` in the chart's `secret` mode),
-adds KWOK nodes for the demo's simulated GPU nodes, and runs the webhook, the allocator and one
-node plugin per GPU node as local processes, each with a token of the chart's own
-ServiceAccount for that component: what its RBAC does not grant fails as it would in a pod.
+`hack/build-control-plane.sh`, starts them with `dra_gateway.devkit.realcluster.ControlPlane`,
+installs the Helm chart into the API server (its webhook configurations pointed by `webhook.url` at
+a webhook served on loopback, with a certificate for `localhost` in the chart's `secret` mode), adds
+KWOK nodes for the demo's simulated GPU nodes, and runs the webhook, the allocator and one node
+plugin per GPU node as local processes, each with a token of the chart's own ServiceAccount for that
+component: what its RBAC does not grant fails as it would in a pod.
 
 The helpers below read placements the way `dra-gateway demo` reports them: pods bound or not,
 claims allocated, devices on the pod's node, and how much of each card every allocation holds.
@@ -32,9 +32,7 @@ from typing import Any
 
 import yaml
 
-from dra_gateway.kube import names
-from dra_gateway.kube.quantity import bytes_of
-from dra_gateway.realcluster import (
+from dra_gateway.devkit.realcluster import (
     Api,
     ApiError,
     ControlPlane,
@@ -42,6 +40,8 @@ from dra_gateway.realcluster import (
     log_tail,
     path_of,
 )
+from dra_gateway.kube import names
+from dra_gateway.kube.quantity import bytes_of
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack" / "build-control-plane.sh"

@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 import yaml
 
+from dra_gateway.devkit.realcluster import Api, ApiError, path_of
 from dra_gateway.kube import names
-from dra_gateway.realcluster import Api, ApiError, path_of
 from dra_gateway.webhook.config import pod_webhook_names
 from dra_gateway.webhook.settings import MUTATING_WEBHOOK, VALIDATING_WEBHOOK
 from e2e.support import (

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from gotools import build_go_tool
 
+from dra_gateway.devkit.realcluster import path_of
 from dra_gateway.kube import names
-from dra_gateway.realcluster import path_of
 from e2e.legacynode import (
     AUDIT_NS,
     BURST,

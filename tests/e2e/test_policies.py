@@ -33,8 +33,8 @@ from typing import Any
 
 import pytest
 
+from dra_gateway.devkit.realcluster import Api, ApiError, path_of
 from dra_gateway.kube import names
-from dra_gateway.realcluster import Api, ApiError, path_of
 from e2e.support import (
     Gateway,
     cards,

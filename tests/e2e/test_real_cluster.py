@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from dra_gateway.devkit.realcluster import Api, ApiError, path_of
 from dra_gateway.kube import names
-from dra_gateway.realcluster import Api, ApiError, path_of
 from e2e.support import (
     EXAMPLES,
     Gateway,
@@ -80,7 +80,7 @@ def _create_examples(api: Api) -> tuple[int, list[str]]:
     controller for (Kubeflow's PyTorchJob) gets the pods such a controller would create, named
     as the demo names them.
     """
-    from dra_gateway.demo import pods_of
+    from dra_gateway.devkit.demo import pods_of
 
     expected = 0
     refused: list[str] = []

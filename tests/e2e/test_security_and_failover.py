@@ -34,8 +34,8 @@ from typing import Any
 
 import pytest
 
+from dra_gateway.devkit.realcluster import Api, ApiError, free_port, path_of
 from dra_gateway.kube import names
-from dra_gateway.realcluster import Api, ApiError, free_port, path_of
 from e2e.conftest import SETUPS
 from e2e.support import (
     GATED_EVENT_AFTER_S,

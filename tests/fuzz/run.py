@@ -29,9 +29,9 @@ import atheris  # type: ignore[import-untyped]
 INSTRUMENTED = ["dra_gateway"]
 # The in-memory API server plays the cluster; its branches are not the gateway's. atheris
 # excludes modules by their exact names.
-_SIMULATOR = Path(__file__).resolve().parents[2] / "kube" / "sim"
-NOT_INSTRUMENTED = ["dra_gateway.kube.sim", *(
-    "dra_gateway.kube.sim." + ".".join(path.relative_to(_SIMULATOR).with_suffix("").parts)
+_SIMULATOR = Path(__file__).resolve().parents[2] / "src" / "dra_gateway" / "devkit" / "sim"
+NOT_INSTRUMENTED = ["dra_gateway.devkit.sim", *(
+    "dra_gateway.devkit.sim." + ".".join(path.relative_to(_SIMULATOR).with_suffix("").parts)
     for path in sorted(_SIMULATOR.rglob("*.py")) if path.name != "__init__.py")]
 
 

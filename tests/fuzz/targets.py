@@ -42,9 +42,9 @@ from aiohttp.streams import StreamReader
 from aiohttp.test_utils import make_mocked_request
 from testkit import eventually
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.translator.rules import RulesError, RuleSet, load_rules
 from dra_gateway.translator.translate import translate
 from dra_gateway.webhook import mutation

@@ -1196,9 +1196,9 @@ def _tls_secret(*, issued_for: str, not_after: datetime.datetime,
 
 async def _render_against(helm: HelmRunner, objects: list[Object],
                           values: Object | None = None) -> list[Rendered]:
+    from dra_gateway.devkit.sim.memory import MemoryCluster
+    from dra_gateway.devkit.sim.server import serve
     from dra_gateway.kube.resources import NAMESPACES, SECRETS
-    from dra_gateway.kube.sim.memory import MemoryCluster
-    from dra_gateway.kube.sim.server import serve
 
     cluster = MemoryCluster()
     try:

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dra_gateway.devkit.sim.server import write_kubeconfig
 from dra_gateway.kube.files import atomic_write
-from dra_gateway.kube.sim.server import write_kubeconfig
 
 
 def _mode(path: Path) -> int:

@@ -15,9 +15,9 @@ import jsonschema
 import pytest
 import yaml
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
+from dra_gateway.devkit.sim.server import serve
 from dra_gateway.kube import names
-from dra_gateway.kube.sim.memory import MemoryCluster
-from dra_gateway.kube.sim.server import serve
 from dra_gateway.policy.models import parse_quota
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,9 +11,9 @@ import kubernetes_validate
 import pytest
 
 from dra_gateway.cli import main
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import by_kind
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.migrate.dumps import read_dumps
 from dra_gateway.migrate.inventory import Inventory
 from dra_gateway.migrate.live import RESOURCE_QUOTAS, WORKLOAD_TYPES, read_cluster

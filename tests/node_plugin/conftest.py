@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from testkit import EXAMPLES
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.resources import NODES, RESOURCE_CLAIMS
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.node_plugin.coexistence import CoexistenceSettings
 from dra_gateway.node_plugin.devices import DeviceOptions
 from dra_gateway.node_plugin.inventory import load_inventory

@@ -24,9 +24,9 @@ from google.protobuf import descriptor_pb2
 from google.protobuf.json_format import MessageToDict
 from gotools import build_go_tool
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.node_plugin.coexistence import CoexistenceSettings
 from dra_gateway.node_plugin.inventory import load_inventory
 from dra_gateway.node_plugin.legacy import Holder, KubeletView

@@ -19,10 +19,10 @@ import pytest
 from testkit import eventually
 
 from dra_gateway.cli import main
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.cluster.features import detect_consumable_capacity
 from dra_gateway.kube.cluster.port import Forbidden
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.node_plugin.cli import register
 from dra_gateway.node_plugin.devices import DeviceOptions
 from dra_gateway.node_plugin.inventory import load_inventory

@@ -8,9 +8,9 @@ from typing import Any
 
 import kubernetes_validate
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.node_plugin.devices import DeviceOptions
 from dra_gateway.node_plugin.nvml import Nvml, discover_nvml
 from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings

@@ -24,8 +24,8 @@ from google.protobuf import descriptor_pb2
 from google.protobuf.json_format import MessageToDict
 from gotools import build_go_tool
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.node_plugin import cdi
 from dra_gateway.node_plugin.proto import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
 

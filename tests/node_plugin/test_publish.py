@@ -10,9 +10,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.node_plugin.devices import DeviceOptions, devices_of
 from dra_gateway.node_plugin.inventory import load_inventory
 from dra_gateway.node_plugin.metrics import Metrics

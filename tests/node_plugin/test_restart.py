@@ -18,9 +18,9 @@ from typing import Any
 import grpc.aio
 import pytest
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import RESOURCE_CLAIMS, RESOURCE_SLICES, ResourceType
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.node_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 
 from .claimdata import claim

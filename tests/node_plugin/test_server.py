@@ -13,10 +13,10 @@ from typing import Any
 import grpc.aio
 import pytest
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import ApiError
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.node_plugin import cdi
 from dra_gateway.node_plugin.checkpoint import Checkpoint
 from dra_gateway.node_plugin.inventory import load_inventory

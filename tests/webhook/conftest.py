@@ -13,9 +13,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from testkit import EXAMPLES
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import Forbidden, NotFound, ObjectList
 from dra_gateway.kube.resources import ResourceType
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.webhook.app import create_app
 from dra_gateway.webhook.settings import WebhookSettings
 

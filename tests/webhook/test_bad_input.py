@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import ApiError, Object
 from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES, ResourceType
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.webhook.app import STATE, create_app
 from dra_gateway.webhook.settings import WebhookSettings
 

@@ -9,12 +9,12 @@ import pytest
 import yaml
 from testkit import EXAMPLES
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import (
     MUTATING_WEBHOOK_CONFIGURATIONS,
     VALIDATING_WEBHOOK_CONFIGURATIONS,
 )
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.translator.rules import RuleSet, load_rules
 from dra_gateway.translator.translate import translate
 from dra_gateway.webhook.config import (

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from dra_gateway.certs.generate import make_bundle, write_bundle
+from dra_gateway.devkit.sim.memory import MemoryCluster
+from dra_gateway.devkit.sim.server import serve as serve_api
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.connect import connect
 from dra_gateway.kube.cluster.port import ApiError, Cluster
@@ -28,8 +30,6 @@ from dra_gateway.kube.resources import (
     RESOURCE_CLAIMS,
     VALIDATING_WEBHOOK_CONFIGURATIONS,
 )
-from dra_gateway.kube.sim.memory import MemoryCluster
-from dra_gateway.kube.sim.server import serve as serve_api
 from dra_gateway.translator.rules import load_rules
 from dra_gateway.webhook.config import configurations
 from dra_gateway.webhook.server import ServeOptions, serve

@@ -16,11 +16,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from testkit import eventually
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Forbidden, NotFound
 from dra_gateway.kube.logs import JsonFormatter
 from dra_gateway.kube.resources import DEVICE_CLASSES, RESOURCE_CLAIM_TEMPLATES
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.webhook.app import STATE, create_app
 from dra_gateway.webhook.settings import WebhookSettings
 

@@ -20,9 +20,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from testkit import eventually
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import EVENTS, LEASES, PODS
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.webhook.allocatorwatch import GatedPodEvents, default_interval
 from dra_gateway.webhook.app import STATE, create_app
 from dra_gateway.webhook.gatedpods import (

@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestClient
 from testkit import eventually
 
 from dra_gateway.certs.generate import make_bundle, write_bundle
-from dra_gateway.kube.sim.memory import MemoryCluster
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.webhook.app import STATE, create_app
 from dra_gateway.webhook.logs import JsonFormatter
 from dra_gateway.webhook.settings import WebhookSettings

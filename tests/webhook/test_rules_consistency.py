@@ -16,9 +16,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from testkit import EXAMPLES, eventually
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import CONFIG_MAPS
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.webhook.app import STATE, create_app
 from dra_gateway.webhook.settings import WebhookSettings
 

@@ -11,6 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from testkit import EXAMPLES, eventually
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import (
     CONFIG_MAPS,
@@ -19,7 +20,6 @@ from dra_gateway.kube.resources import (
     RESOURCE_CLAIM_TEMPLATES,
     VALIDATING_WEBHOOK_CONFIGURATIONS,
 )
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.translator.rules import load_rules
 from dra_gateway.webhook.app import STATE, create_app
 from dra_gateway.webhook.config import configurations

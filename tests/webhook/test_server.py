@@ -14,9 +14,9 @@ import yaml
 
 from dra_gateway.certs.generate import make_bundle, write_bundle
 from dra_gateway.cli import main
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import Object
 from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES, ResourceType
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.webhook.server import ServeOptions, serve
 from dra_gateway.webhook.settings import WebhookSettings
 

@@ -16,9 +16,9 @@ import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.webhook.app import STATE
 from dra_gateway.webhook.templates import comparable_spec, conflict
 

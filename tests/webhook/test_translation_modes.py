@@ -11,8 +11,8 @@ import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.resources import NAMESPACES, RESOURCE_CLAIM_TEMPLATES
-from dra_gateway.kube.sim.memory import MemoryCluster
 
 from .conftest import decoded_patch, hami_pod, review
 

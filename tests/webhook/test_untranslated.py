@@ -13,8 +13,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from testkit import EXAMPLES
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES
-from dra_gateway.kube.sim.memory import MemoryCluster
 from dra_gateway.translator.manifests import rewrite_manifests
 from dra_gateway.translator.rules import load_rules
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
+from dra_gateway.devkit.sim.server import serve, write_kubeconfig
 from dra_gateway.kube.cluster.connect import connect
 from dra_gateway.kube.cluster.port import Cluster
-from dra_gateway.kube.sim.memory import MemoryCluster
-from dra_gateway.kube.sim.server import serve, write_kubeconfig
 
 BACKENDS = ["memory", "kube"]
 

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
+from dra_gateway.devkit.cli import offer_memory_cluster
+from dra_gateway.devkit.sim.memory import MemoryCluster
+from dra_gateway.devkit.sim.server import kubeconfig_document
 from dra_gateway.kube.cluster.connect import ClusterConfigError, connect
 from dra_gateway.kube.cluster.kubernetes import KubernetesCluster
-from dra_gateway.kube.sim.memory import MemoryCluster
-from dra_gateway.kube.sim.server import kubeconfig_document
 
 # The package exports the function `connect` under the module's name: reach the module itself.
 connect_module = sys.modules[ClusterConfigError.__module__]
@@ -47,9 +48,19 @@ async def _refused(kubeconfig: str | Path | None) -> str:
 
 
 async def test_memory_gives_a_fresh_in_memory_cluster() -> None:
+    offer_memory_cluster()  # as the dra-gateway command does for --cluster memory
     first, second = await connect("memory"), await connect("memory")
     assert isinstance(first, MemoryCluster)
     assert first is not second
+
+
+async def test_memory_without_the_simulator_offered_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(connect_module, "_memory_factories", [])
+    with pytest.raises(ClusterConfigError) as caught:
+        await connect("memory")
+    assert "development kit's simulator" in str(caught.value)
 
 
 async def test_an_unknown_kind_names_the_kinds() -> None:

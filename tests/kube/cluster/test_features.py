@@ -7,6 +7,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.features import (
     BY_PROBE,
@@ -17,7 +18,6 @@ from dra_gateway.kube.cluster.features import (
 )
 from dra_gateway.kube.cluster.port import Forbidden
 from dra_gateway.kube.resources import RESOURCE_SLICES
-from dra_gateway.kube.sim.memory import MemoryCluster
 
 
 class GateOff(MemoryCluster):

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from testkit import eventually
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import Forbidden, NotFound
 from dra_gateway.kube.resources import NODES, PODS
 from dra_gateway.kube.runtime.informer import Change, Informer
-from dra_gateway.kube.sim.memory import MemoryCluster
 
 
 def node(name: str, **labels: str) -> dict[str, Any]:

@@ -9,10 +9,10 @@ import kubernetes_validate
 import pytest
 from testkit import eventually
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import ApiError, Object
 from dra_gateway.kube.resources import LEASES, ResourceType
 from dra_gateway.kube.runtime.leader import LeaderElector, LeaseSettings
-from dra_gateway.kube.sim.memory import MemoryCluster
 
 LEASE_DURATION = 0.6
 

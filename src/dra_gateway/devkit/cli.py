@@ -1,13 +1,22 @@
-"""Subcommands of the core for the `dra-gateway` command (light imports only).
+"""Subcommands of the development kit for the `dra-gateway` command (light imports only).
 
 `dra-gateway cluster serve` runs the embedded default: an in-memory cluster served as the
 Kubernetes API on loopback, with a kubeconfig written for the other components.
+`dra-gateway bench cluster` measures the simulator's HTTP hop, `dra-gateway bench allocator`
+replays a trace through the planner (`allocator_bench`). `offer_memory_cluster` lets every
+component's `--cluster memory` reach the simulator without production code importing it.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+from dra_gateway.allocator.cli import StrategyOption
+
+if TYPE_CHECKING:
+    from dra_gateway.kube.cluster.port import Cluster
 
 
 def _listen_address(text: str) -> tuple[str, int]:
@@ -97,12 +106,51 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                          help="concurrent workers (default: %(default)s)")
     measure.set_defaults(func=_bench)
 
+    replay = bench.add_parser(
+        "allocator", help="replay an openb-format trace through the planner, per packing strategy"
+    )
+    replay.add_argument("--nodes", required=True, help="node list CSV (openb format)")
+    replay.add_argument("--pods", required=True, help="pod list CSV (openb format)")
+    replay.add_argument("--strategy", "--policy", action=StrategyOption, append=True,
+                        dest="strategies", metavar="NAME",
+                        help="packing strategy to compare (repeatable; default: every "
+                        "strategy; --policy is its deprecated name)")
+    replay.add_argument("--load", type=float, default=1.3,
+                        help="GPU requests as a share of the cluster's GPUs (default: 1.3)")
+    replay.add_argument("--seeds", default="42-51",
+                        help="seeds, e.g. 42-51 or 42,43 (default: %(default)s)")
+    replay.add_argument("--gpu-policies", action="store_true",
+                        help="also replay each seed with 200 GPUQuotas and 50 "
+                        "GPUSharingPolicies over 200 namespaces, side by side pod by pod, and "
+                        "report the ratio of claims/s")
+    replay.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    replay.set_defaults(func=_run_bench)
+
+
+def _memory_cluster() -> Cluster:
+    from dra_gateway.devkit.sim.memory import MemoryCluster
+
+    return MemoryCluster()
+
+
+def offer_memory_cluster() -> None:
+    """Make `connect("memory")`, every component's `--cluster memory`, a fresh simulator."""
+    from dra_gateway.kube.cluster.connect import offer_memory
+
+    offer_memory(_memory_cluster)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from dra_gateway.devkit import allocator_bench
+
+    return allocator_bench.main(args)
+
 
 def _bench(args: argparse.Namespace) -> int:
     if args.claims < 1 or args.concurrency < 1:
         print("error: --claims and --concurrency must be at least 1", file=sys.stderr)
         return 2
-    from dra_gateway.kube.sim import bench
+    from dra_gateway.devkit.sim import bench
 
     return bench.main(args.claims, args.concurrency)
 
@@ -123,10 +171,10 @@ async def _serve_async(args: argparse.Namespace) -> int:
     import secrets
     import signal
 
+    from dra_gateway.devkit.sim.manifests import ManifestError, read_manifests
+    from dra_gateway.devkit.sim.memory import MemoryCluster
+    from dra_gateway.devkit.sim.server import serve, write_kubeconfig
     from dra_gateway.kube.cluster.port import ApiError
-    from dra_gateway.kube.sim.manifests import ManifestError, read_manifests
-    from dra_gateway.kube.sim.memory import MemoryCluster
-    from dra_gateway.kube.sim.server import serve, write_kubeconfig
 
     host, port = args.listen
     if args.no_token:
@@ -163,7 +211,7 @@ async def _serve_async(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
 
-    from dra_gateway.kube.sim.controlplane import ControlPlane
+    from dra_gateway.devkit.sim.controlplane import ControlPlane
 
     control_plane = None if args.no_control_plane else ControlPlane(cluster)
     stop = asyncio.Event()

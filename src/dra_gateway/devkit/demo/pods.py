@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     pass
-from dra_gateway.demo.common import DemoError
+from dra_gateway.devkit.demo.common import DemoError
 
 # Most pods the demo creates (workloads' replicas included): its nodes hold a dozen GPUs.
 MAX_PODS = 500

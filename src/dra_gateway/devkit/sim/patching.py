@@ -14,8 +14,8 @@ from typing import Any
 import jsonpatch  # type: ignore[import-untyped,unused-ignore]
 import orjson
 
+from dra_gateway.devkit.sim.errors import render
 from dra_gateway.kube.cluster.port import BadRequest, Invalid, Object, PatchType
-from dra_gateway.kube.sim.errors import render
 
 
 def copy_object(obj: Any) -> Any:

@@ -10,10 +10,10 @@ import kubernetes_validate
 import pytest
 from testkit import eventually
 
+from dra_gateway.devkit.sim.controlplane import ControlPlane, claim_generate_name
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import NotFound
 from dra_gateway.kube.resources import NODES, PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
-from dra_gateway.kube.sim.controlplane import ControlPlane, claim_generate_name
-from dra_gateway.kube.sim.memory import MemoryCluster
 
 NS = "team-a"
 GATE = "dra-gateway.io/allocation"

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import aiohttp
 import jsonpatch  # type: ignore[import-untyped,unused-ignore]
 
+from dra_gateway.devkit.sim.selectors import label_selector_matches
 from dra_gateway.kube import objects
 from dra_gateway.kube.cel import CelError, compile_expression
 from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound, Object
@@ -42,7 +43,6 @@ from dra_gateway.kube.resources import (
     VALIDATING_WEBHOOK_CONFIGURATIONS,
     ResourceType,
 )
-from dra_gateway.kube.sim.selectors import label_selector_matches
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
-from dra_gateway.allocator import bench
 from dra_gateway.allocator.planner import PlannerSettings, plan_pod
 from dra_gateway.cli import main as cli_main
+from dra_gateway.devkit import allocator_bench as bench
 
 DATA = Path(__file__).parent / "data"
 NODES = DATA / "openb_nodes_tiny.csv"

@@ -94,7 +94,7 @@ async def test_a_bad_seed_file_is_refused_naming_the_document(tmp_path: Path) ->
 
 
 async def test_the_cluster_benchmark_runs_both_backends_on_one_workload() -> None:
-    from dra_gateway.kube.sim.bench import compare, report
+    from dra_gateway.devkit.sim.bench import compare, report
 
     direct, over_http = await compare(claims=20, concurrency=4)
     assert (direct.events, over_http.events) == (40, 40)

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
+from dra_gateway.devkit.sim.server import serve
 from dra_gateway.kube.cluster.connect import connect
 from dra_gateway.kube.cluster.port import Cluster
 from dra_gateway.kube.resources import RESOURCE_CLAIMS
-from dra_gateway.kube.sim.memory import MemoryCluster
-from dra_gateway.kube.sim.server import serve
 
 NAMESPACE = "bench"
 

@@ -25,7 +25,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     pass
-from dra_gateway.demo.common import (
+from dra_gateway.devkit.demo.common import (
     DEFAULT_PODS,
     GRACE_S,
     NAMESPACE,
@@ -33,7 +33,7 @@ from dra_gateway.demo.common import (
     QUOTA_POLICIES,
     DemoError,
 )
-from dra_gateway.demo.inspection import (
+from dra_gateway.devkit.demo.inspection import (
     PodReport,
     create_pods,
     describe_devices,
@@ -42,8 +42,8 @@ from dra_gateway.demo.inspection import (
     show_template,
     wait_bound,
 )
-from dra_gateway.demo.pods import DemoPod, read_pods
-from dra_gateway.demo.processes import (
+from dra_gateway.devkit.demo.pods import DemoPod, read_pods
+from dra_gateway.devkit.demo.processes import (
     Children,
     Layout,
     _api_started,
@@ -58,7 +58,7 @@ from dra_gateway.demo.processes import (
     wait_for,
     webhook_ready,
 )
-from dra_gateway.demo.quota import QuotaReport, print_quota, show_quota
+from dra_gateway.devkit.demo.quota import QuotaReport, print_quota, show_quota
 
 # Longest work directory whose node folders still fit a kubelet socket path (107 bytes).
 _SHORT_PATH = 48

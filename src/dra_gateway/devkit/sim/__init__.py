@@ -9,9 +9,10 @@ cluster over loopback HTTP as the Kubernetes API, calling registered webhooks th
 lacks; `manifests` reads seed files; `bench` measures what the HTTP hop costs.
 
 Production code (the components, `dra_gateway.kube.cluster`) must not import this package: an
-import-linter contract says so. Only entry points (the command line, the demo) and tests do.
+import-linter contract says so. The command line (`dra_gateway.devkit.cli`, which offers it to
+`connect` for `--cluster memory`), the rest of the development kit and the tests do.
 """
 
-from dra_gateway.kube.sim.memory import MemoryCluster
+from dra_gateway.devkit.sim.memory import MemoryCluster
 
 __all__ = ["MemoryCluster"]

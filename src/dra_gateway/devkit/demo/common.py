@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     pass
 
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DEMO_DIR = EXAMPLES / "demo"
 DEFAULT_PODS = tuple(sorted((EXAMPLES / "pods").glob("*.yaml")))
 # The quota shown at work with the bundled examples, and the two pods it cannot hold together.

@@ -34,7 +34,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dra_gateway.demo.common import (
+from dra_gateway.devkit.demo.common import (
     DEFAULT_PODS,
     DEMO_DIR,
     EXAMPLES,
@@ -46,7 +46,7 @@ from dra_gateway.demo.common import (
     WEBHOOK_SERVICE,
     DemoError,
 )
-from dra_gateway.demo.inspection import (
+from dra_gateway.devkit.demo.inspection import (
     PodReport,
     claim_devices,
     create_pods,
@@ -58,8 +58,8 @@ from dra_gateway.demo.inspection import (
     show_template,
     wait_bound,
 )
-from dra_gateway.demo.pods import MAX_PODS, DemoPod, pods_of, read_pods
-from dra_gateway.demo.processes import (
+from dra_gateway.devkit.demo.pods import MAX_PODS, DemoPod, pods_of, read_pods
+from dra_gateway.devkit.demo.processes import (
     LOG_TAIL_LINES,
     Child,
     Children,
@@ -74,8 +74,8 @@ from dra_gateway.demo.processes import (
     wait_for,
     webhook_ready,
 )
-from dra_gateway.demo.quota import QUOTA_CONDITION, QuotaReport, print_quota, show_quota
-from dra_gateway.demo.session import Outcome, demo, print_table, run
+from dra_gateway.devkit.demo.quota import QUOTA_CONDITION, QuotaReport, print_quota, show_quota
+from dra_gateway.devkit.demo.session import Outcome, demo, print_table, run
 
 __all__ = [
     "DEFAULT_PODS", "DEMO_DIR", "EXAMPLES", "GRACE_S", "LOG_TAIL_LINES", "MAX_PODS", "NAMESPACE",

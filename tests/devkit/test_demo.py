@@ -137,7 +137,7 @@ def test_demo_places_every_example_pod_on_the_node_of_its_devices(tmp_path: Path
 def test_the_quota_step_is_printed_for_people() -> None:
     from io import StringIO
 
-    from dra_gateway.demo import QuotaReport, print_quota
+    from dra_gateway.devkit.demo import QuotaReport, print_quota
 
     report = QuotaReport("quota-demo/demo-gpu", hard={"memory": "12Gi"},
                          first="quota-demo/first", first_node="gpu-h100-1",
@@ -242,7 +242,7 @@ def test_pods_not_placed_as_expected_fail_the_demo_and_say_why(tmp_path: Path) -
 
 
 def test_workloads_become_the_pods_their_controllers_would_create() -> None:
-    from dra_gateway.demo import pods_of
+    from dra_gateway.devkit.demo import pods_of
 
     container = {"name": "c", "image": "busybox"}
     template = {"metadata": {"labels": {"app": "a"}}, "spec": {"containers": [container]}}
@@ -275,7 +275,7 @@ def test_workloads_become_the_pods_their_controllers_would_create() -> None:
 
 
 def test_the_same_pod_twice_is_refused_by_name() -> None:
-    from dra_gateway.demo import DemoError, pods_of
+    from dra_gateway.devkit.demo import DemoError, pods_of
 
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a", "namespace": "ml"},
            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
@@ -320,7 +320,7 @@ def test_json_summary_of_a_failed_run_names_the_work_directory_it_kept(tmp_path:
 
 
 def test_pods_file_that_is_not_text_is_refused_without_a_traceback(tmp_path: Path) -> None:
-    from dra_gateway.demo import DemoError, read_pods
+    from dra_gateway.devkit.demo import DemoError, read_pods
 
     pods = tmp_path / "pods.yaml"
     pods.write_bytes(b"\xff\xfe\x00binary")
@@ -334,7 +334,7 @@ def test_pods_file_that_is_not_text_is_refused_without_a_traceback(tmp_path: Pat
 
 def test_the_items_of_a_list_are_pods_of_their_own() -> None:
     # What `kubectl get pods -o yaml` writes: the demo refused it as not a Kubernetes object.
-    from dra_gateway.demo import DemoError, pods_of
+    from dra_gateway.devkit.demo import DemoError, pods_of
 
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a", "namespace": "ml"},
            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
@@ -352,7 +352,7 @@ def test_the_items_of_a_list_are_pods_of_their_own() -> None:
 
 def test_a_replica_count_beyond_the_demo_is_refused_by_name() -> None:
     # Each replica became a pod in memory first: replicas: 1000000000 hung the demo.
-    from dra_gateway.demo import MAX_PODS, DemoError, pods_of
+    from dra_gateway.devkit.demo import MAX_PODS, DemoError, pods_of
 
     template = {"spec": {"containers": [{"name": "c", "image": "busybox"}]}}
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment",

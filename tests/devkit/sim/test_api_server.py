@@ -12,9 +12,9 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 
+from dra_gateway.devkit.sim.memory import MemoryCluster
+from dra_gateway.devkit.sim.server import create_app, serve
 from dra_gateway.kube.resources import RESOURCE_CLAIMS
-from dra_gateway.kube.sim.memory import MemoryCluster
-from dra_gateway.kube.sim.server import create_app, serve
 
 ClientFactory = Callable[..., Coroutine[Any, Any, TestClient[Any, Any]]]
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims"

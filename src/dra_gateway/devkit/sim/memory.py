@@ -38,6 +38,18 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from dra_gateway.devkit.sim.errors import (
+    FieldError,
+    already_exists,
+    conflict,
+    invalid,
+    not_found,
+    resource_name,
+)
+from dra_gateway.devkit.sim.patching import apply_patch, copy_object
+from dra_gateway.devkit.sim.selectors import parse_field_selector, parse_label_selector
+from dra_gateway.devkit.sim.validation import prepare_create_status, validate_name, validate_update
+from dra_gateway.devkit.sim.watching import Close, Event, Expire, Filter, Watch
 from dra_gateway.kube.cluster.port import (
     ApiError,
     BadRequest,
@@ -50,18 +62,6 @@ from dra_gateway.kube.cluster.port import (
     WatchEvent,
 )
 from dra_gateway.kube.resources import ResourceType, by_kind
-from dra_gateway.kube.sim.errors import (
-    FieldError,
-    already_exists,
-    conflict,
-    invalid,
-    not_found,
-    resource_name,
-)
-from dra_gateway.kube.sim.patching import apply_patch, copy_object
-from dra_gateway.kube.sim.selectors import parse_field_selector, parse_label_selector
-from dra_gateway.kube.sim.validation import prepare_create_status, validate_name, validate_update
-from dra_gateway.kube.sim.watching import Close, Event, Expire, Filter, Watch
 
 Key = tuple[str, str]  # (namespace or "", name)
 

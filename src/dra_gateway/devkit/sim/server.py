@@ -25,6 +25,8 @@ import orjson
 import yaml
 from aiohttp import web
 
+from dra_gateway.devkit.sim.admission import Admission, AdmissionRequest
+from dra_gateway.devkit.sim.patching import apply_patch, copy_object
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import (
     ApiError,
@@ -38,8 +40,6 @@ from dra_gateway.kube.cluster.port import (
 )
 from dra_gateway.kube.files import atomic_write
 from dra_gateway.kube.resources import ALL, ResourceType
-from dra_gateway.kube.sim.admission import Admission, AdmissionRequest
-from dra_gateway.kube.sim.patching import apply_patch, copy_object
 
 log = logging.getLogger(__name__)
 

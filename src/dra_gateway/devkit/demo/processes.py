@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from dra_gateway.kube.cluster.port import Cluster
-from dra_gateway.demo.common import (
+from dra_gateway.devkit.demo.common import (
     _POLL_S,
     DEMO_DIR,
     GRACE_S,

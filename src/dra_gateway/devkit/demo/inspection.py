@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dra_gateway.kube.cluster.port import Cluster
-from dra_gateway.demo.common import _POLL_S, NAMESPACE, NODES, DemoError
-from dra_gateway.demo.pods import DemoPod
-from dra_gateway.demo.processes import Children, Layout
+from dra_gateway.devkit.demo.common import _POLL_S, NAMESPACE, NODES, DemoError
+from dra_gateway.devkit.demo.pods import DemoPod
+from dra_gateway.devkit.demo.processes import Children, Layout
 
 # Resource names the demo does not count as a legacy GPU request when it shows one.
 _PLAIN_RESOURCES = ("cpu", "memory", "ephemeral-storage", "pods")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_gateway.kube.sim.manifests import ManifestError, read_manifests
+from dra_gateway.devkit.sim.manifests import ManifestError, read_manifests
 
 
 def test_a_manifest_that_is_not_yaml_is_one_line_naming_file_and_place(tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ def test_a_binary_manifest_is_refused_naming_the_file(tmp_path: Path) -> None:
 
 
 async def test_a_seed_saved_from_a_cluster_loads_despite_its_resource_version() -> None:
-    from dra_gateway.kube.sim.memory import MemoryCluster
+    from dra_gateway.devkit.sim.memory import MemoryCluster
 
     cluster = MemoryCluster()
     (created,) = await cluster.load([{

@@ -18,8 +18,8 @@ from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio import config as aconfig
 from kubernetes_asyncio import watch as awatch
 
-from dra_gateway.kube.sim.memory import MemoryCluster
-from dra_gateway.kube.sim.server import serve, write_kubeconfig
+from dra_gateway.devkit.sim.memory import MemoryCluster
+from dra_gateway.devkit.sim.server import serve, write_kubeconfig
 
 NS = "default"
 

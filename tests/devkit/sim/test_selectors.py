@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from dra_gateway.devkit.sim.selectors import parse_field_selector, parse_label_selector
 from dra_gateway.kube.cluster.port import BadRequest
 from dra_gateway.kube.resources import CONFIG_MAPS, PODS, RESOURCE_SLICES
-from dra_gateway.kube.sim.selectors import parse_field_selector, parse_label_selector
 
 LABELS = {"app": "web", "tier": "gold", "gpu-count": "4", "example.com/team": "ml"}
 

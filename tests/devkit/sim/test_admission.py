@@ -14,6 +14,8 @@ import pytest
 from aiohttp import web
 
 from dra_gateway.certs.generate import make_bundle
+from dra_gateway.devkit.sim.memory import MemoryCluster
+from dra_gateway.devkit.sim.server import serve
 from dra_gateway.kube.cluster.connect import connect
 from dra_gateway.kube.cluster.port import ApiError, Cluster
 from dra_gateway.kube.resources import (
@@ -21,8 +23,6 @@ from dra_gateway.kube.resources import (
     PODS,
     VALIDATING_WEBHOOK_CONFIGURATIONS,
 )
-from dra_gateway.kube.sim.memory import MemoryCluster
-from dra_gateway.kube.sim.server import serve
 
 NS = "team-a"
 Reviewer = Callable[[dict[str, Any]], dict[str, Any]]

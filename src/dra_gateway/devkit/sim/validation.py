@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 
+from dra_gateway.devkit.sim.errors import FieldError, render
 from dra_gateway.kube.cluster.port import Object
 from dra_gateway.kube.resources import NAMESPACES, PODS, RESOURCE_CLAIMS, ResourceType
-from dra_gateway.kube.sim.errors import FieldError, render
 
 _MAX_RESERVED_FOR = 256  # ResourceClaimReservedForMaxSize
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

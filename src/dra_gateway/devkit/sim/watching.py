@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from dra_gateway.devkit.sim.selectors import FieldSelector, LabelSelector
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import EventType, Object
 from dra_gateway.kube.resources import ResourceType
-from dra_gateway.kube.sim.selectors import FieldSelector, LabelSelector
 
 
 @dataclass(frozen=True, slots=True)

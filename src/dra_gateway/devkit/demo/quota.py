@@ -15,9 +15,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dra_gateway.kube.cluster.port import Cluster
-from dra_gateway.demo.common import _POLL_S, QUOTA_PODS, QUOTA_POLICIES
-from dra_gateway.demo.pods import DemoPod, read_pods
-from dra_gateway.demo.processes import Children
+from dra_gateway.devkit.demo.common import _POLL_S, QUOTA_PODS, QUOTA_POLICIES
+from dra_gateway.devkit.demo.pods import DemoPod, read_pods
+from dra_gateway.devkit.demo.processes import Children
 
 QUOTA_CONDITION = "dra-gateway.io/QuotaExceeded"
 
