@@ -4,13 +4,14 @@
 trigger, evaluates the rule's CEL on the container's amounts and the pod's annotations, checks
 the results, and returns the DRA device request, its GpuShareConfig and constraints; or a
 `Skipped` saying why the container stays as it is; or raises `Refused` with a message naming
-the container, the resources and the rule. `translate.py` assembles the pod's template and
-patch from these plans and caches them per request shape.
+the container, the resources and the rule (`errors.py`). The activation a rule sees (the
+container's amounts times their units, its kind, the pod's annotations and node selector) is
+built here; the rule's device outputs are checked and become the device request in
+`evaluation.py`. `translate.py` assembles the pod's template and patch from these plans and
+caches them per request shape.
 
 Pure: no I/O, no logging, and the pod is never modified. It must not build patches or know
 where a container sits in the pod beyond its kind.
-
-Each output's checks stay beside the code that reads it.
 """
 
 from __future__ import annotations
@@ -20,57 +21,31 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, NamedTuple
 
-import orjson
-from pydantic import ValidationError
-
 from dra_gateway.kube import names
-from dra_gateway.kube.cel import CelError, Expression
-from dra_gateway.kube.models import ENFORCEMENTS, STRATEGIES, GpuShareConfig
 from dra_gateway.kube.quantity import Quantity, QuantityError
-from dra_gateway.translator.errors import pydantic_message
-from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
-from dra_gateway.translator.rules import (
-    CompiledRule,
-    RuleSet,
-    format_path,
-    render_selector,
-    selector_values,
+from dra_gateway.translator.errors import quote, refuse
+from dra_gateway.translator.evaluation import (
+    Subject,
+    checked_outputs,
+    evaluate,
+    evaluate_all,
+    exactly,
+    gateway_config,
+    rendered_selectors,
 )
+from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
+from dra_gateway.translator.rules import CompiledRule, RuleSet
 
 __all__ = [
-    "MAX_DEVICES_PER_CLAIM",
     "ContainerPlan",
     "Found",
     "PodContext",
-    "Refusal",
-    "Refused",
     "Skipped",
     "is_sidecar",
     "plan_container",
-    "quote",
-    "refuse",
 ]
 
-# resource.k8s.io/v1 AllocationResult.devices.results holds at most 32 devices: a claim that
-# asks for more can never be allocated, by the gateway or by the scheduler.
-MAX_DEVICES_PER_CLAIM: Final = 32
 _INT64_MAX: Final = 2**63 - 1
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """A request that cannot be honoured. `message` names the container, resource and rule."""
-
-    message: str
-    container: str
-    resource: str
-    rule: str
-
-
-class Refused(Exception):
-    def __init__(self, refusal: Refusal) -> None:
-        super().__init__(refusal.message)
-        self.refusal = refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,35 +103,11 @@ class PodContext:
     extended: ExtendedResources | None
 
 
-@dataclass(frozen=True, slots=True)
-class _Subject:
-    """Whose translation is under way: a refusal or a failed expression names these."""
-
-    rule: CompiledRule
-    container: str
-    resources: tuple[str, ...]
-
-    def refuse(self, message: str) -> Refused:
-        return refuse(message, container=self.container, resource=", ".join(self.resources),
-                      rule=self.rule.name)
-
-
 def is_sidecar(key: str, container: Mapping[str, Any]) -> bool:
     return key == "initContainers" and container.get("restartPolicy") == "Always"
 
 
-def refuse(message: str, *, container: str, resource: str, rule: str,
-           name_rule: bool = True) -> Refused:
-    where = f" (rule {rule})" if rule and name_rule else ""
-    return Refused(Refusal(message=f"container {quote(container)}: {message}{where}",
-                           container=container, resource=resource, rule=rule))
-
-
-def quote(text: str) -> str:
-    return orjson.dumps(text).decode()
-
-
-def _scaled_value(resource: str, *, subject: _Subject, limit: Any, request: Any,
+def _scaled_value(resource: str, *, subject: Subject, limit: Any, request: Any,
                   factor: int) -> int:
     """A legacy resource's value times its unit, as a non-negative whole number (limits win,
     as upstream). A fractional resource may have a fraction; the product is rounded down."""
@@ -212,10 +163,10 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
     if context.extended and _defer(name, covered=covered, rule=rule,
                                    extended=context.extended, warnings=warnings, uses=uses):
         return Skipped("deferred", rule.name)
-    subject = _Subject(rule=rule, container=name, resources=tuple(covered))
+    subject = Subject(rule=rule, container=name, resources=tuple(covered))
     for index, (variable, expression) in enumerate(rule.variables):
-        activation[variable] = _evaluate(subject, f"variables[{index}]", expression, activation)
-    flags = _evaluate_all(subject, rule.refusal_batch, [
+        activation[variable] = evaluate(subject, f"variables[{index}]", expression, activation)
+    flags = evaluate_all(subject, rule.refusal_batch, [
         *((f"refuse[{i}].when", e) for i, (e, _) in enumerate(rule.refusals)),
         *((f"warn[{i}].when", e) for i, (e, _) in enumerate(rule.warnings))], activation)
     refusals = len(rule.refusals)
@@ -225,40 +176,16 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
     own_warnings = [f"container {quote(name)}: {message} (rule {rule.name})"
                     for flag, (_, message) in zip(flags[refusals:], rule.warnings, strict=True)
                     if flag is True]
-    outputs = _outputs(subject, activation)
-    conditions = _evaluate_all(subject, rule.condition_batch, [
+    outputs = checked_outputs(subject, activation)
+    conditions = evaluate_all(subject, rule.condition_batch, [
         *((f"device.selectors[{i}].when", sel.when) for i, sel in enumerate(rule.selectors)),
         *((f"device.constraints[{i}].when", con) for i, (_, con) in
           enumerate(rule.constraints))], activation)
-    chosen_selectors = _selectors(subject, conditions[:len(rule.selectors)], activation)
+    chosen_selectors = rendered_selectors(subject, conditions[:len(rule.selectors)], activation)
     selectors = [text for _, text in chosen_selectors]
-    request = {"name": name, "exactly": _exactly(rule, outputs, selectors)}
+    request = {"name": name, "exactly": exactly(rule, outputs, selectors)}
 
-    config = None
-    if rule.gateway_class:
-        enforcement = outputs.enforcement or "none"
-        if enforcement not in ENFORCEMENTS:
-            raise subject.refuse(f"enforcement {quote(enforcement)} is not one of "
-                                 f"{', '.join(ENFORCEMENTS)}")
-        policy = outputs.policy or None
-        if policy is not None and policy not in STRATEGIES:
-            own_warnings.append(f"container {quote(name)}: policy {quote(policy)} is not one of "
-                                f"{', '.join(STRATEGIES)}; the cluster default applies")
-            policy = None
-        try:
-            share = GpuShareConfig.model_validate({
-                "memory": outputs.memory or None, "memoryPercent": outputs.percent or None,
-                "cores": outputs.cores or None, "enforcement": enforcement, "policy": policy})
-        except ValidationError as exc:
-            # A rule without a refusal for it (both memory and memoryPercent, say) computes
-            # from this pod's amounts a share the gateway cannot carry: the pod must change.
-            details = "; ".join(
-                (f"{format_path(e['loc'])}: " if e["loc"] else "") + pydantic_message(e)
-                for e in exc.errors())
-            raise subject.refuse(f"the share computed from these amounts is not valid: "
-                                 f"{details}") from None
-        config = {"requests": [name],
-                  "opaque": {"driver": names.DRIVER, "parameters": share.to_parameters()}}
+    config = gateway_config(subject, outputs, own_warnings) if rule.gateway_class else None
     constraints = []
     if outputs.count > 1:
         for (attribute, _), holds in zip(rule.constraints, conditions[len(rule.selectors):],
@@ -288,83 +215,13 @@ def _choose_rule(found: Found, ordered: list[str], *, context: PodContext,
             continue
         if not _conditions_hold(rule, context.annotations, context.node_selector):
             continue
-        subject = _Subject(rule=rule, container=found.name, resources=tuple(mine))
+        subject = Subject(rule=rule, container=found.name, resources=tuple(mine))
         activation = _activation(subject, found=found, context=context)
-        if rule.when is not None and _evaluate(subject, "match.when", rule.when,
+        if rule.when is not None and evaluate(subject, "match.when", rule.when,
                                                activation) is not True:
             continue
         return rule, activation
     return None
-
-
-@dataclass(frozen=True, slots=True)
-class _Outputs:
-    """A rule's device outputs for one container, checked: per-card amounts and settings."""
-
-    count: int
-    memory: int  # bytes per card
-    percent: int  # memory as a percent of each card
-    cores: int  # percent of each card's compute
-    enforcement: str
-    policy: str
-
-
-def _outputs(subject: _Subject, activation: dict[str, Any]) -> _Outputs:
-    rule = subject.rule
-    values = _evaluate_all(subject, rule.output_batch, [
-        ("device.count", rule.count), ("device.memory", rule.memory),
-        ("device.memoryPercent", rule.memory_percent), ("device.cores", rule.cores),
-        ("device.enforcement", rule.enforcement), ("device.policy", rule.policy)], activation)
-    count, memory, percent, cores = (
-        _whole(subject, what, value) for what, value in
-        zip(("count", "memory", "memoryPercent", "cores"), values[:4], strict=True))
-    enforcement, policy = (
-        _text(subject, what, value) for what, value in
-        zip(("enforcement", "policy"), values[4:], strict=True))
-    resource = ", ".join(subject.resources)
-    if count < 1:
-        raise subject.refuse(f"{resource} gives a device count of {count}; at least 1 is needed")
-    if count > MAX_DEVICES_PER_CLAIM:
-        raise subject.refuse(
-            f"{resource} gives a device count of {count}; a DRA claim holds at most "
-            f"{MAX_DEVICES_PER_CLAIM} devices, so it could never be allocated; "
-            "split the work over several pods")
-    for label, value in (("memory share", percent), ("compute share", cores)):
-        if not 0 <= value <= names.CORES_PER_CARD:
-            raise subject.refuse(f"{resource} gives a {label} of {value}% of a card; a share "
-                                 "is 1 to 100 per card (ask for more cards instead)")
-    if memory < 0:
-        raise subject.refuse(f"{resource} gives negative memory")
-    if memory == 0 and percent in (0, 100) and cores in (0, 100):
-        percent = cores = 0  # the whole memory and compute of a card is a whole card
-    return _Outputs(count=count, memory=memory, percent=percent, cores=cores,
-                    enforcement=enforcement, policy=policy)
-
-
-def _exactly(rule: CompiledRule, outputs: _Outputs, selectors: list[str]) -> dict[str, Any]:
-    """The device request's `exactly` part: class, count, selectors and capacity."""
-    exactly: dict[str, Any] = {"deviceClassName": rule.class_name,
-                               "allocationMode": "ExactCount", "count": outputs.count}
-    if selectors:
-        exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
-    memory, percent, cores = outputs.memory, outputs.percent, outputs.cores
-    capacity: dict[str, str] = {}
-    if memory:
-        capacity[names.CAPACITY_MEMORY] = str(Quantity.from_bytes(memory))
-    if cores:
-        capacity[names.CAPACITY_CORES] = str(cores)
-    if rule.gateway_class and (memory or percent or cores):
-        # A share states every capacity of the card: one it leaves out is consumed at the
-        # request policy's default, the whole card, and the share would hold the card alone.
-        # The smallest amount accounts for it; the GpuShareConfig (which leaves it out) says
-        # what is enforced.
-        if not cores:
-            capacity[names.CAPACITY_CORES] = "1"
-        if not memory and not percent:
-            capacity[names.CAPACITY_MEMORY] = str(Quantity.from_bytes(names.MEMORY_STEP))
-    if capacity:
-        exactly["capacity"] = {"requests": capacity}
-    return exactly
 
 
 def _defer(container: str, *, covered: list[str], rule: CompiledRule,
@@ -408,7 +265,7 @@ def _conditions_hold(rule: CompiledRule, annotations: Mapping[str, str],
     return True
 
 
-def _activation(subject: _Subject, *, found: Found, context: PodContext) -> dict[str, Any]:
+def _activation(subject: Subject, *, found: Found, context: PodContext) -> dict[str, Any]:
     """The variables a rule's expressions see for one container (`BASE_VARIABLES`)."""
     rule, container = subject.rule, subject.container
     resources = found.container["resources"]
@@ -453,72 +310,3 @@ def _activation(subject: _Subject, *, found: Found, context: PodContext) -> dict
     }
 
 
-def _evaluate(subject: _Subject, what: str, expression: Any,
-              activation: dict[str, Any]) -> Any:
-    try:
-        return expression.evaluate(activation)
-    except CelError as exc:
-        resources = ", ".join(subject.resources)
-        raise subject.refuse(f"{what} could not be computed from {resources}: {exc}") from None
-
-
-def _evaluate_all(subject: _Subject, batch: Expression | None,
-                  singles: list[tuple[str, Expression | None]],
-                  activation: dict[str, Any]) -> list[Any]:
-    """Values of `singles` (None where absent) through one batched evaluation.
-
-    On an error the expressions are evaluated one by one so the refusal names the one that
-    failed.
-    """
-    if batch is None:
-        return []
-    try:
-        values = batch.evaluate(activation)
-    except CelError:
-        for what, expression in singles:
-            if expression is not None:
-                _evaluate(subject, what, expression, activation)
-        raise
-    if not isinstance(values, list) or len(values) != len(singles):
-        raise AssertionError(f"rule {subject.rule.name}: batched expression gave {values!r}")
-    return values
-
-
-def _whole(subject: _Subject, what: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise subject.refuse(f"device.{what} gave {value!r}, not a whole number")
-    return value
-
-
-def _text(subject: _Subject, what: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise subject.refuse(f"device.{what} gave {value!r}, not a string")
-    return value
-
-
-def _selectors(subject: _Subject, enabled: list[Any],
-               activation: dict[str, Any]) -> list[tuple[int, str]]:
-    """The selectors whose conditions hold, rendered, each with its index in the rule."""
-    rule = subject.rule
-    out: list[tuple[int, str]] = []
-    for index, (selector, on) in enumerate(zip(rule.selectors, enabled, strict=True)):
-        if on is not True:
-            continue
-        if selector.cel is not None:
-            out.append((index, selector.cel))
-            continue
-        value = _evaluate(subject, f"device.selectors[{index}].values", selector.values,
-                          activation)
-        if selector.op == "atLeast":
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise subject.refuse(f"device.selectors[{index}].values gave {value!r}, not a "
-                                     "whole number")
-        elif isinstance(value, str):
-            value = [value]
-        if selector.op != "atLeast" and (
-                not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
-            raise subject.refuse(f"device.selectors[{index}].values gave {value!r}, not strings")
-        rendered = render_selector(selector, rule.driver, selector_values(selector, value))
-        if rendered is not None:
-            out.append((index, rendered))
-    return out

@@ -1,8 +1,10 @@
-"""Load errors: `RulesError` and the collector that gathers every problem with its field path.
+"""The translator's errors: rules that fail to load, and a pod's request that is refused.
 
-Loading reports all problems at once, each as `<source>: <path>: <problem>`, and counts what
-failed (rules, overrides, whole documents) for the summary line. This module only formats and
-counts; it must not decide what is an error (the models and the compiler do).
+Loading reports all problems at once (`RulesError`, gathered by `Problems`), each as
+`<source>: <path>: <problem>`, and counts what failed (rules, overrides, whole documents) for
+the summary line. Translating refuses a pod with one `Refusal` (raised as `Refused`), whose
+message names the container, the resources and the rule. This module only formats and counts;
+it must not decide what is an error (the models, the compiler and the translation do).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from dra_gateway.translator.documents import IDENT_RE
 
@@ -82,3 +86,30 @@ def pydantic_message(error: Mapping[str, Any]) -> str:
         if message.startswith(prefix):
             message = message[len(prefix):]
     return message
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request that cannot be honoured. `message` names the container, resource and rule."""
+
+    message: str
+    container: str
+    resource: str
+    rule: str
+
+
+class Refused(Exception):
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+def refuse(message: str, *, container: str, resource: str, rule: str,
+           name_rule: bool = True) -> Refused:
+    where = f" (rule {rule})" if rule and name_rule else ""
+    return Refused(Refusal(message=f"container {quote(container)}: {message}{where}",
+                           container=container, resource=resource, rule=rule))
+
+
+def quote(text: str) -> str:
+    return orjson.dumps(text).decode()

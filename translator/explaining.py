@@ -25,13 +25,12 @@ from dra_gateway.translator.containers import (
     ContainerPlan,
     Found,
     PodContext,
-    Refused,
     Skipped,
     is_sidecar,
     plan_container,
-    quote,
 )
 from dra_gateway.translator.documents import UNITS
+from dra_gateway.translator.errors import Refused, quote
 from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
 from dra_gateway.translator.rules import CompiledRule, RuleSet
 from dra_gateway.translator.translate import TranslationPlan

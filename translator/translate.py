@@ -22,18 +22,15 @@ import orjson
 
 from dra_gateway.kube import names, objects
 from dra_gateway.translator.containers import (
-    MAX_DEVICES_PER_CLAIM,
     ContainerPlan,
     Found,
     PodContext,
-    Refusal,
-    Refused,
     Skipped,
     is_sidecar,
     plan_container,
-    quote,
-    refuse,
 )
+from dra_gateway.translator.errors import Refusal, Refused, quote, refuse
+from dra_gateway.translator.evaluation import MAX_DEVICES_PER_CLAIM
 from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
 from dra_gateway.translator.rules import RuleSet
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from dra_gateway.kube import names
-from dra_gateway.translator.containers import quote
+from dra_gateway.translator.errors import quote
 from dra_gateway.translator.explaining import KeyUse, PodExplanation, bytes_text
 
 __all__ = ["render_text", "summary_lines"]
