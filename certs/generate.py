@@ -100,6 +100,15 @@ def _check_dns_names(dns_names: Iterable[str]) -> None:
             )
 
 
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    """What an EC key may do: sign; a CA's also signs certificates and revocation lists."""
+    return x509.KeyUsage(
+        digital_signature=True, content_commitment=False, key_encipherment=False,
+        data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
+        encipher_only=False, decipher_only=False,
+    )
+
+
 def make_ca(common_name: str = "dra-gateway-ca", *, days: int = DEFAULT_CA_DAYS,
             now: dt.datetime | None = None) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     """A self-signed CA allowed to sign serving certificates only (path length 0)."""
@@ -116,14 +125,7 @@ def make_ca(common_name: str = "dra-gateway-ca", *, days: int = DEFAULT_CA_DAYS,
         .not_valid_before(now - _BACKDATE)
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                crl_sign=True, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(ski, critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -158,14 +160,7 @@ def make_serving_cert(
         .not_valid_before(now - _BACKDATE)
         .not_valid_after(min(now + dt.timedelta(days=days), ca_cert.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                crl_sign=False, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(

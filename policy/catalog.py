@@ -12,9 +12,9 @@ quotas and 50 sharing policies over 200 namespaces takes tens of milliseconds. P
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
 from dra_gateway.policy.admission import QuotaState
@@ -24,6 +24,7 @@ from dra_gateway.policy.quotas import Quota, compile_quota
 from dra_gateway.policy.sharing import NO_RULES, SharingRules, combine
 
 _NAME_LABEL = "kubernetes.io/metadata.name"
+_T = TypeVar("_T")
 
 
 def _status_used(obj: Mapping[str, Any]) -> Amounts:
@@ -38,6 +39,18 @@ def _status_used(obj: Mapping[str, Any]) -> Amounts:
         except (QuantityError, TypeError):
             continue
     return Amounts(**values)
+
+
+def _parsed(objects: Iterable[Mapping[str, Any]], parse: Callable[[Mapping[str, Any]], _T],
+            errors: list[str]) -> list[_T]:
+    """Each object parsed; one that does not validate is left out, its error kept in `errors`."""
+    out: list[_T] = []
+    for obj in objects:
+        try:
+            out.append(parse(obj))
+        except PolicyError as exc:
+            errors.append(str(exc))
+    return out
 
 
 def quota_state(obj: Mapping[str, Any], previous: QuotaState | None = None) -> QuotaState:
@@ -63,19 +76,9 @@ class Catalog:
               sharing: Iterable[Mapping[str, Any]] = (),
               namespaces: Iterable[Mapping[str, Any]] = ()) -> Catalog:
         errors: list[str] = []
-        states: list[QuotaState] = []
-        for obj in quotas:
-            try:
-                states.append(quota_state(obj))
-            except PolicyError as exc:
-                errors.append(str(exc))
+        states = _parsed(quotas, quota_state, errors)
         quota_errors = frozenset(errors)
-        policies: list[GPUSharingPolicy] = []
-        for obj in sharing:
-            try:
-                policies.append(parse_sharing(obj))
-            except PolicyError as exc:
-                errors.append(str(exc))
+        policies = _parsed(sharing, parse_sharing, errors)
         labels: dict[str, dict[str, str]] = {}
         for ns in namespaces:
             meta = ns.get("metadata") or {}

@@ -125,12 +125,19 @@ class ObjectMeta(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
 
 
-class GPUQuota(_Strict):
+class _PolicyObject(_Strict):
+    """A GPU policy object of the gateway's API; each kind narrows `kind` and `spec`."""
+
     api_version: Literal["dra-gateway.io/v1alpha1"] = Field(alias="apiVersion")
-    kind: Literal["GPUQuota"]
+    kind: str
     metadata: ObjectMeta
-    spec: QuotaSpec
+    spec: _Strict
     status: dict[str, Any] | None = None
+
+
+class GPUQuota(_PolicyObject):
+    kind: Literal["GPUQuota"]
+    spec: QuotaSpec
 
 
 class MinShare(_Strict):
@@ -188,12 +195,9 @@ class SharingSpec(_Strict):
     isolation: Isolation = Field(default_factory=Isolation)
 
 
-class GPUSharingPolicy(_Strict):
-    api_version: Literal["dra-gateway.io/v1alpha1"] = Field(alias="apiVersion")
+class GPUSharingPolicy(_PolicyObject):
     kind: Literal["GPUSharingPolicy"]
-    metadata: ObjectMeta
     spec: SharingSpec
-    status: dict[str, Any] | None = None
 
 
 def _describe(kind: str, obj: Any) -> str:

@@ -35,6 +35,33 @@ class RulesError(ValueError):
         super().__init__(f"{self.summary}: " + "; ".join(self.errors))
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request that cannot be honoured. `message` names the container, resource and rule."""
+
+    message: str
+    container: str
+    resource: str
+    rule: str
+
+
+class Refused(Exception):
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+def refuse(message: str, *, container: str, resource: str, rule: str,
+           name_rule: bool = True) -> Refused:
+    where = f" (rule {rule})" if rule and name_rule else ""
+    return Refused(Refusal(message=f"container {quote(container)}: {message}{where}",
+                           container=container, resource=resource, rule=rule))
+
+
+def quote(text: str) -> str:
+    return orjson.dumps(text).decode()
+
+
 @dataclass
 class Problems:
     errors: list[str] = field(default_factory=list)
@@ -87,29 +114,3 @@ def pydantic_message(error: Mapping[str, Any]) -> str:
             message = message[len(prefix):]
     return message
 
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """A request that cannot be honoured. `message` names the container, resource and rule."""
-
-    message: str
-    container: str
-    resource: str
-    rule: str
-
-
-class Refused(Exception):
-    def __init__(self, refusal: Refusal) -> None:
-        super().__init__(refusal.message)
-        self.refusal = refusal
-
-
-def refuse(message: str, *, container: str, resource: str, rule: str,
-           name_rule: bool = True) -> Refused:
-    where = f" (rule {rule})" if rule and name_rule else ""
-    return Refused(Refusal(message=f"container {quote(container)}: {message}{where}",
-                           container=container, resource=resource, rule=rule))
-
-
-def quote(text: str) -> str:
-    return orjson.dumps(text).decode()

@@ -217,11 +217,8 @@ class RuleStore:
                 await self._refuse(config_map, exc)
                 return False
             self._refused.pop(name, None)
-            for gone in (name, *self._deleted):
-                self._errors.pop(gone, None)
-            self._deleted.clear()
-            self._config_maps = candidate
-            self._commit(rules, "configmap")
+            self._errors.pop(name, None)
+            self._adopt(candidate, rules)
         await self._notify()
         return True
 
@@ -245,13 +242,18 @@ class RuleStore:
                                       "others fail without it")
                 self._deleted.add(name)
                 return False
-            for gone in self._deleted:
-                self._errors.pop(gone, None)
-            self._deleted.clear()
-            self._config_maps = candidate
-            self._commit(rules, "configmap")
+            self._adopt(candidate, rules)
         await self._notify()
         return True
+
+    def _adopt(self, config_maps: dict[str, dict[str, str]], rules: RuleSet) -> None:
+        """Put in force the rules loaded from these ConfigMaps: the deletions they leave out
+        are done, and so are the errors of those."""
+        for gone in self._deleted:
+            self._errors.pop(gone, None)
+        self._deleted.clear()
+        self._config_maps = config_maps
+        self._commit(rules, "configmap")
 
     async def _refuse(self, config_map: Object, exc: RulesError) -> None:
         meta = config_map["metadata"]
