@@ -30,7 +30,6 @@ RULES_LABEL_VALUE: Final = "true"
 # Annotations written by the gateway.
 ANNOTATION_TRANSLATED: Final = f"{DOMAIN}/translated"
 ANNOTATION_SHARES: Final = f"{DOMAIN}/shares"
-ANNOTATION_POLICY: Final = f"{DOMAIN}/policy"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "dra-gateway"
 
