@@ -19,6 +19,9 @@ present at zero means a legacy plugin left since the kubelet started and contain
 hold its devices, so every card is withheld; no legacy name at all means `DRA`. Without the Node
 either, every card is withheld.
 
+Which resource names are legacy GPU names is the core's list (`kube/legacy_resources.py`), which
+policy's quota conversion reads too.
+
 This module is pure: facts and the kubelet's answers in, a `Verdict` out. It reads no socket,
 calls no API and publishes nothing; `coexistence.py` does that.
 """
@@ -30,31 +33,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dra_gateway.kube import names
+from dra_gateway.kube.legacy_resources import is_legacy_gpu_resource
 from dra_gateway.kube.quantity import Quantity, QuantityError
 from dra_gateway.node_plugin.devices import DeviceInfo
 from dra_gateway.node_plugin.facts import NodeFacts
-
-# The resource names through which legacy stacks hand out GPUs (vendor-protocols.md), in one
-# place: exact names, then prefixes. A name counts whether or not a device plugin serves it;
-# names no device plugin serves (HAMi's gpumem, Koordinator's) never appear in the kubelet's
-# device lists, but a non-zero amount in the Node's allocatable still means an allocator offers
-# the node's GPUs.
-LEGACY_GPU_RESOURCES: frozenset[str] = frozenset({
-    "nvidia.com/gpu",  # NVIDIA's device plugin; HAMi's vGPU slots
-    "nvidia.com/gpu.shared",  # NVIDIA time-slicing with renamed resources
-    "nvidia.com/gpumem",  # HAMi
-    "nvidia.com/gpumem-percentage",  # HAMi
-    "nvidia.com/gpucores",  # HAMi
-    "amd.com/gpu",  # ROCm device plugin
-    "k8s.amazonaws.com/vgpu",  # AWS's MPS-backed slices of NVIDIA cards
-})
-LEGACY_GPU_RESOURCE_PREFIXES: tuple[str, ...] = (
-    "nvidia.com/mig-",  # NVIDIA's MIG "mixed" strategy; HAMi
-    "volcano.sh/vgpu-",  # Volcano vGPU: vgpu-number, vgpu-memory, vgpu-cores
-    "koordinator.sh/gpu",  # gpu-core, gpu-memory, gpu-memory-ratio, gpu.shared, gpu
-    "aliyun.com/gpu",  # gpushare gpu-mem, gpu-count; cGPU gpu-core.percentage
-    "tke.cloud.tencent.com/qgpu-",  # Tencent qGPU: qgpu-core, qgpu-memory
-)
 
 _PCI = re.compile(r"^([0-9a-f]{1,8}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
 _INDEX = re.compile(r"^(\d+)$")
@@ -62,10 +44,6 @@ _INDEX = re.compile(r"^(\d+)$")
 _INDEX_MIG = re.compile(r"^(\d+):(\d+)$")
 # NVIDIA's MIG UUIDs before driver R470: `MIG-GPU-<card uuid>/<GPU instance>/<compute instance>`.
 _OLD_MIG = re.compile(r"^MIG-(GPU-[^/]+)/(\d+)/(\d+)$", re.IGNORECASE)
-
-
-def is_legacy_gpu_resource(name: str) -> bool:
-    return name in LEGACY_GPU_RESOURCES or name.startswith(LEGACY_GPU_RESOURCE_PREFIXES)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from dra_gateway.kube import names
+from dra_gateway.kube.legacy_resources import legacy_resource
 from dra_gateway.kube.quantity import Quantity, QuantityError, parse_quantity
 
 __all__ = [
@@ -74,8 +75,9 @@ def _another_allocators(allocator: str) -> LegacyName:
     return LegacyName(None, why=f"{allocator} allocates these, not the gateway; keep the "
                                 "ResourceQuota for them")
 
-# Protocol facts (reference "Legacy and vendor GPU request protocols"); a name ending in "*" is
-# a prefix.
+# Protocol facts in GPUQuota terms (reference "Legacy and vendor GPU request protocols"), for
+# every name of the core's list (kube.legacy_resources), keyed as it is there: a name ending in
+# "*" is a prefix.
 KNOWN_NAMES: Final[Mapping[str, LegacyName]] = {
     # NVIDIA's device plugin and HAMi.
     "nvidia.com/gpu": LegacyName("devices"),
@@ -199,13 +201,8 @@ class QuotaConversion:
 
 def legacy_name(name: str) -> LegacyName | None:
     """The protocol facts of a resource name (no prefix such as `requests.`), None if unknown."""
-    known = KNOWN_NAMES.get(name)
-    if known is not None:
-        return known
-    for pattern, facts in KNOWN_NAMES.items():
-        if pattern.endswith("*") and name.startswith(pattern[:-1]):
-            return facts
-    return None
+    known = legacy_resource(name)
+    return KNOWN_NAMES.get(known.name) if known is not None else None
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dra_gateway.kube import names
+from dra_gateway.kube.legacy_resources import is_legacy_gpu_resource
 from dra_gateway.node_plugin.devices import DeviceOptions, device_table
 from dra_gateway.node_plugin.inventory import load_inventory
 from dra_gateway.node_plugin.legacy import (
@@ -19,7 +20,6 @@ from dra_gateway.node_plugin.legacy import (
     MigInstance,
     cards_of,
     decide,
-    is_legacy_gpu_resource,
     map_device_id,
 )
 
@@ -48,7 +48,9 @@ def _holder(resource: str, *ids: str, pod: str = "train") -> Holder:
     "nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb", "nvidia.com/gpumem",
     "nvidia.com/gpucores", "volcano.sh/vgpu-number", "aliyun.com/gpu-mem",
     "aliyun.com/gpu-core.percentage", "koordinator.sh/gpu-core", "koordinator.sh/gpu.shared",
-    "tke.cloud.tencent.com/qgpu-core", "amd.com/gpu", "k8s.amazonaws.com/vgpu"])
+    "tke.cloud.tencent.com/qgpu-core", "amd.com/gpu", "k8s.amazonaws.com/vgpu",
+    "kubernetes.io/gpu-core", "kubernetes.io/gpu-memory", "kubernetes.io/gpu",
+    "volcano.sh/gpu-number", "volcano.sh/gpu-memory"])
 def test_the_legacy_gpu_names_of_every_vendor_are_recognised(name: str) -> None:
     assert is_legacy_gpu_resource(name)
 
