@@ -113,13 +113,14 @@ def resolve_strategy(state: ClusterState, pod: Mapping[str, Any],
 
 
 def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mapping[str, Any]],
-             *, strategy: str | None = None) -> PodPlan:
+             *, strategy: str | None = None, nodes: Iterable[str] | None = None) -> PodPlan:
     """Place every claim of one pod (gateway classes only) on ONE node, jointly, honouring the
     pod's CPU/memory requests, node taints vs pod tolerations, node selector/affinity (required
     terms), and the claims' requests, selectors, constraints and configs. Packing strategy
     precedence: GpuShareConfig.policy of the claim, then pod annotation
     hami.io/gpu-scheduler-policy (binpack|spread), then `strategy`, then
-    settings.default_strategy."""
+    settings.default_strategy. `nodes`, when given, are the only nodes it may use (defrag
+    asks whether a pod fits on one node once some pods have left it)."""
     pod_label = "/".join(objects.namespace_name(pod))
     to_plan: list[tuple[Mapping[str, Any], str, ClaimDemand]] = []
     pinned: set[str] | None = None
@@ -134,6 +135,8 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
         if demand.error:
             return PodPlan(None, reason=f"claim {_claim_label(claim)}: {demand.error}")
         to_plan.append((claim, key, demand))
+    if nodes is not None:
+        pinned = set(nodes) if pinned is None else pinned & set(nodes)
     namespace = objects.namespace(pod)
     policies = state.policies
     rules = policies.rules(namespace) if policies.sharing_active else None
@@ -295,13 +298,23 @@ def _within_quota(ctx: _Context, pod: Mapping[str, Any],
     return PodPlan(plan.node_name, plan.allocations, plan.annotations, None, charges=charges)
 
 
+def _groups(state: ClusterState, pinned: set[str] | None,
+            ) -> Iterable[tuple[tuple[object, ...], list[str]]]:
+    """The node classes to visit: all of them, or only those of the pinned nodes (a pod pinned
+    to one node costs one class, not a pass over the cluster)."""
+    if pinned is None:
+        return state.groups.items()
+    keys = dict.fromkeys(state.node_group[n] for n in sorted(pinned) if n in state.node_group)
+    return [(key, state.groups[key]) for key in keys]
+
+
 def _feasible(ctx: _Context, pod: Mapping[str, Any], *, pinned: set[str] | None,
               needs_labels: bool, identity: bool) -> _Candidates:
     """Every node class's best member where the pod fits, best first, for pods the rankings
     cannot serve."""
     state = ctx.state
     found: list[_Candidate] = []
-    for group_key, members in state.groups.items():
+    for group_key, members in _groups(state, pinned):
         candidates: Sequence[str] = members
         if pinned is not None:
             candidates = [m for m in members if m in pinned]
@@ -404,7 +417,7 @@ def _scan(ctx: _Context, pod: Mapping[str, Any],
     state = ctx.state
     best: tuple[tuple[float, ...], str, Outcome] | None = None
     reasons: Counter[str] = Counter()
-    for group_key, members in state.groups.items():
+    for group_key, members in _groups(state, pinned):
         candidates: Sequence[str] = members
         if pinned is not None:
             candidates = [m for m in members if m in pinned]

@@ -131,6 +131,15 @@ class PodRecord:
     assumed: bool
 
 
+@dataclass(slots=True)
+class TakenOut:
+    """What `ClusterState.take_out` removed, for `put_back`."""
+
+    pod_uid: str
+    pod: PodRecord | None
+    claims: dict[str, ClaimRecord]
+
+
 def _result_key(result: Mapping[str, Any]) -> tuple[str, str, str]:
     return (result.get("driver", ""), result.get("pool", ""), result.get("device", ""))
 
@@ -505,6 +514,23 @@ class ClusterState:
         record_pod = self.pods.get(uid)
         if record_pod is not None and record_pod.assumed:
             self.remove_pod(uid)
+
+    def take_out(self, pod_uid: str, claim_uids: Sequence[str]) -> TakenOut:
+        """Remove a pod's CPU, memory and claims as if it had left (a defrag trial);
+        `put_back` undoes it exactly."""
+        claims = {uid: self.claims[uid] for uid in claim_uids if uid in self.claims}
+        for uid in claims:
+            self.remove_claim(uid)
+        pod = self.pods.get(pod_uid)
+        if pod is not None:
+            self.remove_pod(pod_uid)
+        return TakenOut(pod_uid, pod, claims)
+
+    def put_back(self, taken: TakenOut) -> None:
+        for uid, record in taken.claims.items():
+            self._put_claim(uid, record)
+        if taken.pod is not None:
+            self._put_pod(taken.pod_uid, taken.pod)
 
     # --- indexes used by the planner ----------------------------------------------------------
 
