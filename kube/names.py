@@ -27,6 +27,10 @@ FINALIZER: Final = f"{DOMAIN}/allocation"
 RULES_LABEL: Final = f"{DOMAIN}/rules"
 RULES_LABEL_VALUE: Final = "true"
 
+# A pod's word on defragmentation: "never" (it is not moved), "allow" (moved although its
+# controller is not one the gateway knows to re-create it).
+ANNOTATION_DEFRAG: Final = f"{DOMAIN}/defrag"
+
 # Annotations written by the gateway.
 ANNOTATION_TRANSLATED: Final = f"{DOMAIN}/translated"
 ANNOTATION_SHARES: Final = f"{DOMAIN}/shares"

@@ -1,4 +1,5 @@
-"""core/v1 NodeSelector matching, as the scheduler and the kubelet apply it.
+"""core/v1 NodeSelector matching, as the scheduler and the kubelet apply it, and metav1
+LabelSelector matching (`label_selector_matches`).
 
 One implementation for everything that checks a node against a NodeSelector: a claim
 allocation's `nodeSelector`, a pod's required node affinity. Terms are ORed, the requirements
@@ -53,3 +54,14 @@ def _requirement(requirement: Mapping[str, Any], values: Mapping[str, str]) -> b
             return False
         return number > bound if operator == "Gt" else number < bound
     return False
+
+
+def label_selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """A metav1.LabelSelector (a PodDisruptionBudget's, a Deployment's) against labels: an
+    empty selector selects everything, a missing one nothing (policy/v1's reading)."""
+    if selector is None:
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    return all(_requirement(r, labels) for r in selector.get("matchExpressions") or ())

@@ -44,6 +44,8 @@ PODS = ResourceType("", "v1", "pods", "Pod", namespaced=True, has_status=True)
 NODES = ResourceType("", "v1", "nodes", "Node", namespaced=False, has_status=True)
 NAMESPACES = ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, has_status=True)
 CONFIG_MAPS = ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True)
+POD_DISRUPTION_BUDGETS = ResourceType("policy", "v1", "poddisruptionbudgets",
+                                      "PodDisruptionBudget", namespaced=True, has_status=True)
 SECRETS = ResourceType("", "v1", "secrets", "Secret", namespaced=True)
 EVENTS = ResourceType("", "v1", "events", "Event", namespaced=True)
 RESOURCE_CLAIMS = ResourceType(
@@ -78,7 +80,7 @@ ALL: tuple[ResourceType, ...] = (
     PODS, NODES, NAMESPACES, CONFIG_MAPS, SECRETS, EVENTS,
     RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES, DEVICE_CLASSES,
     LEASES, MUTATING_WEBHOOK_CONFIGURATIONS, VALIDATING_WEBHOOK_CONFIGURATIONS,
-    GPU_QUOTAS, GPU_SHARING_POLICIES,
+    GPU_QUOTAS, GPU_SHARING_POLICIES, POD_DISRUPTION_BUDGETS,
 )
 
 

@@ -30,7 +30,7 @@ from dra_gateway.kube.cluster.port import (
     PatchType,
     WatchEvent,
 )
-from dra_gateway.kube.resources import ResourceType
+from dra_gateway.kube.resources import PODS, ResourceType
 
 _CONTENT_TYPES: dict[PatchType, str] = {
     "json": "application/json-patch+json",
@@ -218,6 +218,13 @@ class KubernetesCluster:
             return None  # some types answer a completed delete with a Status only
         deleted: Object = result
         return deleted
+
+    async def evict(self, name: str, *, namespace: str, uid: str | None = None) -> None:
+        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                                "metadata": {"name": name, "namespace": namespace}}
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+        await self._call("POST", _object_path(PODS, name, namespace, "eviction"), body=body)
 
     async def close(self) -> None:
         await self._api.close()

@@ -52,11 +52,13 @@ class ApiError(Exception):
         reason = str(status.get("reason") or "")
         status_code = int(status.get("code") or code or 500)
         message = str(status.get("message") or reason or f"HTTP {status_code}")
-        for cls in (NotFound, AlreadyExists, Conflict, Expired, Invalid, BadRequest, Forbidden):
+        for cls in (NotFound, AlreadyExists, Conflict, Expired, Invalid, BadRequest, Forbidden,
+                    TooManyRequests):
             if reason == cls.reason:
                 return cls(message, status=status)
         by_code: dict[int, type[ApiError]] = {404: NotFound, 410: Expired, 422: Invalid,
-                                               400: BadRequest, 403: Forbidden}
+                                               400: BadRequest, 403: Forbidden,
+                                               429: TooManyRequests}
         if status_code in by_code:
             return by_code[status_code](message, status=status)
         if status_code == 409:
@@ -97,6 +99,13 @@ class Invalid(ApiError):
 class BadRequest(ApiError):
     code = 400
     reason = "BadRequest"
+
+
+class TooManyRequests(ApiError):
+    """429: for an eviction, a PodDisruptionBudget allows no disruption now."""
+
+    code = 429
+    reason = "TooManyRequests"
 
 
 class Forbidden(ApiError):
@@ -160,6 +169,12 @@ class Cluster(Protocol):
 
         `resource_version` is a precondition: a different current one raises Conflict.
         """
+        ...
+
+    async def evict(self, name: str, *, namespace: str, uid: str | None = None) -> None:
+        """Evict a pod through the Eviction API (policy/v1): PodDisruptionBudgets decide, a
+        refusal raises TooManyRequests. `uid` is a precondition: another pod of the same name
+        raises Conflict."""
         ...
 
     async def close(self) -> None:

@@ -45,6 +45,7 @@ from dra_gateway.allocator.planner import (
     STRATEGIES,
     ClusterState,
     PlannerSettings,
+    PodPlan,
     TaskType,
     Workload,
     plan_pod,
@@ -374,8 +375,13 @@ class _Replay:
     """One configuration's replay of a trace, a pod at a time."""
 
     def __init__(self, cluster: Cluster, translator: Translator, *, strategy: str,
-                 workload: Workload, catalog: Catalog | None, namespaces: bool) -> None:
+                 workload: Workload, catalog: Catalog | None, namespaces: bool,
+                 keep: bool = False) -> None:
         self.translator = translator
+        # With `keep`, every pod as it ended (placed: bound, its claims allocated; or not) and
+        # its GPU share, for what runs after the replay (defrag).
+        self.keep = keep
+        self.kept: list[tuple[dict[str, Any], list[dict[str, Any]], PodPlan, float]] = []
         self.total_gpus = cluster.total_gpus
         self.namespaces = namespaces
         self.state = cluster.state(PlannerSettings(default_strategy=strategy))
@@ -410,6 +416,8 @@ class _Replay:
             self.wall_seconds += wall
             self.per_claim.extend([elapsed * 1000 / len(claims)] * len(claims))
             self.per_claim_wall.extend([wall * 1000 / len(claims)] * len(claims))
+        if self.keep:
+            self.kept.append((pod, claims, plan, trace_pod.gpu_share))
         if plan.node_name is None:
             self.failed += 1
             return
@@ -556,14 +564,34 @@ def main(args: argparse.Namespace) -> int:
     if not args.load > 0:
         print("dra-gateway bench allocator: --load must be above 0, e.g. 1.3", file=sys.stderr)
         return 2
+    percent = getattr(args, "defrag_moves", None)
+    if percent is not None and not 0 <= percent <= 100:
+        print("dra-gateway bench allocator: --defrag-moves is a percentage of the pods placed, "
+              "from 0 to 100, e.g. 5", file=sys.stderr)
+        return 2
+    if percent is not None and getattr(args, "gpu_policies", False):
+        print("dra-gateway bench allocator: --defrag-moves and --gpu-policies measure different "
+              "things; run them one at a time", file=sys.stderr)
+        return 2
     try:
         seeds = parse_seeds(args.seeds)
-        results = run(Path(args.nodes), Path(args.pods), strategies=strategies, load=args.load,
-                      seeds=seeds, gpu_policies_too=getattr(args, "gpu_policies", False))
+        if percent is not None:
+            from dra_gateway.devkit import defrag_bench
+
+            results = defrag_bench.run(Path(args.nodes), Path(args.pods), strategies=strategies,
+                                       load=args.load, seeds=seeds, percent=percent)
+        else:
+            results = run(Path(args.nodes), Path(args.pods), strategies=strategies,
+                          load=args.load, seeds=seeds,
+                          gpu_policies_too=getattr(args, "gpu_policies", False))
     except TraceError as exc:
         print(f"dra-gateway bench allocator: {exc}", file=sys.stderr)
         return 2
-    if args.output == "json":
+    if percent is not None and args.output != "json":
+        from dra_gateway.devkit import defrag_bench
+
+        print(defrag_bench.table(results, seeds, percent))
+    elif args.output == "json":
         print(json.dumps({"policies": results, "seeds": seeds, "load": args.load}, indent=2))
     else:
         print(_table(results, seeds))

@@ -123,6 +123,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                         help="also replay each seed with 200 GPUQuotas and 50 "
                         "GPUSharingPolicies over 200 namespaces, side by side pod by pod, and "
                         "report the ratio of claims/s")
+    replay.add_argument("--defrag-moves", type=float, default=None, metavar="P",
+                        help="after each replay, retry the pods that did not fit, then let "
+                        "defrag move at most P%% of the pods placed to place them; report GPU "
+                        "allocation before, after retrying and after defrag")
     replay.add_argument("-o", "--output", choices=("table", "json"), default="table")
     replay.set_defaults(func=_run_bench)
 

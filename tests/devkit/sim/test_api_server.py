@@ -52,7 +52,7 @@ async def test_discovery_describes_groups_resources_and_subresources(
     groups = await (await client.get("/apis")).json()
     assert {g["name"] for g in groups["groups"]} == {
         "resource.k8s.io", "coordination.k8s.io", "admissionregistration.k8s.io",
-        "dra-gateway.io"}
+        "dra-gateway.io", "policy"}
     group = await (await client.get("/apis/resource.k8s.io")).json()
     assert group["preferredVersion"]["groupVersion"] == "resource.k8s.io/v1"
     dra = await (await client.get("/apis/resource.k8s.io/v1")).json()
@@ -204,3 +204,17 @@ async def test_stopping_the_server_ends_open_watches_promptly() -> None:
     response.release()
     await session.close()
     assert memory.open_watches == 0
+
+
+async def test_an_eviction_deletes_the_pod_and_its_uid_is_a_precondition(
+        client: TestClient[Any, Any], memory: MemoryCluster) -> None:
+    pod = (await memory.load([{"apiVersion": "v1", "kind": "Pod",
+                               "metadata": {"name": "p", "namespace": "team-a"},
+                               "spec": {"containers": [{"name": "c", "image": "x"}]}}]))[0]
+    path = "/api/v1/namespaces/team-a/pods/p/eviction"
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "p"},
+            "deleteOptions": {"preconditions": {"uid": "another"}}}
+    assert (await client.post(path, json=body)).status == 409
+    body["deleteOptions"]["preconditions"]["uid"] = pod["metadata"]["uid"]
+    assert (await client.post(path, json=body)).status == 201
+    assert (await client.get("/api/v1/namespaces/team-a/pods/p")).status == 404

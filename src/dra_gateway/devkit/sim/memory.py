@@ -61,7 +61,7 @@ from dra_gateway.kube.cluster.port import (
     PatchType,
     WatchEvent,
 )
-from dra_gateway.kube.resources import ResourceType, by_kind
+from dra_gateway.kube.resources import PODS, ResourceType, by_kind
 
 Key = tuple[str, str]  # (namespace or "", name)
 
@@ -349,6 +349,19 @@ class MemoryCluster:
                                      f"({resource_version}) does not match the ResourceVersion "
                                      f"in record ({have}). The object might have been modified")
         return _copy(self._delete(rt, key))
+
+    async def evict(self, name: str, *, namespace: str, uid: str | None = None) -> None:
+        """The simulator has no disruption controller: an eviction deletes the pod (what the
+        Eviction API does when no PodDisruptionBudget selects it)."""
+        key = self._key(PODS, name, namespace)
+        current = self._store.get(PODS, {}).get(key)
+        if current is None:
+            raise not_found(PODS, name)
+        if uid and current["metadata"].get("uid") != uid:
+            raise conflict(PODS, name, f"the UID in the precondition ({uid}) does not match "
+                                       f"the UID in record ({current['metadata'].get('uid')}). "
+                                       "The object might have been deleted and then recreated")
+        self._delete(PODS, key)
 
     async def close(self) -> None:
         """End every open watch normally; the stored objects stay readable."""

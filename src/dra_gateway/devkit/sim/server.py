@@ -218,6 +218,16 @@ class _Handler:
         rt, name = target.rt, target.name
         query = request.query
         method = request.method
+        if (target.subresource == "eviction" and rt.plural == "pods"
+                and request.method == "POST" and target.name and target.namespace):
+            # The Eviction API (policy/v1); the simulator has no disruption controller.
+            body = await _body(request)
+            preconditions = ((body or {}).get("deleteOptions") or {}).get("preconditions") \
+                if isinstance(body, dict) else None
+            await self.cluster.evict(target.name, namespace=target.namespace,
+                                     uid=(preconditions or {}).get("uid"))
+            return _json({"apiVersion": "v1", "kind": "Status", "metadata": {},
+                          "status": "Success", "code": 201}, status=201)
         if target.subresource is not None and (target.subresource != "status"
                                                or not rt.has_status):
             raise NotFound(f"the server could not find the requested resource: {rt.plural} "

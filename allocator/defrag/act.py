@@ -1,0 +1,333 @@
+"""Reading the cluster for a defrag plan, and carrying a plan out.
+
+`read_snapshot` lists what `view.build` needs through the cluster port. `carry_out` takes the
+plan's pods in order; for each pod helped by moves:
+
+1. the hold is written first (`holds.py`: the devices freed, for that pod, until a deadline),
+   with a record of each pod about to move, so the allocator gives nobody else those devices
+   and no pod moves twice in the window;
+2. the pods are evicted through the Eviction API, at most `in_flight` at a time, each with its
+   uid as a precondition. A PodDisruptionBudget that refuses (429) stops the plan there: what
+   was done stays done (the hold keeps the devices freed so far for their pod), the rest is
+   reported as not started;
+3. before the next pod's moves, it waits (at most `wait_seconds`) until the pod helped is placed
+   and every moved pod's controller has a replacement placed; what is not by then is reported
+   (the allocator goes on placing them as usual).
+
+Every move is a Normal Event on the pod moved and one on the pod it made room for. Nothing here
+chooses moves (the planner does); each re-placement is the allocator's, checked as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dra_gateway.allocator.defrag import holds as holdfmt
+from dra_gateway.allocator.defrag.view import Snapshot
+from dra_gateway.allocator.planner.defrag import DefragPlan, Help, Move
+from dra_gateway.kube import objects
+from dra_gateway.kube.cluster.features import slices_show_consumable_capacity
+from dra_gateway.kube.cluster.port import (
+    AlreadyExists,
+    ApiError,
+    Cluster,
+    Conflict,
+    NotFound,
+    Object,
+    TooManyRequests,
+)
+from dra_gateway.kube.resources import (
+    CONFIG_MAPS,
+    DEVICE_CLASSES,
+    EVENTS,
+    GPU_QUOTAS,
+    GPU_SHARING_POLICIES,
+    NAMESPACES,
+    NODES,
+    POD_DISRUPTION_BUDGETS,
+    PODS,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    ResourceType,
+)
+from dra_gateway.policy.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "dra-gateway-defrag"
+EVENT_MOVED = "DefragMoved"
+EVENT_ROOM = "DefragRoomMade"
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+async def _items(cluster: Cluster, rt: ResourceType, **kwargs: Any) -> list[Object]:
+    try:
+        return list((await cluster.list(rt, **kwargs)).items)
+    except NotFound:  # a CRD not installed
+        return []
+
+
+async def read_records(cluster: Cluster, namespace: str) -> tuple[holdfmt.Records, Object | None]:
+    try:
+        config_map = await cluster.get(CONFIG_MAPS, holdfmt.CONFIG_MAP, namespace=namespace)
+    except NotFound:
+        return holdfmt.Records(), None
+    return holdfmt.read(config_map), config_map
+
+
+async def read_snapshot(cluster: Cluster, *, namespace: str, now: datetime,
+                        strategy: str = "default") -> Snapshot:
+    """Everything a plan reads, listed through the port."""
+    slices = await _items(cluster, RESOURCE_SLICES)
+    catalog = Catalog.build(quotas=await _items(cluster, GPU_QUOTAS),
+                            sharing=await _items(cluster, GPU_SHARING_POLICIES),
+                            namespaces=await _items(cluster, NAMESPACES))
+    records, _ = await read_records(cluster, namespace)
+    native = slices_show_consumable_capacity(slices)
+    return Snapshot(
+        now=now, nodes=await _items(cluster, NODES), slices=slices,
+        classes=await _items(cluster, DEVICE_CLASSES),
+        pods=await _items(cluster, PODS, field_selector=LIVE_PODS),
+        claims=await _items(cluster, RESOURCE_CLAIMS),
+        budgets=await _items(cluster, POD_DISRUPTION_BUDGETS),
+        catalog=catalog, records=records,
+        consumable_capacity=True if native is None else native, strategy=strategy)
+
+
+# --- carrying a plan out -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class MoveOutcome:
+    move: Move
+    result: str  # "evicted", "already gone", "refused: ...", "failed: ...", "not started"
+    replacement: str = ""  # where its replacement went, or why it is not known
+
+
+@dataclass(slots=True)
+class HelpOutcome:
+    help: Help
+    moves: list[MoveOutcome] = field(default_factory=list)
+    placed: str = ""  # where the pod helped went, or why not yet
+
+    @property
+    def done(self) -> bool:
+        return all(m.result in ("evicted", "already gone") for m in self.moves)
+
+
+@dataclass(slots=True)
+class ApplyReport:
+    outcomes: list[HelpOutcome] = field(default_factory=list)
+    stopped: str | None = None  # why the plan stopped before its end
+
+    @property
+    def evicted(self) -> int:
+        return sum(1 for o in self.outcomes for m in o.moves if m.result == "evicted")
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    in_flight: int = 2  # evictions at once
+    hold_seconds: float = 600.0  # how long freed devices wait for their pod
+    wait_seconds: float = 120.0  # for a pod helped and its moved pods' replacements
+    poll_seconds: float = 1.0
+
+
+class Applier:
+    """Carries plans out on one cluster; `clock` gives the time written in records."""
+
+    def __init__(self, cluster: Cluster, *, namespace: str, pace: Pace | None = None,
+                 clock: Callable[[], datetime] | None = None, instance: str = "") -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.pace = pace or Pace()
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self.instance = instance or COMPONENT
+
+    async def carry_out(self, plan: DefragPlan, pods: Mapping[str, Object]) -> ApplyReport:
+        """`pods`: the live pods the plan was made from, by uid (for owners and Events)."""
+        report = ApplyReport()
+        for help_ in plan.helped:
+            outcome = HelpOutcome(help_)
+            report.outcomes.append(outcome)
+            if report.stopped is not None:
+                outcome.moves = [MoveOutcome(m, "not started") for m in help_.moves]
+                outcome.placed = "not started"
+                continue
+            if not help_.moves:
+                outcome.placed = await self._wait_placed(help_.uid, pods, short=True)
+                continue
+            await self._write_hold(help_, pods)
+            outcome.moves = await self._evict(help_, pods)
+            refused = [m for m in outcome.moves if m.result.startswith(("refused", "failed"))]
+            if refused:
+                report.stopped = (f"moving {refused[0].move.pod} for {help_.pod}: "
+                                  f"{refused[0].result}; the moves before it stay done, the "
+                                  f"devices they freed stay held for {help_.pod}")
+            await self._events(help_, outcome, pods)
+            outcome.placed = await self._wait_placed(help_.uid, pods)
+            for move in outcome.moves:
+                if move.result == "evicted":
+                    move.replacement = await self._replacement(move.move, pods)
+        return report
+
+    async def _write_hold(self, help_: Help, pods: Mapping[str, Object]) -> None:
+        now = self.clock()
+        hold = holdfmt.Hold(help_.uid, help_.pod, help_.placement.node,
+                            help_.plan.allocations, now + timedelta(seconds=self.pace.hold_seconds),
+                            tuple(m.pod for m in help_.moves))
+        data = {hold.key: hold.value()}
+        for move in help_.moves:
+            owner = _controller_uid(pods.get(move.uid))
+            moved = holdfmt.Moved(move.uid, move.pod, owner, now, help_.pod)
+            data[moved.key] = moved.value()
+        await write_records(self.cluster, self.namespace, data)
+
+    async def _evict(self, help_: Help, pods: Mapping[str, Object]) -> list[MoveOutcome]:
+        gate = asyncio.Semaphore(max(1, self.pace.in_flight))
+        stop = asyncio.Event()
+
+        async def one(move: Move) -> MoveOutcome:
+            async with gate:
+                if stop.is_set():
+                    return MoveOutcome(move, "not started")
+                namespace, name = move.pod.split("/", 1)
+                try:
+                    await self.cluster.evict(name, namespace=namespace, uid=move.uid)
+                    return MoveOutcome(move, "evicted")
+                except NotFound:
+                    return MoveOutcome(move, "already gone")
+                except Conflict:
+                    return MoveOutcome(move, "already gone")  # another pod has the name now
+                except TooManyRequests as exc:
+                    stop.set()
+                    return MoveOutcome(move, f"refused: {exc.message}")
+                except ApiError as exc:
+                    stop.set()
+                    return MoveOutcome(move, f"failed: {exc.message}")
+
+        return list(await asyncio.gather(*(one(m) for m in help_.moves)))
+
+    async def _events(self, help_: Help, outcome: HelpOutcome,
+                      pods: Mapping[str, Object]) -> None:
+        done = [m.move for m in outcome.moves if m.result == "evicted"]
+        for move in done:
+            await self._event(pods.get(move.uid), EVENT_MOVED,
+                              f"moved by defrag to make room for {help_.pod} (frees "
+                              f"{help_.frees})")
+        if done:
+            await self._event(pods.get(help_.uid), EVENT_ROOM,
+                              f"defrag moved {', '.join(m.pod for m in done)} to free "
+                              f"{help_.frees} for this pod")
+
+    async def _event(self, pod: Object | None, reason: str, message: str) -> None:
+        if pod is None:
+            return
+        ns, name = objects.namespace_name(pod)
+        stamp = self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": ns},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name,
+                               "namespace": ns, "uid": objects.uid(pod)},
+            "reason": reason, "message": message[:1024], "type": "Normal",
+            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance, "firstTimestamp": stamp,
+            "lastTimestamp": stamp, "count": 1,
+        }
+        try:
+            await self.cluster.create(EVENTS, event, namespace=ns)
+        except (ApiError, OSError) as exc:
+            log.warning("could not record an event", extra={"pod": f"{ns}/{name}",
+                                                            "error": str(exc)})
+
+    async def _wait_placed(self, uid: str, pods: Mapping[str, Object], *,
+                           short: bool = False) -> str:
+        pod = pods.get(uid)
+        if pod is None:
+            return "gone"
+        ns, name = objects.namespace_name(pod)
+        deadline = time.monotonic() + (min(self.pace.wait_seconds, 10.0) if short
+                                       else self.pace.wait_seconds)
+        while True:
+            try:
+                current = await self.cluster.get(PODS, name, namespace=ns)
+            except NotFound:
+                return "gone"
+            if objects.uid(current) != uid:
+                return "gone"
+            node = objects.spec(current).get("nodeName")
+            if node:
+                return f"bound to {node}"
+            if not objects.is_gated(current):
+                return "allocated, waiting for the scheduler"
+            if time.monotonic() >= deadline:
+                return (f"not placed within {self.pace.wait_seconds:g}s: it waits, the devices "
+                        f"stay held for it")
+            await asyncio.sleep(self.pace.poll_seconds)
+
+    async def _replacement(self, move: Move, pods: Mapping[str, Object]) -> str:
+        """Where the moved pod's controller put its replacement, once placed."""
+        before = pods.get(move.uid)
+        owner = _controller_uid(before)
+        if before is None or owner is None:
+            return "unknown"
+        ns = objects.namespace(before)
+        deadline = time.monotonic() + self.pace.wait_seconds
+        while True:
+            listed = await self.cluster.list(PODS, namespace=ns, field_selector=LIVE_PODS)
+            fresh = [p for p in listed.items
+                     if _controller_uid(p) == owner and objects.uid(p) not in pods]
+            placed = [p for p in fresh if objects.spec(p).get("nodeName")]
+            if placed:
+                p = placed[0]
+                return f"{objects.name(p)} on {objects.spec(p).get('nodeName')}"
+            if time.monotonic() >= deadline:
+                if fresh:
+                    return (f"{objects.name(fresh[0])} not placed within "
+                            f"{self.pace.wait_seconds:g}s (the allocator's Events say why)")
+                return f"no replacement within {self.pace.wait_seconds:g}s"
+            await asyncio.sleep(self.pace.poll_seconds)
+
+
+def _controller_uid(pod: Object | None) -> str | None:
+    for ref in objects.owner_references(pod or {}):
+        if ref.get("controller"):
+            return str(ref.get("uid") or "") or None
+    return None
+
+
+async def write_records(cluster: Cluster, namespace: str, data: Mapping[str, str | None],
+                        ) -> None:
+    """Merge entries into the records ConfigMap (None deletes one), creating it if needed."""
+    for _ in range(5):
+        try:
+            await cluster.patch(CONFIG_MAPS, holdfmt.CONFIG_MAP, {"data": dict(data)},
+                                namespace=namespace)
+            return
+        except NotFound:
+            body = {"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": holdfmt.CONFIG_MAP, "namespace": namespace,
+                                 "labels": {"app.kubernetes.io/managed-by": "dra-gateway"}},
+                    "data": {k: v for k, v in data.items() if v is not None}}
+            try:
+                await cluster.create(CONFIG_MAPS, body, namespace=namespace)
+                return
+            except AlreadyExists:
+                continue
+    raise ApiError(f"ConfigMap {namespace}/{holdfmt.CONFIG_MAP} could not be written")
+
+
+async def drop_records(cluster: Cluster, namespace: str, keys: Sequence[str]) -> None:
+    if keys:
+        await write_records(cluster, namespace, dict.fromkeys(keys))
+
+
+__all__ = ["Applier", "ApplyReport", "HelpOutcome", "MoveOutcome", "Pace", "read_records",
+           "read_snapshot", "write_records"]

@@ -1,0 +1,132 @@
+"""The ConfigMap a defrag plan writes before it evicts anything, `dra-gateway-defrag` in the
+gateway's namespace:
+
+- `hold.<pod uid>`: the devices freed for a waiting pod (its claims' allocations as the plan
+  made them), the node, the pods moved for it, and until when the hold lasts. The allocator
+  counts a hold as taken, so no newcomer (a moved pod's replacement included) gets those
+  devices, and gives them to the pod first when it plans it;
+- `moved.<pod uid>`: a pod moved, its controller, when and for whom: a pod is not moved twice
+  in a window, nor the replacement its controller made after the move.
+
+Only the gateway's service account and cluster admins may write in the gateway's namespace (a
+tenant could otherwise hold devices with an annotation on a pod of their own). Pure: it reads
+and writes the ConfigMap's data as values; `act.py` talks to the API.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from dra_gateway.allocator.planner.allocation import PodPlan
+
+CONFIG_MAP = "dra-gateway-defrag"
+HOLD = "hold."
+MOVED = "moved."
+
+
+def _time(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    pod_uid: str
+    pod: str  # namespace/name
+    node: str
+    allocations: Mapping[str, Mapping[str, Any]]  # claim uid -> status.allocation
+    until: datetime
+    moves: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return HOLD + self.pod_uid
+
+    def plan(self) -> PodPlan:
+        """The held devices as a plan the planner state can assume."""
+        return PodPlan(self.node, {uid: dict(a) for uid, a in self.allocations.items()})
+
+    def value(self) -> str:
+        return json.dumps({"pod": self.pod, "node": self.node,
+                           "allocations": self.allocations, "until": _time(self.until),
+                           "moves": list(self.moves)}, sort_keys=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    pod_uid: str
+    pod: str
+    owner_uid: str | None  # its controller: the replacement it makes is not moved again
+    at: datetime
+    for_pod: str
+
+    @property
+    def key(self) -> str:
+        return MOVED + self.pod_uid
+
+    def value(self) -> str:
+        return json.dumps({"pod": self.pod, "owner": self.owner_uid, "at": _time(self.at),
+                           "for": self.for_pod}, sort_keys=True)
+
+
+@dataclass(slots=True)
+class Records:
+    holds: dict[str, Hold] = field(default_factory=dict)  # by pod uid
+    moved: list[Moved] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # entries that could not be read
+
+    def live_holds(self, now: datetime) -> dict[str, Hold]:
+        return {uid: h for uid, h in self.holds.items() if h.until > now}
+
+    def stale_keys(self, now: datetime, window_seconds: float) -> list[str]:
+        """Entries to drop: holds past their time, moves older than the window."""
+        keys = [h.key for h in self.holds.values() if h.until <= now]
+        keys += [m.key for m in self.moved if (now - m.at).total_seconds() > window_seconds]
+        return keys
+
+
+def read(config_map: Mapping[str, Any] | None) -> Records:
+    """The ConfigMap's records; an entry that cannot be read is named in `problems` and
+    ignored (a hand-edited ConfigMap must not stop the allocator)."""
+    records = Records()
+    data = (config_map or {}).get("data") or {}
+    for key, text in sorted(data.items()):
+        try:
+            body = json.loads(text)
+            if not isinstance(body, dict):
+                raise ValueError("not a JSON object")
+            if key.startswith(HOLD):
+                until = parse_time(body.get("until"))
+                allocations = body.get("allocations")
+                if until is None or not isinstance(allocations, dict) or not body.get("node"):
+                    raise ValueError("needs node, allocations and until (RFC 3339, UTC)")
+                records.holds[key[len(HOLD):]] = Hold(
+                    key[len(HOLD):], str(body.get("pod", "")), str(body["node"]), allocations,
+                    until, tuple(str(m) for m in body.get("moves") or ()))
+            elif key.startswith(MOVED):
+                at = parse_time(body.get("at"))
+                if at is None:
+                    raise ValueError("needs at (RFC 3339, UTC)")
+                records.moved.append(Moved(key[len(MOVED):], str(body.get("pod", "")),
+                                           body.get("owner") or None, at,
+                                           str(body.get("for", ""))))
+            else:
+                raise ValueError(f"keys start with {HOLD!r} or {MOVED!r}")
+        except (ValueError, TypeError) as exc:
+            records.problems.append(f"ConfigMap {CONFIG_MAP}: data[{key}]: {exc}")
+    return records
+
+
+__all__ = ["CONFIG_MAP", "Hold", "Moved", "Records", "parse_time", "read"]

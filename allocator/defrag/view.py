@@ -1,0 +1,173 @@
+"""The cluster's objects as the defrag planner's inputs. Pure: objects in, inputs out.
+
+- The planner state is fed as the allocator feeds its own (slices, classes, nodes, live pods,
+  claims, the GPU policies), and the holds still in force are assumed, so a plan never hands
+  out devices already promised.
+- Pods that wait: pods carrying the gateway's scheduling gate, not being deleted, whose claims
+  all exist, and not already held for; highest priority first, then the longest waiting.
+- Pods placed: bound, live pods on nodes with gateway devices, with their allocated claims.
+  One may move only when a controller re-creates it elsewhere (ReplicaSet, StatefulSet, Job;
+  any controller with `dra-gateway.io/defrag: allow`), it is not annotated
+  `dra-gateway.io/defrag: never`, and neither it nor, after it was moved, its controller's
+  replacement was moved within the window. Its PodDisruptionBudgets are named, with the
+  disruptions each allows now (`status.disruptionsAllowed`): the plan spends them, and the
+  Eviction API has the last word.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from dra_gateway.allocator.claims import claims_for
+from dra_gateway.allocator.defrag.holds import Records, parse_time
+from dra_gateway.allocator.planner import ClusterState, PlannerSettings
+from dra_gateway.allocator.planner.defrag import Resident, Waiter
+from dra_gateway.kube import names, objects
+from dra_gateway.kube.cluster.port import Object
+from dra_gateway.kube.nodeselectors import label_selector_matches
+from dra_gateway.policy.catalog import Catalog
+
+# Controllers that make a new pod when one of theirs is evicted.
+RECREATING = frozenset({"ReplicaSet", "StatefulSet", "Job"})
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """What was read of the cluster, at `now`."""
+
+    now: datetime
+    nodes: Sequence[Object] = ()
+    slices: Sequence[Object] = ()
+    classes: Sequence[Object] = ()
+    pods: Sequence[Object] = ()
+    claims: Sequence[Object] = ()
+    budgets: Sequence[Object] = ()  # PodDisruptionBudgets
+    catalog: Catalog | None = None
+    records: Records = field(default_factory=Records)
+    consumable_capacity: bool = True
+    strategy: str = "default"
+
+
+@dataclass(slots=True)
+class Inputs:
+    state: ClusterState
+    waiters: list[Waiter]
+    residents: list[Resident]
+    budgets: dict[str, int]  # namespace/name -> disruptions allowed now
+    waiting_since: dict[str, datetime]  # waiter uid -> when it was created
+    pods: dict[str, Object]  # every live pod by uid
+
+
+def _controller(pod: Object) -> Mapping[str, Any] | None:
+    for ref in objects.owner_references(pod):
+        if ref.get("controller"):
+            return ref
+    return None
+
+
+def why_fixed(pod: Object, records: Records, now: datetime, window_seconds: float) -> str | None:
+    """Why a placed pod may not move; None when it may."""
+    word = objects.annotations(pod).get(names.ANNOTATION_DEFRAG, "")
+    if word == "never":
+        return f"annotated {names.ANNOTATION_DEFRAG}: never"
+    owner = _controller(pod)
+    kind = str((owner or {}).get("kind") or "")
+    if word != "allow":
+        if owner is None:
+            return "no controller re-creates it (a bare pod)"
+        if kind == "DaemonSet":
+            return "a DaemonSet's pod comes back on the same node"
+        if kind == "Node":
+            return "a static pod"
+        if kind not in RECREATING:
+            return (f"its controller {kind} {owner.get('name')} is not one dra-gateway knows to "
+                    f"re-create it; annotate the pod {names.ANNOTATION_DEFRAG}: allow if it does")
+    uid = objects.uid(pod)
+    created = parse_time(objects.meta(pod).get("creationTimestamp"))
+    owner_uid = str((owner or {}).get("uid") or "") or None
+    for moved in records.moved:
+        if (now - moved.at).total_seconds() > window_seconds:
+            continue
+        if moved.pod_uid == uid:
+            return f"moved at {moved.at:%H:%M:%S}, within the window"
+        if owner_uid and moved.owner_uid == owner_uid and created is not None \
+                and created >= moved.at:
+            # Which new pod replaced the one moved cannot be told: none of its controller's
+            # pods made since moves again within the window.
+            return (f"made by {kind} {(owner or {}).get('name')} after it lost a pod to a move "
+                    f"at {moved.at:%H:%M:%S}, within the window")
+    return None
+
+
+def _budgets_of(pod: Object, budgets: Iterable[Object]) -> tuple[str, ...]:
+    ns = objects.namespace(pod)
+    labels = objects.labels(pod)
+    return tuple("/".join(objects.namespace_name(b)) for b in budgets
+                 if objects.namespace(b) == ns
+                 and label_selector_matches(objects.spec(b).get("selector"), labels))
+
+
+def _priority(pod: Object) -> int:
+    value = objects.spec(pod).get("priority")
+    return int(value) if isinstance(value, int) else 0
+
+
+def build(snapshot: Snapshot, *, window_seconds: float = 3600.0) -> Inputs:
+    state = ClusterState(PlannerSettings(default_strategy=snapshot.strategy,
+                                         consumable_capacity=snapshot.consumable_capacity))
+    for obj in snapshot.classes:
+        state.set_device_class(obj)
+    for obj in snapshot.nodes:
+        state.set_node(obj)
+    for obj in snapshot.slices:
+        state.set_slice(obj)
+    if snapshot.catalog is not None:
+        state.set_policies(snapshot.catalog)
+    live = {objects.uid(p): p for p in snapshot.pods
+            if not objects.is_finished(p) and not objects.is_deleting(p)}
+    for pod in live.values():
+        state.set_pod(pod)
+    for claim in snapshot.claims:
+        state.set_claim(claim)
+    by_name = {objects.namespace_name(c): c for c in snapshot.claims}
+
+    def lookup(namespace: str, name: str) -> Object | None:
+        return by_name.get((namespace, name))
+
+    holds = snapshot.records.live_holds(snapshot.now)
+    waiters: list[tuple[tuple[Any, ...], Waiter]] = []
+    residents: list[Resident] = []
+    since: dict[str, datetime] = {}
+    budgets = {"/".join(objects.namespace_name(b)):
+               int(objects.status(b).get("disruptionsAllowed") or 0) for b in snapshot.budgets}
+    for uid, pod in live.items():
+        claims, missing = claims_for(pod, lookup)
+        gateway = [c for c in claims if objects.is_gateway_claim(c)]
+        if objects.is_gated(pod):
+            hold = holds.get(uid)
+            if hold is not None:
+                state.assume(pod, hold.plan())  # promised: nobody else plans onto it
+                continue
+            unallocated = [c for c in gateway if not objects.is_allocated(c)]
+            if missing or not unallocated:
+                continue
+            created = parse_time(objects.meta(pod).get("creationTimestamp")) or snapshot.now
+            since[uid] = created
+            waiters.append(((-_priority(pod), created, objects.namespace_name(pod)),
+                            Waiter(pod, tuple(unallocated), _priority(pod))))
+            continue
+        node = objects.spec(pod).get("nodeName")
+        if not node or node not in state.node_devices:
+            continue
+        residents.append(Resident(
+            pod, tuple(c for c in gateway if objects.is_allocated(c)), _priority(pod),
+            why_fixed(pod, snapshot.records, snapshot.now, window_seconds),
+            _budgets_of(pod, snapshot.budgets)))
+    waiters.sort(key=lambda entry: entry[0])
+    return Inputs(state, [w for _, w in waiters], residents, budgets, since, live)
+
+
+__all__ = ["RECREATING", "Inputs", "Snapshot", "build", "why_fixed"]
