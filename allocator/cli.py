@@ -68,6 +68,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                             "live pod uses and remove the allocator's finalizer from every "
                             "claim, then exit (the chart's pre-delete hook; run it with the "
                             "allocator stopped)")
+    defrag = controller.add_argument_group(
+        "defrag", "move the fewest pods to place pods that wait (off by default; "
+        "`dra-gateway defrag plan` shows what it would do)")
+    defrag.add_argument("--defrag", action="store_true",
+                        help="plan and carry out moves for pods gated longer than "
+                        "--defrag-after")
+    defrag.add_argument("--defrag-after", type=arguments.duration, default=300.0,
+                        metavar="DURATION", help="how long a pod waits before moves are made "
+                        "for it (default: 5m)")
+    defrag.add_argument("--defrag-interval", type=arguments.duration, default=30.0,
+                        metavar="DURATION", help="how often waiting pods are looked at "
+                        "(default: 30s)")
+    defrag.add_argument("--defrag-moves-per-hour", type=_positive_int, default=10, metavar="N",
+                        help="moves in any hour, all pods together (default: %(default)s)")
+    defrag.add_argument("--defrag-moves-per-pod", type=_positive_int, default=4, metavar="N",
+                        help="moves to place one waiting pod (default: %(default)s)")
+    defrag.add_argument("--defrag-hold", type=arguments.duration, default=600.0,
+                        metavar="DURATION", help="how long freed devices wait for their pod "
+                        "(default: 10m)")
+    defrag.add_argument("--defrag-window", type=arguments.duration, default=3600.0,
+                        metavar="DURATION", help="a pod moved is not moved again within it "
+                        "(default: 1h)")
     controller.set_defaults(func=_run_controller)
 
 

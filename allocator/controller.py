@@ -34,11 +34,16 @@ than through the cluster port.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from dra_gateway.allocator.allocate import PodAllocator
+from dra_gateway.allocator.defrag import holds as holdfmt
+from dra_gateway.allocator.defrag.mode import DefragMode
+from dra_gateway.allocator.defrag.view import Snapshot
 from dra_gateway.allocator.events import COMPONENT, EventRecorder
 from dra_gateway.allocator.index import ClaimIndex
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
@@ -66,6 +71,7 @@ from dra_gateway.kube.cluster.features import (
 from dra_gateway.kube.cluster.port import ApiError, Cluster, Object
 from dra_gateway.kube.objects import has_finalizer, is_allocated, is_finished, is_gated
 from dra_gateway.kube.resources import (
+    CONFIG_MAPS,
     DEVICE_CLASSES,
     NODES,
     PODS,
@@ -138,6 +144,14 @@ class Controller:
                                       pending=self.pending, events=self.events,
                                       releaser=self.releaser, stats=self.stats,
                                       metrics=self.metrics, fence=fence)
+        # Defrag's ConfigMap: devices held for pods, pods moved (allocator/defrag/holds.py).
+        self.records = Informer(cluster, CONFIG_MAPS, self._on_records,
+                                namespace=self.settings.namespace,
+                                field_selector=f"metadata.name={holdfmt.CONFIG_MAP}",
+                                watch_timeout=timeout, what="defrag records",
+                                rbac_fix="grant the allocator get, list and watch on configmaps "
+                                         "in its namespace (the chart's allocator Role)")
+        self._records: holdfmt.Records = holdfmt.Records()
         self._detected = asyncio.Event()
         self.ready = asyncio.Event()  # informers synced, workers running
 
@@ -171,6 +185,16 @@ class Controller:
                 "nodes": len(self.nodes.store), "pods": len(self.pods.store),
                 "deviceClasses": len(self.classes.store)})
             self.state.set_policies(self.policy_mirror.catalog())
+            # Holds before the first plan, so a new leader does not hand out devices freed for
+            # a waiting pod; an allocator without the RBAC for them still works, without.
+            tasks.append(asyncio.create_task(self.records.run(), name="informer-defrag"))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.records.synced.wait(), timeout=10.0)
+            tasks.append(asyncio.create_task(self._expire_holds(), name="defrag-holds"))
+            if self.settings.defrag:
+                mode = DefragMode(self.cluster, self.settings, snapshot=self.snapshot,
+                                  metrics=self.metrics, fence=self.fence)
+                tasks.append(asyncio.create_task(mode.run(), name="defrag"))
             for n in range(max(1, self.settings.workers)):
                 worker = run_worker(self.queue, self._sync, stats=self.stats,
                                     metrics=self.metrics)
@@ -305,6 +329,7 @@ class Controller:
         uid = objects.uid(obj)
         ns, name = objects.namespace_name(obj)
         if change == "deleted":
+            self.planning.drop_hold(obj)
             self.planning.change(self.state.remove_pod, uid)
             self.events.forget(uid)
             self.pending.drop(uid)
@@ -314,6 +339,8 @@ class Controller:
             self._release_claims(held)
             self.unplaceable.capacity_changed()
             return
+        if not is_gated(obj):
+            self.planning.drop_hold(obj)  # placed: the hold, if any, has served
         self.planning.change(self.state.set_pod, obj)
         self.index.set_pod(obj)
         self.planning.refresh_placement(obj)
@@ -324,6 +351,37 @@ class Controller:
             self.unplaceable.discard(key)
         if is_finished(obj):
             self._release_claims(self.index.claims_of(uid))
+
+    def _on_records(self, change: Change, obj: Object, old: Object | None) -> None:
+        self._records = holdfmt.read(None if change == "deleted" else obj)
+        for problem in self._records.problems:
+            log.warning("defrag record ignored", extra={"problem": problem})
+        self._apply_holds()
+
+    def _apply_holds(self) -> None:
+        def pod_of(uid: str, hold: holdfmt.Hold) -> Object | None:
+            ns, _, name = hold.pod.partition("/")
+            pod = self.pods.get(ns, name)
+            return pod if pod is not None and objects.uid(pod) == uid else None
+
+        live = self._records.live_holds(datetime.now(UTC))
+        for uid in self.planning.set_holds(live, pod_of):
+            ns, _, name = live[uid].pod.partition("/")
+            self.unplaceable.wake(PodKey(ns, name, uid))
+
+    def snapshot(self) -> Snapshot:
+        """The mirrors as defrag reads a cluster (PodDisruptionBudgets are read when needed)."""
+        return Snapshot(now=datetime.now(UTC), nodes=list(self.nodes.values()),
+                        slices=list(self.slices.values()), classes=list(self.classes.values()),
+                        pods=list(self.pods.values()), claims=list(self.claims.values()),
+                        catalog=self.policy_mirror.catalog(), records=self._records,
+                        consumable_capacity=bool(self.consumable_capacity),
+                        strategy=self.settings.strategy)
+
+    async def _expire_holds(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.holds_check_interval)
+            self._apply_holds()
 
     def _on_claim(self, change: Change, obj: Object, old: Object | None) -> None:
         key = ClaimKey(*objects.namespace_name(obj))

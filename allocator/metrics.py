@@ -65,6 +65,13 @@ class Metrics:
         self.quota_hard = Gauge(
             "dra_gateway_allocator_quota_hard", "GPUQuota spec.hard, per limited resource",
             ("namespace", "quota", "resource"), registry=r)
+        self.defrag_moves = Counter(
+            "dra_gateway_allocator_defrag_moves",
+            "Pods the allocator's defrag moved (evicted) or tried to, by result (evicted, "
+            "refused by a PodDisruptionBudget, failed)", ("result",), registry=r)
+        self.defrag_pods_helped = Counter(
+            "dra_gateway_allocator_defrag_pods_helped",
+            "Waiting pods placed after the allocator's defrag moved pods for them", registry=r)
         self.pending_pods = Gauge(
             "dra_gateway_allocator_pending_pods",
             "Gated pods the allocator could not place, by reason (QuotaExceeded, "

@@ -8,7 +8,9 @@ started, as when it ran on the loop. Each plan may spend at most `plan_cost_budg
 selectors (kube.cel.cost_budget): a pod whose selectors cost more is not placed, with that
 reason. The plans whose writes are in flight (`inflight`) hold their node and devices in the
 state (`assume`) so that concurrent workers never hand out the same share; a pod placed but not
-yet bound holds its CPU and memory (`refresh_placement`).
+yet bound holds its CPU and memory (`refresh_placement`). Devices a defrag plan freed for a pod
+(`set_holds`, from the `dra-gateway-defrag` ConfigMap) are held in the state for that pod: no
+other pod is planned onto them, and that pod is planned on the held node first.
 
 This module must not make placement decisions (the planner does), read the API or write to it.
 """
@@ -16,10 +18,11 @@ This module must not make placement decisions (the planner does), read the API o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dra_gateway.allocator.claims import ClaimLookup
+from dra_gateway.allocator.defrag.holds import Hold
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
 from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.kube import cel, objects
@@ -39,6 +42,9 @@ class Planning:
         self._planning = asyncio.Lock()  # one plan at a time, as when plans ran on the loop
         # Changes to the planner state made while a plan runs in its thread, in order.
         self._held_changes: list[Callable[[], None]] | None = None
+        # Defrag holds in the state (pod uid -> hold), and pods that have used theirs.
+        self.holds: dict[str, Hold] = {}
+        self._used_holds: set[str] = set()
 
     def reset(self, consumable_capacity: bool) -> ClusterState:
         """A fresh, empty planner state (the API's feature mode changed); the caller fills it."""
@@ -56,20 +62,66 @@ class Planning:
             self._held_changes = []
             state, strategy = self.state, self.settings.strategy
             budget = self.settings.plan_cost_budget
+            uid = objects.uid(pod)
+            hold = self.holds.get(uid)
 
             def planned() -> PodPlan:
                 try:
                     with cel.cost_budget(budget):
-                        return plan_pod(state, pod, gateway, strategy=strategy)
+                        if hold is None:
+                            return plan_pod(state, pod, gateway, strategy=strategy)
+                        # Its own hold is no obstacle: the held node first, then anywhere; if
+                        # neither (the moved pods have not left yet), the hold stays.
+                        state.forget(pod, hold.plan())
+                        plan = plan_pod(state, pod, gateway, strategy=strategy,
+                                        nodes=(hold.node,))
+                        if plan.node_name is None:
+                            plan = plan_pod(state, pod, gateway, strategy=strategy)
+                        if plan.node_name is None:
+                            state.assume(pod, hold.plan())
+                        return plan
                 except cel.CostBudgetExceeded as exc:
+                    if hold is not None:
+                        state.assume(pod, hold.plan())
                     return PodPlan(node_name=None, allocations={}, annotations={},
                                    reason=f"{exc}; simplify the claim's selectors")
 
             plan = await asyncio.to_thread(planned)
+            if hold is not None and plan.node_name is not None:
+                del self.holds[uid]  # used: the plan's own assumption replaces it
+                self._used_holds.add(uid)
             held, self._held_changes = self._held_changes, None
             for change in held:
                 change()
         return plan
+
+    def set_holds(self, holds: Mapping[str, Hold],
+                  pod_of: Callable[[str, Hold], Object | None]) -> list[str]:
+        """Hold in the state the devices of the holds in force (pod uid -> hold) and let go of
+        the others; a hold its pod has used, or whose pod is no longer gated, is not taken
+        again. Returns the uids of the pods newly held for (to plan them again)."""
+        added: list[str] = []
+        for uid, old in list(self.holds.items()):
+            if holds.get(uid) != old:
+                del self.holds[uid]
+                self.change(self.state.forget, pod_of(uid, old) or _stub(uid, old), old.plan())
+        for uid, hold in holds.items():
+            if uid in self.holds or uid in self._used_holds:
+                continue
+            pod = pod_of(uid, hold)
+            if pod is not None and not objects.is_gated(pod):
+                continue
+            self.holds[uid] = hold
+            self.change(self.state.assume, pod or _stub(uid, hold), hold.plan())
+            added.append(uid)
+        self._used_holds &= set(holds)
+        return added
+
+    def drop_hold(self, pod: Object) -> None:
+        """The pod is gone or placed: its hold, if any, frees its devices."""
+        hold = self.holds.pop(objects.uid(pod), None)
+        if hold is not None:
+            self.change(self.state.forget, pod, hold.plan())
 
     def change(self, method: Callable[..., None], *args: Any) -> None:
         """Apply a change to the planner state now, or after the plan running in its thread."""
@@ -91,6 +143,11 @@ class Planning:
         being written). Derived from the API each time, so a new leader counts it too.
         """
         self.change(self.state.forget, pod, _NO_PLAN)  # drops only an assumed pod record
+        hold = self.holds.get(objects.uid(pod))
+        if hold is not None:
+            # A pod held for keeps its CPU and memory on the held node too.
+            self.change(self.state.assume, pod, hold.plan())
+            return
         spec = pod.get("spec") or {}
         if spec.get("nodeName") or is_finished(pod):
             return
@@ -110,6 +167,12 @@ class Planning:
             if node:
                 return node
         return None
+
+
+def _stub(uid: str, hold: Hold) -> Object:
+    """The pod a hold is for, before the pods' mirror has it: its uid and namespace."""
+    return {"metadata": {"uid": uid, "namespace": hold.pod.partition("/")[0],
+                         "name": hold.pod.partition("/")[2]}}
 
 
 __all__ = ["Planning"]

@@ -118,8 +118,15 @@ async def _main(args: argparse.Namespace) -> int:
                     return 2
                 log.info("serving metrics", extra={"address": address, "port": port})
             await run_allocator(cluster, namespace=args.namespace, identity=identity,
-                                settings=ControllerSettings(strategy=args.strategy,
-                                                            workers=args.workers),
+                                settings=ControllerSettings(
+                                    strategy=args.strategy, workers=args.workers,
+                                    namespace=args.namespace, defrag=args.defrag,
+                                    defrag_after=args.defrag_after,
+                                    defrag_interval=args.defrag_interval,
+                                    defrag_moves_per_hour=args.defrag_moves_per_hour,
+                                    defrag_moves_per_pod=args.defrag_moves_per_pod,
+                                    defrag_hold=args.defrag_hold,
+                                    defrag_window=args.defrag_window),
                                 metrics=metrics, stop=stop)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -43,6 +43,23 @@ class ControllerSettings:
     # is not placed (reason given) and retried on its backoff, so a tenant's costly selector
     # cannot hold the planner for long.
     plan_cost_budget: int = 10_000_000
+    # The gateway's namespace: the allocator's Lease and defrag's ConfigMap (holds, moves).
+    namespace: str = "dra-gateway"
+    # Defrag holds are let go this long after their deadline at the latest.
+    holds_check_interval: float = 15.0
+    # The allocator's own defrag (`--defrag`): pods gated longer than `defrag_after` get moves
+    # planned for them every `defrag_interval`, at most `defrag_moves_per_hour` moves in any
+    # hour, each freed device held `defrag_hold` for its pod, `defrag_wait` for each
+    # re-placement; a pod moved is not moved again within `defrag_window`.
+    defrag: bool = False
+    defrag_after: float = 300.0
+    defrag_interval: float = 30.0
+    defrag_moves_per_hour: int = 10
+    defrag_moves_per_pod: int = 4
+    defrag_in_flight: int = 2
+    defrag_hold: float = 600.0
+    defrag_wait: float = 120.0
+    defrag_window: float = 3600.0
 
 
 __all__ = ["ControllerSettings"]

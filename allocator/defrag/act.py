@@ -66,7 +66,7 @@ EVENT_ROOM = "DefragRoomMade"
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
-async def _items(cluster: Cluster, rt: ResourceType, **kwargs: Any) -> list[Object]:
+async def list_items(cluster: Cluster, rt: ResourceType, **kwargs: Any) -> list[Object]:
     try:
         return list((await cluster.list(rt, **kwargs)).items)
     except NotFound:  # a CRD not installed
@@ -84,18 +84,18 @@ async def read_records(cluster: Cluster, namespace: str) -> tuple[holdfmt.Record
 async def read_snapshot(cluster: Cluster, *, namespace: str, now: datetime,
                         strategy: str = "default") -> Snapshot:
     """Everything a plan reads, listed through the port."""
-    slices = await _items(cluster, RESOURCE_SLICES)
-    catalog = Catalog.build(quotas=await _items(cluster, GPU_QUOTAS),
-                            sharing=await _items(cluster, GPU_SHARING_POLICIES),
-                            namespaces=await _items(cluster, NAMESPACES))
+    slices = await list_items(cluster, RESOURCE_SLICES)
+    catalog = Catalog.build(quotas=await list_items(cluster, GPU_QUOTAS),
+                            sharing=await list_items(cluster, GPU_SHARING_POLICIES),
+                            namespaces=await list_items(cluster, NAMESPACES))
     records, _ = await read_records(cluster, namespace)
     native = slices_show_consumable_capacity(slices)
     return Snapshot(
-        now=now, nodes=await _items(cluster, NODES), slices=slices,
-        classes=await _items(cluster, DEVICE_CLASSES),
-        pods=await _items(cluster, PODS, field_selector=LIVE_PODS),
-        claims=await _items(cluster, RESOURCE_CLAIMS),
-        budgets=await _items(cluster, POD_DISRUPTION_BUDGETS),
+        now=now, nodes=await list_items(cluster, NODES), slices=slices,
+        classes=await list_items(cluster, DEVICE_CLASSES),
+        pods=await list_items(cluster, PODS, field_selector=LIVE_PODS),
+        claims=await list_items(cluster, RESOURCE_CLAIMS),
+        budgets=await list_items(cluster, POD_DISRUPTION_BUDGETS),
         catalog=catalog, records=records,
         consumable_capacity=True if native is None else native, strategy=strategy)
 

@@ -21,23 +21,12 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from dra_gateway.kube import arguments
+
 if TYPE_CHECKING:
     from dra_gateway.allocator.defrag.act import ApplyReport
     from dra_gateway.allocator.defrag.view import Inputs
     from dra_gateway.allocator.planner.defrag import DefragPlan
-
-
-def _duration(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600}
-    scale = units.get(text[-1:], 1)
-    try:
-        value = float(text[:-1] if text[-1:] in units else text) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration; write e.g. 90s, 10m or 1h") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be above 0")
-    return value
 
 
 def _count(text: str) -> int:
@@ -70,7 +59,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                             help="moves in the whole plan (default: %(default)s)")
         parser.add_argument("--max-moves-per-pod", type=_count, default=4,
                             help="moves to place one waiting pod (default: %(default)s)")
-        parser.add_argument("--window", type=_duration, default=3600.0, metavar="DURATION",
+        parser.add_argument("--window", type=arguments.duration, default=3600.0, metavar="DURATION",
                             help="a pod moved is not moved again within it (default: 1h)")
         parser.add_argument("--for", dest="only", action="append", default=[],
                             metavar="NAMESPACE/POD", help="help only these waiting pods")
@@ -78,9 +67,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                             default="table")
     apply.add_argument("--in-flight", type=_count, default=2,
                        help="evictions at once (default: %(default)s)")
-    apply.add_argument("--hold", type=_duration, default=600.0, metavar="DURATION",
+    apply.add_argument("--hold", type=arguments.duration, default=600.0, metavar="DURATION",
                        help="how long freed devices wait for their pod (default: 10m)")
-    apply.add_argument("--wait", type=_duration, default=120.0, metavar="DURATION",
+    apply.add_argument("--wait", type=arguments.duration, default=120.0, metavar="DURATION",
                        help="how long to wait for each re-placement (default: 2m)")
     plan.set_defaults(func=_run)
     apply.set_defaults(func=_run)

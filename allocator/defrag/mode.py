@@ -1,0 +1,105 @@
+"""The allocator's own defrag (`dra-gateway allocator --defrag`), off by default.
+
+Every `defrag_interval`, on the leader: the pods gated longer than `defrag_after` are given to
+the planner with the mirrors' view of the cluster (`Controller.snapshot`) and the
+PodDisruptionBudgets read then, with at most the moves left in the hour (`defrag_moves_per_hour`,
+counted from the moves recorded in the ConfigMap); the pods that moves can place are then
+carried out as `dra-gateway defrag apply` does (`act.Applier`). A plan that stops (a budget
+refuses an eviction) or leaves a moved pod unplaced doubles the pause before the next, up to
+sixteen times; a clean one resets it. Moves and pods helped are counted in the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from dra_gateway.allocator.defrag.act import Applier, Pace, list_items
+from dra_gateway.allocator.defrag.view import Snapshot, build
+from dra_gateway.allocator.metrics import Metrics
+from dra_gateway.allocator.planner.defrag import DefragPlan, Limits, plan_defrag
+from dra_gateway.allocator.settings import ControllerSettings
+from dra_gateway.allocator.work import Fence
+from dra_gateway.kube.cluster.port import ApiError, Cluster
+from dra_gateway.kube.resources import POD_DISRUPTION_BUDGETS
+
+log = logging.getLogger(__name__)
+
+_MAX_BACKOFF = 16
+
+
+class DefragMode:
+    def __init__(self, cluster: Cluster, settings: ControllerSettings, *,
+                 snapshot: Callable[[], Snapshot], metrics: Metrics, fence: Fence,
+                 clock: Callable[[], datetime] | None = None) -> None:
+        self.cluster = cluster
+        self.settings = settings
+        self.snapshot = snapshot
+        self.metrics = metrics
+        self.fence = fence
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self.backoff = 1
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.defrag_interval * self.backoff)
+            try:
+                clean = await self.round()
+            except ApiError as exc:
+                log.warning("defrag round failed", extra={"error": exc.message})
+                clean = False
+            self.backoff = 1 if clean else min(self.backoff * 2, _MAX_BACKOFF)
+
+    async def round(self) -> bool:
+        """One look at the waiting pods; False when the plan stopped or left a moved pod
+        unplaced (the next look waits longer)."""
+        settings = self.settings
+        snapshot = self.snapshot()
+        now = snapshot.now
+        moved_lately = sum(1 for m in snapshot.records.moved
+                           if (now - m.at).total_seconds() < 3600)
+        left = settings.defrag_moves_per_hour - moved_lately
+        if left <= 0:
+            return True
+        snapshot.budgets = await list_items(self.cluster, POD_DISRUPTION_BUDGETS)
+        inputs = build(snapshot, window_seconds=settings.defrag_window)
+        inputs.waiters = [w for w in inputs.waiters
+                          if (now - inputs.waiting_since[w.pod["metadata"]["uid"]])
+                          .total_seconds() >= settings.defrag_after]
+        if not inputs.waiters:
+            return True
+        plan = plan_defrag(inputs.state, inputs.waiters, inputs.residents, Limits(
+            max_moves=left, max_moves_per_pod=settings.defrag_moves_per_pod,
+            budgets=inputs.budgets))
+        # Pods that fit as the cluster is need no moves: the allocator places them itself.
+        plan = DefragPlan([h for h in plan.helped if h.moves], plan.not_helped)
+        if not plan.helped:
+            return True
+        self.fence()  # a replica that no longer leads moves nothing
+        log.info("defrag: moving pods for waiting pods", extra={
+            "moves": [f"{m.pod} ({m.source.node} -> {m.target.node})" for m in plan.moves],
+            "for": [h.pod for h in plan.helped]})
+        applier = Applier(self.cluster, namespace=settings.namespace, clock=self.clock,
+                          instance=settings.identity, pace=Pace(
+                              in_flight=settings.defrag_in_flight,
+                              hold_seconds=settings.defrag_hold,
+                              wait_seconds=settings.defrag_wait))
+        report = await applier.carry_out(plan, inputs.pods)
+        clean = report.stopped is None
+        for outcome in report.outcomes:
+            for move in outcome.moves:
+                result = move.result.split(":", 1)[0]
+                if result in ("evicted", "refused", "failed"):
+                    self.metrics.defrag_moves.labels(result).inc()
+                if move.result == "evicted" and " on " not in move.replacement:
+                    clean = False  # its replacement was not placed again
+            if outcome.placed.startswith(("bound", "allocated")):
+                self.metrics.defrag_pods_helped.inc()
+        if report.stopped:
+            log.warning("defrag stopped", extra={"why": report.stopped})
+        return clean
+
+
+__all__ = ["DefragMode"]
