@@ -511,6 +511,9 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
         | _grants(NS, ["coordination.k8s.io"], ["leases"], ["create"])
         | _grants(NS, ["coordination.k8s.io"], ["leases"], ["get", "update"],
                   ["dra-gateway-allocator"])
+        # Defrag's holds and moves (dra-gateway-defrag), read; written only with
+        # allocator.defrag.enabled (test_the_allocators_defrag_is_off_by_default...).
+        | _grants(NS, [""], ["configmaps"], ["get", "list", "watch"])
     ),
     "node-plugin": (
         _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims"], ["get"])
@@ -1551,3 +1554,29 @@ def test_the_webhook_changes_only_ca_bundle_and_match_conditions(helm: HelmRunne
     for change in (redirect, widen, drop, ignore):
         assert update(change) is False, change.__name__
     assert update(redirect, user="cluster-admin") is None
+
+
+def test_the_allocators_defrag_is_off_by_default_and_granted_only_when_on(
+        helm: HelmRunner) -> None:
+    objects = helm.render("default")
+    args = container(objects, "Deployment", "allocator")["args"]
+    assert "--defrag" not in args
+    granted = [rule for rule in one(objects, "ClusterRole", "allocator")["rules"]
+               if "pods/eviction" in rule["resources"]]
+    assert granted == []
+    result = helm.template({"allocator": {"defrag": {"enabled": True, "after": "2m",
+                                                     "movesPerHour": 4}}})
+    assert result.returncode == 0, result.stderr
+    objects = parse_render(result.stdout)
+    args = container(objects, "Deployment", "allocator")["args"]
+    assert args[args.index("--defrag-after") + 1] == "2m"
+    assert args[args.index("--defrag-moves-per-hour") + 1] == "4"
+    assert args[args.index("--defrag-hold") + 1] == "10m"
+    rules = one(objects, "ClusterRole", "allocator")["rules"]
+    assert {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]} in rules
+    role = one(objects, "Role", "allocator")["rules"]
+    assert {"apiGroups": [""], "resources": ["configmaps"],
+            "resourceNames": ["dra-gateway-defrag"], "verbs": ["patch", "update"]} in role
+    refused = helm.template({"allocator": {"defrag": {"after": "soon"}}})
+    assert refused.returncode != 0
+    assert "/allocator/defrag/after" in refused.stderr
