@@ -57,6 +57,10 @@ GPU_NODES = (("gpu-a100-1", "gpu-a100-1.yaml"), ("gpu-h100-1", "gpu-h100-1.yaml"
 CPU_NODES = ("cpu-1",)
 # Namespaces the examples use.
 WORKLOAD_NAMESPACES = ("inference", "research", "batch", "ml")
+# Beyond the controllers ControlPlane runs, the disruption controller, which computes a
+# PodDisruptionBudget's status.disruptionsAllowed (the defrag scenario's budgets, the Eviction
+# API's answer); a second --controllers adds to the first.
+CONTROL_PLANE_ARGS = {"kube-controller-manager": ("--controllers", "disruption-controller")}
 # The webhook's --gated-event-after: short, so that a test sees the Event on pods left gated
 # while no allocator leads (the chart's default is two minutes).
 GATED_EVENT_AFTER_S = 4
@@ -247,7 +251,7 @@ def install(version: str, feature_gates: Mapping[str, bool], bin_dir: Path, helm
     from dra_gateway.certs.generate import make_bundle, write_bundle
 
     plane = ControlPlane(bin_dir, feature_gates=feature_gates, work_dir=work / "kube",
-                         startup_timeout_s=180)
+                         startup_timeout_s=180, extra_args=CONTROL_PLANE_ARGS)
     sockets = short_dir()
     gateway: Gateway | None = None
     try:
