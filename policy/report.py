@@ -132,8 +132,10 @@ def build_report(*, claims: Iterable[Mapping[str, Any]], slices: Iterable[Mappin
                       "memory": memory, "cores": cores, "free": {"memory": free_memory,
                                                                  "cores": free_cores},
                       "holders": held})
-        if held and (free_memory or free_cores) and smallest is not None and (
-                free_memory < smallest[0] or free_cores < smallest[1]):
+        # A sliver: free room on a card others hold that no pending request can use (below the
+        # smallest pending share, or only whole cards pending).
+        too_small = smallest is None or (free_memory < smallest[0] or free_cores < smallest[1])
+        if held and (free_memory or free_cores) and pending and too_small:
             slivers.append({"node": node, "device": key[2], "memory": free_memory,
                             "cores": free_cores})
     return {
@@ -144,11 +146,31 @@ def build_report(*, claims: Iterable[Mapping[str, Any]], slices: Iterable[Mappin
             {"memory": smallest[0], "cores": smallest[1]},
             "slivers": slivers,
             "strandedMemory": sum(s["memory"] for s in slivers),
+            "nodes": _stranded_by_node(cards, slivers),
         },
         "pending": dict(sorted(Counter(p["reason"] for p in pending).items())),
         "pendingPods": pending,
         "policyErrors": list(catalog.errors),
     }
+
+
+def _stranded_by_node(cards: Iterable[Mapping[str, Any]],
+                      slivers: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per node with slivers: its free memory and cores, and how much of it is stranded."""
+    free: dict[str, list[int]] = {}
+    for card in cards:
+        entry = free.setdefault(card["node"], [0, 0])
+        entry[0] += card["free"]["memory"]
+        entry[1] += card["free"]["cores"]
+    stranded: dict[str, list[int]] = {}
+    for sliver in slivers:
+        entry = stranded.setdefault(sliver["node"], [0, 0, 0])
+        entry[0] += sliver["memory"]
+        entry[1] += sliver["cores"]
+        entry[2] += 1
+    return [{"node": node, "freeMemory": free[node][0], "freeCores": free[node][1],
+             "strandedMemory": memory, "strandedCores": cores, "slivers": count}
+            for node, (memory, cores, count) in sorted(stranded.items())]
 
 
 def render_table(report: Mapping[str, Any]) -> str:
@@ -169,6 +191,12 @@ def render_table(report: Mapping[str, Any]) -> str:
     lines += ["", f"FRAGMENTATION: {len(frag['slivers'])} free slivers too small for the "
               f"smallest pending share, "
               f"{format_amount('memory', frag['strandedMemory'])} of memory stranded"]
+    if frag.get("nodes"):
+        lines.append(f"{'NODE':<20} {'FREE MEMORY':>12} {'FREE CORES':>10} "
+                     f"{'STRANDED MEMORY':>16} {'STRANDED CORES':>14} SLIVERS")
+        lines += [f"{n['node']:<20} {format_amount('memory', n['freeMemory']):>12} "
+                  f"{n['freeCores']:>10} {format_amount('memory', n['strandedMemory']):>16} "
+                  f"{n['strandedCores']:>14} {n['slivers']}" for n in frag["nodes"]]
     pending = ", ".join(f"{reason}={count}" for reason, count in report["pending"].items())
     lines += [f"PENDING: {pending or 'none'}"]
     for error in report["policyErrors"]:

@@ -41,7 +41,7 @@ def test_each_node_with_the_migration_condition_is_one_row_by_name() -> None:
 
 @pytest.fixture
 def cluster_report(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def read(kubeconfig: str | None) -> dict[str, Any]:
+    async def read(kubeconfig: str | None, namespace: str = "dra-gateway") -> dict[str, Any]:
         shown = build_report(claims=[], slices=[], pods=[], catalog=Catalog.build())
         shown["nodes"] = report.migration_nodes([_node("gpu-b", CUTTING_OVER)])
         return shown
@@ -68,3 +68,28 @@ def test_json_and_html_carry_the_nodes_too(capsys: pytest.CaptureFixture[str]) -
     page = capsys.readouterr().out
     assert "<td>gpu-b</td><td>CuttingOver</td>" in page
     assert page.rstrip().endswith("</table></body></html>")
+
+
+def test_the_moves_a_defrag_plan_would_make_close_the_report(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    body = {"helped": [{"pod": "ml/big", "priority": 0, "node": "gpu-a",
+                        "devices": ["gpu-0", "gpu-1"], "frees": "gpu-0, gpu-1 on gpu-a",
+                        "moves": [{"pod": "ml/s0", "from": {"node": "gpu-a", "devices": ["gpu-0"]},
+                                   "to": {"node": "gpu-b", "devices": ["gpu-3"]}}]}],
+            "notHelped": [], "moves": 1, "waiting": 1, "placed": 8,
+            "mayNotMove": {"no controller re-creates it (a bare pod)": 2}}
+
+    async def read(kubeconfig: str | None, namespace: str = "dra-gateway") -> dict[str, Any]:
+        shown = build_report(claims=[], slices=[], pods=[], catalog=Catalog.build())
+        shown["nodes"] = []
+        shown["defrag"] = body
+        return shown
+
+    monkeypatch.setattr(report, "_read", read)
+    assert main(["report"]) == 0
+    out = capsys.readouterr().out
+    assert "DEFRAG (the moves `dra-gateway defrag plan` would make)" in out
+    assert "    move ml/s0: gpu-a (gpu-0) -> gpu-b (gpu-3)" in out
+    assert "2 of 8 placed pod(s) may not move:" in out
+    assert main(["report", "-o", "html"]) == 0
+    assert "<h2>Defrag</h2>" in capsys.readouterr().out

@@ -26,13 +26,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "amounts; per card who holds which share; free slivers too small for any "
                     "pending request; pending pods by reason. -o html draws the cards.")
     report.add_argument("-o", "--output", choices=("table", "json", "html"), default="table")
+    report.add_argument("--namespace", default="dra-gateway",
+                        help="the gateway's namespace, where defrag's holds are kept "
+                             "(default: %(default)s)")
     report.add_argument("--kubeconfig", metavar="FILE",
                         help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config); "
                              "`cluster serve` writes one for the embedded API")
     report.set_defaults(func=_run)
 
 
-async def _read(kubeconfig: str | None) -> dict[str, Any]:
+async def _read(kubeconfig: str | None, namespace: str = "dra-gateway") -> dict[str, Any]:
     from dra_gateway.kube.cluster.connect import connect
     from dra_gateway.kube.cluster.port import NotFound
     from dra_gateway.kube.resources import (
@@ -63,9 +66,41 @@ async def _read(kubeconfig: str | None) -> dict[str, Any]:
                               slices=await items(RESOURCE_SLICES), pods=await items(PODS),
                               templates=await items(RESOURCE_CLAIM_TEMPLATES), catalog=catalog)
         report["nodes"] = migration_nodes(await items(NODES))
+        report["defrag"] = await _defrag(cluster, namespace)
         return report
     finally:
         await cluster.close()
+
+
+async def _defrag(cluster: Any, namespace: str) -> dict[str, Any]:
+    """The moves `dra-gateway defrag plan` would make now (its defaults), changing nothing."""
+    from datetime import UTC, datetime
+
+    from dra_gateway.allocator.defrag.act import read_snapshot
+    from dra_gateway.allocator.defrag.view import build
+    from dra_gateway.allocator.planner.defrag import Limits, plan_defrag
+    from dra_gateway.defrag import to_dict
+
+    inputs = build(await read_snapshot(cluster, namespace=namespace, now=datetime.now(UTC)))
+    plan = plan_defrag(inputs.state, inputs.waiters, inputs.residents,
+                       Limits(budgets=inputs.budgets))
+    return to_dict(plan, inputs)
+
+
+def defrag_table(body: Mapping[str, Any]) -> str:
+    from dra_gateway.defrag import render_table
+
+    return "\nDEFRAG (the moves `dra-gateway defrag plan` would make)\n" + render_table(body) + "\n"
+
+
+def defrag_html(body: Mapping[str, Any] | None) -> str:
+    if not body:
+        return ""
+    from dra_gateway.defrag import render_html
+
+    page = render_html(body)
+    inner = page[page.index("<h1>"):page.rindex("</body>")]
+    return "<h2>Defrag</h2>" + inner.replace("<h1>Defrag plan</h1>", "")
 
 
 def migration_nodes(nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
@@ -105,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
     from dra_gateway.policy.report import render_html, render_table
 
     try:
-        report = asyncio.run(_read(args.kubeconfig))
+        report = asyncio.run(_read(args.kubeconfig, args.namespace))
     except ClusterConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -116,7 +151,9 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     elif args.output == "html":
         page = render_html(report)
-        sys.stdout.write(page.replace("</body>", nodes_html(report["nodes"]) + "</body>", 1))
+        sys.stdout.write(page.replace("</body>", nodes_html(report["nodes"]) + defrag_html(
+            report.get("defrag")) + "</body>", 1))
     else:
-        sys.stdout.write(render_table(report) + nodes_table(report["nodes"]))
+        sys.stdout.write(render_table(report) + nodes_table(report["nodes"])
+                         + (defrag_table(report["defrag"]) if report.get("defrag") else ""))
     return 0

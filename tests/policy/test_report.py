@@ -74,3 +74,23 @@ def test_the_html_is_self_contained_and_colours_shares_by_namespace() -> None:
     fills = set(re.findall(r'fill="(hsl\([^"]+\))"', page))
     assert len(fills) == 2  # team-a and team-b
     assert "team-a/train-0: 70Gi, 50% compute" in page
+
+
+def test_fragmentation_per_node_counts_what_no_pending_request_can_use() -> None:
+    frag = _report()["fragmentation"]
+    assert frag["nodes"] == [{"node": "node-a", "freeMemory": 80 << 30, "freeCores": 120,
+                              "strandedMemory": 0, "strandedCores": 20, "slivers": 1}]
+    assert "STRANDED CORES" in render_table(_report())
+    # Only whole cards pending: every free sliver of a held card is stranded.
+    pod, _ = _pending()
+    whole = {"metadata": {"name": "t", "namespace": "team-a"},
+             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                 "deviceClassName": names.GPU_CLASS, "count": 1}}]}}}}
+    report = build_report(claims=_claims(), slices=[_slice()], pods=[pod], templates=[whole],
+                          catalog=Catalog.build())
+    assert report["fragmentation"]["slivers"] == [{"node": "node-a", "device": "gpu-0",
+                                                   "memory": 0, "cores": 20}]
+    # Nothing pending: nothing is stranded.
+    idle = build_report(claims=_claims(), slices=[_slice()], pods=[], templates=[],
+                        catalog=Catalog.build())
+    assert idle["fragmentation"]["slivers"] == []
