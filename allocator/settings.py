@@ -56,6 +56,7 @@ class ControllerSettings:
     defrag_interval: float = 30.0
     defrag_moves_per_hour: int = 10
     defrag_moves_per_pod: int = 4
+    defrag_waiters_per_round: int = 32
     defrag_in_flight: int = 2
     defrag_hold: float = 600.0
     defrag_wait: float = 120.0

@@ -1,6 +1,7 @@
 """The allocator's own defrag (`dra-gateway allocator --defrag`), off by default.
 
-Every `defrag_interval`, on the leader: the pods gated longer than `defrag_after` are given to
+Every `defrag_interval`, on the leader: the pods gated longer than `defrag_after` (the longest
+waiting first, at most `defrag_waiters_per_round`; planned in a thread) are given to
 the planner with the mirrors' view of the cluster (`Controller.snapshot`) and the
 PodDisruptionBudgets read then, with at most the moves left in the hour (`defrag_moves_per_hour`,
 counted from the moves recorded in the ConfigMap); the pods that moves can place are then
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from dra_gateway.allocator.defrag.act import Applier, Pace, list_items
-from dra_gateway.allocator.defrag.view import Snapshot, build
+from dra_gateway.allocator.defrag.view import Inputs, Snapshot, build
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.planner.defrag import DefragPlan, Limits, plan_defrag
 from dra_gateway.allocator.settings import ControllerSettings
@@ -64,15 +65,24 @@ class DefragMode:
         if left <= 0:
             return True
         snapshot.budgets = await list_items(self.cluster, POD_DISRUPTION_BUDGETS)
-        inputs = build(snapshot, window_seconds=settings.defrag_window)
-        inputs.waiters = [w for w in inputs.waiters
-                          if (now - inputs.waiting_since[w.pod["metadata"]["uid"]])
-                          .total_seconds() >= settings.defrag_after]
-        if not inputs.waiters:
+
+        def planned() -> tuple[Inputs, DefragPlan | None]:
+            # In a thread, on a state of its own: a big cluster's round takes seconds, and the
+            # loop must keep renewing the Lease and serving the watches meanwhile.
+            inputs = build(snapshot, window_seconds=settings.defrag_window)
+            inputs.waiters = [w for w in inputs.waiters
+                              if (now - inputs.waiting_since[w.pod["metadata"]["uid"]])
+                              .total_seconds() >= settings.defrag_after
+                              ][:settings.defrag_waiters_per_round]
+            if not inputs.waiters:
+                return inputs, None
+            return inputs, plan_defrag(inputs.state, inputs.waiters, inputs.residents, Limits(
+                max_moves=left, max_moves_per_pod=settings.defrag_moves_per_pod,
+                budgets=inputs.budgets))
+
+        inputs, plan = await asyncio.to_thread(planned)
+        if plan is None:
             return True
-        plan = plan_defrag(inputs.state, inputs.waiters, inputs.residents, Limits(
-            max_moves=left, max_moves_per_pod=settings.defrag_moves_per_pod,
-            budgets=inputs.budgets))
         # Pods that fit as the cluster is need no moves: the allocator places them itself.
         plan = DefragPlan([h for h in plan.helped if h.moves], plan.not_helped)
         if not plan.helped:
