@@ -1,138 +1,44 @@
-"""Defragmentation: the fewest moves of placed pods that let waiting pods be placed.
+"""Making room for a pod: the trials of the defrag planner (`RoomMaker`).
 
-`plan_defrag(state, waiters, residents, limits)` helps waiting pods one at a time, in the order
-given (callers put higher priority and longer waits first):
-
-1. a waiter that fits as the cluster is now is placed without moves (what a retry would do);
-2. otherwise each node is estimated from its cards alone: a card nobody holds costs nothing, a
-   card whose holders may all move costs their number, a card with a holder that may not move
-   cannot be freed; a waiter's whole cards take the cheapest cards of the node, each of its
-   shares the card that frees enough with the fewest holders leaving. Nodes are then tried
-   cheapest first, with the real planner: the estimate only orders the trials, it decides
-   nothing;
-3. a trial takes the chosen holders out of the state, asks `plan_pod` whether the waiter fits
-   on that node, puts back every holder it can do without, reserves the waiter's devices, and
-   then places each holder that left, largest first, wherever the planner puts it (the freed
-   devices are taken: a moved pod never lands on them). A trial that cannot place every moved
-   pod again is undone exactly.
-
-Who may move is the caller's word (`Resident.fixed`: owned by no controller that re-creates it,
-annotated `dra-gateway.io/defrag: never`, moved recently); the plan adds the rest: a pod never
-moves to make room for a pod of lower priority than its own, never moves twice in one plan, and
-never beyond what its PodDisruptionBudgets allow (`Limits.budgets`, disruptions left per budget,
-spent as moves are planned).
-
-The state ends as if the plan had been carried out: waiters and moved pods assumed where the
-plan puts them. Pure: no I/O, no clock, no logging.
-"""
+A trial takes the chosen holders out of the state, plans the pod on that node, puts back the
+holders it does without, reserves the pod's devices, then places each pod that left, directly or
+by making room for it in turn (`Limits.depth` levels). A trial that fails is undone exactly from
+its log. The index of who holds which card (`where`, `holders`, `on_node`) changes only when a
+pod helped is committed. Pure."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.allocation import PodPlan
-from dra_gateway.allocator.planner.demand import ClaimDemand
+from dra_gateway.allocator.planner.defrag.estimate import (
+    Card,
+    DeviceKey,
+    Need,
+    devices_of,
+    label,
+    need_of,
+    placement,
+    plan_devices,
+    to_free,
+    unbound,
+    unplaced,
+)
+from dra_gateway.allocator.planner.defrag.model import (
+    Help,
+    Limits,
+    Move,
+    Placement,
+    Resident,
+    Waiter,
+)
 from dra_gateway.allocator.planner.devices import Device
 from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.state import ClusterState, TakenOut
-from dra_gateway.kube import names, objects
-
-DeviceKey = tuple[str, str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class Resident:
-    """A placed pod: bound, or planned and assumed, with its allocated claims."""
-
-    pod: Mapping[str, Any]
-    claims: tuple[Mapping[str, Any], ...]
-    priority: int = 0
-    fixed: str | None = None  # why it may not move; None: it may
-    budgets: tuple[str, ...] = ()  # the PodDisruptionBudgets that select it
-
-
-@dataclass(frozen=True, slots=True)
-class Waiter:
-    """A pod waiting for devices, with its claims (not allocated)."""
-
-    pod: Mapping[str, Any]
-    claims: tuple[Mapping[str, Any], ...]
-    priority: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    max_moves: int = 20  # in the whole plan
-    max_moves_per_pod: int = 4
-    nodes_tried: int = 8  # trials per waiter, cheapest nodes first (a quarter of it deeper)
-    depth: int = 2  # levels of a chain: a moved pod may need room made for it in turn
-    budgets: Mapping[str, int] = field(default_factory=dict)  # disruptions left per PDB
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    node: str
-    devices: tuple[str, ...]  # device names, in the order of the allocation's results
-
-    def __str__(self) -> str:
-        return f"{self.node} ({', '.join(self.devices)})" if self.devices else self.node
-
-
-@dataclass(frozen=True, slots=True)
-class Move:
-    pod: str  # namespace/name
-    uid: str
-    source: Placement
-    target: Placement
-    plan: PodPlan  # where the planner put it again in the plan's world
-    budgets: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Help:
-    """A waiting pod, where it goes and the moves that make room for it (none: it fits now)."""
-
-    pod: str
-    uid: str
-    priority: int
-    placement: Placement
-    plan: PodPlan
-    moves: tuple[Move, ...]
-
-    @property
-    def frees(self) -> str:
-        if not self.moves:
-            return "nothing: it fits as the cluster is"
-        return f"{', '.join(self.placement.devices)} on {self.placement.node}"
-
-
-@dataclass(frozen=True, slots=True)
-class NotHelped:
-    pod: str
-    uid: str
-    reason: str
-
-
-@dataclass(slots=True)
-class DefragPlan:
-    helped: list[Help] = field(default_factory=list)
-    not_helped: list[NotHelped] = field(default_factory=list)
-
-    @property
-    def moves(self) -> list[Move]:
-        return [move for help_ in self.helped for move in help_.moves]
-
-
-@dataclass(slots=True)
-class _Card:
-    device: Device
-    free: float  # fraction of the card nobody holds
-    holders: tuple[str, ...]  # resident pods holding it
-    sizes: tuple[float, ...]  # each holder's fraction of the card, as `holders`
-    freeable: bool  # every holder known and allowed to move (for some waiter)
+from dra_gateway.kube import objects
 
 
 @dataclass(slots=True)
@@ -142,34 +48,7 @@ class _Where:
     claim_uids: tuple[str, ...]
 
 
-def _label(pod: Mapping[str, Any]) -> str:
-    return "/".join(objects.namespace_name(pod))
-
-
-def _devices_of(claims: Iterable[Mapping[str, Any]]) -> list[DeviceKey]:
-    keys: list[DeviceKey] = []
-    for claim in claims:
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for result in (allocation.get("devices") or {}).get("results") or ():
-            keys.append((result.get("driver", ""), result.get("pool", ""),
-                         result.get("device", "")))
-    return keys
-
-
-def _plan_devices(plan: PodPlan) -> list[DeviceKey]:
-    return _devices_of({"status": {"allocation": a}} for a in plan.allocations.values())
-
-
-def _unplaced(claim: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in claim.items() if key != "status"}
-
-
-def _unbound(pod: Mapping[str, Any]) -> dict[str, Any]:
-    spec = {k: v for k, v in (pod.get("spec") or {}).items() if k != "nodeName"}
-    return {**pod, "spec": spec}
-
-
-class _Planner:
+class RoomMaker:
     def __init__(self, state: ClusterState, residents: Sequence[Resident],
                  limits: Limits) -> None:
         self.state = state
@@ -182,11 +61,12 @@ class _Planner:
         self.moved: set[str] = set()
         self.out: set[str] = set()  # taken out by the trial under way
         self.on_node: dict[str, set[str]] = {}
-        self._cards: dict[str, list[_Card]] = {}
+        self._cards: dict[str, list[Card]] = {}
         self._fits: dict[tuple[object, ...], bool] = {}  # cleared when the plan moves pods
+        self._shapes: dict[str, tuple[object, ...]] = {}  # a placed pod's requests, by uid
         for resident in residents:
             uid = objects.uid(resident.pod)
-            keys = _devices_of(resident.claims)
+            keys = devices_of(resident.claims)
             node = (resident.pod.get("spec") or {}).get("nodeName") or next(
                 (d.node for k in keys if (d := state.devices.get(k)) is not None and d.node),
                 None)
@@ -227,7 +107,7 @@ class _Planner:
                          if device.capacity.get(name)), default=1.0)
         return min(size, 1.0)
 
-    def cards(self, node: str) -> list[_Card]:
+    def cards(self, node: str) -> list[Card]:
         cards = self._cards.get(node)
         if cards is not None:
             return cards
@@ -248,7 +128,7 @@ class _Planner:
             known = sum(1 for h in holders for c in self.where[h].claim_uids
                         if (r := state.claims.get(c)) is not None and device.key in r.uses)
             freeable = usage.holders == known
-            cards.append(_Card(device, 1.0 - used, holders, sizes, freeable))
+            cards.append(Card(device, 1.0 - used, holders, sizes, freeable))
         self._cards[node] = cards
         return cards
 
@@ -265,19 +145,22 @@ class _Planner:
             return False
         if not all(self.budgets.get(b, 0) > 0 for b in resident.budgets):
             return False
-        return not last or self._placeable(resident)
+        return not last or self._placeable(uid, resident)
 
-    def _placeable(self, resident: Resident) -> bool:
+    def _placeable(self, uid: str, resident: Resident) -> bool:
         """Whether the pod would fit somewhere else as the cluster is now (asked once per pod
         shape until the plan changes the cluster): a pod that cannot go anywhere is not worth
         a trial on the last level of a chain."""
         state = self.state
-        shape = (tuple(state.demand(c.get("spec") or {})[0] for c in resident.claims),
-                 kubefit.pod_requests(resident.pod), objects.namespace(resident.pod))
+        shape = self._shapes.get(uid)
+        if shape is None:
+            shape = self._shapes[uid] = (
+                tuple(state.demand(c.get("spec") or {})[0] for c in resident.claims),
+                kubefit.pod_requests(resident.pod), objects.namespace(resident.pod))
         known = self._fits.get(shape)
         if known is None:
-            pod = _unbound(resident.pod)
-            known = plan_pod(state, pod, [_unplaced(c) for c in resident.claims]
+            pod = unbound(resident.pod)
+            known = plan_pod(state, pod, [unplaced(c) for c in resident.claims]
                              ).node_name is not None
             self._fits[shape] = known
         return known
@@ -290,12 +173,12 @@ class _Planner:
         plan = plan_pod(state, waiter.pod, waiter.claims)
         if plan.node_name is not None:
             state.assume(waiter.pod, plan)
-            return Help(_label(waiter.pod), uid, waiter.priority, _placement(state, plan), plan,
+            return Help(label(waiter.pod), uid, waiter.priority, placement(state, plan), plan,
                         ())
         cap = min(self.limits.max_moves_per_pod, self.moves_left)
         if cap <= 0:
             return f"{plan.reason}; no moves left in this plan"
-        if _need(state, waiter.pod, waiter.claims) is None:
+        if need_of(state, waiter.pod, waiter.claims) is None:
             return f"{plan.reason}; moving pods cannot help: it asks for no GPU of the gateway"
         room = self._make_room(waiter.pod, waiter.claims, waiter.priority, cap, depth=0,
                                avoid=frozenset())
@@ -307,16 +190,16 @@ class _Planner:
             resident = self.residents[v]
             where = self.where[v]
             source = Placement(where.node, tuple(sorted(k[2] for k in where.keys)))
-            moves.append(Move(_label(resident.pod), v, source, _placement(state, moved), moved,
+            moves.append(Move(label(resident.pod), v, source, placement(state, moved), moved,
                               resident.budgets))
             for budget in resident.budgets:
                 self.budgets[budget] = self.budgets.get(budget, 0) - 1
             self.moved.add(v)
-            self._settle(v, moved.node_name or "", _plan_devices(moved), where.claim_uids)
+            self._settle(v, moved.node_name or "", plan_devices(moved), where.claim_uids)
         self._cards.pop(room.plan.node_name or "", None)
         self._fits.clear()
         self.moves_left -= len(moves)
-        return Help(_label(waiter.pod), uid, waiter.priority, _placement(state, room.plan),
+        return Help(label(waiter.pod), uid, waiter.priority, placement(state, room.plan),
                     room.plan, tuple(moves))
 
     def _make_room(self, pod: Mapping[str, Any], claims: Sequence[Mapping[str, Any]],
@@ -326,7 +209,7 @@ class _Planner:
         leaves placed again directly or, above the last level, by making room for it in turn.
         On success the state holds every change (`_Room.log` undoes them); on failure none."""
         state = self.state
-        need = _need(state, pod, claims)
+        need = need_of(state, pod, claims)
         if need is None:
             return None
         last = depth + 1 >= self.limits.depth
@@ -376,8 +259,8 @@ class _Planner:
         left = cap - len(taken)
         for v in sorted(taken, key=lambda v: (-self._weight(v), v)):
             resident = self.residents[v]
-            moved_pod = _unbound(resident.pod)
-            moved_claims = [_unplaced(c) for c in resident.claims]
+            moved_pod = unbound(resident.pod)
+            moved_claims = [unplaced(c) for c in resident.claims]
             moved = plan_pod(state, moved_pod, moved_claims)
             if moved.node_name is not None:
                 state.assume(moved_pod, moved)
@@ -416,7 +299,7 @@ class _Planner:
             else:
                 self._put_back(entry)
 
-    def _victims(self, node: str, need: _Need, priority: int, cap: int, *,
+    def _victims(self, node: str, need: Need, priority: int, cap: int, *,
                  last: bool) -> list[str] | None:
         """The fewest pods whose leaving the estimate says frees enough on `node`."""
         state = self.state
@@ -463,7 +346,7 @@ class _Planner:
             for i, card in enumerate(cards):
                 if i in used:
                     continue
-                leaving = _to_free(card, share, may_move)
+                leaving = to_free(card, share, may_move)
                 if leaving is not None and (best is None or len(leaving) < best[0]) \
                         and self._within_budgets(spent, set(leaving) - chosen):
                     best = (len(leaving), i, leaving)
@@ -518,7 +401,7 @@ class _Planner:
         """A helped waiter holds its devices from now on and is moved by nobody."""
         uid = help_.uid
         self.moved.add(uid)
-        self._settle(uid, help_.placement.node, _plan_devices(help_.plan),
+        self._settle(uid, help_.placement.node, plan_devices(help_.plan),
                      tuple(objects.uid(c) for c in waiter.claims))
 
 
@@ -530,116 +413,3 @@ class _Room:
     plan: PodPlan
     moved: list[tuple[str, PodPlan]]
     log: list[tuple[str, Any]]
-
-
-def _to_free(card: _Card, share: float, may_move: Any) -> tuple[str, ...] | None:
-    """The fewest holders of `card` whose leaving frees `share` of it (largest first)."""
-    if card.free + 1e-9 >= share:
-        return ()
-    free = card.free
-    leaving: list[str] = []
-    for size, holder in sorted(zip(card.sizes, card.holders, strict=True), reverse=True):
-        if not may_move(holder):
-            continue
-        leaving.append(holder)
-        free += size
-        if free + 1e-9 >= share:
-            return tuple(leaving) if card.freeable or free - card.free >= share else None
-    return None
-
-
-@dataclass(slots=True)
-class _Need:
-    """What a waiter asks of the gateway's GPUs, as the estimate reads it."""
-
-    whole: int
-    shares: list[float]
-    cpu: int
-    memory: int
-    checks: list[tuple[str, Any, bool]]  # selectors of its classes and requests
-
-    def accepts(self, state: ClusterState, device: Device) -> bool:
-        return all(state.verdict_for(device, expression, selector, identity) is True
-                   for expression, selector, identity in self.checks)
-
-
-def _need(state: ClusterState, pod: Mapping[str, Any],
-          claims: Sequence[Mapping[str, Any]]) -> _Need | None:
-    whole = 0
-    shares: list[float] = []
-    checks: list[tuple[str, Any, bool]] = []
-    memory_card = state.typical_card_memory()
-    for claim in claims:
-        demand: ClaimDemand = state.demand(claim.get("spec") or {})[1]
-        for request in demand.requests:
-            alternative = request.alternatives[0]
-            if alternative.class_name != names.GPU_CLASS:
-                continue
-            info = state.classes.get(alternative.class_name)
-            if info is not None:
-                checks += [(e, s, False)
-                           for e, s in zip(info.expressions, info.selectors, strict=True)]
-            checks += [(e, s, alternative.identity_sensitive)
-                       for e, s in zip(alternative.expressions, alternative.selectors,
-                                       strict=True)]
-            share = alternative.share
-            fraction = 0.0
-            if share.memory_percent is not None:
-                fraction = share.memory_percent / 100
-            elif share.memory is not None:
-                fraction = share.memory / memory_card
-            if share.cores is not None:
-                fraction = max(fraction, share.cores / names.CORES_PER_CARD)
-            if alternative.whole or fraction <= 0 or fraction >= 1:
-                whole += max(alternative.count, 1)
-            else:
-                shares += [fraction] * max(alternative.count, 1)
-    if not whole and not shares:
-        return None
-    cpu, memory = kubefit.pod_requests(pod)
-    return _Need(whole, shares, cpu, memory, checks)
-
-
-def _placement(state: ClusterState, plan: PodPlan) -> Placement:
-    return Placement(plan.node_name or "", tuple(k[2] for k in _plan_devices(plan)))
-
-
-def plan_defrag(state: ClusterState, waiters: Sequence[Waiter], residents: Sequence[Resident],
-                limits: Limits | None = None) -> DefragPlan:
-    """Help `waiters` in their order; see the module docstring. The state ends as if the plan
-    had been carried out."""
-    planner = _Planner(state, residents, limits or Limits())
-    result = DefragPlan()
-    hopeless: set[tuple[object, ...]] = set()
-    for waiter in waiters:
-        shape = _shape(state, waiter)
-        uid = objects.uid(waiter.pod)
-        if shape in hopeless:
-            result.not_helped.append(NotHelped(
-                _label(waiter.pod), uid, "a pod asking for the same could not be helped"))
-            continue
-        outcome = planner.help(waiter)
-        if isinstance(outcome, str):
-            if planner.moves_left > 0:
-                hopeless.add(shape)
-            result.not_helped.append(NotHelped(_label(waiter.pod), uid, outcome))
-            continue
-        planner.placed_waiter(outcome, waiter)
-        result.helped.append(outcome)
-    return result
-
-
-def _shape(state: ClusterState, waiter: Waiter) -> tuple[object, ...]:
-    spec = waiter.pod.get("spec") or {}
-    return (tuple(state.demand(c.get("spec") or {})[0] for c in waiter.claims),
-            kubefit.pod_requests(waiter.pod), waiter.priority, objects.namespace(waiter.pod),
-            repr(spec.get("nodeSelector")), repr(spec.get("affinity")),
-            repr(spec.get("tolerations")))
-
-
-def moves_needed(plan: DefragPlan) -> int:
-    return sum(len(h.moves) for h in plan.helped)
-
-
-__all__ = ["DefragPlan", "Help", "Limits", "Move", "NotHelped", "Placement", "Resident",
-           "Waiter", "moves_needed", "plan_defrag"]
