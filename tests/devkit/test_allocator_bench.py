@@ -154,3 +154,36 @@ def test_configurations_replayed_side_by_side_place_as_each_replayed_alone() -> 
     # The policies change what is placed, so replays mixed up would show above.
     assert (together[0].ratio, together[0].claims, together[0].failed_pods) != \
         (together[1].ratio, together[1].claims, together[1].failed_pods)
+
+
+def test_scale_multiplies_the_cluster_and_its_pods_and_reports_memory(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli_main(["bench", "allocator", "--nodes", str(NODES), "--pods", str(PODS),
+                     "--strategy", "default", "--seeds", "7", "--scale", "1,3", "-o", "json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)["policies"]
+    one, three = out["default x1"], out["default x3"]
+    assert three["nodes"] == 3 * one["nodes"]
+    assert three["cards"] == 3 * one["cards"]
+    assert three["placed_pods"] > 2 * one["placed_pods"]
+    assert one["claims_per_second_ratio"] == 1.0
+    assert three["state_mib"] >= 0
+    assert cli_main(["bench", "allocator", "--nodes", str(NODES), "--pods", str(PODS),
+                     "--scale", "0"]) == 2
+    assert "--scale '0': give whole factors" in capsys.readouterr().err
+
+
+def test_defrag_moves_reports_retry_and_defrag_side_by_side(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli_main(["bench", "allocator", "--nodes", str(NODES), "--pods", str(PODS),
+                     "--strategy", "default", "--seeds", "7", "--defrag-moves", "5",
+                     "-o", "json"])
+    assert code == 0
+    figures = json.loads(capsys.readouterr().out)["policies"]["default"]
+    assert figures["allocation_ratio"] <= figures["after_retry"] <= figures["after_defrag"]
+    assert figures["moves"] <= figures["pods_placed"] * 0.05 + 1e-9
+    assert cli_main(["bench", "allocator", "--nodes", str(NODES), "--pods", str(PODS),
+                     "--defrag-moves", "150"]) == 2
+    assert "--defrag-moves is a percentage" in capsys.readouterr().err

@@ -37,7 +37,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +167,19 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds:
         raise TraceError(f"--seeds {text!r}: no seed given")
     return seeds
+
+
+def parse_scales(text: str | None) -> list[int]:
+    """--scale: one factor (8) or several to compare in one run (1,8)."""
+    if not text:
+        return []
+    try:
+        scales = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        scales = []
+    if not scales or any(n < 1 for n in scales):
+        raise TraceError(f"--scale {text!r}: give whole factors of at least 1, e.g. 8 or 1,8")
+    return scales
 
 
 def sample(pods: Sequence[TracePod], total_gpus: int, load: float, seed: int) -> list[TracePod]:
@@ -486,8 +499,34 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def scaled(nodes: Sequence[TraceNode], pods: Sequence[TracePod],
+           factor: int) -> tuple[list[TraceNode], list[TracePod]]:
+    """The cluster and its pods `factor` times over: each node and each pod copied under new
+    names, so the replay keeps the trace's mix and load on a cluster `factor` times larger."""
+    if factor == 1:
+        return list(nodes), list(pods)
+    return ([replace(n, name=f"{n.name}-x{k}") for k in range(factor) for n in nodes],
+            [replace(p, name=f"{p.name}-x{k}") for k in range(factor) for p in pods])
+
+
+def resident_mib() -> float:
+    """This process's resident memory now, in MiB (Linux; 0 where /proc is absent)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: float,
-        seeds: Sequence[int], gpu_policies_too: bool = False) -> dict[str, dict[str, float]]:
+        seeds: Sequence[int], gpu_policies_too: bool = False,
+        scales: Sequence[int] = ()) -> dict[str, dict[str, float]]:
+    if scales:
+        return run_scales(nodes_path, pods_path, strategies=strategies, load=load, seeds=seeds,
+                          scales=scales)
     nodes = read_nodes(nodes_path)
     pods = read_pods(pods_path)
     cluster = Cluster(nodes)
@@ -514,6 +553,41 @@ def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: f
             base = results[strategy]["claims_per_second"]
             results[f"{strategy}+policies"]["claims_per_second_ratio"] = round(
                 results[f"{strategy}+policies"]["claims_per_second"] / base, 3) if base else 0.0
+    return results
+
+
+def run_scales(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: float,
+               seeds: Sequence[int], scales: Sequence[int]) -> dict[str, dict[str, float]]:
+    """Per strategy and scale, the replay of the trace multiplied (`scaled`), with the
+    resident memory the replay's state added to the process, and claims/s as a ratio of the
+    first scale's (in one run, on one machine)."""
+    base_nodes = read_nodes(nodes_path)
+    base_pods = read_pods(pods_path)
+    translator = Translator()
+    workload = trace_workload(base_pods)
+    results: dict[str, dict[str, float]] = {}
+    for strategy in strategies:
+        first: float | None = None
+        for factor in scales:
+            nodes, pods = scaled(base_nodes, base_pods, factor)
+            runs = []
+            peak = 0.0
+            for seed in seeds:
+                gc.collect()
+                before = resident_mib()
+                cluster = Cluster(nodes)
+                runs.append(replay(cluster, translator, pods, strategy=strategy, load=load,
+                                   seed=seed, workload=workload))
+                peak = max(peak, resident_mib() - before)
+                del cluster
+            label = f"{strategy} x{factor}"
+            results[label] = _summary(runs)
+            results[label].update(scale=factor, nodes=len(nodes),
+                                  cards=sum(n.gpus for n in nodes),
+                                  state_mib=round(peak, 1))
+            rate = results[label]["claims_per_second"]
+            first = rate if first is None else first
+            results[label]["claims_per_second_ratio"] = round(rate / first, 3) if first else 0.0
     return results
 
 
@@ -549,6 +623,13 @@ def _table(results: Mapping[str, Mapping[str, float]], seeds: Sequence[int]) -> 
                      f"{r['p50_ms']:>7.3f} {r['p99_ms']:>7.3f}"
                      + (f"  ({ratio:.3f} x without)" if ratio is not None else ""))
     lines.append(f"(mean over {len(seeds)} seed(s): {','.join(map(str, seeds))})")
+    scaled_rows = [(label, r) for label, r in results.items() if "scale" in r]
+    if scaled_rows:
+        lines.append(f"{'':<{width}} {'nodes':>7} {'cards':>7} {'state MiB':>10} "
+                     f"{'claims/s vs first scale':>24}")
+        lines += [f"{label:<{width}} {r['nodes']:>7.0f} {r['cards']:>7.0f} "
+                  f"{r['state_mib']:>10.1f} {r['claims_per_second_ratio']:>24.3f}"
+                  for label, r in scaled_rows]
     return "\n".join(lines)
 
 
@@ -573,6 +654,11 @@ def main(args: argparse.Namespace) -> int:
         print("dra-gateway bench allocator: --defrag-moves and --gpu-policies measure different "
               "things; run them one at a time", file=sys.stderr)
         return 2
+    if getattr(args, "scale", None) and (percent is not None
+                                         or getattr(args, "gpu_policies", False)):
+        print("dra-gateway bench allocator: --scale measures the planner alone; run it without "
+              "--defrag-moves and --gpu-policies", file=sys.stderr)
+        return 2
     try:
         seeds = parse_seeds(args.seeds)
         if percent is not None:
@@ -583,7 +669,8 @@ def main(args: argparse.Namespace) -> int:
         else:
             results = run(Path(args.nodes), Path(args.pods), strategies=strategies,
                           load=args.load, seeds=seeds,
-                          gpu_policies_too=getattr(args, "gpu_policies", False))
+                          gpu_policies_too=getattr(args, "gpu_policies", False),
+                          scales=parse_scales(getattr(args, "scale", None)))
     except TraceError as exc:
         print(f"dra-gateway bench allocator: {exc}", file=sys.stderr)
         return 2

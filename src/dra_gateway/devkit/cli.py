@@ -123,6 +123,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                         help="also replay each seed with 200 GPUQuotas and 50 "
                         "GPUSharingPolicies over 200 namespaces, side by side pod by pod, and "
                         "report the ratio of claims/s")
+    replay.add_argument("--scale", default=None, metavar="N",
+                        help="replay the cluster and the pods multiplied N times (several, "
+                        "e.g. 1,8, side by side in one run); reports the state's resident "
+                        "memory and claims/s against the first factor")
     replay.add_argument("--defrag-moves", type=float, default=None, metavar="P",
                         help="after each replay, retry the pods that did not fit, then let "
                         "defrag move at most P%% of the pods placed to place them; report GPU "
