@@ -137,6 +137,7 @@ class Pace:
     hold_seconds: float = 600.0  # how long freed devices wait for their pod
     wait_seconds: float = 120.0  # for a pod helped and its moved pods' replacements
     poll_seconds: float = 1.0
+    window_seconds: float = 3600.0  # a move is remembered this long
 
 
 class Applier:
@@ -153,6 +154,12 @@ class Applier:
     async def carry_out(self, plan: DefragPlan, pods: Mapping[str, Object]) -> ApplyReport:
         """`pods`: the live pods the plan was made from, by uid (for owners and Events)."""
         report = ApplyReport()
+        if plan.helped:
+            # Records past their use go first, so the ConfigMap stays the size of the moves
+            # under way and of the window.
+            records, _ = await read_records(self.cluster, self.namespace)
+            await drop_records(self.cluster, self.namespace,
+                               records.stale_keys(self.clock(), self.pace.window_seconds))
         for help_ in plan.helped:
             outcome = HelpOutcome(help_)
             report.outcomes.append(outcome)

@@ -95,7 +95,8 @@ class DefragMode:
                           instance=settings.identity, pace=Pace(
                               in_flight=settings.defrag_in_flight,
                               hold_seconds=settings.defrag_hold,
-                              wait_seconds=settings.defrag_wait))
+                              wait_seconds=settings.defrag_wait,
+                              window_seconds=settings.defrag_window))
         report = await applier.carry_out(plan, inputs.pods)
         clean = report.stopped is None
         for outcome in report.outcomes:

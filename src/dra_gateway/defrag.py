@@ -122,7 +122,7 @@ async def _main(args: argparse.Namespace, where: str) -> int:
         if args.defrag == "apply":
             applier = Applier(cluster, namespace=args.namespace, pace=Pace(
                 in_flight=max(1, args.in_flight), hold_seconds=args.hold,
-                wait_seconds=args.wait))
+                wait_seconds=args.wait, window_seconds=args.window))
             report = await applier.carry_out(plan, inputs.pods)
     finally:
         await cluster.close()

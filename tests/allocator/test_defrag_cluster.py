@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dra_gateway.allocator.defrag import holds as holdfmt
-from dra_gateway.allocator.defrag.act import Applier, Pace, read_snapshot
+from dra_gateway.allocator.defrag.act import Applier, Pace, read_snapshot, write_records
 from dra_gateway.allocator.defrag.view import Snapshot, build, why_fixed
 from dra_gateway.allocator.planner import PodPlan, plan_pod
 from dra_gateway.allocator.planner.defrag import Limits, plan_defrag
@@ -211,3 +211,20 @@ def test_the_command_says_what_is_wrong_with_its_flags(capsys: pytest.CaptureFix
 
 
 
+
+
+async def test_records_past_their_use_are_dropped_before_new_ones_are_written() -> None:
+    sim = await _served(_objects())
+    old_hold = holdfmt.Hold("gone", "ns/gone", "n1", {}, NOW - timedelta(minutes=1))
+    old_move = holdfmt.Moved("m", "ns/m", None, NOW - timedelta(hours=2), "ns/x")
+    fresh_move = holdfmt.Moved("f", "ns/f", None, NOW - timedelta(minutes=2), "ns/x")
+    await write_records(sim, "dra-gateway", {r.key: r.value()
+                                             for r in (old_hold, old_move, fresh_move)})
+    inputs = build(await read_snapshot(sim, namespace="dra-gateway", now=NOW))
+    plan = plan_defrag(inputs.state, inputs.waiters, inputs.residents)
+    await Applier(sim, namespace="dra-gateway", clock=lambda: NOW,
+                  pace=Pace(wait_seconds=0.1, poll_seconds=0.05)).carry_out(plan, inputs.pods)
+    data = (await sim.get(CONFIG_MAPS, holdfmt.CONFIG_MAP, namespace="dra-gateway"))["data"]
+    assert "hold.gone" not in data
+    assert "moved.m" not in data
+    assert "moved.f" in data
