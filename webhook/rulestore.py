@@ -162,8 +162,11 @@ class RuleStore:
         # Recorded even when the load fails: a broken file is reported once, not every poll.
         self._stamps = stamps
         async with self._lock:
+            # Computed once: the pending deletions these rules leave out must stay out of
+            # `_config_maps` once `_deleted` is cleared, or the next change brings them back.
+            live = self._live()
             try:
-                rules = self._build(self._live())
+                rules = self._build(live)
             except RulesError as exc:
                 self._metrics.rule_reload_failures.labels("file").inc()
                 log.error("rules files refused, the previous rules stay in force",
@@ -174,7 +177,7 @@ class RuleStore:
             for gone in self._deleted:
                 self._errors.pop(gone, None)
             self._deleted.clear()
-            self._config_maps = self._live()
+            self._config_maps = live
             self._commit(rules, "file")
         await self._notify()
         return True

@@ -23,6 +23,8 @@ from dra_gateway.kube.resources import (
 from dra_gateway.translator.rules import load_rules
 from dra_gateway.webhook.app import STATE, create_app
 from dra_gateway.webhook.config import configurations
+from dra_gateway.webhook.metrics import Metrics
+from dra_gateway.webhook.rulestore import RuleStore
 from dra_gateway.webhook.settings import WebhookSettings
 
 from .conftest import ClientFactory, decoded_patch, review
@@ -260,3 +262,55 @@ async def test_a_refusal_names_the_config_maps_involved(
     assert state.store.rules is not None
     assert [r.source for r in state.store.rules.rules if r.name == "example-npu"] == [
         "ConfigMap dra-gateway/site-rules key rules.yaml"]
+
+
+async def test_a_pending_deletion_taken_out_by_a_file_change_stays_out(
+    cluster: MemoryCluster, tmp_path: Path
+) -> None:
+    # ConfigMap A defines example-npu; B only overrides it, so B fails to load without A and
+    # A's deletion is refused (pending). A file change that defines example-npu itself lets
+    # the rules load without A: A is gone, and a later change to another ConfigMap must not
+    # bring A's rule back.
+    rules_file = tmp_path / "site.yaml"
+    rules_file.write_text("apiVersion: dra-gateway.io/v1alpha1\nkind: TranslationRules\n")
+    settings = WebhookSettings(rules_paths=(rules_file,), builtin_rules=False,
+                               watch_config_maps=False)
+    store = RuleStore(settings, cluster, Metrics())
+    store.load_files()
+
+    def named(name: str, data: dict[str, str]) -> dict[str, Any]:
+        config_map = rules_config_map(data)
+        config_map["metadata"]["name"] = name
+        return config_map
+
+    def sources() -> list[str]:
+        assert store.rules is not None
+        return [r.source for r in store.rules.rules if r.name == "example-npu"]
+
+    override = ("apiVersion: dra-gateway.io/v1alpha1\nkind: TranslationRules\n"
+                "overrides:\n  - rule: example-npu\n    enabled: true\n")
+    assert await store.config_map_changed(named("a", {"rules.yaml": NPU_RULES})) is True
+    assert await store.config_map_changed(named("b", {"rules.yaml": override})) is True
+    assert await store.config_map_deleted(named("a", {})) is False
+    assert sources() == ["ConfigMap dra-gateway/a key rules.yaml"]
+    assert store.problems == [
+        "rules ConfigMap dra-gateway/a not in force: deleted, but the rules in force still hold "
+        "it: the others fail without it"]
+
+    rules_file.write_text(NPU_RULES.replace("npu.example.com", "npu2.example.com"))
+    assert await store.check_files() is True
+    assert sources() == [str(rules_file)]
+    assert store.problems == []
+
+    other = NPU_RULES.replace("example-npu", "other-npu").replace("example.com/npu",
+                                                                  "example.com/tpu")
+    assert await store.config_map_changed(named("c", {"rules.yaml": other})) is True
+    assert sources() == [str(rules_file)]
+    assert store.rules is not None
+    assert "other-npu" in store.rules.rule_names
+    assert store.problems == []
+    # A's deletion is done: a relist without it has nothing left to delete.
+    generation = store.generation
+    await store.sync([named("b", {"rules.yaml": override}), named("c", {"rules.yaml": other})])
+    assert store.generation == generation
+    assert sources() == [str(rules_file)]
