@@ -218,7 +218,7 @@ class Gateway:
             return False
 
 
-def _helm(helm: str, work: Path, kubeconfig: Path, *args: str) -> str:
+def run_helm(helm: str, work: Path, kubeconfig: Path, *args: str) -> str:
     home = work / "helm-home"
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home),
            "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
@@ -280,9 +280,9 @@ def install(version: str, feature_gates: Mapping[str, bool], bin_dir: Path, helm
         }
         values_file = work / "values.yaml"
         values_file.write_text(yaml.safe_dump(values))
-        _helm(helm, work, plane.admin_kubeconfig, "install", RELEASE, str(CHART),
+        run_helm(helm, work, plane.admin_kubeconfig, "install", RELEASE, str(CHART),
               "--namespace", NAMESPACE, "--values", str(values_file))
-        manifest = _helm(helm, work, plane.admin_kubeconfig, "get", "manifest", RELEASE,
+        manifest = run_helm(helm, work, plane.admin_kubeconfig, "get", "manifest", RELEASE,
                          "--namespace", NAMESPACE)
         gateway = Gateway(version, feature_gates, plane, work, webhook_port,
                           service_accounts=_service_accounts(manifest))

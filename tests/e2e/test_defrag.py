@@ -9,8 +9,13 @@ share of a Deployment, and a pod pinned there that asks for two whole cards and 
    the waiting pod is placed on two cards of its node, the ReplicaSet's replacements of the
    moved pods are placed again, and no card is over its capacity at any time.
 
+3. Separately, the allocator's own defrag (`--defrag`, with the RBAC the chart grants only with
+   `allocator.defrag.enabled`) does the same on its own for the pod once it has waited
+   `--defrag-after`, and moves nothing while the budget allows no disruption.
+
 The two nodes (KWOK, each with its own node plugin), the namespace and the defrag records are
-removed at the end: the other modules of the tier see the installation as `install` made it.
+removed at the end of each test, and the allocator and the release go back to the install's:
+the other modules of the tier see the installation as `install` made it.
 """
 
 from __future__ import annotations
@@ -28,19 +33,27 @@ import yaml
 from dra_gateway.devkit.realcluster import Api, ApiError, path_of
 from dra_gateway.kube import names
 from e2e.support import (
+    CHART,
     NAMESPACE,
+    RELEASE,
     Component,
     Gateway,
     cards,
+    find_helm,
     holdings,
     node_plugin_kubeconfig,
     over_capacity,
     pod_claims,
+    run_helm,
     short_dir,
     wait_until,
 )
 
-NS = "defrag"
+# One namespace per test: the webhook believes a ResourceClaimTemplate it made exists for its
+# cache's TTL (webhook/templates.py), so a namespace re-created under the same name within it
+# would get pods whose claims cannot be made.
+APPLY_NS = "defrag-apply"
+MODE_NS = "defrag-mode"
 FRAGMENTED = "gpu-defrag-1"  # eight cards, one share on each
 SPARE = "gpu-defrag-2"  # two free cards, added once the shares are placed
 POOL_LABEL = "e2e.dra-gateway.io/pool"
@@ -95,32 +108,32 @@ def _add_node(gateway: Gateway, node: str, index: int, count: int) -> None:
 
 
 @contextlib.contextmanager
-def _scenario(gateway: Gateway) -> Iterator[None]:
+def _scenario(gateway: Gateway, ns: str) -> Iterator[None]:
     api = gateway.api
     api.create(path_of("v1", "namespaces"), {"apiVersion": "v1", "kind": "Namespace",
-                                             "metadata": {"name": NS}})
+                                             "metadata": {"name": ns}})
     try:
         yield
     finally:
-        _clean_up(gateway)
+        _clean_up(gateway, ns)
 
 
-def _clean_up(gateway: Gateway) -> None:
+def _clean_up(gateway: Gateway, ns: str) -> None:
     """Remove what the scenario made: the Deployment (so nothing re-creates pods), the pods
     (force: KWOK plays their kubelet), the namespace, the node plugins, their slices and
     stand-in pods, the nodes, and the defrag records."""
     api = gateway.api
     with contextlib.suppress(ApiError):
-        api.delete(path_of("apps/v1", "deployments", namespace=NS, name=DEPLOYMENT),
+        api.delete(path_of("apps/v1", "deployments", namespace=ns, name=DEPLOYMENT),
                    propagation="Foreground")
     with contextlib.suppress(ApiError):
-        for pod in api.list(path_of("v1", "pods", namespace=NS)):
-            api.delete(path_of("v1", "pods", namespace=NS, name=pod["metadata"]["name"]),
+        for pod in api.list(path_of("v1", "pods", namespace=ns)):
+            api.delete(path_of("v1", "pods", namespace=ns, name=pod["metadata"]["name"]),
                        grace_period_s=0)
     with contextlib.suppress(ApiError):
-        api.delete(path_of("v1", "namespaces", name=NS))
-    wait_until(f"namespace {NS} to be gone",
-               lambda: not api.exists(path_of("v1", "namespaces", name=NS)), 120)
+        api.delete(path_of("v1", "namespaces", name=ns))
+    wait_until(f"namespace {ns} to be gone",
+               lambda: not api.exists(path_of("v1", "namespaces", name=ns)), 120)
     for node in (FRAGMENTED, SPARE):
         plugin = gateway.components.pop(f"node-plugin-{node}", None)
         if plugin is not None:
@@ -143,9 +156,9 @@ def _clean_up(gateway: Gateway) -> None:
 
 # The workload -----------------------------------------------------------------------------------
 
-def _deployment() -> JSON:
+def _deployment(ns: str) -> JSON:
     return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": DEPLOYMENT, "namespace": NS},
+            "metadata": {"name": DEPLOYMENT, "namespace": ns},
             "spec": {"replicas": REPLICAS, "selector": {"matchLabels": {"app": DEPLOYMENT}},
                      "template": {
                          "metadata": {"labels": {"app": DEPLOYMENT}},
@@ -156,16 +169,16 @@ def _deployment() -> JSON:
                                                   "resources": {"limits": dict(SHARE)}}]}}}}
 
 
-def _budget(min_available: int) -> JSON:
+def _budget(ns: str, min_available: int) -> JSON:
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": {"name": BUDGET, "namespace": NS},
+            "metadata": {"name": BUDGET, "namespace": ns},
             "spec": {"minAvailable": min_available,
                      "selector": {"matchLabels": {"app": DEPLOYMENT}}}}
 
 
-def _waiting_pod() -> JSON:
+def _waiting_pod(ns: str) -> JSON:
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": WAITING, "namespace": NS},
+            "metadata": {"name": WAITING, "namespace": ns},
             "spec": {"nodeSelector": {"kubernetes.io/hostname": FRAGMENTED},
                      "terminationGracePeriodSeconds": 0,
                      "containers": [{"name": "main", "image": "example.com/cuda:1",
@@ -177,8 +190,8 @@ def _live(pod: JSON) -> bool:
         (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
 
-def _share_pods(api: Api) -> list[JSON]:
-    return [p for p in api.list(path_of("v1", "pods", namespace=NS),
+def _share_pods(api: Api, ns: str) -> list[JSON]:
+    return [p for p in api.list(path_of("v1", "pods", namespace=ns),
                                 labelSelector=f"app={DEPLOYMENT}") if _live(p)]
 
 
@@ -200,18 +213,18 @@ def _placed(api: Api, pod: JSON) -> bool:
     return bool(node) and bool(devices) and all(d[0] == node for d in devices)
 
 
-def _budget_status(api: Api) -> JSON:
-    budget = api.get(path_of("policy/v1", "poddisruptionbudgets", namespace=NS, name=BUDGET))
+def _budget_status(api: Api, ns: str) -> JSON:
+    budget = api.get(path_of("policy/v1", "poddisruptionbudgets", namespace=ns, name=BUDGET))
     status = dict(budget.get("status") or {})
     status["_current"] = status.get("observedGeneration") == budget["metadata"]["generation"]
     return status
 
 
-def _wait_budget(gateway: Gateway, allowed: int) -> None:
+def _wait_budget(gateway: Gateway, ns: str, allowed: int) -> None:
     """Until the disruption controller has seen the budget's spec and the eight healthy pods,
     and allows `allowed` disruptions."""
     def ready() -> bool:
-        status = _budget_status(gateway.api)
+        status = _budget_status(gateway.api, ns)
         return bool(status["_current"]) and status.get("expectedPods") == REPLICAS \
             and status.get("currentHealthy") == REPLICAS \
             and status.get("disruptionsAllowed") == allowed
@@ -219,7 +232,7 @@ def _wait_budget(gateway: Gateway, allowed: int) -> None:
         wait_until(f"the disruption controller to allow {allowed} disruption(s)", ready, 60,
                    gateway.check)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}: status {_budget_status(gateway.api)}") from None
+        raise AssertionError(f"{exc}: status {_budget_status(gateway.api, ns)}") from None
 
 
 def _defrag(gateway: Gateway, *args: str) -> subprocess.Popen[str]:
@@ -263,105 +276,189 @@ def _gated(pod: JSON) -> bool:
                for g in pod["spec"].get("schedulingGates") or [])
 
 
-# The test ---------------------------------------------------------------------------------------
+# The scenario ----------------------------------------------------------------------------------
+
+def _fragment(gateway: Gateway, ns: str) -> set[str]:
+    """Eight shares on the eight cards of one node (60% of a card each, so one a card), a
+    budget that allows no disruption (as the real disruption controller computes it), a second
+    node with two free cards, and a pod pinned to the first asking for two whole cards, which
+    waits. The share pods' names."""
+    api = gateway.api
+    _add_node(gateway, FRAGMENTED, 1, REPLICAS)
+    api.create(path_of("apps/v1", "deployments", namespace=ns), _deployment(ns))
+    wait_until(f"the {REPLICAS} shares to be placed", lambda: sum(
+        _placed(api, p) for p in _share_pods(api, ns)) == REPLICAS, 120,
+        lambda: _no_over_capacity(gateway))
+    shares = _share_pods(api, ns)
+    assert {p["spec"]["nodeName"] for p in shares} == {FRAGMENTED}
+    held = sorted(d for p in shares for d in _devices(api, p))
+    assert len(held) == REPLICAS, held
+    assert len({d[1] for d in held}) == REPLICAS, held
+    assert not any(whole for _, _, whole in held), held
+    api.create(path_of("policy/v1", "poddisruptionbudgets", namespace=ns), _budget(ns, REPLICAS))
+    _wait_budget(gateway, ns, 0)
+    # Room for two moved shares, on a second node of the pool.
+    _add_node(gateway, SPARE, 2, 2)
+    api.create(path_of("v1", "pods", namespace=ns), _waiting_pod(ns))
+    wait_until(f"the allocator to find no room for {WAITING}", lambda: any(
+        e.get("reason") == "AllocationFailed" for e in api.list(
+            path_of("v1", "events", namespace=ns),
+            fieldSelector=f"involvedObject.name={WAITING}")), 60, gateway.check)
+    wide = _wide(api, ns)
+    assert _gated(wide)
+    assert not wide["spec"].get("nodeName")
+    return {p["metadata"]["name"] for p in shares}
+
+
+def _wide(api: Api, ns: str) -> JSON:
+    return api.get(path_of("v1", "pods", namespace=ns, name=WAITING))
+
+
+def _assert_placed_after_moves(gateway: Gateway, ns: str, moved: set[str]) -> None:
+    """The pod helped holds two whole cards of its node; the moved pods are gone and their
+    replacements are placed on the spare node, so the Deployment has its eight shares again;
+    every move is an Event on the pod moved and on the pod it made room for."""
+    api = gateway.api
+    wait_until(f"{WAITING}'s claim to be allocated", lambda: _placed(api, _wide(api, ns)), 30,
+               lambda: _no_over_capacity(gateway))
+    wide = _wide(api, ns)
+    assert wide["spec"]["nodeName"] == FRAGMENTED
+    devices = _devices(api, wide)
+    assert len(devices) == 2, devices
+    assert all(node == FRAGMENTED and whole for node, _, whole in devices), devices
+    wait_until(f"the {REPLICAS} shares to be placed again", lambda: sum(
+        _placed(api, p) for p in _share_pods(api, ns)) == REPLICAS, 120,
+        lambda: _no_over_capacity(gateway))
+    now = _share_pods(api, ns)
+    assert not moved & {p["metadata"]["name"] for p in now}
+    assert sorted(p["spec"]["nodeName"] for p in now) == \
+        sorted([FRAGMENTED] * (REPLICAS - len(moved)) + [SPARE] * len(moved))
+    _no_over_capacity(gateway)
+    reasons = {(e["involvedObject"]["name"], e.get("reason"))
+               for e in api.list(path_of("v1", "events", namespace=ns))}
+    assert (WAITING, "DefragRoomMade") in reasons, reasons
+    assert all((name, "DefragMoved") in reasons for name in moved), reasons
+
+
+def _moved_by_events(api: Api, ns: str) -> set[str]:
+    return {e["involvedObject"]["name"] for e in api.list(path_of("v1", "events", namespace=ns))
+            if e.get("reason") == "DefragMoved"}
+
+
+# The tests --------------------------------------------------------------------------------------
 
 def test_defrag_frees_two_whole_cards_by_moving_two_shares_within_disruption_budgets(
         gateway: Gateway) -> None:
     api = gateway.api
-    with _scenario(gateway):
-        # 1. Eight shares on the eight cards of one node: 60% of a card each, so one a card.
-        _add_node(gateway, FRAGMENTED, 1, REPLICAS)
-        api.create(path_of("apps/v1", "deployments", namespace=NS), _deployment())
-        wait_until(f"the {REPLICAS} shares to be placed", lambda: sum(
-            _placed(api, p) for p in _share_pods(api)) == REPLICAS, 120, lambda: (
-            _no_over_capacity(gateway)))
-        shares = _share_pods(api)
-        assert {p["spec"]["nodeName"] for p in shares} == {FRAGMENTED}
-        held = sorted(d for p in shares for d in _devices(api, p))
-        assert len(held) == REPLICAS, held
-        assert len({d[1] for d in held}) == REPLICAS, held
-        assert not any(whole for _, _, whole in held), held
-        # A budget that allows no disruption, as the real disruption controller computes it.
-        api.create(path_of("policy/v1", "poddisruptionbudgets", namespace=NS),
-                   _budget(REPLICAS))
-        _wait_budget(gateway, 0)
+    ns = APPLY_NS
+    with _scenario(gateway, ns):
+        shares = _fragment(gateway, ns)
+        before = {p["metadata"]["uid"] for p in _share_pods(api, ns)}
 
-        # Room for two moved shares, on a second node of the pool.
-        _add_node(gateway, SPARE, 2, 2)
-
-        # 2. A pod pinned to the fragmented node asks for two whole cards: it waits.
-        api.create(path_of("v1", "pods", namespace=NS), _waiting_pod())
-        wait_until(f"the allocator to find no room for {WAITING}", lambda: any(
-            e.get("reason") == "AllocationFailed" for e in api.list(
-                path_of("v1", "events", namespace=NS),
-                fieldSelector=f"involvedObject.name={WAITING}")), 60, gateway.check)
-        wide = api.get(path_of("v1", "pods", namespace=NS, name=WAITING))
-        assert _gated(wide)
-        assert not wide["spec"].get("nodeName")
-        share_names = {p["metadata"]["name"] for p in shares}
-
-        # 3. No disruption left: no plan moves a share, and apply evicts nothing.
+        # No disruption left: no plan moves a share, and apply evicts nothing.
         plan = _run_defrag(gateway, "plan")
         assert plan["moves"] == 0, plan
-        assert not any(m["pod"].split("/")[1] in share_names
+        assert not any(m["pod"].split("/")[1] in shares
                        for h in plan["helped"] for m in h["moves"]), plan
-        assert f"{NS}/{WAITING}" in [n["pod"] for n in plan["notHelped"]], plan
-        applied = _run_defrag(gateway, "apply", "--for", f"{NS}/{WAITING}", "--wait", "20s")
+        assert f"{ns}/{WAITING}" in [n["pod"] for n in plan["notHelped"]], plan
+        applied = _run_defrag(gateway, "apply", "--for", f"{ns}/{WAITING}", "--wait", "20s")
         assert applied["applied"]["evicted"] == 0, applied
-        assert {p["metadata"]["uid"] for p in _share_pods(api)} == \
-            {p["metadata"]["uid"] for p in shares}
-        wide = api.get(path_of("v1", "pods", namespace=NS, name=WAITING))
+        assert {p["metadata"]["uid"] for p in _share_pods(api, ns)} == before
+        wide = _wide(api, ns)
         assert _gated(wide)
         assert not wide["spec"].get("nodeName")
         _no_over_capacity(gateway)
 
-        # 4. Two disruptions allowed: at most two moves, and apply places the pod.
-        api.patch(path_of("policy/v1", "poddisruptionbudgets", namespace=NS, name=BUDGET),
+        # Two disruptions allowed: at most two moves, and apply places the pod.
+        api.patch(path_of("policy/v1", "poddisruptionbudgets", namespace=ns, name=BUDGET),
                   {"spec": {"minAvailable": REPLICAS - 2}})
-        _wait_budget(gateway, 2)
+        _wait_budget(gateway, ns, 2)
         plan = _run_defrag(gateway, "plan")
-        (helped,) = [h for h in plan["helped"] if h["pod"] == f"{NS}/{WAITING}"]
+        (helped,) = [h for h in plan["helped"] if h["pod"] == f"{ns}/{WAITING}"]
         assert 1 <= len(helped["moves"]) <= 2, plan
         assert plan["moves"] <= 2, plan
         assert helped["node"] == FRAGMENTED, plan
         assert len(helped["devices"]) == 2, plan
         for move in helped["moves"]:
-            assert move["pod"].split("/")[1] in share_names, plan
+            assert move["pod"].split("/")[1] in shares, plan
             assert move["from"]["node"] == FRAGMENTED, plan
             assert move["to"]["node"] == SPARE, plan
 
-        applied = _run_defrag(gateway, "apply", "--for", f"{NS}/{WAITING}", "--wait", "90s")
-        (done,) = [h for h in applied["helped"] if h["pod"] == f"{NS}/{WAITING}"]
+        applied = _run_defrag(gateway, "apply", "--for", f"{ns}/{WAITING}", "--wait", "90s")
+        (done,) = [h for h in applied["helped"] if h["pod"] == f"{ns}/{WAITING}"]
         assert applied["applied"] == {"evicted": len(done["moves"]), "stopped": None}, applied
         assert 1 <= len(done["moves"]) <= 2, applied
         assert done["placed"] == f"bound to {FRAGMENTED}", applied
         moved = {m["pod"].split("/")[1] for m in done["moves"]}
-        assert moved <= share_names, applied
+        assert moved <= shares, applied
         for move in done["moves"]:
             assert move["result"] == "evicted", applied
             assert move["replacement"].endswith(" on " + SPARE), applied
+        _assert_placed_after_moves(gateway, ns, moved)
 
-        # The pod helped holds two whole cards of its node; the moved pods are gone and their
-        # replacements are placed, so the Deployment has its eight shares again.
-        wait_until(f"{WAITING}'s claim to be allocated", lambda: _placed(api, api.get(
-            path_of("v1", "pods", namespace=NS, name=WAITING))), 30,
-            lambda: _no_over_capacity(gateway))
-        wide = api.get(path_of("v1", "pods", namespace=NS, name=WAITING))
-        assert wide["spec"]["nodeName"] == FRAGMENTED
-        devices = _devices(api, wide)
-        assert len(devices) == 2, devices
-        assert all(node == FRAGMENTED and whole for node, _, whole in devices), devices
-        wait_until(f"the {REPLICAS} shares to be placed again", lambda: sum(
-            _placed(api, p) for p in _share_pods(api)) == REPLICAS, 120,
-            lambda: _no_over_capacity(gateway))
-        now = _share_pods(api)
-        assert not moved & {p["metadata"]["name"] for p in now}
-        assert sorted(p["spec"]["nodeName"] for p in now) == \
-            sorted([FRAGMENTED] * (REPLICAS - len(moved)) + [SPARE] * len(moved))
-        _no_over_capacity(gateway)
 
-        # Every move is an Event on the pod moved and on the pod it made room for.
-        reasons = {(e["involvedObject"]["name"], e.get("reason"))
-                   for e in api.list(path_of("v1", "events", namespace=NS))}
-        assert (WAITING, "DefragRoomMade") in reasons
-        assert all((name, "DefragMoved") in reasons for name in moved), reasons
+@contextlib.contextmanager
+def _allocator_with_defrag(gateway: Gateway) -> Iterator[None]:
+    """The release upgraded with allocator.defrag.enabled (the RBAC defrag needs) and the
+    allocator restarted with --defrag, acting for pods gated 2 s; both as installed after."""
+    helm = find_helm()
+    values = str(gateway.work / "values.yaml")
+    release = ("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", values)
+    original = gateway.components["allocator"]
+    defrag = Component("allocator", [*original.args, "--defrag", "--defrag-after", "2s",
+                                     "--defrag-interval", "2s", "--defrag-hold", "2m"],
+                       original.log)
+    run_helm(helm, gateway.work, gateway.plane.admin_kubeconfig, *release,
+          "--set", "allocator.defrag.enabled=true")
+    try:
+        original.stop()  # graceful: it releases the Lease
+        gateway.components["allocator"] = defrag
+        defrag.start()
+        wait_until("the allocator with --defrag to lead", lambda: _leads(gateway), 60,
+                   gateway.check)
+        yield
+    finally:
+        defrag.stop()
+        gateway.components["allocator"] = original
+        original.start()
+        run_helm(helm, gateway.work, gateway.plane.admin_kubeconfig, *release)
+        wait_until("the allocator to lead again", lambda: _leads(gateway), 60, gateway.check)
+
+
+def _leads(gateway: Gateway) -> bool:
+    try:
+        lease = gateway.api.get(path_of("coordination.k8s.io/v1", "leases", namespace=NAMESPACE,
+                                        name="dra-gateway-allocator"))
+    except ApiError:
+        return False
+    return bool((lease.get("spec") or {}).get("holderIdentity"))
+
+
+def test_the_allocators_defrag_mode_places_the_waiting_pod_by_moving_at_most_two_shares(
+        gateway: Gateway) -> None:
+    api = gateway.api
+    ns = MODE_NS
+    with _allocator_with_defrag(gateway), _scenario(gateway, ns):
+        shares = _fragment(gateway, ns)
+        before = {p["metadata"]["uid"] for p in _share_pods(api, ns)}
+        # No disruption left: rounds go by (every 2 s) and nothing moves.
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            _no_over_capacity(gateway)
+            time.sleep(0.5)
+        assert _moved_by_events(api, ns) == set()
+        assert {p["metadata"]["uid"] for p in _share_pods(api, ns)} == before
+        assert not _wide(api, ns)["spec"].get("nodeName")
+
+        # Two disruptions allowed: the allocator moves at most two shares and places the pod.
+        api.patch(path_of("policy/v1", "poddisruptionbudgets", namespace=ns, name=BUDGET),
+                  {"spec": {"minAvailable": REPLICAS - 2}})
+        wait_until(f"the allocator's defrag to place {WAITING}",
+                   lambda: bool(_wide(api, ns)["spec"].get("nodeName")), 120,
+                   lambda: _no_over_capacity(gateway))
+        moved = _moved_by_events(api, ns)
+        assert 1 <= len(moved) <= 2, moved
+        assert moved <= shares, moved
+        gone = before - {p["metadata"]["uid"] for p in _share_pods(api, ns)}
+        assert len(gone) == len(moved), (gone, moved)
+        _assert_placed_after_moves(gateway, ns, moved)
