@@ -105,6 +105,7 @@ def create_app(settings: WebhookSettings, cluster: Cluster, *,
             cluster, metrics, namespace=settings.namespace, threshold=settings.gated_event_after,
             retry_delay=settings.watch_retry_delay)
     state.device_classes.on_change = lambda _: state.extended_logged.clear()
+    state.policies.on_namespace_deleted = state.templates.forget_namespace
     # One byte over the limit is enough to know a body is too large; aiohttp's own 413 is
     # turned into the 400 the API server expects for bad input.
     app = web.Application(client_max_size=MAX_BODY_BYTES)

@@ -49,6 +49,8 @@ class PolicyWatch:
         self.catalog = Catalog()
         self.generation = 0
         self.on_change: Callable[[Catalog], None] | None = None
+        # Called with a namespace's name when it is deleted (the webhook's caches of it go).
+        self.on_namespace_deleted: Callable[[str], None] | None = None
 
     @property
     def synced(self) -> bool:
@@ -79,6 +81,8 @@ class PolicyWatch:
                old: Object | None) -> bool:
         if kind is NAMESPACES and change != "deleted":
             self._check_translation_label(obj)
+        if kind is NAMESPACES and change == "deleted" and self.on_namespace_deleted is not None:
+            self.on_namespace_deleted(objects.name(obj))
         return self._published(self._keeper.change(kind, change, obj, old))
 
     def _published(self, changed: bool) -> bool:

@@ -14,7 +14,9 @@ gateway's managed-by label and the same spec (API defaults applied); otherwise t
 refused with `TemplateConflict`, which names the template, what differs and the fix.
 
 The TTL bounds how long a template deleted behind the webhook's back stays believed to exist;
-reading it before every admission was rejected as one API round trip per pod.
+reading it before every admission was rejected as one API round trip per pod. A namespace's
+deletion (seen by the webhook's namespace mirror) forgets its templates at once
+(`forget_namespace`): a namespace re-created under the same name gets its templates again.
 
 `Templates.classes` answers /validate's question "which device classes does this template or
 claim use?" from stored objects only: what the API server returned when ensure() created or
@@ -172,6 +174,13 @@ class Templates:
     def forget(self) -> None:
         self._known.clear()
         self._requests.clear()
+
+    def forget_namespace(self, namespace: str) -> None:
+        """The namespace was deleted: its templates went with it, and one re-created under the
+        same name must not be believed to have them."""
+        for cache in (self._known, self._requests):
+            for key in [k for k in list(cache.keys()) if k[1] == namespace]:
+                cache.pop(key, None)
 
     async def ensure(self, templates: Sequence[Mapping[str, Any]], namespace: str, *,
                      dry_run: bool) -> int:

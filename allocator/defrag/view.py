@@ -110,6 +110,24 @@ def _budgets_of(pod: Object, budgets: Iterable[Object]) -> tuple[str, ...]:
                  and label_selector_matches(objects.spec(b).get("selector"), labels))
 
 
+def disruptions_allowed(budget: Object) -> int:
+    """What a PodDisruptionBudget allows now; none while the disruption controller has not
+    seen its latest spec (its status may count a budget that no longer holds)."""
+    status = objects.status(budget)
+    generation = objects.meta(budget).get("generation")
+    if generation is not None and status.get("observedGeneration") != generation:
+        return 0
+    return int(status.get("disruptionsAllowed") or 0)
+
+
+def blocked_by_budget(resident: Resident, budgets: Mapping[str, int]) -> str | None:
+    """Why a pod that may move cannot move now: a budget of its with no disruption left."""
+    for budget in resident.budgets:
+        if budgets.get(budget, 0) <= 0:
+            return f"its PodDisruptionBudget {budget} allows no disruption now"
+    return None
+
+
 def _priority(pod: Object) -> int:
     value = objects.spec(pod).get("priority")
     return int(value) if isinstance(value, int) else 0
@@ -141,8 +159,8 @@ def build(snapshot: Snapshot, *, window_seconds: float = 3600.0) -> Inputs:
     waiters: list[tuple[tuple[Any, ...], Waiter]] = []
     residents: list[Resident] = []
     since: dict[str, datetime] = {}
-    budgets = {"/".join(objects.namespace_name(b)):
-               int(objects.status(b).get("disruptionsAllowed") or 0) for b in snapshot.budgets}
+    budgets = {"/".join(objects.namespace_name(b)): disruptions_allowed(b)
+               for b in snapshot.budgets}
     for uid, pod in live.items():
         claims, missing = claims_for(pod, lookup)
         gateway = [c for c in claims if objects.is_gateway_claim(c)]
@@ -170,4 +188,5 @@ def build(snapshot: Snapshot, *, window_seconds: float = 3600.0) -> Inputs:
     return Inputs(state, [w for _, w in waiters], residents, budgets, since, live)
 
 
-__all__ = ["RECREATING", "Inputs", "Snapshot", "build", "why_fixed"]
+__all__ = ["RECREATING", "Inputs", "Snapshot", "blocked_by_budget", "build",
+           "disruptions_allowed", "why_fixed"]

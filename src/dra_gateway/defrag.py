@@ -160,7 +160,10 @@ def to_dict(plan: DefragPlan, inputs: Inputs, report: ApplyReport | None = None,
         if outcome is not None:
             item["placed"] = outcome.placed
         helped.append(item)
-    fixed = Counter(r.fixed for r in inputs.residents if r.fixed is not None)
+    from dra_gateway.allocator.defrag.view import blocked_by_budget
+
+    fixed = Counter(r.fixed or blocked_by_budget(r, inputs.budgets) for r in inputs.residents)
+    fixed.pop(None, None)
     body: dict[str, Any] = {
         "helped": helped,
         "notHelped": [{"pod": n.pod, "reason": n.reason} for n in plan.not_helped],

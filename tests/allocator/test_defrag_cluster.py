@@ -228,3 +228,32 @@ async def test_records_past_their_use_are_dropped_before_new_ones_are_written() 
     assert "hold.gone" not in data
     assert "moved.m" not in data
     assert "moved.f" in data
+
+
+def test_a_budget_with_no_disruption_left_is_named_and_a_stale_one_allows_none() -> None:
+    from dra_gateway.allocator.defrag.view import disruptions_allowed
+    from dra_gateway.defrag import to_dict
+
+    objs = _objects()
+    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+           "metadata": {"name": "keep", "namespace": NS, "generation": 2},
+           "spec": {"selector": {"matchLabels": {"app": "rs"}}, "minAvailable": 8},
+           "status": {"disruptionsAllowed": 0, "observedGeneration": 2}}
+    inputs = build(Snapshot(now=NOW, nodes=[o for o in objs if o["kind"] == "Node"],
+                            slices=[o for o in objs if o["kind"] == "ResourceSlice"],
+                            classes=[o for o in objs if o["kind"] == "DeviceClass"],
+                            pods=[o for o in objs if o["kind"] == "Pod"],
+                            claims=[o for o in objs if o["kind"] == "ResourceClaim"],
+                            budgets=[pdb]))
+    plan = plan_defrag(inputs.state, inputs.waiters, inputs.residents,
+                       Limits(budgets=inputs.budgets))
+    body = to_dict(plan, inputs)
+    assert body["moves"] == 0
+    assert body["mayNotMove"] == {
+        "its PodDisruptionBudget ns/keep allows no disruption now": 8}
+    # A status the disruption controller wrote for an older spec allows nothing.
+    stale = {**pdb, "metadata": {**pdb["metadata"], "generation": 3},
+             "status": {"disruptionsAllowed": 5, "observedGeneration": 2}}
+    assert disruptions_allowed(stale) == 0
+    fresh = {**stale, "status": {"disruptionsAllowed": 5, "observedGeneration": 3}}
+    assert disruptions_allowed(fresh) == 5

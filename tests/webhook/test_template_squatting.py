@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient
 
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
-from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES
+from dra_gateway.kube.resources import NAMESPACES, RESOURCE_CLAIM_TEMPLATES
 from dra_gateway.webhook.app import STATE
 from dra_gateway.webhook.templates import comparable_spec, conflict
 
@@ -134,3 +134,18 @@ def test_api_defaults_and_quantity_spelling_do_not_count_as_another_spec() -> No
     assert conflict(stored, wanted, "inference") is None
     exactly["count"] = 2
     assert conflict(stored, wanted, "inference") is not None
+
+
+async def test_a_namespace_deleted_and_made_again_gets_its_templates_again(
+    client: Client, cluster: MemoryCluster
+) -> None:
+    _, name = await _learned_template(client)
+    state = client.app[STATE]
+    pod = hami_pod()
+    await _post(client, "/mutate", review(pod))  # creates the template, and caches it
+    assert await cluster.get(RESOURCE_CLAIM_TEMPLATES, name, namespace="inference")
+    # The namespace goes (its templates with it) and comes back under the same name.
+    await cluster.delete(RESOURCE_CLAIM_TEMPLATES, name, namespace="inference")
+    state.policies.change(NAMESPACES, "deleted", {"metadata": {"name": "inference"}}, None)
+    await _post(client, "/mutate", review(pod))
+    assert await cluster.get(RESOURCE_CLAIM_TEMPLATES, name, namespace="inference")
