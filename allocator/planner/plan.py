@@ -186,10 +186,7 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
                version, card_key)
     state.refresh_groups()
     if len(state.memo) > _MEMO_LIMIT:
-        # Bounded memory without a cliff: the young generation becomes the old one, entries
-        # still in use are promoted back on their next hit, dead ones go with the old.
-        state.memo_old = state.memo
-        state.memo = {}
+        state.node_classes.age_memo()
     if len(state.rankings) > _RANKINGS_LIMIT:
         state.rankings.clear()
     spec = pod.get("spec") or {}
@@ -388,18 +385,19 @@ class _Context:
             memo_key = (group_key[0], usage, self.device_sig,
                         None if summary is NO_HOLDERS
                         else memo_rules(rules, summary, self.own_shares))
+        classes = state.node_classes
         if memo_key is not None:
-            outcome = state.memo.get(memo_key)
+            outcome = classes.memo.get(memo_key)
             if outcome is None:
-                outcome = state.memo_old.get(memo_key)
+                outcome = classes.memo_old.get(memo_key)
                 if outcome is not None:
-                    state.memo[memo_key] = outcome
+                    classes.memo[memo_key] = outcome
         if outcome is None:
             outcome = NodeSearch(state, node, self.claims, strategy=self.strategy,
                                  workload=state.workload,
                                  budget=state.settings.search_budget, rules=rules).run()
             if memo_key is not None:
-                state.memo[memo_key] = outcome
+                classes.memo[memo_key] = outcome
         return outcome
 
     def score_of(self, node: str, outcome: Outcome) -> tuple[float, ...]:
