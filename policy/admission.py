@@ -11,7 +11,8 @@ ResourceClaim or template) and returns every violation, so the user fixes them i
   `spec.admission: Refuse`, one it exceeds given the usage the allocator last wrote in the
   quota's status (ResourceQuota's behaviour); with the default `Queue` the pod waits instead.
 
-Only what the request surely costs counts here: memory given as a percent of the card, a whole
+Only what the request surely costs counts here (`quotas.least_cost`, the allocator's reading
+without the card it lands on): memory given as a percent of the card, a whole
 card's memory and the card a selector-scoped quota would count are known only once allocated,
 so the allocator (authoritative) enforces those. Isolation depends on who holds the card, and
 the allowed models on the card the allocator picks among those the selectors match: both are
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 from dra_gateway.kube import names
 from dra_gateway.policy.amounts import Amounts, RequestShape, format_amount
-from dra_gateway.policy.quotas import Quota, exceeded_message, over
+from dra_gateway.policy.quotas import Quota, exceeded_message, least_cost, over
 from dra_gateway.policy.sharing import SharingRules
 
 # The models of the cards a request's selectors reach when the rules allow none of them (it can
@@ -48,26 +49,6 @@ class QuotaState:
 
     quota: Quota
     used: Amounts
-
-
-def requested(quota: Quota, claims: Sequence[Sequence[RequestShape]]) -> Amounts:
-    """What the claims surely cost against a quota: whole cards are distinct devices; shares
-    may land on one card (a share request counts as many devices as it asks for, once)."""
-    memory = cores = whole = shared = count = 0
-    for shapes in claims:
-        counted = [s for s in shapes if s.class_name in quota.classes]
-        if not counted:
-            continue
-        count += 1
-        for shape in counted:
-            amounts = shape.amounts
-            memory += amounts.memory
-            cores += amounts.cores
-            if shape.whole:
-                whole += shape.count
-            else:
-                shared = max(shared, shape.count)
-    return Amounts(memory, cores, whole + shared, count)
 
 
 def _models_text(models: Iterable[str | None]) -> str:
@@ -177,7 +158,7 @@ def check_admission(*, what: str, claims: Sequence[Sequence[RequestShape]],
         quota = state.quota
         if quota.scoped_by_device:
             continue
-        asked = requested(quota, claims)
+        asked = least_cost(quota, claims, shares_take_cards=True)
         policy = f"GPUQuota {quota.namespace}/{quota.name}"
         counted = [paths[s.name] for shapes in claims for s in shapes
                    if s.class_name in quota.classes and s.name in paths]
@@ -190,7 +171,8 @@ def check_admission(*, what: str, claims: Sequence[Sequence[RequestShape]],
                 f"or raise spec.hard"), policy))
             continue
         if quota.refuse and over_usage:
-            adds = asked if charged is None else requested(quota, charged)
+            adds = asked if charged is None else least_cost(quota, charged,
+                                                            shares_take_cards=True)
             exceeded = over(quota, adds, state.used)
             if exceeded:
                 out.append(Violation("QuotaExceeded", (

@@ -1,11 +1,12 @@
 """GPU quotas compiled for the hot paths, and the ledger of what each quota has used.
 
 A `Quota` says which device charges it counts (its scope: device classes and a CEL selector over
-device attributes) and its hard amounts. `QuotaLedger` keeps, per quota, the usage of every
-allocated claim of its namespace (by any writer) and answers `excess(namespace, charges)`: the
-quotas a new claim would take past their hard amounts. Devices count once per quota however
-many claims of the namespace share them ("cards touched"), so the ledger keeps a count per
-device. `exceeded_message` writes ResourceQuota's wording. Pure: no I/O.
+device attributes) and its hard amounts. `least_cost` is what claims cost a quota at the least
+wherever they land (one reading for the allocator and /validate). `QuotaLedger` keeps, per quota,
+the usage of every allocated claim of its namespace (by any writer) and answers
+`excess(namespace, charges)`: the quotas a new claim would take past their hard amounts. Devices
+count once per quota however many claims of the namespace share them ("cards touched"), so the
+ledger keeps a count per device. `exceeded_message` writes ResourceQuota's wording. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from typing import Any
 
 from dra_gateway.kube import names
 from dra_gateway.kube.cel import CelError, Selector, compile_selector, device_view
-from dra_gateway.policy.amounts import FIELDS, Amounts, DeviceCharge, DeviceKey, format_amount
+from dra_gateway.policy.amounts import (
+    FIELDS,
+    Amounts,
+    DeviceCharge,
+    DeviceKey,
+    RequestShape,
+    format_amount,
+)
 from dra_gateway.policy.models import GPUQuota
 
 
@@ -105,6 +113,46 @@ def over(quota: Quota, requested: Amounts, used: Amounts) -> tuple[str, ...]:
         if asked > 0 and getattr(used, field_) + asked > limit:
             fields.append(field_)
     return tuple(fields)
+
+
+_MIB = 1 << 20
+
+
+def least_cost(quota: Quota, claims: Sequence[Sequence[RequestShape]], *,
+               smallest_card: int = 0, shares_take_cards: bool = False) -> Amounts:
+    """The least the claims (the gateway-class requests of each) cost against `quota` wherever
+    they land: the memory and cores stated; memory relative to the card, and a whole card's
+    memory, on the smallest card of the cluster (`smallest_card`, 0 where unknown: then not
+    counted); whole cards as devices (nobody else touches them). A quota scoped by a device
+    selector may not count the card at all (nothing for sure).
+
+    Shares count no device by default (one may land on a card the namespace already touches);
+    with `shares_take_cards` (/validate, which does not know the cards touched) the largest
+    share request counts as many devices as it asks for (the shares may all land on its
+    cards)."""
+    if quota.scoped_by_device:
+        return Amounts()
+    memory = cores = whole = shared = count = 0
+    for shapes in claims:
+        counted = [s for s in shapes if s.class_name in quota.classes]
+        if not counted:
+            continue
+        count += 1
+        for shape in counted:
+            amounts = shape.amounts
+            memory += amounts.memory
+            cores += amounts.cores
+            gpu = shape.class_name == names.GPU_CLASS
+            if shape.memory is None and gpu and shape.memory_percent is not None:
+                memory += (smallest_card * shape.memory_percent // 100 // _MIB * _MIB
+                           * shape.count)
+            if shape.whole:
+                whole += shape.count
+                if gpu and shape.memory is None:
+                    memory += smallest_card * shape.count
+            elif shares_take_cards:
+                shared = max(shared, shape.count)
+    return Amounts(memory, cores, whole + shared, count)
 
 
 @dataclass(slots=True)

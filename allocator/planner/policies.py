@@ -31,14 +31,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from dra_gateway.kube import names
 from dra_gateway.policy.amounts import Amounts, RequestShape
 from dra_gateway.policy.catalog import Catalog
-from dra_gateway.policy.quotas import Exceeded, Quota, QuotaLedger, over
+from dra_gateway.policy.quotas import Exceeded, Quota, QuotaLedger, least_cost, over
 from dra_gateway.policy.sharing import EVERY_TENANT, NO_RULES, Holder, SharingRules
 
 _NO_HOLDER = Holder("", None)
-_MIB = 1 << 20
 MIXED = "*"  # the tenant fact of a card held by several tenants: no newcomer may share it
 
 # Holder counts enter the node class key from this many below the smallest maxClaimsPerDevice,
@@ -348,35 +346,6 @@ def memo_rules(rules: SharingRules | None, summary: HolderSummary,
     if tenant is None and limit is None:
         return None
     return (tenant, limit)
-
-
-def least_cost(quota: Quota, claims: Sequence[Sequence[RequestShape]], *,
-               smallest_card: int = 0) -> Amounts:
-    """The least claims cost against `quota` wherever they land: stated memory and cores, memory
-    relative to the card and whole cards on the smallest card of the cluster, and whole cards
-    as devices (nobody else touches them); a share may land on a card the namespace already
-    touches, and a quota scoped by a device selector may not count the card at all."""
-    if quota.scoped_by_device:
-        return Amounts()
-    memory = cores = whole = count = 0
-    for shapes in claims:
-        counted = [s for s in shapes if s.class_name in quota.classes]
-        if not counted:
-            continue
-        count += 1
-        for shape in counted:
-            amounts = shape.amounts
-            memory += amounts.memory
-            cores += amounts.cores
-            gpu = shape.class_name == names.GPU_CLASS
-            if shape.memory is None and gpu and shape.memory_percent is not None:
-                memory += (smallest_card * shape.memory_percent // 100 // _MIB * _MIB
-                           * shape.count)
-            if shape.whole:
-                whole += shape.count
-                if gpu and shape.memory is None:
-                    memory += smallest_card * shape.count
-    return Amounts(memory, cores, whole, count)
 
 
 def exceeded_by_least_cost(policies: PlannerPolicies, quotas: Sequence[Quota],
