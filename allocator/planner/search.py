@@ -10,7 +10,8 @@ looks like.
 With sharing policies in force, each card that fits is also asked `card_refusal` (allowed
 models, exclusive namespaces, maxClaimsPerDevice, tenant isolation) given who holds it,
 the pod's own earlier picks included; a ranking's search (`EVERY_TENANT`) asks none of who
-holds it, and `refused_picks` asks a pod's own rules of the cards such a search picked.
+holds it, and `visit.refused_picks` asks a pod's own rules of the cards such a search picked.
+What a share takes of a card is in `cards`, how reasons are worded in `reasons`.
 Pure: no I/O.
 
 The search's bounds and memo keys live beside it because they must agree with it.
@@ -18,14 +19,27 @@ The search's bounds and memo keys live beside it because they must agree with it
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from dra_gateway.allocator.planner import kubefit
+from dra_gateway.allocator.planner.cards import (
+    card_product,
+    short_share,
+    unnamed_charge,
+    wanted_amount,
+)
 from dra_gateway.allocator.planner.demand import Alternative, ClaimDemand, Constraint, memory_for
 from dra_gateway.allocator.planner.devices import NANO, Device
+from dra_gateway.allocator.planner.reasons import (
+    RULES_PLACEHOLDER,
+    TENANT_PLACEHOLDER,
+    capacity_text,
+    claim_placeholder,
+    describe_constraint,
+    tenant_label,
+    verdict_reason,
+)
 from dra_gateway.allocator.planner.scoring import FULL, Workload, free_milli
 from dra_gateway.allocator.planner.settings import BINPACK, DEFAULT, SPREAD
 from dra_gateway.allocator.planner.state import ClusterState
@@ -56,25 +70,6 @@ class Outcome:
     before: tuple[int, ...] = ()  # free share of each gateway card, sorted, before and after
     after: tuple[int, ...] = ()
     model: str = ""
-
-
-def score(outcome: Outcome, strategy: str, workload: Workload, *, cpu_free: int,
-          mem_free: int, cpu: int, memory: int) -> tuple[float, ...]:
-    """The packing strategy's score of a found placement; lower is better, ties go to the node
-    name."""
-    if strategy not in (DEFAULT, BINPACK, SPREAD):
-        return (0.0,)
-    after = outcome.after
-    free_after = sum(after)
-    cpu_after = cpu_free - cpu
-    if strategy == BINPACK:
-        return (float(free_after), float(cpu_after))
-    if strategy == SPREAD:
-        share = free_after / len(after) if after else 0.0
-        return (-share, -float(cpu_after))
-    delta = workload.expected_loss(after, cpu_after, mem_free - memory, outcome.model) - \
-        workload.expected_loss(outcome.before, cpu_free, mem_free, outcome.model)
-    return (round(delta, 6), float(free_after), float(cpu_after))
 
 
 class _AllBroken(Exception):
@@ -154,12 +149,12 @@ class NodeSearch:
         for expression, selector in zip(info.expressions, info.selectors, strict=True):
             verdict = self.state.verdict_for(device, expression, selector, False)
             if verdict is not True:
-                return _verdict_reason(verdict, device, f"DeviceClass {alt.class_name}")
+                return verdict_reason(verdict, device, f"DeviceClass {alt.class_name}")
         for expression, selector in zip(alt.expressions, alt.selectors, strict=True):
             verdict = self.state.verdict_for(device, expression, selector,
                                              alt.identity_sensitive)
             if verdict is not True:
-                return _verdict_reason(verdict, device, "selector")
+                return verdict_reason(verdict, device, "selector")
         for taint in device.taints:
             if taint.get("effect") in ("NoSchedule", "NoExecute") and not kubefit.tolerates(
                 alt.tolerations, taint
@@ -226,7 +221,7 @@ class NodeSearch:
         if rules is None or device.driver != names.DRIVER:
             return None
         namespaces = self._usage[i].namespaces
-        short = _short_share(alt, device, rules)
+        short = short_share(alt, device, rules)
         if (self._every or (not namespaces and not self.extra_holders[i])) \
                 and not rules.models and short is None:
             # Nobody holds it or who does not matter, any model, and no relative share below
@@ -238,7 +233,7 @@ class NodeSearch:
             if self.extra_holders[i] and self._own is not None:
                 holders.extend([self._own] * self.extra_holders[i])
         whole = alt.whole or not device.shareable
-        why = card_refusal(rules, whole=whole, product_name=_product(device), holders=holders)
+        why = card_refusal(rules, whole=whole, product_name=card_product(device), holders=holders)
         if why is None and short is not None:
             why = (f"{alt.share.memory_percent}% of its memory is "
                    f"{Quantity.from_bytes(short)}, below the minimum share memory="
@@ -252,7 +247,7 @@ class NodeSearch:
             why = why.replace(rules.named(), RULES_PLACEHOLDER)
         elif "GPUSharingPolic" not in why:
             why = f"{why}, {RULES_PLACEHOLDER}"
-        why = why.replace(f"isolated from {_tenant_label(rules)} (isolation)",
+        why = why.replace(f"isolated from {tenant_label(rules)} (isolation)",
                           f"isolated from {TENANT_PLACEHOLDER} (isolation)")
         return f"card {device.name}: {why}"
 
@@ -306,7 +301,7 @@ class NodeSearch:
     def _model(self) -> str:
         for device in self.devices:
             if device.is_gateway_gpu:
-                return _product(device) or ""
+                return card_product(device) or ""
         return ""
 
     def _solve(self, claim_i: int, request_i: int) -> bool:
@@ -363,7 +358,7 @@ class NodeSearch:
                 return True
             if constraints:
                 self._fail(claim_i, request_i, f"request {alt.result_name}: no {need} device(s) "
-                           "satisfy " + ", ".join(_describe(c) for c in constraints))
+                           "satisfy " + ", ".join(describe_constraint(c) for c in constraints))
         return False
 
     def _room(self, alt: Alternative, full: Sequence[int]) -> str:
@@ -390,7 +385,7 @@ class NodeSearch:
                     continue
                 amount, why = unnamed_charge(alt, device, cap_name)
                 if amount:
-                    part = f"{_capacity_text(device, cap_name, amount)} ({why})"
+                    part = f"{capacity_text(device, cap_name, amount)} ({why})"
                     if part not in parts:
                         parts.append(part)
             short: list[str] = []
@@ -475,7 +470,7 @@ class NodeSearch:
                         f"claim {claim_placeholder(claim_i)}: request {alt.result_name} asks for "
                         f"all devices of class {alt.class_name}, but device "
                         f"{self.devices[i].name} breaks "
-                        + ", ".join(_describe(c) for c in constraints)
+                        + ", ".join(describe_constraint(c) for c in constraints)
                         + " (an error, as upstream's allocator has it: no later subrequest "
                         "is tried)")
                 continue
@@ -487,145 +482,3 @@ class NodeSearch:
             self.picks.pop()
             self._apply(i, consumed, exclusive, -1)
         return False
-
-
-def wanted_amount(alt: Alternative, device: Device, cap_name: str) -> int | None:
-    """The amount of `cap_name` (nanos) a share names on `device`, or None if it names none:
-    `capacity.requests` first, else the GpuShareConfig (memory resolved for the card)."""
-    wanted = alt.capacity.get(cap_name)
-    if wanted is None and cap_name == names.CAPACITY_MEMORY:
-        share_memory = memory_for(alt.share, device.gpu_memory)
-        if share_memory is not None:
-            wanted = share_memory * NANO
-    if wanted is None and cap_name == names.CAPACITY_CORES and alt.share.cores is not None:
-        wanted = alt.share.cores * NANO
-    return wanted
-
-
-def unnamed_charge(alt: Alternative, device: Device, cap_name: str) -> tuple[int, str]:
-    """What a share is charged (nanos) for a capacity of `device` it names no amount of, and why.
-
-    Upstream's rule for `capacity.requests`: a capacity left out is charged its request
-    policy's default, or the whole capacity where it has no policy. Without the
-    DRAConsumableCapacity gate the devices carry no policy, so a request that states
-    `capacity.requests` there is charged the whole capacity it leaves out: what the node
-    plugin's policy (whose default is the whole card) charges it with the gate on, so the same
-    claim gets the same share in both worlds. A share given by its GpuShareConfig alone is
-    charged nothing for what it leaves out: that is how every share reaches the planner
-    without the gate (the API server drops `capacity.requests`), and a memory-only share
-    (gpushare, HAMi `gpumem`) limits no compute and shares the card with others.
-    """
-    policy = device.policies.get(cap_name)
-    if policy is not None and policy.default is not None:
-        return policy.default, "the request policy's default"
-    if device.raw.get("allowMultipleAllocations"):
-        return device.capacity[cap_name], "all of it: the device has no request policy for it"
-    if alt.capacity:
-        return device.capacity[cap_name], "all of it: capacity.requests leaves it out"
-    return 0, ""
-
-
-def _capacity_text(device: Device, cap_name: str, nanos: int) -> str:
-    if cap_name == names.CAPACITY_CORES:
-        return f"cores {device.quantity(cap_name, nanos)}%"
-    return f"{cap_name} {device.quantity(cap_name, nanos)}"
-
-
-def claim_placeholder(index: int) -> str:
-    """Where a reason names the claim: outcomes are memoised across pods whose claims have the
-    same spec but other names, so the name is filled in when the reason is reported."""
-    return f"\x00{index}\x00"
-
-
-RULES_PLACEHOLDER = "\x00rules\x00"
-TENANT_PLACEHOLDER = "\x00tenant\x00"
-
-
-def _tenant_label(rules: SharingRules | None) -> str:
-    return (rules.tenant if rules is not None else "") or "a tenant without isolation"
-
-
-def fill_claims(reason: str, labels: Sequence[str], rules: SharingRules | None = None) -> str:
-    """The reason with the pod's claim labels and the names of its sharing policies."""
-    if RULES_PLACEHOLDER in reason:
-        named = rules.named() if rules is not None and not rules.empty \
-            else "a holder's GPUSharingPolicy"
-        reason = reason.replace(RULES_PLACEHOLDER, named)
-    if TENANT_PLACEHOLDER in reason:
-        reason = reason.replace(TENANT_PLACEHOLDER, _tenant_label(rules))
-    return _PLACEHOLDER.sub(lambda m: labels[int(m.group(1))], reason)
-
-
-_PLACEHOLDER = re.compile("\x00(\\d+)\x00")
-
-
-def _verdict_reason(verdict: bool | str, device: Device, what: str) -> bool | str:
-    if isinstance(verdict, str):
-        return (f"selector evaluation failed on device {device.pool}/{device.name} ({what}): "
-                f"{verdict}")
-    return False
-
-
-def _describe(constraint: Constraint) -> str:
-    kind = "distinctAttribute" if constraint.distinct else "matchAttribute"
-    return f"{kind} {constraint.attribute}"
-
-
-def fits_node(state: ClusterState, node: str, cpu: int, memory: int,
-              tolerations: Sequence[Mapping[str, Any]]) -> str | None:
-    """Why the pod's CPU, memory or tolerations rule the node out, or None."""
-    cpu_free, mem_free = state.node_free(node)
-    if cpu > cpu_free:
-        return "Insufficient cpu"
-    if memory > mem_free:
-        return "Insufficient memory"
-    taint = kubefit.untolerated_taint(state.nodes[node].taints, tolerations)
-    if taint is not None:
-        return (f"untolerated taint {taint.get('key')}={taint.get('value', '')}:"
-                f"{taint.get('effect')}")
-    return None
-
-
-def refused_picks(state: ClusterState, node: str, outcome: Outcome,
-                  rules: SharingRules) -> bool:
-    """Whether `rules` keep the pod off a card that a search under rules without its tenant
-    and maxClaimsPerDevice picked on `node`, given the card's holders and the pod's own other
-    shares of it. When they do not, a search under `rules` stops at the same picks: it walks
-    the same choices in the same order, with only cards the picks did not take removed.
-    Allowed models, exclusive and minShare are the same under both, so not asked again."""
-    if not outcome.ok:
-        return False
-    devices = state.node_devices.get(node, ())
-    shares: dict[int, int] = {}
-    for pick in outcome.picks:
-        if not pick.exclusive and devices[pick.device].driver == names.DRIVER:
-            shares[pick.device] = shares.get(pick.device, 0) + 1
-    if not shares:
-        return False
-    policies = state.policies
-    own = Holder(rules.tenant, rules.max_claims_per_device)
-    for i, count in shares.items():
-        device = devices[i]
-        holders = policies.holders(state.device_usage(device.key).namespaces)
-        if count > 1:
-            holders.extend([own] * (count - 1))
-        if holders and card_refusal(rules, whole=False, product_name=_product(device),
-                                    holders=holders) is not None:
-            return True
-    return False
-
-
-def _product(device: Device) -> str | None:
-    """The card's productName attribute, as allowedModels reads it."""
-    value = device.attributes.get(f"{device.driver}/{names.ATTR_PRODUCT_NAME}")
-    return None if value is None else str(value)
-
-
-def _short_share(alt: Alternative, device: Device, rules: SharingRules) -> int | None:
-    """The bytes of a share relative to the card's memory where they fall below the rules'
-    minShare memory, else None (a share naming its memory is checked at admission)."""
-    if rules.min_memory is None or alt.whole or not device.shareable \
-            or alt.share.memory_percent is None or names.CAPACITY_MEMORY in alt.capacity:
-        return None
-    share = memory_for(alt.share, device.gpu_memory) or 0
-    return share if share < rules.min_memory else None

@@ -597,20 +597,20 @@ def test_unknown_default_strategy_is_refused_with_the_choices() -> None:
 def test_identical_nodes_are_evaluated_once_per_class() -> None:
     state = cluster({f"n{i:03d}": [gpu(0), gpu(1)] for i in range(200)}, strategy="default")
     searches = 0
-    import dra_gateway.allocator.planner.plan as plan_module
+    import dra_gateway.allocator.planner.search as search_module
 
-    original = plan_module.NodeSearch.run
+    original = search_module.NodeSearch.run
 
     def counting(self: Any) -> Any:
         nonlocal searches
         searches += 1
         return original(self)
 
-    plan_module.NodeSearch.run = counting  # type: ignore[method-assign]
+    search_module.NodeSearch.run = counting  # type: ignore[method-assign]
     try:
         plan = place(state, pod(), _share("c"))
     finally:
-        plan_module.NodeSearch.run = original  # type: ignore[method-assign]
+        search_module.NodeSearch.run = original  # type: ignore[method-assign]
     assert plan.node_name == "n000"
     assert searches == 1
 
@@ -730,24 +730,24 @@ def test_the_learned_workload_follows_the_pods_planned() -> None:
 def test_an_unsatisfiable_numa_constraint_costs_one_search_per_node_class() -> None:
     eight = [gpu(i, numa=i // 4) for i in range(8)]
     state = cluster({f"n{i:04d}": eight for i in range(300)}, strategy="default")
-    import dra_gateway.allocator.planner.plan as plan_module
+    import dra_gateway.allocator.planner.search as search_module
 
     searches: list[int] = []
-    original = plan_module.NodeSearch.run
+    original = search_module.NodeSearch.run
 
     def counting(self: Any) -> Any:
         outcome = original(self)
         searches.append(self.initial_budget - self.budget)
         return outcome
 
-    plan_module.NodeSearch.run = counting  # type: ignore[method-assign]
+    search_module.NodeSearch.run = counting  # type: ignore[method-assign]
     try:
         c = claim(count=5, constraints=[{"matchAttribute": f"{DRIVER}/numaNode"}])
         plan = place(state, pod(), c)
         again = place(state, pod("again"), claim("again", count=5, constraints=[
             {"matchAttribute": f"{DRIVER}/numaNode"}]))
     finally:
-        plan_module.NodeSearch.run = original  # type: ignore[method-assign]
+        search_module.NodeSearch.run = original  # type: ignore[method-assign]
     assert plan.node_name is None
     assert again.node_name is None
     assert plan.reason == (
