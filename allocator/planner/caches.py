@@ -5,7 +5,7 @@ same usage of each, the same free CPU and memory and the same taints plan identi
 planner evaluates one node per class and memoises the result (`memo`, `memo_old`) and keeps a
 ranking of classes per pod signature (`rankings`, caught up from `group_log`). With sharing
 policies in force, the usage of a card includes what its holders bring to the sharing rules
-(`PlannerPolicies.card_fact`: their tenant when isolated, their count near a maxClaimsPerDevice;
+(`memokeys.card_fact`: their tenant when isolated, their count near a maxClaimsPerDevice;
 nothing for a card held whole, which nobody joins), or isolation would be memoised away, and no
 more, or every namespace's holders would split the classes. Classes are rebuilt lazily for the
 nodes marked dirty (by the inventory's and the ledger's changes).
@@ -28,12 +28,15 @@ from dra_gateway.allocator.planner.demand import ClaimDemand, compile_claim
 from dra_gateway.allocator.planner.devices import Device
 from dra_gateway.allocator.planner.inventory import Inventory
 from dra_gateway.allocator.planner.ledger import DeviceUsage, UsageLedger
-from dra_gateway.allocator.planner.policies import (
+from dra_gateway.allocator.planner.memokeys import (
     NO_HOLDERS,
     CardFact,
     HolderSummary,
-    PlannerPolicies,
+    card_fact,
+    fact_without_tenant,
+    summarise_holders,
 )
+from dra_gateway.allocator.planner.policies import PlannerPolicies
 from dra_gateway.policy.amounts import RequestShape, requests_of
 
 
@@ -138,8 +141,8 @@ class NodeClasses:
                 continue
             read = usage.fact_of
             if read is None or read[0] != policies.generation:
-                read = usage.fact_of = (policies.generation,
-                                        policies.card_fact(usage.namespaces))
+                read = usage.fact_of = (policies.generation, card_fact(
+                    policies.holder, policies.count_from, usage.namespaces))
             facts.append(read[1])
         return facts
 
@@ -155,11 +158,10 @@ class NodeClasses:
         return summary
 
     def _summary(self, node: str) -> HolderSummary:
-        policies = self._policies
         devices = self._inventory.node_devices.get(node, ())
         usages = [self._ledger.device_usage(d.key) for d in devices]
         facts = self._facts(usages)
-        summary = policies.summary(
+        summary = summarise_holders(
             (fact for u, fact in zip(usages, facts, strict=True)
              if u.holders and not u.exclusive),
             free=sum(1 for d, u in zip(devices, usages, strict=True)
@@ -167,7 +169,7 @@ class NodeClasses:
         if any(summary.tenants - {""}):
             sigs = [self._intern(u.sig()) for u in usages]
             neutral = self._intern((self._static_sig.get(node, -1), tuple([
-                sig if (untenanted := policies.fact_without_tenant(fact)) is None
+                sig if (untenanted := fact_without_tenant(fact)) is None
                 else self._intern((sig, untenanted))
                 for sig, fact in zip(sigs, facts, strict=True)])))
             summary = replace(summary, neutral=neutral)

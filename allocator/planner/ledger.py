@@ -19,7 +19,8 @@ from typing import Any
 
 from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.inventory import Inventory
-from dra_gateway.allocator.planner.policies import CardFact, PlannerPolicies
+from dra_gateway.allocator.planner.memokeys import CardFact
+from dra_gateway.allocator.planner.policies import PlannerPolicies
 from dra_gateway.kube import objects
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
 from dra_gateway.kube.shares import allocated_shares, result_key, shares_by_result

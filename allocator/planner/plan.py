@@ -38,11 +38,8 @@ from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.allocation import PodPlan, build_plan
 from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for, share_strategy
 from dra_gateway.allocator.planner.devices import NANO
-from dra_gateway.allocator.planner.policies import (
-    Waiting,
-    card_rules,
-    exceeded_by_least_cost,
-)
+from dra_gateway.allocator.planner.memokeys import card_rules, memoisable
+from dra_gateway.allocator.planner.policies import Waiting, exceeded_by_least_cost
 from dra_gateway.allocator.planner.scoring import FULL, TaskType, task_of
 from dra_gateway.allocator.planner.settings import STRATEGIES
 from dra_gateway.allocator.planner.state import ClusterState
@@ -153,7 +150,7 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     identity = any(d.identity_sensitive for _, d in labelled)
     version = state.workload.version if chosen_strategy == "default" else 0
     own_shares, relative = _own_shares([d for _, _, d in to_plan])
-    if rules is not None and not policies.memoisable(own_shares):
+    if rules is not None and not memoisable(policies.count_from, own_shares):
         identity = True  # more of its own shares on one card than the class key counts
     search_rules = ranked_rules = rules
     if rules is not None:

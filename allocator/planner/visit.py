@@ -2,7 +2,7 @@
 
 `PodContext` is one pod's planning: it searches a node class once (`NodeSearch`, memoised in
 `ClusterState.memo` per class state, claim shape and the part of the rules the class's held
-cards make relevant, `policies.memo_rules`) and scores the result. Pods the rankings can serve
+cards make relevant, `memokeys.memo_rules`) and scores the result. Pods the rankings can serve
 walk their pod signature's `Ranking` best first (`caught_up`: brought up to date from the log
 of classes that changed; `walk_ranking`: each class's score under the pod's own rules, asking
 `refused_picks` of the cards the ranked search picked); the others take a full pass
@@ -23,7 +23,7 @@ from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.allocation import PodPlan, build_plan
 from dra_gateway.allocator.planner.cards import card_product
 from dra_gateway.allocator.planner.demand import ClaimDemand
-from dra_gateway.allocator.planner.policies import NO_HOLDERS, memo_rules
+from dra_gateway.allocator.planner.memokeys import NO_HOLDERS, memo_rules
 from dra_gateway.allocator.planner.reasons import (
     RULES_PLACEHOLDER,
     TENANT_PLACEHOLDER,
