@@ -57,6 +57,9 @@ class NodeClasses:
         self.memo_old: dict[tuple[object, ...], Any] = {}
         # Classes created or joined, in order: rankings of pod signatures catch up from here.
         self.group_log: list[tuple[object, ...]] = []
+        # Classes a node left (or that emptied), in order: the rankings' counts of the nodes
+        # each reason bars follow them (`visit.caught_up`).
+        self.left_log: list[tuple[object, ...]] = []
         self.rankings: dict[tuple[object, ...], Any] = {}
         # What `memo_rules` reads of each node class's held cards, by usage id (which, with
         # sharing policies in force, names the node's devices too).
@@ -82,8 +85,9 @@ class NodeClasses:
 
     def refresh(self) -> None:
         """Move dirty nodes to the equivalence class of their current state."""
-        if len(self.group_log) > 200_000:
+        if len(self.group_log) > 200_000 or len(self.left_log) > 200_000:
             self.group_log.clear()
+            self.left_log.clear()
             self.rankings.clear()
         nodes = self._inventory.nodes
         for node in self.dirty:
@@ -94,6 +98,7 @@ class NodeClasses:
                     members.remove(node)
                     if not members:
                         del self.groups[old]
+                    self.left_log.append(old)
             info = nodes.get(node)
             if info is None or not info.known:
                 continue

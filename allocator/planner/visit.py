@@ -235,6 +235,30 @@ class Ranking:
     failures: dict[tuple[object, ...], str]
     ruled: dict[tuple[object, ...], tuple[tuple[float, ...], Outcome]] = field(
         default_factory=dict)
+    # Nodes barred per reason, kept as classes fail, grow and shrink (the state's logs), so
+    # the reason of an unplaceable pod costs the classes that changed, not the cluster.
+    left_position: int = 0
+    counted: dict[tuple[object, ...], int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def recount(self, group_key: tuple[object, ...], members: Sequence[str] | None) -> None:
+        """Bring the count of a failing class's reason to the class's current size."""
+        reason = self.failures.get(group_key)
+        if reason is None:
+            return
+        size = len(members) if members else 0
+        delta = size - self.counted.get(group_key, 0)
+        if delta:
+            left = self.counts.get(reason, 0) + delta
+            if left:
+                self.counts[reason] = left
+            else:
+                del self.counts[reason]
+        if size:
+            self.counted[group_key] = size
+        else:
+            self.counted.pop(group_key, None)
+            del self.failures[group_key]
 
 
 def caught_up(ctx: PodContext, pod_sig: tuple[object, ...]) -> Ranking:
@@ -244,33 +268,47 @@ def caught_up(ctx: PodContext, pod_sig: tuple[object, ...]) -> Ranking:
     ranking: Ranking | None = state.rankings.get(pod_sig)
     log = state.group_log
     fresh: Iterable[tuple[object, ...]]
+    left_log = state.node_classes.left_log
+    left: Iterable[tuple[object, ...]] = ()
     if ranking is None:
-        ranking = Ranking([], len(log), {})
+        ranking = Ranking([], len(log), {}, left_position=len(left_log))
         state.rankings[pod_sig] = ranking
         fresh = list(state.groups)
     else:
         # Only classes created or joined since: at most the nodes that changed.
         fresh = set(log[ranking.position:])
         ranking.position = len(log)
+        left = set(left_log[ranking.left_position:])
+        ranking.left_position = len(left_log)
         if len(ranking.heap) > 2 * len(state.groups) + 64:
             ranking.heap = [e for e in ranking.heap
                             if (state.groups.get(e[2]) or ("",))[0] == e[1]]
             heapq.heapify(ranking.heap)
     heap = ranking.heap
     failures = ranking.failures
+    groups = state.groups
+    for group_key in left:
+        if group_key not in fresh:
+            ranking.recount(group_key, groups.get(group_key))
     for group_key in fresh:
-        members = state.groups.get(group_key)
+        members = groups.get(group_key)
         if not members:
+            ranking.recount(group_key, members)
+            continue
+        if group_key in failures:  # a class's state is its key: it fails as it did
+            ranking.recount(group_key, members)
             continue
         pruned = fits_node(state, members[0], ctx.cpu, ctx.memory, ctx.tolerations)
         if pruned is not None:
             failures[group_key] = pruned
+            ranking.recount(group_key, members)
             continue
         outcome, node_score = ctx.evaluate(group_key, members[0], ranked=True)
         if outcome.ok:
             heapq.heappush(heap, (node_score, members[0], group_key))
         else:
             failures[group_key] = outcome.reason or "no devices fit"
+            ranking.recount(group_key, members)
     return ranking
 
 
@@ -294,20 +332,15 @@ def _live_head(heap: list[tuple[tuple[float, ...], str, tuple[object, ...]]],
 
 def ranking_reasons(state: ClusterState, ranking: Ranking,
                     more: Mapping[tuple[object, ...], str]) -> Counter[str]:
-    counts: dict[str, int] = {}
-    live: dict[tuple[object, ...], str] = {}
+    """Nodes barred per reason: the ranking's kept counts, and the classes the walk refused
+    (`more`, those the ranking holds as feasible but the pod's own rules bar)."""
+    counts = Counter(ranking.counts)
     groups = state.groups
-    for group_key, reason in ranking.failures.items():
-        members = groups.get(group_key)
-        if members:
-            live[group_key] = reason
-            counts[reason] = counts.get(reason, 0) + len(members)
-    ranking.failures = live
     for group_key, reason in more.items():
         members = groups.get(group_key)
-        if members and group_key not in live:
-            counts[reason] = counts.get(reason, 0) + len(members)
-    return Counter(counts)
+        if members and group_key not in ranking.failures:
+            counts[reason] += len(members)
+    return counts
 
 
 def walk_ranking(ctx: PodContext, ranking: Ranking,
@@ -419,8 +452,10 @@ def no_node_reason(pod_label: str, state: ClusterState, reasons: Counter[str],
     if not reasons:
         return f"pod {pod_label}: 0/{total} nodes are available"
     labels = [label for label, _ in claims]
-    parts = [f"{count} node(s): {fill_claims(reason, labels, rules)}"
-             for reason, count in reasons.most_common(4)]
+    # Most nodes first; among equals, by the reason's words (the same message whatever
+    # order the classes were seen in).
+    top = sorted(reasons.items(), key=lambda entry: (-entry[1], entry[0]))[:4]
+    parts = [f"{count} node(s): {fill_claims(reason, labels, rules)}" for reason, count in top]
     return f"pod {pod_label}: 0/{total} nodes fit; " + "; ".join(parts)
 
 
