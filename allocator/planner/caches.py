@@ -45,7 +45,8 @@ class NodeClasses:
 
     def __init__(self, inventory: Inventory, ledger: UsageLedger, policies: PlannerPolicies,
                  dirty: set[str]) -> None:
-        self._inventory = inventory
+        self._nodes = inventory.nodes  # the inventory's tables, read on hot paths
+        self._node_devices = inventory.node_devices
         self._ledger = ledger
         self._policies = policies
         self._intern = inventory.intern
@@ -67,7 +68,7 @@ class NodeClasses:
 
     def devices_listed(self, node: str) -> None:
         """The node's devices were listed again (its slices changed)."""
-        devices = self._inventory.node_devices.get(node, ())
+        devices = self._node_devices.get(node, ())
         self._static_sig[node] = self._intern(tuple(d.group_id for d in devices))
         self.dirty.add(node)
 
@@ -89,7 +90,7 @@ class NodeClasses:
             self.group_log.clear()
             self.left_log.clear()
             self.rankings.clear()
-        nodes = self._inventory.nodes
+        nodes = self._nodes
         for node in self.dirty:
             old = self.node_group.pop(node, None)
             if old is not None:
@@ -112,8 +113,8 @@ class NodeClasses:
         self.dirty.clear()
 
     def group_key(self, node: str) -> tuple[object, ...]:
-        info = self._inventory.nodes[node]
-        devices = self._inventory.node_devices.get(node, ())
+        info = self._nodes[node]
+        devices = self._node_devices.get(node, ())
         static = self._static_sig.get(node, -1)
         device_usage = self._ledger.device_usage
         usages = [device_usage(d.key) for d in devices]
@@ -163,7 +164,7 @@ class NodeClasses:
         return summary
 
     def _summary(self, node: str) -> HolderSummary:
-        devices = self._inventory.node_devices.get(node, ())
+        devices = self._node_devices.get(node, ())
         usages = [self._ledger.device_usage(d.key) for d in devices]
         facts = self._facts(usages)
         summary = summarise_holders(

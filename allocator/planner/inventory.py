@@ -49,7 +49,7 @@ class Interner:
     def __init__(self) -> None:
         self._ids: dict[object, int] = {}
 
-    def __call__(self, value: object) -> int:
+    def id_of(self, value: object) -> int:
         ident = self._ids.get(value)
         if ident is None:
             ident = len(self._ids)
@@ -60,9 +60,9 @@ class Interner:
 class Inventory:
     """Slices, pools and devices per node, device classes, and nodes."""
 
-    def __init__(self, settings: PlannerSettings, intern: Interner) -> None:
+    def __init__(self, settings: PlannerSettings, interner: Interner) -> None:
         self.settings = settings
-        self.intern = intern
+        self.intern = interner.id_of
         self._slices: dict[str, Mapping[str, Any]] = {}
         self._pool_generation: dict[tuple[str, str], int] = {}
         self._pool_slices: dict[tuple[str, str], set[str]] = {}

@@ -107,6 +107,8 @@ class UsageLedger:
     def __init__(self, inventory: Inventory, policies: PlannerPolicies,
                  touch: Callable[[str], None]) -> None:
         self._inventory = inventory
+        self._nodes = inventory.nodes  # the inventory's tables, read on hot paths
+        self._devices = inventory.devices
         self._policies = policies
         self._touch = touch
         self.pods: dict[str, PodRecord] = {}
@@ -120,7 +122,7 @@ class UsageLedger:
         return self.usage.get(key, FREE_USAGE)
 
     def node_free(self, node: str) -> tuple[int, int]:
-        info = self._inventory.nodes.get(node)
+        info = self._nodes.get(node)
         used = self.node_used.get(node, (0, 0))
         if info is None or not info.known:
             return (0, 0)
@@ -226,14 +228,14 @@ class UsageLedger:
         usage.add(use, sign, namespace)
         if usage.holders <= 0:
             self.usage.pop(key, None)
-        device = self._inventory.devices.get(key)
+        device = self._devices.get(key)
         if device is not None and device.node:
             self._touch(device.node)
 
     def _uses_of(self, allocation: Mapping[str, Any]) -> dict[tuple[str, str, str], Use]:
         # The allocation's own record, never the annotation a tenant may edit (kube.shares).
         recorded = shares_by_result(allocated_shares(allocation))
-        devices = self._inventory.devices
+        devices = self._devices
         uses: dict[tuple[str, str, str], Use] = {}
         results = ((allocation.get("devices") or {}).get("results")) or ()
         for result in results:
