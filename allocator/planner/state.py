@@ -16,17 +16,20 @@ benchmark) and hands each object to the room that owns it:
 The composition does the bookkeeping between them: a change to a node's devices or usage marks
 its class dirty, a change to the classes or the policies bumps `generation` and drops every
 memoised search. Its attributes are the rooms' own tables (the same objects), so reading them
-costs what it did when one object held them all.
+costs what it did when one object held them all; the two lookups of every search
+(`device_usage`, `node_free`) read them directly.
 
 It must not do I/O, log, or look at the clock: callers decide when objects change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dra_gateway.allocator.planner.caches import Compiled, NodeClasses
+from dra_gateway.allocator.planner.demand import ClaimDemand
+from dra_gateway.allocator.planner.devices import Device
 from dra_gateway.allocator.planner.inventory import (
     DeviceClassInfo,
     Interner,
@@ -34,6 +37,7 @@ from dra_gateway.allocator.planner.inventory import (
     NodeInfo,
 )
 from dra_gateway.allocator.planner.ledger import (
+    FREE_USAGE,
     ClaimRecord,
     DeviceUsage,
     PodRecord,
@@ -41,9 +45,11 @@ from dra_gateway.allocator.planner.ledger import (
     UsageLedger,
     Use,
 )
+from dra_gateway.allocator.planner.memokeys import HolderSummary
 from dra_gateway.allocator.planner.policies import PlannerPolicies
 from dra_gateway.allocator.planner.scoring import Workload
 from dra_gateway.allocator.planner.settings import PlannerSettings
+from dra_gateway.policy.amounts import RequestShape
 from dra_gateway.policy.catalog import Catalog
 
 
@@ -66,33 +72,77 @@ class ClusterState:
         self.node_devices = self.inventory.node_devices
         self.classes = self.inventory.classes
         self.nodes = self.inventory.nodes
-        self.smallest_card_memory = self.inventory.smallest_card_memory
-        self.typical_card_memory = self.inventory.typical_card_memory
         self.pods = self.ledger.pods
         self.claims = self.ledger.claims
         self.usage = self.ledger.usage
         self.node_used = self.ledger.node_used
-        self.device_usage = self.ledger.device_usage
-        self.node_free = self.ledger.node_free
-        self.set_pod = self.ledger.set_pod
-        self.remove_pod = self.ledger.remove_pod
-        self.set_claim = self.ledger.set_claim
-        self.remove_claim = self.ledger.remove_claim
-        self.assume = self.ledger.assume
-        self.forget = self.ledger.forget
-        self.take_out = self.ledger.take_out
-        self.put_back = self.ledger.put_back
         self.node_group = self.node_classes.node_group
         self.groups = self.node_classes.groups
         self.group_log = self.node_classes.group_log
         self.rankings = self.node_classes.rankings
-        self.refresh_groups = self.node_classes.refresh
-        self.group_key = self.node_classes.group_key
-        self.holder_summary = self.node_classes.holder_summary
         self.verdicts = self.compiled.verdicts
-        self.demand = self.compiled.demand
-        self.shapes = self.compiled.shapes
-        self.verdict_for = self.compiled.verdict_for
+
+    # The rooms' methods, as methods of the class: the interpreter specialises calls of
+    # methods, not of bound methods kept on the instance.
+
+    def device_usage(self, key: tuple[str, str, str]) -> DeviceUsage:
+        return self.usage.get(key, FREE_USAGE)
+
+    def node_free(self, node: str) -> tuple[int, int]:
+        info = self.nodes.get(node)
+        used = self.node_used.get(node, (0, 0))
+        if info is None or not info.known:
+            return (0, 0)
+        return (info.cpu - used[0], info.memory - used[1])
+
+    def smallest_card_memory(self) -> int:
+        return self.inventory.smallest_card_memory()
+
+    def typical_card_memory(self) -> int:
+        return self.inventory.typical_card_memory()
+
+    def set_pod(self, obj: Mapping[str, Any]) -> None:
+        self.ledger.set_pod(obj)
+
+    def remove_pod(self, uid: str) -> None:
+        self.ledger.remove_pod(uid)
+
+    def set_claim(self, obj: Mapping[str, Any]) -> None:
+        self.ledger.set_claim(obj)
+
+    def remove_claim(self, uid: str) -> None:
+        self.ledger.remove_claim(uid)
+
+    def assume(self, pod: Mapping[str, Any], plan: Any) -> None:
+        self.ledger.assume(pod, plan)
+
+    def forget(self, pod: Mapping[str, Any], plan: Any) -> None:
+        self.ledger.forget(pod, plan)
+
+    def take_out(self, pod_uid: str, claim_uids: Sequence[str]) -> TakenOut:
+        return self.ledger.take_out(pod_uid, claim_uids)
+
+    def put_back(self, taken: TakenOut) -> None:
+        self.ledger.put_back(taken)
+
+    def refresh_groups(self) -> None:
+        self.node_classes.refresh()
+
+    def group_key(self, node: str) -> tuple[object, ...]:
+        return self.node_classes.group_key(node)
+
+    def holder_summary(self, group_key: tuple[object, ...]) -> HolderSummary:
+        return self.node_classes.holder_summary(group_key)
+
+    def demand(self, spec: Mapping[str, Any]) -> tuple[str, ClaimDemand]:
+        return self.compiled.demand(spec)
+
+    def shapes(self, key: str, spec: Mapping[str, Any]) -> list[RequestShape]:
+        return self.compiled.shapes(key, spec)
+
+    def verdict_for(self, device: Device, expression: str, selector: Any,
+                    identity_sensitive: bool) -> bool | str:
+        return self.compiled.verdict_for(device, expression, selector, identity_sensitive)
 
     # Searches memoised per node class (the young and the old generation, `NodeClasses.age_memo`).
 
