@@ -29,6 +29,22 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def pod_event(pod: Object, *, reason: str, message: str, type_: str, component: str,
+              instance: str, stamp: str) -> Object:
+    """A core/v1 Event about a pod, new (count 1), its message cut to the API's length."""
+    ns, name = objects.namespace_name(pod)
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": ns},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": ns,
+                           "uid": objects.uid(pod)},
+        "reason": reason, "message": message[:_MAX_MESSAGE], "type": type_,
+        "source": {"component": component}, "reportingComponent": component,
+        "reportingInstance": instance, "firstTimestamp": stamp, "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
 @dataclass
 class _EventRecord:
     name: str
@@ -67,20 +83,11 @@ class EventRecorder:
                     "count": record.count, "lastTimestamp": stamp}, namespace=ns)
                 record.written_at = time.monotonic()
                 return
-            event_name = f"{name}.{time.time_ns():x}"
-            event = {
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": event_name, "namespace": ns},
-                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name,
-                                   "namespace": ns, "uid": uid},
-                "reason": reason, "message": message, "type": "Warning",
-                "source": {"component": COMPONENT},
-                "reportingComponent": COMPONENT,
-                "reportingInstance": self.instance,
-                "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-            }
+            event = pod_event(pod, reason=reason, message=message, type_="Warning",
+                              component=COMPONENT, instance=self.instance, stamp=stamp)
             await self.cluster.create(EVENTS, event, namespace=ns)
-            self._events[uid] = _EventRecord(event_name, message, 1, time.monotonic())
+            self._events[uid] = _EventRecord(event["metadata"]["name"], message, 1,
+                                             time.monotonic())
         except NotFound:
             self._events.pop(uid, None)  # the event expired: the next failure creates one
         except (ApiError, OSError, TimeoutError) as err:
@@ -88,4 +95,4 @@ class EventRecorder:
                                                             "error": str(err)})
 
 
-__all__ = ["COMPONENT", "EVENT_ALLOCATION_FAILED", "EventRecorder", "now"]
+__all__ = ["COMPONENT", "EVENT_ALLOCATION_FAILED", "EventRecorder", "now", "pod_event"]

@@ -29,7 +29,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dra_gateway.allocator.defrag import holds as holdfmt
-from dra_gateway.allocator.defrag.view import Snapshot
+from dra_gateway.allocator.defrag.view import Snapshot, controller_uid
+from dra_gateway.allocator.events import pod_event
 from dra_gateway.allocator.planner.defrag import DefragPlan, Help, Move
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.features import slices_show_consumable_capacity
@@ -82,8 +83,11 @@ async def read_records(cluster: Cluster, namespace: str) -> tuple[holdfmt.Record
 
 
 async def read_snapshot(cluster: Cluster, *, namespace: str, now: datetime,
-                        strategy: str = "default") -> Snapshot:
-    """Everything a plan reads, listed through the port."""
+                        strategy: str = "default",
+                        pod_selector: str | None = LIVE_PODS) -> Snapshot:
+    """Everything a plan reads, listed through the port (`pod_selector` None: every pod, for
+    a reader such as the report that shows more than a plan needs; the plan reads the live
+    ones alone either way)."""
     slices = await list_items(cluster, RESOURCE_SLICES)
     catalog = Catalog.build(quotas=await list_items(cluster, GPU_QUOTAS),
                             sharing=await list_items(cluster, GPU_SHARING_POLICIES),
@@ -93,7 +97,7 @@ async def read_snapshot(cluster: Cluster, *, namespace: str, now: datetime,
     return Snapshot(
         now=now, nodes=await list_items(cluster, NODES), slices=slices,
         classes=await list_items(cluster, DEVICE_CLASSES),
-        pods=await list_items(cluster, PODS, field_selector=LIVE_PODS),
+        pods=await list_items(cluster, PODS, field_selector=pod_selector),
         claims=await list_items(cluster, RESOURCE_CLAIMS),
         budgets=await list_items(cluster, POD_DISRUPTION_BUDGETS),
         catalog=catalog, records=records,
@@ -191,7 +195,7 @@ class Applier:
                             tuple(m.pod for m in help_.moves))
         data = {hold.key: hold.value()}
         for move in help_.moves:
-            owner = _controller_uid(pods.get(move.uid))
+            owner = controller_uid(pods.get(move.uid))
             moved = holdfmt.Moved(move.uid, move.pod, owner, now, help_.pod)
             data[moved.key] = moved.value()
         await write_records(self.cluster, self.namespace, data)
@@ -236,23 +240,15 @@ class Applier:
     async def _event(self, pod: Object | None, reason: str, message: str) -> None:
         if pod is None:
             return
-        ns, name = objects.namespace_name(pod)
-        stamp = self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": ns},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name,
-                               "namespace": ns, "uid": objects.uid(pod)},
-            "reason": reason, "message": message[:1024], "type": "Normal",
-            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
-            "reportingInstance": self.instance, "firstTimestamp": stamp,
-            "lastTimestamp": stamp, "count": 1,
-        }
+        ns = objects.namespace(pod)
+        event = pod_event(pod, reason=reason, message=message, type_="Normal",
+                          component=COMPONENT, instance=self.instance,
+                          stamp=self.clock().strftime("%Y-%m-%dT%H:%M:%SZ"))
         try:
             await self.cluster.create(EVENTS, event, namespace=ns)
         except (ApiError, OSError) as exc:
-            log.warning("could not record an event", extra={"pod": f"{ns}/{name}",
-                                                            "error": str(exc)})
+            log.warning("could not record an event", extra={
+                "pod": "/".join(objects.namespace_name(pod)), "error": str(exc)})
 
     async def _wait_placed(self, uid: str, pods: Mapping[str, Object], *,
                            short: bool = False) -> str:
@@ -282,7 +278,7 @@ class Applier:
     async def _replacement(self, move: Move, pods: Mapping[str, Object]) -> str:
         """Where the moved pod's controller put its replacement, once placed."""
         before = pods.get(move.uid)
-        owner = _controller_uid(before)
+        owner = controller_uid(before)
         if before is None or owner is None:
             return "unknown"
         ns = objects.namespace(before)
@@ -290,7 +286,7 @@ class Applier:
         while True:
             listed = await self.cluster.list(PODS, namespace=ns, field_selector=LIVE_PODS)
             fresh = [p for p in listed.items
-                     if _controller_uid(p) == owner and objects.uid(p) not in pods]
+                     if controller_uid(p) == owner and objects.uid(p) not in pods]
             placed = [p for p in fresh if objects.spec(p).get("nodeName")]
             if placed:
                 p = placed[0]
@@ -301,13 +297,6 @@ class Applier:
                             f"{self.pace.wait_seconds:g}s (the allocator's Events say why)")
                 return f"no replacement within {self.pace.wait_seconds:g}s"
             await asyncio.sleep(self.pace.poll_seconds)
-
-
-def _controller_uid(pod: Object | None) -> str | None:
-    for ref in objects.owner_references(pod or {}):
-        if ref.get("controller"):
-            return str(ref.get("uid") or "") or None
-    return None
 
 
 async def write_records(cluster: Cluster, namespace: str, data: Mapping[str, str | None],

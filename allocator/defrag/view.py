@@ -68,6 +68,11 @@ def _controller(pod: Object) -> Mapping[str, Any] | None:
     return None
 
 
+def controller_uid(pod: Object | None) -> str | None:
+    """The uid of what controls the pod (its ReplicaSet, StatefulSet...), if anything."""
+    return str((_controller(pod or {}) or {}).get("uid") or "") or None
+
+
 def why_fixed(pod: Object, records: Records, now: datetime, window_seconds: float) -> str | None:
     """Why a placed pod may not move; None when it may."""
     word = objects.annotations(pod).get(names.ANNOTATION_DEFRAG, "")
@@ -87,7 +92,7 @@ def why_fixed(pod: Object, records: Records, now: datetime, window_seconds: floa
                     f"re-create it; annotate the pod {names.ANNOTATION_DEFRAG}: allow if it does")
     uid = objects.uid(pod)
     created = parse_time(objects.meta(pod).get("creationTimestamp"))
-    owner_uid = str((owner or {}).get("uid") or "") or None
+    owner_uid = controller_uid(pod)
     for moved in records.moved:
         if (now - moved.at).total_seconds() > window_seconds:
             continue
@@ -189,4 +194,4 @@ def build(snapshot: Snapshot, *, window_seconds: float = 3600.0) -> Inputs:
 
 
 __all__ = ["RECREATING", "Inputs", "Snapshot", "blocked_by_budget", "build",
-           "disruptions_allowed", "why_fixed"]
+           "controller_uid", "disruptions_allowed", "why_fixed"]

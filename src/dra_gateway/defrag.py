@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from dra_gateway.kube import arguments
+from dra_gateway.kube import arguments, objects
 
 if TYPE_CHECKING:
     from dra_gateway.allocator.defrag.act import ApplyReport
@@ -104,17 +104,14 @@ async def _main(args: argparse.Namespace, where: str) -> int:
         inputs = build(snapshot, window_seconds=args.window)
         if args.only:
             wanted = set(args.only)
-            known = {"/".join((w.pod["metadata"].get("namespace", ""),
-                               w.pod["metadata"].get("name", ""))) for w in inputs.waiters}
-            unknown = sorted(wanted - known)
+            named = {"/".join(objects.namespace_name(w.pod)): w for w in inputs.waiters}
+            unknown = sorted(wanted - set(named))
             if unknown:
                 print(f"{where}: --for {unknown[0]}: no pod of that name waits for the gateway "
                       f"(a waiting pod carries the scheduling gate dra-gateway.io/allocation "
                       f"and its claims exist)", file=sys.stderr)
                 return 2
-            inputs.waiters = [w for w in inputs.waiters
-                              if "/".join((w.pod["metadata"].get("namespace", ""),
-                                           w.pod["metadata"].get("name", ""))) in wanted]
+            inputs.waiters = [w for name, w in named.items() if name in wanted]
         plan = plan_defrag(inputs.state, inputs.waiters, inputs.residents, Limits(
             max_moves=args.max_moves, max_moves_per_pod=args.max_moves_per_pod,
             budgets=inputs.budgets))

@@ -14,9 +14,12 @@ import html
 import json
 import sys
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dra_gateway.kube import names
+
+if TYPE_CHECKING:
+    from dra_gateway.allocator.defrag.view import Snapshot
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,52 +39,36 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 async def _read(kubeconfig: str | None, namespace: str = "dra-gateway") -> dict[str, Any]:
+    """One read of the cluster for the whole report, the defrag plan's part included."""
+    from datetime import UTC, datetime
+
+    from dra_gateway.allocator.defrag.act import list_items, read_snapshot
     from dra_gateway.kube.cluster.connect import connect
-    from dra_gateway.kube.cluster.port import NotFound
-    from dra_gateway.kube.resources import (
-        GPU_QUOTAS,
-        GPU_SHARING_POLICIES,
-        NAMESPACES,
-        NODES,
-        PODS,
-        RESOURCE_CLAIM_TEMPLATES,
-        RESOURCE_CLAIMS,
-        RESOURCE_SLICES,
-    )
+    from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES
     from dra_gateway.policy.catalog import Catalog
     from dra_gateway.policy.report import build_report
 
     cluster = await connect("kube", kubeconfig)
     try:
-        async def items(rt: Any) -> list[dict[str, Any]]:
-            try:
-                return list((await cluster.list(rt)).items)
-            except NotFound:  # the CRDs are not installed
-                return []
-
-        catalog = Catalog.build(quotas=await items(GPU_QUOTAS),
-                                sharing=await items(GPU_SHARING_POLICIES),
-                                namespaces=await items(NAMESPACES))
-        report = build_report(claims=await items(RESOURCE_CLAIMS),
-                              slices=await items(RESOURCE_SLICES), pods=await items(PODS),
-                              templates=await items(RESOURCE_CLAIM_TEMPLATES), catalog=catalog)
-        report["nodes"] = migration_nodes(await items(NODES))
-        report["defrag"] = await _defrag(cluster, namespace)
-        return report
+        snapshot = await read_snapshot(cluster, namespace=namespace, now=datetime.now(UTC),
+                                       pod_selector=None)
+        templates = await list_items(cluster, RESOURCE_CLAIM_TEMPLATES)
     finally:
         await cluster.close()
+    report = build_report(claims=snapshot.claims, slices=snapshot.slices, pods=snapshot.pods,
+                          templates=templates, catalog=snapshot.catalog or Catalog.build())
+    report["nodes"] = migration_nodes(snapshot.nodes)
+    report["defrag"] = _defrag(snapshot)
+    return report
 
 
-async def _defrag(cluster: Any, namespace: str) -> dict[str, Any]:
+def _defrag(snapshot: Snapshot) -> dict[str, Any]:
     """The moves `dra-gateway defrag plan` would make now (its defaults), changing nothing."""
-    from datetime import UTC, datetime
-
-    from dra_gateway.allocator.defrag.act import read_snapshot
     from dra_gateway.allocator.defrag.view import build
     from dra_gateway.allocator.planner.defrag import Limits, plan_defrag
     from dra_gateway.defrag import to_dict
 
-    inputs = build(await read_snapshot(cluster, namespace=namespace, now=datetime.now(UTC)))
+    inputs = build(snapshot)
     plan = plan_defrag(inputs.state, inputs.waiters, inputs.residents,
                        Limits(budgets=inputs.budgets))
     return to_dict(plan, inputs)

@@ -178,10 +178,11 @@ class RoomMaker:
         cap = min(self.limits.max_moves_per_pod, self.moves_left)
         if cap <= 0:
             return f"{plan.reason}; no moves left in this plan"
-        if need_of(state, waiter.pod, waiter.claims) is None:
+        need = need_of(state, waiter.pod, waiter.claims)
+        if need is None:
             return f"{plan.reason}; moving pods cannot help: it asks for no GPU of the gateway"
         room = self._make_room(waiter.pod, waiter.claims, waiter.priority, cap, depth=0,
-                               avoid=frozenset())
+                               avoid=frozenset(), need=need)
         if room is None:
             return (f"{plan.reason}; no node could make room for it by moving at most {cap} "
                     f"pod(s) that may move")
@@ -204,12 +205,12 @@ class RoomMaker:
 
     def _make_room(self, pod: Mapping[str, Any], claims: Sequence[Mapping[str, Any]],
                    priority: int, cap: int, *, depth: int, avoid: frozenset[str],
-                   ) -> _Room | None:
+                   need: Need | None = None) -> _Room | None:
         """Place `pod` by moving at most `cap` pods: on the cheapest nodes first, each pod that
         leaves placed again directly or, above the last level, by making room for it in turn.
         On success the state holds every change (`_Room.log` undoes them); on failure none."""
         state = self.state
-        need = need_of(state, pod, claims)
+        need = need or need_of(state, pod, claims)
         if need is None:
             return None
         last = depth + 1 >= self.limits.depth

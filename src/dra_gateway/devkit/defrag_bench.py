@@ -61,11 +61,13 @@ def defragment(replay: bench._Replay, percent: float, limits: Limits | None = No
     retried = {h.uid for h in retry.helped}
     after_retry = before + sum(share_of[uid] for uid in retried)
     still = [w for w, _ in waiting if w.pod["metadata"]["uid"] not in retried]
-    bound_now = residents + [Resident({**w.pod, "spec": {**w.pod["spec"],
-                                                          "nodeName": h.placement.node}},
-                                      tuple(_allocated(w.claims, h.plan.allocations)))
-                             for w, _ in waiting for h in retry.helped
-                             if h.uid == w.pod["metadata"]["uid"]]
+    waiter_of = {w.pod["metadata"]["uid"]: w for w, _ in waiting}
+    bound_now = list(residents)
+    for h in retry.helped:
+        w = waiter_of[h.uid]
+        bound_now.append(Resident({**w.pod, "spec": {**w.pod["spec"],
+                                                    "nodeName": h.placement.node}},
+                                  tuple(_allocated(w.claims, h.plan.allocations))))
     budget = int(len(bound_now) * percent / 100)
     given = limits or Limits()
     start = time.perf_counter()
