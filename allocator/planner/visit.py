@@ -353,9 +353,10 @@ def walk_ranking(ctx: PodContext, ranking: Ranking,
     pods share them); each can only keep a pod off cards. Entries are taken in order: where
     the pod's rules leave the cards the ranked search picked, the entry stands with its score
     (a search under them walks the same choices and stops at the same picks); otherwise the
-    node is scored as the search under the pod's rules places it. A class is given once no
-    entry still to be taken can score better. The ranking is left as found, however far the
-    caller reads (close the walk).
+    node is scored as the search under the pod's rules places it. Under the ranking's rules a
+    class is given once no entry still to be taken can score better; under a pod's own, once
+    every entry has been weighed, since ranked scores do not bound them. The ranking is left
+    as found, however far the caller reads (close the walk).
     """
     state = ctx.state
     heap = ranking.heap
@@ -363,6 +364,9 @@ def walk_ranking(ctx: PodContext, ranking: Ranking,
     # What of the pod's rules its ranking leaves out; None when they are the ranking's.
     kind = None if rules is None or rules is ctx.ranked_rules \
         else (rules.tenant, rules.max_claims_per_device)
+    # A card the pod's rules keep it off can send the search to one that leaves the node
+    # scoring better than its ranked score (a card's free share is its scarcest capacity's).
+    bounded = kind is None
     ruled = ranking.ruled
     if len(ruled) > 4 * len(state.groups) + 1024:
         ruled.clear()
@@ -371,7 +375,7 @@ def walk_ranking(ctx: PodContext, ranking: Ranking,
     try:
         while True:
             head = _live_head(heap, state.groups)
-            while scored and (head is None or scored[0][:2] <= head[:2]):
+            while scored and (head is None or bounded and scored[0][:2] <= head[:2]):
                 node_score, name, _, outcome = heapq.heappop(scored)
                 yield node_score, name, outcome
             if head is None:
