@@ -2,7 +2,7 @@
 written natively, side by side, one run, one cluster.
 
     .venv/bin/python bench/e2e_bench.py [--version 1.37.2] [--pods 500] [--workers 4]
-        [--timeout 900] [--keep]
+        [--paths gateway,native] [--gpu-nodes N] [--timeout 900] [--keep]
 
 It installs the gateway as the e2e tier does (tests/e2e/support.py `install`: the Helm chart in
 a real kube-apiserver, kube-controller-manager, kube-scheduler and KWOK nodes, the webhook, the
@@ -42,6 +42,20 @@ allocated (the claim's status.allocation written: by the allocator, or by kube-s
 native path), gate lifted (gateway only) and bound.
 The machine's load average is printed before and after: wall-clock figures on a shared machine
 move with it.
+
+API writes per pod come from the API server's own count of the requests it served
+(`apiserver_request_total` on /metrics, before and after the pods), by resource and verb, for
+what a pod's path writes (pods, their bindings and status, claims and their status, templates,
+events); Leases and Nodes, which the control plane and KWOK renew on their own clock, are left
+out. `--paths gateway` runs one path alone, so that the writes are that path's.
+
+`--gpu-nodes N` adds N KWOK nodes of eight shared H100s (`examples/demo/gpu-h100-1.yaml`, each
+card with a UUID of its node) to the demo's two. Their ResourceSlices are built by the node
+plugin's own code (`devices_of`, `build_slices`) and published by the bench, one publisher for
+every simulated node, as a node plugin serving many nodes would: KWOK nodes have no kubelet to
+call a plugin, and the pods' path never calls one. For example, 50 nodes and 2,000 pods:
+
+    .venv/bin/python bench/e2e_bench.py --gpu-nodes 50 --pods 2000 --paths gateway
 """
 
 from __future__ import annotations
@@ -59,6 +73,8 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+import uuid
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -66,7 +82,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from e2e.support import GPU_NODES, install  # noqa: E402
+import yaml  # noqa: E402
+from e2e.support import EXAMPLES, GPU_NODES, install  # noqa: E402
 
 from dra_gateway.devkit.realcluster import Api, cache_dir, missing_binaries, path_of  # noqa: E402
 from dra_gateway.kube import names  # noqa: E402
@@ -135,6 +152,60 @@ def _setup_native(api: Api) -> int:
             "deviceClassName": NATIVE_CLASS, "allocationMode": "ExactCount", "count": 1,
             "capacity": {"requests": {"memory": f"{MEMORY_MIB}Mi", "cores": str(CORES)}}}}]}}}})
     return copied
+
+
+def _add_gpu_nodes(gateway: Any, count: int, pods: int) -> list[str]:
+    """`count` KWOK nodes of eight shared H100s, with their ResourceSlices as the node plugin
+    builds them; their names."""
+    from dra_gateway.node_plugin.devices import DeviceOptions, devices_of
+    from dra_gateway.node_plugin.inventory import parse_inventory
+    from dra_gateway.node_plugin.publish import build_slices
+
+    inventory = yaml.safe_load((EXAMPLES / "demo" / "gpu-h100-1.yaml").read_text())
+    options = DeviceOptions(default_sharing="shared", consumable_capacity=True)
+    nodes = [f"bench-gpu-{i:03d}" for i in range(count)]
+    api = gateway.api
+    for node in nodes:
+        gateway.plane.add_node(node, labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                               cpu="192", memory="2Ti", pods=str(2 * pods + 200))
+    gateway.plane.wait_nodes_ready(nodes, timeout_s=60.0 + count)
+    for node in nodes:
+        facts = copy.deepcopy(inventory)
+        for gpu in facts["gpus"]:
+            card = uuid.uuid5(uuid.NAMESPACE_URL, f"{node}/{gpu['index']}")
+            gpu["uuid"] = f"GPU-{card}"
+        devices = devices_of(parse_inventory(facts, source=f"{node}'s inventory"), options)
+        node_uid = api.get(path_of("v1", "nodes", name=node))["metadata"]["uid"]
+        for item in build_slices(node_name=node, driver=names.DRIVER, devices=devices,
+                                 generation=1, node_uid=node_uid):
+            api.create(path_of("resource.k8s.io/v1", "resourceslices"), item)
+    return nodes
+
+
+# What a pod's path writes, by resource (apiserver_request_total's resource/subresource).
+_POD_PATH_RESOURCES = ("pods", "pods/binding", "pods/status", "resourceclaims",
+                       "resourceclaims/status", "resourceclaimtemplates", "events")
+_WRITES = ("POST", "PUT", "PATCH", "APPLY", "DELETE")
+
+
+def _api_writes(api: Api) -> Counter[tuple[str, str]]:
+    """The API server's count of the write requests it answered, by (resource, verb)."""
+    text = str(api.request("GET", "/metrics").get("text") or "")
+    out: Counter[tuple[str, str]] = Counter()
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels_text, _, value = line.rpartition(" ")
+        labels = dict(part.split("=", 1) for part in
+                      labels_text[len("apiserver_request_total{"):-1].split(",") if "=" in part)
+        labels = {k: v.strip('"') for k, v in labels.items()}
+        verb = labels.get("verb", "")
+        resource = labels.get("resource", "")
+        if labels.get("subresource"):
+            resource += "/" + labels["subresource"]
+        if verb in _WRITES and resource in _POD_PATH_RESOURCES:
+            out[(resource, verb)] += int(float(value))
+    return out
 
 
 def _raise_pod_limit(api: Api, pods: int) -> None:
@@ -280,6 +351,9 @@ def run(args: argparse.Namespace) -> int:
     load_before = os.getloadavg()
     with install(version, gates, bin_dir, helm, work) as gateway:
         api = gateway.api
+        if args.gpu_nodes:
+            added = _add_gpu_nodes(gateway, args.gpu_nodes, args.pods)
+            print(f"{len(added)} KWOK nodes of eight H100s added, their slices published")
         devices = _setup_native(api)
         _raise_pod_limit(api, args.pods)
         print(f"native driver: {devices} devices copied from the gateway's slices")
@@ -306,7 +380,10 @@ def run(args: argparse.Namespace) -> int:
                 created[key] = started
                 seen.setdefault(key, {}).setdefault("admitted", answered)
 
-        order = [p for i in range(args.pods) for p in (_gateway_pod(i), _native_pod(i))]
+        makers = [make for path, make in (("gateway", _gateway_pod), ("native", _native_pod))
+                  if path in args.paths]
+        order = [make(i) for i in range(args.pods) for make in makers]
+        writes_before = _api_writes(api)
         begin = time.monotonic()
         with ThreadPoolExecutor(args.workers) as pool:
             list(pool.map(create, order))
@@ -319,13 +396,15 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.5)
         for watch in watches:
             watch.stopping = True
+        writes = _api_writes(api)
+        writes.subtract(writes_before)
         with lock:
             bound = {k: v["bound"] for k, v in seen.items() if "bound" in v}
             steps_seen = {k: dict(v) for k, v in seen.items()}
         load_after = os.getloadavg()
 
         rows = {}
-        for path in ("gateway", "native"):
+        for path in args.paths:
             keys = [k for k in created if k.startswith(NAMESPACES[path] + "/")]
             times = [bound[k] - created[k] for k in keys if k in bound]
             first = min((created[k] for k in keys), default=begin)
@@ -337,9 +416,11 @@ def run(args: argparse.Namespace) -> int:
                 "p99_s": _percentile(times, 0.99) if times else float("nan"),
                 "span_s": last - first,
             }
-        print(f"\nKubernetes {gateway.plane.version()}, {args.pods} pods per path, interleaved, "
-              f"{args.workers} client threads; {os.cpu_count()} CPUs, load average "
-              f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
+        gpu_nodes = len(GPU_NODES) + args.gpu_nodes
+        print(f"\nKubernetes {gateway.plane.version()}, {gpu_nodes} GPU nodes, {args.pods} pods "
+              f"per path ({', '.join(args.paths)}), interleaved, {args.workers} client threads; "
+              f"{os.cpu_count()} CPUs, load average {load_before[0]:.2f} before, "
+              f"{load_after[0]:.2f} after")
         print("| path | pods bound | span (s) | pods/s | p50 time to bound (s) "
               "| p99 time to bound (s) |")
         print("|---|---|---|---|---|---|")
@@ -349,18 +430,32 @@ def run(args: argparse.Namespace) -> int:
         breakdown = _breakdown(created, steps_seen)
         print("\nWhere a pod's time goes: each step's time since the step before it (s); "
               "admitted is the create request's answer (admission webhooks included)")
-        print("| step | gateway p50 | gateway p99 | native p50 | native p99 |")
-        print("|---|---|---|---|---|")
+        print("| step | " + " | ".join(f"{path} p50 | {path} p99" for path in args.paths)
+              + " |")
+        print("|---|" + "---|---|" * len(args.paths))
         for step in STEPS:
             cells = []
-            for path in ("gateway", "native"):
+            for path in args.paths:
                 values = breakdown[path].get(step)
                 cells += ([f"{statistics.median(values):.3f}", f"{_percentile(values, 0.99):.3f}"]
                           if values else ["-", "-"])
             print(f"| {step} | " + " | ".join(cells) + " |")
-        native = rows["native"]["pods_per_s"]
-        ratio = rows["gateway"]["pods_per_s"] / native if native else float("nan")
-        print(f"\ngateway/native pods/s: {ratio:.2f} (goal >= 0.8)")
+        created_pods = len(created)
+        print(f"\nAPI writes of the pods' paths per pod ({created_pods} pods; "
+              "apiserver_request_total, Leases and Nodes left out)")
+        print("| resource | verb | writes | per pod |")
+        print("|---|---|---|---|")
+        for (resource, verb), count in sorted(writes.items()):
+            if count:
+                print(f"| {resource} | {verb} | {count} | {count / created_pods:.2f} |")
+        total_writes = sum(writes.values())
+        print(f"| all | | {total_writes} | {total_writes / max(created_pods, 1):.2f} |")
+        ratio = float("nan")
+        if "native" in rows and "gateway" in rows and rows["native"]["pods_per_s"]:
+            ratio = rows["gateway"]["pods_per_s"] / rows["native"]["pods_per_s"]
+            print(f"\ngateway/native pods/s: {ratio:.2f} (goal >= 0.8); time to bound "
+                  f"p50 {rows['gateway']['p50_s'] / rows['native']['p50_s']:.2f}x, "
+                  f"p99 {rows['gateway']['p99_s'] / rows['native']['p99_s']:.2f}x native")
         if errors:
             print(f"{len(errors)} create errors, first: {errors[0]}")
         if args.json:
@@ -370,6 +465,9 @@ def run(args: argparse.Namespace) -> int:
                                   "p99_s": _percentile(v, 0.99)}
                                   for step, v in steps.items() if v}
                                   for path, steps in breakdown.items()},
+                              "writes": {f"{r} {v}": n for (r, v), n in writes.items() if n},
+                              "writes_per_pod": total_writes / max(created_pods, 1),
+                              "gpu_nodes": gpu_nodes,
                               "load": [load_before[0], load_after[0]]}))
         complete = all(r["bound"] == r["pods"] == args.pods for r in rows.values())
     if args.keep:
@@ -381,11 +479,24 @@ def run(args: argparse.Namespace) -> int:
     return 0 if complete else 1
 
 
+def _paths(text: str) -> tuple[str, ...]:
+    paths = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in paths if p not in NAMESPACES]
+    if unknown or not paths:
+        raise argparse.ArgumentTypeError(
+            f"unknown path {', '.join(unknown) or '(none)'}: name gateway, native or both")
+    return tuple(p for p in NAMESPACES if p in paths)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--version", default="1.37.2", help="Kubernetes release (cached)")
     parser.add_argument("--pods", type=int, default=500, help="pods per path")
     parser.add_argument("--workers", type=int, default=4, help="client threads creating pods")
+    parser.add_argument("--paths", type=_paths, default=("gateway", "native"),
+                        help="the paths to run, comma-separated (default: gateway,native)")
+    parser.add_argument("--gpu-nodes", type=int, default=0, metavar="N",
+                        help="KWOK nodes of eight H100s to add to the demo's two")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds to wait for every pod to bind")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
