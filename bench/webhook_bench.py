@@ -177,11 +177,13 @@ def _bare_server(tls_dir: str, port: int, core: int) -> None:
 
 def _webhook_server(tls_dir: str, port: int, core: int) -> None:
     _pin(core)
+    from dra_gateway.devkit.cli import offer_memory_cluster
     from dra_gateway.webhook.server import ServeOptions, serve
     from dra_gateway.webhook.settings import WebhookSettings
 
     settings = WebhookSettings(tls_dir=Path(tls_dir), reconcile_webhooks=False)
     options = ServeOptions(host="127.0.0.1", port=port, cluster="memory")
+    offer_memory_cluster()
     # Warnings and errors only: the benchmark measures serving, not log volume.
     from dra_gateway.webhook import logs
 
@@ -244,6 +246,7 @@ def _policy_server(tls_dir: str, port: int, core: int, templates: list[dict[str,
     GPU policies when `policies`; `status_writes` GPUQuota status writes every 2 s."""
     _pin(core)
     from dra_gateway.devkit.allocator_bench import policy_objects
+    from dra_gateway.devkit.cli import offer_memory_cluster
     from dra_gateway.devkit.sim.memory import MemoryCluster
     from dra_gateway.kube.resources import (
         DEVICE_CLASSES,
@@ -298,6 +301,7 @@ def _policy_server(tls_dir: str, port: int, core: int, templates: list[dict[str,
         writer = asyncio.create_task(write_status()) if quotas and status_writes else None
         settings = WebhookSettings(tls_dir=Path(tls_dir), reconcile_webhooks=False)
         try:
+            offer_memory_cluster()
             await serve(settings, ServeOptions(host="127.0.0.1", port=port, cluster="memory"),
                         cluster=cluster)
         finally:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from fractions import Fraction
-from functools import total_ordering
+from functools import lru_cache, total_ordering
 from typing import Final, Literal
 
 QuantityFormat = Literal["BinarySI", "DecimalSI", "DecimalExponent"]
@@ -404,16 +404,21 @@ def _canonical(nanos: int, fmt: QuantityFormat) -> str:
 _ZERO_DECIMAL: Final = Quantity(0, DECIMAL_SI)
 
 
+# Texts recur: every pod of a Deployment asks for the same "4" CPUs and "16Gi", every card of a
+# model publishes the same memory. A Quantity is immutable, so one parse serves them all.
+_parse_text = lru_cache(maxsize=4096)(Quantity.parse)
+
+
 def parse_quantity(value: str | int | Quantity) -> Quantity:
     """A quantity from its text, from an integer (as a JSON number would be), or itself."""
+    if isinstance(value, str):
+        return _parse_text(value)
     if isinstance(value, Quantity):
         return value
     if isinstance(value, bool):
         raise QuantityError(str(value), "a boolean is not a quantity")
     if isinstance(value, int):
         return Quantity.from_int(value)
-    if isinstance(value, str):
-        return Quantity.parse(value)
     raise QuantityError(
         str(value),
         f'a quantity is a string such as "40Gi" or an integer, not {type(value).__name__}',
