@@ -91,18 +91,21 @@ class PodAllocator:
             return "wait"
         gateway = [c for c in claims if is_gateway_claim(c)]
         pending = [c for c in gateway if not is_allocated(c)]
+        # Claims this sync allocated: uid -> the resourceVersion the API answered the write
+        # with, which is as good as reading the claim back before the gate goes.
+        written: dict[str, str] = {}
         if pending:
             try:
-                outcome = await self._allocate(key, pod, gateway, pending)
+                outcome = await self._allocate(key, pod, gateway, pending, written)
             except Replan as why:
                 log.info("planning again", extra={"pod": str(key), "why": str(why)})
                 return "retry"
             if outcome != "done":
                 return outcome
-        return await self._ungate(key)
+        return await self._ungate(key, written)
 
     async def _allocate(self, key: PodKey, pod: Object, gateway: list[Object],
-                        pending: list[Object]) -> Outcome:
+                        pending: list[Object], written: dict[str, str]) -> Outcome:
         # A claim shared with another pod whose plan is being written: planning it again
         # would replace that plan's reservation in the state and free its device for others.
         # Its write lands (or fails) soon, and the claim's change requeues this pod.
@@ -144,6 +147,8 @@ class PodAllocator:
             del self.planning.inflight[key.uid]
             self.planning.change(self.planning.state.forget, pod, plan)
             self.observe_claims(writes)
+            written.update((objects.uid(c), objects.resource_version(c))
+                           for _, c in writes if is_allocated(c))
             live = self.pods.get(key.namespace, key.name)
             if live is not None and objects.uid(live) == key.uid:
                 self.planning.refresh_placement(live)
@@ -207,7 +212,7 @@ class PodAllocator:
                     and objects.uid(stored) == objects.uid(written)):
                 self.claims.observe_write(written)
 
-    async def _ungate(self, key: PodKey) -> Outcome:
+    async def _ungate(self, key: PodKey, written: dict[str, str]) -> Outcome:
         pod = self.pods.get(key.namespace, key.name)
         for _attempt in range(MAX_WRITE_ATTEMPTS):
             if pod is None or objects.uid(pod) != key.uid:
@@ -220,11 +225,15 @@ class PodAllocator:
             if index is None:
                 return "done"
             # The gate cannot be put back: confirm with the API, not the mirror, that every
-            # allocation is still there (a claim may have been wiped a moment ago).
-            if not await still_allocated(self.cluster, gateway):
+            # allocation is still there (a claim may have been wiped a moment ago). A claim
+            # this sync wrote, unchanged since in the mirror, was confirmed by the write's
+            # answer: reading it again would cost the pod a round trip and tell nothing more.
+            unconfirmed = [c for c in gateway
+                           if written.get(objects.uid(c)) != objects.resource_version(c)]
+            if unconfirmed and not await still_allocated(self.cluster, unconfirmed):
                 return "retry"
             try:
-                await remove_gate(self.cluster, key, pod, index, fence=self.fence)
+                ungated = await remove_gate(self.cluster, key, pod, index, fence=self.fence)
             except NotFound:
                 return "done"
             except (Conflict, Invalid):
@@ -235,6 +244,13 @@ class PodAllocator:
                 except NotFound:
                     return "done"
                 continue
+            # The mirror shows the pod ungated now, not when its watch event comes: the
+            # syncs our claim writes queued meanwhile end there instead of removing the gate
+            # again (a read of every claim and a patch the API refuses).
+            stored = self.pods.get(key.namespace, key.name)
+            if stored is not None and objects.uid(stored) == key.uid \
+                    and objects.resource_version(stored) == objects.resource_version(pod):
+                self.pods.observe_write(ungated)
             self.metrics.pods_allocated.inc()
             self.unplaceable.discard(key)
             self.pending.drop(key.uid)

@@ -105,8 +105,9 @@ async def still_allocated(cluster: Cluster, claims: Iterable[Object]) -> bool:
 
 
 async def remove_gate(cluster: Cluster, key: PodKey, pod: Object, index: int, *,
-                      fence: Fence = unfenced) -> None:
-    """Remove the gate at `index` if it is still there on the same pod.
+                      fence: Fence = unfenced) -> Object:
+    """Remove the gate at `index` if it is still there on the same pod; the pod as the API
+    answered the patch.
 
     Raises NotFound when the pod is gone, Conflict or Invalid when the gate list moved or the
     pod was replaced.
@@ -118,7 +119,8 @@ async def remove_gate(cluster: Cluster, key: PodKey, pod: Object, index: int, *,
         {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
     ]
     fence()
-    await cluster.patch(PODS, key.name, patch, namespace=key.namespace, patch_type="json")
+    return await cluster.patch(PODS, key.name, patch, namespace=key.namespace,
+                               patch_type="json")
 
 
 __all__ = ["Replan", "gate_index", "remove_gate", "still_allocated", "write_allocation"]

@@ -375,7 +375,7 @@ def walk_ranking(ctx: PodContext, ranking: Ranking,
     try:
         while True:
             head = _live_head(heap, state.groups)
-            while scored and (head is None or bounded and scored[0][:2] <= head[:2]):
+            while scored and (head is None or (bounded and scored[0][:2] <= head[:2])):
                 node_score, name, _, outcome = heapq.heappop(scored)
                 yield node_score, name, outcome
             if head is None:

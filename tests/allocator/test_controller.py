@@ -251,6 +251,41 @@ async def test_a_pod_is_planned_again_when_its_allocation_is_wiped_while_still_g
         assert controller.stats.plans > plans
 
 
+async def test_the_gate_goes_without_reading_back_the_claims_the_same_sync_allocated(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    # The write's answer confirms the allocation; a claim allocated by an earlier sync (the
+    # gate removal failed then) is read from the API before the gate goes.
+    await world.setup(nodes=1, gpus=2)
+    reads: list[str] = []
+    original_get = memory_cluster.get
+    failing = {"later"}
+
+    async def get(rt: Any, name: str, **kw: Any) -> dict[str, Any]:
+        if rt is RESOURCE_CLAIMS:
+            reads.append(name)
+        return await original_get(rt, name, **kw)
+
+    original_patch = memory_cluster.patch
+
+    async def patch(rt: Any, name: str, body: Any, **kw: Any) -> dict[str, Any]:
+        if rt is PODS and kw.get("patch_type") == "json" and name in failing:
+            failing.discard(name)
+            raise ApiError("try later", code=503, reason="ServiceUnavailable")
+        return await original_patch(rt, name, body, **kw)
+
+    memory_cluster.get = get  # type: ignore[method-assign,assignment]
+    memory_cluster.patch = patch  # type: ignore[method-assign,assignment]
+    async with running_controller(memory_cluster):
+        await world.gated_pod("now", [share_claim_spec(memory_gib=10)])
+        await eventually(lambda: ungated(world, "now"))
+        assert reads == []
+        await world.gated_pod("later", [share_claim_spec(memory_gib=10)])
+        await eventually(lambda: ungated(world, "later"))
+        read = list(reads)
+        (claim,) = await world.claims_of("later")
+        assert read == [claim["metadata"]["name"]]
+
+
 async def _all_claims(cluster: MemoryCluster) -> list[dict[str, Any]]:
     return cluster.objects(RESOURCE_CLAIMS)
 
