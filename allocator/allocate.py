@@ -54,6 +54,7 @@ from dra_gateway.kube.objects import (
     is_allocated,
     is_gated,
     is_gateway_claim,
+    reserved_only_for,
 )
 from dra_gateway.kube.resources import PODS
 from dra_gateway.kube.runtime.informer import Informer
@@ -139,7 +140,7 @@ class PodAllocator:
             for claim in sorted(pending, key=lambda c: objects.name(c)):
                 uid = objects.uid(claim)
                 await write_allocation(self.cluster, claim, allocation=plan.allocations[uid],
-                                       annotations=plan.annotations.get(uid) or {},
+                                       annotations=plan.annotations.get(uid) or {}, pod=pod,
                                        writes=writes, stats=self.stats, metrics=self.metrics,
                                        fence=self.fence)
         finally:
@@ -170,9 +171,11 @@ class PodAllocator:
         # retry interval, no further.
         self.unplaceable.failed(key)
         reason = why or "no node can hold every claim of the pod"
+        # The pod is gated, so no scheduler binds it: its own reservation (written with the
+        # allocation) does not keep a claim, another consumer's does.
         held = [c for c in gateway
                 if is_allocated(c) and has_finalizer(c) and controller_owner_uid(c) == key.uid
-                and not (c.get("status") or {}).get("reservedFor")]
+                and reserved_only_for(c, key.uid)]
         if held:
             # Part of the pod was allocated earlier (a crash or a conflict between two
             # claims' writes) and now pins the rest to a node where it no longer fits.
@@ -182,7 +185,7 @@ class PodAllocator:
                      extra={"pod": str(key), "reason": reason,
                             "claims": [objects.name(c) for c in held]})
             for claim in held:
-                await self.releaser.release(claim, replanning=True)
+                await self.releaser.release(claim, replanning=key.uid)
             return "retry"
         log.info("pod cannot be placed", extra={"pod": str(key), "reason": reason})
         if quota_reason is not None:

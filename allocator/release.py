@@ -3,8 +3,9 @@
 A claim carrying the allocator's finalizer is released (allocation, reservedFor and device
 status cleared through `/status`, then the finalizer and the shares annotation removed) once
 every pod that owns or uses it is gone or finished. That is confirmed by reading the pod from
-the API rather than trusting `reservedFor`, which stays empty until binding. Writes are
-optimistic; a conflict rereads the claim and checks again that it is still free.
+the API rather than trusting `reservedFor`, which the allocation reserves for its pod before
+the pod runs. Writes are optimistic; a conflict rereads the claim and checks again that it is
+still free.
 
 This module must not allocate or plan; it reports each write it made so that the controller
 can apply it to its mirror and retry pods waiting for room.
@@ -87,11 +88,12 @@ class ClaimReleaser:
                 return True
         return False
 
-    async def release(self, claim: Object, *, replanning: bool = False) -> None:
+    async def release(self, claim: Object, *, replanning: str | None = None) -> None:
         """Clear the claim's allocation, then drop the finalizer (and the shares annotation).
 
-        `replanning`: the controller lets go of a partial allocation of a gated pod; a claim
-        that is being bound meanwhile (reservedFor set) is kept.
+        `replanning`: the uid of a gated pod whose partial allocation the controller lets go
+        of; a claim another consumer has reserved meanwhile is kept (the pod's own
+        reservation, written with the allocation, is not a use).
         """
         ns, name = objects.namespace_name(claim)
         current = claim
@@ -133,9 +135,9 @@ class ClaimReleaser:
                     current = await self.cluster.get(RESOURCE_CLAIMS, name, namespace=ns)
                     if not objects.has_finalizer(current):
                         return
-                    if replanning:
-                        if objects.status(current).get("reservedFor"):
-                            return  # being bound after all: keep it
+                    if replanning is not None:
+                        if not objects.reserved_only_for(current, replanning):
+                            return  # someone else uses it after all: keep it
                     elif await self.in_use(current):
                         return  # a pod picked the claim up meanwhile
         except NotFound:

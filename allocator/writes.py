@@ -1,10 +1,12 @@
 """The allocator's writes of a plan: one claim's allocation, and the pod's gate removal.
 
 A claim first gets the allocator's finalizer (and the planner's annotations) through the main
-resource, then `status.allocation` through `/status`; a conflict rereads and tries again, and a
-claim deleted, replaced or allocated by someone else meanwhile raises `Replan`. The gate is
-removed with a JSON patch that tests the pod's uid and the gate's index, so that it never
-removes another gate or touches a recreated pod.
+resource, then `status.allocation` through `/status`, reserved for the pod it was planned for
+(`status.reservedFor`, in the same write): kube-scheduler's PreBind finds the claim reserved
+and binds the pod without a write of its own, as it does for a claim it allocated itself. A
+conflict rereads and tries again, and a claim deleted, replaced or allocated by someone else
+meanwhile raises `Replan`. The gate is removed with a JSON patch that tests the pod's uid and
+the gate's index, so that it never removes another gate or touches a recreated pod.
 
 These functions write what they are given: they must not plan, and they leave the controller's
 mirror and bookkeeping to the caller (every write made is appended to `writes`). Each write is
@@ -29,10 +31,16 @@ class Replan(Exception):
     """The world changed under a plan (claim allocated elsewhere, deleted): plan again."""
 
 
+def pod_consumer(pod: Object) -> dict[str, str]:
+    """The pod as a claim's `status.reservedFor` names it."""
+    return {"resource": "pods", "name": objects.name(pod), "uid": objects.uid(pod)}
+
+
 async def write_allocation(cluster: Cluster, claim: Object, *, allocation: Mapping[str, Any],
-                           annotations: Mapping[str, str], writes: list[Write], stats: Stats,
-                           metrics: Metrics, fence: Fence = unfenced) -> None:
-    """Finalizer and annotations, then status.allocation; conflicts reread and retry."""
+                           annotations: Mapping[str, str], pod: Object, writes: list[Write],
+                           stats: Stats, metrics: Metrics, fence: Fence = unfenced) -> None:
+    """Finalizer and annotations, then status.allocation reserved for `pod`; conflicts reread
+    and retry."""
     uid = objects.uid(claim)
     ns, name = objects.namespace_name(claim)
     # With binding conditions on (beta from 1.36) kube-scheduler fills a missing
@@ -62,7 +70,11 @@ async def write_allocation(cluster: Cluster, claim: Object, *, allocation: Mappi
                 current = await cluster.update(RESOURCE_CLAIMS, updated, namespace=ns)
                 writes.append((base, current))
             updated = copy.deepcopy(current)
-            updated["status"] = {**(updated.get("status") or {}), "allocation": allocation}
+            status = updated.get("status") or {}
+            reserved = [r for r in status.get("reservedFor") or ()
+                        if r.get("uid") != objects.uid(pod)]
+            updated["status"] = {**status, "allocation": allocation,
+                                 "reservedFor": [*reserved, pod_consumer(pod)]}
             base = objects.resource_version(current)
             fence()
             current = await cluster.update(RESOURCE_CLAIMS, updated, namespace=ns,
@@ -123,4 +135,5 @@ async def remove_gate(cluster: Cluster, key: PodKey, pod: Object, index: int, *,
                                patch_type="json")
 
 
-__all__ = ["Replan", "gate_index", "remove_gate", "still_allocated", "write_allocation"]
+__all__ = ["Replan", "gate_index", "pod_consumer", "remove_gate", "still_allocated",
+           "write_allocation"]

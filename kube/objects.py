@@ -140,6 +140,11 @@ def is_allocated(claim: RawObject) -> bool:
     return bool(status(claim).get("allocation"))
 
 
+def reserved_only_for(claim: RawObject, pod_uid: str) -> bool:
+    """Whether no consumer but the pod (or none) has the claim reserved."""
+    return all(r.get("uid") == pod_uid for r in status(claim).get("reservedFor") or ())
+
+
 def request_classes(claim: RawObject) -> set[str]:
     """Device classes named by a claim's requests (exactly and firstAvailable)."""
     classes: set[str] = set()
@@ -206,6 +211,7 @@ __all__ = [
     "owner_and_reserved",
     "owner_references",
     "request_classes",
+    "reserved_only_for",
     "reserved_pod_uids",
     "resource_version",
     "spec",

@@ -83,6 +83,40 @@ async def test_every_allocation_carries_a_timestamp_so_a_1_36_scheduler_can_bind
         kubernetes_validate.validate(claim, "1.34", strict=True)
 
 
+async def test_the_allocation_reserves_the_claim_for_its_pod_so_binding_writes_no_claim(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    # kube-scheduler's PreBind skips a claim already reserved for the pod, as it does for a
+    # claim it allocated itself: one status write per claim, the allocator's.
+    await world.setup(nodes=1, gpus=2)
+    status_writes: list[str] = []
+    original_update = memory_cluster.update
+
+    async def update(rt: Any, obj: Any, **kw: Any) -> dict[str, Any]:
+        if rt is RESOURCE_CLAIMS and kw.get("subresource") == "status":
+            status_writes.append(obj["metadata"]["name"])
+        return await original_update(rt, obj, **kw)
+
+    memory_cluster.update = update  # type: ignore[method-assign,assignment]
+    async with running_controller(memory_cluster), ControlPlane(
+            memory_cluster, retry_delay=0.05).running():
+        await world.gated_pod("reserved", [share_claim_spec(memory_gib=8), whole_claim_spec()])
+        await eventually(lambda: ungated(world, "reserved"))
+        pod = await world.pod("reserved")
+        claims = await world.claims_of("reserved")
+        for claim in claims:
+            assert claim["status"]["reservedFor"] == [
+                {"resource": "pods", "name": "reserved", "uid": pod["metadata"]["uid"]}]
+            kubernetes_validate.validate(claim, "1.34", strict=True)
+        await memory_cluster.patch(PODS, "reserved", {"spec": {"schedulingGates": None}},
+                                   namespace=NAMESPACE)
+
+        async def bound() -> str | None:
+            return (await world.pod("reserved"))["spec"].get("nodeName")
+
+        assert await eventually(bound) == "node-0"
+    assert sorted(status_writes) == sorted(c["metadata"]["name"] for c in claims)
+
+
 async def test_the_gate_stays_until_every_claim_of_the_pod_exists(
         world: World, memory_cluster: MemoryCluster) -> None:
     await world.setup(nodes=1, gpus=2)

@@ -205,7 +205,8 @@ async def test_a_stalled_former_leader_writes_nothing_after_a_standby_took_over(
         # The old leader wakes and carries on with the write it was about to make.
         with pytest.raises(LeadershipLost):
             await write_allocation(memory_cluster, claim, allocation={"devices": {}},
-                                   annotations={}, writes=[], stats=Stats(), metrics=Metrics(),
+                                   annotations={}, pod=pod, writes=[], stats=Stats(),
+                                   metrics=Metrics(),
                                    fence=old.check_leading)
         with pytest.raises(LeadershipLost):
             await remove_gate(memory_cluster, PodKey(NAMESPACE, "victim", pod["metadata"]["uid"]),
