@@ -43,6 +43,8 @@ native path), gate lifted (gateway only) and bound.
 The machine's load average is printed before and after: wall-clock figures on a shared machine
 move with it.
 
+CPU seconds per process (the API server, etcd, the scheduler, the controller manager, KWOK,
+the webhook, the allocator, the node plugins) over the same span come from /proc.
 API writes per pod come from the API server's own count of the requests it served
 (`apiserver_request_total` on /metrics, before and after the pods), by resource and verb, for
 what a pod's path writes (pods, their bindings and status, claims and their status, templates,
@@ -205,6 +207,33 @@ def _api_writes(api: Api) -> Counter[tuple[str, str]]:
             resource += "/" + labels["subresource"]
         if verb in _WRITES and resource in _POD_PATH_RESOURCES:
             out[(resource, verb)] += int(float(value))
+    return out
+
+
+def _processes(gateway: Any) -> dict[str, list[int]]:
+    """The pids of the control plane's and the gateway's processes, by name (the node plugins
+    together)."""
+    out: dict[str, list[int]] = {}
+    for process in gateway.plane._processes.started:
+        out.setdefault(process.name, []).append(process.popen.pid)
+    for name, component in gateway.components.items():
+        if component.process is not None:
+            key = "node-plugins" if name.startswith("node-plugin") else name
+            out.setdefault(key, []).append(component.process.pid)
+    return out
+
+
+def _cpu_seconds(pids: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds (user + system) each process has used so far, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for name, pid_list in pids.items():
+        total = 0.0
+        for pid in pid_list:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick
+        out[name] = total
     return out
 
 
@@ -384,6 +413,8 @@ def run(args: argparse.Namespace) -> int:
                   if path in args.paths]
         order = [make(i) for i in range(args.pods) for make in makers]
         writes_before = _api_writes(api)
+        pids = _processes(gateway)
+        cpu_before = _cpu_seconds(pids)
         begin = time.monotonic()
         with ThreadPoolExecutor(args.workers) as pool:
             list(pool.map(create, order))
@@ -398,6 +429,8 @@ def run(args: argparse.Namespace) -> int:
             watch.stopping = True
         writes = _api_writes(api)
         writes.subtract(writes_before)
+        cpu = {name: used - cpu_before.get(name, 0.0)
+               for name, used in _cpu_seconds(pids).items()}
         with lock:
             bound = {k: v["bound"] for k, v in seen.items() if "bound" in v}
             steps_seen = {k: dict(v) for k, v in seen.items()}
@@ -450,6 +483,12 @@ def run(args: argparse.Namespace) -> int:
                 print(f"| {resource} | {verb} | {count} | {count / created_pods:.2f} |")
         total_writes = sum(writes.values())
         print(f"| all | | {total_writes} | {total_writes / max(created_pods, 1):.2f} |")
+        print(f"\nCPU seconds each process used while the pods were placed ({created_pods} pods; "
+              "the bench's own client threads not counted)")
+        print("| process | CPU s | CPU ms per pod |")
+        print("|---|---|---|")
+        for name, used in sorted(cpu.items(), key=lambda item: -item[1]):
+            print(f"| {name} | {used:.1f} | {1000 * used / max(created_pods, 1):.1f} |")
         ratio = float("nan")
         if "native" in rows and "gateway" in rows and rows["native"]["pods_per_s"]:
             ratio = rows["gateway"]["pods_per_s"] / rows["native"]["pods_per_s"]
@@ -467,7 +506,7 @@ def run(args: argparse.Namespace) -> int:
                                   for path, steps in breakdown.items()},
                               "writes": {f"{r} {v}": n for (r, v), n in writes.items() if n},
                               "writes_per_pod": total_writes / max(created_pods, 1),
-                              "gpu_nodes": gpu_nodes,
+                              "gpu_nodes": gpu_nodes, "cpu_seconds": cpu,
                               "load": [load_before[0], load_after[0]]}))
         complete = all(r["bound"] == r["pods"] == args.pods for r in rows.values())
     if args.keep:
