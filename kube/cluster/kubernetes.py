@@ -1,11 +1,15 @@
 """The cluster port on a real Kubernetes API, through kubernetes-asyncio.
 
-Requests go through the official client's `ApiClient.call_api`, so authentication (tokens,
-client certificates, exec plugins, in-cluster service accounts), TLS and connection pooling are
-the client's; this adapter only builds paths from `ResourceType`, sends and parses JSON itself
-(objects stay plain dicts, no model conversion on hot paths), streams watches line by line and
-turns error responses into the port's `ApiError` subclasses. It must not hold cluster state or
-retry on its own: callers decide what a Conflict or an Expired means to them.
+Authentication (tokens, client certificates, exec plugins, in-cluster service accounts), TLS
+and connection pooling are the official client's: each request takes its credentials from
+`ApiClient.update_params_for_auth` and goes out on the connections of the client's own
+connector. This adapter builds paths from `ResourceType`, sends and parses JSON itself (objects
+stay plain dicts, serialised once with orjson, no model conversion on hot paths), streams
+watches line by line and turns error responses into the port's `ApiError` subclasses. The
+proxy the environment names for the API server (HTTPS_PROXY, NO_PROXY) is read once, not per
+request: the client's session reads it, and ~/.netrc, on every request through a worker
+thread, which was a sixth of the allocator's event loop under load. It must not hold cluster
+state or retry on its own: callers decide what a Conflict or an Expired means to them.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import aiohttp
 import orjson
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
+from yarl import URL
 
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import (
@@ -48,6 +54,8 @@ class KubernetesCluster:
     def __init__(self, api: Any, *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:
         self._api = api
         self._timeout = request_timeout
+        self._session: aiohttp.ClientSession | None = None
+        self._proxy: dict[str, Any] = {}
 
     @property
     def host(self) -> str:
@@ -73,21 +81,51 @@ class KubernetesCluster:
 
     # Requests -----------------------------------------------------------------------------------
 
+    def _connection(self) -> aiohttp.ClientSession:
+        """A session on the client's connector that reads nothing from the environment per
+        request, with the proxy the client's own session would use (its configuration's, else
+        the environment's for the API server), settled once."""
+        if self._session is None:
+            rest = self._api.rest_client
+            configuration = self._api.configuration
+            self._session = aiohttp.ClientSession(
+                connector=rest.pool_manager.connector, connector_owner=False, trust_env=False,
+                read_bufsize=2**21)  # as the client's: big watch events
+            if configuration.proxy:
+                self._proxy = {"proxy": configuration.proxy}
+                if configuration.proxy_headers:
+                    self._proxy["proxy_headers"] = configuration.proxy_headers
+            else:
+                try:
+                    proxy, proxy_auth = get_env_proxy_for_url(URL(configuration.host))
+                except LookupError:
+                    pass
+                else:
+                    self._proxy = {"proxy": proxy, "proxy_auth": proxy_auth}
+            if configuration.tls_server_name:
+                self._proxy["server_hostname"] = configuration.tls_server_name
+        return self._session
+
     async def _send(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
                     body: Any = None, content_type: str = "application/json",
                     request_timeout: Any = None) -> Any:
         """Send one request and return the raw aiohttp response (caller releases it)."""
+        api = self._api
+        headers = {**api.default_headers, "Accept": "application/json",
+                   "Content-Type": content_type}
+        queries = list((query or {}).items())
+        timeout = request_timeout if request_timeout is not None else self._timeout
+        if not isinstance(timeout, aiohttp.ClientTimeout):
+            timeout = aiohttp.ClientTimeout(total=timeout)
         try:
-            return await self._api.call_api(
-                path, method,
-                query_params=list((query or {}).items()),
-                header_params={"Accept": "application/json", "Content-Type": content_type},
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=(request_timeout if request_timeout is not None
-                                  else self._timeout),
-            )
+            session = self._connection()
+            await api.update_params_for_auth(headers, queries, ["BearerToken"])
+            url = api.configuration.host + path
+            if queries:
+                url += "?" + urlencode(queries)
+            return await session.request(
+                method, url, headers=headers, timeout=timeout,
+                data=None if body is None else orjson.dumps(body), **self._proxy)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise ApiError(f"cannot reach the Kubernetes API at {self.host} ({method} {path}): "
                            f"{type(exc).__name__}: {exc}; check the kubeconfig's server and "
@@ -227,6 +265,8 @@ class KubernetesCluster:
         await self._call("POST", _object_path(PODS, name, namespace, "eviction"), body=body)
 
     async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()  # not the connector: the client's, closed below
         await self._api.close()
 
 
