@@ -20,6 +20,7 @@ from dra_gateway.allocator.controller import Controller
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.kube.cluster.port import ApiError, Cluster
+from dra_gateway.kube.runtime.collector import keep_settled
 from dra_gateway.kube.runtime.leader import LeaderElector, LeaseSettings
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,9 @@ async def _main(args: argparse.Namespace) -> int:
                                           args.namespace, "strategy": args.strategy,
                                           "cluster": args.cluster})
     metrics = Metrics()
+    # The mirrors hold the cluster's pods and claims: keep full collections from walking them
+    # all while allocations wait (kube/runtime/collector.py).
+    settling = asyncio.create_task(keep_settled(), name="gc-settle")
     try:
         async with contextlib.AsyncExitStack() as stack:
             address = getattr(args, "metrics_address", None)
@@ -129,6 +133,8 @@ async def _main(args: argparse.Namespace) -> int:
                                     defrag_window=args.defrag_window),
                                 metrics=metrics, stop=stop)
     finally:
+        settling.cancel()
+        await asyncio.gather(settling, return_exceptions=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
