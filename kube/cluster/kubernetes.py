@@ -55,7 +55,7 @@ class KubernetesCluster:
         self._api = api
         self._timeout = request_timeout
         self._session: aiohttp.ClientSession | None = None
-        self._proxy: dict[str, Any] = {}
+        self._options: dict[str, Any] = {}  # every request's proxy and TLS server name
 
     @property
     def host(self) -> str:
@@ -92,18 +92,18 @@ class KubernetesCluster:
                 connector=rest.pool_manager.connector, connector_owner=False, trust_env=False,
                 read_bufsize=2**21)  # as the client's: big watch events
             if configuration.proxy:
-                self._proxy = {"proxy": configuration.proxy}
+                self._options = {"proxy": configuration.proxy}
                 if configuration.proxy_headers:
-                    self._proxy["proxy_headers"] = configuration.proxy_headers
+                    self._options["proxy_headers"] = configuration.proxy_headers
             else:
                 try:
                     proxy, proxy_auth = get_env_proxy_for_url(URL(configuration.host))
                 except LookupError:
                     pass
                 else:
-                    self._proxy = {"proxy": proxy, "proxy_auth": proxy_auth}
+                    self._options = {"proxy": proxy, "proxy_auth": proxy_auth}
             if configuration.tls_server_name:
-                self._proxy["server_hostname"] = configuration.tls_server_name
+                self._options["server_hostname"] = configuration.tls_server_name
         return self._session
 
     async def _send(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
@@ -125,7 +125,7 @@ class KubernetesCluster:
                 url += "?" + urlencode(queries)
             return await session.request(
                 method, url, headers=headers, timeout=timeout,
-                data=None if body is None else orjson.dumps(body), **self._proxy)
+                data=None if body is None else orjson.dumps(body), **self._options)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise ApiError(f"cannot reach the Kubernetes API at {self.host} ({method} {path}): "
                            f"{type(exc).__name__}: {exc}; check the kubeconfig's server and "
