@@ -68,35 +68,34 @@ def no_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-async def test_requests_go_through_the_environments_proxy_read_once(
-        tmp_path: Path, no_proxy_environment: pytest.MonkeyPatch) -> None:
-    memory = MemoryCluster()
-    async with serve(memory, token="t") as server, TunnelProxy().running() as proxy:
+async def _list_twice(tmp_path: Path, env: pytest.MonkeyPatch,
+                     no_proxy: str | None) -> tuple[str, list[str]]:
+    """List namespaces twice through the adapter with HTTP_PROXY naming a proxy (and NO_PROXY
+    when given), HTTP_PROXY unset between the two; the API's host:port and where the proxy's
+    connections went."""
+    async with serve(MemoryCluster(), token="t") as server, TunnelProxy().running() as proxy:
         kubeconfig = tmp_path / "kubeconfig"
         write_kubeconfig(kubeconfig, server.url, token="t")
-        no_proxy_environment.setenv("HTTP_PROXY", proxy.url)  # the simulator serves HTTP
+        env.setenv("HTTP_PROXY", proxy.url)  # the simulator serves HTTP
+        if no_proxy is not None:
+            env.setenv("NO_PROXY", no_proxy)
         cluster = await connect("kube", str(kubeconfig))
         try:
             await cluster.list(NAMESPACES)
-            no_proxy_environment.delenv("HTTP_PROXY")  # read once: still the proxy's
+            env.delenv("HTTP_PROXY")
             await cluster.list(NAMESPACES)
         finally:
             await cluster.close()
-    api = server.url.removeprefix("http://")
-    assert proxy.tunnels == [api, api]
+    return server.url.removeprefix("http://"), proxy.tunnels
+
+
+async def test_requests_go_through_the_environments_proxy_read_once(
+        tmp_path: Path, no_proxy_environment: pytest.MonkeyPatch) -> None:
+    api, tunnels = await _list_twice(tmp_path, no_proxy_environment, None)
+    assert tunnels == [api, api]  # read once: the second request still goes through it
 
 
 async def test_no_proxy_sends_requests_straight_to_the_api_server(
         tmp_path: Path, no_proxy_environment: pytest.MonkeyPatch) -> None:
-    memory = MemoryCluster()
-    async with serve(memory, token="t") as server, TunnelProxy().running() as proxy:
-        kubeconfig = tmp_path / "kubeconfig"
-        write_kubeconfig(kubeconfig, server.url, token="t")
-        no_proxy_environment.setenv("HTTP_PROXY", proxy.url)
-        no_proxy_environment.setenv("NO_PROXY", "127.0.0.1")
-        cluster = await connect("kube", str(kubeconfig))
-        try:
-            await cluster.list(NAMESPACES)
-        finally:
-            await cluster.close()
-    assert proxy.tunnels == []
+    _, tunnels = await _list_twice(tmp_path, no_proxy_environment, "127.0.0.1")
+    assert tunnels == []
