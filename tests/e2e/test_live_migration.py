@@ -118,8 +118,11 @@ def test_a_node_is_cut_over_while_a_legacy_pod_holds_two_cards_and_none_is_booke
         wait_until("the node plugin to report DRA",
                    lambda: condition(gateway).get("reason") == names.NODE_STATE_DRA, 30,
                    gateway.check)
+        # The condition is written as the republication starts, not after it: the cards
+        # follow within seconds.
+        wait_until("the four cards to be published",
+                   lambda: set(device_uuids(gateway).values()) == set(UUIDS), 30, gateway.check)
         uuids = device_uuids(gateway)
-        assert set(uuids.values()) == set(UUIDS)
         wait_until("four burst pods to be allocated",
                    lambda: len(burst_cards(gateway, uuids)) == 4, 90, gateway.check)
         assert sorted(burst_cards(gateway, uuids).values()) == sorted(UUIDS)
