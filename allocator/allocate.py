@@ -210,10 +210,7 @@ class PodAllocator:
     def observe_claims(self, writes: Sequence[Write]) -> None:
         """Apply our own writes to the mirror unless the watch already brought them (or later)."""
         for base_rv, written in writes:
-            stored = self.claims.get(*objects.namespace_name(written))
-            if (stored is not None and objects.resource_version(stored) == base_rv
-                    and objects.uid(stored) == objects.uid(written)):
-                self.claims.observe_write(written)
+            _observe(self.claims, base_rv, written)
 
     async def _ungate(self, key: PodKey, written: dict[str, str]) -> Outcome:
         pod = self.pods.get(key.namespace, key.name)
@@ -250,10 +247,7 @@ class PodAllocator:
             # The mirror shows the pod ungated now, not when its watch event comes: the
             # syncs our claim writes queued meanwhile end there instead of removing the gate
             # again (a read of every claim and a patch the API refuses).
-            stored = self.pods.get(key.namespace, key.name)
-            if stored is not None and objects.uid(stored) == key.uid \
-                    and objects.resource_version(stored) == objects.resource_version(pod):
-                self.pods.observe_write(ungated)
+            _observe(self.pods, objects.resource_version(pod), ungated)
             self.metrics.pods_allocated.inc()
             self.unplaceable.discard(key)
             self.pending.drop(key.uid)
@@ -261,6 +255,15 @@ class PodAllocator:
                 "pod": str(key), "claims": [objects.name(c) for c in gateway]})
             return "done"
         raise Conflict(f"pod {key} kept changing while its scheduling gate was being removed")
+
+
+def _observe(mirror: Informer, base_rv: str, written: Object) -> None:
+    """Apply our own write to `mirror` if it still holds the version the write was based on
+    (the watch has not brought it, or anything later, yet)."""
+    stored = mirror.get(*objects.namespace_name(written))
+    if (stored is not None and objects.resource_version(stored) == base_rv
+            and objects.uid(stored) == objects.uid(written)):
+        mirror.observe_write(written)
 
 
 __all__ = ["PodAllocator"]

@@ -31,11 +31,6 @@ class Replan(Exception):
     """The world changed under a plan (claim allocated elsewhere, deleted): plan again."""
 
 
-def pod_consumer(pod: Object) -> dict[str, str]:
-    """The pod as a claim's `status.reservedFor` names it."""
-    return {"resource": "pods", "name": objects.name(pod), "uid": objects.uid(pod)}
-
-
 async def write_allocation(cluster: Cluster, claim: Object, *, allocation: Mapping[str, Any],
                            annotations: Mapping[str, str], pod: Object, writes: list[Write],
                            stats: Stats, metrics: Metrics, fence: Fence = unfenced) -> None:
@@ -70,11 +65,11 @@ async def write_allocation(cluster: Cluster, claim: Object, *, allocation: Mappi
                 current = await cluster.update(RESOURCE_CLAIMS, updated, namespace=ns)
                 writes.append((base, current))
             updated = copy.deepcopy(current)
-            status = updated.get("status") or {}
-            reserved = [r for r in status.get("reservedFor") or ()
-                        if r.get("uid") != objects.uid(pod)]
-            updated["status"] = {**status, "allocation": allocation,
-                                 "reservedFor": [*reserved, pod_consumer(pod)]}
+            # An unallocated claim has no reservations (the API refuses them without an
+            # allocation): the pod is the first.
+            updated["status"] = {**(updated.get("status") or {}), "allocation": allocation,
+                                 "reservedFor": [{"resource": "pods", "name": objects.name(pod),
+                                                  "uid": objects.uid(pod)}]}
             base = objects.resource_version(current)
             fence()
             current = await cluster.update(RESOURCE_CLAIMS, updated, namespace=ns,
@@ -135,5 +130,4 @@ async def remove_gate(cluster: Cluster, key: PodKey, pod: Object, index: int, *,
                                patch_type="json")
 
 
-__all__ = ["Replan", "gate_index", "pod_consumer", "remove_gate", "still_allocated",
-           "write_allocation"]
+__all__ = ["Replan", "gate_index", "remove_gate", "still_allocated", "write_allocation"]

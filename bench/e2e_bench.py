@@ -192,21 +192,22 @@ _WRITES = ("POST", "PUT", "PATCH", "APPLY", "DELETE")
 
 def _api_writes(api: Api) -> Counter[tuple[str, str]]:
     """The API server's count of the write requests it answered, by (resource, verb)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     text = str(api.request("GET", "/metrics").get("text") or "")
     out: Counter[tuple[str, str]] = Counter()
-    for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{"):
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request":
             continue
-        labels_text, _, value = line.rpartition(" ")
-        labels = dict(part.split("=", 1) for part in
-                      labels_text[len("apiserver_request_total{"):-1].split(",") if "=" in part)
-        labels = {k: v.strip('"') for k, v in labels.items()}
-        verb = labels.get("verb", "")
-        resource = labels.get("resource", "")
-        if labels.get("subresource"):
-            resource += "/" + labels["subresource"]
-        if verb in _WRITES and resource in _POD_PATH_RESOURCES:
-            out[(resource, verb)] += int(float(value))
+        for sample in family.samples:
+            if sample.name != "apiserver_request_total":
+                continue
+            labels = sample.labels
+            resource = labels.get("resource", "")
+            if labels.get("subresource"):
+                resource += "/" + labels["subresource"]
+            if labels.get("verb") in _WRITES and resource in _POD_PATH_RESOURCES:
+                out[(resource, labels["verb"])] += int(sample.value)
     return out
 
 
@@ -214,7 +215,7 @@ def _processes(gateway: Any) -> dict[str, list[int]]:
     """The pids of the control plane's and the gateway's processes, by name (the node plugins
     together)."""
     out: dict[str, list[int]] = {}
-    for process in gateway.plane._processes.started:
+    for process in gateway.plane.processes:
         out.setdefault(process.name, []).append(process.popen.pid)
     for name, component in gateway.components.items():
         if component.process is not None:
@@ -480,7 +481,7 @@ def run(args: argparse.Namespace) -> int:
         print("|---|---|---|---|")
         for (resource, verb), count in sorted(writes.items()):
             if count:
-                print(f"| {resource} | {verb} | {count} | {count / created_pods:.2f} |")
+                print(f"| {resource} | {verb} | {count} | {count / max(created_pods, 1):.2f} |")
         total_writes = sum(writes.values())
         print(f"| all | | {total_writes} | {total_writes / max(created_pods, 1):.2f} |")
         print(f"\nCPU seconds each process used while the pods were placed ({created_pods} pods; "
