@@ -188,17 +188,18 @@ async def _serve(request: web.Request, endpoint: str,
                   else reviews.parse(body_read))
     except BadReview as exc:
         return _bad_request(state, endpoint, str(exc))
+    # Bounded below the API server's timeoutSeconds: past it the answer is lost anyway, and the
+    # API reads (a claim's classes, a template's creation) would hold on for the client's own
+    # 60 s. Only those reads wait, so only they carry the deadline: a review answered from the
+    # caches schedules no timer.
+    deadline = asyncio.get_running_loop().time() + state.settings.review_deadline
     try:
-        # Bounded below the API server's timeoutSeconds: past it the answer is lost anyway,
-        # and the API reads (a claim's classes, a template's creation) would hold on for the
-        # client's own 60 s.
-        async with asyncio.timeout(state.settings.review_deadline):
-            if endpoint == "mutate":
-                body = await _answer_mutate(state, review, mode)
-            elif endpoint == "validate-rules":
-                body = _answer_validate_rules(state, review)
-            else:
-                body = await _answer_validate(state, review, mode)
+        if endpoint == "mutate":
+            body = await _answer_mutate(state, review, mode, deadline)
+        elif endpoint == "validate-rules":
+            body = _answer_validate_rules(state, review)
+        else:
+            body = await _answer_validate(state, review, mode, deadline)
     except BadReview as exc:
         return _bad_request(state, endpoint, str(exc))
     except TimeoutError:
@@ -259,18 +260,20 @@ def _claim_refs(pod: dict[str, Any]) -> list[ClaimRef | None]:
     return out
 
 
-async def _claim_classes(state: WebhookState, namespace: str, pod: dict[str, Any]
-                         ) -> tuple[frozenset[str] | None, ...]:
+async def _claim_classes(state: WebhookState, namespace: str, pod: dict[str, Any],
+                         deadline: float) -> tuple[frozenset[str] | None, ...]:
     """The device classes of each pod claim's template or claim, read through the templates
-    cache (None where it names neither or does not exist yet)."""
+    cache (None where it names neither or does not exist yet); reads end at `deadline`."""
     out: list[frozenset[str] | None] = []
     for ref in _claim_refs(pod):
         if ref is None:
             out.append(None)
         elif ref[0] == "template":
-            out.append(await state.templates.classes(namespace, template=ref[1]))
+            out.append(await state.templates.classes(namespace, template=ref[1],
+                                                     deadline=deadline))
         else:
-            out.append(await state.templates.classes(namespace, claim=ref[1]))
+            out.append(await state.templates.classes(namespace, claim=ref[1],
+                                                     deadline=deadline))
     return tuple(out)
 
 
@@ -308,7 +311,8 @@ def _namespace(review: Review) -> str:
     return review.namespace or (ns if isinstance(ns, str) else "")
 
 
-async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMode) -> bytes:
+async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMode,
+                         deadline: float) -> bytes:
     if review.operation != "CREATE" or review.sub_resource:
         state.metrics.outcome("mutate", "allowed")
         return reviews.response(review.uid)
@@ -326,7 +330,7 @@ async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMod
         state.metrics.plan_miss.inc()
         reviews.check_pod_shape(review)
         # Natively written claims: their classes tell whether a gateway-class one is gated.
-        claim_classes = await _claim_classes(state, namespace, pod)
+        claim_classes = await _claim_classes(state, namespace, pod, deadline)
         decision = mutation.decide(pod, namespace, rules,
                                    class_lookup=_class_lookup(pod, claim_classes),
                                    extended=state.device_classes.extended, mode=mode,
@@ -339,7 +343,8 @@ async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMod
         return _refuse(state, "mutate", review, decision.refusal, decision.warnings)
     if decision.templates:
         try:
-            await state.templates.ensure(decision.templates, namespace, dry_run=review.dry_run)
+            await state.templates.ensure(decision.templates, namespace, dry_run=review.dry_run,
+                                         deadline=deadline)
         except TemplateConflict as exc:
             # Not retryable: the squatted name stays until someone deletes the template.
             return _refuse(state, "mutate", review, Refusal(CONFLICT_CODE, "AlreadyExists",
@@ -380,7 +385,8 @@ def _record_extended_uses(state: WebhookState, review: Review, decision: mutatio
                        "resources": list(use.resources)})
 
 
-async def _answer_validate(state: WebhookState, review: Review, mode: NamespaceMode) -> bytes:
+async def _answer_validate(state: WebhookState, review: Review, mode: NamespaceMode,
+                           deadline: float) -> bytes:
     if review.operation != "CREATE" or review.sub_resource:
         state.metrics.outcome("validate", "allowed")
         return reviews.response(review.uid)
@@ -400,7 +406,7 @@ async def _answer_validate(state: WebhookState, review: Review, mode: NamespaceM
     namespace = _namespace(review)
     under_review = PodUnderReview(
         pod=review.object, namespace=namespace, rules=rules,
-        claim_classes=await _claim_classes(state, namespace, review.object),
+        claim_classes=await _claim_classes(state, namespace, review.object, deadline),
         enforce=state.settings.enforce, extended=state.device_classes.extended,
         translation=held_back(review.object, namespace, mode),
         claim_requests=_claim_requests(state, namespace, review.object),

@@ -183,23 +183,28 @@ class Templates:
                 cache.pop(key, None)
 
     async def ensure(self, templates: Sequence[Mapping[str, Any]], namespace: str, *,
-                     dry_run: bool) -> int:
+                     dry_run: bool, deadline: float) -> int:
         """Make every template exist in `namespace`; returns how many were created.
 
-        Raises TemplateUnavailable naming the template and what to do.
+        `deadline` is the review's, in the event loop's time: reached first, it raises
+        TimeoutError for the review to answer; this call's own timeout raises
+        TemplateUnavailable naming the template and what to do.
         """
         missing = [t for t in templates
                    if ("template", namespace, t["metadata"]["name"]) not in self._known]
         if not missing or dry_run:
             return 0
         created = 0
+        own = asyncio.get_running_loop().time() + self._timeout
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout_at(min(own, deadline)):
                 # One after the other: the translator makes one template per pod, and a gather
                 # would leave the others running unsupervised when one fails.
                 for template in missing:
                     created += await self._ensure_one(template, namespace)
         except TimeoutError:
+            if deadline <= own:
+                raise
             self._metrics.template_creates.labels("failed").inc()
             names = ", ".join(t["metadata"]["name"] for t in missing)
             raise TemplateUnavailable(
@@ -295,9 +300,12 @@ class Templates:
         self._metrics.template_creates.labels("exists").inc()
         return stored
 
-    async def classes(self, namespace: str, *, template: str | None = None,
+    async def classes(self, namespace: str, *, deadline: float, template: str | None = None,
                       claim: str | None = None) -> frozenset[str] | None:
-        """Device classes of a template or claim, or None when it does not exist (yet)."""
+        """Device classes of a template or claim, or None when it does not exist (yet).
+
+        A read past `deadline` (the review's, in the event loop's time) raises TimeoutError.
+        """
         rt: ResourceType
         if template is not None:
             key: Key = ("template", namespace, template)
@@ -309,7 +317,8 @@ class Templates:
         if key in self._known and key in self._requests:
             return self._known[key]
         try:
-            obj = await self._cluster.get(rt, name, namespace=namespace)
+            async with asyncio.timeout_at(deadline):
+                obj = await self._cluster.get(rt, name, namespace=namespace)
         except NotFound:
             # Not cached: it may be created a moment later (a template made by hand).
             return None

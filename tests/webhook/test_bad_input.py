@@ -144,6 +144,25 @@ async def test_a_template_that_cannot_be_created_refuses_the_pod_as_retryable(
     assert answer["status"]["message"] == message.format(name=name)
 
 
+async def test_a_template_creation_that_outlasts_the_review_deadline_is_cut_there(
+    aiohttp_client: ClientFactory,
+) -> None:
+    # The template's own timeout is longer than what is left of the review: the review's
+    # deadline, which bounds every API call of the review together, answers first.
+    settings = WebhookSettings(template_timeout=5, review_deadline=0.3, watch_config_maps=False)
+    client = await aiohttp_client(create_app(settings, _BrokenTemplates("hang")))
+    started = asyncio.get_running_loop().time()
+    resp = await client.post("/mutate", data=orjson.dumps(review(hami_pod(), uid="t-2")))
+    assert asyncio.get_running_loop().time() - started < 3
+    answer = (await resp.json())["response"]
+    assert answer["allowed"] is False
+    assert answer["status"] == {
+        "code": 503, "reason": "Timeout",
+        "message": "the dra-gateway webhook could not read what it needs from the API server "
+                   "within 0.3s; the object was not admitted and can be retried (controllers "
+                   "retry on their own)"}
+
+
 async def test_an_unexpected_error_is_a_generic_refusal_logged_with_the_uid(
     client: Client, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
