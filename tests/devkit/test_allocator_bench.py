@@ -188,3 +188,59 @@ def test_defrag_moves_reports_retry_and_defrag_side_by_side(
     assert cli_main(["bench", "allocator", "--nodes", str(NODES), "--pods", str(PODS),
                      "--defrag-moves", "150"]) == 2
     assert "--defrag-moves is a percentage" in capsys.readouterr().err
+
+
+def _run_holding(cards: dict[tuple[str, str, str], list[int]]) -> bench.RunResult:
+    return bench.RunResult(ratio=0.0, unallocated=0.0, claims=0, seconds=0.0, per_claim_ms=[],
+                           wall_seconds=0.0, wall_per_claim_ms=[], placed_pods=0,
+                           failed_pods=0, cards=cards)
+
+
+def test_losses_sum_each_card_content_over_runs_largest_first() -> None:
+    first = _run_holding({("n1", "n1", "gpu-0"): [810], ("n1", "n1", "gpu-1"): [470, 470],
+                          ("n2", "n2", "gpu-0"): [1000], ("n2", "n2", "gpu-1"): [320, 650]})
+    second = _run_holding({("n1", "n1", "gpu-0"): [810], ("n1", "n1", "gpu-1"): [810],
+                           ("n2", "n2", "gpu-0"): [470, 470]})
+    # Five cards: the first run left one untouched, the second two; a full card loses nothing.
+    # Free thousandths: untouched 3000, beside a lone 810 3 x 190, 470+470 2 x 60, 650+320 30.
+    rows = bench.losses_of([first, second], total_gpus=5)
+    assert rows == [
+        {"holds": "", "cards": 1.5, "unallocated_gpus": 1.5, "share_of_unallocated": 80.6},
+        {"holds": "810", "cards": 1.5, "unallocated_gpus": 0.3, "share_of_unallocated": 15.3},
+        {"holds": "470+470", "cards": 1.0, "unallocated_gpus": 0.1, "share_of_unallocated": 3.2},
+        {"holds": "650+320", "cards": 0.5, "unallocated_gpus": 0.0, "share_of_unallocated": 0.8},
+    ]
+    assert bench.losses_of([first, second], total_gpus=5, rows=2)[-1] == {
+        "holds": "other", "cards": 1.5, "unallocated_gpus": 0.1, "share_of_unallocated": 4.0}
+
+
+def test_losses_account_for_every_unallocated_gpu_of_the_replays(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = _args(nodes=str(DATA / "openb_nodes_small.csv"),
+                 pods=str(DATA / "openb_pods_small.csv"), seeds="42-43",
+                 strategies=["default", "first-fit"], losses=True)
+    assert bench.main(args) == 0
+    for figures in json.loads(capsys.readouterr().out)["policies"].values():
+        rows = figures["losses"]
+        # Each row is rounded to a tenth of a GPU.
+        assert sum(row["unallocated_gpus"] for row in rows) == pytest.approx(
+            figures["unallocated_gpus"], abs=0.05 * len(rows) + 0.05)
+        assert sum(row["share_of_unallocated"] for row in rows) == pytest.approx(
+            100, abs=0.05 * len(rows))
+        ranked = [row["share_of_unallocated"] for row in rows if row["holds"] != "other"]
+        assert ranked == sorted(ranked, reverse=True)
+
+
+def test_losses_print_a_table_after_the_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli_main(["bench", "allocator", "--nodes", str(NODES), "--pods", str(PODS),
+                     "--strategy", "default", "--seeds", "7", "--losses"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "default: where the unallocated share lies (card holds, in thousandths)" in out
+    assert out.splitlines()[4] == ""
+
+
+def test_losses_are_refused_with_scale(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(_args(losses=True, scale="1,2")) == 2
+    assert "--losses reports the plain replays" in capsys.readouterr().err

@@ -63,6 +63,7 @@ MODEL_MEMORY_GIB: dict[str, int] = {
 _DEFAULT_MEMORY_GIB = 16
 _GIB = 1 << 30
 _MIB = 1 << 20
+_FULL = 1000  # a whole card, in thousandths (the trace's gpu_milli)
 
 
 class TraceError(ValueError):
@@ -333,6 +334,8 @@ class RunResult:
     wall_per_claim_ms: list[float]
     placed_pods: int
     failed_pods: int
+    # With `losses`: per card, the GPU shares (thousandths) the pods placed on it hold.
+    cards: dict[tuple[str, str, str], list[int]] | None = None
 
 
 NAMESPACES = 200
@@ -389,8 +392,10 @@ class _Replay:
 
     def __init__(self, cluster: Cluster, translator: Translator, *, strategy: str,
                  workload: Workload, catalog: Catalog | None, namespaces: bool,
-                 keep: bool = False) -> None:
+                 keep: bool = False, losses: bool = False) -> None:
         self.translator = translator
+        # With `losses`, what each card holds, for where the unallocated share lies.
+        self.cards: dict[tuple[str, str, str], list[int]] | None = {} if losses else None
         # With `keep`, every pod as it ended (placed: bound, its claims allocated; or not) and
         # its GPU share, for what runs after the replay (defrag).
         self.keep = keep
@@ -437,6 +442,12 @@ class _Replay:
         self.placed += 1
         self.claims_placed += len(claims)
         self.allocated += trace_pod.gpu_share
+        if self.cards is not None and trace_pod.num_gpu:
+            share = trace_pod.gpu_milli if trace_pod.num_gpu == 1 else _FULL
+            for allocation in plan.allocations.values():
+                for result in (allocation.get("devices") or {}).get("results") or ():
+                    self.cards.setdefault((plan.node_name, result["pool"], result["device"]),
+                                          []).append(min(share, _FULL))
 
     def result(self) -> RunResult:
         total = self.total_gpus
@@ -444,7 +455,7 @@ class _Replay:
                          unallocated=total - self.allocated, claims=self.claims_placed,
                          seconds=self.seconds, per_claim_ms=self.per_claim,
                          wall_seconds=self.wall_seconds, wall_per_claim_ms=self.per_claim_wall,
-                         placed_pods=self.placed, failed_pods=self.failed)
+                         placed_pods=self.placed, failed_pods=self.failed, cards=self.cards)
 
 
 def replay(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *,
@@ -457,7 +468,7 @@ def replay(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *
 def side_by_side(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *,
                  strategy: str, load: float, seed: int, workload: Workload,
                  catalogs: Sequence[Catalog | None], namespaces: bool = False,
-                 ) -> list[RunResult]:
+                 losses: bool = False) -> list[RunResult]:
     """One replay per catalog (None: no policies), pod by pod side by side: each pod is
     placed in every configuration before the next pod, first in each in turn, so that
     the configurations see the same machine at the same moments (a shared machine's speed
@@ -467,7 +478,8 @@ def side_by_side(cluster: Cluster, translator: Translator, pods: Sequence[TraceP
     gc.collect()
     gc.freeze()
     replays = [_Replay(cluster, translator, strategy=strategy, workload=workload,
-                       catalog=catalog, namespaces=namespaces) for catalog in catalogs]
+                       catalog=catalog, namespaces=namespaces, losses=losses)
+               for catalog in catalogs]
     for n, trace_pod in enumerate(sample(pods, cluster.total_gpus, load, seed)):
         if n % 1000 == 999:
             # Outside the timed region, what the replays have kept so far joins the frozen
@@ -523,7 +535,9 @@ def resident_mib() -> float:
 
 def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: float,
         seeds: Sequence[int], gpu_policies_too: bool = False,
-        scales: Sequence[int] = ()) -> dict[str, dict[str, float]]:
+        scales: Sequence[int] = (), losses: bool = False) -> dict[str, dict[str, Any]]:
+    """Per configuration, the summary of its replays (`_summary`); with `losses`, also where
+    the unallocated share lies at their end (`losses_of`)."""
     if scales:
         return run_scales(nodes_path, pods_path, strategies=strategies, load=load, seeds=seeds,
                           scales=scales)
@@ -532,7 +546,7 @@ def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: f
     cluster = Cluster(nodes)
     translator = Translator()
     workload = trace_workload(pods)
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, Any]] = {}
     catalog = gpu_policies(cluster.total_gpus) if gpu_policies_too else None
     for strategy in strategies:
         configurations: dict[str, list[RunResult]] = {strategy: []}
@@ -544,11 +558,13 @@ def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: f
             # Side by side, pod by pod: both configurations see the same machine load.
             results_ = side_by_side(cluster, translator, pods, strategy=strategy, load=load,
                                     seed=seed, workload=workload, catalogs=catalogs,
-                                    namespaces=catalog is not None)
+                                    namespaces=catalog is not None, losses=losses)
             for runs_, result in zip(configurations.values(), results_, strict=True):
                 runs_.append(result)
         for label, runs in configurations.items():
-            results[label] = _summary(runs)
+            results[label] = dict(_summary(runs))
+            if losses:
+                results[label]["losses"] = losses_of(runs, cluster.total_gpus)
         if catalog is not None:
             base = results[strategy]["claims_per_second"]
             results[f"{strategy}+policies"]["claims_per_second_ratio"] = round(
@@ -557,7 +573,7 @@ def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: f
 
 
 def run_scales(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: float,
-               seeds: Sequence[int], scales: Sequence[int]) -> dict[str, dict[str, float]]:
+               seeds: Sequence[int], scales: Sequence[int]) -> dict[str, dict[str, Any]]:
     """Per strategy and scale, the replay of the trace multiplied (`scaled`), with the
     resident memory the replay's state added to the process, and claims/s as a ratio of the
     first scale's (in one run, on one machine)."""
@@ -565,7 +581,7 @@ def run_scales(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], 
     base_pods = read_pods(pods_path)
     translator = Translator()
     workload = trace_workload(base_pods)
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, Any]] = {}
     for strategy in strategies:
         first: float | None = None
         for factor in scales:
@@ -612,7 +628,57 @@ def _summary(runs: Sequence[RunResult]) -> dict[str, float]:
     }
 
 
-def _table(results: Mapping[str, Mapping[str, float]], seeds: Sequence[int]) -> str:
+def losses_of(runs: Sequence[RunResult], total_gpus: int, *, rows: int = 12,
+              ) -> list[dict[str, Any]]:
+    """Where the unallocated GPU share lies at the end of the replays: per content of a card
+    (the shares it holds, largest first; "" for a card nothing was placed on), the cards that
+    end so and their free share in GPUs, both a mean over the runs, largest first; the rest
+    summed in a last row "other"."""
+    free: Counter[tuple[int, ...]] = Counter()
+    cards: Counter[tuple[int, ...]] = Counter()
+    for run_ in runs:
+        held = run_.cards or {}
+        for shares in held.values():
+            left = _FULL - sum(shares)
+            if left > 0:
+                content = tuple(sorted(shares, reverse=True))
+                free[content] += left
+                cards[content] += 1
+        untouched = total_gpus - len(held)
+        if untouched:
+            free[()] += untouched * _FULL
+            cards[()] += untouched
+    count = len(runs) or 1
+    total = sum(free.values()) or 1
+    out: list[dict[str, Any]] = []
+    ordered = free.most_common()
+    for content, left in ordered[:rows]:
+        out.append({"holds": "+".join(map(str, content)), "cards": round(cards[content] / count, 1),
+                    "unallocated_gpus": round(left / _FULL / count, 1),
+                    "share_of_unallocated": round(100 * left / total, 1)})
+    rest = ordered[rows:]
+    if rest:
+        left = sum(v for _, v in rest)
+        out.append({"holds": "other", "cards": round(sum(cards[c] for c, _ in rest) / count, 1),
+                    "unallocated_gpus": round(left / _FULL / count, 1),
+                    "share_of_unallocated": round(100 * left / total, 1)})
+    return out
+
+
+def _losses_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    lines: list[str] = []
+    for label, r in results.items():
+        if "losses" not in r:
+            continue
+        lines += ["", f"{label}: where the unallocated share lies (card holds, in thousandths)",
+                  f"{'holds':<24} {'cards':>8} {'unalloc GPUs':>12} {'% of unalloc':>12}"]
+        lines += [f"{row['holds'] or '(nothing)':<24} {row['cards']:>8.1f} "
+                  f"{row['unallocated_gpus']:>12.1f} {row['share_of_unallocated']:>12.1f}"
+                  for row in r["losses"]]
+    return "\n".join(lines)
+
+
+def _table(results: Mapping[str, Mapping[str, Any]], seeds: Sequence[int]) -> str:
     width = max([10, *(len(p) for p in results)])
     header = (f"{'policy':<{width}} {'GPU alloc %':>11} {'unalloc GPUs':>12} {'claims/s':>9} "
               f"{'p50 ms':>7} {'p99 ms':>7}")
@@ -660,6 +726,11 @@ def main(args: argparse.Namespace) -> int:
         print("dra-gateway bench allocator: --scale measures the planner alone; run it without "
               "--defrag-moves and --gpu-policies", file=sys.stderr)
         return 2
+    losses = getattr(args, "losses", False)
+    if losses and (percent is not None or getattr(args, "scale", None)):
+        print("dra-gateway bench allocator: --losses reports the plain replays; run it without "
+              "--defrag-moves and --scale", file=sys.stderr)
+        return 2
     try:
         seeds = parse_seeds(args.seeds)
         if percent is not None:
@@ -671,7 +742,7 @@ def main(args: argparse.Namespace) -> int:
             results = run(Path(args.nodes), Path(args.pods), strategies=strategies,
                           load=args.load, seeds=seeds,
                           gpu_policies_too=getattr(args, "gpu_policies", False),
-                          scales=parse_scales(getattr(args, "scale", None)))
+                          scales=parse_scales(getattr(args, "scale", None)), losses=losses)
     except TraceError as exc:
         print(f"dra-gateway bench allocator: {exc}", file=sys.stderr)
         return 2
@@ -682,5 +753,5 @@ def main(args: argparse.Namespace) -> int:
     elif args.output == "json":
         print(json.dumps({"policies": results, "seeds": seeds, "load": args.load}, indent=2))
     else:
-        print(_table(results, seeds))
+        print(_table(results, seeds) + ("\n" + _losses_table(results) if losses else ""))
     return 0

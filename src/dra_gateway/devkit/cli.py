@@ -131,6 +131,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                         help="after each replay, retry the pods that did not fit, then let "
                         "defrag move at most P%% of the pods placed to place them; report GPU "
                         "allocation before, after retrying and after defrag")
+    replay.add_argument("--losses", action="store_true",
+                        help="also report where the unallocated GPU share lies at the end of "
+                        "the replays: per content of a card (the shares it holds), the cards "
+                        "and their free share")
     replay.add_argument("-o", "--output", choices=("table", "json"), default="table")
     replay.set_defaults(func=_run_bench)
 
