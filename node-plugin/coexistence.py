@@ -2,9 +2,11 @@
 
 `LegacyCoexistence` asks the kubelet's pod-resources API every few seconds (`--legacy-poll-
 interval`), lets `legacy.decide` judge, and on any change calls `on_change`, through which the
-plugin republishes its slices via the one `Publisher` (so slices stay deterministic), then sets
-the Node condition `DraGatewayMigration` and the metrics. Until the first answer it withholds
-every card: publishing first and asking after would offer cards a legacy pod holds.
+plugin republishes its slices via the one `Publisher` (so slices stay deterministic), and sets the
+metrics; the Node condition `DraGatewayMigration` follows once the slices show the verdict
+(`published`), so a node never says DRA before its freed cards can be allocated. Until the first
+answer it withholds every card: publishing first and asking after would offer cards a legacy pod
+holds.
 
 When the socket cannot be read it falls back to the Node's status.allocatable (see `legacy`), and
 logs why once per distinct failure rather than every poll. It never stops the plugin: every
@@ -15,8 +17,9 @@ Node's condition.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,13 +66,17 @@ class LegacyCoexistence:
 
     def __init__(self, settings: CoexistenceSettings, cluster: Cluster, *, node_name: str,
                  cards: Callable[[], Sequence[Card]], on_change: Callable[[], None],
+                 published: Callable[[], Awaitable[object]] | None = None,
                  metrics: Metrics | None = None, client: PodResourcesClient | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        """`published` returns once the slices show the devices `on_change` last set (None: the
+        condition is written as the verdict changes, for callers that publish nothing)."""
         self.settings = settings
         self._cluster = cluster
         self._node_name = node_name
         self._cards = cards
         self._on_change = on_change
+        self._published = published
         self._metrics = metrics or Metrics()
         self._client = client or PodResourcesClient(settings.socket,
                                                     timeout_seconds=settings.timeout_seconds)
@@ -82,6 +89,7 @@ class LegacyCoexistence:
         self._asked = False
         self.verdict: Verdict | None = None
         self._reported: tuple[str, str] | None = None  # (state, message) on the Node
+        self._unreported = asyncio.Event()  # a verdict waits to be written on the Node
         self._transition = ""
         self._logged_error = ""
 
@@ -141,7 +149,10 @@ class LegacyCoexistence:
                      extra={"migrationState": verdict.state,
                             "withheldDevices": len(verdict.withheld)})
             self._on_change()
-        await self._report(verdict)
+        if self._published is None:
+            await self._report(verdict)
+        elif self._reported != (verdict.state, verdict.message):
+            self._unreported.set()  # for `run()`'s reporter, once the slices show it
         return verdict
 
     async def _read_node(self) -> Mapping[str, str] | None:
@@ -191,7 +202,11 @@ class LegacyCoexistence:
         self._reported = (verdict.state, verdict.message)
 
     async def run(self) -> None:
-        """Poll until cancelled; the first poll is the caller's (`check`), before publishing."""
+        """Poll until cancelled; the first poll is the caller's (`check`), before publishing.
+        With `published`, the condition is written beside the polls, once the slices show the
+        verdict: the polls go on meanwhile (a legacy pod that starts is withheld at once)."""
+        reporter = (asyncio.create_task(self._report_published(), name="migration-condition")
+                    if self._published is not None else None)
         try:
             while True:
                 await asyncio.sleep(self.settings.poll_seconds)
@@ -201,4 +216,20 @@ class LegacyCoexistence:
                     log.exception("checking legacy GPU devices failed unexpectedly; the last "
                                   "verdict stands and the next poll tries again")
         finally:
+            if reporter is not None:
+                reporter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reporter
             await self._client.close()
+
+    async def _report_published(self) -> None:
+        """Write each verdict on the Node once the slices show it; one overtaken by a newer
+        verdict while its slices were being written is skipped for the newer one."""
+        assert self._published is not None
+        while True:
+            await self._unreported.wait()
+            self._unreported.clear()
+            verdict = self.verdict
+            await self._published()
+            if verdict is not None and verdict == self.verdict:
+                await self._report(verdict)

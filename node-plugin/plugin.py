@@ -113,7 +113,8 @@ class NodePlugin:
                              metrics=self.metrics)
         self.coexistence = LegacyCoexistence(
             settings.coexistence, cluster, node_name=settings.node_name, cards=self.cards,
-            on_change=self._legacy_changed, metrics=self.metrics)
+            on_change=self._legacy_changed, published=self._slices_published,
+            metrics=self.metrics)
         self.publisher = Publisher(
             cluster, node_name=settings.node_name, driver=settings.driver,
             max_devices=MAX_DEVICES_PER_SLICE_WITH_TAINTS if settings.device_taints
@@ -156,6 +157,10 @@ class NodePlugin:
 
     def _legacy_changed(self) -> None:
         self.publisher.set_devices(self.devices())
+
+    async def _slices_published(self) -> None:
+        """Until the slices show the devices set last (the publisher's pass after a change)."""
+        await self.publisher.synced.wait()
 
     # Consumable capacity --------------------------------------------------------------------
 

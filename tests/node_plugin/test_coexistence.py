@@ -122,6 +122,16 @@ async def _condition(cluster: MemoryCluster) -> dict[str, Any] | None:
     return None
 
 
+async def _condition_written(cluster: MemoryCluster) -> dict[str, Any]:
+    """The node's migration condition, once written (it follows the slices' publication)."""
+    async def written() -> bool:
+        return await _condition(cluster) is not None
+    await _eventually(written, 5)
+    condition = await _condition(cluster)
+    assert condition is not None
+    return condition
+
+
 def _gauge(plugin: NodePlugin, name: str, **labels: str) -> float | None:
     return plugin.metrics.registry.get_sample_value(f"dra_gateway_node_plugin_{name}", labels)
 
@@ -188,8 +198,7 @@ async def test_cards_legacy_pods_hold_come_back_once_those_pods_end(
         settings = plugin_settings(root, poll_seconds=0.1)
         async with running_plugin(root, cluster, h100x8, settings) as plugin:
             assert await _settled(plugin, cluster) == [d for d in EVERY_CARD if d != "gpu-3"]
-            condition = await _condition(cluster)
-            assert condition is not None
+            condition = await _condition_written(cluster)
             assert (condition["status"], condition["reason"], condition["message"]) == (
                 "True", names.NODE_STATE_CUTTING_OVER,
                 "1 of 8 card(s) held by legacy pods: ml/train (nvidia.com/gpu); withheld "
@@ -212,6 +221,50 @@ async def test_cards_legacy_pods_hold_come_back_once_those_pods_end(
             assert _gauge(plugin, "migration_state", state="CuttingOver") == 0
 
 
+async def test_the_node_says_dra_only_once_its_freed_cards_are_published(
+        podresources_tool: Path, root: Path, cluster: MemoryCluster, h100x8: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # An API server slow to take the slices: the condition must not run ahead of them (a
+    # migration waiting for DRA would send pods to cards the scheduler cannot see yet).
+    slices_open = asyncio.Event()
+    slices_open.set()
+    for verb in ("create", "update"):
+        original = getattr(cluster, verb)
+
+        async def held(rt: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            if rt is RESOURCE_SLICES:
+                await slices_open.wait()
+            return await _original(rt, *args, **kwargs)
+        monkeypatch.setattr(cluster, verb, held)
+    async with _kubelet(podresources_tool, root) as state:
+        _write_state(state, allocatable={"nvidia.com/gpu": []},
+                     held=[("train", "ml", "nvidia.com/gpu", [CARD_3])])
+        settings = plugin_settings(root, poll_seconds=0.1)
+        async with running_plugin(root, cluster, h100x8, settings) as plugin:
+            await _settled(plugin, cluster)
+            assert (await _condition_written(cluster))["reason"] == names.NODE_STATE_CUTTING_OVER
+
+            slices_open.clear()
+            _write_state(state, allocatable={"nvidia.com/gpu": []})
+
+            async def judged() -> bool:
+                return _gauge(plugin, "legacy_held_cards") == 0
+            await _eventually(judged, 5)
+            await asyncio.sleep(0.5)  # five polls more
+            condition = await _condition(cluster)
+            assert condition is not None
+            assert condition["reason"] == names.NODE_STATE_CUTTING_OVER
+            assert "gpu-3" not in await _published(cluster)
+
+            slices_open.set()
+
+            async def dra() -> bool:
+                condition = await _condition(cluster)
+                return condition is not None and condition["reason"] == names.NODE_STATE_DRA
+            await _eventually(dra, 5)
+            assert await _published(cluster) == EVERY_CARD
+
+
 async def test_while_a_legacy_plugin_offers_gpus_no_card_is_published(
         podresources_tool: Path, root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
     async with _kubelet(podresources_tool, root) as state:
@@ -219,8 +272,7 @@ async def test_while_a_legacy_plugin_offers_gpus_no_card_is_published(
         settings = plugin_settings(root, poll_seconds=0.1)
         async with running_plugin(root, cluster, h100x8, settings) as plugin:
             assert await _settled(plugin, cluster) == []
-            condition = await _condition(cluster)
-            assert condition is not None
+            condition = await _condition_written(cluster)
             assert condition["reason"] == names.NODE_STATE_LEGACY
 
             _write_state(state, allocatable={"nvidia.com/gpu": []})
@@ -256,8 +308,7 @@ async def test_without_the_socket_a_node_offering_legacy_gpus_publishes_nothing(
     await cluster.update(NODES, node, subresource="status")
     async with running_plugin(root, cluster, h100x8) as plugin:
         assert await _settled(plugin, cluster) == []
-        condition = await _condition(cluster)
-    assert condition is not None
+        condition = await _condition_written(cluster)
     assert condition["reason"] == names.NODE_STATE_LEGACY
     assert condition["message"] == (
         "the Node's allocatable offers nvidia.com/gpu and the kubelet's pod-resources API "
@@ -271,9 +322,8 @@ async def test_without_the_socket_a_node_that_never_offered_legacy_gpus_publishe
         root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
     async with running_plugin(root, cluster, h100x8) as plugin:
         assert await _settled(plugin, cluster) == EVERY_CARD
-        condition = await _condition(cluster)
+        condition = await _condition_written(cluster)
         assert _gauge(plugin, "pod_resources_up") == 0
-    assert condition is not None
     assert condition["reason"] == names.NODE_STATE_DRA
 
 
