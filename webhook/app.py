@@ -21,7 +21,6 @@ This module must not translate, decide policy or talk to Kubernetes itself.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Collection, Sequence
@@ -191,8 +190,9 @@ async def _serve(request: web.Request, endpoint: str,
     # Bounded below the API server's timeoutSeconds: past it the answer is lost anyway, and the
     # API reads (a claim's classes, a template's creation) would hold on for the client's own
     # 60 s. Only those reads wait, so only they carry the deadline: a review answered from the
-    # caches schedules no timer.
-    deadline = asyncio.get_running_loop().time() + state.settings.review_deadline
+    # caches schedules no timer. (time.monotonic, not the loop's clock: asyncio's
+    # get_running_loop asks the kernel for the process id on every call.)
+    deadline = time.monotonic() + state.settings.review_deadline
     try:
         if endpoint == "mutate":
             body = await _answer_mutate(state, review, mode, deadline)

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import copy
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -186,7 +187,7 @@ class Templates:
                      dry_run: bool, deadline: float) -> int:
         """Make every template exist in `namespace`; returns how many were created.
 
-        `deadline` is the review's, in the event loop's time: reached first, it raises
+        `deadline` is the review's, in time.monotonic() seconds: reached first, it raises
         TimeoutError for the review to answer; this call's own timeout raises
         TemplateUnavailable naming the template and what to do.
         """
@@ -195,9 +196,10 @@ class Templates:
         if not missing or dry_run:
             return 0
         created = 0
-        own = asyncio.get_running_loop().time() + self._timeout
+        now = time.monotonic()
+        own = now + self._timeout
         try:
-            async with asyncio.timeout_at(min(own, deadline)):
+            async with asyncio.timeout(min(own, deadline) - now):
                 # One after the other: the translator makes one template per pod, and a gather
                 # would leave the others running unsupervised when one fails.
                 for template in missing:
@@ -304,7 +306,7 @@ class Templates:
                       claim: str | None = None) -> frozenset[str] | None:
         """Device classes of a template or claim, or None when it does not exist (yet).
 
-        A read past `deadline` (the review's, in the event loop's time) raises TimeoutError.
+        A read past `deadline` (the review's, in time.monotonic() seconds) raises TimeoutError.
         """
         rt: ResourceType
         if template is not None:
@@ -317,7 +319,7 @@ class Templates:
         if key in self._known and key in self._requests:
             return self._known[key]
         try:
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout(deadline - time.monotonic()):
                 obj = await self._cluster.get(rt, name, namespace=namespace)
         except NotFound:
             # Not cached: it may be created a moment later (a template made by hand).
