@@ -3,7 +3,7 @@
 `NodeClasses` groups nodes into equivalence classes: nodes with interchangeable devices, the
 same usage of each, the same free CPU and memory and the same taints plan identically, so the
 planner evaluates one node per class and memoises the result (`memo`, `memo_old`) and keeps a
-ranking of classes per pod signature (`rankings`, caught up from `group_log`). With sharing
+ranking of classes per pod signature (`rankings`, caught up from `joined`). With sharing
 policies in force, the usage of a card includes what its holders bring to the sharing rules
 (`memokeys.card_fact`: their tenant when isolated, their count near a maxClaimsPerDevice;
 nothing for a card held whole, which nobody joins), or isolation would be memoised away, and no
@@ -56,8 +56,11 @@ class NodeClasses:
         self._static_sig: dict[str, int] = {}
         self.memo: dict[tuple[object, ...], Any] = {}
         self.memo_old: dict[tuple[object, ...], Any] = {}
-        # Classes created or joined, in order: rankings of pod signatures catch up from here.
-        self.group_log: list[tuple[object, ...]] = []
+        # Every class that has members, by the sequence number of its last creation or join,
+        # oldest first: rankings of pod signatures catch up from here (`joined_since`), never
+        # reading classes that emptied meanwhile.
+        self.joined: dict[tuple[object, ...], int] = {}
+        self.joins = 0
         # Classes a node left (or that emptied), in order: the rankings' counts of the nodes
         # each reason bars follow them (`visit.caught_up`).
         self.left_log: list[tuple[object, ...]] = []
@@ -86,8 +89,7 @@ class NodeClasses:
 
     def refresh(self) -> None:
         """Move dirty nodes to the equivalence class of their current state."""
-        if len(self.group_log) > 200_000 or len(self.left_log) > 200_000:
-            self.group_log.clear()
+        if len(self.left_log) > 200_000:
             self.left_log.clear()
             self.rankings.clear()
         nodes = self._nodes
@@ -99,6 +101,7 @@ class NodeClasses:
                     members.remove(node)
                     if not members:
                         del self.groups[old]
+                        del self.joined[old]
                     self.left_log.append(old)
             info = nodes.get(node)
             if info is None or not info.known:
@@ -109,8 +112,20 @@ class NodeClasses:
             if members is None:
                 members = self.groups[key] = []
             insort(members, node)
-            self.group_log.append(key)
+            self.joined.pop(key, None)
+            self.joined[key] = self.joins
+            self.joins += 1
         self.dirty.clear()
+
+    def joined_since(self, position: int) -> list[tuple[object, ...]]:
+        """The classes with members created or joined at or after `position` (a `joins`)."""
+        since: list[tuple[object, ...]] = []
+        joined = self.joined
+        for key in reversed(joined):
+            if joined[key] < position:
+                break
+            since.append(key)
+        return since
 
     def group_key(self, node: str) -> tuple[object, ...]:
         info = self._nodes[node]

@@ -78,7 +78,6 @@ class ClusterState:
         self.node_used = self.ledger.node_used
         self.node_group = self.node_classes.node_group
         self.groups = self.node_classes.groups
-        self.group_log = self.node_classes.group_log
         self.rankings = self.node_classes.rankings
         self.verdicts = self.compiled.verdicts
 

@@ -3,11 +3,11 @@
 `PodContext` is one pod's planning: it searches a node class once (`NodeSearch`, memoised in
 `ClusterState.memo` per class state, claim shape and the part of the rules the class's held
 cards make relevant, `memokeys.memo_rules`) and scores the result. Pods the rankings can serve
-walk their pod signature's `Ranking` best first (`caught_up`: brought up to date from the log
-of classes that changed; `walk_ranking`: each class's score under the pod's own rules, asking
-`refused_picks` of the cards the ranked search picked); the others take a full pass
-(`scan_classes`, `feasible_nodes`). Cheap checks (`fits_node`: CPU, memory, taints) prune
-classes before any search; `score` is the packing strategy's score of a node's placement.
+walk their pod signature's `Ranking` best first (`caught_up`: brought up to date with the
+classes created or joined since, and those left; `walk_ranking`: each class's score under the
+pod's own rules, asking `refused_picks` of the cards the ranked search picked); the others take
+a full pass (`scan_classes`, `feasible_nodes`). Cheap checks (`fits_node`: CPU, memory, taints)
+prune classes before any search; `score` is the packing strategy's score of a node's placement.
 `plan.plan_pod` decides which walk, around the quotas. Pure: no I/O.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,8 +222,9 @@ class Ranking:
     Entries are (score, first member, class key). A class's score never changes (the class
     key is its whole state), so an entry only goes stale when its class empties or its first
     member changes; both are checked when the entry reaches the top. Classes created or joined
-    since the signature was last planned are read from the state's log and evaluated then, so
-    a pod costs the classes that changed, not the cluster. `failures` keeps why the other
+    since the signature was last planned (`position`, a `NodeClasses.joins`) and still with
+    members are read from `NodeClasses.joined` and evaluated then, so a pod costs the classes
+    that changed, not the cluster. `failures` keeps why the other
     classes do not fit, for the reason of an unplaceable pod. `ruled` keeps, per class and
     the part of a pod's rules its ranking leaves out (tenant, maxClaimsPerDevice), the score
     and devices under those rules, read again by the next pods alike (a class key is its
@@ -266,18 +267,19 @@ def caught_up(ctx: PodContext, pod_sig: tuple[object, ...]) -> Ranking:
     it was last read."""
     state = ctx.state
     ranking: Ranking | None = state.rankings.get(pod_sig)
-    log = state.group_log
-    fresh: Iterable[tuple[object, ...]]
-    left_log = state.node_classes.left_log
+    classes = state.node_classes
+    left_log = classes.left_log
+    fresh: Collection[tuple[object, ...]]
     left: Iterable[tuple[object, ...]] = ()
     if ranking is None:
-        ranking = Ranking([], len(log), {}, left_position=len(left_log))
+        ranking = Ranking([], classes.joins, {}, left_position=len(left_log))
         state.rankings[pod_sig] = ranking
         fresh = list(state.groups)
     else:
-        # Only classes created or joined since: at most the nodes that changed.
-        fresh = set(log[ranking.position:])
-        ranking.position = len(log)
+        # Only classes created or joined since, that still have members: at most the nodes
+        # that changed. A class that emptied meanwhile is among those left.
+        fresh = set(classes.joined_since(ranking.position))
+        ranking.position = classes.joins
         left = set(left_log[ranking.left_position:])
         ranking.left_position = len(left_log)
         if len(ranking.heap) > 2 * len(state.groups) + 64:
@@ -291,10 +293,7 @@ def caught_up(ctx: PodContext, pod_sig: tuple[object, ...]) -> Ranking:
         if group_key not in fresh:
             ranking.recount(group_key, groups.get(group_key))
     for group_key in fresh:
-        members = groups.get(group_key)
-        if not members:
-            ranking.recount(group_key, members)
-            continue
+        members = groups[group_key]
         if group_key in failures:  # a class's state is its key: it fails as it did
             ranking.recount(group_key, members)
             continue
