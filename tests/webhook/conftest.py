@@ -38,6 +38,14 @@ def plain_pod(namespace: str = "inference") -> dict[str, Any]:
                                      "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]}}
 
 
+def deadline_refusal(seconds: str) -> dict[str, Any]:
+    """The status of a review cut at its deadline (`review_deadline`, as the message writes it)."""
+    return {"code": 503, "reason": "Timeout",
+            "message": "the dra-gateway webhook could not read what it needs from the API server "
+                       f"within {seconds}s; the object was not admitted and can be retried "
+                       "(controllers retry on their own)"}
+
+
 def review(pod: dict[str, Any], *, uid: str | None = None, operation: str = "CREATE",
            dry_run: bool = False, namespace: str | None = None) -> dict[str, Any]:
     meta = pod.get("metadata") or {}
