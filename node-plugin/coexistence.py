@@ -218,7 +218,7 @@ class LegacyCoexistence:
         finally:
             if reporter is not None:
                 reporter.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await reporter
             await self._client.close()
 
@@ -230,6 +230,10 @@ class LegacyCoexistence:
             await self._unreported.wait()
             self._unreported.clear()
             verdict = self.verdict
-            await self._published()
-            if verdict is not None and verdict == self.verdict:
-                await self._report(verdict)
+            try:
+                await self._published()
+                if verdict is not None and verdict == self.verdict:
+                    await self._report(verdict)
+            except Exception:  # a bug here must not end the reporting, nor the plugin
+                log.exception("writing the migration condition failed unexpectedly; the next "
+                              "poll tries again")

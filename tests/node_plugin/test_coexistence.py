@@ -26,10 +26,11 @@ from gotools import build_go_tool
 
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
-from dra_gateway.node_plugin.coexistence import CoexistenceSettings
+from dra_gateway.node_plugin.coexistence import CoexistenceSettings, LegacyCoexistence
 from dra_gateway.node_plugin.inventory import load_inventory
-from dra_gateway.node_plugin.legacy import Holder, KubeletView
+from dra_gateway.node_plugin.legacy import Card, Holder, KubeletView
 from dra_gateway.node_plugin.plugin import NodePlugin
 from dra_gateway.node_plugin.podresources import PodResourcesClient, PodResourcesError
 from dra_gateway.node_plugin.prepare import ClaimRef
@@ -346,3 +347,60 @@ async def test_with_coexistence_off_every_card_is_published_and_no_condition_wri
     async with running_plugin(root, cluster, h100x8, settings) as plugin:
         assert await _settled(plugin, cluster) == EVERY_CARD
         assert await _condition(cluster) is None
+
+
+class _QuietKubelet:
+    """A kubelet whose pod-resources API shows no legacy device plugin."""
+
+    async def read(self) -> KubeletView:
+        return KubeletView()
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_the_condition_follows_publication_and_outlives_failures(
+        cluster: MemoryCluster, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    shown = asyncio.Event()
+    calls: list[str] = []
+
+    async def published() -> None:
+        calls.append("published")
+        if len(calls) == 1:
+            raise RuntimeError("publisher gone astray")
+        await shown.wait()
+
+    patch = cluster.patch
+    refused: list[str] = []
+
+    async def flaky_patch(rt: Any, *args: Any, **kwargs: Any) -> Any:
+        if rt is NODES and not refused:
+            refused.append("once")
+            raise ApiError("etcdserver: request timed out", code=500)
+        return await patch(rt, *args, **kwargs)
+    monkeypatch.setattr(cluster, "patch", flaky_patch)
+    coexistence = LegacyCoexistence(
+        CoexistenceSettings(poll_seconds=0.05), cluster, node_name=NODE,
+        cards=lambda: (Card(index=0, uuid=CARD_0, devices=("gpu-0",)),),
+        on_change=lambda: None, published=published, client=_QuietKubelet())  # type: ignore[arg-type]
+    verdict = await coexistence.check()
+    assert verdict is not None
+    assert verdict.state == names.NODE_STATE_DRA
+    task = asyncio.create_task(coexistence.run())
+    try:
+        # The publisher's error is logged and the next poll asks again; nothing is written
+        # until the slices show the verdict.
+        await asyncio.sleep(0.3)
+        assert len(calls) >= 2
+        assert await _condition(cluster) is None
+        assert "writing the migration condition failed unexpectedly" in caplog.text
+        shown.set()
+        # The first write is refused; a later poll writes it.
+        condition = await _condition_written(cluster)
+        assert condition["reason"] == names.NODE_STATE_DRA
+        assert refused == ["once"]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

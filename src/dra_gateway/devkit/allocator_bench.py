@@ -443,7 +443,10 @@ class _Replay:
         self.claims_placed += len(claims)
         self.allocated += trace_pod.gpu_share
         if self.cards is not None and trace_pod.num_gpu:
-            share = trace_pod.gpu_milli if trace_pod.num_gpu == 1 else _FULL
+            # What the pod asks of the card (`legacy_pod`: whole percents), which the trace's
+            # gpu_milli is for every openb trace.
+            share = (max(1, trace_pod.gpu_milli // 10) * 10 if trace_pod.num_gpu == 1
+                     else _FULL)
             for allocation in plan.allocations.values():
                 for result in (allocation.get("devices") or {}).get("results") or ():
                     self.cards.setdefault((plan.node_name, result["pool"], result["device"]),
@@ -645,7 +648,7 @@ def losses_of(runs: Sequence[RunResult], total_gpus: int, *, rows: int = 12,
                 free[content] += left
                 cards[content] += 1
         untouched = total_gpus - len(held)
-        if untouched:
+        if untouched > 0:
             free[()] += untouched * _FULL
             cards[()] += untouched
     count = len(runs) or 1
