@@ -280,7 +280,8 @@ def caught_up(ctx: PodContext, pod_sig: tuple[object, ...]) -> Ranking:
         # that changed. A class that emptied meanwhile is among those left.
         fresh = set(classes.joined_since(ranking.position))
         ranking.position = classes.joins
-        left = set(left_log[ranking.left_position:])
+        # Of the classes that lost members, only those failing here have counts to follow.
+        left = ranking.failures.keys() & left_log[ranking.left_position:]
         ranking.left_position = len(left_log)
         if len(ranking.heap) > 2 * len(state.groups) + 64:
             ranking.heap = [e for e in ranking.heap
