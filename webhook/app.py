@@ -353,7 +353,7 @@ async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMod
             return _refuse(state, "mutate", review,
                            Refusal(RETRY_LATER_CODE, "ServiceUnavailable", str(exc)))
     for rule in decision.rules_applied:
-        state.metrics.translations.labels(rule).inc()
+        state.metrics.translated(rule)
     for rule in decision.would_apply:
         state.metrics.audit_translations.labels(rule).inc()
     if decision.mode != names.TRANSLATION_ENABLED:

@@ -9,6 +9,8 @@ It must not decide anything; handlers and background tasks call it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Admission latency is dominated by JSON and TLS; the API server's own timeout is seconds.
@@ -109,8 +111,18 @@ class Metrics:
         self._outcomes = {(e, o): self.reviews.labels(e, o) for e in ENDPOINTS
                           for o in ("allowed", "patched", "refused", "error")}
 
+        self._translated: dict[str, Any] = {}
+
     def outcome(self, endpoint: str, outcome: str) -> None:
         self._outcomes[endpoint, outcome].inc()
+
+    def translated(self, rule: str) -> None:
+        """A pod translated by `rule` (its child bound on first use: `labels()` costs four
+        times an increment)."""
+        child = self._translated.get(rule)
+        if child is None:
+            child = self._translated[rule] = self.translations.labels(rule)
+        child.inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
