@@ -13,8 +13,8 @@ costs as little as possible and the server is what is measured. It reports Admis
 second and p50/p99 latency with one connection (sequential requests) and the throughput with
 several connections, then the webhook/bare ratios. Because a shared machine's load disturbs
 wall-clock figures, it also reports reviews per server CPU-second (from /proc), which is what one
-dedicated core would sustain. Goal: at least half the bare throughput and
-p99 under 5 ms with one connection.
+dedicated core would sustain. Goal: at least 0.85x the bare throughput and p99 under 1 ms with
+one connection.
 
     .venv/bin/python bench/webhook_bench.py --mode validate [--status-writes 20]
 
