@@ -112,6 +112,10 @@ class LegacyCoexistence:
         self.verdict = verdict
         if changed:
             self._metrics_of(verdict)
+            if self._published is not None:
+                # Written even when the Node says it already: a write of the verdict before
+                # may still be on its way, and would land after.
+                self._unreported.set()
         return changed
 
     async def check(self) -> Verdict | None:

@@ -349,11 +349,14 @@ async def test_with_coexistence_off_every_card_is_published_and_no_condition_wri
         assert await _condition(cluster) is None
 
 
-class _QuietKubelet:
-    """A kubelet whose pod-resources API shows no legacy device plugin."""
+class _Kubelet:
+    """A kubelet whose pod-resources answer the test sets (at first: no legacy plugin)."""
+
+    def __init__(self) -> None:
+        self.view = KubeletView()
 
     async def read(self) -> KubeletView:
-        return KubeletView()
+        return self.view
 
     async def close(self) -> None:
         pass
@@ -383,7 +386,7 @@ async def test_the_condition_follows_publication_and_outlives_failures(
     coexistence = LegacyCoexistence(
         CoexistenceSettings(poll_seconds=0.05), cluster, node_name=NODE,
         cards=lambda: (Card(index=0, uuid=CARD_0, devices=("gpu-0",)),),
-        on_change=lambda: None, published=published, client=_QuietKubelet())  # type: ignore[arg-type]
+        on_change=lambda: None, published=published, client=_Kubelet())  # type: ignore[arg-type]
     verdict = await coexistence.check()
     assert verdict is not None
     assert verdict.state == names.NODE_STATE_DRA
@@ -400,6 +403,71 @@ async def test_the_condition_follows_publication_and_outlives_failures(
         condition = await _condition_written(cluster)
         assert condition["reason"] == names.NODE_STATE_DRA
         assert refused == ["once"]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_verdict_back_to_the_one_written_is_written_again_after_a_write_in_flight(
+        cluster: MemoryCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    # DRA is on the Node; a CuttingOver write is on its way when the holder ends and the
+    # verdict is DRA again: the Node must end on DRA, not on the write that landed last.
+    writes_open = asyncio.Event()
+    writes_open.set()
+    written: list[str] = []
+    patch = cluster.patch
+
+    async def slow_patch(rt: Any, name: str, body: Any, **kwargs: Any) -> Any:
+        if rt is not NODES:
+            return await patch(rt, name, body, **kwargs)
+        await writes_open.wait()
+        stored = await patch(rt, name, body, **kwargs)
+        written.append(body["status"]["conditions"][0]["reason"])
+        return stored
+    monkeypatch.setattr(cluster, "patch", slow_patch)
+
+    async def published() -> None:
+        pass
+    kubelet = _Kubelet()
+    # No poll within the test: only the checks it makes.
+    coexistence = LegacyCoexistence(
+        CoexistenceSettings(poll_seconds=600), cluster, node_name=NODE,
+        cards=lambda: (Card(index=0, uuid=CARD_0, devices=("gpu-0",)),),
+        on_change=lambda: None, published=published, client=kubelet)  # type: ignore[arg-type]
+    await coexistence.check()
+    task = asyncio.create_task(coexistence.run())
+    try:
+        async def state_is(reason: str) -> bool:
+            condition = await _condition(cluster)
+            return condition is not None and condition["reason"] == reason
+
+        async def dra() -> bool:
+            return await state_is(names.NODE_STATE_DRA)
+        await _eventually(dra, 5)
+
+        writes_open.clear()
+        kubelet.view = KubeletView(
+            allocatable={"nvidia.com/gpu": ()},
+            holders=(Holder("ml", "train", "main", "nvidia.com/gpu", (CARD_0,)),))
+        verdict = await coexistence.check()
+        assert verdict is not None
+        assert verdict.state == names.NODE_STATE_CUTTING_OVER
+        await asyncio.sleep(0.1)  # the reporter is now waiting on the Node write
+
+        kubelet.view = KubeletView()
+        verdict = await coexistence.check()
+        assert verdict is not None
+        assert verdict.state == names.NODE_STATE_DRA
+        writes_open.set()
+
+        async def written_again() -> bool:
+            return len(written) == 3
+        await _eventually(written_again, 5)
+        # The write in flight lands, then the verdict in force is written over it.
+        assert written == [names.NODE_STATE_DRA, names.NODE_STATE_CUTTING_OVER,
+                           names.NODE_STATE_DRA]
+        assert await dra()
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
