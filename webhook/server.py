@@ -30,6 +30,7 @@ from aiohttp import web
 from dra_gateway.certs.tls import CertificateReloader
 from dra_gateway.kube.cluster.connect import connect
 from dra_gateway.kube.cluster.port import Cluster
+from dra_gateway.kube.runtime.collector import settle
 from dra_gateway.webhook import logs
 from dra_gateway.webhook.app import create_app, create_probe_app
 from dra_gateway.webhook.settings import WebhookSettings
@@ -84,8 +85,7 @@ async def serve(settings: WebhookSettings, options: ServeOptions, *,
         # Everything loaded so far (rules, compiled CEL, modules) lives as long as the process:
         # moved out of the collector's reach, it no longer lengthens the collections that run
         # between reviews, which shows in tail latency.
-        gc.collect()
-        gc.freeze()
+        settle()
         try:
             site = web.TCPSite(runner, options.host, options.port, ssl_context=tls.context,
                                reuse_port=reuse_port or None, backlog=1024)

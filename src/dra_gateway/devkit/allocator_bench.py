@@ -51,6 +51,7 @@ from dra_gateway.allocator.planner import (
     plan_pod,
 )
 from dra_gateway.kube import names
+from dra_gateway.kube.runtime.collector import settle
 from dra_gateway.policy.catalog import Catalog
 
 # Card memory per trace model. P100, T4, V100 (16 and 32 GB) and A10 are public cards; the
@@ -242,6 +243,12 @@ class Cluster:
         return state
 
 
+def share_percent(pod: TracePod) -> int:
+    """The percent of a card a share pod asks (HAMi's gpucores and gpumem-percentage): its
+    gpu_milli in whole percents, at least one."""
+    return max(1, pod.gpu_milli // 10)
+
+
 class Translator:
     """Trace pods to (pod, claims) through the built-in rules, once per pod shape."""
 
@@ -258,7 +265,7 @@ class Translator:
         if pod.num_gpu > 1 or (pod.num_gpu == 1 and pod.gpu_milli >= 1000):
             limits["nvidia.com/gpu"] = str(pod.num_gpu)
         elif pod.num_gpu == 1 and pod.gpu_milli > 0:
-            percent = max(1, pod.gpu_milli // 10)
+            percent = share_percent(pod)
             limits["nvidia.com/gpu"] = "1"
             limits["nvidia.com/gpucores"] = str(percent)
             limits["nvidia.com/gpumem-percentage"] = str(percent)
@@ -443,14 +450,14 @@ class _Replay:
         self.claims_placed += len(claims)
         self.allocated += trace_pod.gpu_share
         if self.cards is not None and trace_pod.num_gpu:
-            # What the pod asks of the card (`legacy_pod`: whole percents), which the trace's
-            # gpu_milli is for every openb trace.
-            share = (max(1, trace_pod.gpu_milli // 10) * 10 if trace_pod.num_gpu == 1
-                     else _FULL)
+            # What the pod asks of each card: whole cards, or its share in whole percents (the
+            # trace's gpu_milli for every openb trace).
+            share = (10 * share_percent(trace_pod)
+                     if trace_pod.num_gpu == 1 and trace_pod.gpu_milli < _FULL else _FULL)
             for allocation in plan.allocations.values():
                 for result in (allocation.get("devices") or {}).get("results") or ():
                     self.cards.setdefault((plan.node_name, result["pool"], result["device"]),
-                                          []).append(min(share, _FULL))
+                                          []).append(share)
 
     def result(self) -> RunResult:
         total = self.total_gpus
@@ -478,8 +485,7 @@ def side_by_side(cluster: Cluster, translator: Translator, pods: Sequence[TraceP
     moves by tens of per cent over seconds)."""
     # As a long-running allocator would after its initial sync (and periodically after): move
     # what is loaded out of the cyclic collector's way, so full collections stay short.
-    gc.collect()
-    gc.freeze()
+    settle()
     replays = [_Replay(cluster, translator, strategy=strategy, workload=workload,
                        catalog=catalog, namespaces=namespaces, losses=losses)
                for catalog in catalogs]
