@@ -46,6 +46,7 @@ from dra_gateway.allocator.defrag.mode import DefragMode
 from dra_gateway.allocator.defrag.view import Snapshot
 from dra_gateway.allocator.events import COMPONENT, EventRecorder
 from dra_gateway.allocator.index import ClaimIndex
+from dra_gateway.allocator.legacypods import LegacyPods
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
 from dra_gateway.allocator.planner import ClusterState
 from dra_gateway.allocator.planning import Planning
@@ -81,6 +82,7 @@ from dra_gateway.kube.resources import (
 from dra_gateway.kube.runtime.informer import Change, Informer
 from dra_gateway.kube.runtime.policymirror import PolicyMirror
 from dra_gateway.kube.runtime.workqueue import WorkQueue
+from dra_gateway.policy.amounts import DeviceCharge
 from dra_gateway.policy.keeper import CatalogKeeper
 
 log = logging.getLogger(__name__)
@@ -130,6 +132,7 @@ class Controller:
                                               interval=self.settings.quota_status_interval,
                                               policies=lambda: self.state.policies)
         self.pending = PendingPods(self.metrics.pending_pods)
+        self.legacy = LegacyPods()
         self.index = ClaimIndex()
         self.unplaceable = Unplaceable(self.queue,
                                        debounce=self.settings.retry_unplaceable_after,
@@ -262,6 +265,8 @@ class Controller:
             state.set_claim(obj)
         for obj in self.pods.values():
             state.set_pod(obj)
+            state.set_legacy_pod(objects.uid(obj), objects.namespace(obj),
+                                 self._legacy_charges(obj))
             # Placed-but-unbound pods, and plans still being written, hold capacity too.
             self.planning.refresh_placement(obj)
         for uid, plan in self.planning.inflight.items():
@@ -312,6 +317,7 @@ class Controller:
             self.planning.change(self.state.remove_device_class, objects.name(obj))
         else:
             self.planning.change(self.state.set_device_class, obj)
+        self.legacy.set_device_classes(self.classes.values())
         self.unplaceable.capacity_changed()
 
     def _on_node(self, change: Change, obj: Object, old: Object | None) -> None:
@@ -330,6 +336,8 @@ class Controller:
         ns, name = objects.namespace_name(obj)
         if change == "deleted":
             self.planning.drop_hold(obj)
+            if uid in self.state.ledger.legacy:
+                self.quota_status.changed()
             self.planning.change(self.state.remove_pod, uid)
             self.events.forget(uid)
             self.pending.drop(uid)
@@ -342,6 +350,7 @@ class Controller:
         if not is_gated(obj):
             self.planning.drop_hold(obj)  # placed: the hold, if any, has served
         self.planning.change(self.state.set_pod, obj)
+        self._set_legacy_pod(obj)
         self.index.set_pod(obj)
         self.planning.refresh_placement(obj)
         key = PodKey(ns, name, uid)
@@ -351,6 +360,22 @@ class Controller:
             self.unplaceable.discard(key)
         if is_finished(obj):
             self._release_claims(self.index.claims_of(uid))
+
+    def _legacy_charges(self, obj: Object) -> tuple[DeviceCharge, ...]:
+        if is_finished(obj) or objects.is_deleting(obj):
+            return ()
+        return self.legacy.charges(obj, card_memory=self.state.smallest_card_memory())
+
+    def _set_legacy_pod(self, obj: Object) -> None:
+        """Charge a pod a legacy device plugin serves to its namespace's quotas (or stop)."""
+        uid = objects.uid(obj)
+        charges = self._legacy_charges(obj)
+        if not charges and uid not in self.state.ledger.legacy:
+            return
+        self.planning.change(self.state.set_legacy_pod, uid, objects.namespace(obj), charges)
+        self.quota_status.changed()
+        if not charges:
+            self.unplaceable.capacity_changed()  # its quota is free for the pods that wait
 
     def _on_records(self, change: Change, obj: Object, old: Object | None) -> None:
         self._records = holdfmt.read(None if change == "deleted" else obj)

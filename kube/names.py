@@ -75,6 +75,11 @@ TRANSLATION_ENABLED: Final = "enabled"
 TRANSLATION_AUDIT: Final = "audit"
 TRANSLATION_DISABLED: Final = "disabled"
 TRANSLATION_MODES: Final = (TRANSLATION_ENABLED, TRANSLATION_AUDIT, TRANSLATION_DISABLED)
+# A namespace whose pods may hold themselves back from translation (their own annotation
+# dra-gateway.io/translation: disabled or audit): the administrator's grant, a label tenants
+# with `edit` cannot write. The webhook's --pod-opt-out=everywhere grants it to every namespace.
+POD_OPT_OUT_LABEL: Final = f"{DOMAIN}/pod-opt-out"
+POD_OPT_OUT_ALLOWED: Final = "allowed"
 # The node label an administrator (or `dra-gateway migrate node`) sets to cut a node over: the
 # legacy device plugin's DaemonSet is told to leave nodes carrying it.
 NODE_CUT_OVER_LABEL: Final = f"{DOMAIN}/cut-over"

@@ -18,7 +18,8 @@ so the allocator (authoritative) enforces those. Isolation depends on who holds 
 the allowed models on the card the allocator picks among those the selectors match: both are
 the allocator's beyond the refusal above. A ResourceClaimTemplate costs nothing until a pod
 uses it (the pod is checked then), so its caller leaves out the usage check
-(`over_usage=False`). Pure: no I/O.
+(`over_usage=False`). `check_legacy` judges a pod a legacy device plugin serves against the
+same quotas, which count it with the translated pods (policy.legacyusage). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dra_gateway.kube import names
-from dra_gateway.policy.amounts import Amounts, RequestShape, format_amount
+from dra_gateway.policy.amounts import Amounts, DeviceCharge, RequestShape, format_amount
 from dra_gateway.policy.quotas import Quota, exceeded_message, least_cost, over
 from dra_gateway.policy.sharing import SharingRules
 
@@ -178,4 +179,35 @@ def check_admission(*, what: str, claims: Sequence[Sequence[RequestShape]],
                 out.append(Violation("QuotaExceeded", (
                     f"{subject}: {exceeded_message(quota, adds, state.used, exceeded)}"),
                     policy))
+    return out
+
+
+def check_legacy(*, what: str, charges: Sequence[DeviceCharge], quotas: Sequence[QuotaState],
+                 recent: Sequence[Sequence[DeviceCharge]] = ()) -> list[Violation]:
+    """The quotas a pod left on legacy GPU names would take past their hard amounts.
+
+    `charges` are what the pod costs (policy.legacyusage); `recent`, the charges of legacy pods
+    of the namespace admitted a moment ago that the quotas' status may not count yet. A legacy
+    device plugin serves the pod: it cannot wait for quota as a translated pod does, so every
+    quota refuses it, whatever its `spec.admission`.
+    """
+    out: list[Violation] = []
+    for state in quotas:
+        quota = state.quota
+        asked = quota.amounts(charges)
+        if asked.claims == 0:
+            continue  # the quota counts none of it (another class, a device selector)
+        used = state.used
+        for pending in recent:
+            used = used + quota.amounts(pending)
+        exceeded = over(quota, asked, used)
+        if not exceeded:
+            continue
+        fix = ("ask for less or raise spec.hard" if over(quota, asked, Amounts()) else
+               "wait for GPU pods of the namespace to end, or raise spec.hard")
+        out.append(Violation("QuotaExceeded", (
+            f"{what} keeps its legacy GPU requests, which a legacy device plugin serves and "
+            f"GPUQuota {quota.namespace}/{quota.name} counts together with the namespace's "
+            f"translated pods: {exceeded_message(quota, asked, used, exceeded)}; {fix}"),
+            f"GPUQuota {quota.namespace}/{quota.name}"))
     return out

@@ -41,6 +41,7 @@ __all__ = [
     "Refusal",
     "TranslationPlan",
     "Untranslated",
+    "claim_specs",
     "escape_pointer",
     "template_name",
     "translate",
@@ -255,6 +256,17 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
     if pod_plan.gated or _references_gateway_class(spec, namespace, class_lookup):
         _add_gate(spec, plan.patch)
     return plan
+
+
+def claim_specs(pod: Mapping[str, Any], rules: RuleSet, *,
+                extended: ExtendedResources | None = None) -> list[dict[str, Any]] | None:
+    """The specs of the claims translating `pod` would make (each template's `spec.spec`), as
+    a pod left on its legacy names is charged to its namespace's quotas; None when the rules
+    refuse it."""
+    plan = translate(pod, rules, extended=extended or None)
+    if plan.refusal is not None:
+        return None
+    return [template["spec"]["spec"] for template in plan.templates]
 
 
 def _warn_untranslated(untranslated: list[Untranslated], plan: TranslationPlan) -> None:

@@ -41,6 +41,7 @@ from dra_gateway.webhook.allocatorwatch import GatedPodEvents
 from dra_gateway.webhook.background import background
 from dra_gateway.webhook.deviceclasses import DeviceClassWatch
 from dra_gateway.webhook.deviceprofiles import DeviceProfileWatch
+from dra_gateway.webhook.legacypods import RecentLegacyPods, legacy_charges
 from dra_gateway.webhook.metrics import Metrics
 from dra_gateway.webhook.policywatch import PolicyWatch
 from dra_gateway.webhook.reviews import BadReview, Refusal, Review
@@ -97,6 +98,7 @@ def create_app(settings: WebhookSettings, cluster: Cluster, *,
         policies=PolicyWatch(cluster, retry_delay=settings.watch_retry_delay),
         device_profiles=DeviceProfileWatch(cluster, retry_delay=settings.watch_retry_delay),
         reach=ModelReach(),
+        legacy=RecentLegacyPods(settings.legacy_grace),
         tls=tls,
     )
     if settings.gated_event_after > 0:
@@ -305,6 +307,14 @@ def _models(state: WebhookState) -> ModelLookup:
                         state.device_classes.selectors)
 
 
+def _opt_out_granted(state: WebhookState, namespace: str) -> bool:
+    """Whether pods of `namespace` may hold themselves back from translation (--pod-opt-out)."""
+    if state.settings.pod_opt_out == "everywhere":
+        return True
+    return state.policies.namespace_label(namespace, names.POD_OPT_OUT_LABEL) == \
+        names.POD_OPT_OUT_ALLOWED
+
+
 def _namespace(review: Review) -> str:
     meta = review.object.get("metadata")
     ns = meta.get("namespace") if isinstance(meta, dict) else None
@@ -324,7 +334,9 @@ async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMod
     generation = (state.store.generation, state.device_classes.generation)
     label = state.policies.namespace_label(namespace, names.TRANSLATION_LABEL) \
         if mode == NAMESPACE_UNKNOWN else None
-    key = state.plans.key(pod, namespace, f"{mode}={label}" if label is not None else mode)
+    opt_out = _opt_out_granted(state, namespace)
+    key = state.plans.key(pod, namespace, (f"{mode}={label}" if label is not None else mode)
+                          + (":opt-out" if opt_out else ""))
     decision = state.plans.get(key, generation) if key is not None else None
     if decision is None:
         state.metrics.plan_miss.inc()
@@ -334,7 +346,7 @@ async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMod
         decision = mutation.decide(pod, namespace, rules,
                                    class_lookup=_class_lookup(pod, claim_classes),
                                    extended=state.device_classes.extended, mode=mode,
-                                   namespace_label=label)
+                                   namespace_label=label, opt_out=opt_out)
         if key is not None:
             state.plans.put(key, generation, decision)
     else:
@@ -404,16 +416,27 @@ async def _answer_validate(state: WebhookState, review: Review, mode: NamespaceM
         return _refuse(state, "validate", review, NOT_READY)
     reviews.check_pod_shape(review)
     namespace = _namespace(review)
+    catalog = state.policies.catalog
+    extended = state.device_classes.extended
+    # A pod a legacy plugin will serve counts against the namespace's quotas (both worlds).
+    legacy = legacy_charges(review.object, rules, extended) \
+        if catalog.quotas_for(namespace) else ()
     under_review = PodUnderReview(
         pod=review.object, namespace=namespace, rules=rules,
         claim_classes=await _claim_classes(state, namespace, review.object, deadline),
-        enforce=state.settings.enforce, extended=state.device_classes.extended,
-        translation=held_back(review.object, namespace, mode),
+        enforce=state.settings.enforce, extended=extended,
+        translation=held_back(review.object, namespace, mode,
+                              opt_out=_opt_out_granted(state, namespace)),
         claim_requests=_claim_requests(state, namespace, review.object),
-        policies=state.policies.catalog, models=_models(state))
+        policies=catalog, models=_models(state), legacy_charges=legacy,
+        legacy_recent=state.legacy.of(namespace) if legacy else ())
     verdict = state.validator.check(under_review)
     if verdict.refusal is not None:
         return _refuse(state, "validate", review, verdict.refusal)
+    if legacy and not review.dry_run:
+        meta = review.object.get("metadata")
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        state.legacy.add(namespace, str(uid or review.uid), legacy)
     state.metrics.outcome("validate", "allowed")
     return reviews.response(review.uid)
 

@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from dra_gateway.kube import arguments
+from dra_gateway.webhook.settings import POD_OPT_OUT_SCOPES
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -87,6 +88,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     serve.add_argument("--review-deadline", type=float, default=4.0, metavar="SECONDS",
                        help="most seconds one review may take, API reads included; keep it "
                        "below the webhook configurations' timeoutSeconds (default: %(default)s)")
+    serve.add_argument("--pod-opt-out", choices=POD_OPT_OUT_SCOPES, default="labelled",
+                       help="where a pod's own annotation dra-gateway.io/translation: disabled "
+                       "(or audit) keeps it legacy in an enabled namespace: labelled (default: "
+                       "only in namespaces labelled dra-gateway.io/pod-opt-out=allowed, read "
+                       "through the policies' watch of Namespaces; elsewhere it is refused) or "
+                       "everywhere")
     serve.add_argument("--gated-event-after", type=arguments.duration, default=120.0,
                        metavar="DURATION",
                        help="post a Warning Event AllocatorUnavailable on each pod still gated by "
@@ -172,6 +179,7 @@ def _serve(args: argparse.Namespace) -> int:
         review_deadline=args.review_deadline,
         template_timeout=min(2.0, args.review_deadline / 2),
         gated_event_after=args.gated_event_after,
+        pod_opt_out=args.pod_opt_out,
     )
     options = ServeOptions(
         host=host, port=port, cluster=args.cluster, kubeconfig=args.kubeconfig,

@@ -108,14 +108,18 @@ def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
            class_lookup: ClassLookup | None = None,
            extended: ExtendedResources | None = None,
            mode: NamespaceMode = names.TRANSLATION_ENABLED,
-           namespace_label: str | None = None) -> Mutation:
+           namespace_label: str | None = None, opt_out: bool = False) -> Mutation:
     """What /mutate answers for a pod being created in `namespace`; `extended`: the names the
     cluster's DeviceClasses declare as spec.extendedResourceName (see `translate`); `mode`:
     the namespace's translation mode, which the webhook configuration's namespaceSelectors
     tell through the path the API server calls (see `translation`), and `namespace_label` its
-    label's value where the webhook knows it (for the warning of an unknown value)."""
-    held = translation.held_back(pod, namespace, mode, namespace_label=namespace_label)
+    label's value where the webhook knows it (for the warning of an unknown value); `opt_out`:
+    whether the namespace grants its pods to hold themselves back from translation."""
+    held = translation.held_back(pod, namespace, mode, namespace_label=namespace_label,
+                                 opt_out=opt_out)
     if held.refusal is not None:
+        if held.forbidden:
+            return Mutation(refusal=Refusal(REFUSED_CODE, REFUSED_REASON, held.refusal))
         return Mutation(refusal=Refusal(INVALID_CODE, INVALID_REASON, held.refusal))
     if held.mode != names.TRANSLATION_ENABLED:
         return _held(pod, namespace, rules, held, class_lookup=class_lookup, extended=extended)

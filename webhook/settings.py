@@ -18,6 +18,8 @@ VALIDATING_WEBHOOK = "validate.dra-gateway.io"
 # namespaceSelector of its own (webhook/config.py), named "<mode>.<the name above>"; the names
 # above serve the namespaces without the label, as they did before the label existed.
 POD_WEBHOOK_MODES = ("enabled", "audit", "unknown-mode")
+# Where a pod may hold itself back from translation (--pod-opt-out).
+POD_OPT_OUT_SCOPES = ("labelled", "everywhere")
 RULES_WEBHOOK = "rules.dra-gateway.io"
 CLAIMS_WEBHOOK = "claims.dra-gateway.io"
 
@@ -47,6 +49,11 @@ class WebhookSettings:
     gated_event_after: seconds after which a pod still gated by dra-gateway.io/allocation gets a
         Warning Event AllocatorUnavailable while the allocator's Lease has had no valid holder
         for as long (0: no Events, and neither the Lease nor pods are watched).
+    pod_opt_out: where a pod's own translation annotation may keep it legacy in an enabled
+        namespace: `labelled` (namespaces labelled dra-gateway.io/pod-opt-out=allowed, as the
+        policies' watch of Namespaces last saw them) or `everywhere`.
+    legacy_grace: seconds a legacy pod admitted by this replica is counted against its
+        GPUQuotas on top of their status, until the allocator has counted it there.
     """
 
     namespace: str = "dra-gateway"
@@ -67,5 +74,7 @@ class WebhookSettings:
     watch_retry_delay: float = 1.0
     reconcile_webhooks: bool = True
     gated_event_after: float = 120.0
+    pod_opt_out: str = "labelled"
+    legacy_grace: float = 10.0
     mutating_configuration: str = MUTATING_CONFIGURATION
     validating_configuration: str = VALIDATING_CONFIGURATION

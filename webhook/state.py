@@ -18,6 +18,7 @@ from dra_gateway.webhook import mutation
 from dra_gateway.webhook.allocatorwatch import GatedPodEvents
 from dra_gateway.webhook.deviceclasses import DeviceClassWatch
 from dra_gateway.webhook.deviceprofiles import DeviceProfileWatch
+from dra_gateway.webhook.legacypods import RecentLegacyPods
 from dra_gateway.webhook.metrics import Metrics
 from dra_gateway.webhook.policywatch import PolicyWatch
 from dra_gateway.webhook.rulestore import RuleStore
@@ -41,6 +42,7 @@ class WebhookState:
     policies: PolicyWatch
     device_profiles: DeviceProfileWatch
     reach: ModelReach
+    legacy: RecentLegacyPods
     tls: CertificateReloader | None = None
     gated_events: GatedPodEvents | None = None  # None with gated_event_after 0
     config_maps_synced: bool = False

@@ -12,8 +12,12 @@ label and the fix, never read as `enabled`.
 A pod's annotation of the same name can only hold its own pod back: `disabled` keeps its legacy
 requests as they are, `audit` says what translation would do without doing it; `enabled` on a
 pod in an `audit` namespace changes nothing (a namespace's administrator stages the move, not
-each workload). An annotation with another value is refused where the pod would be translated,
-and warned about where it would not (audit mode promises to change nothing).
+each workload). Holding a pod back in an `enabled` namespace is the namespace administrator's to
+grant, not the tenant's: a legacy pod escapes the gateway's sharing policies, so the annotation
+is honoured only where the namespace carries the label `dra-gateway.io/pod-opt-out: allowed`
+(or the webhook runs with `--pod-opt-out=everywhere`), and refused elsewhere with the fix. An
+annotation with another value is refused where the pod would be translated, and warned about
+where it would not (audit mode promises to change nothing).
 
 Pure: no I/O. The webhook's handlers pass the path's mode in.
 """
@@ -49,6 +53,8 @@ class Held:
     refusal: str | None = None
     # What is wrong with the pod's annotation (refused or warned about), "" when nothing.
     bad_annotation: str = ""
+    # The refusal is of an opt-out the namespace does not grant (not of an unreadable value).
+    forbidden: bool = False
 
 
 ENABLED: Final = Held(names.TRANSLATION_ENABLED)
@@ -79,10 +85,23 @@ def unknown_namespace_warning(namespace: str, value: str | None) -> str:
             f"label to one of them")
 
 
+def opt_out_refused_message(pod: Mapping[str, Any], namespace: str, value: str) -> str:
+    """What a pod that holds itself back where its namespace does not grant it is told."""
+    meta = pod.get("metadata")
+    name = display_name("pod", namespace, meta if isinstance(meta, dict) else {})
+    label = f"{names.POD_OPT_OUT_LABEL}={names.POD_OPT_OUT_ALLOWED}"
+    return (f"{name}: metadata.annotations[{json.dumps(names.TRANSLATION_LABEL)}] is "
+            f"{json.dumps(value)}, but namespace {namespace} does not let its pods opt out of "
+            f"translation (a legacy pod escapes the namespace's GPU policies); remove the "
+            f"annotation, or have a cluster administrator grant it: kubectl label namespace "
+            f"{namespace} {label}")
+
+
 def held_back(pod: Mapping[str, Any], namespace: str, mode: NamespaceMode, *,
-              namespace_label: str | None = None) -> Held:
+              namespace_label: str | None = None, opt_out: bool = False) -> Held:
     """The mode `pod` is admitted under in a namespace of `mode` (whose label reads
-    `namespace_label`, when known, for the warning of an unknown value)."""
+    `namespace_label`, when known, for the warning of an unknown value); `opt_out`: whether the
+    namespace grants its pods to hold themselves back where it is enabled."""
     warnings: list[str] = []
     effective: str = mode
     if mode == NAMESPACE_UNKNOWN:
@@ -98,5 +117,8 @@ def held_back(pod: Mapping[str, Any], namespace: str, mode: NamespaceMode, *,
             return Held(effective, refusal=message, bad_annotation=message)
         return Held(effective, (*warnings, "dra-gateway: " + message), bad_annotation=message)
     if _STRICTNESS[value] > _STRICTNESS[effective]:
+        if effective == names.TRANSLATION_ENABLED and not opt_out:
+            message = opt_out_refused_message(pod, namespace, value)
+            return Held(effective, refusal=message, bad_annotation=message, forbidden=True)
         effective = value
     return Held(effective, tuple(warnings))

@@ -7,8 +7,10 @@ Checks are pure: the facts they need from the cluster (which device classes the 
 use) are resolved before they run and handed over in `PodUnderReview`. The built-in checks
 keep the gateway's contract consistent (ARCHITECTURE.md, "Contracts between components");
 `GpuPolicies` refuses what the cluster's GPUQuotas and GPUSharingPolicies can never admit
-(dra_gateway.policy decides; the allocator enforces the rest). `check_claim` does the same for a
-ResourceClaim or ResourceClaimTemplate of a gateway class written natively (`ClaimUnderReview`).
+(dra_gateway.policy decides; the allocator enforces the rest), and `LegacyGpuQuota` a pod left
+on legacy GPU names that would take a GPUQuota past its hard amounts (it counts both worlds).
+`check_claim` does the same for a ResourceClaim or ResourceClaimTemplate of a gateway class
+written natively (`ClaimUnderReview`).
 
 Every message names the pod, the container or claim, the field, and the fix. This module must
 not perform I/O.
@@ -23,8 +25,8 @@ from typing import Any, Protocol
 
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
-from dra_gateway.policy.admission import ModelLookup, check_admission
-from dra_gateway.policy.amounts import RequestShape, requests_of
+from dra_gateway.policy.admission import ModelLookup, check_admission, check_legacy
+from dra_gateway.policy.amounts import DeviceCharge, RequestShape, requests_of
 from dra_gateway.policy.catalog import Catalog
 from dra_gateway.translator.extended import ExtendedResources, deferred_resources
 from dra_gateway.translator.rules import RuleSet
@@ -65,6 +67,11 @@ class PodUnderReview:
     # The mode the pod is admitted under (its namespace's and its own annotation's): legacy
     # requests are judged only where it is enabled.
     translation: Held = ENABLED
+    # What the pod costs its namespace's GPUQuotas while a legacy device plugin serves it
+    # (policy.legacyusage; empty when it asks no legacy stack for GPUs), and the charges of
+    # the namespace's legacy pods this replica admitted a moment ago (not yet in the status).
+    legacy_charges: tuple[DeviceCharge, ...] = ()
+    legacy_recent: tuple[tuple[DeviceCharge, ...], ...] = ()
 
     @property
     def spec(self) -> Mapping[str, Any]:
@@ -265,6 +272,23 @@ class GpuPolicies:
         return [Violation(v.reason, v.message) for v in found]
 
 
+class LegacyGpuQuota:
+    """A pod left on legacy GPU names counts against its namespace's GPUQuotas with the
+    translated pods: refused when it would take one past its hard amounts."""
+
+    name = "legacy-gpu-quota"
+
+    def check(self, review: PodUnderReview) -> Sequence[Violation]:
+        if not review.legacy_charges:
+            return ()
+        quotas = review.policies.quotas_for(review.namespace)
+        if not quotas:
+            return ()
+        found = check_legacy(what=review.display_name, charges=review.legacy_charges,
+                             quotas=quotas, recent=review.legacy_recent)
+        return [Violation(v.reason, v.message) for v in found]
+
+
 CLAIM_KINDS: Mapping[str, str] = {"resourceclaims": "ResourceClaim",
                                   "resourceclaimtemplates": "ResourceClaimTemplate"}
 
@@ -370,7 +394,7 @@ class TranslationAnnotation:
 
 DEFAULT_CHECKS: tuple[PodCheck, ...] = (
     TranslationAnnotation(), TranslationConsistency(), GatedGatewayClaims(),
-    LegacyRequestsTranslated(), GpuPolicies())
+    LegacyRequestsTranslated(), GpuPolicies(), LegacyGpuQuota())
 
 
 @dataclass(frozen=True, slots=True)

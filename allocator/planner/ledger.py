@@ -5,7 +5,9 @@ writer (results with `consumedCapacity`, results without it as exclusive use, an
 fallback world the shares the allocator recorded in the allocation, kube.shares; never the
 annotation), plus plans assumed but not yet written; the CPU and memory requested on each node
 by the pods bound or planned there; and, through the quota counting hook, each claim's quota
-charges in the policies' `QuotaLedger`.
+charges in the policies' `QuotaLedger`, beside the charges of the pods a legacy device plugin
+serves (`set_legacy_pod`: what their translation would cost, policy.legacyusage), so that a
+namespace's GPUQuota counts both worlds while it moves.
 
 It reads the inventory (a device's capacity and node) and tells `touch` which node's usage
 changed; it keeps no memo. Pure: no I/O, no clock.
@@ -25,6 +27,7 @@ from dra_gateway.kube import objects
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
 from dra_gateway.kube.shares import allocated_shares, result_key, shares_by_result
 from dra_gateway.policy.amounts import DeviceCharge, charges_of
+from dra_gateway.policy.legacyusage import LEGACY_CLAIM_PREFIX
 
 
 @dataclass(slots=True)
@@ -117,6 +120,8 @@ class UsageLedger:
         self.node_used: dict[str, list[int]] = {}
         # Claims whose quota charges were counted before their device was published.
         self._unresolved: set[str] = set()
+        # Pods a legacy device plugin serves: pod uid -> (namespace, their quota charges).
+        self.legacy: dict[str, tuple[str, tuple[DeviceCharge, ...]]] = {}
 
     def device_usage(self, key: tuple[str, str, str]) -> DeviceUsage:
         return self.usage.get(key, FREE_USAGE)
@@ -135,6 +140,8 @@ class UsageLedger:
         self._unresolved.clear()
         for uid, record in self.claims.items():
             self._count_quota(uid, record)
+        for uid in self.legacy:
+            self._count_legacy(uid)
 
     def recount_unresolved(self) -> None:
         """Quota charges counted before their devices were published: count them again."""
@@ -154,6 +161,28 @@ class UsageLedger:
             if any(c.device is None for c in charges):
                 self._unresolved.add(uid)
         self._policies.ledger.set_claim(uid, record.namespace, charges)
+
+    def set_legacy_pod(self, uid: str, namespace: str,
+                       charges: Sequence[DeviceCharge]) -> None:
+        """What a pod a legacy device plugin serves costs its namespace's quotas; no charges:
+        it holds nothing (any more)."""
+        if not charges:
+            self.remove_legacy_pod(uid)
+            return
+        kept = tuple(charges)
+        if self.legacy.get(uid) == (namespace, kept):
+            return
+        self.legacy[uid] = (namespace, kept)
+        self._count_legacy(uid)
+
+    def remove_legacy_pod(self, uid: str) -> None:
+        if self.legacy.pop(uid, None) is not None:
+            self._policies.ledger.remove_claim(LEGACY_CLAIM_PREFIX + uid)
+
+    def _count_legacy(self, uid: str) -> None:
+        namespace, charges = self.legacy[uid]
+        if self._policies.has_quotas(namespace):
+            self._policies.ledger.set_claim(LEGACY_CLAIM_PREFIX + uid, namespace, charges)
 
     # --- pods ---------------------------------------------------------------------------------
 

@@ -49,7 +49,7 @@ from dra_gateway.allocator.planner.memokeys import HolderSummary
 from dra_gateway.allocator.planner.policies import PlannerPolicies
 from dra_gateway.allocator.planner.scoring import Workload
 from dra_gateway.allocator.planner.settings import PlannerSettings
-from dra_gateway.policy.amounts import RequestShape
+from dra_gateway.policy.amounts import DeviceCharge, RequestShape
 from dra_gateway.policy.catalog import Catalog
 
 
@@ -105,6 +105,11 @@ class ClusterState:
 
     def remove_pod(self, uid: str) -> None:
         self.ledger.remove_pod(uid)
+        self.ledger.remove_legacy_pod(uid)
+
+    def set_legacy_pod(self, uid: str, namespace: str,
+                       charges: Sequence[DeviceCharge]) -> None:
+        self.ledger.set_legacy_pod(uid, namespace, charges)
 
     def set_claim(self, obj: Mapping[str, Any]) -> None:
         self.ledger.set_claim(obj)

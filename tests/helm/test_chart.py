@@ -1003,7 +1003,7 @@ def test_command_lines_are_those_of_the_components(helm: HelmRunner) -> None:
     assert container(objects, "Deployment", "webhook")["args"] == [
         "webhook", "--listen", "0.0.0.0:8443", "--tls-dir", "/tls", "--cluster", "kube",
         "--namespace", NAMESPACE, "--log-level", "info", "--probe-listen", "0.0.0.0:8080",
-        "--review-deadline", "4", "--gated-event-after", "120s"]
+        "--review-deadline", "4", "--gated-event-after", "120s", "--pod-opt-out", "labelled"]
     assert container(objects, "Deployment", "allocator")["args"] == [
         "allocator", "--cluster", "kube", "--namespace", NAMESPACE, "--strategy", "default",
         "--workers", "16", "--metrics-address", ":8080"]

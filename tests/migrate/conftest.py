@@ -36,8 +36,10 @@ def assert_valid_gpu_quota(obj: Mapping[str, Any]) -> None:
     parse_quota(dict(obj))
 
 
-def namespace(name: str, mode: str | None = None) -> dict[str, Any]:
+def namespace(name: str, mode: str | None = None, *, opt_out: bool = False) -> dict[str, Any]:
     labels = {names.TRANSLATION_LABEL: mode} if mode is not None else {}
+    if opt_out:
+        labels[names.POD_OPT_OUT_LABEL] = names.POD_OPT_OUT_ALLOWED
     return {"apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": name, "labels": labels}}
 
@@ -163,7 +165,8 @@ def scenario() -> list[dict[str, Any]]:
     """A cluster half-way through nothing: legacy GPU stacks everywhere, the gateway installed.
 
     team-a (unlabelled): a HAMi Deployment with a running pod on gpu-1, and a ResourceQuota;
-    team-b (audit): a whole-GPU Job; team-c (disabled): a pod; team-d: a pod that opts out;
+    team-b (audit): a whole-GPU Job; team-c (disabled): a pod; team-d (granting opt-outs): a
+    pod that opts out;
     team-e (label "maybe"): a pod; ml: a pod a rule refuses. gpu-1 runs the legacy plugin.
     """
     hami = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4096, "nvidia.com/gpucores": 30}
@@ -175,7 +178,8 @@ def scenario() -> list[dict[str, Any]]:
     job["spec"]["template"]["spec"]["restartPolicy"] = "Never"
     return [
         namespace("team-a"), namespace("team-b", "audit"), namespace("team-c", "disabled"),
-        namespace("team-d", "enabled"), namespace("team-e", "maybe"), namespace("ml", "enabled"),
+        namespace("team-d", "enabled", opt_out=True), namespace("team-e", "maybe"),
+        namespace("ml", "enabled"),
         deployment("infer", "team-a", hami), rs_pod, job,
         pod("old", "team-c", {"nvidia.com/gpu": 1}, node="gpu-1"),
         pod("optout", "team-d", {"nvidia.com/gpu": 1},

@@ -116,6 +116,37 @@ def test_what_stays_legacy_says_why(tmp_path: Path, ns: str, name: str, status: 
     assert workload.why.startswith(why)
 
 
+def test_an_opt_out_the_namespace_does_not_grant_is_refused_at_creation(
+        tmp_path: Path) -> None:
+    objects = [namespace("a", "enabled"),
+               pod("p", "a", {"nvidia.com/gpu": 1},
+                   annotations={names.TRANSLATION_LABEL: "disabled"})]
+    workload = _workload(_plan(objects, tmp_path), "a", "p")
+    assert workload.status == "refused"
+    assert workload.why == (
+        'pods are refused at creation: pod a/p: metadata.annotations["dra-gateway.io/'
+        'translation"] is "disabled", but namespace a does not let its pods opt out of '
+        "translation (a legacy pod escapes the namespace's GPU policies); remove the "
+        "annotation, or have a cluster administrator grant it: kubectl label namespace a "
+        "dra-gateway.io/pod-opt-out=allowed")
+
+
+def test_each_namespace_shows_what_its_pods_hold_in_each_world(tmp_path: Path) -> None:
+    translated = pod("t", "a", {})
+    translated["metadata"]["annotations"] = {names.ANNOTATION_TRANSLATED: json.dumps(
+        {"containers": {"main": {"limits": {"nvidia.com/gpu": "2"}, "request": "main"}},
+         "gated": True})}
+    objects = [namespace("a", "enabled", opt_out=True), translated,
+               pod("l", "a", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4096,
+                              "nvidia.com/gpucores": 30},
+                   annotations={names.TRANSLATION_LABEL: "disabled"}),
+               pod("done", "a", {"nvidia.com/gpu": 4}, phase="Succeeded")]
+    plan = _plan(objects, tmp_path)
+    (ns,) = [n for n in plan.namespaces if n.name == "a"]
+    assert ns.legacy_usage == {"pods": 1, "devices": 1, "memory": 4096 << 20, "cores": 30}
+    assert ns.translated_usage == {"pods": 1, "devices": 2, "memory": 0, "cores": 200}
+
+
 @pytest.mark.parametrize(("mode", "annotation", "status", "why"), [
     ("enabled", "audit", "audit", "its pods are annotated dra-gateway.io/translation: audit"),
     ("audit", "enabled", "audit", "admitted unchanged (audit mode)"),
@@ -127,8 +158,9 @@ def test_what_stays_legacy_says_why(tmp_path: Path, ns: str, name: str, status: 
 ])
 def test_a_pod_annotation_holds_its_own_pod_back_never_forward(
         tmp_path: Path, mode: str, annotation: str, status: str, why: str) -> None:
-    objects = [namespace("a", mode), pod("p", "a", {"nvidia.com/gpu": 1},
-                                         annotations={names.TRANSLATION_LABEL: annotation})]
+    objects = [namespace("a", mode, opt_out=True),
+               pod("p", "a", {"nvidia.com/gpu": 1},
+                   annotations={names.TRANSLATION_LABEL: annotation})]
     workload = _workload(_plan(objects, tmp_path), "a", "p")
     assert workload.status == status
     assert workload.why.startswith(why)
@@ -163,9 +195,15 @@ def test_the_steps_come_in_order_with_what_each_waits_for(tmp_path: Path) -> Non
     plan = _plan(scenario(), tmp_path, source="-f dump.yaml")
     audit, create, enable, cut = plan.steps
     assert [s.number for s in plan.steps] == [1, 2, 3, 4]
+    # team-c is labelled disabled: kept out on purpose, the steps leave it so.
     assert audit.actions == tuple(
         f"kubectl label namespace {ns} dra-gateway.io/translation=audit --overwrite"
-        for ns in ("team-a", "team-c", "team-e"))
+        for ns in ("team-a", "team-e"))
+    assert not any("team-c" in action for action in enable.actions)
+    assert ("namespace team-c is labelled dra-gateway.io/translation=disabled and stays so in "
+            "these steps; to move it too: kubectl label namespace team-c "
+            "dra-gateway.io/translation=audit --overwrite, then enable it as step 3 says"
+            ) in plan.notes
     assert ('fix Pod ml/bad, whose pods translation refuses: container "main": set '
             "nvidia.com/gpumem or nvidia.com/gpumem-percentage, not both (rule hami)"
             ) in audit.waits_for

@@ -84,8 +84,38 @@ async def test_audit_mode_says_what_a_rule_would_refuse_and_still_admits_the_pod
     assert answer["auditAnnotations"]["would-be-refused"] == refused["status"]["message"]
 
 
-async def test_a_pod_annotated_disabled_stays_legacy_in_an_enabled_namespace_and_is_validated(
+async def _grant_opt_out(client: Client, cluster: MemoryCluster) -> None:
+    """Label namespace inference dra-gateway.io/pod-opt-out=allowed and wait for the webhook's
+    namespace mirror to see it."""
+    await cluster.create(NAMESPACES, {
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "inference", "labels": {"dra-gateway.io/pod-opt-out": "allowed"}}})
+    for _ in range(200):
+        if (await _post(client, "/mutate", _annotated("disabled")))["response"]["allowed"]:
+            return
+    raise AssertionError("the webhook never saw the namespace's grant")
+
+
+async def test_a_pod_cannot_opt_out_where_its_namespace_does_not_grant_it(
         client: Client, cluster: MemoryCluster) -> None:
+    for value in ("disabled", "audit"):
+        answer = (await _post(client, "/mutate", _annotated(value)))["response"]
+        assert answer["allowed"] is False
+        assert answer["status"]["code"] == 403
+        assert answer["status"]["message"] == (
+            f'pod inference/llm-serve: metadata.annotations["dra-gateway.io/translation"] is '
+            f'"{value}", but namespace inference does not let its pods opt out of translation '
+            "(a legacy pod escapes the namespace's GPU policies); remove the annotation, or "
+            "have a cluster administrator grant it: kubectl label namespace inference "
+            "dra-gateway.io/pod-opt-out=allowed")
+    assert (await cluster.list(RESOURCE_CLAIM_TEMPLATES, namespace="inference")).items == []
+    # In an audit namespace the pod is legacy anyway: its annotation only says so.
+    assert (await _post(client, "/mutate/audit", _annotated("disabled")))["response"]["allowed"]
+
+
+async def test_a_pod_annotated_disabled_stays_legacy_where_its_namespace_grants_it(
+        client: Client, cluster: MemoryCluster) -> None:
+    await _grant_opt_out(client, cluster)
     pod = _annotated("disabled")
     answer = (await _post(client, "/mutate", pod))["response"]
     assert answer["allowed"] is True
@@ -101,7 +131,9 @@ async def test_a_pod_annotated_disabled_stays_legacy_in_an_enabled_namespace_and
     assert "was not translated to a DRA claim" in escaped["status"]["message"]
 
 
-async def test_a_pod_annotated_audit_in_an_enabled_namespace_is_audited(client: Client) -> None:
+async def test_a_pod_annotated_audit_in_an_enabled_namespace_is_audited(
+        client: Client, cluster: MemoryCluster) -> None:
+    await _grant_opt_out(client, cluster)
     answer = (await _post(client, "/mutate", _annotated("audit")))["response"]
     assert "patch" not in answer
     assert answer["warnings"] == [HAMI_LINE]

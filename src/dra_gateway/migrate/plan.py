@@ -14,13 +14,14 @@ Pure: it reads data and returns data. It must not read files or a cluster, nor r
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from dra_gateway.kube import names, objects
 from dra_gateway.migrate.inventory import WORKLOAD_KINDS, Inventory, Object, namespace_of
 from dra_gateway.migrate.node import NodeState, node_state, pod_legacy_requests
 from dra_gateway.migrate.quotas import QuotaMigration, migrate_quotas
+from dra_gateway.migrate.usage import usage_by_world
 from dra_gateway.translator.explaining import ContainerExplanation, explain
 from dra_gateway.translator.manifests import pod_specs
 from dra_gateway.translator.rules import RuleSet
@@ -46,6 +47,13 @@ class NamespacePlan:
     problem: str = ""  # an unknown label value, and the fix
     workloads: int = 0  # workloads with legacy GPU requests
     gpu_quotas: tuple[str, ...] = ()  # names of the GPUQuotas that exist
+    # Whether its pods may hold themselves back from translation (label
+    # dra-gateway.io/pod-opt-out=allowed, or the chart's webhook.translation.podOptOut).
+    opt_out: bool = False
+    # What its live GPU pods hold in GPUQuota terms, in each world: the pods a legacy device
+    # plugin serves, and those translated into claims (policy.legacyusage, the rules in force).
+    legacy_usage: Mapping[str, int] = field(default_factory=dict)
+    translated_usage: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,18 +123,23 @@ class MigrationPlan:
 
 
 def namespace_mode(name: str, ns: Mapping[str, Any] | None, default: str, *,
-                   excluded: Collection[str] = ()) -> NamespacePlan:
+                   excluded: Collection[str] = (), pod_opt_out: str = "labelled"
+                   ) -> NamespacePlan:
     """A namespace's translation mode: none where the webhooks never look (`excluded`), else
-    its label, else the chart's default."""
-    label = objects.labels(ns).get(names.TRANSLATION_LABEL) if ns is not None else None
+    its label, else the chart's default; `pod_opt_out` is the chart's
+    webhook.translation.podOptOut (`labelled` or `everywhere`)."""
+    labels = objects.labels(ns) if ns is not None else {}
+    label = labels.get(names.TRANSLATION_LABEL)
+    opt_out = pod_opt_out == "everywhere" or \
+        labels.get(names.POD_OPT_OUT_LABEL) == names.POD_OPT_OUT_ALLOWED
     if name in excluded:
-        return NamespacePlan(name, "disabled", "excluded", label)
+        return NamespacePlan(name, "disabled", "excluded", label, opt_out=opt_out)
     if label is None:
-        return NamespacePlan(name, _mode(default), "default")
+        return NamespacePlan(name, _mode(default), "default", opt_out=opt_out)
     if label in names.TRANSLATION_MODES:
-        return NamespacePlan(name, _mode(label), "label", label)
+        return NamespacePlan(name, _mode(label), "label", label, opt_out=opt_out)
     return NamespacePlan(
-        name, "unknown", "label", label,
+        name, "unknown", "label", label, opt_out=opt_out,
         problem=f"namespace {name}: label {names.TRANSLATION_LABEL}={label!r} is none of "
                 f"{', '.join(names.TRANSLATION_MODES)}; fix it: kubectl label namespace {name} "
                 f"{names.TRANSLATION_LABEL}=audit --overwrite")
@@ -144,29 +157,38 @@ def _mode(value: str) -> Mode:
 
 def build_plan(inventory: Inventory, rules: RuleSet, *, default_mode: str = "enabled",
                rule_sources: Sequence[str] = (), source: str = "",
-               excluded: Collection[str] = DEFAULT_EXCLUDED) -> MigrationPlan:
+               excluded: Collection[str] = DEFAULT_EXCLUDED,
+               pod_opt_out: str = "labelled") -> MigrationPlan:
     """The plan for the cluster `inventory` describes, under `rules`.
 
     `source` is how the command line named the cluster (`-f dump.yaml`, `--kubeconfig FILE`),
     repeated in the commands the steps give; `excluded`: the namespaces the webhook
     configurations leave out (kube-system, the gateway's own, webhook.excludeNamespaces)."""
     listed = {objects.name(ns): ns for ns in inventory.namespaces}
-    modes = {n: namespace_mode(n, listed.get(n), default_mode, excluded=excluded)
+    modes = {n: namespace_mode(n, listed.get(n), default_mode, excluded=excluded,
+                               pod_opt_out=pod_opt_out)
              for n in inventory.namespace_names()}
     workloads = _workloads(inventory, rules, modes)
     quotas = migrate_quotas(inventory, rules)
     gpu_quotas: dict[str, list[str]] = {}
     for q in inventory.gpu_quotas:
         gpu_quotas.setdefault(namespace_of(q), []).append(objects.name(q))
+    usage = usage_by_world(inventory.pods, rules)
     namespaces = tuple(
-        NamespacePlan(p.name, p.mode, p.source, p.label, p.problem,
-                      workloads=sum(1 for w in workloads if w.namespace == p.name),
-                      gpu_quotas=tuple(sorted(gpu_quotas.get(p.name, ()))))
+        replace(p, workloads=sum(1 for w in workloads if w.namespace == p.name),
+                gpu_quotas=tuple(sorted(gpu_quotas.get(p.name, ()))),
+                legacy_usage=usage.get((p.name, "legacy"), {}),
+                translated_usage=usage.get((p.name, "translated"), {}))
         for p in modes.values())
     nodes = _nodes(inventory, rules)
     steps = _steps(namespaces, workloads, nodes, quotas, source)
     notes = list(inventory.notes)
     notes.extend(p.problem for p in namespaces if p.problem)
+    notes.extend(
+        f"namespace {p.name} is labelled {names.TRANSLATION_LABEL}={names.TRANSLATION_DISABLED} "
+        f"and stays so in these steps; to move it too: "
+        f"{_label(p.name, names.TRANSLATION_AUDIT)}, then enable it as step 3 says"
+        for p in namespaces if p.workloads and p.source == "label" and p.mode == "disabled")
     return MigrationPlan(default_mode=default_mode, rules=tuple(rule_sources),
                          namespaces=namespaces, workloads=workloads, nodes=nodes, quotas=quotas,
                          steps=steps, notes=tuple(notes),
@@ -314,7 +336,8 @@ def _status(mode: NamespacePlan, sample: Mapping[str, Any], outcome: str, refusa
     if mode.mode == "disabled":
         return "legacy", (f"namespace {mode.name} is disabled: the webhook is never called; "
                           f"once enabled it would {_would(outcome, refusal, containers)}")
-    held = held_back(sample, mode.name, mode.mode, namespace_label=mode.label)
+    held = held_back(sample, mode.name, mode.mode, namespace_label=mode.label,
+                     opt_out=mode.opt_out)
     if held.refusal is not None:
         return "refused", f"pods are refused at creation: {held.refusal}"
     if mode.mode == "unknown":
@@ -376,7 +399,10 @@ def _label(ns: str, mode: str) -> str:
 def _steps(namespaces: Sequence[NamespacePlan], workloads: Sequence[WorkloadPlan],
            nodes: Sequence[NodeState], quotas: QuotaMigration, source: str
            ) -> tuple[Step, ...]:
-    moving = [n for n in namespaces if n.workloads and n.source != "excluded"]
+    # A namespace labelled disabled was kept out on purpose (step 1 of the README's walk): the
+    # steps leave it so, and the plan's notes say how to move it when its administrator wants.
+    moving = [n for n in namespaces if n.workloads and n.source != "excluded"
+              and not (n.source == "label" and n.mode == "disabled")]
     refused = [w for w in workloads
                if (w.refusal or w.status == "refused") and w.status != "translated"]
     refusals = tuple(f"fix {w.kind} {w.namespace}/{w.name}, whose pods translation refuses: "

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dra_gateway.migrate.plan import ContainerPlan, MigrationPlan, WorkloadPlan
+from dra_gateway.policy.amounts import format_amount
 
 
 def _amounts(values: Mapping[str, Any]) -> str:
@@ -42,13 +43,27 @@ def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
             for r in rows]
 
 
+def usage_text(usage: Mapping[str, int]) -> str:
+    """`2 pods: 3 cards, 8Gi, 130 cores` (cores in percent of a card), `-` for none."""
+    if not usage.get("pods"):
+        return "-"
+    parts = [f"{usage.get('devices', 0)} card(s)"]
+    if usage.get("memory"):
+        parts.append(format_amount("memory", usage["memory"]))
+    if usage.get("cores"):
+        parts.append(f"{usage['cores']} cores")
+    return f"{usage['pods']} pod(s): " + ", ".join(parts)
+
+
 def render_table(plan: MigrationPlan) -> str:
     out: list[str] = [f"Rules in force: {', '.join(plan.rules) or 'built-in'}; namespaces "
                       f"without the label: {plan.default_mode}", ""]
     out.append("NAMESPACES")
-    rows = [["NAMESPACE", "MODE", "FROM", "GPU WORKLOADS", "GPUQUOTAS"]]
+    rows = [["NAMESPACE", "MODE", "FROM", "GPU WORKLOADS", "GPUQUOTAS", "LEGACY USE",
+             "TRANSLATED USE"]]
     rows += [[n.name, n.mode if n.mode != "unknown" else f"unknown ({n.label!r})", n.source,
-              str(n.workloads), ", ".join(n.gpu_quotas) or "-"] for n in plan.namespaces]
+              str(n.workloads), ", ".join(n.gpu_quotas) or "-", usage_text(n.legacy_usage),
+              usage_text(n.translated_usage)] for n in plan.namespaces]
     out += [*_columns(rows), ""]
 
     out.append("WORKLOADS")
@@ -144,9 +159,11 @@ def render_html(plan: MigrationPlan) -> str:
     data = plan.to_dict()
     parts = [f"<p>Rules in force: {_e(', '.join(plan.rules) or 'built-in')}; namespaces without "
              f"the label: {_e(plan.default_mode)}</p>", "<h2>Namespaces</h2>",
-             _table(["Namespace", "Mode", "From", "GPU workloads", "GPUQuotas"],
+             _table(["Namespace", "Mode", "From", "GPU workloads", "GPUQuotas",
+                     "Legacy use", "Translated use"],
                     [[_e(n.name), _e(n.mode if n.mode != "unknown" else f"unknown ({n.label})"),
-                      _e(n.source), _e(n.workloads), _e(", ".join(n.gpu_quotas) or "-")]
+                      _e(n.source), _e(n.workloads), _e(", ".join(n.gpu_quotas) or "-"),
+                      _e(usage_text(n.legacy_usage)), _e(usage_text(n.translated_usage))]
                      for n in plan.namespaces]),
              "<h2>Workloads</h2>",
              _table(["Workload", "Status", "Why", "Pods", "Legacy pods",
