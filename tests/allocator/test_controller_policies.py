@@ -10,9 +10,16 @@ from dra_gateway.allocator.conditions import QUOTA_CONDITION
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Object
-from dra_gateway.kube.resources import EVENTS, GPU_QUOTAS, GPU_SHARING_POLICIES, NAMESPACES
+from dra_gateway.kube.resources import EVENTS, GPU_QUOTAS, GPU_SHARING_POLICIES, NAMESPACES, PODS
 
-from .conftest import NAMESPACE, World, running_controller, share_claim_spec, ungated
+from .conftest import (
+    NAMESPACE,
+    World,
+    running_controller,
+    share_claim_spec,
+    ungated,
+    whole_claim_spec,
+)
 
 
 def gpu_quota(namespace: str, name: str, **hard: Any) -> Object:
@@ -139,3 +146,71 @@ async def test_an_isolated_tenant_never_shares_a_card_with_another(
         holders = card_holders(claims)
         assert len(holders) == 2
         assert all(len(namespaces) == 1 for namespaces in holders.values()), holders
+
+
+def legacy_pod(name: str, limits: dict[str, str], *, node: str | None = None) -> Object:
+    """A pod a legacy device plugin serves: its legacy names stay, it is not gated."""
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "cuda:12",
+                                            "resources": {"limits": limits}}]}
+    if node is not None:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE,
+                         "annotations": {names.TRANSLATION_LABEL: "disabled"}},
+            "spec": spec, "status": {"phase": "Running" if node else "Pending"}}
+
+
+async def test_a_quota_counts_legacy_pods_with_translated_ones_and_frees_when_they_end(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=4)
+    await memory_cluster.create(GPU_QUOTAS, gpu_quota(NAMESPACE, "gpus", devices=2),
+                                namespace=NAMESPACE)
+    # A legacy pod holds one card through the device plugin (another node; no claim at all).
+    await memory_cluster.create(PODS, legacy_pod("legacy", {"nvidia.com/gpu": "1"},
+                                                 node="legacy-node"), namespace=NAMESPACE)
+    async with running_controller(memory_cluster):
+        await world.gated_pod("t1", [whole_claim_spec(1)])
+        await eventually(lambda: ungated(world, "t1"))
+        await world.gated_pod("t2", [whole_claim_spec(1)])
+
+        async def held() -> Object | None:
+            found = condition(await world.pod("t2"))
+            return found if found and found["status"] == "True" else None
+
+        waiting = await eventually(held)
+        assert waiting["message"] == ("exceeded quota gpus: requested devices=1, used "
+                                      "devices=2, limited devices=2")
+
+        async def status_used() -> Object | None:
+            quota = await memory_cluster.get(GPU_QUOTAS, "gpus", namespace=NAMESPACE)
+            used = (quota.get("status") or {}).get("used")
+            return used if used == {"devices": 2} else None
+
+        assert await eventually(status_used) == {"devices": 2}
+        assert not await ungated(world, "t2")
+        await memory_cluster.delete(PODS, "legacy", namespace=NAMESPACE)
+        await eventually(lambda: ungated(world, "t2"))
+
+
+async def test_a_legacy_share_is_charged_what_its_translation_would_cost(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=2)
+    await memory_cluster.create(GPU_QUOTAS, gpu_quota(NAMESPACE, "mem", memory="40Gi"),
+                                namespace=NAMESPACE)
+    # HAMi: 2 cards of 16384 MiB each: 32Gi of the 40Gi.
+    await memory_cluster.create(PODS, legacy_pod("hami", {
+        "nvidia.com/gpu": "2", "nvidia.com/gpumem": "16384", "nvidia.com/gpucores": "30"}),
+        namespace=NAMESPACE)
+    async with running_controller(memory_cluster):
+        await world.gated_pod("fits", [share_claim_spec(memory_gib=8, cores=10)])
+        await eventually(lambda: ungated(world, "fits"))
+        await world.gated_pod("over", [share_claim_spec(memory_gib=8, cores=10)])
+
+        async def reason() -> str | None:
+            found = condition(await world.pod("over"))
+            return found["message"] if found and found["status"] == "True" else None
+
+        assert await eventually(reason) == ("exceeded quota mem: requested memory=8Gi, used "
+                                            "memory=40Gi, limited memory=40Gi")
+        await world.finish("fits")
+        await eventually(lambda: ungated(world, "over"))

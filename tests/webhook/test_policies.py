@@ -197,3 +197,68 @@ async def test_a_refusing_quota_does_not_charge_again_a_claim_the_pod_names(
     assert answer["status"]["message"] == (
         "pod inference/llm-serve: exceeded quota inference-gpu: requested memory=8000Mi, used "
         "memory=8000Mi, limited memory=10Gi")
+
+
+def _legacy_pod(name: str, gpus: int = 1) -> dict[str, Any]:
+    """A pod that opts out of translation and keeps nvidia.com/gpu for its legacy plugin."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "inference", "uid": f"uid-{name}",
+                         "annotations": {names.TRANSLATION_LABEL: "disabled"}},
+            "spec": {"containers": [{"name": "main", "image": "cuda:12", "resources": {
+                "limits": {"nvidia.com/gpu": str(gpus)}}}]}}
+
+
+async def _legacy_verdict(client: Client, pod: dict[str, Any]) -> dict[str, Any]:
+    resp = await client.post("/validate", data=orjson.dumps(review(pod, uid=pod["metadata"]
+                                                                   ["name"])))
+    assert resp.status == 200
+    answer: dict[str, Any] = (await resp.json())["response"]
+    return answer
+
+
+async def _grant_opt_out(cluster: Cluster) -> None:
+    await cluster.create(NAMESPACES, {
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "inference", "labels": {names.POD_OPT_OUT_LABEL: "allowed"}}})
+
+
+async def test_a_legacy_pod_over_the_quota_both_worlds_hold_is_refused_naming_it(
+        client: Client, cluster: Cluster) -> None:
+    await _grant_opt_out(cluster)
+    # Two translated cards are allocated (the allocator's status says so); Queue or not, a
+    # legacy plugin's pod cannot wait for the quota.
+    quota = {"apiVersion": names.API_VERSION, "kind": "GPUQuota",
+             "metadata": {"name": "gpus", "namespace": "inference"},
+             "spec": {"hard": {"devices": 2}}, "status": {"used": {"devices": 2}}}
+    await cluster.create(GPU_QUOTAS, quota, namespace="inference")
+    await _policies_seen(client, 1)
+    answer = await _legacy_verdict(client, _legacy_pod("legacy-0"))
+    assert answer["allowed"] is False
+    assert answer["status"] == {"code": 403, "reason": "QuotaExceeded", "message": (
+        "pod inference/legacy-0 keeps its legacy GPU requests, which a legacy device plugin "
+        "serves and GPUQuota inference/gpus counts together with the namespace's translated "
+        "pods: exceeded quota gpus: requested devices=1, used devices=2, limited devices=2; "
+        "wait for GPU pods of the namespace to end, or raise spec.hard")}
+    # Larger than the quota by itself: ask for less.
+    alone = await _legacy_verdict(client, _legacy_pod("legacy-big", gpus=3))
+    assert alone["status"]["message"].endswith("ask for less or raise spec.hard")
+
+
+async def test_legacy_pods_admitted_a_moment_ago_count_before_the_status_does(
+        client: Client, cluster: Cluster) -> None:
+    await _grant_opt_out(cluster)
+    quota = {"apiVersion": names.API_VERSION, "kind": "GPUQuota",
+             "metadata": {"name": "gpus", "namespace": "inference"},
+             "spec": {"hard": {"devices": 2}}}
+    await cluster.create(GPU_QUOTAS, quota, namespace="inference")
+    await _policies_seen(client, 1)
+    assert (await _legacy_verdict(client, _legacy_pod("a")))["allowed"] is True
+    assert (await _legacy_verdict(client, _legacy_pod("b")))["allowed"] is True
+    third = await _legacy_verdict(client, _legacy_pod("c"))
+    assert third["allowed"] is False
+    assert "requested devices=1, used devices=2, limited devices=2" in \
+        third["status"]["message"]
+    # A pod without GPUs, or one translated, is no legacy pod.
+    plain = _legacy_pod("plain")
+    plain["spec"]["containers"][0]["resources"] = {}
+    assert (await _legacy_verdict(client, plain))["allowed"] is True
