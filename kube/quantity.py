@@ -33,6 +33,7 @@ it on hot paths.
 from __future__ import annotations
 
 import json
+import math
 from fractions import Fraction
 from functools import lru_cache, total_ordering
 from typing import Final, Literal
@@ -158,6 +159,23 @@ def _interpret(text: str, suffix: str) -> tuple[int, int, QuantityFormat]:
             )
         return 10, exponent, DECIMAL_EXPONENT
     raise QuantityError(text, f"unknown suffix {quoted(suffix)}; {_SUFFIX_HELP}")
+
+
+# Suffixes that a number counted in a unit of its own (MiB, GiB, percent, cards) never carries
+# on purpose: the binary ones, and the decimal ones from M up. `k` stands as written: the API
+# server writes a plain 8000 as 8k.
+_MISTAKEN_SUFFIXES: Final = frozenset({"Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "M", "G", "T", "P",
+                                       "E"})
+
+
+def mistaken_suffix(text: str) -> str | None:
+    """The suffix of a quantity text when a resource counted in a unit of its own cannot mean it
+    (`8Gi` of HAMi's MiB would be 8Pi), None otherwise, or when `text` is no quantity."""
+    try:
+        suffix = _scan(text.strip())[3]
+    except QuantityError:
+        return None
+    return suffix if suffix in _MISTAKEN_SUFFIXES else None
 
 
 @total_ordering
@@ -440,3 +458,20 @@ def is_quantity(text: str) -> bool:
     except QuantityError:
         return False
     return True
+
+
+_UNIT_NAMES: Final = {2**10: "KiB", 2**20: "MiB", 2**30: "GiB", 2**40: "TiB"}
+
+
+def mistaken_unit_message(resource: str, raw: str, factor: int) -> str:
+    """`nvidia.com/gpumem counts MiB: 8Gi would mean 8Pi; write 8192`: a suffix on a resource
+    counted in a unit of its own, what it would mean and what to write."""
+    quantity = Quantity.parse(raw)
+    unit = _UNIT_NAMES.get(factor)
+    if unit is None:
+        return (f"{resource} counts plain numbers (whole units, or percent): {raw} would mean "
+                f"{quantity.value()}; write a plain number")
+    meant = math.floor(quantity.as_fraction() / factor)
+    bytes_text = str(Quantity.from_bytes(math.floor(quantity.as_fraction() * factor)))
+    fix = f"write {meant}" if meant > 0 else f"write a number of {unit}"
+    return f"{resource} counts {unit}: {raw} would mean {bytes_text}; {fix}"

@@ -25,7 +25,13 @@ from typing import Any, Final, Literal
 
 from dra_gateway.kube import names
 from dra_gateway.kube.legacy_resources import legacy_resource
-from dra_gateway.kube.quantity import Quantity, QuantityError, parse_quantity
+from dra_gateway.kube.quantity import (
+    Quantity,
+    QuantityError,
+    mistaken_suffix,
+    mistaken_unit_message,
+    parse_quantity,
+)
 
 __all__ = [
     "KNOWN_NAMES",
@@ -286,6 +292,11 @@ def convert_resource_quota(quota: Mapping[str, Any], *,
         value = str(hard[key])
         if facts.dimension is None:
             unconverted.append(Unconverted(str(key), value, facts.why))
+            continue
+        takes_suffixes = facts.dimension == "memory" and facts.unit == 1  # bytes
+        if not takes_suffixes and mistaken_suffix(value) is not None:
+            unconverted.append(Unconverted(str(key), value, mistaken_unit_message(
+                base, value, facts.unit) + " (a mistaken unit; fix the ResourceQuota)"))
             continue
         amount, problem = _amount(hard[key], facts.unit)
         if amount is None:

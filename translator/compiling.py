@@ -181,7 +181,9 @@ def compile_rule(entry: RuleEntry, problems: Problems) -> CompiledRule | None:
         policy=optional["policy"], selectors=tuple(selectors), constraints=tuple(constraints),
         extended_resource_names=entry.extended_resource_names,
         fractional=frozenset(name for name, res in spec.resources.items()
-                             if res is not None and res.fractional))
+                             if res is not None and res.fractional),
+        suffixed=frozenset(name for name, res in spec.resources.items()
+                           if res is not None and res.suffixes))
     _dry_run(rule, entry, problems)
     if len(problems.errors) > errors_before:
         return None

@@ -22,7 +22,12 @@ from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, NamedTuple
 
 from dra_gateway.kube import names
-from dra_gateway.kube.quantity import Quantity, QuantityError
+from dra_gateway.kube.quantity import (
+    Quantity,
+    QuantityError,
+    mistaken_suffix,
+    mistaken_unit_message,
+)
 from dra_gateway.translator.errors import quote, refuse
 from dra_gateway.translator.evaluation import (
     Subject,
@@ -113,6 +118,10 @@ def _scaled_value(resource: str, *, subject: Subject, limit: Any, request: Any,
     as upstream). A fractional resource may have a fraction; the product is rounded down."""
     raw = limit if limit is not None else request
     one = replace(subject, resources=(resource,))
+    if resource not in subject.rule.suffixed:
+        suffix = mistaken_suffix(str(raw))
+        if suffix is not None:
+            raise one.refuse(mistaken_unit_message(resource, str(raw), factor))
     try:
         quantity = Quantity.parse(str(raw))
         if limit is not None and request is not None and \

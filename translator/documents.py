@@ -88,6 +88,10 @@ class ResourceSpec(_Model):
     fractional: bool = Field(
         default=False, description="the value may have a fraction (gpushare's 5.5 GiB); the "
         "rule sees value × unit rounded down to a whole number")
+    suffixes: bool = Field(
+        default=False, description="the value is a quantity of bytes and may carry suffixes "
+        "(8Gi); without it a binary suffix, or a decimal one from M up, is refused as a unit "
+        "mistaken (HAMi's nvidia.com/gpumem counts MiB: 8Gi would mean 8Pi)")
 
 
 class MatchSpec(_Model):

@@ -66,6 +66,8 @@ class CompiledRule:
     extended_resource_names: ExtendedResourceNames = "defer"
     # Resources whose value may have a fraction: value × unit is rounded down.
     fractional: frozenset[str] = frozenset()
+    # Resources whose value is bytes and may carry any suffix (others refuse mistaken ones).
+    suffixed: frozenset[str] = frozenset()
 
     def claims(self, resource: str) -> bool:
         """Whether this rule reads `resource`."""

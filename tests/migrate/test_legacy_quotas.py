@@ -210,3 +210,20 @@ def test_each_dimension_is_the_sum_over_names_of_the_strictest_prefix(
         if dimension == "memory":
             amount = parse_quantity(amount).value()
         assert amount == sum(per_name.values())
+
+
+def test_a_mistaken_unit_is_said_with_what_to_write_not_converted() -> None:
+    result = convert_resource_quota(resource_quota("q", "ns", {
+        "requests.nvidia.com/gpumem": "8Gi", "requests.nvidia.com/gpu": 2}))
+    assert result is not None
+    assert result.gpu_quota is not None
+    assert result.gpu_quota["spec"]["hard"] == {"devices": 2}
+    (item,) = result.unconverted
+    assert item.reason == ("nvidia.com/gpumem counts MiB: 8Gi would mean 8Pi; write 8192 (a "
+                           "mistaken unit; fix the ResourceQuota)")
+    # Koordinator counts bytes: its suffix is read as written.
+    koordinator = convert_resource_quota(resource_quota("q", "ns", {
+        "requests.koordinator.sh/gpu-memory": "8Gi"}))
+    assert koordinator is not None
+    assert koordinator.gpu_quota is not None
+    assert koordinator.gpu_quota["spec"]["hard"] == {"memory": "8Gi"}

@@ -62,6 +62,20 @@ REFUSALS: list[tuple[str, dict[str, Any], str, str, str]] = [
     ("an amount past 64 bits", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": "1e400"},
      'container "train": nvidia.com/gpumem is 1e400, more than any device offers (rule hami)',
      "nvidia.com/gpumem", "hami"),
+    # A suffix on a resource counted in a unit of its own is a unit mistaken, not a size.
+    ("hami: memory with a binary suffix", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": "8Gi"},
+     'container "train": nvidia.com/gpumem counts MiB: 8Gi would mean 8Pi; write 8192 (rule '
+     "hami)", "nvidia.com/gpumem", "hami"),
+    ("hami: memory in decimal megas", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": "8000M"},
+     'container "train": nvidia.com/gpumem counts MiB: 8000M would mean 7812500Gi; write 7629 '
+     "(rule hami)", "nvidia.com/gpumem", "hami"),
+    ("hami: compute with a suffix",
+     {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": "1Ki"},
+     'container "train": nvidia.com/gpucores counts plain numbers (whole units, or percent): '
+     "1Ki would mean 1024; write a plain number (rule hami)", "nvidia.com/gpucores", "hami"),
+    ("gpushare: memory in GiB with a suffix", {"aliyun.com/gpu-mem": "8Gi"},
+     'container "train": aliyun.com/gpu-mem counts GiB: 8Gi would mean 8Ei; write 8 '
+     "(rule gpushare)", "aliyun.com/gpu-mem", "gpushare"),
     ("two vendors in one container", {"nvidia.com/gpu": 1, "amd.com/gpu": 1},
      'container "train": amd.com/gpu (rule amd-gpu) and nvidia.com/gpu (rule nvidia-gpu) cannot '
      "be combined in one container; ask for one protocol per container",
@@ -166,3 +180,17 @@ def test_two_containers_of_one_name_are_refused(builtin_rules: RuleSet) -> None:
         'container name "train" is used by more than one container; names must be unique '
         "across containers and initContainers")
     assert plan.patch == []
+
+
+@pytest.mark.parametrize(("limits", "memory"), [
+    # The API server writes a plain 8000 as 8k: it stands as written.
+    ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": "8k"}, "8000Mi"),
+    # Koordinator counts bytes: a suffix is what it means.
+    ({"koordinator.sh/gpu-core": 50, "koordinator.sh/gpu-memory": "8Gi"}, "8Gi"),
+])
+def test_a_suffix_that_means_what_it_says_is_taken(limits: dict[str, Any], memory: str) -> None:
+    plan = translate(pod(ctr("train", limits)), load_rules())
+    assert plan.refusal is None
+    (template,) = plan.templates
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["capacity"]["requests"]["memory"] == memory
