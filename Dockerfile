@@ -3,12 +3,14 @@
 #   docker build -t dra-gateway:0.1.0 .
 
 # Stage 1: a wheelhouse of the project and its dependencies, so the runtime stage installs
-# offline and carries no build leftovers.
+# offline and carries no build leftovers. The dependencies are the versions CI tested
+# (constraints.txt, the pins of the README's commands; tests/test_image.py keeps it so).
 FROM python:3.11-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY . .
-RUN pip wheel --wheel-dir /wheels .
+RUN pip wheel --constraint constraints.txt --wheel-dir /wheels . \
+    && cp constraints.txt /wheels/
 
 # Stage 2: the runtime.
 FROM python:3.11-slim
@@ -17,7 +19,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links /wheels dra-gateway \
+    pip install --no-index --find-links /wheels --constraint /wheels/constraints.txt \
+       dra-gateway \
     && groupadd --system --gid 65532 dra-gateway \
     && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin dra-gateway
