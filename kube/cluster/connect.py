@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from dra_gateway.kube.cluster.port import Cluster
 
@@ -50,7 +50,13 @@ def _read_text(path: str) -> str:
         return file.read()
 
 
-async def connect(kind: Literal["kube", "memory"], kubeconfig: str | None = None) -> Cluster:
+# What DRA commands need the API server to serve (connect's `verify`).
+DRA_GROUPS: Final = (("resource.k8s.io", "v1", "is DRA as the gateway uses it (Kubernetes 1.34 "
+                      "or later)"),)
+
+
+async def connect(kind: Literal["kube", "memory"], kubeconfig: str | None = None, *,
+                  verify: Sequence[tuple[str, str, str]] | None = None) -> Cluster:
     """A `Cluster` of `kind`.
 
     "memory": a new, empty in-memory cluster (the embedded default's backing store).
@@ -58,6 +64,10 @@ async def connect(kind: Literal["kube", "memory"], kubeconfig: str | None = None
     os.pathsep, merged as kubectl does: the first file to define a name or the current-context
     wins), else the pod's service account when running in a cluster, else ~/.kube/config: the
     order of controller-runtime, so an operator's habits carry over.
+
+    `verify` (for commands that read a cluster for a person: report, migrate, defrag): check
+    first that the endpoint is a Kubernetes API server serving these (group, version, why)
+    (`DRA_GROUPS`; () for any Kubernetes API); `NotKubernetes` says what it found instead.
     """
     if kind == "memory":
         if not _memory_factories:
@@ -75,7 +85,7 @@ async def connect(kind: Literal["kube", "memory"], kubeconfig: str | None = None
     source = _source(kubeconfig)
     if source.origin == "default" and os.environ.get("KUBERNETES_SERVICE_HOST"):
         try:
-            return KubernetesCluster.in_cluster()
+            cluster = KubernetesCluster.in_cluster()
         except (ConfigException, OSError, ValueError) as exc:
             detail = _one_line(exc).rstrip(".")
             raise ClusterConfigError(
@@ -83,13 +93,21 @@ async def connect(kind: Literal["kube", "memory"], kubeconfig: str | None = None
                 f"{detail[:1].lower()}{detail[1:]}; mount its token and ca.crt at "
                 f"{SERVICE_ACCOUNT_DIR} (automountServiceAccountToken: true) or pass "
                 "--kubeconfig") from None
-    loaded = _load(source)
-    try:
-        return await KubernetesCluster.from_kubeconfig(os.pathsep.join(loaded.paths),
-                                                       context=loaded.context)
-    except (ConfigException, OSError, ValueError, KeyError, TypeError) as exc:
-        raise ClusterConfigError(
-            f"cannot load {loaded.where}: {_one_line(exc)}; {FIX}") from None
+    else:
+        loaded = _load(source)
+        try:
+            cluster = await KubernetesCluster.from_kubeconfig(os.pathsep.join(loaded.paths),
+                                                              context=loaded.context)
+        except (ConfigException, OSError, ValueError, KeyError, TypeError) as exc:
+            raise ClusterConfigError(
+                f"cannot load {loaded.where}: {_one_line(exc)}; {FIX}") from None
+    if verify is not None:
+        try:
+            await cluster.verify(verify)
+        except BaseException:
+            await cluster.close()
+            raise
+    return cluster
 
 
 # Where the kubeconfig comes from ---------------------------------------------------------------

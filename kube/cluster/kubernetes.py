@@ -15,7 +15,7 @@ state or retry on its own: callers decide what a Conflict or an Expired means to
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -31,6 +31,7 @@ from dra_gateway.kube.cluster.port import (
     ApiError,
     BadRequest,
     EventType,
+    NotKubernetes,
     Object,
     ObjectList,
     PatchType,
@@ -151,6 +152,52 @@ class KubernetesCluster:
         except orjson.JSONDecodeError:
             raise ApiError(f"the Kubernetes API answered {method} {path} with something other "
                            f"than JSON: {raw[:200]!r}") from None
+
+    async def _probe(self, path: str) -> tuple[int, bytes]:
+        response = await self._send("GET", path)
+        try:
+            return response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ApiError(f"the Kubernetes API at {self.host} broke off GET {path}: "
+                           f"{type(exc).__name__}: {exc}", code=503,
+                           reason="ServiceUnavailable") from None
+        finally:
+            response.release()
+
+    async def verify(self, groups: Sequence[tuple[str, str, str]] = ()) -> str:
+        """Check that the endpoint is a Kubernetes API server serving each (group, version,
+        what it is for) of `groups`; return its version. Raises NotKubernetes saying what it
+        found instead (an empty cluster and a server that is not one must not look alike)."""
+        fix = ("point --kubeconfig (or $KUBECONFIG) at a Kubernetes API server "
+               "(kubectl cluster-info shows the one a kubeconfig names)")
+        status, raw = await self._probe("/version")
+        try:
+            version = orjson.loads(raw) if status == 200 else None
+        except orjson.JSONDecodeError:
+            version = None
+        if not isinstance(version, dict) or not isinstance(version.get("gitVersion"), str):
+            text = " ".join(raw[:200].decode("utf-8", "replace").split())[:80]
+            said = f"HTTP {status}" + (f" {text!r}" if text else "") if status != 200 else \
+                f"something other than a Kubernetes version: {text!r}"
+            raise NotKubernetes(f"{self.host} does not serve the Kubernetes API: GET /version "
+                                f"answered {said}; {fix}", code=status if status >= 400 else None)
+        git_version: str = version["gitVersion"]
+        if not groups:
+            return git_version
+        status, raw = await self._probe("/apis")
+        try:
+            listed = orjson.loads(raw) if status == 200 else None
+        except orjson.JSONDecodeError:
+            listed = None
+        served = {(str(g.get("name")), str(v.get("version")))
+                  for g in (listed or {}).get("groups") or () if isinstance(g, dict)
+                  for v in g.get("versions") or () if isinstance(v, dict)}
+        for group, group_version, why in groups:
+            if (group, group_version) not in served:
+                raise NotKubernetes(
+                    f"the Kubernetes API at {self.host} ({git_version}) does not serve "
+                    f"{group}/{group_version}, which {why}", code=404)
+        return git_version
 
     # The port -----------------------------------------------------------------------------------
 

@@ -113,6 +113,13 @@ class Forbidden(ApiError):
     reason = "Forbidden"
 
 
+class NotKubernetes(ApiError):
+    """The endpoint answers, but not as a Kubernetes API server (or one without an API group the
+    command needs): said with what it answered instead."""
+
+    reason = "NotKubernetes"
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectList:
     items: list[Object]

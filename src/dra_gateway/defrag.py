@@ -95,9 +95,9 @@ async def _main(args: argparse.Namespace, where: str) -> int:
     from dra_gateway.allocator.defrag.act import Applier, Pace, read_snapshot
     from dra_gateway.allocator.defrag.view import build
     from dra_gateway.allocator.planner.defrag import Limits, plan_defrag
-    from dra_gateway.kube.cluster.connect import connect
+    from dra_gateway.kube.cluster.connect import DRA_GROUPS, connect
 
-    cluster = await connect("kube", args.kubeconfig)
+    cluster = await connect("kube", args.kubeconfig, verify=DRA_GROUPS)
     try:
         snapshot = await read_snapshot(cluster, namespace=args.namespace,
                                        now=datetime.now(UTC))

@@ -43,12 +43,12 @@ async def _read(kubeconfig: str | None, namespace: str = "dra-gateway") -> dict[
     from datetime import UTC, datetime
 
     from dra_gateway.allocator.defrag.act import list_items, read_snapshot
-    from dra_gateway.kube.cluster.connect import connect
+    from dra_gateway.kube.cluster.connect import DRA_GROUPS, connect
     from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES
     from dra_gateway.policy.catalog import Catalog
     from dra_gateway.policy.report import build_report
 
-    cluster = await connect("kube", kubeconfig)
+    cluster = await connect("kube", kubeconfig, verify=DRA_GROUPS)
     try:
         snapshot = await read_snapshot(cluster, namespace=namespace, now=datetime.now(UTC),
                                        pod_selector=None)

@@ -144,7 +144,7 @@ async def _read_live(kubeconfig: str | None) -> Inventory:
     from dra_gateway.kube.cluster.connect import connect
     from dra_gateway.migrate.live import read_cluster
 
-    cluster = await connect("kube", kubeconfig)
+    cluster = await connect("kube", kubeconfig, verify=())
     try:
         return await read_cluster(cluster)
     finally:
@@ -223,7 +223,7 @@ async def _node(args: argparse.Namespace) -> int:
     from dra_gateway.migrate.inventory import Inventory
     from dra_gateway.migrate.node import cut_over
 
-    cluster = await connect("kube", args.kubeconfig)
+    cluster = await connect("kube", args.kubeconfig, verify=())
     try:
         listed = await cluster.list(
             CONFIG_MAPS, label_selector=f"{names.RULES_LABEL}={names.RULES_LABEL_VALUE}")
