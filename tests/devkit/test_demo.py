@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -155,11 +156,13 @@ def test_the_quota_step_is_printed_for_people() -> None:
         "",
         "One quota at work: GPUQuota quota-demo/demo-gpu (hard memory=12Gi).",
         "  quota-demo/first   placed on gpu-h100-1",
+        # Wrapped to fit a 120-column terminal.
         "  quota-demo/second  waits, gated: condition dra-gateway.io/QuotaExceeded=True "
-        "(QuotaExceeded): exceeded quota demo-gpu: requested memory=8Gi, used memory=8Gi, "
-        "limited memory=12Gi",
+        "(QuotaExceeded): exceeded quota demo-gpu:",
+        "                     requested memory=8Gi, used memory=8Gi, limited memory=12Gi",
         "                     Event QuotaExceeded: exceeded quota demo-gpu: requested "
-        "memory=8Gi, used memory=8Gi, limited memory=12Gi",
+        "memory=8Gi, used memory=8Gi, limited",
+        "                     memory=12Gi",
         "                     status.used of the quota: memory=8Gi",
         "  quota-demo/first   finished (phase Succeeded): its claim released",
         "  quota-demo/second  placed on gpu-a100-1 (condition False: QuotaAvailable)",
@@ -368,3 +371,49 @@ def test_a_replica_count_beyond_the_demo_is_refused_by_name() -> None:
         "replicas")
     deployment["spec"]["replicas"] = MAX_PODS
     assert len(pods_of([deployment], "pods.yaml")) == MAX_PODS
+
+
+@pytest.mark.timeout(180)
+def test_serve_keeps_the_cluster_to_explore_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    with subprocess.Popen(
+            [sys.executable, "-m", "dra_gateway", "demo", "--serve", "--work-dir", str(work),
+             "--pods", str(Path(__file__).resolve().parents[2] / "examples/pods/hami.yaml")],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True) as demo:
+        try:
+            _explore_then_stop(demo, work)
+        finally:
+            if demo.poll() is None:
+                demo.kill()
+    assert _processes_mentioning(str(work)) == []
+
+
+def _explore_then_stop(demo: subprocess.Popen[str], work: Path) -> None:
+    assert demo.stderr is not None
+    assert demo.stdout is not None
+    said: list[str] = []
+    for line in demo.stderr:
+        said.append(line)
+        if line.startswith("demo: serving the embedded cluster until Ctrl-C"):
+            break
+    else:
+        raise AssertionError("the demo never served: " + "".join(said))
+    kubeconfig = work / "kubeconfig"
+    assert next(demo.stderr).strip() == f"export KUBECONFIG={kubeconfig}"
+    # The cluster is still there: the commands it suggests read it.
+    report = subprocess.run(
+        [sys.executable, "-m", "dra_gateway", "report", "-o", "json", "--kubeconfig",
+         str(kubeconfig)], capture_output=True, text=True, timeout=60, check=False)
+    assert report.returncode == 0, report.stderr
+    holders = {h["pod"] for card in json.loads(report.stdout)["cards"] for h in card["holders"]}
+    assert "llm-serve" in holders
+    demo.send_signal(signal.SIGINT)
+    assert demo.wait(timeout=60) == 0
+    out = demo.stdout.read()
+    assert "inference/llm-serve" in out
+    assert max(len(line) for line in out.splitlines()) <= 120
+    # The container section shows a HAMi pod's limits.
+    assert "CUDA_DEVICE_MEMORY_LIMIT=8000m" in out
+    assert "CUDA_DEVICE_SM_LIMIT=30" in out
+    assert "did not stop" not in demo.stderr.read()

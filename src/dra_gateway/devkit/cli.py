@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dra_gateway.allocator.cli import StrategyOption
 
@@ -88,6 +88,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        metavar="NAMESPACE/NAME=HOST:PORT",
                        help="where a webhook configuration's clientConfig.service listens "
                             "(repeatable); its TLS name stays NAME.NAMESPACE.svc")
+    serve.add_argument("--tls-dir", metavar="DIR",
+                       help="serve HTTPS with DIR/tls.crt and DIR/tls.key (kubectl sends its "
+                            "token only over HTTPS)")
+    serve.add_argument("--ca-file", metavar="FILE",
+                       help="the CA the kubeconfig trusts for --tls-dir's certificate")
     serve.add_argument("--no-admission", action="store_true",
                        help="do not call the admission webhooks registered in the cluster")
     serve.add_argument("--no-control-plane", action="store_true",
@@ -176,6 +181,24 @@ def _serve(args: argparse.Namespace) -> int:
         return 130
 
 
+def _server_tls(tls_dir: str | None, ca_file: str | None) -> tuple[Any, bytes | None]:
+    """The serving context of `cluster serve --tls-dir` and the CA its kubeconfig trusts."""
+    if tls_dir is None:
+        if ca_file is not None:
+            raise ValueError("--ca-file goes with --tls-dir")
+        return None, None
+    import ssl
+    from pathlib import Path
+
+    try:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(Path(tls_dir) / "tls.crt", Path(tls_dir) / "tls.key")
+        return context, Path(ca_file).read_bytes() if ca_file else None
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot serve TLS from {tls_dir} (tls.crt, tls.key)"
+                         f"{f' with the CA {ca_file}' if ca_file else ''}: {exc}") from None
+
+
 async def _serve_async(args: argparse.Namespace) -> int:
     import asyncio
     import contextlib
@@ -203,6 +226,12 @@ async def _serve_async(args: argparse.Namespace) -> int:
         token = args.token or secrets.token_urlsafe(24)
     if args.history < 1:
         print(f"error: --history must be at least 1, got {args.history}", file=sys.stderr)
+        return 2
+
+    try:
+        tls, ca_data = _server_tls(args.tls_dir, args.ca_file)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
 
     cluster = MemoryCluster(history=args.history)
@@ -235,11 +264,11 @@ async def _serve_async(args: argparse.Namespace) -> int:
             server = await stack.enter_async_context(
                 serve(cluster, host=host, port=port, token=token,
                       admission=not args.no_admission,
-                      webhook_services=dict(args.webhook_service)))
+                      webhook_services=dict(args.webhook_service), tls=tls, ca_data=ca_data))
             if control_plane is not None:
                 await stack.enter_async_context(control_plane.running())
             try:
-                write_kubeconfig(args.kubeconfig, server.url, token)
+                write_kubeconfig(args.kubeconfig, server.url, token, ca_data=ca_data)
             except OSError as exc:
                 print(f"error: cannot write the kubeconfig {args.kubeconfig}: "
                       f"{exc.strerror or exc}", file=sys.stderr)

@@ -109,6 +109,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--work-dir", type=Path, metavar="DIR",
                         help="work in DIR (created if missing, never removed) instead of a "
                              "temporary directory")
+    parser.add_argument("--serve", action="store_true",
+                        help="once the pods are placed, keep the embedded cluster and its "
+                             "components running, print the kubeconfig and commands to try "
+                             "(kubectl, report, migrate plan, defrag plan), and stop cleanly "
+                             "on Ctrl-C")
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table",
                         help="table for people (default) or a JSON summary on standard output")
     parser.set_defaults(func=run)

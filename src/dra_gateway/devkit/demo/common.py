@@ -27,6 +27,8 @@ NODES: tuple[tuple[str, str], ...] = (
 NAMESPACE = "dra-gateway"
 WEBHOOK_SERVICE = "dra-gateway-webhook"
 GRACE_S = 5.0
+# What the demo's output fits: a 120-column terminal.
+TEXT_WIDTH = 120
 LOG_TAIL_LINES = 25
 _POLL_S = 0.2
 

@@ -384,12 +384,13 @@ async def prepare_on_nodes(layout: Layout, reports: Sequence[PodReport]) -> None
 
 async def show_template(cluster: Cluster, reports: Sequence[PodReport]
                         ) -> tuple[dict[str, Any] | None, str | None]:
-    """One translated pod's ResourceClaimTemplate, preferring a shared (fractional) one."""
+    """One translated pod's ResourceClaimTemplate: a HAMi share first (its container shows
+    HAMi-core's memory and compute limits), else any shared (fractional) one."""
     from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES
 
-    candidates = [r for r in reports if r.rule and r.templates]
-    candidates.sort(key=lambda r: not any(d["share"] == "shared" for c in r.claims
-                                          for d in c["devices"]))
+    candidates = [r for r in reports if r.rule and r.templates and r.node]
+    candidates.sort(key=lambda r: (r.rule != "hami", not any(
+        d["share"] == "shared" for c in r.claims for d in c["devices"])))
     for report in candidates:
         template = await cluster.get(RESOURCE_CLAIM_TEMPLATES, report.templates[0],
                                      namespace=report.namespace)

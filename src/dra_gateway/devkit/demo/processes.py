@@ -82,6 +82,10 @@ class Children:
         for child in self.started:
             child.check(step)
 
+    def ended(self) -> list[str]:
+        """Names of the children that have exited."""
+        return [c.name for c in self.started if c.process.poll() is not None]
+
     def stop(self, grace: float = GRACE_S) -> list[str]:
         """SIGTERM every child, SIGKILL what is left after `grace`; names of those killed.
 
@@ -174,6 +178,8 @@ def start_api(children: Children, layout: Layout, webhook_port: int, *,
     return children.start(
         "cluster", "cluster", "serve", "--listen", "127.0.0.1:0",
         "--kubeconfig", str(layout.kubeconfig),
+        # HTTPS, so that kubectl sends the kubeconfig's token (demo --serve).
+        "--tls-dir", str(layout.certs), "--ca-file", str(layout.certs / "ca.crt"),
         "--seed", str(DEMO_DIR / "seed.yaml"), "--seed", str(layout.seed),
         *(arg for path in policies for arg in ("--policies", str(path))),
         "--webhook-service", f"{NAMESPACE}/{WEBHOOK_SERVICE}=127.0.0.1:{webhook_port}")

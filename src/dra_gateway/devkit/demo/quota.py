@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dra_gateway.kube.cluster.port import Cluster
-from dra_gateway.devkit.demo.common import _POLL_S, QUOTA_PODS, QUOTA_POLICIES
+from dra_gateway.devkit.demo.common import _POLL_S, QUOTA_PODS, QUOTA_POLICIES, TEXT_WIDTH
 from dra_gateway.devkit.demo.pods import DemoPod, read_pods
 from dra_gateway.devkit.demo.processes import Children
 
@@ -141,25 +141,33 @@ async def show_quota(cluster: Cluster, children: Children, *, place_s: float,
 
 
 def print_quota(report: QuotaReport, out: IO[str]) -> None:
+    import textwrap
+
     hard = ", ".join(f"{k}={v}" for k, v in report.hard.items())
     used = ", ".join(f"{k}={v}" for k, v in report.used_while_waiting.items())
     width = max(len(report.first), len(report.waiting))
+    indent = " " * (width + 4)
+
+    def line(pod: str, text: str) -> None:
+        out.write(textwrap.fill(text, TEXT_WIDTH, initial_indent=f"  {pod:<{width}}  ",
+                                subsequent_indent=indent, break_on_hyphens=False) + "\n")
+
     out.write(f"\nOne quota at work: GPUQuota {report.quota} (hard {hard}).\n")
     if report.first_node:
-        out.write(f"  {report.first:<{width}}  placed on {report.first_node}\n")
+        line(report.first, f"placed on {report.first_node}")
     if report.condition:
-        out.write(f"  {report.waiting:<{width}}  waits, gated: condition {QUOTA_CONDITION}="
-                  f"{report.condition.get('status')} ({report.condition.get('reason')}): "
-                  f"{report.condition.get('message')}\n")
+        line(report.waiting, f"waits, gated: condition {QUOTA_CONDITION}="
+                             f"{report.condition.get('status')} "
+                             f"({report.condition.get('reason')}): "
+                             f"{report.condition.get('message')}")
     if report.event:
-        out.write(f"  {'':<{width}}  Event QuotaExceeded: {report.event}\n")
+        line("", f"Event QuotaExceeded: {report.event}")
     if used:
-        out.write(f"  {'':<{width}}  status.used of the quota: {used}\n")
+        line("", f"status.used of the quota: {used}")
     if report.node:
-        out.write(f"  {report.first:<{width}}  finished (phase Succeeded): its claim released\n")
+        line(report.first, "finished (phase Succeeded): its claim released")
         cleared = report.cleared or {}
-        out.write(f"  {report.waiting:<{width}}  placed on {report.node}"
-                  + (f" (condition {cleared.get('status')}: {cleared.get('reason')})"
-                     if cleared else "") + "\n")
+        line(report.waiting, f"placed on {report.node}" + (
+            f" (condition {cleared.get('status')}: {cleared.get('reason')})" if cleared else ""))
     for problem in report.problems:
         out.write(f"\nFAILED quota step: {problem}\n")

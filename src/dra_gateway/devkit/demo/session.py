@@ -31,6 +31,7 @@ from dra_gateway.devkit.demo.common import (
     NAMESPACE,
     NODES,
     QUOTA_POLICIES,
+    TEXT_WIDTH,
     DemoError,
 )
 from dra_gateway.devkit.demo.inspection import (
@@ -139,22 +140,54 @@ async def demo(layout: Layout, children: Children, pods: Sequence[DemoPod], *,
         await cluster.close()
 
 
+_GAP = "  "
+_MIN_WRAPPED = 16
+
+
+def fit_columns(rows: Sequence[Sequence[str]], width: int = TEXT_WIDTH,
+                wrapped: Sequence[int] = ()) -> list[str]:
+    """The rows as aligned columns within `width`: the columns in `wrapped` (indexes) are
+    narrowed, widest first, and their cells wrapped at spaces onto lines of their own."""
+    import textwrap
+
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    while sum(widths) + len(_GAP) * (len(widths) - 1) > width:
+        candidates = [i for i in wrapped if widths[i] > _MIN_WRAPPED]
+        if not candidates:
+            break
+        widest = max(candidates, key=lambda i: widths[i])
+        widths[widest] -= 1
+    lines: list[str] = []
+    for row in rows:
+        cells = [textwrap.wrap(cell, widths[i], break_on_hyphens=False) or [""]
+                 if i in wrapped else [cell] for i, cell in enumerate(row)]
+        for n in range(max(len(c) for c in cells)):
+            parts = [(c[n] if n < len(c) else "").ljust(widths[i]) for i, c in enumerate(cells)]
+            lines.append(_GAP.join(parts).rstrip())
+    return lines
+
+
 def print_table(reports: Sequence[PodReport], out: IO[str]) -> None:
-    rows = [("POD", "LEGACY REQUEST", "TEMPLATE", "NODE", "DEVICES (SHARE)")]
+    rows = [("POD", "LEGACY REQUEST [RULE]", "TEMPLATE", "NODE", "DEVICES (SHARE)")]
     for r in reports:
         devices = "; ".join(describe_devices(c["devices"]) for c in r.claims if c["devices"])
         node = r.node or ("(pending)" if r.expected == "pending" else "(not bound)")
         rows.append((f"{r.namespace}/{r.name}", r.legacy + (f" [{r.rule}]" if r.rule else ""),
                      ", ".join(r.templates) or "-", node, devices or "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    for row in rows:
-        out.write("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4]))
-                  + "  " + row[4] + "\n")
+    for line in fit_columns(rows, wrapped=(1, 4)):
+        out.write(line + "\n")
     for r in reports:
         if r.expected == "pending" and r.ok:
-            out.write(f"\n{r.namespace}/{r.name} stays pending as expected: {r.why_pending}.\n")
+            out.write("\n" + _fill(f"{r.namespace}/{r.name} stays pending as expected: "
+                                   f"{r.why_pending}.") + "\n")
         for problem in r.problems:
             out.write(f"\nFAILED {r.namespace}/{r.name}: {problem}\n")
+
+
+def _fill(text: str) -> str:
+    import textwrap
+
+    return textwrap.fill(text, TEXT_WIDTH, break_on_hyphens=False, break_long_words=False)
 
 
 def _short_temp_dir() -> str:
@@ -210,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
     code = 1
     outcome: Outcome | None = None
     failure: DemoError | None = None
+    reported = False  # --serve reports before it serves
     try:
         say(f"work directory {root}")
         prepare(layout)
@@ -219,6 +253,10 @@ def run(args: argparse.Namespace) -> int:
                                    place_s=args.timeout, say=say, quota=not args.pods))
         code = 0 if all(r.ok for r in outcome.reports) \
             and (outcome.quota is None or outcome.quota.ok) else 1
+        if args.serve:
+            _report(outcome, code, root, remove=False, as_json=as_json, layout=layout)
+            reported = True
+            _serve(layout, children)
     except DemoError as exc:
         failure = exc
     except (KeyboardInterrupt, _Terminated):
@@ -256,28 +294,8 @@ def run(args: argparse.Namespace) -> int:
     if outcome is not None:
         if code != 0:
             remove = False  # the logs explain it; the JSON summary must say where they are
-        if as_json:
-            summary = {"ok": code == 0, "workDir": str(root) if not remove else None,
-                       "pods": [r.to_json() for r in outcome.reports],
-                       "template": {"pod": outcome.template_of, "object": outcome.template},
-                       "quota": outcome.quota.to_json() if outcome.quota else None}
-            json.dump(summary, sys.stdout, indent=2)
-            sys.stdout.write("\n")
-        else:
-            _print_outcome(outcome, sys.stdout)
-        if outcome.quota is not None and not outcome.quota.ok:
-            print(f"demo: failed at step \"showing a quota at work\": "
-                  f"{'; '.join(outcome.quota.problems)}; the allocator's log is "
-                  f"{layout.logs / 'allocator.log'}", file=err)
-        failed = [f"{r.namespace}/{r.name}" for r in outcome.reports if not r.ok]
-        if failed:
-            print(f"demo: failed at step \"checking placements\": {len(failed)} pod"
-                  f"{'s' if len(failed) != 1 else ''} not placed as expected: "
-                  f"{', '.join(failed)}; each component's log is in {layout.logs}", file=err)
-            if any(not r.ok and not r.node and r.expected == "bound" for r in outcome.reports):
-                allocator_log = layout.logs / "allocator.log"
-                print(f"--- last lines of {allocator_log} ---\n{log_tail(allocator_log)}\n---",
-                      file=err)
+        if not reported:
+            _report(outcome, code, root, remove=remove, as_json=as_json, layout=layout)
     if remove_nodes:
         shutil.rmtree(nodes_root, ignore_errors=True)
     elif nodes_root.parent != root:
@@ -289,6 +307,64 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
+def _report(outcome: Outcome, code: int, root: Path, *, remove: bool, as_json: bool,
+            layout: Layout) -> None:
+    """The run's output: the JSON summary or the tables, then what failed, on stderr."""
+    err = sys.stderr
+    if as_json:
+        summary = {"ok": code == 0, "workDir": str(root) if not remove else None,
+                   "pods": [r.to_json() for r in outcome.reports],
+                   "template": {"pod": outcome.template_of, "object": outcome.template},
+                   "quota": outcome.quota.to_json() if outcome.quota else None}
+        json.dump(summary, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_outcome(outcome, sys.stdout)
+    sys.stdout.flush()
+    if outcome.quota is not None and not outcome.quota.ok:
+        print(f"demo: failed at step \"showing a quota at work\": "
+              f"{'; '.join(outcome.quota.problems)}; the allocator's log is "
+              f"{layout.logs / 'allocator.log'}", file=err)
+    failed = [f"{r.namespace}/{r.name}" for r in outcome.reports if not r.ok]
+    if failed:
+        print(f"demo: failed at step \"checking placements\": {len(failed)} pod"
+              f"{'s' if len(failed) != 1 else ''} not placed as expected: "
+              f"{', '.join(failed)}; each component's log is in {layout.logs}", file=err)
+        if any(not r.ok and not r.node and r.expected == "bound" for r in outcome.reports):
+            allocator_log = layout.logs / "allocator.log"
+            print(f"--- last lines of {allocator_log} ---\n{log_tail(allocator_log)}\n---",
+                  file=err)
+
+
+SERVE_READY = "demo: serving the embedded cluster until Ctrl-C"
+
+
+def _serve(layout: Layout, children: Children) -> None:
+    """Keep the cluster and its components running for the user to explore, until Ctrl-C or
+    SIGTERM (or a component ends on its own, which is said)."""
+    kubeconfig = layout.kubeconfig
+    lines = [f"{SERVE_READY}; its kubeconfig is {kubeconfig}. Try, in another shell:",
+             f"  export KUBECONFIG={kubeconfig}",
+             "  kubectl get pods,resourceclaims -A",
+             "  kubectl get resourceslices",
+             "  kubectl get gpuquotas -A",
+             "  dra-gateway report",
+             "  dra-gateway migrate plan",
+             "  dra-gateway defrag plan",
+             f"Each component's log is in {layout.logs}."]
+    print("\n" + "\n".join(lines), file=sys.stderr, flush=True)
+    try:
+        while True:
+            ended = children.ended()
+            if ended:
+                print(f"demo: {', '.join(ended)} ended on its own; stopping the rest (its "
+                      f"log is in {layout.logs})", file=sys.stderr)
+                return
+            time.sleep(0.5)
+    except (KeyboardInterrupt, _Terminated):
+        print("demo: stopping every process it started", file=sys.stderr, flush=True)
+
+
 def _print_outcome(outcome: Outcome, out: IO[str]) -> None:
     import yaml
 
@@ -297,15 +373,15 @@ def _print_outcome(outcome: Outcome, out: IO[str]) -> None:
     if outcome.quota is not None:
         print_quota(outcome.quota, out)
     if outcome.template is not None:
-        out.write(f"\nThe ResourceClaimTemplate of pod {outcome.template_of}, as the webhook "
-                  "translated its legacy request:\n\n")
+        out.write("\n" + _fill(f"The ResourceClaimTemplate of pod {outcome.template_of}, as "
+                               "the webhook translated its legacy request:") + "\n\n")
         out.write(yaml.safe_dump(outcome.template, sort_keys=False))
         shown = next((r for r in outcome.reports
                       if f"{r.namespace}/{r.name}" == outcome.template_of), None)
         prepared = [c["prepared"] for c in (shown.claims if shown else [])
                     if c.get("prepared")]
         if prepared:
-            ids = ", ".join(i for p in prepared for i in p["cdiDevices"])
-            out.write("\nIts node plugin prepared the claim as the kubelet asks it to; the "
-                      f"container sees (CDI {ids}):\n\n")
+            ids = "".join(f"  {i}\n" for p in prepared for i in p["cdiDevices"])
+            out.write("\nIts node plugin prepared the claim as the kubelet asks it to, with "
+                      f"the CDI devices\n{ids}and the container sees:\n\n")
             out.write("".join(f"  {e}\n" for p in prepared for e in p["env"]))

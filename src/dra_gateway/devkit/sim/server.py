@@ -12,10 +12,12 @@ The REST surface stays one table of paths and verbs: split by verb, it would be 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hmac
 import logging
 import os
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -507,8 +509,12 @@ async def serve(cluster: Cluster, *, host: str = "127.0.0.1", port: int = 0,
                 token: str | None = None,
                 kubeconfig: str | os.PathLike[str] | None = None,
                 admission: bool = True,
-                webhook_services: Mapping[str, str] | None = None) -> AsyncIterator[Server]:
-    """Serve `cluster` over HTTP on `host:port` (0 picks a free port) until the block exits.
+                webhook_services: Mapping[str, str] | None = None,
+                tls: ssl.SSLContext | None = None,
+                ca_data: bytes | None = None) -> AsyncIterator[Server]:
+    """Serve `cluster` over HTTP on `host:port` (0 picks a free port) until the block exits;
+    over HTTPS with `tls` (its serving context), the kubeconfig trusting `ca_data` (PEM): kubectl
+    sends no token to a plain-HTTP server.
 
     With `kubeconfig`, a kubeconfig for the server (and `token`) is written there once it
     listens. With `admission`, the webhooks registered in the cluster are called as
@@ -523,35 +529,41 @@ async def serve(cluster: Cluster, *, host: str = "127.0.0.1", port: int = 0,
                 Admission(cluster, services=webhook_services))
         yield await stack.enter_async_context(
             _listen(create_app(cluster, token=token, admission=chain), host, port, token,
-                    kubeconfig))
+                    kubeconfig, tls, ca_data))
 
 
 @contextlib.asynccontextmanager
 async def _listen(app: web.Application, host: str, port: int, token: str | None,
-                  kubeconfig: str | os.PathLike[str] | None) -> AsyncIterator[Server]:
+                  kubeconfig: str | os.PathLike[str] | None, tls: ssl.SSLContext | None,
+                  ca_data: bytes | None) -> AsyncIterator[Server]:
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=tls)
         await site.start()
         bound_host, bound_port = runner.addresses[0][:2]
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-        url = f"http://{shown}:{bound_port}"
+        url = f"{'https' if tls is not None else 'http'}://{shown}:{bound_port}"
         if kubeconfig is not None:
-            write_kubeconfig(kubeconfig, url, token)
+            write_kubeconfig(kubeconfig, url, token, ca_data=ca_data)
         yield Server(url=url, host=bound_host, port=bound_port, token=token)
     finally:
         await runner.cleanup()
 
 
 def kubeconfig_document(server_url: str, token: str | None = None, *,
-               name: str = "dra-gateway") -> dict[str, Any]:
-    """A kubeconfig document with one cluster, one user, one context, selected."""
+                        name: str = "dra-gateway",
+                        ca_data: bytes | None = None) -> dict[str, Any]:
+    """A kubeconfig document with one cluster (trusting `ca_data`, PEM, when given), one user,
+    one context, selected."""
     user: dict[str, Any] = {"token": token} if token else {}
+    cluster: dict[str, Any] = {"server": server_url}
+    if ca_data is not None:
+        cluster["certificate-authority-data"] = base64.b64encode(ca_data).decode()
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": name, "cluster": {"server": server_url}}],
+        "clusters": [{"name": name, "cluster": cluster}],
         "users": [{"name": name, "user": user}],
         "contexts": [{"name": name, "context": {"cluster": name, "user": name,
                                                 "namespace": "default"}}],
@@ -561,9 +573,10 @@ def kubeconfig_document(server_url: str, token: str | None = None, *,
 
 
 def write_kubeconfig(path: str | os.PathLike[str], server_url: str,
-                     token: str | None = None) -> None:
+                     token: str | None = None, *, ca_data: bytes | None = None) -> None:
     """Write a kubeconfig for `server_url` (readable by its owner only: it may hold a token)."""
-    text = yaml.safe_dump(kubeconfig_document(server_url, token), sort_keys=False)
+    text = yaml.safe_dump(kubeconfig_document(server_url, token, ca_data=ca_data),
+                          sort_keys=False)
     # Atomic: clients started alongside the server wait for this file and must never read it
     # half written; and a file left from an earlier run must not keep a wider mode.
     atomic_write(Path(path), text.encode("utf-8"), mode=0o600)
