@@ -84,6 +84,7 @@ from dra_gateway.kube.runtime.policymirror import PolicyMirror
 from dra_gateway.kube.runtime.workqueue import WorkQueue
 from dra_gateway.policy.amounts import DeviceCharge
 from dra_gateway.policy.keeper import CatalogKeeper
+from dra_gateway.policy.legacyusage import still_counted
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +290,8 @@ class Controller:
         for pod in list(self.pods.values()):
             if is_gated(pod):
                 self.unplaceable.wake(self._pod_key(pod))
+            elif objects.is_deleting(pod) and objects.uid(pod) in self.state.ledger.legacy:
+                self._set_legacy_pod(pod)  # its grace period may be over
         for claim in list(self.claims.values()):
             if has_finalizer(claim):
                 self.queue.add(self._claim_key(claim))
@@ -362,7 +365,9 @@ class Controller:
             self._release_claims(self.index.claims_of(uid))
 
     def _legacy_charges(self, obj: Object) -> tuple[DeviceCharge, ...]:
-        if is_finished(obj) or objects.is_deleting(obj):
+        # A pod being deleted keeps its legacy card until its containers stop: it counts until
+        # its grace period is over (as a ResourceQuota counts it; `_resync` looks again).
+        if not still_counted(obj, datetime.now(UTC)):
             return ()
         return self.legacy.charges(obj, card_memory=self.state.smallest_card_memory())
 

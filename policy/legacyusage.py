@@ -24,6 +24,7 @@ Pure: it takes request shapes and pods as plain data and returns data.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from dra_gateway.kube import names
@@ -33,7 +34,7 @@ from dra_gateway.policy.amounts import DeviceCharge, RequestShape, requests_of
 from dra_gateway.policy.legacyquotas import legacy_name
 
 __all__ = ["LEGACY_CLAIM_PREFIX", "LEGACY_DRIVER", "counted_cards", "keeps_legacy_gpus",
-           "legacy_charges", "pod_charges", "whole_cards"]
+           "legacy_charges", "pod_charges", "still_counted", "whole_cards"]
 
 # The pseudo-driver of a legacy pod's cards in the quota ledger, and the prefix of its record.
 LEGACY_DRIVER: Final = "legacy.dra-gateway.io"
@@ -153,3 +154,23 @@ def pod_charges(pod: Mapping[str, Any], claim_specs: Sequence[Mapping[str, Any]]
     if claims:
         return legacy_charges(uid, claims, card_memory=card_memory)
     return whole_cards(uid, counted_cards(pod), card_memory=card_memory)
+
+
+def still_counted(pod: Mapping[str, Any], now: datetime) -> bool:
+    """Whether a pod counts against quotas at `now`, as a ResourceQuota counts it: not once it
+    has finished, and a pod being deleted until its grace period is over (its kubelet keeps the
+    legacy plugin's card while its containers stop)."""
+    if _mapping(pod.get("status")).get("phase") in ("Succeeded", "Failed"):
+        return False
+    meta = _mapping(pod.get("metadata"))
+    deleting = meta.get("deletionTimestamp")
+    if not deleting:
+        return True
+    try:
+        deadline = datetime.fromisoformat(str(deleting).replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    grace = meta.get("deletionGracePeriodSeconds")
+    if isinstance(grace, int) and grace > 0:
+        deadline += timedelta(seconds=grace)
+    return now <= deadline

@@ -33,6 +33,7 @@ from cachetools import LRUCache
 
 from dra_gateway.kube import cel, names
 from dra_gateway.kube.cel.devices import IDENTITY_ATTRIBUTES, may_read_identity
+from dra_gateway.kube.quantity import QuantityError, parse_quantity
 from dra_gateway.policy.amounts import RequestShape
 from dra_gateway.policy.sharing import SharingRules
 
@@ -96,6 +97,26 @@ class DeviceProfiles:
 
     profiles: tuple[DeviceProfile, ...] = ()
     generation: int = 0
+
+    def smallest_card_memory(self) -> int:
+        """Bytes of the smallest GPU (not MIG instance) of the gateway's driver published, 0
+        when none: the least a whole card costs wherever it lands, as the allocator reads it."""
+        sizes = []
+        for profile in self.profiles:
+            if profile.driver != names.DRIVER:
+                continue
+            attributes = profile.device.get("attributes") or {}
+            kind = attributes.get(names.ATTR_TYPE) or \
+                attributes.get(f"{names.DRIVER}/{names.ATTR_TYPE}") or {}
+            if isinstance(kind, Mapping) and kind.get("string", "gpu") != "gpu":
+                continue
+            memory = (profile.device.get("capacity") or {}).get(names.CAPACITY_MEMORY)
+            value = memory.get("value") if isinstance(memory, Mapping) else None
+            try:
+                sizes.append(parse_quantity(str(value)).value())
+            except (QuantityError, TypeError):
+                continue
+        return min(sizes, default=0)
 
 
 class ModelReach:

@@ -419,8 +419,10 @@ async def _answer_validate(state: WebhookState, review: Review, mode: NamespaceM
     catalog = state.policies.catalog
     extended = state.device_classes.extended
     # A pod a legacy plugin will serve counts against the namespace's quotas (both worlds).
-    legacy = legacy_charges(review.object, rules, extended) \
-        if catalog.quotas_for(namespace) else ()
+    legacy = legacy_charges(
+        review.object, rules, extended,
+        card_memory=state.device_profiles.profiles.smallest_card_memory(),
+    ) if catalog.quotas_for(namespace) else ()
     under_review = PodUnderReview(
         pod=review.object, namespace=namespace, rules=rules,
         claim_classes=await _claim_classes(state, namespace, review.object, deadline),

@@ -23,13 +23,14 @@ from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import claim_specs
 
 
-def legacy_charges(pod: dict[str, Any], rules: RuleSet,
-                   extended: ExtendedResources) -> tuple[DeviceCharge, ...]:
+def legacy_charges(pod: dict[str, Any], rules: RuleSet, extended: ExtendedResources, *,
+                   card_memory: int = 0) -> tuple[DeviceCharge, ...]:
     """What `pod` costs its namespace's quotas while a legacy plugin serves it, by the rules in
-    force; () when it asks no legacy stack for GPUs."""
+    force, a whole card at `card_memory` (the smallest card published, as the allocator reads
+    it); () when it asks no legacy stack for GPUs."""
     if not keeps_legacy_gpus(pod, skip=extended.classes.keys()):
         return ()
-    return pod_charges(pod, claim_specs(pod, rules, extended=extended))
+    return pod_charges(pod, claim_specs(pod, rules, extended=extended), card_memory=card_memory)
 
 
 class RecentLegacyPods:

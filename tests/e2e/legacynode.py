@@ -25,6 +25,7 @@ import yaml
 from dra_gateway.devkit.realcluster import ApiError, path_of
 from dra_gateway.kube import names
 from e2e.support import (
+    NAMESPACE,
     Component,
     Gateway,
     cards,
@@ -155,6 +156,11 @@ def _clean_up(gateway: Gateway, plugin: Component | None, kubelet: FakeKubelet) 
         plugin.stop()
         gateway.components.pop(plugin.name, None)
     kubelet.stop()
+    # The stand-in pod the plugin's token was bound to (node_plugin_kubeconfig), so that a later
+    # scenario can add the node again.
+    stand_in = f"{gateway.service_accounts['node-plugin']}-{NODE}"
+    with contextlib.suppress(ApiError):
+        api.delete(path_of("v1", "pods", namespace=NAMESPACE, name=stand_in), grace_period_s=0)
     for item in api.list(path_of("resource.k8s.io/v1", "resourceslices")):
         if item["spec"].get("nodeName") == NODE:
             with contextlib.suppress(ApiError):

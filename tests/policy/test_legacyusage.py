@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from dra_gateway.policy.legacyusage import (
     keeps_legacy_gpus,
     legacy_charges,
     pod_charges,
+    still_counted,
 )
 from dra_gateway.policy.quotas import Quota
 from dra_gateway.translator.rules import load_rules
@@ -98,3 +100,18 @@ def test_counted_cards_are_what_the_scheduler_counts(
 def test_which_pods_a_legacy_stack_serves(limits: dict[str, str], annotations: dict[str, str],
                                           skip: tuple[str, ...], keeps: bool) -> None:
     assert keeps_legacy_gpus(_pod(limits, annotations=annotations), skip=skip) is keeps
+
+
+@pytest.mark.parametrize(("meta", "phase", "counted"), [
+    ({}, "Running", True),
+    ({}, "Succeeded", False),
+    # Being deleted: its containers still hold the card until the grace period is over.
+    ({"deletionTimestamp": "2026-12-04T10:00:30Z", "deletionGracePeriodSeconds": 30},
+     "Running", True),
+    ({"deletionTimestamp": "2026-12-04T09:59:00Z", "deletionGracePeriodSeconds": 30},
+     "Running", False),
+])
+def test_a_pod_counts_as_a_resource_quota_counts_it(meta: dict[str, Any], phase: str,
+                                                     counted: bool) -> None:
+    pod = {"metadata": {"name": "p", **meta}, "status": {"phase": phase}}
+    assert still_counted(pod, datetime(2026, 12, 4, 10, 0, 0, tzinfo=UTC)) is counted

@@ -18,6 +18,7 @@ from dra_gateway.kube.resources import (
     NAMESPACES,
     RESOURCE_CLAIM_TEMPLATES,
     RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
 )
 from dra_gateway.webhook.app import STATE
 
@@ -262,3 +263,32 @@ async def test_legacy_pods_admitted_a_moment_ago_count_before_the_status_does(
     plain = _legacy_pod("plain")
     plain["spec"]["containers"][0]["resources"] = {}
     assert (await _legacy_verdict(client, plain))["allowed"] is True
+
+
+async def test_a_legacy_whole_card_costs_the_smallest_card_published(
+        client: Client, cluster: Cluster) -> None:
+    await _grant_opt_out(cluster)
+    await cluster.create(RESOURCE_SLICES, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "gpu-1"},
+        "spec": {"driver": names.DRIVER, "nodeName": "gpu-1",
+                 "pool": {"name": "gpu-1", "generation": 0, "resourceSliceCount": 1},
+                 "devices": [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}},
+                              "capacity": {"memory": {"value": size},
+                                           "cores": {"value": "100"}}}
+                             for i, size in enumerate(("80Gi", "40Gi"))]}})
+    quota = {"apiVersion": names.API_VERSION, "kind": "GPUQuota",
+             "metadata": {"name": "mem", "namespace": "inference"},
+             "spec": {"hard": {"memory": "60Gi"}}, "status": {"used": {"memory": "30Gi"}}}
+    await cluster.create(GPU_QUOTAS, quota, namespace="inference")
+    await _policies_seen(client, 1)
+    profiles = client.app[STATE].device_profiles
+    for _ in range(200):
+        if len(profiles.profiles.profiles) == 2:
+            break
+        await asyncio.sleep(0.01)
+    # A whole card holds at least the smallest card's memory: 30Gi + 40Gi passes 60Gi.
+    answer = await _legacy_verdict(client, _legacy_pod("whole"))
+    assert answer["allowed"] is False
+    assert "requested memory=40Gi, used memory=30Gi, limited memory=60Gi" in \
+        answer["status"]["message"]

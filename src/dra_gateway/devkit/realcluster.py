@@ -55,6 +55,8 @@ CONTROLLERS = (
     "resourceclaim-controller", "garbage-collector-controller", "namespace-controller",
     "serviceaccount-controller", "deployment-controller", "replicaset-controller",
     "job-controller", "cronjob-controller",
+    # Fills the rules of the bootstrap roles admin, edit and view (tenants are bound to them).
+    "clusterrole-aggregation-controller",
 )
 ADMIN_USER = "admin"
 GRACE_S = 10.0
