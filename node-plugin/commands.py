@@ -12,8 +12,7 @@ import signal
 import sys
 from typing import Any, TextIO
 
-import yaml
-
+from dra_gateway.kube import yamltext
 from dra_gateway.node_plugin import cdi
 from dra_gateway.node_plugin.deviceclasses import device_classes as build_device_classes
 from dra_gateway.node_plugin.devices import (
@@ -43,7 +42,7 @@ def _dump(objects: list[dict[str, Any]], output: str, out: TextIO) -> None:
         json.dump({"apiVersion": "v1", "kind": "List", "items": objects}, out, indent=2)
         out.write("\n")
     else:
-        yaml.safe_dump_all(objects, out, sort_keys=False)
+        out.write(yamltext.dump_all(objects, sort_keys=False))
 
 
 def discover(args: argparse.Namespace, out: TextIO | None = None) -> int:

@@ -174,6 +174,7 @@ def _run_translate(args: argparse.Namespace) -> int:
 
     import yaml
 
+    from dra_gateway.kube import yamltext
     from dra_gateway.translator.manifests import rewrite_manifests
     from dra_gateway.translator.rules import RulesError, load_rules
 
@@ -228,7 +229,7 @@ def _run_translate(args: argparse.Namespace) -> int:
             return EXIT_UNREADABLE
         sys.stdout.write(text + "\n")
     else:
-        sys.stdout.write(yaml.safe_dump_all(out, sort_keys=False, explicit_start=True))
+        sys.stdout.write(yamltext.dump_all(out, sort_keys=False, explicit_start=True))
     return EXIT_REFUSED if result.refusals else EXIT_OK
 
 

@@ -204,8 +204,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import yaml
-
+    from dra_gateway.kube import yamltext
     from dra_gateway.translator.rules import RulesError, load_rules
     from dra_gateway.webhook.config import configurations
 
@@ -228,5 +227,5 @@ def _config(args: argparse.Namespace) -> int:
     documents = configurations(rules, service_namespace=namespace, service_name=name,
                                ca_bundle=ca_bundle, gateway_namespace=args.namespace or namespace,
                                port=args.port, default_translation=args.default_translation)
-    sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False, width=100))
+    sys.stdout.write(yamltext.dump_all(documents, sort_keys=False, width=100))
     return 0

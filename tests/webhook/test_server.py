@@ -148,7 +148,11 @@ def test_webhook_config_prints_both_configurations(
     paths = write_bundle(make_bundle(dns_names=["dra-gateway-webhook.dra-gateway.svc"]), tmp_path)
     assert main(["webhook-config", "--service", "dra-gateway/dra-gateway-webhook",
                  "--ca-file", str(paths.ca_cert)]) == 0
-    mutating, validating = yaml.safe_load_all(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    # Every repeated part written in full, as kubectl users read and diff it: no anchors.
+    assert "&id" not in out
+    assert "*id" not in out
+    mutating, validating = yaml.safe_load_all(out)
     assert mutating["kind"] == "MutatingWebhookConfiguration"
     assert validating["kind"] == "ValidatingWebhookConfiguration"
     import base64

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from dra_gateway.kube import objects
+from dra_gateway.kube import objects, yamltext
 from dra_gateway.migrate.inventory import Inventory
 from dra_gateway.migrate.rules import router
 from dra_gateway.policy.legacyquotas import QuotaConversion, convert_resource_quota
@@ -80,7 +80,7 @@ def render_yaml(migration: QuotaMigration) -> str:
             parts.append("\n".join(lines) + "\n")
         else:
             parts.append("\n".join(lines) + "\n"
-                         + yaml.safe_dump(conversion.gpu_quota, sort_keys=False))
+                         + yamltext.dump(conversion.gpu_quota, sort_keys=False))
     return "---\n".join(parts)
 
 
