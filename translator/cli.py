@@ -128,6 +128,39 @@ def _run_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _files_of(name: str) -> list[str]:
+    """`name`, or the manifests of the folder it names (its .yaml, .yml and .json files in name
+    order, not recursing, as kubectl -f reads a folder)."""
+    path = Path(name)
+    if name == "-" or not path.is_dir():
+        return [name]
+    found = sorted(str(p) for p in path.iterdir()
+                   if p.suffix in _MANIFEST_SUFFIXES and p.is_file())
+    if not found:
+        raise ValueError(f"folder {name} holds no {', '.join(_MANIFEST_SUFFIXES)} file")
+    return found
+
+
+def _not_manifests(documents: list[Any]) -> str | None:
+    """What keeps `documents` (one source's) from being Kubernetes manifests, None when they
+    are: none at all, or a document without apiVersion and kind."""
+    if not documents:
+        return " holds no Kubernetes object (it is empty, or only comments)"
+    for number, document in enumerate(documents, 1):
+        if not isinstance(document, dict):
+            return (f": document {number} is not a Kubernetes object: it is a "
+                    f"{type(document).__name__}, not a mapping with apiVersion and kind")
+        missing = [k for k in ("apiVersion", "kind") if not isinstance(document.get(k), str)
+                   or not document.get(k)]
+        if missing:
+            return (f": document {number} is not a Kubernetes object: it has no "
+                    f"{' and no '.join(missing)}")
+    return None
+
+
 def _read_stream(name: str, stdin: TextIO) -> list[Any]:
     import json
 
@@ -194,10 +227,15 @@ def _run_translate(args: argparse.Namespace) -> int:
     if extended is None:
         return EXIT_UNREADABLE
     documents: list[Any] = []
-    for filename in args.filename:
+    try:
+        filenames = [f for given in args.filename for f in _files_of(given)]
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    for filename in filenames:
         source = "standard input" if filename == "-" else filename
         try:
-            documents.extend(_read_stream(filename, sys.stdin))
+            read = _read_stream(filename, sys.stdin)
         except OSError as exc:
             print(f"error: cannot read {source}: {exc.strerror or exc}", file=sys.stderr)
             return EXIT_UNREADABLE
@@ -208,6 +246,12 @@ def _run_translate(args: argparse.Namespace) -> int:
             print(f"error: {source} is not valid YAML or JSON{where}: {problem}",
                   file=sys.stderr)
             return EXIT_UNREADABLE
+        problem = _not_manifests(read)
+        if problem is not None:
+            print(f"error: {source}{problem}; pass Kubernetes manifests, as kubectl apply -f "
+                  "takes them", file=sys.stderr)
+            return EXIT_UNREADABLE
+        documents.extend(read)
     source = ", ".join("standard input" if f == "-" else f for f in args.filename)
 
     result = rewrite_manifests(documents, ruleset, extended=extended)

@@ -326,3 +326,55 @@ def test_standard_input_that_is_not_utf8_is_named_as_such(
     assert (code, out) == (2, "")
     assert err.startswith("error: standard input is not valid YAML or JSON: 'utf-8' codec "
                           "can't decode byte 0xff")
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("", " holds no Kubernetes object (it is empty, or only comments)"),
+    ("# nothing here\n", " holds no Kubernetes object (it is empty, or only comments)"),
+    ("hello: world\n", ": document 1 is not a Kubernetes object: it has no apiVersion and no "
+                       "kind"),
+    ("apiVersion: v1\nkind: Pod\nmetadata: {name: a}\n---\n- 1\n- 2\n",
+     ": document 2 is not a Kubernetes object: it is a list, not a mapping with apiVersion "
+     "and kind"),
+])
+def test_what_is_no_manifest_is_said_not_echoed(capsys: pytest.CaptureFixture[str],
+                                                tmp_path: Path, content: str,
+                                                message: str) -> None:
+    source = tmp_path / "in.yaml"
+    source.write_text(content)
+    code, out, err = run(capsys, "translate", "-f", str(source))
+    assert (code, out) == (2, "")
+    assert err == f"error: {source}{message}; pass Kubernetes manifests, as kubectl apply -f " \
+                  "takes them\n"
+
+
+def test_a_folder_is_read_as_kubectl_reads_it(capsys: pytest.CaptureFixture[str],
+                                              tmp_path: Path) -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a", "namespace": "ns"},
+           **gpu_template({"nvidia.com/gpu": "1"})}
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(pod))
+    (tmp_path / "a.json").write_text(json.dumps({**pod, "metadata": {"name": "b"}}))
+    (tmp_path / "notes.txt").write_text("not a manifest")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.yaml").write_text("hello: world\n")  # not recursed into
+    code, out, err = run(capsys, "translate", "-f", str(tmp_path), "-o", "json")
+    assert code == 0, err
+    listed = json.loads(out)
+    assert [d["metadata"]["name"] for d in listed if d["kind"] == "Pod"] == ["b", "a"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, out, err = run(capsys, "translate", "-f", str(empty))
+    assert (code, err) == (2, f"error: folder {empty} holds no .yaml, .yml, .json file\n")
+
+
+def test_a_name_close_to_a_legacy_one_is_warned_about(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path: Path) -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"},
+           **gpu_template({"nvidia.com/gpus": "1", "example.com/widget": "1"})}
+    source = tmp_path / "in.yaml"
+    source.write_text(yaml.safe_dump(pod))
+    code, _, err = run(capsys, "translate", "-f", str(source))
+    assert code == 0
+    assert err == ('warning: Pod a/p: container "main": nvidia.com/gpus is read by no rule '
+                   "(did you mean nvidia.com/gpu?): the pod keeps it, and waits for a node "
+                   "that offers it\n")
