@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import textwrap
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -184,13 +185,15 @@ def render_table(report: Mapping[str, Any]) -> str:
         who = ", ".join(f"{h['namespace']}/{h['pod'] or h['claim']} "
                         f"({format_amount('memory', h['memory'])}, {h['cores']}%)"
                         for h in card["holders"]) or "-"
-        lines.append(f"{card['node']:<20} {card['device']:<10} "
-                     f"{format_amount('memory', card['free']['memory']):>12} "
-                     f"{card['free']['cores']:>10} {who}")
+        lines += hanging(f"{card['node']:<20} {card['device']:<10} "
+                         f"{format_amount('memory', card['free']['memory']):>12} "
+                         f"{card['free']['cores']:>10} ", who)
     frag = report["fragmentation"]
-    lines += ["", f"FRAGMENTATION: {len(frag['slivers'])} free slivers too small for the "
-              f"smallest pending share, "
-              f"{format_amount('memory', frag['strandedMemory'])} of memory stranded"]
+    stranded = format_amount("memory", frag["strandedMemory"]) if frag["strandedMemory"] \
+        else "0Gi"
+    lines += ["", *hanging("", f"FRAGMENTATION: {len(frag['slivers'])} free slivers too small "
+                               f"for the smallest pending share, {stranded} of GPU memory "
+                               "stranded")]
     if frag.get("nodes"):
         lines.append(f"{'NODE':<20} {'FREE MEMORY':>12} {'FREE CORES':>10} "
                      f"{'STRANDED MEMORY':>16} {'STRANDED CORES':>14} SLIVERS")
@@ -202,6 +205,18 @@ def render_table(report: Mapping[str, Any]) -> str:
     for error in report["policyErrors"]:
         lines.append(f"POLICY ERROR: {error}")
     return "\n".join(lines) + "\n"
+
+
+# What the tables fit: a 120-column terminal.
+WIDTH = 120
+
+
+def hanging(prefix: str, text: str, width: int = WIDTH) -> list[str]:
+    """`prefix` then `text` wrapped at spaces within `width`, its later lines indented under
+    its first (a table's last column that would run past the terminal)."""
+    lines = textwrap.wrap(text, max(20, width - len(prefix)), break_long_words=False,
+                          break_on_hyphens=False) or [""]
+    return [prefix + lines[0], *(" " * len(prefix) + line for line in lines[1:])]
 
 
 def _colour(namespace: str) -> str:

@@ -53,11 +53,14 @@ def test_the_table_ends_with_a_line_per_node_and_its_state(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report"]) == 0
     out = capsys.readouterr().out
+    # The reason wraps under its column: the table fits a 120-column terminal.
     assert out.endswith(
         "NODES (move from legacy device plugins)\n"
         "NODE                 STATE        SINCE                 WHY\n"
         "gpu-b                CuttingOver  2026-12-01T10:00:00Z  2 of 8 card(s) held by legacy "
-        "pods: ml/train (nvidia.com/gpu); withheld until those pods end\n")
+        "pods: ml/train (nvidia.com/gpu);\n"
+        + " " * 56 + "withheld until those pods end\n")
+    assert max(len(line) for line in out.splitlines()) <= 120
 
 
 @pytest.mark.usefixtures("cluster_report")

@@ -107,9 +107,11 @@ def migration_nodes(nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
 def nodes_table(rows: Iterable[Mapping[str, str]]) -> str:
     lines = ["", "NODES (move from legacy device plugins)",
              f"{'NODE':<20} {'STATE':<12} {'SINCE':<21} WHY"]
-    lines += [f"{r['node']:<20} {r['state']:<12} {r['since'] or '-':<21} {r['message']}"
-              for r in rows] or ["none: no node plugin has reported (or it runs with "
-                                 "--no-legacy-coexistence)"]
+    from dra_gateway.policy.report import hanging
+
+    lines += [line for r in rows for line in hanging(
+        f"{r['node']:<20} {r['state']:<12} {r['since'] or '-':<21} ", r["message"])] or [
+        "none: no node plugin has reported (or it runs with --no-legacy-coexistence)"]
     return "\n".join(lines) + "\n"
 
 

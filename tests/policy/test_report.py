@@ -94,3 +94,6 @@ def test_fragmentation_per_node_counts_what_no_pending_request_can_use() -> None
     idle = build_report(claims=_claims(), slices=[_slice()], pods=[], templates=[],
                         catalog=Catalog.build())
     assert idle["fragmentation"]["slivers"] == []
+    # Zero memory still says its unit.
+    assert "0 free slivers too small for the smallest pending share, 0Gi of GPU memory " \
+           "stranded" in render_table(idle)
