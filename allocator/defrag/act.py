@@ -112,6 +112,7 @@ class MoveOutcome:
     move: Move
     result: str  # "evicted", "already gone", "refused: ...", "failed: ...", "not started"
     replacement: str = ""  # where its replacement went, or why it is not known
+    replaced: bool = False  # its replacement is placed
 
 
 @dataclass(slots=True)
@@ -119,6 +120,7 @@ class HelpOutcome:
     help: Help
     moves: list[MoveOutcome] = field(default_factory=list)
     placed: str = ""  # where the pod helped went, or why not yet
+    is_placed: bool = False
 
     @property
     def done(self) -> bool:
@@ -133,6 +135,14 @@ class ApplyReport:
     @property
     def evicted(self) -> int:
         return sum(1 for o in self.outcomes for m in o.moves if m.result == "evicted")
+
+    @property
+    def incomplete(self) -> bool:
+        """Moves were made, but a pod they were for, or a moved pod's replacement, was not
+        placed within the wait: not an error, not done either."""
+        return any((o.placed != "not started" and not o.is_placed)
+                   or any(m.result == "evicted" and not m.replaced for m in o.moves)
+                   for o in self.outcomes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +182,8 @@ class Applier:
                 outcome.placed = "not started"
                 continue
             if not help_.moves:
-                outcome.placed = await self._wait_placed(help_.uid, pods, short=True)
+                outcome.placed, outcome.is_placed = await self._wait_placed(
+                    help_.uid, pods, short=True)
                 continue
             await self._write_hold(help_, pods)
             outcome.moves = await self._evict(help_, pods)
@@ -182,10 +193,10 @@ class Applier:
                                   f"{refused[0].result}; the moves before it stay done, the "
                                   f"devices they freed stay held for {help_.pod}")
             await self._events(help_, outcome, pods)
-            outcome.placed = await self._wait_placed(help_.uid, pods)
+            outcome.placed, outcome.is_placed = await self._wait_placed(help_.uid, pods)
             for move in outcome.moves:
                 if move.result == "evicted":
-                    move.replacement = await self._replacement(move.move, pods)
+                    move.replacement, move.replaced = await self._replacement(move.move, pods)
         return report
 
     async def _write_hold(self, help_: Help, pods: Mapping[str, Object]) -> None:
@@ -251,10 +262,11 @@ class Applier:
                 "pod": "/".join(objects.namespace_name(pod)), "error": str(exc)})
 
     async def _wait_placed(self, uid: str, pods: Mapping[str, Object], *,
-                           short: bool = False) -> str:
+                           short: bool = False) -> tuple[str, bool]:
+        """Where the pod helped went (and whether it is placed), or why not yet."""
         pod = pods.get(uid)
         if pod is None:
-            return "gone"
+            return "gone", True
         ns, name = objects.namespace_name(pod)
         deadline = time.monotonic() + (min(self.pace.wait_seconds, 10.0) if short
                                        else self.pace.wait_seconds)
@@ -262,25 +274,26 @@ class Applier:
             try:
                 current = await self.cluster.get(PODS, name, namespace=ns)
             except NotFound:
-                return "gone"
+                return "gone", True
             if objects.uid(current) != uid:
-                return "gone"
+                return "gone", True
             node = objects.spec(current).get("nodeName")
             if node:
-                return f"bound to {node}"
+                return f"bound to {node}", True
             if not objects.is_gated(current):
-                return "allocated, waiting for the scheduler"
+                return "allocated, waiting for the scheduler", True
             if time.monotonic() >= deadline:
                 return (f"not placed within {self.pace.wait_seconds:g}s: it waits, the devices "
-                        f"stay held for it")
+                        f"stay held for it"), False
             await asyncio.sleep(self.pace.poll_seconds)
 
-    async def _replacement(self, move: Move, pods: Mapping[str, Object]) -> str:
-        """Where the moved pod's controller put its replacement, once placed."""
+    async def _replacement(self, move: Move, pods: Mapping[str, Object]) -> tuple[str, bool]:
+        """Where the moved pod's controller put its replacement, once placed (True), or what
+        was seen of it within the wait (False)."""
         before = pods.get(move.uid)
         owner = controller_uid(before)
         if before is None or owner is None:
-            return "unknown"
+            return "its replacement is not known (no controller)", False
         ns = objects.namespace(before)
         deadline = time.monotonic() + self.pace.wait_seconds
         while True:
@@ -290,12 +303,14 @@ class Applier:
             placed = [p for p in fresh if objects.spec(p).get("nodeName")]
             if placed:
                 p = placed[0]
-                return f"{objects.name(p)} on {objects.spec(p).get('nodeName')}"
+                return f"{objects.name(p)} on {objects.spec(p).get('nodeName')}", True
             if time.monotonic() >= deadline:
                 if fresh:
-                    return (f"{objects.name(fresh[0])} not placed within "
-                            f"{self.pace.wait_seconds:g}s (the allocator's Events say why)")
-                return f"no replacement within {self.pace.wait_seconds:g}s"
+                    return (f"its replacement {objects.name(fresh[0])} not placed within "
+                            f"{self.pace.wait_seconds:g}s (the allocator's Events say why)"), \
+                        False
+                return (f"not replaced within {self.pace.wait_seconds:g}s: its controller made "
+                        "no new pod (scaled down, paused or gone?)"), False
             await asyncio.sleep(self.pace.poll_seconds)
 
 

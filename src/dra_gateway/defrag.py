@@ -6,7 +6,10 @@ carried out on a live cluster.
 per waiting pod, where it goes and which pods move from where to where, what the moves free,
 the pods that could not be helped and why, and how many pods may not move and why. `apply`
 makes the same plan and carries it out (`allocator.defrag.act.Applier`): holds first, then
-evictions through the Eviction API, then a wait for each re-placement.
+evictions through the Eviction API, then a wait for each re-placement. Its exit code: 0 when
+every pod helped and every moved pod's replacement is placed, 3 when the moves were made but one
+of them was not placed within --wait (it may still be), 1 when the plan stopped (a refused
+eviction, an API failure), 2 for bad input.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from dra_gateway.kube import arguments, objects
+
+# `defrag apply`: the moves were made, but a pod helped or a replacement is not placed yet.
+EXIT_INCOMPLETE = 3
 
 if TYPE_CHECKING:
     from dra_gateway.allocator.defrag.act import ApplyReport
@@ -48,7 +54,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plan = commands.add_parser("plan", help="show the moves, change nothing")
     apply = commands.add_parser(
         "apply", help="carry the plan out: hold the freed devices, evict, wait for each "
-                      "re-placement")
+                      "re-placement (exit 3 when one is not placed within --wait)")
     for parser in (plan, apply):
         parser.add_argument("--kubeconfig", metavar="FILE",
                             help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
@@ -130,7 +136,10 @@ async def _main(args: argparse.Namespace, where: str) -> int:
         print(render_html(body))
     else:
         print(render_table(body))
-    return 1 if report is not None and report.stopped else 0
+    if report is not None and report.stopped:
+        return 1
+    # The moves were made, but what they were for is not placed yet: say so in the exit code.
+    return EXIT_INCOMPLETE if report is not None and report.incomplete else 0
 
 
 def to_dict(plan: DefragPlan, inputs: Inputs, report: ApplyReport | None = None,
@@ -149,6 +158,7 @@ def to_dict(plan: DefragPlan, inputs: Inputs, report: ApplyReport | None = None,
             if move.uid in results:
                 entry["result"] = results[move.uid].result
                 entry["replacement"] = results[move.uid].replacement
+                entry["replaced"] = results[move.uid].replaced
             moves.append(entry)
         item: dict[str, Any] = {"pod": help_.pod, "priority": help_.priority,
                                 "node": help_.placement.node,
@@ -156,6 +166,7 @@ def to_dict(plan: DefragPlan, inputs: Inputs, report: ApplyReport | None = None,
                                 "frees": help_.frees, "moves": moves}
         if outcome is not None:
             item["placed"] = outcome.placed
+            item["isPlaced"] = outcome.is_placed
         helped.append(item)
     from dra_gateway.allocator.defrag.view import blocked_by_budget
 
@@ -186,9 +197,10 @@ def render_table(body: Mapping[str, Any]) -> str:
             if not h["moves"]:
                 lines.append("    fits now: no move needed, the allocator places it")
             for m in h["moves"]:
-                result = f"  [{m['result']}" + (f"; replaced by {m['replacement']}"
-                                                if m.get("replacement") else "") + "]" \
-                    if "result" in m else ""
+                replacement = m.get("replacement")
+                said = (f"; replaced by {replacement}" if m.get("replaced") else
+                        f"; {replacement}") if replacement else ""
+                result = f"  [{m['result']}{said}]" if "result" in m else ""
                 lines.append(f"    move {m['pod']}: {m['from']['node']} "
                              f"({', '.join(m['from']['devices']) or 'no GPU'}) -> "
                              f"{m['to']['node']} ({', '.join(m['to']['devices']) or 'no GPU'})"

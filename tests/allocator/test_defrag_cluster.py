@@ -168,6 +168,13 @@ async def test_apply_holds_first_then_evicts_and_records_events() -> None:
     reasons = sorted(e["reason"] for e in (await sim.list(EVENTS, namespace=NS)).items)
     assert reasons == ["DefragMoved", "DefragMoved", "DefragRoomMade"]
     assert report.outcomes[0].placed.startswith("not placed within")  # no allocator here
+    # Nor a ReplicaSet controller: the moved pods are not replaced, and the report says so
+    # (`defrag apply` exits 3: the moves were made, what they were for is not done).
+    assert report.outcomes[0].is_placed is False
+    assert [m.replaced for m in report.outcomes[0].moves] == [False, False]
+    assert all(m.replacement == "not replaced within 0.2s: its controller made no new pod "
+               "(scaled down, paused or gone?)" for m in report.outcomes[0].moves)
+    assert report.incomplete
     # A second plan sees the hold: the pod no longer waits, and nothing moves twice.
     again = build(await read_snapshot(sim, namespace="dra-gateway", now=NOW))
     assert again.waiters == []
