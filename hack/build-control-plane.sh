@@ -20,7 +20,7 @@
 # gives them (otherwise /version says v0.0.0).
 set -euo pipefail
 
-VERSIONS_DEFAULT=(1.34.4 1.37.2)
+VERSIONS_DEFAULT=(1.34.4 1.35.4 1.36.3 1.37.2)
 ETCD_VERSION=${ETCD_VERSION:-v3.6.5}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 CACHE=${DRA_GATEWAY_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dra-gateway/kube}

@@ -19,6 +19,8 @@ from e2e.support import Gateway, build_binaries, find_helm, install
 SETUPS: tuple[tuple[str, str, dict[str, bool]], ...] = (
     ("1.34.4", "1.34.4", {}),
     ("1.34.4-consumable-capacity", "1.34.4", {"DRAConsumableCapacity": True}),
+    ("1.35.4", "1.35.4", {}),
+    ("1.36.3", "1.36.3", {}),
     ("1.37.2", "1.37.2", {}),
 )
 
