@@ -30,6 +30,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                           "(default: %(default)s, as cert-manager)")
     generate.add_argument("--ca-days", type=int, default=3650,
                           help="validity of the CA (default: %(default)s)")
+    generate.add_argument("--force", action="store_true",
+                          help="replace a CA already in --out (what trusts the old one, such as "
+                          "the webhook configurations' caBundle, must then be given the new "
+                          "ca.crt)")
     generate.set_defaults(func=_generate)
 
 
@@ -55,6 +59,13 @@ def _generate(args: argparse.Namespace) -> int:
               f"date a certificate can hold; give at most {longest}", file=sys.stderr)
         return 2
     out = Path(args.out)
+    if (out / CA_FILE).is_file() and not args.force:
+        # The CA's key is never written: a second run makes a new CA, which nothing trusts yet.
+        print(f"certs generate: {out / CA_FILE} exists; a new CA would not be trusted by what "
+              f"trusts that one (the webhook configurations' caBundle, clients given it): pass "
+              f"--force to replace {CA_FILE}, {CERT_FILE} and {KEY_FILE}, then give the new "
+              f"{CA_FILE} to them, or choose another --out directory", file=sys.stderr)
+        return 1
     for name in (CA_FILE, CERT_FILE, KEY_FILE):
         # Refused before writing: one unwritable file left a new CA beside the old pair.
         if (out / name).exists() and not (out / name).is_file():

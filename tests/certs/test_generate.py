@@ -137,9 +137,26 @@ def test_generate_writes_nothing_when_a_file_it_must_replace_is_a_folder(
     (out / "tls.key").mkdir()
     capsys.readouterr()
 
-    assert main(["certs", "generate", "--out", str(out), "--dns", "svc.ns.svc"]) == 1
+    assert main(["certs", "generate", "--out", str(out), "--dns", "svc.ns.svc",
+                 "--force"]) == 1
 
     assert capsys.readouterr().err == (
         f"certs generate: cannot write {out / 'tls.key'}: it exists and is not a file; remove "
         "it or choose another --out directory\n")
     assert (out / "ca.crt").read_bytes() == old_ca
+
+
+def test_an_existing_ca_is_not_replaced_without_force(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["certs", "generate", "--out", str(tmp_path), "--dns", "w.ns.svc"]
+    assert main(args) == 0
+    first = (tmp_path / "ca.crt").read_bytes()
+    capsys.readouterr()
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"certs generate: {tmp_path / 'ca.crt'} exists; a new CA would not be "
+                          "trusted by what trusts that one")
+    assert "pass --force" in err
+    assert (tmp_path / "ca.crt").read_bytes() == first
+    assert main([*args, "--force"]) == 0
+    assert (tmp_path / "ca.crt").read_bytes() != first
