@@ -26,6 +26,7 @@ with `placement` (NVIDIA's device names) and `multiprocessors`.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +35,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dra_gateway.kube.quantity import QuantityError, bytes_of
+from dra_gateway.kube.quantity import Quantity, QuantityError, bytes_of
 from dra_gateway.node_plugin.facts import GpuFacts, MigFacts, NodeFacts, Sharing
 from dra_gateway.node_plugin.versions import semver
 
@@ -53,12 +54,23 @@ class InventoryError(Exception):
         super().__init__(f"{source}: {count}: " + "; ".join(self.errors))
 
 
+_GIB = 1 << 30
+
+
 def _memory(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError(f"invalid quantity {value!r}: expected bytes or a quantity like 80Gi")
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
     if isinstance(value, int):
         if value <= 0:
             raise ValueError(f"invalid quantity {value}: must be positive")
+        if value < _GIB:
+            # No GPU or MIG instance has less than 1Gi: a bare number this small is MiB (as
+            # nvidia-smi counts), not bytes.
+            raise ValueError(f"{value} has no unit and, read as bytes, is "
+                             f"{Quantity.from_bytes(value)}: less than any GPU holds; write "
+                             f"the unit, e.g. {value}Mi (nvidia-smi counts MiB)")
         return value
     if not isinstance(value, str):
         raise ValueError(f"invalid quantity {value!r}: expected bytes or a quantity like 80Gi")
@@ -156,6 +168,15 @@ class GpuEntry(_Model):
         if total > self.memory:
             raise ValueError(f"migDevices: their memory ({total} bytes) exceeds the card's "
                              f"({self.memory} bytes)")
+        placed = sorted((m.placement.start, m.placement.start + m.placement.size, i)
+                        for i, m in enumerate(self.mig_devices) if m.placement is not None)
+        for (start, end, i), (next_start, _, j) in itertools.pairwise(placed):
+            if next_start < end:
+                first, second = sorted((i, j))
+                raise ValueError(
+                    f"migDevices[{first}] and migDevices[{second}] overlap: their placements "
+                    f"share slices of the card (one from {start} to {end - 1}, the other from "
+                    f"{next_start}); MIG instances of one card never share a slice")
         return self
 
 

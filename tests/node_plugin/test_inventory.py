@@ -91,3 +91,32 @@ def test_unreadable_and_malformed_files_name_the_file(tmp_path: Path) -> None:
     empty.write_text(yaml.safe_dump([1, 2]))
     with pytest.raises(InventoryError, match="expected a mapping with a `gpus` list"):
         load_inventory(empty)
+
+
+def test_a_bare_number_too_small_for_bytes_of_a_card_is_refused_with_its_unit() -> None:
+    with pytest.raises(InventoryError) as caught:
+        parse_inventory({"gpus": [{**GPU, "memory": 81920}]})
+    assert caught.value.errors == [
+        "gpus[0].memory: 81920 has no unit and, read as bytes, is 80Ki: less than any GPU "
+        "holds; write the unit, e.g. 81920Mi (nvidia-smi counts MiB)"]
+    # Bytes, and quantities with their unit, are read as written.
+    for memory in (85899345920, "85899345920", "80Gi", "81920Mi"):
+        assert parse_inventory({"gpus": [{**GPU, "memory": memory}]}).gpus[0].memory == 80 << 30
+
+
+def test_mig_instances_whose_placements_overlap_are_refused() -> None:
+    migs = [{"profile": "3g.40gb", "uuid": "MIG-aaaa", "memory": "4Gi",
+             "placement": {"start": 0, "size": 4}},
+            {"profile": "1g.10gb", "uuid": "MIG-bbbb", "memory": "4Gi",
+             "placement": {"start": 4, "size": 1}},
+            {"profile": "2g.20gb", "uuid": "MIG-cccc", "memory": "4Gi",
+             "placement": {"start": 2, "size": 2}}]
+    with pytest.raises(InventoryError) as caught:
+        parse_inventory({"gpus": [{**GPU, "migDevices": migs}]})
+    assert caught.value.errors == [
+        "gpus[0]: migDevices[0] and migDevices[2] overlap: their placements share slices of the "
+        "card (one from 0 to 3, the other from 2); MIG instances of one card never share a "
+        "slice"]
+    # Side by side, they are fine.
+    migs[2]["placement"] = {"start": 5, "size": 2}
+    assert len(parse_inventory({"gpus": [{**GPU, "migDevices": migs}]}).gpus[0].mig_devices) == 3
