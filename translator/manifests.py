@@ -119,8 +119,9 @@ def near_misses(pod: Mapping[str, Any], rules: RuleSet) -> list[str]:
                 amounts = resources.get(part) if isinstance(resources, Mapping) else None
                 names_.update(str(n) for n in amounts or () if isinstance(amounts, Mapping))
             for name in sorted(names_):
-                if "/" not in name or rules.is_legacy(name) or name.startswith("requests."):
-                    continue
+                if "/" not in name or rules.is_legacy(name) or name.startswith("requests.") \
+                        or (rules.disabled_resources and rules.disabled_rule(name)):
+                    continue  # read by a rule (a disabled one says so itself)
                 close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
                 if close:
                     out.append(f"container {json.dumps(container.get('name'))}: {name} is "

@@ -203,7 +203,7 @@ rules:
 
 def test_rules_check_accepts_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "rules", "check", str(EXAMPLES / "rules"))
-    assert (code, out) == (0, "ok: 17 rules enabled, 13 disabled\n")
+    assert (code, out) == (0, "ok: 18 rules enabled, 12 disabled\n")
 
 
 def test_example_pods_translate_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
@@ -378,3 +378,21 @@ def test_a_name_close_to_a_legacy_one_is_warned_about(capsys: pytest.CaptureFixt
     assert err == ('warning: Pod a/p: container "main": nvidia.com/gpus is read by no rule '
                    "(did you mean nvidia.com/gpu?): the pod keeps it, and waits for a node "
                    "that offers it\n")
+
+
+def test_the_site_overrides_example_translates_the_example_pods_it_enables(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/rules/site-overrides.yaml enables the Neuron rule: the example Neuron pod
+    (aws.amazon.com/neurondevice, the device plugin's current name) goes to the class it names."""
+    code, out, _ = run(capsys, "translate", "-f",
+                       str(EXAMPLES / "pods-other-vendors" / "accelerators.yaml"),
+                       "--rules", str(EXAMPLES / "rules" / "site-overrides.yaml"), "-o", "json")
+    assert code == 0
+    listed = json.loads(out)
+    (pod,) = [d for d in listed if d["metadata"]["name"] == "neuron-infer"]
+    (claim,) = pod["spec"]["resourceClaims"]
+    (template,) = [d for d in listed if d["kind"] == "ResourceClaimTemplate"
+                   and d["metadata"]["name"] == claim["resourceClaimTemplateName"]]
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "neuron.aws.com"
+    assert request["exactly"]["count"] == 2
