@@ -19,7 +19,13 @@ from typing import Any
 
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
-from dra_gateway.policy.amounts import DeviceKey, charges_of, format_amount, requests_of
+from dra_gateway.policy.amounts import (
+    DeviceKey,
+    RequestShape,
+    charges_of,
+    format_amount,
+    requests_of,
+)
 from dra_gateway.policy.catalog import Catalog
 from dra_gateway.policy.quotas import QuotaLedger
 
@@ -61,6 +67,41 @@ def _pending_reason(pod: Mapping[str, Any]) -> str:
     return "Unschedulable"
 
 
+def _gpus_by_node(devices: Mapping[DeviceKey, tuple[str, Mapping[str, Any]]]
+                  ) -> dict[str, list[int]]:
+    """The memory of each whole GPU the gateway's driver publishes, per node."""
+    by_node: dict[str, list[int]] = {}
+    for (driver, _, _), (node, device) in devices.items():
+        kind = ((device.get("attributes") or {}).get(names.ATTR_TYPE) or {}).get("string", "gpu")
+        if driver == names.DRIVER and kind == "gpu":
+            by_node.setdefault(node, []).append(_capacity(device, names.CAPACITY_MEMORY, 0))
+    return by_node
+
+
+def never_fits(shapes: Iterable[RequestShape], gpus: Mapping[str, list[int]]) -> str | None:
+    """Why a pod's GPU requests fit no node of those published (`_gpus_by_node`), None when
+    some node has the cards: a claim's devices are all on one node."""
+    wanted = [s for s in shapes if s.class_name == names.GPU_CLASS]
+    if not wanted or not gpus:
+        return None
+    largest = max(max(sizes, default=0) for sizes in gpus.values())
+    for shape in wanted:
+        if shape.memory is not None and shape.memory > largest:
+            return (f"request {shape.name!r} asks for {format_amount('memory', shape.memory)} "
+                    f"of memory per card; the largest card published has "
+                    f"{format_amount('memory', largest)}")
+    # The cards each node could give the whole pod (one claim: one node).
+    asked = sum(s.count for s in wanted)
+    for sizes in gpus.values():
+        if len(sizes) >= asked and all(
+                sum(1 for size in sizes if shape.memory is None or size >= shape.memory)
+                >= shape.count for shape in wanted):
+            return None
+    most = max(len(sizes) for sizes in gpus.values())
+    return (f"it asks for {asked} card(s) on one node; no node publishes as many that fit "
+            f"(at most {most} on one node)")
+
+
 def build_report(*, claims: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]],
                  pods: Iterable[Mapping[str, Any]], catalog: Catalog,
                  templates: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
@@ -95,6 +136,7 @@ def build_report(*, claims: Iterable[Mapping[str, Any]], slices: Iterable[Mappin
     template_requests = {(str(_meta(t).get("namespace", "")), str(_meta(t).get("name", ""))):
                          requests_of((t.get("spec") or {}).get("spec") or {}) for t in templates}
     smallest: tuple[int, int] | None = None
+    gpus = _gpus_by_node(devices)
     for pod in pods:
         spec = pod.get("spec") or {}
         if spec.get("nodeName") or (pod.get("status") or {}).get("phase") not in (None,
@@ -105,11 +147,17 @@ def build_report(*, claims: Iterable[Mapping[str, Any]], slices: Iterable[Mappin
         if not gated:
             continue
         meta = _meta(pod)
-        pending.append({"namespace": meta.get("namespace", ""), "pod": meta.get("name", ""),
-                        "reason": _pending_reason(pod)})
+        entry_pending: dict[str, Any] = {"namespace": meta.get("namespace", ""),
+                                         "pod": meta.get("name", ""),
+                                         "reason": _pending_reason(pod)}
+        pending.append(entry_pending)
         for entry in spec.get("resourceClaims") or ():
             shapes = template_requests.get((str(meta.get("namespace", "")),
                                             str(entry.get("resourceClaimTemplateName", ""))))
+            why = never_fits(shapes or (), gpus)
+            if why is not None:
+                entry_pending["reason"] = "NeverFits"
+                entry_pending["why"] = why
             for shape in shapes or ():
                 if shape.whole or shape.memory is None:
                     continue
@@ -202,6 +250,10 @@ def render_table(report: Mapping[str, Any]) -> str:
                   f"{n['strandedCores']:>14} {n['slivers']}" for n in frag["nodes"]]
     pending = ", ".join(f"{reason}={count}" for reason, count in report["pending"].items())
     lines += [f"PENDING: {pending or 'none'}"]
+    for pod in report.get("pendingPods") or ():
+        if pod.get("why"):
+            lines += hanging("  ", f"{pod['namespace']}/{pod['pod']} can never fit the cards "
+                                   f"published: {pod['why']}")
     for error in report["policyErrors"]:
         lines.append(f"POLICY ERROR: {error}")
     return "\n".join(lines) + "\n"

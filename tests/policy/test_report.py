@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
+
 from dra_gateway.kube import names
 from dra_gateway.policy.catalog import Catalog
 from dra_gateway.policy.report import QUOTA_CONDITION, build_report, render_html, render_table
@@ -97,3 +99,31 @@ def test_fragmentation_per_node_counts_what_no_pending_request_can_use() -> None
     # Zero memory still says its unit.
     assert "0 free slivers too small for the smallest pending share, 0Gi of GPU memory " \
            "stranded" in render_table(idle)
+
+
+@pytest.mark.parametrize(("spec", "why"), [
+    (share_spec("8Pi", 30), "request 'gpu' asks for 8Pi of memory per card; the largest card "
+                            "published has 80Gi"),
+    ({"devices": {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": names.GPU_CLASS, "count": 3}}]}},
+     "it asks for 3 card(s) on one node; no node publishes as many that fit (at most 2 on one "
+     "node)"),
+])
+def test_a_pod_that_can_never_fit_the_published_cards_is_named(spec: dict[str, Any],
+                                                                why: str) -> None:
+    pod, template = _pending()
+    pod["status"]["conditions"] = []
+    template["spec"]["spec"] = spec
+    report = build_report(claims=[], slices=[_slice()], pods=[pod], templates=[template],
+                          catalog=Catalog.build())
+    assert report["pending"] == {"NeverFits": 1}
+    assert report["pendingPods"] == [{"namespace": "team-a", "pod": "train-1",
+                                      "reason": "NeverFits", "why": why}]
+    table = render_table(report)
+    assert "PENDING: NeverFits=1" in table
+    assert "  team-a/train-1 can never fit the cards published: " + why.split(";")[0] in table
+    # One that fits some node waits as usual.
+    template["spec"]["spec"] = share_spec("20Gi", 30)
+    fits = build_report(claims=[], slices=[_slice()], pods=[pod], templates=[template],
+                        catalog=Catalog.build())
+    assert fits["pending"] == {"WaitingForAllocation": 1}
