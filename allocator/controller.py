@@ -112,7 +112,8 @@ class Controller:
         self.metrics = metrics or Metrics()
         self.stats = Stats()
         self.queue: WorkQueue[WorkKey] = WorkQueue(base_delay=self.settings.base_delay,
-                                                   max_delay=self.settings.max_delay)
+                                                   max_delay=self.settings.max_delay,
+                                                   order=self._work_order)
         self.consumable_capacity: bool | None = self.settings.consumable_capacity
         timeout = self.settings.watch_timeout
         self.claims = Informer(cluster, RESOURCE_CLAIMS, self._on_claim, watch_timeout=timeout)
@@ -275,6 +276,14 @@ class Controller:
             pod = self.pods.get(*where) if where else None
             if pod is not None:
                 state.assume(pod, plan)
+
+    def _work_order(self, key: WorkKey) -> tuple[object, ...]:
+        """Releases first (they free devices), then pods by priority, then age: a burst of
+        low-priority pods never holds a high-priority one back in the queue."""
+        if isinstance(key, ClaimKey):
+            return (0,)
+        pod = self.pods.get(key.namespace, key.name)
+        return (1, *objects.service_order(pod)) if pod is not None else (1, 0, "", key.name)
 
     async def _sync(self, key: WorkKey) -> Outcome:
         if isinstance(key, PodKey):

@@ -110,6 +110,19 @@ def controller_owner_uid(obj: RawObject) -> str | None:
     return None
 
 
+def pod_priority(pod: RawObject) -> int:
+    """`spec.priority`, which the API server fills in from the pod's PriorityClass (0 without
+    one, as the scheduler reads it)."""
+    value = spec(pod).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def service_order(pod: RawObject) -> tuple[int, str, str]:
+    """The order waiting pods are served in, as kube-scheduler's queue sorts them: highest
+    priority first, then oldest (creationTimestamp, RFC 3339 in UTC, sorts as text)."""
+    return (-pod_priority(pod), str(meta(pod).get("creationTimestamp") or ""), name(pod))
+
+
 def is_gated(pod: RawObject) -> bool:
     """The pod carries the gateway's scheduling gate."""
     gates = spec(pod).get("schedulingGates") or []

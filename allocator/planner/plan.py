@@ -207,7 +207,8 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
 
 def _waiting(pod: Mapping[str, Any], quotas: Iterable[Quota]) -> Waiting:
     meta = objects.meta(pod)
-    return Waiting(created=str(meta.get("creationTimestamp") or ""),
+    return Waiting(rank=-objects.pod_priority(pod),
+                   created=str(meta.get("creationTimestamp") or ""),
                    name=str(meta.get("name", "")), namespace=objects.namespace(pod),
                    uid=objects.uid(pod), quotas=frozenset(q.key for q in quotas))
 
@@ -224,16 +225,17 @@ def _held_for_quota(state: ClusterState, pod: Mapping[str, Any], quotas: Sequenc
     policies = state.policies
     if policies.queue.any_waiting(objects.namespace(pod)):
         entry = _waiting(pod, quotas)
-        ahead = policies.queue.ahead_of(entry.namespace, entry.created, entry.name, entry.uid,
-                                        entry.quotas)
+        ahead = policies.queue.ahead_of(entry.namespace, entry.rank, entry.created,
+                                        entry.name, entry.uid, entry.quotas)
         if ahead is not None:
             shared = entry.quotas & ahead.quotas
-            policies.queue.wait(Waiting(entry.created, entry.name, entry.namespace, entry.uid,
-                                        shared))
+            policies.queue.wait(Waiting(entry.rank, entry.created, entry.name, entry.namespace,
+                                        entry.uid, shared))
             names_ = ", ".join(sorted(k[1] for k in shared))
+            why = "of higher priority" if ahead.rank < entry.rank else "created earlier"
             return PodPlan(None, reason=(
-                f"waiting for quota {names_} behind pod {ahead.label}, created earlier: pods "
-                f"waiting for a quota are placed in creation order"),
+                f"waiting for quota {names_} behind pod {ahead.label}, {why}: pods waiting for "
+                f"a quota are placed by priority, then in creation order"),
                 quota_reason=QUEUED_FOR_QUOTA)
     never, now = exceeded_by_least_cost(policies, quotas, shapes,
                                         smallest_card=state.smallest_card_memory(),

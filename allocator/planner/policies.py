@@ -35,8 +35,10 @@ _NO_HOLDER = Holder("", None)
 
 @dataclass(frozen=True, slots=True, order=True)
 class Waiting:
-    """A pod waiting for quota, ordered as it will be let through."""
+    """A pod waiting for quota, ordered as it will be let through: highest priority first,
+    then oldest."""
 
+    rank: int  # minus the pod's priority
     created: str  # creationTimestamp (RFC 3339 in UTC sorts as text)
     name: str
     namespace: str
@@ -49,7 +51,7 @@ class Waiting:
 
 
 class QuotaQueue:
-    """Pods refused for quota, per namespace, in creation order."""
+    """Pods refused for quota, per namespace, by priority then creation."""
 
     def __init__(self) -> None:
         self._by_namespace: dict[str, dict[str, Waiting]] = {}
@@ -73,13 +75,15 @@ class QuotaQueue:
     def any_waiting(self, namespace: str) -> bool:
         return namespace in self._by_namespace
 
-    def ahead_of(self, namespace: str, created: str, name: str, uid: str,
+    def ahead_of(self, namespace: str, rank: int, created: str, name: str, uid: str,
                  quotas: Iterable[tuple[str, str]]) -> Waiting | None:
-        """The earliest pod created before this one that waits for one of these quotas."""
+        """The first pod let through before this one (of higher priority, or as high and
+        created earlier) that waits for one of these quotas."""
         wanted = set(quotas)
         first: Waiting | None = None
         for entry in self._by_namespace.get(namespace, {}).values():
-            if entry.uid == uid or (entry.created, entry.name) >= (created, name):
+            if entry.uid == uid or (entry.rank, entry.created, entry.name) >= (rank, created,
+                                                                               name):
                 continue
             if entry.quotas & wanted and (first is None or entry < first):
                 first = entry

@@ -3,27 +3,37 @@
 A key is queued at most once however often it is added; a key being processed is never handed
 to a second worker: adding it meanwhile marks it dirty and it is queued again when the first
 worker calls `done`. `add_rate_limited` delays a key by `base_delay * 2**failures`, capped at
-`max_delay`; `forget` resets its failures after a success. This module knows nothing of
-Kubernetes or allocation.
+`max_delay`; `forget` resets its failures after a success. With `order`, keys ready at once
+are handed out smallest `order(key)` first, then first come (the allocator serves its pods by
+priority); without it, first come. This module knows nothing of Kubernetes or allocation.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
-from typing import Generic, TypeVar
+import itertools
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
 
+def _arrival(key: Any) -> int:
+    return 0
+
+
 class WorkQueue(Generic[K]):
-    def __init__(self, *, base_delay: float = 0.05, max_delay: float = 60.0) -> None:
+    def __init__(self, *, base_delay: float = 0.05, max_delay: float = 60.0,
+                 order: Callable[[K], Any] | None = None) -> None:
         if base_delay <= 0 or max_delay < base_delay:
             raise ValueError(f"backoff needs 0 < base_delay <= max_delay, got {base_delay} and "
                              f"{max_delay}")
         self.base_delay = base_delay
         self.max_delay = max_delay
-        self._ready: asyncio.Queue[K] = asyncio.Queue()
+        self._order: Callable[[K], Any] = order or _arrival
+        self._arrivals = itertools.count()
+        # (order, arrival, key): the smallest order first, then first come.
+        self._ready: asyncio.PriorityQueue[tuple[Any, int, K]] = asyncio.PriorityQueue()
         self._dirty: set[K] = set()
         self._processing: set[K] = set()
         self._failures: dict[K, int] = {}
@@ -54,7 +64,7 @@ class WorkQueue(Generic[K]):
             return
         self._dirty.add(key)
         if key not in self._processing:
-            self._ready.put_nowait(key)
+            self._put(key)
 
     def add_after(self, key: K, delay: float) -> None:
         """Queue `key` after `delay` seconds; an earlier pending delay for it is kept."""
@@ -91,9 +101,12 @@ class WorkQueue(Generic[K]):
         """Reset the backoff of `key` (after it was handled successfully)."""
         self._failures.pop(key, None)
 
+    def _put(self, key: K) -> None:
+        self._ready.put_nowait((self._order(key), next(self._arrivals), key))
+
     async def get(self) -> K:
         """The next key to process; call `done(key)` when finished with it."""
-        key = await self._ready.get()
+        _, _, key = await self._ready.get()
         self._dirty.discard(key)
         self._processing.add(key)
         return key
@@ -101,7 +114,7 @@ class WorkQueue(Generic[K]):
     def done(self, key: K) -> None:
         self._processing.discard(key)
         if key in self._dirty and not self._closed:
-            self._ready.put_nowait(key)
+            self._put(key)
 
     def shutdown(self) -> None:
         """Drop every pending delay; later adds are ignored."""

@@ -128,7 +128,7 @@ class World:
     async def gated_pod(self, name: str, claim_specs: Iterable[Object], *, cpu: str = "1",
                         create_claims: bool = True, gated: bool = True,
                         annotations: dict[str, str] | None = None,
-                        namespace: str = NAMESPACE) -> Object:
+                        namespace: str = NAMESPACE, priority: int | None = None) -> Object:
         specs = list(claim_specs)
         pod: Object = {
             "apiVersion": "v1", "kind": "Pod",
@@ -144,6 +144,8 @@ class World:
                                    for i in range(len(specs))],
             },
         }
+        if priority is not None:
+            pod["spec"]["priority"] = priority  # as the API server fills it from the class
         if gated:
             pod["spec"]["schedulingGates"] = [{"name": "example.com/other"},
                                               {"name": names.SCHEDULING_GATE}]

@@ -50,13 +50,18 @@ def policies(state: ClusterState, *, quotas: list[dict[str, Any]] = (),  # type:
     state.set_policies(catalog)
 
 
-def gpod(name: str, ns: str, *, created: int = 0) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns, "uid": f"uid-{ns}-{name}",
-                         "creationTimestamp": f"2026-01-01T00:{created // 60:02d}:"
-                                              f"{created % 60:02d}Z"},
-            "spec": {"containers": [{"name": "main", "image": "x", "resources": {
-                "requests": {"cpu": "10m", "memory": "10Mi"}}}]}}
+def gpod(name: str, ns: str, *, created: int = 0, priority: int | None = None
+         ) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{ns}-{name}",
+                     "creationTimestamp": f"2026-01-01T00:{created // 60:02d}:"
+                                          f"{created % 60:02d}Z"},
+        "spec": {"containers": [{"name": "main", "image": "x", "resources": {
+            "requests": {"cpu": "10m", "memory": "10Mi"}}}]}}
+    if priority is not None:
+        pod["spec"]["priority"] = priority
+    return pod
 
 
 def share(name: str, ns: str, memory_gib: int, cores: int = 10) -> dict[str, Any]:
@@ -147,11 +152,32 @@ def test_a_later_small_pod_waits_behind_an_earlier_pod_waiting_for_the_same_quot
     assert plan.node_name is None
     assert plan.quota_reason == "QueuedForQuota"
     assert plan.reason == ("waiting for quota q behind pod a/big, created earlier: pods "
-                           "waiting for a quota are placed in creation order")
+                           "waiting for a quota are placed by priority, then in creation order")
     release(state, first, first_claim)
     assert place(state, small, small_claim).node_name is None  # still behind big
     assert place(state, big, big_claim).node_name == "n0"
     assert place(state, small, small_claim).node_name == "n0"
+
+
+def test_a_pod_of_higher_priority_waits_for_quota_ahead_of_older_ones() -> None:
+    state = nodes(1, 4)
+    policies(state, quotas=[quota("a", "q", memory="24Gi")])
+    first, first_claim = gpod("first", "a", created=0), share("c0", "a", 16)
+    assert place(state, first, first_claim).node_name == "n0"
+    old, old_claim = gpod("old", "a", created=1), share("c1", "a", 12)
+    assert place(state, old, old_claim).quota_reason == "QuotaExceeded"
+    urgent = gpod("urgent", "a", created=2, priority=1000)
+    urgent_claim = share("c2", "a", 12)
+    # Created later, but of higher priority: not queued behind the older pod...
+    assert place(state, urgent, urgent_claim).quota_reason == "QuotaExceeded"
+    # ... which now waits behind it, and says so.
+    plan = place(state, old, old_claim)
+    assert plan.quota_reason == "QueuedForQuota"
+    assert plan.reason == ("waiting for quota q behind pod a/urgent, of higher priority: pods "
+                           "waiting for a quota are placed by priority, then in creation order")
+    release(state, first, first_claim)
+    assert place(state, old, old_claim).node_name is None
+    assert place(state, urgent, urgent_claim).node_name == "n0"
 
 
 def test_a_quota_scoped_to_a_model_sends_the_pod_to_another_model() -> None:

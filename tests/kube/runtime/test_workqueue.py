@@ -75,3 +75,18 @@ async def test_an_add_supersedes_the_keys_pending_delayed_add() -> None:
     queue.done("a")
     await asyncio.sleep(0.05)
     assert len(queue) == 0
+
+
+async def test_an_order_hands_out_the_smallest_first_then_first_come() -> None:
+    ranks = {"low-1": 5, "low-2": 5, "high": 0, "mid": 3}
+    queue: WorkQueue[str] = WorkQueue(order=ranks.__getitem__)
+    for key in ("low-1", "low-2", "mid", "high"):
+        queue.add(key)
+    got = [await queue.get() for _ in range(4)]
+    assert got == ["high", "mid", "low-1", "low-2"]
+    # A key added again while processed is ranked again when it is handed back.
+    queue.add("low-1")
+    queue.add("high")
+    queue.done("low-1")
+    queue.done("high")
+    assert [await queue.get(), await queue.get()] == ["high", "low-1"]
