@@ -68,6 +68,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                             "live pod uses and remove the allocator's finalizer from every "
                             "claim, then exit (the chart's pre-delete hook; run it with the "
                             "allocator stopped)")
+    controller.add_argument("--no-preemption", action="store_true",
+                            help="never evict pods of lower priority for a pod that fits "
+                            "nowhere (kube-scheduler's preemption, for GPU claims)")
     defrag = controller.add_argument_group(
         "defrag", "move the fewest pods to place pods that wait (off by default; "
         "`dra-gateway defrag plan` shows what it would do)")

@@ -50,6 +50,7 @@ from dra_gateway.allocator.legacypods import LegacyPods
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
 from dra_gateway.allocator.planner import ClusterState
 from dra_gateway.allocator.planning import Planning
+from dra_gateway.allocator.preemption import PreemptionMode
 from dra_gateway.allocator.quotastatus import QuotaStatusWriter
 from dra_gateway.allocator.release import ClaimReleaser
 from dra_gateway.allocator.settings import ControllerSettings
@@ -200,6 +201,11 @@ class Controller:
                 mode = DefragMode(self.cluster, self.settings, snapshot=self.snapshot,
                                   metrics=self.metrics, fence=self.fence)
                 tasks.append(asyncio.create_task(mode.run(), name="defrag"))
+            if self.settings.preemption:
+                preemption = PreemptionMode(self.cluster, self.settings,
+                                            snapshot=self.snapshot, metrics=self.metrics,
+                                            fence=self.fence)
+                tasks.append(asyncio.create_task(preemption.run(), name="preemption"))
             for n in range(max(1, self.settings.workers)):
                 worker = run_worker(self.queue, self._sync, stats=self.stats,
                                     metrics=self.metrics)

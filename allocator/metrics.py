@@ -69,6 +69,11 @@ class Metrics:
             "dra_gateway_allocator_defrag_moves",
             "Pods the allocator's defrag moved (evicted) or tried to, by result (evicted, "
             "refused by a PodDisruptionBudget, failed)", ("result",), registry=r)
+        self.preemptions = Counter(
+            "dra_gateway_allocator_preemptions",
+            "Pods of lower priority the allocator preempted (evicted) for a waiting pod, or "
+            "tried to, by result (evicted, refused by a PodDisruptionBudget, failed)",
+            ("result",), registry=r)
         self.defrag_pods_helped = Counter(
             "dra_gateway_allocator_defrag_pods_helped",
             "Waiting pods placed after the allocator's defrag moved pods for them", registry=r)

@@ -130,7 +130,8 @@ async def _main(args: argparse.Namespace) -> int:
                                     defrag_moves_per_hour=args.defrag_moves_per_hour,
                                     defrag_moves_per_pod=args.defrag_moves_per_pod,
                                     defrag_hold=args.defrag_hold,
-                                    defrag_window=args.defrag_window),
+                                    defrag_window=args.defrag_window,
+                                    preemption=not args.no_preemption),
                                 metrics=metrics, stop=stop)
     finally:
         settling.cancel()

@@ -61,6 +61,12 @@ class ControllerSettings:
     defrag_hold: float = 600.0
     defrag_wait: float = 120.0
     defrag_window: float = 3600.0
+    # Preemption (allocator/preemption.py; `--no-preemption` turns it off): every
+    # `preemption_interval`, a gated pod that fits nowhere may have pods of lower priority
+    # evicted for it; the devices they free are held for it `preemption_hold`.
+    preemption: bool = True
+    preemption_interval: float = 2.0
+    preemption_hold: float = 300.0
 
 
 __all__ = ["ControllerSettings"]

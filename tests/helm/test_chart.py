@@ -511,9 +511,14 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
         | _grants(NS, ["coordination.k8s.io"], ["leases"], ["create"])
         | _grants(NS, ["coordination.k8s.io"], ["leases"], ["get", "update"],
                   ["dra-gateway-allocator"])
-        # Defrag's holds and moves (dra-gateway-defrag), read; written only with
-        # allocator.defrag.enabled (test_the_allocators_defrag_is_off_by_default...).
+        # Defrag's holds and moves (dra-gateway-defrag), read; written with
+        # allocator.defrag.enabled or allocator.preemption.enabled (on by default: it holds
+        # the devices it frees there), which also evict and read PodDisruptionBudgets.
         | _grants(NS, [""], ["configmaps"], ["get", "list", "watch"])
+        | _grants(NS, [""], ["configmaps"], ["create"])
+        | _grants(NS, [""], ["configmaps"], ["patch", "update"], ["dra-gateway-defrag"])
+        | _grants(CLUSTER, [""], ["pods/eviction"], ["create"])
+        | _grants(CLUSTER, ["policy"], ["poddisruptionbudgets"], ["list"])
     ),
     "node-plugin": (
         _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims"], ["get"])
@@ -1561,9 +1566,18 @@ def test_the_allocators_defrag_is_off_by_default_and_granted_only_when_on(
     objects = helm.render("default")
     args = container(objects, "Deployment", "allocator")["args"]
     assert "--defrag" not in args
+    assert "--no-preemption" not in args  # preemption is on by default
+    # With preemption off too, nothing may evict.
+    result = helm.template({"allocator": {"preemption": {"enabled": False}}})
+    assert result.returncode == 0, result.stderr
+    objects = parse_render(result.stdout)
+    assert "--no-preemption" in container(objects, "Deployment", "allocator")["args"]
     granted = [rule for rule in one(objects, "ClusterRole", "allocator")["rules"]
                if "pods/eviction" in rule["resources"]]
     assert granted == []
+    role = one(objects, "Role", "allocator")["rules"]
+    assert not any(set(rule["verbs"]) & {"create", "patch", "update"} and
+                   rule["resources"] == ["configmaps"] for rule in role)
     result = helm.template({"allocator": {"defrag": {"enabled": True, "after": "2m",
                                                      "movesPerHour": 4}}})
     assert result.returncode == 0, result.stderr

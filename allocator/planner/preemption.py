@@ -1,0 +1,133 @@
+"""Preemption for GPU claims: the pods of lower priority whose devices let a waiting pod in.
+
+kube-scheduler preempts for extended resources; once a pod's GPUs are DRA claims it preempts
+for nothing (upstream DRA cannot preempt a claim), so the gateway, which places them, does it
+as kube-scheduler does (its `selectVictimsOnNode` and `pickOneNodeForPreemption`):
+
+1. a pod whose `preemptionPolicy` is `Never`, or of priority no higher than every placed pod,
+   preempts nothing;
+2. on each node where pods of strictly lower priority hold gateway devices (whole cards or
+   shares: freeing memory and cores on a card counts), those pods are taken out of the state
+   and the waiting pod is planned on that node; where it fits, each of them is put back in
+   turn, those whose PodDisruptionBudget has no disruption left first, then the highest
+   priority, then the oldest, and stays back when the pod still fits: the victims left are
+   minimal (putting any one back leaves the pod unplaceable there);
+3. of the nodes where it fits, the one with the fewest victims a budget protects, then the
+   lowest highest-priority victim, then the smallest sum of victims' priorities, then the
+   fewest victims.
+
+The state ends as it started. Pure: no I/O, no clock, no logging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dra_gateway.allocator.planner.allocation import PodPlan
+from dra_gateway.allocator.planner.defrag.model import Resident, Waiter
+from dra_gateway.allocator.planner.ledger import TakenOut
+from dra_gateway.allocator.planner.plan import plan_pod
+from dra_gateway.allocator.planner.state import ClusterState
+from dra_gateway.kube import objects
+
+__all__ = ["Preemption", "Victim", "plan_preemption"]
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    pod: str  # namespace/name
+    uid: str
+    priority: int
+    budgets: tuple[str, ...]  # its PodDisruptionBudgets
+    protected: bool  # one of them allows no disruption now
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """Where a waiting pod goes once its victims have left, and who they are."""
+
+    pod: str
+    uid: str
+    priority: int
+    node: str
+    plan: PodPlan
+    victims: tuple[Victim, ...]
+
+    def key(self) -> tuple[int, int, int, int]:
+        """kube-scheduler's order of candidate nodes (smallest first)."""
+        priorities = [v.priority for v in self.victims]
+        return (sum(v.protected for v in self.victims), max(priorities, default=0),
+                sum(priorities), len(priorities))
+
+
+def _label(pod: Mapping[str, object]) -> str:
+    return "/".join(objects.namespace_name(pod))
+
+
+def plan_preemption(state: ClusterState, waiter: Waiter, residents: Sequence[Resident],
+                    budgets: Mapping[str, int]) -> Preemption | str:
+    """The preemption that places `waiter`, or why there is none (see the module)."""
+    pod = waiter.pod
+    if objects.spec(pod).get("preemptionPolicy") == "Never":
+        return "its preemptionPolicy is Never"
+    by_node: dict[str, list[Resident]] = {}
+    for resident in residents:
+        node = objects.spec(resident.pod).get("nodeName")
+        if resident.claims and resident.priority < waiter.priority and isinstance(node, str):
+            by_node.setdefault(node, []).append(resident)
+    if not by_node:
+        return "no pod of lower priority holds gateway devices"
+    best: Preemption | None = None
+    for node in sorted(by_node):
+        found = _on_node(state, waiter, node, by_node[node], budgets)
+        if found is not None and (best is None or found.key() < best.key()):
+            best = found
+    if best is None:
+        return ("it fits no node even without every pod of lower priority holding gateway "
+                "devices there")
+    return best
+
+
+def _on_node(state: ClusterState, waiter: Waiter, node: str, candidates: Sequence[Resident],
+             budgets: Mapping[str, int]) -> Preemption | None:
+    taken: dict[str, TakenOut] = {}
+
+    def take_out(resident: Resident) -> None:
+        uid = objects.uid(resident.pod)
+        taken[uid] = state.take_out(uid, [objects.uid(c) for c in resident.claims])
+
+    def plan() -> PodPlan:
+        return plan_pod(state, waiter.pod, list(waiter.claims), nodes=(node,))
+
+    for resident in candidates:
+        take_out(resident)
+    try:
+        placed = plan()
+        if placed.node_name is None:
+            return None
+
+        def protected(resident: Resident) -> bool:
+            return any(budgets.get(b, 0) <= 0 for b in resident.budgets)
+
+        # Reprieve: the protected first, then the highest priority, then the oldest.
+        order = sorted(candidates, key=lambda r: (
+            not protected(r), -r.priority,
+            str(objects.meta(r.pod).get("creationTimestamp") or ""), _label(r.pod)))
+        victims: list[Resident] = []
+        for resident in order:
+            uid = objects.uid(resident.pod)
+            state.put_back(taken.pop(uid))
+            again = plan()
+            if again.node_name is not None:
+                placed = again
+                continue
+            take_out(resident)
+            victims.append(resident)
+        return Preemption(
+            _label(waiter.pod), objects.uid(waiter.pod), waiter.priority, node, placed,
+            tuple(Victim(_label(r.pod), objects.uid(r.pod), r.priority, r.budgets,
+                         protected(r)) for r in victims))
+    finally:
+        for entry in taken.values():
+            state.put_back(entry)

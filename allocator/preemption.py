@@ -1,0 +1,198 @@
+"""The allocator's preemption: pods of lower priority leave so that a waiting pod gets GPUs.
+
+Under a device plugin, kube-scheduler preempts lower-priority pods for a pod that needs their
+cards; a translated pod's cards are DRA claims the gateway places, which kube-scheduler cannot
+preempt for, so the allocator does it (`allocator.preemption.enabled` in the chart, on by
+default; `--no-preemption` turns it off).
+
+Every `preemption_interval`, on the leader: the mirrors' view of the cluster
+(`Controller.snapshot`) and the PodDisruptionBudgets read then are built into a state of their
+own (`defrag.view.build`); each gated pod that fits nowhere as the cluster is, highest priority
+first, is given to the planner (`planner.preemption`), which names the fewest pods of strictly
+lower priority to remove and where the pod then goes. A preemption found is assumed in that
+state (its devices taken, its victims gone) before the next pod is looked at, and then carried
+out, victim by victim:
+
+1. the devices it frees are held for the pod first (a `hold.` record in the ConfigMap
+   `dra-gateway-defrag`, as defrag holds them): no newcomer takes them, the pod is planned on
+   them first;
+2. each victim gets the condition `DisruptionTarget` (reason `PreemptionByDraGateway`) and an
+   Event `Preempted` naming the pod it makes room for, and is evicted through the Eviction API,
+   so its PodDisruptionBudgets are honoured; the pod gets an Event `Preempting` naming them;
+3. a budget that refuses an eviction (or any failure) stops that preemption: the victims
+   evicted stay evicted, the hold is dropped, and the pod gets a Warning Event
+   `PreemptionRefused` saying which victim and why; the next round looks again.
+
+Counted in `dra_gateway_allocator_preemptions_total{result}` (evicted, refused, failed) and
+logged. This module talks to Kubernetes only through the cluster port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+
+from dra_gateway.allocator.defrag import holds as holdfmt
+from dra_gateway.allocator.defrag.act import list_items, write_records
+from dra_gateway.allocator.defrag.view import Inputs, Snapshot, build
+from dra_gateway.allocator.events import COMPONENT, pod_event
+from dra_gateway.allocator.metrics import Metrics
+from dra_gateway.allocator.planner.plan import plan_pod
+from dra_gateway.allocator.planner.preemption import Preemption, plan_preemption
+from dra_gateway.allocator.settings import ControllerSettings
+from dra_gateway.allocator.work import Fence
+from dra_gateway.kube import objects
+from dra_gateway.kube.cluster.port import (
+    ApiError,
+    Cluster,
+    NotFound,
+    Object,
+    TooManyRequests,
+)
+from dra_gateway.kube.resources import CONFIG_MAPS, EVENTS, POD_DISRUPTION_BUDGETS, PODS
+
+log = logging.getLogger(__name__)
+
+DISRUPTION_TARGET = "DisruptionTarget"
+REASON = "PreemptionByDraGateway"
+
+
+def find_preemptions(inputs: Inputs) -> list[Preemption]:
+    """The preemptions that place the waiting pods that fit nowhere now, highest priority
+    first; each is assumed in `inputs.state` before the next pod is looked at."""
+    state = inputs.state
+    residents = list(inputs.residents)
+    lowest = min((r.priority for r in residents if r.claims), default=None)
+    found: list[Preemption] = []
+    for waiter in inputs.waiters:  # highest priority, then oldest, first (view.build)
+        if lowest is None or waiter.priority <= lowest:
+            continue
+        if plan_pod(state, waiter.pod, list(waiter.claims)).node_name is not None:
+            continue  # it fits: the allocator places it without anybody leaving
+        preemption = plan_preemption(state, waiter, residents, inputs.budgets)
+        if isinstance(preemption, str):
+            continue
+        gone = {v.uid for v in preemption.victims}
+        for resident in residents:
+            if objects.uid(resident.pod) in gone:
+                state.take_out(objects.uid(resident.pod),
+                               [objects.uid(c) for c in resident.claims])
+        residents = [r for r in residents if objects.uid(r.pod) not in gone]
+        state.assume(waiter.pod, preemption.plan)
+        found.append(preemption)
+    return found
+
+
+class PreemptionMode:
+    def __init__(self, cluster: Cluster, settings: ControllerSettings, *,
+                 snapshot: Callable[[], Snapshot], metrics: Metrics, fence: Fence,
+                 clock: Callable[[], datetime] | None = None) -> None:
+        self.cluster = cluster
+        self.settings = settings
+        self.snapshot = snapshot
+        self.metrics = metrics
+        self.fence = fence
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self.instance = settings.identity or COMPONENT
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.preemption_interval)
+            try:
+                await self.round()
+            except ApiError as exc:
+                log.warning("preemption round failed", extra={"error": exc.message})
+
+    async def round(self) -> list[Preemption]:
+        """One look at the waiting pods; the preemptions carried out (or tried)."""
+        snapshot = self.snapshot()
+        if not any(objects.is_gated(p) and objects.pod_priority(p) > 0 for p in snapshot.pods):
+            return []  # the common case: nothing waits with a priority to preempt for
+        snapshot.budgets = await list_items(self.cluster, POD_DISRUPTION_BUDGETS)
+
+        def planned() -> tuple[Inputs, list[Preemption]]:
+            # In a thread, on a state of its own: the loop keeps the Lease and the watches.
+            inputs = build(snapshot)
+            return inputs, find_preemptions(inputs)
+
+        inputs, found = await asyncio.to_thread(planned)
+        for preemption in found:
+            self.fence()  # a replica that no longer leads preempts nothing
+            await self.carry_out(preemption, inputs.pods)
+        return found
+
+    async def carry_out(self, preemption: Preemption, pods: Mapping[str, Object]) -> str:
+        """Hold, then evict each victim; the result (evicted, refused, failed)."""
+        victims = ", ".join(v.pod for v in preemption.victims)
+        log.info("preempting pods of lower priority for a waiting pod", extra={
+            "pod": preemption.pod, "priority": preemption.priority, "node": preemption.node,
+            "victims": [v.pod for v in preemption.victims]})
+        hold = holdfmt.Hold(preemption.uid, preemption.pod, preemption.node,
+                            preemption.plan.allocations,
+                            self.clock() + timedelta(seconds=self.settings.preemption_hold),
+                            tuple(v.pod for v in preemption.victims))
+        await write_records(self.cluster, self.settings.namespace, {hold.key: hold.value()})
+        preemptor = pods.get(preemption.uid)
+        await self._event(preemptor, "Preempting", "Normal",
+                          f"preempting {victims} (of lower priority) on node "
+                          f"{preemption.node} to place this pod")
+        for victim in preemption.victims:
+            pod = pods.get(victim.uid)
+            why = (f"{COMPONENT}: preempting to accommodate a higher priority pod "
+                   f"{preemption.pod} (priority {preemption.priority}) on node "
+                   f"{preemption.node}")
+            try:
+                await self._mark(victim.pod, why)
+                await self._event(pod, "Preempted", "Normal",
+                                  f"Preempted by pod {preemption.pod} on node {preemption.node}")
+                namespace, name = victim.pod.split("/", 1)
+                await self.cluster.evict(name, namespace=namespace, uid=victim.uid)
+            except NotFound:
+                continue  # gone already: what it held is free
+            except (ApiError, OSError) as exc:
+                result = "refused" if isinstance(exc, TooManyRequests) else "failed"
+                self.metrics.preemptions.labels(result).inc()
+                message = exc.message if isinstance(exc, ApiError) else str(exc)
+                await self._event(preemptor, "PreemptionRefused", "Warning",
+                                  f"could not preempt {victim.pod} on node {preemption.node}: "
+                                  f"{message}; it waits, and preemption is tried again")
+                await self._drop_hold(hold.key)
+                log.warning("preemption stopped", extra={
+                    "pod": preemption.pod, "victim": victim.pod, "error": message})
+                return result
+            self.metrics.preemptions.labels("evicted").inc()
+        return "evicted"
+
+    async def _mark(self, pod: str, message: str) -> None:
+        namespace, name = pod.split("/", 1)
+        condition = {"type": DISRUPTION_TARGET, "status": "True", "reason": REASON,
+                     "message": message,
+                     "lastTransitionTime": self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")}
+        await self.cluster.patch(PODS, name, {"status": {"conditions": [condition]}},
+                                 namespace=namespace, subresource="status",
+                                 patch_type="strategic")
+
+    async def _event(self, pod: Object | None, reason: str, type_: str, message: str) -> None:
+        if pod is None:
+            return
+        event = pod_event(pod, reason=reason, message=message, type_=type_,
+                          component=COMPONENT, instance=self.instance,
+                          stamp=self.clock().strftime("%Y-%m-%dT%H:%M:%SZ"))
+        try:
+            await self.cluster.create(EVENTS, event, namespace=objects.namespace(pod))
+        except (ApiError, OSError) as exc:
+            log.warning("could not record an event", extra={
+                "pod": "/".join(objects.namespace_name(pod)), "error": str(exc)})
+
+    async def _drop_hold(self, key: str) -> None:
+        try:
+            await write_records(self.cluster, self.settings.namespace, {key: None})
+        except ApiError as exc:
+            log.warning("could not drop a preemption's hold: it expires by itself", extra={
+                "hold": key, "configMap": f"{self.settings.namespace}/{holdfmt.CONFIG_MAP}",
+                "error": exc.message, "kind": CONFIG_MAPS.kind})
+
+
+__all__ = ["DISRUPTION_TARGET", "REASON", "PreemptionMode", "find_preemptions"]

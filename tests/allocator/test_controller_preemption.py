@@ -1,0 +1,84 @@
+"""Preemption on the embedded API (allocator/preemption.py): a pod of higher priority that fits
+nowhere gets its cards from the fewest pods of lower priority, evicted with a DisruptionTarget
+condition and Events; a pod whose policy is Never, or of equal priority, preempts nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from testkit import eventually
+
+from dra_gateway.allocator.preemption import DISRUPTION_TARGET, REASON
+from dra_gateway.devkit.sim.memory import MemoryCluster
+from dra_gateway.kube.cluster.port import Object
+from dra_gateway.kube.resources import EVENTS, PODS
+
+from .conftest import FAST, NAMESPACE, World, running_controller, ungated, whole_claim_spec
+
+SETTINGS = dataclasses.replace(FAST, preemption_interval=0.05)
+
+
+async def _fill(world: World, memory_cluster: MemoryCluster, count: int, priority: int) -> None:
+    """`count` one-card pods of `priority` placed and bound on node-0."""
+    for i in range(count):
+        await world.gated_pod(f"low-{i}", [whole_claim_spec(1)], priority=priority)
+        await eventually(lambda i=i: ungated(world, f"low-{i}"))  # type: ignore[misc]
+        # Play kube-scheduler: bind it where its claim was allocated.
+        await memory_cluster.patch(PODS, f"low-{i}", {"spec": {"nodeName": "node-0"}},
+                                   namespace=NAMESPACE)
+
+
+async def _live(memory_cluster: MemoryCluster) -> set[str]:
+    return {p["metadata"]["name"] for p in (await memory_cluster.list(
+        PODS, namespace=NAMESPACE)).items}
+
+
+async def test_a_pod_for_two_cards_is_placed_after_exactly_two_are_preempted(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=8)
+    marked: list[Object] = []
+    real_evict = memory_cluster.evict
+
+    async def evict(name: str, *, namespace: str, uid: str | None = None) -> None:
+        marked.append(await memory_cluster.get(PODS, name, namespace=namespace))
+        await real_evict(name, namespace=namespace, uid=uid)
+
+    memory_cluster.evict = evict  # type: ignore[method-assign]
+    async with running_controller(memory_cluster, SETTINGS) as controller:
+        await _fill(world, memory_cluster, 8, priority=10)
+        await world.gated_pod("urgent", [whole_claim_spec(2)], priority=1000)
+        await eventually(lambda: ungated(world, "urgent"))
+        assert len(await _live(memory_cluster)) == 1 + 6  # exactly two preempted
+        # Each victim was marked before its eviction, and said who it made room for.
+        assert len(marked) == 2
+        for victim in marked:
+            (condition,) = [c for c in victim["status"]["conditions"]
+                            if c["type"] == DISRUPTION_TARGET]
+            assert condition["reason"] == REASON
+            assert f"higher priority pod {NAMESPACE}/urgent (priority 1000)" in condition["message"]
+        events = memory_cluster.objects(EVENTS)
+        assert sorted(e["involvedObject"]["name"] for e in events
+                      if e["reason"] == "Preempted") == sorted(
+            v["metadata"]["name"] for v in marked)
+        assert any(e["reason"] == "Preempting" and e["involvedObject"]["name"] == "urgent"
+                   for e in events)
+        assert controller.metrics.registry.get_sample_value(
+            "dra_gateway_allocator_preemptions_total", {"result": "evicted"}) == 2
+
+
+async def test_a_pod_of_equal_priority_or_policy_never_preempts_nothing(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=4)
+    async with running_controller(memory_cluster, SETTINGS):
+        await _fill(world, memory_cluster, 4, priority=10)
+        await world.gated_pod("peer", [whole_claim_spec(1)], priority=10)
+        never = await world.gated_pod("polite", [whole_claim_spec(1)], priority=1000)
+        await memory_cluster.patch(PODS, "polite", {"spec": {"preemptionPolicy": "Never"}},
+                                   namespace=NAMESPACE)
+        assert never["metadata"]["name"] == "polite"
+        await asyncio.sleep(0.5)  # many preemption rounds
+        assert await _live(memory_cluster) == {"low-0", "low-1", "low-2", "low-3", "peer",
+                                               "polite"}
+        assert not await ungated(world, "peer")
+        assert not await ungated(world, "polite")
