@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from dra_gateway.allocator.defrag import holds as holdfmt
@@ -57,6 +57,20 @@ log = logging.getLogger(__name__)
 
 DISRUPTION_TARGET = "DisruptionTarget"
 REASON = "PreemptionByDraGateway"
+
+
+_MAX_BACKOFF = 8
+
+
+def _outranked(pods: Sequence[Object]) -> bool:
+    """Whether a gated pod has a higher priority than some pod bound to a node."""
+    waiting = [objects.pod_priority(p) for p in pods if objects.is_gated(p)
+               and not objects.is_deleting(p)]
+    if not waiting:
+        return False
+    placed = [objects.pod_priority(p) for p in pods if objects.spec(p).get("nodeName")
+              and not objects.is_finished(p) and not objects.is_deleting(p)]
+    return bool(placed) and max(waiting) > min(placed)
 
 
 def find_preemptions(inputs: Inputs) -> list[Preemption]:
@@ -98,18 +112,24 @@ class PreemptionMode:
         self.instance = settings.identity or COMPONENT
 
     async def run(self) -> None:
+        backoff = 1
         while True:
-            await asyncio.sleep(self.settings.preemption_interval)
+            await asyncio.sleep(self.settings.preemption_interval * backoff)
             try:
-                await self.round()
+                found = await self.round()
             except ApiError as exc:
                 log.warning("preemption round failed", extra={"error": exc.message})
+                found = None
+            # A round that looked and found nothing to do waits longer before the next (a
+            # state is built for it); one that preempted, or had nothing to look at, does not.
+            backoff = min(backoff * 2, _MAX_BACKOFF) if found == [] else 1
 
-    async def round(self) -> list[Preemption]:
-        """One look at the waiting pods; the preemptions carried out (or tried)."""
+    async def round(self) -> list[Preemption] | None:
+        """One look at the waiting pods: the preemptions carried out (or tried), None when no
+        gated pod outranks a placed one (nothing to look at)."""
         snapshot = self.snapshot()
-        if not any(objects.is_gated(p) and objects.pod_priority(p) > 0 for p in snapshot.pods):
-            return []  # the common case: nothing waits with a priority to preempt for
+        if not _outranked(snapshot.pods):
+            return None  # the common case: a state is built only when one may preempt
         snapshot.budgets = await list_items(self.cluster, POD_DISRUPTION_BUDGETS)
 
         def planned() -> tuple[Inputs, list[Preemption]]:
