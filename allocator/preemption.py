@@ -5,7 +5,8 @@ cards; a translated pod's cards are DRA claims the gateway places, which kube-sc
 preempt for, so the allocator does it (`allocator.preemption.enabled` in the chart, on by
 default; `--no-preemption` turns it off).
 
-Every `preemption_interval`, on the leader: the mirrors' view of the cluster
+Every `preemption_interval` (up to eight times longer after rounds that found nothing to do), on
+the leader, when a gated pod outranks a pod bound to a node: the mirrors' view of the cluster
 (`Controller.snapshot`) and the PodDisruptionBudgets read then are built into a state of their
 own (`defrag.view.build`); each gated pod that fits nowhere as the cluster is, highest priority
 first, is given to the planner (`planner.preemption`), which names the fewest pods of strictly
