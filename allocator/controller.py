@@ -421,7 +421,7 @@ class Controller:
                         pods=list(self.pods.values()), claims=list(self.claims.values()),
                         catalog=self.policy_mirror.catalog(), records=self._records,
                         consumable_capacity=bool(self.consumable_capacity),
-                        strategy=self.settings.strategy)
+                        strategy=self.settings.strategy, legacy=self.legacy)
 
     async def _expire_holds(self) -> None:
         while True:

@@ -120,7 +120,10 @@ class PreemptionMode:
                 found = await self.round()
             except ApiError as exc:
                 log.warning("preemption round failed", extra={"error": exc.message})
-                found = None
+                found = []
+            except Exception:  # a bug: say it, and keep preempting in later rounds
+                log.exception("preemption round failed unexpectedly")
+                found = []
             # A round that looked and found nothing to do waits longer before the next (a
             # state is built for it); one that preempted, or had nothing to look at, does not.
             backoff = min(backoff * 2, _MAX_BACKOFF) if found == [] else 1

@@ -31,6 +31,7 @@ from typing import Any
 from dra_gateway.allocator.defrag import holds as holdfmt
 from dra_gateway.allocator.defrag.view import Snapshot, controller_uid
 from dra_gateway.allocator.events import pod_event
+from dra_gateway.allocator.legacypods import LegacyPods
 from dra_gateway.allocator.planner.defrag import DefragPlan, Help, Move
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.features import slices_show_consumable_capacity
@@ -94,9 +95,12 @@ async def read_snapshot(cluster: Cluster, *, namespace: str, now: datetime,
                             namespaces=await list_items(cluster, NAMESPACES))
     records, _ = await read_records(cluster, namespace)
     native = slices_show_consumable_capacity(slices)
+    classes = await list_items(cluster, DEVICE_CLASSES)
+    legacy = LegacyPods()
+    legacy.set_device_classes(classes)
     return Snapshot(
-        now=now, nodes=await list_items(cluster, NODES), slices=slices,
-        classes=await list_items(cluster, DEVICE_CLASSES),
+        now=now, nodes=await list_items(cluster, NODES), slices=slices, classes=classes,
+        legacy=legacy,
         pods=await list_items(cluster, PODS, field_selector=pod_selector),
         claims=await list_items(cluster, RESOURCE_CLAIMS),
         budgets=await list_items(cluster, POD_DISRUPTION_BUDGETS),

@@ -23,6 +23,7 @@ from typing import Any
 
 from dra_gateway.allocator.claims import claims_for
 from dra_gateway.allocator.defrag.holds import Records, parse_time
+from dra_gateway.allocator.legacypods import LegacyPods
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings
 from dra_gateway.allocator.planner.defrag import Resident, Waiter
 from dra_gateway.kube import names, objects
@@ -49,6 +50,9 @@ class Snapshot:
     records: Records = field(default_factory=Records)
     consumable_capacity: bool = True
     strategy: str = "default"
+    # What pods a legacy device plugin serves cost their namespaces' quotas (the allocator's
+    # reader, its rules loaded once); None: they are not counted.
+    legacy: LegacyPods | None = None
 
 
 @dataclass(slots=True)
@@ -151,8 +155,13 @@ def build(snapshot: Snapshot, *, window_seconds: float = 3600.0) -> Inputs:
         state.set_policies(snapshot.catalog)
     live = {objects.uid(p): p for p in snapshot.pods
             if not objects.is_finished(p) and not objects.is_deleting(p)}
+    card_memory = state.smallest_card_memory()
     for pod in live.values():
         state.set_pod(pod)
+        if snapshot.legacy is not None:
+            # A pod a legacy plugin serves counts against its namespace's quotas here too.
+            state.set_legacy_pod(objects.uid(pod), objects.namespace(pod),
+                                 snapshot.legacy.charges(pod, card_memory=card_memory))
     for claim in snapshot.claims:
         state.set_claim(claim)
     by_name = {objects.namespace_name(c): c for c in snapshot.claims}

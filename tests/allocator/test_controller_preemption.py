@@ -11,27 +11,29 @@ from testkit import eventually
 
 from dra_gateway.allocator.preemption import DISRUPTION_TARGET, REASON
 from dra_gateway.devkit.sim.memory import MemoryCluster
+from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Object
-from dra_gateway.kube.resources import EVENTS, PODS
+from dra_gateway.kube.resources import EVENTS, GPU_QUOTAS, PODS
 
 from .conftest import FAST, NAMESPACE, World, running_controller, ungated, whole_claim_spec
 
 SETTINGS = dataclasses.replace(FAST, preemption_interval=0.05)
 
 
-async def _fill(world: World, memory_cluster: MemoryCluster, count: int, priority: int) -> None:
+async def _fill(world: World, memory_cluster: MemoryCluster, count: int, priority: int, *,
+                namespace: str = NAMESPACE) -> None:
     """`count` one-card pods of `priority` placed and bound on node-0."""
     for i in range(count):
-        await world.gated_pod(f"low-{i}", [whole_claim_spec(1)], priority=priority)
+        await world.gated_pod(f"low-{i}", [whole_claim_spec(1)], priority=priority,
+                              namespace=namespace)
         await eventually(lambda i=i: ungated(world, f"low-{i}"))  # type: ignore[misc]
         # Play kube-scheduler: bind it where its claim was allocated.
         await memory_cluster.patch(PODS, f"low-{i}", {"spec": {"nodeName": "node-0"}},
-                                   namespace=NAMESPACE)
+                                   namespace=namespace)
 
 
 async def _live(memory_cluster: MemoryCluster) -> set[str]:
-    return {p["metadata"]["name"] for p in (await memory_cluster.list(
-        PODS, namespace=NAMESPACE)).items}
+    return {p["metadata"]["name"] for p in (await memory_cluster.list(PODS)).items}
 
 
 async def test_a_pod_for_two_cards_is_placed_after_exactly_two_are_preempted(
@@ -82,3 +84,27 @@ async def test_a_pod_of_equal_priority_or_policy_never_preempts_nothing(
                                                "polite"}
         assert not await ungated(world, "peer")
         assert not await ungated(world, "polite")
+
+
+async def test_nothing_is_preempted_for_a_pod_its_quota_holds_back(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=2)
+    async with running_controller(memory_cluster, SETTINGS):
+        await _fill(world, memory_cluster, 2, priority=10, namespace="batch")
+        # Its namespace's quota is held by a pod a legacy plugin serves elsewhere: freeing
+        # cards would not let the pod in, so nobody is evicted for it.
+        await memory_cluster.create(GPU_QUOTAS, {
+            "apiVersion": names.API_VERSION, "kind": "GPUQuota",
+            "metadata": {"name": "gpus", "namespace": NAMESPACE},
+            "spec": {"hard": {"devices": 1}}}, namespace=NAMESPACE)
+        await memory_cluster.create(PODS, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "legacy", "namespace": NAMESPACE},
+            "spec": {"nodeName": "legacy-node", "containers": [{
+                "name": "main", "image": "cuda:12",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            "status": {"phase": "Running"}}, namespace=NAMESPACE)
+        await world.gated_pod("urgent", [whole_claim_spec(1)], priority=1000)
+        await asyncio.sleep(0.6)
+        assert {"low-0", "low-1", "urgent"} <= await _live(memory_cluster)
+        assert not await ungated(world, "urgent")
