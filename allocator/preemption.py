@@ -16,7 +16,7 @@ out, victim by victim:
 
 1. the devices it frees are held for the pod first (a `hold.` record in the ConfigMap
    `dra-gateway-defrag`, as defrag holds them): no newcomer takes them, the pod is planned on
-   them first;
+   them first; a later round drops the hold once its pod is placed or gone;
 2. each victim gets the condition `DisruptionTarget` (reason `PreemptionByDraGateway`) and an
    Event `Preempted` naming the pod it makes room for, and is evicted through the Eviction API,
    so its PodDisruptionBudgets are honoured; the pod gets an Event `Preempting` naming them;
@@ -132,6 +132,7 @@ class PreemptionMode:
         """One look at the waiting pods: the preemptions carried out (or tried), None when no
         gated pod outranks a placed one (nothing to look at)."""
         snapshot = self.snapshot()
+        await self._drop_spent_holds(snapshot)
         if not _outranked(snapshot.pods):
             return None  # the common case: a state is built only when one may preempt
         snapshot.budgets = await list_items(self.cluster, POD_DISRUPTION_BUDGETS)
@@ -156,7 +157,7 @@ class PreemptionMode:
         hold = holdfmt.Hold(preemption.uid, preemption.pod, preemption.node,
                             preemption.plan.allocations,
                             self.clock() + timedelta(seconds=self.settings.preemption_hold),
-                            tuple(v.pod for v in preemption.victims))
+                            tuple(v.pod for v in preemption.victims), preempted=True)
         await write_records(self.cluster, self.settings.namespace, {hold.key: hold.value()})
         preemptor = pods.get(preemption.uid)
         await self._event(preemptor, "Preempting", "Normal",
@@ -209,6 +210,22 @@ class PreemptionMode:
         except (ApiError, OSError) as exc:
             log.warning("could not record an event", extra={
                 "pod": "/".join(objects.namespace_name(pod)), "error": str(exc)})
+
+    async def _drop_spent_holds(self, snapshot: Snapshot) -> None:
+        """Drop the holds this allocator's preemptions wrote that have served: their pod is
+        placed (its gate gone) or gone, or their time is over. Defrag's own holds are left to
+        defrag."""
+        gated = {objects.uid(p) for p in snapshot.pods if objects.is_gated(p)
+                 and not objects.is_deleting(p)}
+        spent = [hold.key for uid, hold in snapshot.records.holds.items()
+                 if hold.preempted and (uid not in gated or hold.until <= snapshot.now)]
+        if spent:
+            try:
+                await write_records(self.cluster, self.settings.namespace,
+                                    dict.fromkeys(spent))
+            except ApiError as exc:
+                log.warning("could not drop the holds of preemptions that have served", extra={
+                    "holds": spent, "error": exc.message})
 
     async def _drop_hold(self, key: str) -> None:
         try:

@@ -2,8 +2,8 @@
 gateway's namespace:
 
 - `hold.<pod uid>`: the devices freed for a waiting pod (its claims' allocations as the plan
-  made them), the node, the pods moved for it, and until when the hold lasts. The allocator
-  counts a hold as taken, so no newcomer (a moved pod's replacement included) gets those
+  made them), the node, the pods moved (or, `preempted`, evicted) for it, and until when the
+  hold lasts. The allocator counts a hold as taken, so no newcomer (a moved pod's replacement included) gets those
   devices, and gives them to the pod first when it plans it;
 - `moved.<pod uid>`: a pod moved, its controller, when and for whom: a pod is not moved twice
   in a window, nor the replacement its controller made after the move.
@@ -49,6 +49,9 @@ class Hold:
     allocations: Mapping[str, Mapping[str, Any]]  # claim uid -> status.allocation
     until: datetime
     moves: tuple[str, ...] = ()
+    # Written by a preemption (the pods in `moves` were evicted for good, not moved): dropped
+    # by the preemption rounds once it has served.
+    preempted: bool = False
 
     @property
     def key(self) -> str:
@@ -59,9 +62,12 @@ class Hold:
         return PodPlan(self.node, {uid: dict(a) for uid, a in self.allocations.items()})
 
     def value(self) -> str:
-        return json.dumps({"pod": self.pod, "node": self.node,
-                           "allocations": self.allocations, "until": _time(self.until),
-                           "moves": list(self.moves)}, sort_keys=True)
+        body: dict[str, Any] = {"pod": self.pod, "node": self.node,
+                                "allocations": self.allocations, "until": _time(self.until),
+                                "moves": list(self.moves)}
+        if self.preempted:
+            body["preempted"] = True
+        return json.dumps(body, sort_keys=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +120,8 @@ def read(config_map: Mapping[str, Any] | None) -> Records:
                     raise ValueError("needs node, allocations and until (RFC 3339, UTC)")
                 records.holds[key[len(HOLD):]] = Hold(
                     key[len(HOLD):], str(body.get("pod", "")), str(body["node"]), allocations,
-                    until, tuple(str(m) for m in body.get("moves") or ()))
+                    until, tuple(str(m) for m in body.get("moves") or ()),
+                    preempted=body.get("preempted") is True)
             elif key.startswith(MOVED):
                 at = parse_time(body.get("at"))
                 if at is None:

@@ -9,11 +9,12 @@ import dataclasses
 
 from testkit import eventually
 
+from dra_gateway.allocator.defrag import holds as holdfmt
 from dra_gateway.allocator.preemption import DISRUPTION_TARGET, REASON
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Object
-from dra_gateway.kube.resources import EVENTS, GPU_QUOTAS, PODS
+from dra_gateway.kube.resources import CONFIG_MAPS, EVENTS, GPU_QUOTAS, PODS
 
 from .conftest import FAST, NAMESPACE, World, running_controller, ungated, whole_claim_spec
 
@@ -67,6 +68,14 @@ async def test_a_pod_for_two_cards_is_placed_after_exactly_two_are_preempted(
                    for e in events)
         assert controller.metrics.registry.get_sample_value(
             "dra_gateway_allocator_preemptions_total", {"result": "evicted"}) == 2
+
+        # The hold that kept the freed cards for it is dropped once it has served.
+        async def holds_left() -> bool:
+            records = await memory_cluster.get(CONFIG_MAPS, holdfmt.CONFIG_MAP,
+                                               namespace="dra-gateway")
+            return not any(k.startswith(holdfmt.HOLD) for k in records.get("data") or {})
+
+        await eventually(holds_left)
 
 
 async def test_a_pod_of_equal_priority_or_policy_never_preempts_nothing(
