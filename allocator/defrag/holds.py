@@ -3,8 +3,8 @@ gateway's namespace:
 
 - `hold.<pod uid>`: the devices freed for a waiting pod (its claims' allocations as the plan
   made them), the node, the pods moved (or, `preempted`, evicted) for it, and until when the
-  hold lasts. The allocator counts a hold as taken, so no newcomer (a moved pod's replacement included) gets those
-  devices, and gives them to the pod first when it plans it;
+  hold lasts. The allocator counts a hold as taken, so no newcomer (a moved pod's replacement
+  included) gets those devices, and gives them to the pod first when it plans it;
 - `moved.<pod uid>`: a pod moved, its controller, when and for whom: a pod is not moved twice
   in a window, nor the replacement its controller made after the move.
 

@@ -135,30 +135,26 @@ class KubernetesCluster:
 
     async def _call(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
                     body: Any = None, content_type: str = "application/json") -> Any:
-        response = await self._send(method, path, query=query, body=body,
-                                    content_type=content_type)
-        try:
-            raw = await response.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ApiError(f"the Kubernetes API at {self.host} broke off {method} {path}: "
-                           f"{type(exc).__name__}: {exc}", code=503,
-                           reason="ServiceUnavailable") from None
-        finally:
-            response.release()
-        if response.status >= 400:
-            raise _error(response.status, raw, method, path)
+        status, raw = await self._exchange(method, path, query=query, body=body,
+                                           content_type=content_type)
+        if status >= 400:
+            raise _error(status, raw, method, path)
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
             raise ApiError(f"the Kubernetes API answered {method} {path} with something other "
                            f"than JSON: {raw[:200]!r}") from None
 
-    async def _probe(self, path: str) -> tuple[int, bytes]:
-        response = await self._send("GET", path)
+    async def _exchange(self, method: str, path: str, *,
+                        query: Mapping[str, str] | None = None, body: Any = None,
+                        content_type: str = "application/json") -> tuple[int, bytes]:
+        """One request's status and body, read whole."""
+        response = await self._send(method, path, query=query, body=body,
+                                    content_type=content_type)
         try:
             return response.status, await response.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ApiError(f"the Kubernetes API at {self.host} broke off GET {path}: "
+            raise ApiError(f"the Kubernetes API at {self.host} broke off {method} {path}: "
                            f"{type(exc).__name__}: {exc}", code=503,
                            reason="ServiceUnavailable") from None
         finally:
@@ -170,7 +166,7 @@ class KubernetesCluster:
         found instead (an empty cluster and a server that is not one must not look alike)."""
         fix = ("point --kubeconfig (or $KUBECONFIG) at a Kubernetes API server "
                "(kubectl cluster-info shows the one a kubeconfig names)")
-        status, raw = await self._probe("/version")
+        status, raw = await self._exchange("GET", "/version")
         try:
             version = orjson.loads(raw) if status == 200 else None
         except orjson.JSONDecodeError:
@@ -184,7 +180,7 @@ class KubernetesCluster:
         git_version: str = version["gitVersion"]
         if not groups:
             return git_version
-        status, raw = await self._probe("/apis")
+        status, raw = await self._exchange("GET", "/apis")
         try:
             listed = orjson.loads(raw) if status == 200 else None
         except orjson.JSONDecodeError:

@@ -559,3 +559,21 @@ def apply_manifests(api: Api, documents: Sequence[Mapping[str, Any]]) -> list[JS
         namespace = str(document["metadata"].get("namespace") or "default")
         created.append(api.create(path_of(api_version, plural, namespace=namespace), document))
     return created
+
+
+def pod_devices(api: Api, pod: JSON) -> list[tuple[str, str, bool]]:
+    """(node, device, whole) of every device the pod's allocated claims hold."""
+    published = cards(api)
+    held = []
+    for claim in pod_claims(api, pod):
+        for holding in holdings(claim, published):
+            card = published.get(holding.device)
+            held.append((card.node if card else "?", holding.device[2], holding.whole))
+    return held
+
+
+def placed_on_its_node(api: Api, pod: JSON) -> bool:
+    """Bound, and its claims allocated on devices of the node it is bound to."""
+    node = pod["spec"].get("nodeName")
+    devices = pod_devices(api, pod)
+    return bool(node) and bool(devices) and all(d[0] == node for d in devices)

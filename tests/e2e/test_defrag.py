@@ -38,12 +38,11 @@ from e2e.support import (
     RELEASE,
     Component,
     Gateway,
-    cards,
     find_helm,
-    holdings,
     node_plugin_kubeconfig,
     over_capacity,
-    pod_claims,
+    placed_on_its_node,
+    pod_devices,
     run_helm,
     short_dir,
     wait_until,
@@ -195,24 +194,6 @@ def _share_pods(api: Api, ns: str) -> list[JSON]:
                                 labelSelector=f"app={DEPLOYMENT}") if _live(p)]
 
 
-def _devices(api: Api, pod: JSON) -> list[tuple[str, str, bool]]:
-    """(node, device, whole) of every device the pod's allocated claims hold."""
-    published = cards(api)
-    held = []
-    for claim in pod_claims(api, pod):
-        for holding in holdings(claim, published):
-            card = published.get(holding.device)
-            held.append((card.node if card else "?", holding.device[2], holding.whole))
-    return held
-
-
-def _placed(api: Api, pod: JSON) -> bool:
-    """Bound, and its claims allocated on devices of the node it is bound to."""
-    node = pod["spec"].get("nodeName")
-    devices = _devices(api, pod)
-    return bool(node) and bool(devices) and all(d[0] == node for d in devices)
-
-
 def _budget_status(api: Api, ns: str) -> JSON:
     budget = api.get(path_of("policy/v1", "poddisruptionbudgets", namespace=ns, name=BUDGET))
     status = dict(budget.get("status") or {})
@@ -287,11 +268,11 @@ def _fragment(gateway: Gateway, ns: str) -> set[str]:
     _add_node(gateway, FRAGMENTED, 1, REPLICAS)
     api.create(path_of("apps/v1", "deployments", namespace=ns), _deployment(ns))
     wait_until(f"the {REPLICAS} shares to be placed", lambda: sum(
-        _placed(api, p) for p in _share_pods(api, ns)) == REPLICAS, 120,
+        placed_on_its_node(api, p) for p in _share_pods(api, ns)) == REPLICAS, 120,
         lambda: _no_over_capacity(gateway))
     shares = _share_pods(api, ns)
     assert {p["spec"]["nodeName"] for p in shares} == {FRAGMENTED}
-    held = sorted(d for p in shares for d in _devices(api, p))
+    held = sorted(d for p in shares for d in pod_devices(api, p))
     assert len(held) == REPLICAS, held
     assert len({d[1] for d in held}) == REPLICAS, held
     assert not any(whole for _, _, whole in held), held
@@ -319,15 +300,16 @@ def _assert_placed_after_moves(gateway: Gateway, ns: str, moved: set[str]) -> No
     replacements are placed on the spare node, so the Deployment has its eight shares again;
     every move is an Event on the pod moved and on the pod it made room for."""
     api = gateway.api
-    wait_until(f"{WAITING}'s claim to be allocated", lambda: _placed(api, _wide(api, ns)), 30,
+    wait_until(f"{WAITING}'s claim to be allocated",
+               lambda: placed_on_its_node(api, _wide(api, ns)), 30,
                lambda: _no_over_capacity(gateway))
     wide = _wide(api, ns)
     assert wide["spec"]["nodeName"] == FRAGMENTED
-    devices = _devices(api, wide)
+    devices = pod_devices(api, wide)
     assert len(devices) == 2, devices
     assert all(node == FRAGMENTED and whole for node, _, whole in devices), devices
     wait_until(f"the {REPLICAS} shares to be placed again", lambda: sum(
-        _placed(api, p) for p in _share_pods(api, ns)) == REPLICAS, 120,
+        placed_on_its_node(api, p) for p in _share_pods(api, ns)) == REPLICAS, 120,
         lambda: _no_over_capacity(gateway))
     now = _share_pods(api, ns)
     assert not moved & {p["metadata"]["name"] for p in now}

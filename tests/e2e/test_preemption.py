@@ -38,9 +38,9 @@ from e2e.support import (
     Gateway,
     cards,
     free_capacity,
-    holdings,
     over_capacity,
-    pod_claims,
+    placed_on_its_node,
+    pod_devices,
     pods,
     wait_until,
 )
@@ -92,24 +92,6 @@ def _live(pod: Mapping[str, Any]) -> bool:
 def _live_pods(api: Api, namespace: str, prefix: str) -> dict[str, JSON]:
     return {p["metadata"]["name"]: p for p in pods(api, namespace)
             if p["metadata"]["name"].startswith(prefix) and _live(p)}
-
-
-def _devices(api: Api, pod: JSON) -> list[tuple[str, str, bool]]:
-    """(node, device, whole) of every device the pod's allocated claims hold."""
-    published = cards(api)
-    held = []
-    for claim in pod_claims(api, pod):
-        for holding in holdings(claim, published):
-            card = published.get(holding.device)
-            held.append((card.node if card else "?", holding.device[2], holding.whole))
-    return held
-
-
-def _placed(api: Api, pod: JSON) -> bool:
-    """Bound, and its claims allocated on devices of the node it is bound to."""
-    node = pod["spec"].get("nodeName")
-    devices = _devices(api, pod)
-    return bool(node) and bool(devices) and all(d[0] == node for d in devices)
 
 
 def _events(api: Api, namespace: str) -> list[JSON]:
@@ -214,12 +196,13 @@ def _fill(gateway: Gateway, namespace: str) -> dict[str, str]:
     for index in range(CARDS):
         api.create(_pod_path(namespace), _gpu_pod(f"low-{index}", namespace, LOW, 1))
     wait_until(f"the {CARDS} low pods to be placed on {NODE}", lambda: sum(
-        _placed(api, p) for p in _live_pods(api, namespace, "low-").values()) == CARDS,
+        placed_on_its_node(api, p)
+        for p in _live_pods(api, namespace, "low-").values()) == CARDS,
         PLACE_S, lambda: _no_over_capacity(gateway))
     low = _live_pods(api, namespace, "low-")
     assert {p["spec"]["nodeName"] for p in low.values()} == {NODE}
     assert {p["spec"].get("priority") for p in low.values()} == {CLASSES[LOW][0]}
-    held = [d for p in low.values() for d in _devices(api, p)]
+    held = [d for p in low.values() for d in pod_devices(api, p)]
     assert len({d[1] for d in held}) == CARDS, held
     assert all(whole for _, _, whole in held), held
     assert _free_cards(api) == 0
@@ -242,12 +225,13 @@ def test_a_high_priority_pod_is_placed_after_exactly_two_low_priority_pods_are_p
         assert created["spec"].get("resourceClaims"), created["spec"]
         started = time.monotonic()
         wait_until("the high-priority pod to be placed",
-                   lambda: _placed(api, api.get(_pod_path(ns, "high"))), PLACE_S, watched)
+                   lambda: placed_on_its_node(api, api.get(_pod_path(ns, "high"))), PLACE_S,
+                   watched)
         print(f"the high-priority pod was placed {time.monotonic() - started:.1f}s after its "
               "creation")
         high = api.get(_pod_path(ns, "high"))
         assert high["spec"]["nodeName"] == NODE
-        devices = _devices(api, high)
+        devices = pod_devices(api, high)
         assert len(devices) == 2, devices
         assert all(n == NODE and whole for n, _, whole in devices), devices
 
@@ -259,7 +243,7 @@ def test_a_high_priority_pod_is_placed_after_exactly_two_low_priority_pods_are_p
         for name, pod in survivors.items():
             assert pod["metadata"]["uid"] == low[name], name
             assert pod["spec"]["nodeName"] == NODE, name
-            assert _placed(api, pod), name
+            assert placed_on_its_node(api, pod), name
         assert not _gated(high)
         wait_until("the victims to be gone", lambda: not any(
             api.exists(_pod_path(ns, name)) for name in victims), 30, watched)
