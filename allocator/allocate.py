@@ -25,7 +25,14 @@ import time
 from collections.abc import Sequence
 
 from dra_gateway.allocator.claims import claims_for
-from dra_gateway.allocator.conditions import PLACED, quota_condition, set_quota_condition
+from dra_gateway.allocator.conditions import (
+    GATES_CONDITION,
+    GATES_REMOVED,
+    OTHER_GATES,
+    PLACED,
+    quota_condition,
+    set_quota_condition,
+)
 from dra_gateway.allocator.events import EventRecorder
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
 from dra_gateway.allocator.planning import Planning
@@ -85,6 +92,20 @@ class PodAllocator:
                 pod):
             self.unplaceable.discard(key)
             return "done"
+        others = objects.other_gates(pod)
+        if others:
+            # Another admission system (Kueue, KAI...) still holds the pod: its devices are
+            # allocated once the gateway's gate is the last one, so queued work holds none.
+            self.unplaceable.discard(key)
+            await set_quota_condition(
+                self.cluster, pod, held=True, reason=OTHER_GATES, kind=GATES_CONDITION,
+                message=f"waiting for the scheduling gate(s) {', '.join(others)} to be "
+                        f"removed: the gateway allocates this pod's devices once its own gate "
+                        f"is the last one left")
+            return "done"
+        await set_quota_condition(self.cluster, pod, held=False, reason=GATES_REMOVED,
+                                  kind=GATES_CONDITION,
+                                  message="no other scheduling gate holds the pod")
         claims, waiting = claims_for(pod, self.claims.get)
         if waiting:
             # The claim controller has not created them yet: their arrival requeues the pod.

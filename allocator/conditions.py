@@ -1,11 +1,15 @@
-"""The pod condition `dra-gateway.io/QuotaExceeded` of a gated pod held back by a GPUQuota.
+"""The pod conditions the allocator writes on a gated pod it holds back.
 
-True (reason `QuotaExceeded` or `QueuedForQuota`, message in ResourceQuota's words) while the
-allocator holds the pod back for quota; False once the pod is placed or waits for something
-else. Written through pods/status with a strategic merge patch keyed by the condition type, so
-the scheduler's own conditions (PodScheduled) are left alone, and only when status, reason or
-message change. Like Events, a condition is advice: a failed write is logged and dropped, and
-this module must never raise into the allocation path nor decide anything about the pod.
+`dra-gateway.io/QuotaExceeded`: True (reason `QuotaExceeded` or `QueuedForQuota`, message in
+ResourceQuota's words) while the allocator holds the pod back for quota; False once the pod is
+placed or waits for something else. `dra-gateway.io/WaitingForGates`: True (reason `OtherGates`)
+while the pod carries scheduling gates of another admission system besides the gateway's
+(Kueue's, KAI's): the allocator allocates its devices only once its own gate is the last one
+left; False (`GatesRemoved`) once they are gone. Written through pods/status with a strategic
+merge patch keyed by the condition type, so the scheduler's own conditions (PodScheduled) are
+left alone, and only when status, reason or message change.
+Like Events, a condition is advice: a failed write is logged and dropped, and this module must
+never raise into the allocation path nor decide anything about the pod.
 """
 
 from __future__ import annotations
@@ -23,22 +27,25 @@ log = logging.getLogger(__name__)
 
 QUOTA_CONDITION = f"{names.DOMAIN}/QuotaExceeded"
 PLACED = "QuotaAvailable"
+GATES_CONDITION = f"{names.DOMAIN}/WaitingForGates"
+OTHER_GATES = "OtherGates"
+GATES_REMOVED = "GatesRemoved"
 _MAX_MESSAGE = 1024
 
 
-def quota_condition(pod: Object) -> Mapping[str, Any] | None:
+def quota_condition(pod: Object, kind: str = QUOTA_CONDITION) -> Mapping[str, Any] | None:
     for condition in objects.status(pod).get("conditions") or ():
-        if condition.get("type") == QUOTA_CONDITION:
+        if condition.get("type") == kind:
             return condition  # type: ignore[no-any-return]
     return None
 
 
 async def set_quota_condition(cluster: Cluster, pod: Object, *, held: bool, reason: str,
-                              message: str) -> bool:
-    """Write the condition if it differs from the pod's; True when a write was made."""
+                              message: str, kind: str = QUOTA_CONDITION) -> bool:
+    """Write the condition (`kind`) if it differs from the pod's; True when a write was made."""
     status = "True" if held else "False"
     message = message[:_MAX_MESSAGE]
-    current = quota_condition(pod)
+    current = quota_condition(pod, kind)
     if current is None and not held:
         return False  # never held back for quota: nothing to clear
     if current is not None and (current.get("status"), current.get("reason"),
@@ -47,7 +54,7 @@ async def set_quota_condition(cluster: Cluster, pod: Object, *, held: bool, reas
     stamp = now()
     transition = stamp if current is None or current.get("status") != status \
         else current.get("lastTransitionTime", stamp)
-    condition = {"type": QUOTA_CONDITION, "status": status, "reason": reason,
+    condition = {"type": kind, "status": status, "reason": reason,
                  "message": message, "lastTransitionTime": transition,
                  "lastProbeTime": None}
     ns, name = objects.namespace_name(pod)
@@ -61,4 +68,5 @@ async def set_quota_condition(cluster: Cluster, pod: Object, *, held: bool, reas
     return True
 
 
-__all__ = ["PLACED", "QUOTA_CONDITION", "quota_condition", "set_quota_condition"]
+__all__ = ["GATES_CONDITION", "GATES_REMOVED", "OTHER_GATES", "PLACED", "QUOTA_CONDITION",
+           "quota_condition", "set_quota_condition"]

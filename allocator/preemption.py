@@ -65,7 +65,7 @@ _MAX_BACKOFF = 8
 
 def _outranked(pods: Sequence[Object]) -> bool:
     """Whether a gated pod has a higher priority than some pod bound to a node."""
-    waiting = [objects.pod_priority(p) for p in pods if objects.is_gated(p)
+    waiting = [objects.pod_priority(p) for p in pods if objects.waits_for_gateway(p)
                and not objects.is_deleting(p)]
     if not waiting:
         return False

@@ -129,6 +129,18 @@ def is_gated(pod: RawObject) -> bool:
     return any(g.get("name") == names.SCHEDULING_GATE for g in gates)
 
 
+def other_gates(pod: RawObject) -> list[str]:
+    """The pod's scheduling gates other than the gateway's (Kueue's kueue.x-k8s.io/admission,
+    KAI's, any other admission system holding the pod back)."""
+    return [str(g.get("name")) for g in spec(pod).get("schedulingGates") or ()
+            if isinstance(g, Mapping) and g.get("name") != names.SCHEDULING_GATE]
+
+
+def waits_for_gateway(pod: RawObject) -> bool:
+    """The gateway's gate is the last one left: the pod waits for the gateway alone."""
+    return is_gated(pod) and not other_gates(pod)
+
+
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 

@@ -179,6 +179,8 @@ def build(snapshot: Snapshot, *, window_seconds: float = 3600.0) -> Inputs:
         claims, missing = claims_for(pod, lookup)
         gateway = [c for c in claims if objects.is_gateway_claim(c)]
         if objects.is_gated(pod):
+            if objects.other_gates(pod):
+                continue  # another queue holds it: nothing moves, nobody is preempted, for it
             hold = holds.get(uid)
             if hold is not None:
                 state.assume(pod, hold.plan())  # promised: nobody else plans onto it

@@ -128,7 +128,8 @@ class World:
     async def gated_pod(self, name: str, claim_specs: Iterable[Object], *, cpu: str = "1",
                         create_claims: bool = True, gated: bool = True,
                         annotations: dict[str, str] | None = None,
-                        namespace: str = NAMESPACE, priority: int | None = None) -> Object:
+                        namespace: str = NAMESPACE, priority: int | None = None,
+                        other_gates: tuple[str, ...] = ()) -> Object:
         specs = list(claim_specs)
         pod: Object = {
             "apiVersion": "v1", "kind": "Pod",
@@ -147,7 +148,8 @@ class World:
         if priority is not None:
             pod["spec"]["priority"] = priority  # as the API server fills it from the class
         if gated:
-            pod["spec"]["schedulingGates"] = [{"name": "example.com/other"},
+            # Another admission system's gates (Kueue's) come first, as they are added first.
+            pod["spec"]["schedulingGates"] = [*({"name": g} for g in other_gates),
                                               {"name": names.SCHEDULING_GATE}]
         created = await self.cluster.create(PODS, pod, namespace=namespace)
         self.pods[name] = created
