@@ -15,6 +15,10 @@ PriorityClass, and the webhook translates its `nvidia.com/gpu` into a claim.
 - A pod of `e2e-high-never` (1000, preemptionPolicy Never) asking for two cards, and one of
   `e2e-low` (the low pods' own priority) asking for one, both wait, gated and unbound, through
   three preemption rounds (2 s each): no low pod leaves, no preemption Event is written.
+- Other queues first: a pod that Kueue still holds behind its gate `kueue.x-k8s.io/admission`
+  (the webhook adds the gateway's own after it) gets no card although the node has them free,
+  says so in its condition `dra-gateway.io/WaitingForGates`, and is placed within seconds of
+  Kueue's gate being removed.
 
 Each test has its own namespace (the webhook's template cache, see test_defrag.py) and removes
 its pods, waits until their claims are released and the allocator has dropped its preemption's
@@ -56,6 +60,8 @@ CLASSES = {LOW: (10, "PreemptLowerPriority"), HIGH: (1000, "PreemptLowerPriority
            NEVER: (1000, "Never")}
 EVICT_NS = "preempt-evict"
 WAIT_NS = "preempt-wait"
+QUEUE_NS = "queued-elsewhere"
+KUEUE = "kueue.x-k8s.io/admission"
 RECORDS = "dra-gateway-defrag"  # allocator/defrag/holds.py CONFIG_MAP: preemption's holds
 ROUNDS_S = 6.0  # three of the allocator's preemption rounds (preemption_interval 2 s)
 
@@ -301,3 +307,40 @@ def test_a_pod_that_never_preempts_and_one_of_equal_priority_wait_and_preempt_no
         assert not {r for r in reasons if r[1] in ("Preempted", "Preempting",
                                                    "PreemptionRefused")}, reasons
         assert _free_cards(api) == 0
+
+
+def test_a_pod_another_queue_holds_gets_no_card_until_its_gate_goes(
+        gateway: Gateway, priority_classes: None) -> None:
+    ns = QUEUE_NS
+    with _scene(gateway, ns) as api:
+        assert _free_cards(api) == CARDS
+        queued = _gpu_pod("queued", ns, HIGH, 2)
+        queued["spec"]["schedulingGates"] = [{"name": KUEUE}]
+        created = api.create(_pod_path(ns), queued)
+        assert [g["name"] for g in created["spec"]["schedulingGates"]] == [
+            KUEUE, names.SCHEDULING_GATE], created["spec"]
+
+        def says_so() -> bool:
+            pod = api.get(_pod_path(ns, "queued"))
+            return any(c.get("type") == "dra-gateway.io/WaitingForGates"
+                       and c.get("status") == "True"
+                       for c in (pod.get("status") or {}).get("conditions") or [])
+
+        wait_until("the queued pod to say what it waits for", says_so, 30, gateway.check)
+        deadline = time.monotonic() + ROUNDS_S
+        while time.monotonic() < deadline:  # the cards are free: only the queue holds it back
+            pod = api.get(_pod_path(ns, "queued"))
+            assert pod_devices(api, pod) == [], pod_devices(api, pod)
+            assert not _bound(pod)
+            time.sleep(0.5)
+        assert _free_cards(api) == CARDS
+        # Kueue admits it: its gate goes, the gateway's is the last one left.
+        gates = api.get(_pod_path(ns, "queued"))["spec"]["schedulingGates"]
+        api.patch(_pod_path(ns, "queued"), {"spec": {"schedulingGates": [
+            g for g in gates if g["name"] != KUEUE]}})
+        admitted = time.monotonic()
+        wait_until("the admitted pod to be placed",
+                   lambda: placed_on_its_node(api, api.get(_pod_path(ns, "queued"))), 20,
+                   gateway.check)
+        print(f"placed {time.monotonic() - admitted:.1f}s after Kueue's gate went")
+        assert len(pod_devices(api, api.get(_pod_path(ns, "queued")))) == 2
