@@ -22,7 +22,9 @@ out, victim by victim:
    so its PodDisruptionBudgets are honoured; the pod gets an Event `Preempting` naming them;
 3. a budget that refuses an eviction (or any failure) stops that preemption: the victims
    evicted stay evicted, the hold is dropped, and the pod gets a Warning Event
-   `PreemptionRefused` saying which victim and why; the next round looks again.
+   `PreemptionRefused` saying which victim and why; the next round looks again, with the
+   budgets read again (a preemption whose victims a budget protects now is not tried: the
+   planner chooses other victims, or another node, where it can).
 
 Counted in `dra_gateway_allocator_preemptions_total{result}` (evicted, refused, failed) and
 logged. This module talks to Kubernetes only through the cluster port.
@@ -88,6 +90,10 @@ def find_preemptions(inputs: Inputs) -> list[Preemption]:
             continue  # it fits: the allocator places it without anybody leaving
         preemption = plan_preemption(state, waiter, residents, inputs.budgets)
         if isinstance(preemption, str):
+            continue
+        if any(v.protected for v in preemption.victims):
+            # The Eviction API would refuse it (a budget allows no disruption now): the pod
+            # waits, and a later round looks again once the budget allows one.
             continue
         gone = {v.uid for v in preemption.victims}
         for resident in residents:

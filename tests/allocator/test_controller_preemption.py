@@ -14,7 +14,13 @@ from dra_gateway.allocator.preemption import DISRUPTION_TARGET, REASON
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Object
-from dra_gateway.kube.resources import CONFIG_MAPS, EVENTS, GPU_QUOTAS, PODS
+from dra_gateway.kube.resources import (
+    CONFIG_MAPS,
+    EVENTS,
+    GPU_QUOTAS,
+    POD_DISRUPTION_BUDGETS,
+    PODS,
+)
 
 from .conftest import FAST, NAMESPACE, World, running_controller, ungated, whole_claim_spec
 
@@ -116,4 +122,24 @@ async def test_nothing_is_preempted_for_a_pod_its_quota_holds_back(
         await world.gated_pod("urgent", [whole_claim_spec(1)], priority=1000)
         await asyncio.sleep(0.6)
         assert {"low-0", "low-1", "urgent"} <= await _live(memory_cluster)
+        assert not await ungated(world, "urgent")
+
+
+async def test_victims_a_budget_protects_are_not_evicted(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=2)
+    async with running_controller(memory_cluster, SETTINGS):
+        await _fill(world, memory_cluster, 2, priority=10)
+        for i in range(2):
+            await memory_cluster.patch(PODS, f"low-{i}", {"metadata": {"labels": {
+                "app": "keep"}}}, namespace=NAMESPACE)
+        await memory_cluster.create(POD_DISRUPTION_BUDGETS, {
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "keep", "namespace": NAMESPACE, "generation": 1},
+            "spec": {"selector": {"matchLabels": {"app": "keep"}}, "minAvailable": 2},
+            "status": {"observedGeneration": 1, "disruptionsAllowed": 0}},
+            namespace=NAMESPACE)
+        await world.gated_pod("urgent", [whole_claim_spec(1)], priority=1000)
+        await asyncio.sleep(0.6)
+        assert {"low-0", "low-1"} <= await _live(memory_cluster)
         assert not await ungated(world, "urgent")
