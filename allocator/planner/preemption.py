@@ -7,7 +7,9 @@ as kube-scheduler does (its `selectVictimsOnNode` and `pickOneNodeForPreemption`
 1. a pod whose `preemptionPolicy` is `Never`, or of priority no higher than every placed pod,
    preempts nothing;
 2. on each node where pods of strictly lower priority hold gateway devices (whole cards or
-   shares: freeing memory and cores on a card counts), those pods are taken out of the state
+   shares: freeing memory and cores on a card counts) and enough devices are free or held by
+   them alone (those whose candidates rank lowest first, at most `NODES_TRIED` nodes, as
+   kube-scheduler bounds its candidate nodes), those pods are taken out of the state
    and the waiting pod is planned on that node; where it fits, each of them is put back in
    turn, those whose PodDisruptionBudget has no disruption left first, then the highest
    priority, then the oldest, and stays back when the pod still fits: the victims left are
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dra_gateway.allocator.planner.allocation import PodPlan
 from dra_gateway.allocator.planner.defrag.model import Resident, Waiter
@@ -31,7 +34,10 @@ from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import objects
 
-__all__ = ["Preemption", "Victim", "plan_preemption"]
+__all__ = ["NODES_TRIED", "Preemption", "Victim", "plan_preemption"]
+
+# Nodes tried per waiting pod, those whose candidates rank lowest first.
+NODES_TRIED = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +84,15 @@ def plan_preemption(state: ClusterState, waiter: Waiter, residents: Sequence[Res
             by_node.setdefault(node, []).append(resident)
     if not by_node:
         return "no pod of lower priority holds gateway devices"
+    # Only nodes with as many devices free or held by candidates alone as the pod asks for
+    # can place it, and those whose candidates rank lowest are tried first, at most
+    # NODES_TRIED of them: a trial is a planning per candidate.
+    needed = _devices_asked(waiter.claims)
+    eligible = [node for node in by_node
+                if _freeable(state, node, by_node[node]) >= needed]
+    eligible.sort(key=lambda n: (max(r.priority for r in by_node[n]), len(by_node[n]), n))
     best: Preemption | None = None
-    for node in sorted(by_node):
+    for node in eligible[:NODES_TRIED]:
         found = _on_node(state, waiter, node, by_node[node], budgets)
         if found is not None and (best is None or found.key() < best.key()):
             best = found
@@ -87,6 +100,37 @@ def plan_preemption(state: ClusterState, waiter: Waiter, residents: Sequence[Res
         return ("it fits no node even without every pod of lower priority holding gateway "
                 "devices there")
     return best
+
+
+def _devices_asked(claims: Sequence[Mapping[str, Any]]) -> int:
+    """The devices the claims ask for at the least (each request's count; a prioritized list's
+    smallest)."""
+    total = 0
+    for claim in claims:
+        for request in (objects.spec(claim).get("devices") or {}).get("requests") or ():
+            choices = [request["exactly"]] if isinstance(request.get("exactly"), Mapping) \
+                else [c for c in request.get("firstAvailable") or () if isinstance(c, Mapping)]
+            counts = [c.get("count", 1) if c.get("allocationMode", "ExactCount") == "ExactCount"
+                      else 1 for c in choices]
+            total += min((c for c in counts if isinstance(c, int)), default=1)
+    return total
+
+
+def _freeable(state: ClusterState, node: str, candidates: Sequence[Resident]) -> int:
+    """The node's devices the pod may get once `candidates` leave, at the most: those free,
+    held by one of them, or shared and not held whole (a share may fit beside others)."""
+    held: set[tuple[str, str, str]] = set()
+    for resident in candidates:
+        for claim in resident.claims:
+            record = state.claims.get(objects.uid(claim))
+            held.update(record.uses if record is not None else ())
+    count = 0
+    for device in state.node_devices.get(node, ()):
+        usage = state.device_usage(device.key)
+        if usage.holders == 0 or device.key in held or (device.shareable
+                                                         and not usage.exclusive):
+            count += 1
+    return count
 
 
 def _on_node(state: ClusterState, waiter: Waiter, node: str, candidates: Sequence[Resident],
