@@ -190,6 +190,24 @@ def test_defrag_moves_reports_retry_and_defrag_side_by_side(
     assert "--defrag-moves is a percentage" in capsys.readouterr().err
 
 
+def test_preemption_reports_high_priority_arrivals_with_and_without_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli_main(["bench", "allocator", "--nodes", str(NODES), "--pods", str(PODS),
+                     "--strategy", "default", "--seeds", "7", "--load", "1.0",
+                     "--preemption", "20", "-o", "json"])
+    assert code == 0
+    figures = json.loads(capsys.readouterr().out)["policies"]["default"]
+    # Preemption places every arrival the cluster has room for once lower pods leave.
+    assert figures["placed_off"] <= figures["placed_on"] <= figures["arrived"]
+    assert 0 < figures["preemptions"] <= figures["placed_on"]
+    assert figures["victims_max"] >= figures["victims_mean"] >= (1 if figures["preemptions"]
+                                                                 else 0)
+    assert cli_main(["bench", "allocator", "--nodes", str(NODES), "--pods", str(PODS),
+                     "--preemption", "0"]) == 2
+    assert "--preemption is a percentage" in capsys.readouterr().err
+
+
 def _run_holding(cards: dict[tuple[str, str, str], list[int]]) -> bench.RunResult:
     return bench.RunResult(ratio=0.0, unallocated=0.0, claims=0, seconds=0.0, per_claim_ms=[],
                            wall_seconds=0.0, wall_per_claim_ms=[], placed_pods=0,

@@ -735,6 +735,16 @@ def main(args: argparse.Namespace) -> int:
         print("dra-gateway bench allocator: --scale measures the planner alone; run it without "
               "--defrag-moves and --gpu-policies", file=sys.stderr)
         return 2
+    preemption = getattr(args, "preemption", None)
+    if preemption is not None and not 0 < preemption <= 100:
+        print("dra-gateway bench allocator: --preemption is a percentage of the pods replayed, "
+              "above 0 and at most 100, e.g. 10", file=sys.stderr)
+        return 2
+    if preemption is not None and (percent is not None or getattr(args, "gpu_policies", False)
+                                   or getattr(args, "scale", None)):
+        print("dra-gateway bench allocator: --preemption measures preemption alone; run it "
+              "without --defrag-moves, --gpu-policies and --scale", file=sys.stderr)
+        return 2
     losses = getattr(args, "losses", False)
     if losses and (percent is not None or getattr(args, "scale", None)):
         print("dra-gateway bench allocator: --losses reports the plain replays; run it without "
@@ -742,7 +752,13 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         seeds = parse_seeds(args.seeds)
-        if percent is not None:
+        if preemption is not None:
+            from dra_gateway.devkit import preemption_bench
+
+            results = preemption_bench.run(Path(args.nodes), Path(args.pods),
+                                           strategies=strategies, load=args.load, seeds=seeds,
+                                           percent=preemption)
+        elif percent is not None:
             from dra_gateway.devkit import defrag_bench
 
             results = defrag_bench.run(Path(args.nodes), Path(args.pods), strategies=strategies,
@@ -755,7 +771,11 @@ def main(args: argparse.Namespace) -> int:
     except TraceError as exc:
         print(f"dra-gateway bench allocator: {exc}", file=sys.stderr)
         return 2
-    if percent is not None and args.output != "json":
+    if preemption is not None and args.output != "json":
+        from dra_gateway.devkit import preemption_bench
+
+        print(preemption_bench.table(results, seeds, preemption))
+    elif percent is not None and args.output != "json":
         from dra_gateway.devkit import defrag_bench
 
         print(defrag_bench.table(results, seeds, percent))

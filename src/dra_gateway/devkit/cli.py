@@ -136,6 +136,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                         help="after each replay, retry the pods that did not fit, then let "
                         "defrag move at most P%% of the pods placed to place them; report GPU "
                         "allocation before, after retrying and after defrag")
+    replay.add_argument("--preemption", type=float, default=None, metavar="P",
+                        help="after each replay, P%% more pods of a higher priority arrive; "
+                        "report how many are placed with preemption and without, victims per "
+                        "preemption, the victim search's time and the planning time per claim "
+                        "with preemption on against off (side by side)")
     replay.add_argument("--losses", action="store_true",
                         help="also report where the unallocated GPU share lies at the end of "
                         "the replays: per content of a card (the shares it holds), the cards "
