@@ -194,12 +194,12 @@ def test_preemption_reports_high_priority_arrivals_with_and_without_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     code = cli_main(["bench", "allocator", "--nodes", str(NODES), "--pods", str(PODS),
-                     "--strategy", "default", "--seeds", "7", "--load", "1.0",
+                     "--strategy", "default", "--seeds", "7", "--load", "2.0",
                      "--preemption", "20", "-o", "json"])
     assert code == 0
     figures = json.loads(capsys.readouterr().out)["policies"]["default"]
-    # Preemption places every arrival the cluster has room for once lower pods leave.
-    assert figures["placed_off"] <= figures["placed_on"] <= figures["arrived"]
+    # On a full cluster, preemption places arrivals that would not fit otherwise.
+    assert figures["placed_off"] < figures["placed_on"] <= figures["arrived"]
     assert 0 < figures["preemptions"] <= figures["placed_on"]
     assert figures["victims_max"] >= figures["victims_mean"] >= (1 if figures["preemptions"]
                                                                  else 0)
