@@ -136,6 +136,7 @@ class Controller:
                                               policies=lambda: self.state.policies)
         self.pending = PendingPods(self.metrics.pending_pods)
         self.legacy = LegacyPods()
+        self._card_memory = 0  # the smallest card's memory the legacy charges were made with
         self.index = ClaimIndex()
         self.unplaceable = Unplaceable(self.queue,
                                        debounce=self.settings.retry_unplaceable_after,
@@ -191,6 +192,8 @@ class Controller:
                 "nodes": len(self.nodes.store), "pods": len(self.pods.store),
                 "deviceClasses": len(self.classes.store)})
             self.state.set_policies(self.policy_mirror.catalog())
+            # Pods listed before the DeviceClasses and slices were charged without them.
+            self._recharge_legacy_pods()
             # Holds before the first plan, so a new leader does not hand out devices freed for
             # a waiting pod; an allocator without the RBAC for them still works, without.
             tasks.append(asyncio.create_task(self.records.run(), name="informer-defrag"))
@@ -328,6 +331,8 @@ class Controller:
                 if verdict is not None:
                     self._set_capacity_mode(verdict, "published slices")
             self.planning.change(self.state.set_slice, obj)
+        if self.state.smallest_card_memory() != self._card_memory:
+            self._recharge_legacy_pods()  # a whole legacy card is charged at the smallest
         self.unplaceable.capacity_changed()
 
     def _on_class(self, change: Change, obj: Object, old: Object | None) -> None:
@@ -336,6 +341,7 @@ class Controller:
         else:
             self.planning.change(self.state.set_device_class, obj)
         self.legacy.set_device_classes(self.classes.values())
+        self._recharge_legacy_pods()  # what kube-scheduler serves changed: charge again
         self.unplaceable.capacity_changed()
 
     def _on_node(self, change: Change, obj: Object, old: Object | None) -> None:
@@ -378,6 +384,14 @@ class Controller:
             self.unplaceable.discard(key)
         if is_finished(obj):
             self._release_claims(self.index.claims_of(uid))
+
+    def _recharge_legacy_pods(self) -> None:
+        """Charge every live pod again: the DeviceClasses (what kube-scheduler serves) or the
+        smallest card published (what a whole legacy card costs) changed, or the mirrors
+        have just synced, whichever came first."""
+        self._card_memory = self.state.smallest_card_memory()
+        for pod in self.pods.values():
+            self._set_legacy_pod(pod)
 
     def _legacy_charges(self, obj: Object) -> tuple[DeviceCharge, ...]:
         # A pod being deleted keeps its legacy card until its containers stop: it counts until

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 
 from dra_gateway.kube.cluster.port import Object
 from dra_gateway.policy.amounts import DeviceCharge
-from dra_gateway.policy.legacyusage import keeps_legacy_gpus, pod_charges
-from dra_gateway.translator.extended import ExtendedResources
+from dra_gateway.policy.legacyusage import keeps_legacy_gpus, legacy_names, pod_charges
+from dra_gateway.translator.extended import ExtendedResources, deferred_resources
 from dra_gateway.translator.rules import RuleSet, load_rules
 from dra_gateway.translator.translate import claim_specs
 
@@ -36,10 +36,11 @@ class LegacyPods:
     def charges(self, pod: Object, *, card_memory: int) -> tuple[DeviceCharge, ...]:
         """What `pod` costs its namespace's quotas while a legacy plugin serves it; () when it
         asks no legacy stack for GPUs (a translated pod, a pod without GPUs)."""
-        if not keeps_legacy_gpus(pod, skip=self.extended.classes.keys()):
+        skip = deferred_resources(legacy_names(pod), self.rules, self.extended)
+        if not keeps_legacy_gpus(pod, skip=skip):
             return ()
         return pod_charges(pod, claim_specs(pod, self.rules, extended=self.extended),
-                           card_memory=card_memory)
+                           card_memory=card_memory, skip=skip)
 
 
 __all__ = ["LegacyPods"]

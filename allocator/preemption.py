@@ -55,6 +55,7 @@ from dra_gateway.kube.cluster.port import (
     TooManyRequests,
 )
 from dra_gateway.kube.resources import CONFIG_MAPS, EVENTS, POD_DISRUPTION_BUDGETS, PODS
+from dra_gateway.kube.runtime.leader import LeadershipLost
 
 log = logging.getLogger(__name__)
 
@@ -76,19 +77,25 @@ def _outranked(pods: Sequence[Object]) -> bool:
     return bool(placed) and max(waiting) > min(placed)
 
 
-def find_preemptions(inputs: Inputs) -> list[Preemption]:
+def find_preemptions(inputs: Inputs, leaving: Mapping[str, set[str]] | None = None
+                     ) -> list[Preemption]:
     """The preemptions that place the waiting pods that fit nowhere now, highest priority
-    first; each is assumed in `inputs.state` before the next pod is looked at."""
+    first; each is assumed in `inputs.state` (its victims gone, the budgets spent) before the
+    next pod is looked at. `leaving`: the victims still leaving of earlier preemptions, by the
+    uid of the pod they were evicted for (it is not preempted for again meanwhile)."""
     state = inputs.state
     residents = list(inputs.residents)
+    budgets = dict(inputs.budgets)
     lowest = min((r.priority for r in residents if r.claims), default=None)
     found: list[Preemption] = []
     for waiter in inputs.waiters:  # highest priority, then oldest, first (view.build)
         if lowest is None or waiter.priority <= lowest:
             continue
+        if leaving and leaving.get(objects.uid(waiter.pod)):
+            continue  # its victims are still on their way out
         if plan_pod(state, waiter.pod, list(waiter.claims)).node_name is not None:
             continue  # it fits: the allocator places it without anybody leaving
-        preemption = plan_preemption(state, waiter, residents, inputs.budgets)
+        preemption = plan_preemption(state, waiter, residents, budgets)
         if isinstance(preemption, str):
             continue
         if any(v.protected for v in preemption.victims):
@@ -96,6 +103,9 @@ def find_preemptions(inputs: Inputs) -> list[Preemption]:
             # waits, and a later round looks again once the budget allows one.
             continue
         gone = {v.uid for v in preemption.victims}
+        for victim in preemption.victims:
+            for budget in victim.budgets:
+                budgets[budget] = budgets.get(budget, 0) - 1
         for resident in residents:
             if objects.uid(resident.pod) in gone:
                 state.take_out(objects.uid(resident.pod),
@@ -117,6 +127,9 @@ class PreemptionMode:
         self.fence = fence
         self.clock = clock or (lambda: datetime.now(UTC))
         self.instance = settings.identity or COMPONENT
+        # Preemptor uid -> its victims not yet gone: not preempted for again while they leave
+        # (a victim may take longer than the hold to stop).
+        self.leaving: dict[str, set[str]] = {}
 
     async def run(self) -> None:
         backoff = 1
@@ -127,6 +140,8 @@ class PreemptionMode:
             except ApiError as exc:
                 log.warning("preemption round failed", extra={"error": exc.message})
                 found = []
+            except LeadershipLost:
+                raise  # the term is over: the controller ends it
             except Exception:  # a bug: say it, and keep preempting in later rounds
                 log.exception("preemption round failed unexpectedly")
                 found = []
@@ -138,6 +153,9 @@ class PreemptionMode:
         """One look at the waiting pods: the preemptions carried out (or tried), None when no
         gated pod outranks a placed one (nothing to look at)."""
         snapshot = self.snapshot()
+        live = {objects.uid(p) for p in snapshot.pods}
+        self.leaving = {uid: victims & live for uid, victims in self.leaving.items()
+                        if victims & live}
         await self._drop_spent_holds(snapshot)
         if not _outranked(snapshot.pods):
             return None  # the common case: a state is built only when one may preempt
@@ -146,11 +164,11 @@ class PreemptionMode:
         def planned() -> tuple[Inputs, list[Preemption]]:
             # In a thread, on a state of its own: the loop keeps the Lease and the watches.
             inputs = build(snapshot)
-            return inputs, find_preemptions(inputs)
+            return inputs, find_preemptions(inputs, self.leaving)
 
         inputs, found = await asyncio.to_thread(planned)
         for preemption in found:
-            self.fence()  # a replica that no longer leads preempts nothing
+            self.leaving[preemption.uid] = {v.uid for v in preemption.victims}
             await self.carry_out(preemption, inputs.pods)
         return found
 
@@ -160,6 +178,7 @@ class PreemptionMode:
         log.info("preempting pods of lower priority for a waiting pod", extra={
             "pod": preemption.pod, "priority": preemption.priority, "node": preemption.node,
             "victims": [v.pod for v in preemption.victims]})
+        self.fence()  # a replica that no longer leads preempts nothing
         hold = holdfmt.Hold(preemption.uid, preemption.pod, preemption.node,
                             preemption.plan.allocations,
                             self.clock() + timedelta(seconds=self.settings.preemption_hold),
@@ -179,6 +198,7 @@ class PreemptionMode:
                 await self._event(pod, "Preempted", "Normal",
                                   f"Preempted by pod {preemption.pod} on node {preemption.node}")
                 namespace, name = victim.pod.split("/", 1)
+                self.fence()
                 await self.cluster.evict(name, namespace=namespace, uid=victim.uid)
             except NotFound:
                 continue  # gone already: what it held is free
@@ -226,6 +246,7 @@ class PreemptionMode:
         spent = [hold.key for uid, hold in snapshot.records.holds.items()
                  if hold.preempted and (uid not in gated or hold.until <= snapshot.now)]
         if spent:
+            self.fence()
             try:
                 await write_records(self.cluster, self.settings.namespace,
                                     dict.fromkeys(spent))

@@ -467,10 +467,11 @@ def mistaken_unit_message(resource: str, raw: str, factor: int) -> str:
     """`nvidia.com/gpumem counts MiB: 8Gi would mean 8Pi; write 8192`: a suffix on a resource
     counted in a unit of its own, what it would mean and what to write."""
     quantity = Quantity.parse(raw)
-    unit = _UNIT_NAMES.get(factor)
-    if unit is None:
+    if factor == 1:
         return (f"{resource} counts plain numbers (whole units, or percent): {raw} would mean "
-                f"{quantity.value()}; write a plain number")
+                f"{quantity.value()}; write a plain number (a rule that reads bytes under this "
+                f"name says so: suffixes: true)")
+    unit = _UNIT_NAMES.get(factor) or f"units of {Quantity.from_bytes(factor)}"
     meant = math.floor(quantity.as_fraction() / factor)
     bytes_text = str(Quantity.from_bytes(math.floor(quantity.as_fraction() * factor)))
     fix = f"write {meant}" if meant > 0 else f"write a number of {unit}"

@@ -33,8 +33,17 @@ from dra_gateway.kube.quantity import QuantityError, parse_quantity
 from dra_gateway.policy.amounts import DeviceCharge, RequestShape, requests_of
 from dra_gateway.policy.legacyquotas import legacy_name
 
-__all__ = ["LEGACY_CLAIM_PREFIX", "LEGACY_DRIVER", "counted_cards", "keeps_legacy_gpus",
-           "legacy_charges", "pod_charges", "still_counted", "whole_cards"]
+__all__ = [
+    "LEGACY_CLAIM_PREFIX",
+    "LEGACY_DRIVER",
+    "counted_cards",
+    "keeps_legacy_gpus",
+    "legacy_charges",
+    "legacy_names",
+    "pod_charges",
+    "still_counted",
+    "whole_cards",
+]
 
 # The pseudo-driver of a legacy pod's cards in the quota ledger, and the prefix of its record.
 LEGACY_DRIVER: Final = "legacy.dra-gateway.io"
@@ -86,7 +95,7 @@ def _count(value: Any) -> int:
     return max(quantity.value(), 0) if quantity.is_integer() else 0
 
 
-def _container_cards(container: Any) -> int:
+def _container_cards(container: Any, skip: Collection[str] = ()) -> int:
     resources = container.get("resources") if isinstance(container, Mapping) else None
     if not isinstance(resources, Mapping):
         return 0
@@ -97,18 +106,22 @@ def _container_cards(container: Any) -> int:
             amounts.update(values)
     total = 0
     for resource, value in amounts.items():
+        if resource in skip:
+            continue
         known = legacy_name(str(resource))
         if known is not None and known.dimension == "devices":
             total += _count(value)
     return total
 
 
-def counted_cards(pod: Mapping[str, Any]) -> int:
-    """The cards a pod's legacy count names ask for, as the scheduler counts a pod: the larger
-    of its containers together and its largest init container."""
+def counted_cards(pod: Mapping[str, Any], skip: Collection[str] = ()) -> int:
+    """The cards a pod's legacy count names (other than those in `skip`) ask for, as the
+    scheduler counts a pod: the larger of its containers together and its largest init
+    container."""
     spec = _mapping(pod.get("spec"))
-    main = sum(_container_cards(c) for c in _list(spec.get("containers")))
-    return max([main, *(_container_cards(c) for c in _list(spec.get("initContainers")))])
+    main = sum(_container_cards(c, skip) for c in _list(spec.get("containers")))
+    return max([main, *(_container_cards(c, skip)
+                        for c in _list(spec.get("initContainers")))])
 
 
 def _asks_for_gpus(container: Any, skip: Collection[str]) -> bool:
@@ -131,29 +144,41 @@ def _asks_for_gpus(container: Any, skip: Collection[str]) -> bool:
     return False
 
 
+def legacy_names(pod: Mapping[str, Any]) -> set[str]:
+    """Every resource name a pod's containers and init containers ask for."""
+    spec = _mapping(pod.get("spec"))
+    found: set[str] = set()
+    for key in ("initContainers", "containers"):
+        for container in _list(spec.get(key)):
+            resources = _mapping(_mapping(container).get("resources"))
+            for part in ("limits", "requests"):
+                found.update(str(n) for n in _mapping(resources.get(part)))
+    return found
+
+
 def keeps_legacy_gpus(pod: Mapping[str, Any], *, skip: Collection[str] = ()) -> bool:
-    """Whether a pod (not translated by the gateway) asks a legacy stack for GPUs: a container
-    or init container with a non-zero legacy GPU name, other than those in `skip` (names a
-    DeviceClass declares as its extended resource: kube-scheduler serves them through claims)."""
-    if names.ANNOTATION_TRANSLATED in _mapping(_mapping(pod.get("metadata")).get("annotations")):
-        return False
+    """Whether a pod asks a legacy stack for GPUs: a container or init container with a
+    non-zero legacy GPU name, other than those in `skip` (what kube-scheduler serves through
+    claims: the names DeviceClasses declare as their extended resource, with what their rule
+    reads beside them). The pod's own annotations are not trusted: a translated pod has no
+    legacy GPU name left, whatever it says."""
     spec = _mapping(pod.get("spec"))
     return any(_asks_for_gpus(c, skip) for key in ("initContainers", "containers")
                for c in _list(spec.get(key)))
 
 
 def pod_charges(pod: Mapping[str, Any], claim_specs: Sequence[Mapping[str, Any]] | None, *,
-                card_memory: int = 0) -> tuple[DeviceCharge, ...]:
+                card_memory: int = 0, skip: Collection[str] = ()) -> tuple[DeviceCharge, ...]:
     """What a legacy pod costs its namespace's GPUQuotas: its translation's claims
     (`claim_specs`, the specs of the ResourceClaimTemplates the rules in force would make of
-    it; None when they refuse it) charged as `legacy_charges` does, else its count names as
-    whole cards (`counted_cards`)."""
+    it; None when they refuse it) charged as `legacy_charges` does, else its count names
+    (other than `skip`) as whole cards (`counted_cards`)."""
     meta = _mapping(pod.get("metadata"))
     uid = str(meta.get("uid") or meta.get("name") or "")
     claims = [shapes for shapes in (requests_of(spec) for spec in claim_specs or ()) if shapes]
     if claims:
         return legacy_charges(uid, claims, card_memory=card_memory)
-    return whole_cards(uid, counted_cards(pod), card_memory=card_memory)
+    return whole_cards(uid, counted_cards(pod, skip), card_memory=card_memory)
 
 
 def still_counted(pod: Mapping[str, Any], now: datetime) -> bool:

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from dra_gateway.policy.amounts import DeviceCharge
-from dra_gateway.policy.legacyusage import keeps_legacy_gpus, pod_charges
-from dra_gateway.translator.extended import ExtendedResources
+from dra_gateway.policy.legacyusage import keeps_legacy_gpus, legacy_names, pod_charges
+from dra_gateway.translator.extended import ExtendedResources, deferred_resources
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.translate import claim_specs
 
@@ -28,9 +28,11 @@ def legacy_charges(pod: dict[str, Any], rules: RuleSet, extended: ExtendedResour
     """What `pod` costs its namespace's quotas while a legacy plugin serves it, by the rules in
     force, a whole card at `card_memory` (the smallest card published, as the allocator reads
     it); () when it asks no legacy stack for GPUs."""
-    if not keeps_legacy_gpus(pod, skip=extended.classes.keys()):
+    skip = deferred_resources(legacy_names(pod), rules, extended)
+    if not keeps_legacy_gpus(pod, skip=skip):
         return ()
-    return pod_charges(pod, claim_specs(pod, rules, extended=extended), card_memory=card_memory)
+    return pod_charges(pod, claim_specs(pod, rules, extended=extended), card_memory=card_memory,
+                       skip=skip)
 
 
 class RecentLegacyPods:

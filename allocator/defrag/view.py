@@ -30,6 +30,7 @@ from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import Object
 from dra_gateway.kube.nodeselectors import label_selector_matches
 from dra_gateway.policy.catalog import Catalog
+from dra_gateway.policy.legacyusage import still_counted
 
 # Controllers that make a new pod when one of theirs is evicted.
 RECREATING = frozenset({"ReplicaSet", "StatefulSet", "Job"})
@@ -158,10 +159,13 @@ def build(snapshot: Snapshot, *, window_seconds: float = 3600.0) -> Inputs:
     card_memory = state.smallest_card_memory()
     for pod in live.values():
         state.set_pod(pod)
-        if snapshot.legacy is not None:
-            # A pod a legacy plugin serves counts against its namespace's quotas here too.
-            state.set_legacy_pod(objects.uid(pod), objects.namespace(pod),
-                                 snapshot.legacy.charges(pod, card_memory=card_memory))
+    if snapshot.legacy is not None:
+        # A pod a legacy plugin serves counts against its namespace's quotas here too, being
+        # deleted included until its grace period is over (as the allocator counts it).
+        for pod in snapshot.pods:
+            if still_counted(pod, snapshot.now):
+                state.set_legacy_pod(objects.uid(pod), objects.namespace(pod),
+                                     snapshot.legacy.charges(pod, card_memory=card_memory))
     for claim in snapshot.claims:
         state.set_claim(claim)
     by_name = {objects.namespace_name(c): c for c in snapshot.claims}

@@ -80,7 +80,8 @@ def plan_preemption(state: ClusterState, waiter: Waiter, residents: Sequence[Res
     by_node: dict[str, list[Resident]] = {}
     for resident in residents:
         node = objects.spec(resident.pod).get("nodeName")
-        if resident.claims and resident.priority < waiter.priority and isinstance(node, str):
+        if resident.claims and resident.priority < waiter.priority and isinstance(node, str) \
+                and not _shared(resident):
             by_node.setdefault(node, []).append(resident)
     if not by_node:
         return "no pod of lower priority holds gateway devices"
@@ -100,6 +101,12 @@ def plan_preemption(state: ClusterState, waiter: Waiter, residents: Sequence[Res
         return ("it fits no node even without every pod of lower priority holding gateway "
                 "devices there")
     return best
+
+
+def _shared(resident: Resident) -> bool:
+    """A claim of the pod is reserved for another pod too: evicting it frees nothing."""
+    uid = objects.uid(resident.pod)
+    return any(objects.reserved_pod_uids(c) - {uid} for c in resident.claims)
 
 
 def _devices_asked(claims: Sequence[Mapping[str, Any]]) -> int:
@@ -168,10 +175,18 @@ def _on_node(state: ClusterState, waiter: Waiter, node: str, candidates: Sequenc
                 continue
             take_out(resident)
             victims.append(resident)
-        return Preemption(
-            _label(waiter.pod), objects.uid(waiter.pod), waiter.priority, node, placed,
-            tuple(Victim(_label(r.pod), objects.uid(r.pod), r.priority, r.budgets,
-                         protected(r)) for r in victims))
+        # A budget allows so many disruptions: the victims past them are protected too (the
+        # Eviction API would refuse them), counted as kube-scheduler counts them.
+        left = dict(budgets)
+        marked: list[Victim] = []
+        for r in victims:
+            over = protected(r) or any(left.get(b, 0) <= 0 for b in r.budgets)
+            for b in r.budgets:
+                left[b] = left.get(b, 0) - 1
+            marked.append(Victim(_label(r.pod), objects.uid(r.pod), r.priority, r.budgets,
+                                 over))
+        return Preemption(_label(waiter.pod), objects.uid(waiter.pod), waiter.priority, node,
+                          placed, tuple(marked))
     finally:
         for entry in taken.values():
             state.put_back(entry)

@@ -167,6 +167,9 @@ class KubernetesCluster:
         fix = ("point --kubeconfig (or $KUBECONFIG) at a Kubernetes API server "
                "(kubectl cluster-info shows the one a kubeconfig names)")
         status, raw = await self._exchange("GET", "/version")
+        if status in (401, 403):
+            # A Kubernetes API server that will not talk to these credentials: say so as such.
+            raise _error(status, raw, "GET", "/version")
         try:
             version = orjson.loads(raw) if status == 200 else None
         except orjson.JSONDecodeError:
@@ -185,8 +188,10 @@ class KubernetesCluster:
             listed = orjson.loads(raw) if status == 200 else None
         except orjson.JSONDecodeError:
             listed = None
+        groups_listed = listed.get("groups") if isinstance(listed, dict) else None
         served = {(str(g.get("name")), str(v.get("version")))
-                  for g in (listed or {}).get("groups") or () if isinstance(g, dict)
+                  for g in (groups_listed if isinstance(groups_listed, list) else ())
+                  if isinstance(g, dict)
                   for v in g.get("versions") or () if isinstance(v, dict)}
         for group, group_version, why in groups:
             if (group, group_version) not in served:

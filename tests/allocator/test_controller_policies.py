@@ -10,7 +10,14 @@ from dra_gateway.allocator.conditions import QUOTA_CONDITION
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Object
-from dra_gateway.kube.resources import EVENTS, GPU_QUOTAS, GPU_SHARING_POLICIES, NAMESPACES, PODS
+from dra_gateway.kube.resources import (
+    DEVICE_CLASSES,
+    EVENTS,
+    GPU_QUOTAS,
+    GPU_SHARING_POLICIES,
+    NAMESPACES,
+    PODS,
+)
 
 from .conftest import (
     NAMESPACE,
@@ -214,3 +221,25 @@ async def test_a_legacy_share_is_charged_what_its_translation_would_cost(
                                             "memory=40Gi, limited memory=40Gi")
         await world.finish("fits")
         await eventually(lambda: ungated(world, "over"))
+
+
+async def test_legacy_charges_follow_what_device_classes_declare(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=2)
+    await memory_cluster.create(GPU_QUOTAS, gpu_quota(NAMESPACE, "gpus", devices=2),
+                                namespace=NAMESPACE)
+    await memory_cluster.create(PODS, legacy_pod("legacy", {"nvidia.com/gpu": "1"},
+                                                 node="legacy-node"), namespace=NAMESPACE)
+    async with running_controller(memory_cluster):
+        async def used(devices: int) -> bool:
+            quota = await memory_cluster.get(GPU_QUOTAS, "gpus", namespace=NAMESPACE)
+            return ((quota.get("status") or {}).get("used") or {}).get("devices") == devices
+
+        await eventually(lambda: used(1))
+        # From now on kube-scheduler serves nvidia.com/gpu through claims of this class: the
+        # pod is no legacy plugin's any more, and is charged again at once.
+        await memory_cluster.create(DEVICE_CLASSES, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": "gpu.example.com"},
+            "spec": {"extendedResourceName": "nvidia.com/gpu"}})
+        await eventually(lambda: used(0))

@@ -90,10 +90,12 @@ async def test_a_pod_of_equal_priority_or_policy_never_preempts_nothing(
     async with running_controller(memory_cluster, SETTINGS):
         await _fill(world, memory_cluster, 4, priority=10)
         await world.gated_pod("peer", [whole_claim_spec(1)], priority=10)
-        never = await world.gated_pod("polite", [whole_claim_spec(1)], priority=1000)
+        # Never from the start: its claims are made once its policy is in place.
+        await world.gated_pod("polite", [whole_claim_spec(1)], priority=1000,
+                              create_claims=False)
         await memory_cluster.patch(PODS, "polite", {"spec": {"preemptionPolicy": "Never"}},
                                    namespace=NAMESPACE)
-        assert never["metadata"]["name"] == "polite"
+        await world.create_claims("polite", [whole_claim_spec(1)])
         await asyncio.sleep(0.5)  # many preemption rounds
         assert await _live(memory_cluster) == {"low-0", "low-1", "low-2", "low-3", "peer",
                                                "polite"}

@@ -125,3 +125,46 @@ def place_only(state: ClusterState, waiter: Waiter) -> PodPlan:
     from dra_gateway.allocator.planner.plan import plan_pod
 
     return plan_pod(state, waiter.pod, list(waiter.claims))
+
+
+def test_a_budget_allows_so_many_victims_and_no_more() -> None:
+    state, residents = _full_node([0, 0, 0])
+    kept = [Resident(r.pod, r.claims, 0, budgets=("ns/two",)) for r in residents[:2]]
+    residents = [*kept, residents[2]]
+    # Two cards wanted: one of the budget's pods may go (it allows one), the free one too.
+    found = plan_preemption(state, _waiter("hi", 2, 10), residents, {"ns/two": 1})
+    assert isinstance(found, Preemption)
+    assert not any(v.protected for v in found.victims)
+    assert sum("ns/two" in v.budgets for v in found.victims) == 1
+    # Three cards wanted: two of the budget's pods must go, one more than it allows.
+    found = plan_preemption(state, _waiter("all", 3, 10), residents, {"ns/two": 1})
+    assert isinstance(found, Preemption)
+    assert [v.protected for v in found.victims].count(True) == 1
+
+
+def test_a_pod_sharing_its_claim_with_another_is_no_victim() -> None:
+    state, residents = _full_node([0, 0])
+    shared = residents[0]
+    claim = {**shared.claims[0], "status": {**shared.claims[0]["status"], "reservedFor": [
+        {"resource": "pods", "name": "r0", "uid": "uid-r0"},
+        {"resource": "pods", "name": "other", "uid": "uid-other"}]}}
+    residents[0] = Resident(shared.pod, (claim,), 0)
+    found = plan_preemption(state, _waiter("hi", 1, 10), residents, {})
+    assert isinstance(found, Preemption)
+    assert [v.pod for v in found.victims] == ["ns/r1"]
+
+
+def test_a_pod_whose_victims_are_still_leaving_is_not_preempted_for_again() -> None:
+    from dra_gateway.allocator.defrag.view import Inputs
+    from dra_gateway.allocator.preemption import find_preemptions
+
+    state, residents = _full_node([0, 0])
+    waiter = _waiter("hi", 1, 10)
+
+    def inputs() -> Inputs:
+        return Inputs(state, [waiter], list(residents), {}, {}, {})
+
+    # Its first preemption's victims take longer than the hold to stop: not twice.
+    assert find_preemptions(inputs(), {"uid-hi": {"uid-r0"}}) == []
+    found = find_preemptions(inputs(), {})
+    assert [v.pod for p in found for v in p.victims] in (["ns/r0"], ["ns/r1"])

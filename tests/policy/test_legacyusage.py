@@ -14,6 +14,7 @@ from dra_gateway.policy.legacyusage import (
     counted_cards,
     keeps_legacy_gpus,
     legacy_charges,
+    legacy_names,
     pod_charges,
     still_counted,
 )
@@ -94,7 +95,8 @@ def test_counted_cards_are_what_the_scheduler_counts(
     ({"nvidia.com/gpu": "0"}, {}, (), False),  # charts carry zero as a default
     ({"nvidia.com/priority": "1"}, {}, (), False),  # a hint, not an amount
     ({"amd.com/gpu": "1"}, {}, (), False),  # another driver's cards
-    ({"nvidia.com/gpu": "1"}, {names.ANNOTATION_TRANSLATED: "{}"}, (), False),
+    # An annotation the tenant may write proves nothing: the legacy name is still there.
+    ({"nvidia.com/gpu": "1"}, {names.ANNOTATION_TRANSLATED: "{}"}, (), True),
     ({"nvidia.com/gpu": "1"}, {}, ("nvidia.com/gpu",), False),  # a DeviceClass serves it
 ])
 def test_which_pods_a_legacy_stack_serves(limits: dict[str, str], annotations: dict[str, str],
@@ -115,3 +117,17 @@ def test_a_pod_counts_as_a_resource_quota_counts_it(meta: dict[str, Any], phase:
                                                      counted: bool) -> None:
     pod = {"metadata": {"name": "p", **meta}, "status": {"phase": phase}}
     assert still_counted(pod, datetime(2026, 12, 4, 10, 0, 0, tzinfo=UTC)) is counted
+
+
+def test_what_kube_scheduler_serves_is_not_charged_as_legacy() -> None:
+    """A DeviceClass declaring nvidia.com/gpu as its extended resource: kube-scheduler serves a
+    HAMi container whole (gpumem with it), so none of it is a legacy plugin's."""
+    from dra_gateway.translator.extended import ExtendedResources, deferred_resources
+
+    rules = load_rules()
+    extended = ExtendedResources({"nvidia.com/gpu": ("gpu.example.com",)})
+    pod = _pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000"})
+    skip = deferred_resources(legacy_names(pod), rules, extended)
+    assert skip == {"nvidia.com/gpu", "nvidia.com/gpumem"}
+    assert not keeps_legacy_gpus(pod, skip=skip)
+    assert pod_charges(pod, claim_specs(pod, rules, extended=extended), skip=skip) == ()

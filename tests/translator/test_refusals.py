@@ -72,7 +72,8 @@ REFUSALS: list[tuple[str, dict[str, Any], str, str, str]] = [
     ("hami: compute with a suffix",
      {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": "1Ki"},
      'container "train": nvidia.com/gpucores counts plain numbers (whole units, or percent): '
-     "1Ki would mean 1024; write a plain number (rule hami)", "nvidia.com/gpucores", "hami"),
+     "1Ki would mean 1024; write a plain number (a rule that reads bytes under this name says "
+     'so: suffixes: true) (rule hami)', "nvidia.com/gpucores", "hami"),
     ("gpushare: memory in GiB with a suffix", {"aliyun.com/gpu-mem": "8Gi"},
      'container "train": aliyun.com/gpu-mem counts GiB: 8Gi would mean 8Ei; write 8 '
      "(rule gpushare)", "aliyun.com/gpu-mem", "gpushare"),
@@ -194,3 +195,13 @@ def test_a_suffix_that_means_what_it_says_is_taken(limits: dict[str, Any], memor
     (template,) = plan.templates
     (request,) = template["spec"]["spec"]["devices"]["requests"]
     assert request["exactly"]["capacity"]["requests"]["memory"] == memory
+
+
+def test_a_unit_that_is_no_power_of_1024_is_named_in_the_refusal() -> None:
+    from dra_gateway.kube.quantity import mistaken_unit_message
+
+    assert mistaken_unit_message("example.com/vmem", "8Gi", 256 << 20) == (
+        "example.com/vmem counts units of 256Mi: 8Gi would mean 2Ei; write 32")
+    assert mistaken_unit_message("example.com/cores", "1Ki", 1).endswith(
+        "write a plain number (a rule that reads bytes under this name says so: "
+        "suffixes: true)")

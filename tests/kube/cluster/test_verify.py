@@ -83,3 +83,45 @@ def test_json_that_is_no_kubernetes_version_is_not_taken_for_one(
     assert main(["migrate", "plan", "--kubeconfig", str(endpoint)]) == 1
     assert "GET /version answered something other than a Kubernetes version: " \
            "'{\"hello\": \"world\"}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("endpoint", [{"/version": VERSION, "/apis": ["not", "a", "list"]}],
+                         indirect=True)
+def test_an_api_group_list_that_is_no_object_is_no_crash(
+        endpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", "--kubeconfig", str(endpoint)]) == 1
+    assert "does not serve resource.k8s.io/v1" in capsys.readouterr().err
+
+
+def test_a_kubernetes_that_refuses_the_credentials_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                               "message": "Unauthorized", "reason": "Unauthorized",
+                               "code": 401}).encode()
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "x",
+            "clusters": [{"name": "c", "cluster": {
+                "server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+            "users": [{"name": "u", "user": {"token": "expired"}}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}]}))
+        assert main(["report", "--kubeconfig", str(kubeconfig)]) == 1
+        err = capsys.readouterr().err
+        assert "Unauthorized" in err
+        assert "does not serve the Kubernetes API" not in err
+    finally:
+        server.shutdown()
+        server.server_close()
