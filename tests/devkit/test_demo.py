@@ -383,10 +383,18 @@ def test_serve_keeps_the_cluster_to_explore_and_stops_cleanly_on_ctrl_c(tmp_path
             text=True) as demo:
         try:
             _explore_then_stop(demo, work)
+            assert _processes_mentioning(str(work)) == []  # it stopped every child it started
         finally:
             if demo.poll() is None:
-                demo.kill()
-    assert _processes_mentioning(str(work)) == []
+                # Asked to stop as a user would, so that it stops its children too; a kill
+                # would leave them running.
+                demo.send_signal(signal.SIGTERM)
+                try:
+                    demo.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    demo.kill()
+            for line in _processes_mentioning(str(work)):
+                os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)  # ours, left by a failure
 
 
 def _explore_then_stop(demo: subprocess.Popen[str], work: Path) -> None:
