@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 QUOTA_CONDITION = f"{names.DOMAIN}/QuotaExceeded"
 PLACED = "QuotaAvailable"
 GATES_CONDITION = f"{names.DOMAIN}/WaitingForGates"
+# A pod pods of lower priority are preempted for: True while they leave (reason `Preempting`,
+# or `PreemptionRefused` when a budget refused an eviction), False once it is placed.
+PREEMPTION_CONDITION = f"{names.DOMAIN}/Preemption"
 OTHER_GATES = "OtherGates"
 GATES_REMOVED = "GatesRemoved"
 _MAX_MESSAGE = 1024
@@ -68,5 +71,5 @@ async def set_quota_condition(cluster: Cluster, pod: Object, *, held: bool, reas
     return True
 
 
-__all__ = ["GATES_CONDITION", "GATES_REMOVED", "OTHER_GATES", "PLACED", "QUOTA_CONDITION",
-           "quota_condition", "set_quota_condition"]
+__all__ = ["GATES_CONDITION", "GATES_REMOVED", "OTHER_GATES", "PLACED", "PREEMPTION_CONDITION",
+           "QUOTA_CONDITION", "quota_condition", "set_quota_condition"]

@@ -19,7 +19,9 @@ out, victim by victim:
    them first; a later round drops the hold once its pod is placed or gone;
 2. each victim gets the condition `DisruptionTarget` (reason `PreemptionByDraGateway`) and an
    Event `Preempted` naming the pod it makes room for, and is evicted through the Eviction API,
-   so its PodDisruptionBudgets are honoured; the pod gets an Event `Preempting` naming them;
+   so its PodDisruptionBudgets are honoured; the pod gets an Event `Preempting` naming them,
+   and its condition `dra-gateway.io/Preemption` says what it waits for (False, `Placed`,
+   once it is placed);
 3. a budget that refuses an eviction (or any failure) stops that preemption: the victims
    evicted stay evicted, the hold is dropped, and the pod gets a Warning Event
    `PreemptionRefused` saying which victim and why; the next round looks again, with the
@@ -37,6 +39,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
+from dra_gateway.allocator.conditions import PREEMPTION_CONDITION, set_quota_condition
 from dra_gateway.allocator.defrag import holds as holdfmt
 from dra_gateway.allocator.defrag.act import list_items, write_records
 from dra_gateway.allocator.defrag.view import Inputs, Snapshot, build
@@ -188,6 +191,12 @@ class PreemptionMode:
         await self._event(preemptor, "Preempting", "Normal",
                           f"preempting {victims} (of lower priority) on node "
                           f"{preemption.node} to place this pod")
+        if preemptor is not None:
+            await set_quota_condition(
+                self.cluster, preemptor, held=True, reason="Preempting",
+                kind=PREEMPTION_CONDITION,
+                message=f"waiting for {victims} (of lower priority, preempted for this pod) "
+                        f"to leave node {preemption.node}; its devices are held for it")
         for victim in preemption.victims:
             pod = pods.get(victim.uid)
             why = (f"{COMPONENT}: preempting to accommodate a higher priority pod "
@@ -206,9 +215,13 @@ class PreemptionMode:
                 result = "refused" if isinstance(exc, TooManyRequests) else "failed"
                 self.metrics.preemptions.labels(result).inc()
                 message = exc.message if isinstance(exc, ApiError) else str(exc)
-                await self._event(preemptor, "PreemptionRefused", "Warning",
-                                  f"could not preempt {victim.pod} on node {preemption.node}: "
-                                  f"{message}; it waits, and preemption is tried again")
+                said = (f"could not preempt {victim.pod} on node {preemption.node}: {message}; "
+                        f"it waits, and preemption is tried again")
+                await self._event(preemptor, "PreemptionRefused", "Warning", said)
+                if preemptor is not None:
+                    await set_quota_condition(self.cluster, preemptor, held=True,
+                                              reason="PreemptionRefused",
+                                              kind=PREEMPTION_CONDITION, message=said)
                 await self._drop_hold(hold.key)
                 log.warning("preemption stopped", extra={
                     "pod": preemption.pod, "victim": victim.pod, "error": message})
@@ -245,6 +258,14 @@ class PreemptionMode:
                  and not objects.is_deleting(p)}
         spent = [hold.key for uid, hold in snapshot.records.holds.items()
                  if hold.preempted and (uid not in gated or hold.until <= snapshot.now)]
+        by_uid = {objects.uid(p): p for p in snapshot.pods}
+        for uid, hold in snapshot.records.holds.items():
+            pod = by_uid.get(uid)
+            if hold.preempted and pod is not None and not objects.is_gated(pod):
+                await set_quota_condition(self.cluster, pod, held=False, reason="Placed",
+                                          kind=PREEMPTION_CONDITION,
+                                          message=f"placed on node {hold.node} once the pods "
+                                                  "preempted for it had left")
         if spent:
             self.fence()
             try:

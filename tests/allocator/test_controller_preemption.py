@@ -9,6 +9,7 @@ import dataclasses
 
 from testkit import eventually
 
+from dra_gateway.allocator.conditions import PREEMPTION_CONDITION
 from dra_gateway.allocator.defrag import holds as holdfmt
 from dra_gateway.allocator.preemption import DISRUPTION_TARGET, REASON
 from dra_gateway.devkit.sim.memory import MemoryCluster
@@ -82,6 +83,16 @@ async def test_a_pod_for_two_cards_is_placed_after_exactly_two_are_preempted(
             return not any(k.startswith(holdfmt.HOLD) for k in records.get("data") or {})
 
         await eventually(holds_left)
+
+        # The pod said what it waited for, and says it was placed.
+        async def placed_condition() -> Object | None:
+            pod = await memory_cluster.get(PODS, "urgent", namespace=NAMESPACE)
+            for entry in (pod.get("status") or {}).get("conditions") or ():
+                if entry["type"] == PREEMPTION_CONDITION and entry["status"] == "False":
+                    return dict(entry)
+            return None
+
+        assert (await eventually(placed_condition))["reason"] == "Placed"
 
 
 async def test_a_pod_of_equal_priority_or_policy_never_preempts_nothing(
