@@ -36,8 +36,10 @@ class LegacyPods:
     def charges(self, pod: Object, *, card_memory: int) -> tuple[DeviceCharge, ...]:
         """What `pod` costs its namespace's quotas while a legacy plugin serves it; () when it
         asks no legacy stack for GPUs (a translated pod, a pod without GPUs)."""
+        if not keeps_legacy_gpus(pod):
+            return ()  # most pods: no legacy GPU name at all
         skip = deferred_resources(legacy_names(pod), self.rules, self.extended)
-        if not keeps_legacy_gpus(pod, skip=skip):
+        if skip and not keeps_legacy_gpus(pod, skip=skip):
             return ()
         return pod_charges(pod, claim_specs(pod, self.rules, extended=self.extended),
                            card_memory=card_memory, skip=skip)

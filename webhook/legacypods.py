@@ -28,8 +28,10 @@ def legacy_charges(pod: dict[str, Any], rules: RuleSet, extended: ExtendedResour
     """What `pod` costs its namespace's quotas while a legacy plugin serves it, by the rules in
     force, a whole card at `card_memory` (the smallest card published, as the allocator reads
     it); () when it asks no legacy stack for GPUs."""
+    if not keeps_legacy_gpus(pod):
+        return ()
     skip = deferred_resources(legacy_names(pod), rules, extended)
-    if not keeps_legacy_gpus(pod, skip=skip):
+    if skip and not keeps_legacy_gpus(pod, skip=skip):
         return ()
     return pod_charges(pod, claim_specs(pod, rules, extended=extended), card_memory=card_memory,
                        skip=skip)

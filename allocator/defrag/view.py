@@ -138,11 +138,6 @@ def blocked_by_budget(resident: Resident, budgets: Mapping[str, int]) -> str | N
     return None
 
 
-def _priority(pod: Object) -> int:
-    value = objects.spec(pod).get("priority")
-    return int(value) if isinstance(value, int) else 0
-
-
 def build(snapshot: Snapshot, *, window_seconds: float = 3600.0) -> Inputs:
     state = ClusterState(PlannerSettings(default_strategy=snapshot.strategy,
                                          consumable_capacity=snapshot.consumable_capacity))
@@ -194,14 +189,15 @@ def build(snapshot: Snapshot, *, window_seconds: float = 3600.0) -> Inputs:
                 continue
             created = parse_time(objects.meta(pod).get("creationTimestamp")) or snapshot.now
             since[uid] = created
-            waiters.append(((-_priority(pod), created, objects.namespace_name(pod)),
-                            Waiter(pod, tuple(unallocated), _priority(pod))))
+            priority = objects.pod_priority(pod)
+            waiters.append(((-priority, created, objects.namespace_name(pod)),
+                            Waiter(pod, tuple(unallocated), priority)))
             continue
         node = objects.spec(pod).get("nodeName")
         if not node or node not in state.node_devices:
             continue
         residents.append(Resident(
-            pod, tuple(c for c in gateway if objects.is_allocated(c)), _priority(pod),
+            pod, tuple(c for c in gateway if objects.is_allocated(c)), objects.pod_priority(pod),
             why_fixed(pod, snapshot.records, snapshot.now, window_seconds),
             _budgets_of(pod, snapshot.budgets)))
     waiters.sort(key=lambda entry: entry[0])

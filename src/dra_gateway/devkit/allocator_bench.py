@@ -542,6 +542,22 @@ def resident_mib() -> float:
     return 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A trace read for replays: its pods, the cluster of its nodes, and what a replay needs
+    beside them (the translator, FGD's target workload)."""
+
+    pods: list[TracePod]
+    cluster: Cluster
+    translator: Translator
+    workload: Workload
+
+
+def load_trace(nodes_path: Path, pods_path: Path) -> Trace:
+    pods = read_pods(pods_path)
+    return Trace(pods, Cluster(read_nodes(nodes_path)), Translator(), trace_workload(pods))
+
+
 def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: float,
         seeds: Sequence[int], gpu_policies_too: bool = False,
         scales: Sequence[int] = (), losses: bool = False) -> dict[str, dict[str, Any]]:
@@ -550,11 +566,9 @@ def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: f
     if scales:
         return run_scales(nodes_path, pods_path, strategies=strategies, load=load, seeds=seeds,
                           scales=scales)
-    nodes = read_nodes(nodes_path)
-    pods = read_pods(pods_path)
-    cluster = Cluster(nodes)
-    translator = Translator()
-    workload = trace_workload(pods)
+    trace = load_trace(nodes_path, pods_path)
+    pods, cluster, translator, workload = (trace.pods, trace.cluster, trace.translator,
+                                           trace.workload)
     results: dict[str, dict[str, Any]] = {}
     catalog = gpu_policies(cluster.total_gpus) if gpu_policies_too else None
     for strategy in strategies:

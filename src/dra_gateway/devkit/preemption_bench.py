@@ -115,11 +115,9 @@ def _seed(cluster: bench.Cluster, translator: bench.Translator, pods: Sequence[b
 
 def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: float,
         seeds: Sequence[int], percent: float) -> dict[str, dict[str, float]]:
-    nodes = bench.read_nodes(nodes_path)
-    pods = bench.read_pods(pods_path)
-    cluster = bench.Cluster(nodes)
-    translator = bench.Translator()
-    workload = bench.trace_workload(pods)
+    trace = bench.load_trace(nodes_path, pods_path)
+    pods, cluster, translator, workload = (trace.pods, trace.cluster, trace.translator,
+                                           trace.workload)
     results: dict[str, dict[str, float]] = {}
     for strategy in strategies:
         offs: list[_Arrivals] = []
