@@ -65,6 +65,10 @@ class Metrics:
         self.quota_hard = Gauge(
             "dra_gateway_allocator_quota_hard", "GPUQuota spec.hard, per limited resource",
             ("namespace", "quota", "resource"), registry=r)
+        self.quota_borrowed = Gauge(
+            "dra_gateway_allocator_quota_borrowed",
+            "GPUQuota usage past spec.min, borrowed from its cohort, per guaranteed resource",
+            ("namespace", "quota", "resource"), registry=r)
         self.defrag_moves = Counter(
             "dra_gateway_allocator_defrag_moves",
             "Pods the allocator's defrag moved (evicted) or tried to, by result (evicted, "

@@ -10,7 +10,11 @@ the leader, when a gated pod outranks a pod bound to a node: the mirrors' view o
 (`Controller.snapshot`) and the PodDisruptionBudgets read then are built into a state of their
 own (`defrag.view.build`); each gated pod that fits nowhere as the cluster is, highest priority
 first, is given to the planner (`planner.preemption`), which names the fewest pods of strictly
-lower priority to remove and where the pod then goes. A preemption found is assumed in that
+lower priority to remove and where the pod then goes. A pod whose GPUQuota lent its guarantee
+to a cohort (`spec.min`, `spec.cohort`), and that waits within that guarantee, takes it back
+first: the planner names the fewest pods of the cohort's borrowing namespaces to remove,
+whatever their priority (`plan_reclaim`); rounds run while a gated pod's namespace is in a
+cohort, as they do while a gated pod outranks a placed one. A preemption found is assumed in that
 state (its devices taken, its victims gone) before the next pod is looked at, and then carried
 out, victim by victim:
 
@@ -46,7 +50,9 @@ from dra_gateway.allocator.defrag.view import Inputs, Snapshot, build
 from dra_gateway.allocator.events import COMPONENT, pod_event
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.planner.plan import plan_pod
-from dra_gateway.allocator.planner.preemption import Preemption, plan_preemption
+from dra_gateway.allocator.planner.defrag.model import Waiter
+from dra_gateway.allocator.planner.preemption import Preemption, plan_preemption, plan_reclaim
+from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.allocator.work import Fence
 from dra_gateway.kube import objects
@@ -80,6 +86,24 @@ def _outranked(pods: Sequence[Object]) -> bool:
     return bool(placed) and max(waiting) > min(placed)
 
 
+def _may_reclaim(state: ClusterState, waiter: Waiter) -> bool:
+    """Whether the pod's namespace lends to a cohort in which another namespace borrows."""
+    peers = state.policies.ledger.cohort_peers(objects.namespace(waiter.pod))
+    return any(peers.values())
+
+
+def _in_cohorts(snapshot: Snapshot) -> bool:
+    """Whether a gated pod's namespace has a GPUQuota in a cohort (it may take back a
+    guarantee its cohort borrowed)."""
+    catalog = snapshot.catalog
+    if catalog is None:
+        return False
+    lending = {q.namespace for q in catalog.compiled_quotas() if q.cohort and q.min}
+    return bool(lending) and any(
+        objects.namespace(p) in lending and objects.waits_for_gateway(p)
+        and not objects.is_deleting(p) for p in snapshot.pods)
+
+
 def find_preemptions(inputs: Inputs, leaving: Mapping[str, set[str]] | None = None
                      ) -> list[Preemption]:
     """The preemptions that place the waiting pods that fit nowhere now, highest priority
@@ -92,13 +116,19 @@ def find_preemptions(inputs: Inputs, leaving: Mapping[str, set[str]] | None = No
     lowest = min((r.priority for r in residents if r.claims), default=None)
     found: list[Preemption] = []
     for waiter in inputs.waiters:  # highest priority, then oldest, first (view.build)
-        if lowest is None or waiter.priority <= lowest:
+        reclaims = _may_reclaim(state, waiter)
+        if not reclaims and (lowest is None or waiter.priority <= lowest):
             continue
         if leaving and leaving.get(objects.uid(waiter.pod)):
             continue  # its victims are still on their way out
-        if plan_pod(state, waiter.pod, list(waiter.claims)).node_name is not None:
+        planned = plan_pod(state, waiter.pod, list(waiter.claims))
+        if planned.node_name is not None:
             continue  # it fits: the allocator places it without anybody leaving
-        preemption = plan_preemption(state, waiter, residents, budgets)
+        preemption: Preemption | str = "no guarantee to take back"
+        if reclaims and all(e.reclaims for e in planned.quota):
+            preemption = plan_reclaim(state, waiter, residents, budgets)
+        if isinstance(preemption, str) and lowest is not None and waiter.priority > lowest:
+            preemption = plan_preemption(state, waiter, residents, budgets)
         if isinstance(preemption, str):
             continue
         if any(v.protected for v in preemption.victims):
@@ -160,7 +190,7 @@ class PreemptionMode:
         self.leaving = {uid: victims & live for uid, victims in self.leaving.items()
                         if victims & live}
         await self._drop_spent_holds(snapshot)
-        if not _outranked(snapshot.pods):
+        if not _outranked(snapshot.pods) and not _in_cohorts(snapshot):
             return None  # the common case: a state is built only when one may preempt
         snapshot.budgets = await list_items(self.cluster, POD_DISRUPTION_BUDGETS)
 
@@ -178,9 +208,12 @@ class PreemptionMode:
     async def carry_out(self, preemption: Preemption, pods: Mapping[str, Object]) -> str:
         """Hold, then evict each victim; the result (evicted, refused, failed)."""
         victims = ", ".join(v.pod for v in preemption.victims)
-        log.info("preempting pods of lower priority for a waiting pod", extra={
+        # Who the victims are to the pod: of lower priority, or borrowing its guarantee.
+        whose = (f"borrowing from cohort {preemption.cohort}" if preemption.cohort
+                 else "of lower priority")
+        log.info(f"preempting pods {whose} for a waiting pod", extra={
             "pod": preemption.pod, "priority": preemption.priority, "node": preemption.node,
-            "victims": [v.pod for v in preemption.victims]})
+            "victims": [v.pod for v in preemption.victims], "cohort": preemption.cohort})
         self.fence()  # a replica that no longer leads preempts nothing
         hold = holdfmt.Hold(preemption.uid, preemption.pod, preemption.node,
                             preemption.plan.allocations,
@@ -188,24 +221,32 @@ class PreemptionMode:
                             tuple(v.pod for v in preemption.victims), preempted=True)
         await write_records(self.cluster, self.settings.namespace, {hold.key: hold.value()})
         preemptor = pods.get(preemption.uid)
+        goal = (f"to take back the guarantee its namespace lent to cohort "
+                f"{preemption.cohort} and place this pod on node {preemption.node}"
+                if preemption.cohort else f"on node {preemption.node} to place this pod")
         await self._event(preemptor, "Preempting", "Normal",
-                          f"preempting {victims} (of lower priority) on node "
-                          f"{preemption.node} to place this pod")
+                          f"preempting {victims} ({whose}) {goal}")
         if preemptor is not None:
             await set_quota_condition(
                 self.cluster, preemptor, held=True, reason="Preempting",
                 kind=PREEMPTION_CONDITION,
-                message=f"waiting for {victims} (of lower priority, preempted for this pod) "
-                        f"to leave node {preemption.node}; its devices are held for it")
+                message=f"waiting for {victims} ({whose}, preempted for this pod) to leave; "
+                        f"its devices on node {preemption.node} are held for it")
         for victim in preemption.victims:
             pod = pods.get(victim.uid)
-            why = (f"{COMPONENT}: preempting to accommodate a higher priority pod "
+            why = (f"{COMPONENT}: preempting to take back the quota its cohort "
+                   f"{preemption.cohort} lent: pod {preemption.pod} runs within its "
+                   f"namespace's guarantee" if preemption.cohort else
+                   f"{COMPONENT}: preempting to accommodate a higher priority pod "
                    f"{preemption.pod} (priority {preemption.priority}) on node "
                    f"{preemption.node}")
             try:
                 await self._mark(victim.pod, why)
-                await self._event(pod, "Preempted", "Normal",
-                                  f"Preempted by pod {preemption.pod} on node {preemption.node}")
+                await self._event(pod, "Preempted", "Normal", (
+                    f"Preempted by pod {preemption.pod}: it takes back the guarantee lent to "
+                    f"cohort {preemption.cohort}, which this pod's namespace borrowed"
+                    if preemption.cohort else
+                    f"Preempted by pod {preemption.pod} on node {preemption.node}"))
                 namespace, name = victim.pod.split("/", 1)
                 self.fence()
                 await self.cluster.evict(name, namespace=namespace, uid=victim.uid)

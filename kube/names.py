@@ -34,6 +34,9 @@ ANNOTATION_DEFRAG: Final = f"{DOMAIN}/defrag"
 # Annotations written by the gateway.
 ANNOTATION_TRANSLATED: Final = f"{DOMAIN}/translated"
 ANNOTATION_SHARES: Final = f"{DOMAIN}/shares"
+# On a claim the allocator placed on quota borrowed from a GPUQuota cohort: the cohort's name
+# (what ran past the namespace's guarantee when it was placed).
+ANNOTATION_BORROWED: Final = f"{DOMAIN}/borrowed-from"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "dra-gateway"
 

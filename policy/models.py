@@ -23,7 +23,7 @@ from pydantic import (
 from dra_gateway.kube import names
 from dra_gateway.kube.cel import CelError, compile_selector
 from dra_gateway.kube.models import ENFORCEMENTS, Enforcement
-from dra_gateway.kube.quantity import QuantityError, parse_quantity
+from dra_gateway.kube.quantity import Quantity, QuantityError, parse_quantity
 
 KIND_QUOTA = "GPUQuota"
 KIND_SHARING = "GPUSharingPolicy"
@@ -111,10 +111,51 @@ class QuotaScope(_Strict):
         return value
 
 
+# A cohort's name: a DNS label, as Kueue's cohorts and Kubernetes names are.
+_COHORT = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
 class QuotaSpec(_Strict):
+    """`hard` is the ceiling. `min` with `cohort`: what the namespace is always entitled to, and
+    the namespaces it lends its unused guarantee to and borrows theirs from (up to `hard`)."""
+
     hard: QuotaLimits
+    min: QuotaLimits | None = None
+    cohort: str | None = None
     scope: QuotaScope | None = None
     admission: Admission = "Queue"
+
+    @field_validator("cohort")
+    @classmethod
+    def _cohort(cls, value: str | None) -> str | None:
+        if value is not None and not _COHORT.match(value):
+            raise ValueError(f"{value!r} is not a cohort name (a DNS label: lower-case "
+                             "letters, digits and '-', at most 63)")
+        return value
+
+    @model_validator(mode="after")
+    def _guarantee(self) -> QuotaSpec:
+        if (self.min is None) != (self.cohort is None):
+            given, missing = ("min", "cohort") if self.cohort is None else ("cohort", "min")
+            raise ValueError(f"{given} needs {missing}: a guarantee is lent to and borrowed "
+                             "from the quotas of its cohort (set both, or neither for a plain "
+                             "ceiling)")
+        if self.min is not None:
+            hard = dict(self.hard.items())
+            for field_, amount in self.min.items():
+                if field_ not in hard:
+                    raise ValueError(f"min.{field_} needs hard.{field_}: the ceiling that "
+                                     "borrowing stops at")
+                if amount > hard[field_]:
+                    raise ValueError(
+                        f"min.{field_} ({_shown(field_, amount)}) is above hard.{field_} "
+                        f"({_shown(field_, hard[field_])}): the guarantee is at most the "
+                        "ceiling")
+        return self
+
+
+def _shown(field_: str, amount: int) -> str:
+    return str(Quantity.from_bytes(amount)) if field_ == "memory" else str(amount)
 
 
 class ObjectMeta(BaseModel):

@@ -281,7 +281,14 @@ def _within_quota(ctx: PodContext, pod: Mapping[str, Any],
         return PodPlan(None, reason=_quota_message(exceeded), quota_reason=QUOTA_EXCEEDED,
                        quota=tuple(exceeded))
     policies.queue.leave(objects.uid(pod))
-    return PodPlan(plan.node_name, plan.allocations, plan.annotations, None, charges=charges)
+    annotations = plan.annotations
+    borrowed = policies.ledger.borrows(namespace, list(charges.values()))
+    if borrowed:
+        # Marked on its claims: what runs on quota borrowed from a cohort.
+        cohorts = ",".join(sorted({q.cohort for q in borrowed if q.cohort}))
+        annotations = {uid: {**annotations.get(uid, {}), names.ANNOTATION_BORROWED: cohorts}
+                       for uid in plan.allocations}
+    return PodPlan(plan.node_name, plan.allocations, annotations, None, charges=charges)
 
 
 def _own_shares(demands: Sequence[ClaimDemand]) -> tuple[int, bool]:

@@ -235,15 +235,14 @@ def exceeded_by_least_cost(policies: PlannerPolicies, quotas: Sequence[Quota],
                                     claims_key=claims_key)
         if not policies.ledger.exceeds(quota, asked):
             continue
-        used = policies.ledger.used(quota)
-        fields = over(quota, asked, used)
-        if not fields:  # then not alone either: usage only adds
+        found = policies.ledger.exceeded(quota, asked)
+        if found is None:
             continue
         alone = over(quota, asked, Amounts())
         if alone:
-            never.append(Exceeded(quota, asked, used, alone))
+            never.append(Exceeded(quota, asked, found.used, alone))
         else:
-            now.append(Exceeded(quota, asked, used, fields))
+            now.append(found)
     return never, now
 
 

@@ -18,6 +18,18 @@ as kube-scheduler does (its `selectVictimsOnNode` and `pickOneNodeForPreemption`
    lowest highest-priority victim, then the smallest sum of victims' priorities, then the
    fewest victims.
 
+A pod of a namespace whose GPUQuota lends to a cohort (`spec.min`, `spec.cohort`) never
+preempts, by priority, the pods of another namespace of the cohort that runs within its own
+guarantee: those are the lender's, not spare room.
+
+`plan_reclaim` takes a lent guarantee back, as Kueue's reclaim within a cohort does: a pod
+within its quota's guarantee that waits because the cohort lent it (or for room that borrowed
+pods hold) preempts pods of the cohort's namespaces that borrow, whatever their priority:
+those a budget allows first, then the lowest priority, then the newest, each while its
+namespace still borrows, until the pod is placed within its guarantee; then each victim is put
+back in turn (the highest priority, then the oldest, first) where the pod still fits without
+it, so that the victims left are minimal.
+
 The state ends as it started. Pure: no I/O, no clock, no logging.
 """
 
@@ -34,10 +46,13 @@ from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import objects
 
-__all__ = ["NODES_TRIED", "Preemption", "Victim", "plan_preemption"]
+__all__ = ["MAX_RECLAIMED", "NODES_TRIED", "Preemption", "Victim", "plan_preemption",
+           "plan_reclaim"]
 
 # Nodes tried per waiting pod, those whose candidates rank lowest first.
 NODES_TRIED = 16
+# Borrowed pods taken out, at most, to take one guarantee back.
+MAX_RECLAIMED = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +74,8 @@ class Preemption:
     node: str
     plan: PodPlan
     victims: tuple[Victim, ...]
+    # A reclaim: the cohort whose borrowers give the pod's guarantee back (None: priority).
+    cohort: str | None = None
 
     def key(self) -> tuple[int, int, int, int]:
         """kube-scheduler's order of candidate nodes (smallest first)."""
@@ -77,11 +94,14 @@ def plan_preemption(state: ClusterState, waiter: Waiter, residents: Sequence[Res
     pod = waiter.pod
     if objects.spec(pod).get("preemptionPolicy") == "Never":
         return "its preemptionPolicy is Never"
+    # Namespaces of its cohorts that run within their guarantee: theirs is not spare room.
+    peers = state.policies.ledger.cohort_peers(objects.namespace(pod))
     by_node: dict[str, list[Resident]] = {}
     for resident in residents:
         node = objects.spec(resident.pod).get("nodeName")
         if resident.claims and resident.priority < waiter.priority and isinstance(node, str) \
-                and not _shared(resident):
+                and not _shared(resident) \
+                and peers.get(objects.namespace(resident.pod), True):
             by_node.setdefault(node, []).append(resident)
     if not by_node:
         return "no pod of lower priority holds gateway devices"
@@ -101,6 +121,85 @@ def plan_preemption(state: ClusterState, waiter: Waiter, residents: Sequence[Res
         return ("it fits no node even without every pod of lower priority holding gateway "
                 "devices there")
     return best
+
+
+def plan_reclaim(state: ClusterState, waiter: Waiter, residents: Sequence[Resident],
+                 budgets: Mapping[str, int]) -> Preemption | str:
+    """The borrowed pods of its cohort whose leaving places `waiter` within its guarantee,
+    or why there are none (see the module)."""
+    pod = waiter.pod
+    namespace = objects.namespace(pod)
+    ledger = state.policies.ledger
+    cohorts = sorted({q.cohort for q in ledger.quotas(namespace) if q.cohort and q.min})
+    borrowers = {ns for ns, borrowing in ledger.cohort_peers(namespace).items() if borrowing}
+    if not borrowers:
+        return "no other namespace of its cohort borrows"
+
+    def protected(resident: Resident) -> bool:
+        return any(budgets.get(b, 0) <= 0 for b in resident.budgets)
+
+    candidates = [r for r in residents if r.claims and objects.namespace(r.pod) in borrowers
+                  and objects.spec(r.pod).get("nodeName") and not _shared(r)]
+    # Those a budget allows first, then the lowest priority, then the newest.
+    candidates.sort(key=lambda r: (str(objects.meta(r.pod).get("creationTimestamp") or ""),
+                                   _label(r.pod)), reverse=True)
+    candidates.sort(key=lambda r: (protected(r), r.priority))
+    taken: dict[str, TakenOut] = {}
+    victims: list[Resident] = []
+
+    def take_out(resident: Resident) -> None:
+        uid = objects.uid(resident.pod)
+        taken[uid] = state.take_out(uid, [objects.uid(c) for c in resident.claims])
+
+    def plan() -> PodPlan | None:
+        """Its plan, when it is placed within its guarantee."""
+        found = plan_pod(state, pod, list(waiter.claims))
+        if found.node_name is None or ledger.borrows(namespace, list(found.charges.values())):
+            return None
+        return found
+
+    try:
+        placed: PodPlan | None = None
+        for resident in candidates[:MAX_RECLAIMED]:
+            if not ledger.cohort_peers(namespace).get(objects.namespace(resident.pod)):
+                continue  # its namespace no longer borrows: what it holds is its own
+            take_out(resident)
+            victims.append(resident)
+            placed = plan()
+            if placed is not None:
+                break
+        if placed is None:
+            return ("the pods borrowing from its cohort do not free room for it within its "
+                    "guarantee")
+        # Reprieve: the highest priority, then the oldest, back first.
+        for resident in reversed(list(victims)):
+            state.put_back(taken.pop(objects.uid(resident.pod)))
+            again = plan()
+            if again is not None:
+                placed = again
+                victims.remove(resident)
+            else:
+                take_out(resident)
+        return Preemption(_label(pod), objects.uid(pod), waiter.priority,
+                          placed.node_name or "", placed, _marked(victims, budgets),
+                          cohort=",".join(cohorts))
+    finally:
+        for entry in taken.values():
+            state.put_back(entry)
+
+
+def _marked(victims: Sequence[Resident], budgets: Mapping[str, int]) -> tuple[Victim, ...]:
+    """The victims, each protected when a budget of it allows no disruption now or none is
+    left once the victims before it are counted (the Eviction API would refuse it), counted
+    as kube-scheduler counts them."""
+    left = dict(budgets)
+    marked: list[Victim] = []
+    for r in victims:
+        over = any(left.get(b, 0) <= 0 for b in r.budgets)
+        for b in r.budgets:
+            left[b] = left.get(b, 0) - 1
+        marked.append(Victim(_label(r.pod), objects.uid(r.pod), r.priority, r.budgets, over))
+    return tuple(marked)
 
 
 def _shared(resident: Resident) -> bool:
@@ -175,18 +274,8 @@ def _on_node(state: ClusterState, waiter: Waiter, node: str, candidates: Sequenc
                 continue
             take_out(resident)
             victims.append(resident)
-        # A budget allows so many disruptions: the victims past them are protected too (the
-        # Eviction API would refuse them), counted as kube-scheduler counts them.
-        left = dict(budgets)
-        marked: list[Victim] = []
-        for r in victims:
-            over = protected(r) or any(left.get(b, 0) <= 0 for b in r.budgets)
-            for b in r.budgets:
-                left[b] = left.get(b, 0) - 1
-            marked.append(Victim(_label(r.pod), objects.uid(r.pod), r.priority, r.budgets,
-                                 over))
         return Preemption(_label(waiter.pod), objects.uid(waiter.pod), waiter.priority, node,
-                          placed, tuple(marked))
+                          placed, _marked(victims, budgets))
     finally:
         for entry in taken.values():
             state.put_back(entry)
