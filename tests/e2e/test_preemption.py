@@ -344,3 +344,99 @@ def test_a_pod_another_queue_holds_gets_no_card_until_its_gate_goes(
                    gateway.check)
         print(f"placed {time.monotonic() - admitted:.1f}s after Kueue's gate went")
         assert len(pod_devices(api, api.get(_pod_path(ns, "queued")))) == 2
+
+
+LENDER_NS, BORROWER_NS = "cohort-lender", "cohort-borrower"
+COHORT = "e2e-research"
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+
+
+def _quota_path(namespace: str, name: str | None = None) -> str:
+    return path_of(names.API_VERSION, "gpuquotas", namespace=namespace, name=name)
+
+
+def _cohort_quota(namespace: str, *, hard: int = CARDS, min_: int = CARDS // 2) -> JSON:
+    return {"apiVersion": names.API_VERSION, "kind": "GPUQuota",
+            "metadata": {"name": "gpus", "namespace": namespace},
+            "spec": {"hard": {"devices": hard}, "min": {"devices": min_}, "cohort": COHORT}}
+
+
+def _quota_status(api: Api, namespace: str) -> JSON:
+    return api.get(_quota_path(namespace, "gpus")).get("status") or {}
+
+
+def _devices_held(api: Api, namespace: str) -> int:
+    return sum(len(((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get(
+        "results") or ()) for c in api.list(path_of(RESOURCE, "resourceclaims",
+                                                  namespace=namespace)))
+
+
+def test_a_lender_takes_back_its_guarantee_from_a_borrower_of_its_cohort(
+        gateway: Gateway, priority_classes: None) -> None:
+    """Two namespaces of one cohort, each guaranteed four cards and allowed eight. The borrower
+    fills the node (four cards its own, four borrowed, marked so on their claims and in both
+    quotas' status); a pod of the lender asking for two cards, of the borrower's own priority,
+    is placed once exactly two borrowed pods (the newest) are preempted. A quota whose min is
+    above its hard is refused by the API server."""
+    with _scene(gateway, LENDER_NS) as api, _scene(gateway, BORROWER_NS):
+        with pytest.raises(ApiError) as refused:
+            api.create(_quota_path(LENDER_NS), _cohort_quota(LENDER_NS, hard=2, min_=3))
+        assert refused.value.status == 422, refused.value
+        assert "min.devices must be at most hard.devices" in str(refused.value), refused.value
+        for ns in (LENDER_NS, BORROWER_NS):
+            api.create(_quota_path(ns), _cohort_quota(ns))
+        wait_until("the allocator to count the cohort's quotas", lambda: all(
+            _quota_status(api, ns).get("min") == {"devices": CARDS // 2}
+            for ns in (LENDER_NS, BORROWER_NS)), 30, gateway.check)
+
+        def bounded() -> None:
+            # At every poll: no card past its capacity, neither namespace past its hard, and
+            # the cohort within its guarantees (what is borrowed is what the lender leaves).
+            _no_over_capacity(gateway)
+            lender, borrower = (_devices_held(api, ns) for ns in (LENDER_NS, BORROWER_NS))
+            assert lender <= CARDS and borrower <= CARDS, (lender, borrower)
+            assert lender + borrower <= CARDS, (lender, borrower)
+
+        low = _fill(gateway, BORROWER_NS)
+        claims = api.list(path_of(RESOURCE, "resourceclaims", namespace=BORROWER_NS))
+        marked = [c for c in claims if (c["metadata"].get("annotations") or {}).get(
+            names.ANNOTATION_BORROWED) == COHORT]
+        assert len(marked) == CARDS // 2, [c["metadata"].get("annotations") for c in claims]
+        wait_until("the quotas' status to say what is borrowed and lent", lambda: (
+            _quota_status(api, BORROWER_NS).get("borrowed") == {"devices": CARDS // 2}
+            and _quota_status(api, LENDER_NS).get("lent") == {"devices": CARDS // 2}),
+            30, bounded)
+        table = api.request("GET", _quota_path(BORROWER_NS), accept=TABLE)
+        columns = [c["name"] for c in table["columnDefinitions"]]
+        (row,) = table["rows"]
+        shown = dict(zip(columns, row["cells"], strict=True))
+        assert shown["Cohort"] == COHORT and shown["Devices-Borrowed"] == CARDS // 2, shown
+
+        started = time.monotonic()
+        api.create(_pod_path(LENDER_NS), _gpu_pod("lender", LENDER_NS, LOW, 2))
+        wait_until("the lender's pod to be placed", lambda: placed_on_its_node(
+            api, api.get(_pod_path(LENDER_NS, "lender"))), PLACE_S, bounded)
+        print(f"the lender's pod was placed {time.monotonic() - started:.1f}s after its "
+              "creation")
+        lender = api.get(_pod_path(LENDER_NS, "lender"))
+        devices = pod_devices(api, lender)
+        assert len(devices) == 2 and all(n == NODE and w for n, _, w in devices), devices
+        survivors = _live_pods(api, BORROWER_NS, "low-")
+        victims = set(low) - set(survivors)
+        # Of equal priority, the newest go first: low-6 and low-7 were created last.
+        assert victims == {f"low-{CARDS - 2}", f"low-{CARDS - 1}"}, sorted(survivors)
+        for name, pod in survivors.items():
+            assert pod["metadata"]["uid"] == low[name], name
+        events = _events(api, BORROWER_NS)
+        preempted = {e["involvedObject"]["name"]: e["message"] for e in events
+                     if e.get("reason") == "Preempted"}
+        assert preempted == dict.fromkeys(victims, (
+            f"Preempted by pod {LENDER_NS}/lender: it takes back the guarantee lent to cohort "
+            f"{COHORT}, which this pod's namespace borrowed")), preempted
+        (preempting,) = [e for e in _events(api, LENDER_NS) if e.get("reason") == "Preempting"]
+        assert f"cohort {COHORT}" in preempting["message"], preempting
+        wait_until("the quotas' status to count the guarantee taken back", lambda: (
+            _quota_status(api, LENDER_NS).get("used") == {"devices": 2}
+            and _quota_status(api, BORROWER_NS).get("borrowed") == {"devices": 2}
+            and _quota_status(api, LENDER_NS).get("lent") == {"devices": 2}), 30, bounded)
+        assert _free_cards(api) == 0

@@ -162,15 +162,15 @@ class Api:
 
     def request(self, method: str, path: str, body: Any = None, *,
                 query: Mapping[str, str] | None = None,
-                content_type: str = "application/json",
+                content_type: str = "application/json", accept: str = "application/json",
                 warnings: MutableSequence[str] | None = None) -> JSON:
         """One call; the API server's warnings (admission webhooks' among them) are appended to
-        `warnings` when given."""
+        `warnings` when given. `accept`: what to answer in (a Table, as kubectl get asks)."""
         url = self.server + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        headers = {"Authorization": f"Bearer {self.token}", "Accept": accept}
         if data is not None:
             headers["Content-Type"] = content_type
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
