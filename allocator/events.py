@@ -13,13 +13,13 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from dra_gateway.kube import objects
+from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound, Object
 from dra_gateway.kube.resources import EVENTS
 
 log = logging.getLogger(__name__)
 
-COMPONENT = "dra-gateway-allocator"
+COMPONENT = names.ALLOCATOR_COMPONENT
 EVENT_ALLOCATION_FAILED = "AllocationFailed"
 _MAX_MESSAGE = 1024
 

@@ -37,6 +37,8 @@ ANNOTATION_SHARES: Final = f"{DOMAIN}/shares"
 # On a claim the allocator placed on quota borrowed from a GPUQuota cohort: the cohort's name
 # (what ran past the namespace's guarantee when it was placed).
 ANNOTATION_BORROWED: Final = f"{DOMAIN}/borrowed-from"
+# The component the allocator's Events are reported by.
+ALLOCATOR_COMPONENT: Final = "dra-gateway-allocator"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "dra-gateway"
 

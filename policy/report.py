@@ -20,6 +20,7 @@ from typing import Any
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
 from dra_gateway.policy.amounts import (
+    FIELDS,
     DeviceKey,
     RequestShape,
     charges_of,
@@ -102,9 +103,57 @@ def never_fits(shapes: Iterable[RequestShape], gpus: Mapping[str, list[int]]) ->
             f"(at most {most} on one node)")
 
 
+# The preemptions the report lists, newest first.
+LAST_PREEMPTIONS = 10
+
+
+def cohort_view(ledger: QuotaLedger, gpus: Mapping[str, list[int]]) -> list[dict[str, Any]]:
+    """Per GPUQuota cohort: each member's min, hard, used, borrowed and lent, the cohort's
+    guarantees and usage, and a warning where its guarantees exceed what the cluster publishes
+    (not refused: the cluster can grow)."""
+    sizes = [size for node in gpus.values() for size in node]
+    published = {"devices": len(sizes), "memory": sum(sizes),
+                 "cores": len(sizes) * names.CORES_PER_CARD}
+    view = []
+    for name, members in ledger.cohorts().items():
+        rows = [{"namespace": q.namespace, "name": q.name, **ledger.status(q)} for q in members]
+        guaranteed: Counter[str] = Counter()
+        used: Counter[str] = Counter()
+        for quota in members:
+            for field_, amount in quota.min:
+                guaranteed[field_] += amount
+                used[field_] += ledger.used(quota).get(field_)
+        warnings = [f"its guarantees of {f} ({format_amount(f, guaranteed[f])}) exceed what "
+                    f"the cluster publishes ({format_amount(f, published[f])}): not every "
+                    "guarantee can be met at once"
+                    for f in FIELDS if f in published and f in guaranteed
+                    and guaranteed[f] > published[f]]
+        view.append({"name": name, "members": rows,
+                     "guaranteed": {f: format_amount(f, v) if f == "memory" else v
+                                    for f, v in guaranteed.items()},
+                     "used": {f: format_amount(f, v) if f == "memory" else v
+                              for f, v in used.items()},
+                     "warnings": warnings})
+    return view
+
+
+def last_preemptions(events: Iterable[Mapping[str, Any]],
+                     most: int = LAST_PREEMPTIONS) -> list[dict[str, str]]:
+    """The gateway's latest `Preempted` Events, newest first: when, which pod, and why."""
+    found = [{"time": str(e.get("lastTimestamp") or e.get("eventTime") or ""),
+              "pod": f"{(e.get('involvedObject') or {}).get('namespace', '')}/"
+                     f"{(e.get('involvedObject') or {}).get('name', '')}",
+              "message": str(e.get("message", ""))}
+             for e in events if e.get("reason") == "Preempted"
+             and (e.get("reportingComponent") or (e.get("source") or {}).get("component"))
+             == names.ALLOCATOR_COMPONENT]
+    return sorted(found, key=lambda e: e["time"], reverse=True)[:most]
+
+
 def build_report(*, claims: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]],
                  pods: Iterable[Mapping[str, Any]], catalog: Catalog,
-                 templates: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+                 templates: Iterable[Mapping[str, Any]] = (),
+                 events: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
     devices = _devices(slices)
 
     def lookup(key: DeviceKey) -> Mapping[str, Any] | None:
@@ -189,6 +238,8 @@ def build_report(*, claims: Iterable[Mapping[str, Any]], slices: Iterable[Mappin
                             "cores": free_cores})
     return {
         "quotas": quotas,
+        "cohorts": cohort_view(ledger, gpus),
+        "preemptions": last_preemptions(events),
         "cards": cards,
         "fragmentation": {
             "smallestPending": None if smallest is None else
@@ -227,6 +278,7 @@ def render_table(report: Mapping[str, Any]) -> str:
     for q in report["quotas"]:
         pairs = ", ".join(f"{f} {q['used'][f]}/{q['hard'][f]}" for f in q["hard"])
         lines.append(f"{q['namespace']:<20} {q['name']:<24} {pairs}")
+    lines += _cohort_lines(report)
     lines += ["", "CARDS", f"{'NODE':<20} {'DEVICE':<10} {'FREE MEMORY':>12} {'FREE CORES':>10} "
               "HOLDERS"]
     for card in report["cards"]:
@@ -259,6 +311,27 @@ def render_table(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cohort_lines(report: Mapping[str, Any]) -> list[str]:
+    """The cohorts (who lends what to whom) and the last preemptions, for the table."""
+    lines: list[str] = []
+    for cohort in report.get("cohorts") or ():
+        total = ", ".join(f"{f} {cohort['used'][f]}/{cohort['guaranteed'][f]}"
+                          for f in cohort["guaranteed"])
+        lines += ["", f"COHORT {cohort['name']} (used / guaranteed: {total})",
+                  f"{'NAMESPACE':<20} {'QUOTA':<24} USED / MIN / HARD, BORROWED, LENT"]
+        for q in cohort["members"]:
+            pairs = "; ".join(f"{f} {q['used'][f]}/{q['min'][f]}/{q['hard'][f]}, "
+                              f"borrowed {q['borrowed'][f]}, lent {q['lent'][f]}"
+                              for f in q["min"])
+            lines += hanging(f"{q['namespace']:<20} {q['name']:<24} ", pairs)
+        lines += [line for w in cohort["warnings"] for line in hanging("  warning: ", w)]
+    if report.get("preemptions"):
+        lines += ["", f"LAST PREEMPTIONS (newest first, at most {LAST_PREEMPTIONS})"]
+        for e in report["preemptions"]:
+            lines += hanging(f"{e['time']:<21} {e['pod']:<36} ", e["message"])
+    return lines
+
+
 # What the tables fit: a 120-column terminal.
 WIDTH = 120
 
@@ -274,6 +347,28 @@ def hanging(prefix: str, text: str, width: int = WIDTH) -> list[str]:
 def _colour(namespace: str) -> str:
     hue = int(hashlib.sha256(namespace.encode()).hexdigest()[:4], 16) % 360
     return f"hsl({hue},65%,55%)"
+
+
+def _cohort_html(report: Mapping[str, Any]) -> str:
+    parts = []
+    for cohort in report.get("cohorts") or ():
+        rows = "".join(
+            f"<tr><td>{html.escape(q['namespace'])}</td><td>{html.escape(q['name'])}</td><td>"
+            + html.escape("; ".join(f"{f} {q['used'][f]} / {q['min'][f]} / {q['hard'][f]}, "
+                                    f"borrowed {q['borrowed'][f]}, lent {q['lent'][f]}"
+                                    for f in q["min"])) + "</td></tr>"
+            for q in cohort["members"])
+        warnings = "".join(f"<p>Warning: {html.escape(w)}</p>" for w in cohort["warnings"])
+        parts.append(f"<h2>Cohort {html.escape(cohort['name'])}</h2><table><tr><th>Namespace"
+                     "</th><th>Quota</th><th>Used / min / hard, borrowed, lent</th></tr>"
+                     f"{rows}</table>{warnings}")
+    if report.get("preemptions"):
+        rows = "".join(f"<tr><td>{html.escape(e['time'])}</td><td>{html.escape(e['pod'])}</td>"
+                       f"<td>{html.escape(e['message'])}</td></tr>"
+                       for e in report["preemptions"])
+        parts.append("<h2>Last preemptions</h2><table><tr><th>Time</th><th>Pod</th>"
+                     f"<th>Why</th></tr>{rows}</table>")
+    return "".join(parts)
 
 
 def render_html(report: Mapping[str, Any]) -> str:
@@ -326,6 +421,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         "td,th{padding:.2em .8em;text-align:left}</style></head><body>"
         "<h1>dra-gateway report</h1><h2>Quotas</h2><table><tr><th>Namespace</th><th>Quota"
         f"</th><th>Used / hard</th></tr>{quota_rows}</table>"
+        f"{_cohort_html(report)}"
         "<h2>Cards</h2><p>Each card: memory (upper bar) and compute (lower bar) by namespace."
         f"</p><p>{legend}</p>"
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{svg_width}" height="{svg_height}">'

@@ -44,7 +44,7 @@ async def _read(kubeconfig: str | None, namespace: str = "dra-gateway") -> dict[
 
     from dra_gateway.allocator.defrag.act import list_items, read_snapshot
     from dra_gateway.kube.cluster.connect import DRA_GROUPS, connect
-    from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES
+    from dra_gateway.kube.resources import EVENTS, RESOURCE_CLAIM_TEMPLATES
     from dra_gateway.policy.catalog import Catalog
     from dra_gateway.policy.report import build_report
 
@@ -53,10 +53,13 @@ async def _read(kubeconfig: str | None, namespace: str = "dra-gateway") -> dict[
         snapshot = await read_snapshot(cluster, namespace=namespace, now=datetime.now(UTC),
                                        pod_selector=None)
         templates = await list_items(cluster, RESOURCE_CLAIM_TEMPLATES)
+        # The preemptions' Events, for the last few (the API server selects them by reason).
+        events = await list_items(cluster, EVENTS, field_selector="reason=Preempted")
     finally:
         await cluster.close()
     report = build_report(claims=snapshot.claims, slices=snapshot.slices, pods=snapshot.pods,
-                          templates=templates, catalog=snapshot.catalog or Catalog.build())
+                          templates=templates, catalog=snapshot.catalog or Catalog.build(),
+                          events=events)
     report["nodes"] = migration_nodes(snapshot.nodes)
     report["defrag"] = _defrag(snapshot)
     return report

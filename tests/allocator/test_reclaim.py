@@ -158,3 +158,16 @@ def test_placing_and_reclaiming_keeps_every_bound(arrivals: list[tuple[str, int,
         held = [d for r in residents for d in r.claims[0]["status"]["allocation"]["devices"][
             "results"]]
         assert len({h["device"] for h in held}) == len(held) <= 8
+
+
+def test_a_quota_leaving_its_cohort_loses_the_cohort_parts_of_its_status() -> None:
+    from dra_gateway.allocator.quotastatus import _current, _status_patch
+
+    before = {"hard": {"devices": 8}, "used": {"devices": 6}, "min": {"devices": 4},
+              "borrowed": {"devices": 2}, "lent": {"devices": 0}, "waiting": 1}
+    plain = {"hard": {"devices": 8}, "used": {"devices": 6}}
+    assert not _current(before, plain)
+    assert _status_patch(before, plain) == {"hard": {"devices": 8}, "used": {"devices": 6},
+                                            "min": None, "borrowed": None, "lent": None}
+    assert _current(before, {**plain, "min": {"devices": 4}, "borrowed": {"devices": 2},
+                             "lent": {"devices": 0}})

@@ -127,3 +127,57 @@ def test_a_pod_that_can_never_fit_the_published_cards_is_named(spec: dict[str, A
     fits = build_report(claims=[], slices=[_slice()], pods=[pod], templates=[template],
                         catalog=Catalog.build())
     assert fits["pending"] == {"WaitingForAllocation": 1}
+
+
+def _cohort_report() -> dict[str, Any]:
+    def member(namespace: str, min_memory: str) -> dict[str, Any]:
+        q = quota(f"{namespace}-gpu", namespace, memory="160Gi", cores=200)
+        q["spec"].update(min={"memory": min_memory}, cohort="research")
+        return q
+
+    events = [{"reason": "Preempted", "reportingComponent": names.ALLOCATOR_COMPONENT,
+               "lastTimestamp": f"2026-12-04T05:0{i}:00Z", "message": f"Preempted by pod {i}",
+               "involvedObject": {"namespace": "team-b", "name": f"b-{i}"}} for i in range(3)]
+    events.append({"reason": "Preempted", "reportingComponent": "default-scheduler",
+                   "lastTimestamp": "2026-12-04T06:00:00Z", "message": "by kube-scheduler",
+                   "involvedObject": {"namespace": "x", "name": "y"}})
+    # team-a holds 70Gi of its 40Gi (30Gi borrowed); team-b, 10Gi of its 100Gi, lends 30Gi.
+    return build_report(claims=_claims(), slices=[_slice()], pods=[], events=events,
+                        catalog=Catalog.build(quotas=[member("team-a", "40Gi"),
+                                                      member("team-b", "100Gi")]))
+
+
+def test_the_report_shows_each_cohort_who_borrows_and_the_last_preemptions() -> None:
+    report = _cohort_report()
+    (cohort,) = report["cohorts"]
+    assert cohort["name"] == "research"
+    assert cohort["guaranteed"] == {"memory": "140Gi"} and cohort["used"] == {"memory": "80Gi"}
+    a, b = cohort["members"]
+    assert (a["namespace"], a["borrowed"], a["lent"]) == ("team-a", {"memory": "30Gi"},
+                                                          {"memory": "0"})
+    assert (b["namespace"], b["borrowed"], b["lent"]) == ("team-b", {"memory": "0"},
+                                                          {"memory": "30Gi"})
+    # 140Gi guaranteed on two cards of 80Gi: the cluster can meet it.
+    assert cohort["warnings"] == []
+    # The gateway's preemptions only, newest first.
+    assert [e["pod"] for e in report["preemptions"]] == ["team-b/b-2", "team-b/b-1",
+                                                         "team-b/b-0"]
+    table = render_table(report)
+    assert "COHORT research (used / guaranteed: memory 80Gi/140Gi)" in table
+    assert "team-a               team-a-gpu               memory 70Gi/40Gi/160Gi, borrowed " \
+           "30Gi, lent 0" in table
+    assert "LAST PREEMPTIONS" in table and "team-b/b-2" in table
+    page = render_html(report)
+    assert "<h2>Cohort research</h2>" in page and "<h2>Last preemptions</h2>" in page
+
+
+def test_a_cohort_guaranteeing_more_than_the_cluster_publishes_is_warned_of() -> None:
+    q = quota("big", "team-a", devices=8)
+    q["spec"].update(min={"devices": 6}, cohort="research")
+    report = build_report(claims=[], slices=[_slice()], pods=[],
+                          catalog=Catalog.build(quotas=[q]))
+    (cohort,) = report["cohorts"]
+    assert cohort["warnings"] == [
+        "its guarantees of devices (6) exceed what the cluster publishes (2): not every "
+        "guarantee can be met at once"]
+    assert "warning: its guarantees of devices (6)" in render_table(report)

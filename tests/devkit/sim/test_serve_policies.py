@@ -29,7 +29,7 @@ async def test_serve_loads_policies_and_report_reads_them(tmp_path: Path) -> Non
         assert process.stdout is not None
         async with asyncio.timeout(20):
             banner = (await process.stdout.readline()).decode()
-        assert "5 objects seeded" in banner
+        assert "7 objects seeded" in banner
         cluster = await connect("kube", str(tmp_path / "kubeconfig"))
         try:
             quotas = await cluster.list(GPU_QUOTAS, namespace="team-a")
@@ -49,7 +49,15 @@ async def test_serve_loads_policies_and_report_reads_them(tmp_path: Path) -> Non
         assert {(q["namespace"], q["name"]): q["used"] for q in shown["quotas"]} == {
             ("course-ml101", "students"): {"memory": "0", "devices": 0},
             ("team-a", "team-a-gpu"): {"memory": "0", "cores": 0, "claims": 0},
-            ("team-a", "team-a-h100"): {"devices": 0}}
+            ("team-a", "team-a-h100"): {"devices": 0},
+            ("research-speech", "gpus"): {"devices": 0},
+            ("research-vision", "gpus"): {"devices": 0}}
+        # The report reads the example cohort: each guarantees four cards, lends nothing yet.
+        (cohort,) = shown["cohorts"]
+        assert cohort["name"] == "research" and cohort["guaranteed"] == {"devices": 8}
+        assert [(q["namespace"], q["lent"]) for q in cohort["members"]] == [
+            ("research-speech", {"devices": 0}), ("research-vision", {"devices": 0})]
+        assert shown["preemptions"] == []
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(20):
             assert await process.wait() == 0
