@@ -394,7 +394,8 @@ def test_a_lender_takes_back_its_guarantee_from_a_borrower_of_its_cohort(
             # the cohort within its guarantees (what is borrowed is what the lender leaves).
             _no_over_capacity(gateway)
             lender, borrower = (_devices_held(api, ns) for ns in (LENDER_NS, BORROWER_NS))
-            assert lender <= CARDS and borrower <= CARDS, (lender, borrower)
+            assert lender <= CARDS, (lender, borrower)
+            assert borrower <= CARDS, (lender, borrower)
             assert lender + borrower <= CARDS, (lender, borrower)
 
         low = _fill(gateway, BORROWER_NS)
@@ -410,7 +411,8 @@ def test_a_lender_takes_back_its_guarantee_from_a_borrower_of_its_cohort(
         columns = [c["name"] for c in table["columnDefinitions"]]
         (row,) = table["rows"]
         shown = dict(zip(columns, row["cells"], strict=True))
-        assert shown["Cohort"] == COHORT and shown["Devices-Borrowed"] == CARDS // 2, shown
+        assert shown["Cohort"] == COHORT, shown
+        assert shown["Devices-Borrowed"] == CARDS // 2, shown
 
         started = time.monotonic()
         api.create(_pod_path(LENDER_NS), _gpu_pod("lender", LENDER_NS, LOW, 2))
@@ -420,7 +422,8 @@ def test_a_lender_takes_back_its_guarantee_from_a_borrower_of_its_cohort(
               "creation")
         lender = api.get(_pod_path(LENDER_NS, "lender"))
         devices = pod_devices(api, lender)
-        assert len(devices) == 2 and all(n == NODE and w for n, _, w in devices), devices
+        assert len(devices) == 2, devices
+        assert all(n == NODE and w for n, _, w in devices), devices
         survivors = _live_pods(api, BORROWER_NS, "low-")
         victims = set(low) - set(survivors)
         # Of equal priority, the newest go first: low-6 and low-7 were created last.

@@ -151,7 +151,8 @@ def test_the_report_shows_each_cohort_who_borrows_and_the_last_preemptions() -> 
     report = _cohort_report()
     (cohort,) = report["cohorts"]
     assert cohort["name"] == "research"
-    assert cohort["guaranteed"] == {"memory": "140Gi"} and cohort["used"] == {"memory": "80Gi"}
+    assert cohort["guaranteed"] == {"memory": "140Gi"}
+    assert cohort["used"] == {"memory": "80Gi"}
     a, b = cohort["members"]
     assert (a["namespace"], a["borrowed"], a["lent"]) == ("team-a", {"memory": "30Gi"},
                                                           {"memory": "0"})
@@ -166,9 +167,11 @@ def test_the_report_shows_each_cohort_who_borrows_and_the_last_preemptions() -> 
     assert "COHORT research (used / guaranteed: memory 80Gi/140Gi)" in table
     assert "team-a               team-a-gpu               memory 70Gi/40Gi/160Gi, borrowed " \
            "30Gi, lent 0" in table
-    assert "LAST PREEMPTIONS" in table and "team-b/b-2" in table
+    assert "LAST PREEMPTIONS" in table
+    assert "team-b/b-2" in table
     page = render_html(report)
-    assert "<h2>Cohort research</h2>" in page and "<h2>Last preemptions</h2>" in page
+    assert "<h2>Cohort research</h2>" in page
+    assert "<h2>Last preemptions</h2>" in page
 
 
 def test_a_cohort_guaranteeing_more_than_the_cluster_publishes_is_warned_of() -> None:

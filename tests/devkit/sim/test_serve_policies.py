@@ -54,7 +54,8 @@ async def test_serve_loads_policies_and_report_reads_them(tmp_path: Path) -> Non
             ("research-vision", "gpus"): {"devices": 0}}
         # The report reads the example cohort: each guarantees four cards, lends nothing yet.
         (cohort,) = shown["cohorts"]
-        assert cohort["name"] == "research" and cohort["guaranteed"] == {"devices": 8}
+        assert cohort["name"] == "research"
+        assert cohort["guaranteed"] == {"devices": 8}
         assert [(q["namespace"], q["lent"]) for q in cohort["members"]] == [
             ("research-speech", {"devices": 0}), ("research-vision", {"devices": 0})]
         assert shown["preemptions"] == []
