@@ -30,7 +30,8 @@ out, victim by victim:
    evicted stay evicted, the hold is dropped, and the pod gets a Warning Event
    `PreemptionRefused` saying which victim and why; the next round looks again, with the
    budgets read again (a preemption whose victims a budget protects now is not tried: the
-   planner chooses other victims, or another node, where it can).
+   planner chooses other victims, or another node, where it can; where it cannot, the pod's
+   condition `dra-gateway.io/Preemption` (reason `DisruptionBudget`) names the budgets).
 
 Counted in `dra_gateway_allocator_preemptions_total{result}` (evicted, refused, failed) and
 logged. This module talks to Kubernetes only through the cluster port.
@@ -86,6 +87,14 @@ def _outranked(pods: Sequence[Object]) -> bool:
     return bool(placed) and max(waiting) > min(placed)
 
 
+def _blocked_by(preemption: Preemption) -> str:
+    protected = [v for v in preemption.victims if v.protected]
+    budgets = sorted({b for v in protected for b in v.budgets})
+    return (f"preempting {', '.join(v.pod for v in protected)} would break "
+            f"PodDisruptionBudget {', '.join(budgets)} (no disruption allowed now); the pod "
+            f"waits, and preemption is tried again once the budget allows one")
+
+
 def _may_reclaim(state: ClusterState, waiter: Waiter) -> bool:
     """Whether the pod's namespace lends to a cohort in which another namespace borrows."""
     peers = state.policies.ledger.cohort_peers(objects.namespace(waiter.pod))
@@ -104,12 +113,14 @@ def _in_cohorts(snapshot: Snapshot) -> bool:
         and not objects.is_deleting(p) for p in snapshot.pods)
 
 
-def find_preemptions(inputs: Inputs, leaving: Mapping[str, set[str]] | None = None
-                     ) -> list[Preemption]:
+def find_preemptions(inputs: Inputs, leaving: Mapping[str, set[str]] | None = None,
+                     blocked: dict[str, str] | None = None) -> list[Preemption]:
     """The preemptions that place the waiting pods that fit nowhere now, highest priority
     first; each is assumed in `inputs.state` (its victims gone, the budgets spent) before the
     next pod is looked at. `leaving`: the victims still leaving of earlier preemptions, by the
-    uid of the pod they were evicted for (it is not preempted for again meanwhile)."""
+    uid of the pod they were evicted for (it is not preempted for again meanwhile). `blocked`
+    receives, by pod uid, why the preemption that would place a pod waits for a
+    PodDisruptionBudget (naming the budgets and their pods)."""
     state = inputs.state
     residents = list(inputs.residents)
     budgets = dict(inputs.budgets)
@@ -134,6 +145,8 @@ def find_preemptions(inputs: Inputs, leaving: Mapping[str, set[str]] | None = No
         if any(v.protected for v in preemption.victims):
             # The Eviction API would refuse it (a budget allows no disruption now): the pod
             # waits, and a later round looks again once the budget allows one.
+            if blocked is not None:
+                blocked[objects.uid(waiter.pod)] = _blocked_by(preemption)
             continue
         gone = {v.uid for v in preemption.victims}
         for victim in preemption.victims:
@@ -194,12 +207,21 @@ class PreemptionMode:
             return None  # the common case: a state is built only when one may preempt
         snapshot.budgets = await list_items(self.cluster, POD_DISRUPTION_BUDGETS)
 
+        blocked: dict[str, str] = {}
+
         def planned() -> tuple[Inputs, list[Preemption]]:
             # In a thread, on a state of its own: the loop keeps the Lease and the watches.
             inputs = build(snapshot)
-            return inputs, find_preemptions(inputs, self.leaving)
+            return inputs, find_preemptions(inputs, self.leaving, blocked)
 
         inputs, found = await asyncio.to_thread(planned)
+        for uid, why in blocked.items():
+            pod = inputs.pods.get(uid)
+            if pod is not None:
+                self.fence()
+                await set_quota_condition(self.cluster, pod, held=True,
+                                          reason="DisruptionBudget",
+                                          kind=PREEMPTION_CONDITION, message=why)
         for preemption in found:
             self.leaving[preemption.uid] = {v.uid for v in preemption.victims}
             await self.carry_out(preemption, inputs.pods)

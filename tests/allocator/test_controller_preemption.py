@@ -9,7 +9,7 @@ import dataclasses
 
 from testkit import eventually
 
-from dra_gateway.allocator.conditions import PREEMPTION_CONDITION
+from dra_gateway.allocator.conditions import PREEMPTION_CONDITION, quota_condition
 from dra_gateway.allocator.defrag import holds as holdfmt
 from dra_gateway.allocator.preemption import DISRUPTION_TARGET, REASON
 from dra_gateway.devkit.sim.memory import MemoryCluster
@@ -156,3 +156,9 @@ async def test_victims_a_budget_protects_are_not_evicted(
         await asyncio.sleep(0.6)
         assert {"low-0", "low-1"} <= await _live(memory_cluster)
         assert not await ungated(world, "urgent")
+        # It waits, and says for which budget.
+        pod = await memory_cluster.get(PODS, "urgent", namespace=NAMESPACE)
+        said = quota_condition(pod, PREEMPTION_CONDITION)
+        assert said is not None, pod.get("status")
+        assert said["reason"] == "DisruptionBudget"
+        assert f"PodDisruptionBudget {NAMESPACE}/keep" in said["message"]

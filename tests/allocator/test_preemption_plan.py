@@ -168,3 +168,18 @@ def test_a_pod_whose_victims_are_still_leaving_is_not_preempted_for_again() -> N
     assert find_preemptions(inputs(), {"uid-hi": {"uid-r0"}}) == []
     found = find_preemptions(inputs(), {})
     assert [v.pod for p in found for v in p.victims] in (["ns/r0"], ["ns/r1"])
+
+
+def test_a_budget_that_forbids_every_victim_leaves_the_pod_waiting_naming_it() -> None:
+    from dra_gateway.allocator.defrag.view import Inputs
+    from dra_gateway.allocator.preemption import find_preemptions
+
+    state, residents = _full_node([0, 0])
+    residents = [Resident(r.pod, r.claims, 0, budgets=("ns/keep",)) for r in residents]
+    blocked: dict[str, str] = {}
+    found = find_preemptions(Inputs(state, [_waiter("hi", 1, 10)], residents,
+                                    {"ns/keep": 0}, {}, {}), {}, blocked)
+    assert found == []
+    assert blocked == {"uid-hi": "preempting ns/r1 would break PodDisruptionBudget ns/keep (no "
+                                 "disruption allowed now); the pod waits, and preemption is "
+                                 "tried again once the budget allows one"}
