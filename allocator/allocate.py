@@ -20,6 +20,7 @@ port.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -34,7 +35,21 @@ from dra_gateway.allocator.conditions import (
     set_quota_condition,
 )
 from dra_gateway.allocator.events import EventRecorder
+from dra_gateway.allocator.groups import (
+    GROUP_CONDITION,
+    GROUP_DOES_NOT_FIT,
+    GROUP_INCOMPLETE,
+    GROUP_INVALID,
+    GROUP_PLACED,
+    Ready,
+    chosen,
+    incomplete_message,
+    invalid_message,
+    members_of,
+    no_fit_message,
+)
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
+from dra_gateway.allocator.planner import PodPlan
 from dra_gateway.allocator.planning import Planning
 from dra_gateway.allocator.release import ClaimReleaser
 from dra_gateway.allocator.unplaceable import Unplaceable
@@ -55,6 +70,7 @@ from dra_gateway.allocator.writes import (
 )
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import Cluster, Conflict, Invalid, NotFound, Object
+from dra_gateway.kube.groups import GroupError, PodGroup, group_of
 from dra_gateway.kube.objects import (
     controller_owner_uid,
     has_finalizer,
@@ -85,6 +101,9 @@ class PodAllocator:
         self.stats = stats
         self.metrics = metrics
         self.fence = fence  # called before each write: a former leader must not allocate
+        # One placement of a pod group at a time (group key -> lock), so that two members'
+        # syncs never plan the same group twice.
+        self._group_locks: dict[tuple[str, str, str], tuple[asyncio.Lock, int]] = {}
 
     async def sync_pod(self, key: PodKey) -> Outcome:
         pod = self.pods.get(key.namespace, key.name)
@@ -116,9 +135,20 @@ class PodAllocator:
         # Claims this sync allocated: uid -> the resourceVersion the API answered the write
         # with, which is as good as reading the claim back before the gate goes.
         written: dict[str, str] = {}
+        group = group_of(pod) if pending else None
+        if isinstance(group, GroupError):
+            self.unplaceable.discard(key)
+            await set_quota_condition(self.cluster, pod, held=True, reason=GROUP_INVALID,
+                                      kind=GROUP_CONDITION, message=invalid_message(group))
+            return "done"  # its annotations' change requeues it
         if pending:
             try:
-                outcome = await self._allocate(key, pod, gateway, pending, written)
+                if group is not None:
+                    outcome = await self._allocate_group(key, pod, group, written)
+                    if outcome is None:  # the group is whole: placed as it comes
+                        outcome = await self._allocate(key, pod, gateway, pending, written)
+                else:
+                    outcome = await self._allocate(key, pod, gateway, pending, written)
             except Replan as why:
                 log.info("planning again", extra={"pod": str(key), "why": str(why)})
                 return "retry"
@@ -154,9 +184,17 @@ class PodAllocator:
             names_missing = ", ".join(objects.name(c) for c in missing)
             raise RuntimeError(f"the planner placed pod {key} on {plan.node_name} without "
                                f"allocating claims {names_missing}")
-        writes: list[Write] = []
         self.planning.change(self.planning.state.assume, pod, plan)
         self.planning.inflight[key.uid] = plan
+        await self._write(pod, pending, plan, written)
+        return "done"
+
+    async def _write(self, pod: Object, pending: list[Object], plan: PodPlan,
+                     written: dict[str, str]) -> None:
+        """Write a plan assumed and in flight (`inflight`): each claim's allocation, then the
+        assumption gives way to what was written."""
+        key = PodKey(objects.namespace(pod), objects.name(pod), objects.uid(pod))
+        writes: list[Write] = []
         try:
             for claim in sorted(pending, key=lambda c: objects.name(c)):
                 uid = objects.uid(claim)
@@ -181,7 +219,95 @@ class PodAllocator:
             self.unplaceable.capacity_changed()
         await self._clear_quota_condition(pod, f"placed on {plan.node_name} within its "
                                           "GPUQuotas")
+
+    async def _allocate_group(self, key: PodKey, pod: Object, group: PodGroup,
+                              written: dict[str, str]) -> Outcome | None:
+        """All or nothing (allocator/groups.py): plan the members the group still needs
+        together and write them all, or none; None when the group is whole already."""
+        lock, users = self._group_locks.get(group.key, (asyncio.Lock(), 0))
+        self._group_locks[group.key] = (lock, users + 1)
+        try:
+            async with lock:
+                return await self._place_group(key, pod, group, written)
+        finally:
+            lock, users = self._group_locks[group.key]
+            if users > 1:
+                self._group_locks[group.key] = (lock, users - 1)
+            else:
+                del self._group_locks[group.key]  # nobody else waits for it
+
+    async def _place_group(self, key: PodKey, pod: Object, group: PodGroup,
+                           written: dict[str, str]) -> Outcome | None:
+        members = members_of(group, self.pods.by_index, self.claims.get)
+        if not any(objects.uid(r.pod) == key.uid for r in members.ready):
+            # Changed while it waited for the lock (another member's sync placed it with the
+            # group, say): look again from the start, never with the claims read before.
+            return "retry"
+        if members.needed == 0:
+            return None
+        if len(members.ready) < members.needed:
+            self.unplaceable.discard(key)
+            await self._say_group(members.ready, held=True, reason=GROUP_INCOMPLETE,
+                                  message=incomplete_message(members))
+            return "wait"  # a member's arrival plans the group, this one included
+        together = chosen(members, key.uid)
+        busy = self.planning.busy_claims(key.uid)
+        if any(objects.uid(c) in busy for r in together for c in r.pending):
+            return "retry"
+        started = time.perf_counter()
+        self.stats.plans += 1
+        self.unplaceable.planning(key)
+        try:
+            planned = await self.planning.plan_group([(r.pod, r.gateway) for r in together])
+        except BaseException:
+            self.unplaceable.settle(key)
+            raise
+        self.metrics.plan_seconds.observe(time.perf_counter() - started)
+        if not planned.placed:
+            message = no_fit_message(group, planned.fitted, len(together), planned.reason)
+            self.stats.failures += 1
+            self.metrics.allocation_failures.inc()
+            self.unplaceable.failed(key)
+            self.pending.set(key.uid, planned.quota_reason or "Unschedulable")
+            await self._say_group(together, held=True, reason=GROUP_DOES_NOT_FIT,
+                                  message=message)
+            await self.events.record_failure(pod, message)
+            return "retry"
+        self.unplaceable.discard(key)
+        # Every member's plan assumed before the first write: no other plan takes their room.
+        for ready, plan in zip(together, planned.plans, strict=True):
+            self.pending.drop(objects.uid(ready.pod))
+            self.planning.change(self.planning.state.assume, ready.pod, plan)
+            self.planning.inflight[objects.uid(ready.pod)] = plan
+        log.info("placing a pod group together", extra={
+            "group": group.label, "source": group.source, "members": [
+                objects.name(r.pod) for r in together]})
+        for index, (ready, plan) in enumerate(zip(together, planned.plans, strict=True)):
+            try:
+                await self._write(ready.pod, ready.pending, plan,
+                                  written if objects.uid(ready.pod) == key.uid else {})
+            except BaseException:
+                for rest, rest_plan in list(zip(together, planned.plans, strict=True))[
+                        index + 1:]:
+                    del self.planning.inflight[objects.uid(rest.pod)]
+                    self.planning.change(self.planning.state.forget, rest.pod, rest_plan)
+                raise
+        await self._say_group(together, held=False, reason=GROUP_PLACED,
+                              message=f"pod group {group.label} ({group.why}): its "
+                                      f"{group.size} members hold their devices together")
+        # Members past the size, waiting meanwhile, are placed as they come from now on.
+        planned_uids = {objects.uid(r.pod) for r in together}
+        for ready in members.ready:
+            if objects.uid(ready.pod) not in planned_uids:
+                self.unplaceable.wake(PodKey(*objects.namespace_name(ready.pod),
+                                             objects.uid(ready.pod)))
         return "done"
+
+    async def _say_group(self, members: Sequence[Ready], *, held: bool, reason: str,
+                         message: str) -> None:
+        for ready in members:
+            await set_quota_condition(self.cluster, ready.pod, held=held, reason=reason,
+                                      kind=GROUP_CONDITION, message=message)
 
     async def _not_placed(self, key: PodKey, pod: Object, gateway: list[Object],
                           why: str | None, quota_reason: str | None) -> Outcome:

@@ -45,6 +45,7 @@ from dra_gateway.allocator.defrag import holds as holdfmt
 from dra_gateway.allocator.defrag.mode import DefragMode
 from dra_gateway.allocator.defrag.view import Snapshot
 from dra_gateway.allocator.events import COMPONENT, EventRecorder
+from dra_gateway.allocator.groups import GROUP_INDEX, group_index
 from dra_gateway.allocator.index import ClaimIndex
 from dra_gateway.allocator.legacypods import LegacyPods
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
@@ -122,7 +123,7 @@ class Controller:
         self.classes = Informer(cluster, DEVICE_CLASSES, self._on_class, watch_timeout=timeout)
         self.nodes = Informer(cluster, NODES, self._on_node, watch_timeout=timeout)
         self.pods = Informer(cluster, PODS, self._on_pod, field_selector=LIVE_PODS_SELECTOR,
-                             watch_timeout=timeout)
+                             watch_timeout=timeout, indexers={GROUP_INDEX: group_index})
         self.planning = Planning(self.settings, claims=self.claims.get,
                                  consumable_capacity=bool(self.consumable_capacity))
         self.policy_mirror = PolicyMirror(cluster, CatalogKeeper(usage=False),

@@ -18,12 +18,13 @@ This module must not make placement decisions (the planner does), read the API o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dra_gateway.allocator.claims import ClaimLookup
 from dra_gateway.allocator.defrag.holds import Hold
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
+from dra_gateway.allocator.planner.groups import GroupPlan, Member, plan_group
 from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.kube import cel, objects
 from dra_gateway.kube.cluster.port import Object
@@ -94,6 +95,28 @@ class Planning:
             for change in held:
                 change()
         return plan
+
+    async def plan_group(self, members: Sequence[Member]) -> GroupPlan:
+        """plan_group in a worker thread on the live state, as `plan` runs plan_pod: the
+        members' plans, none of them assumed (the caller assumes them all, or none)."""
+        async with self._planning:
+            self._held_changes = []
+            state, strategy = self.state, self.settings.strategy
+            budget = self.settings.plan_cost_budget
+
+            def planned() -> GroupPlan:
+                try:
+                    with cel.cost_budget(budget):
+                        return plan_group(state, members, strategy=strategy)
+                except cel.CostBudgetExceeded as exc:
+                    return GroupPlan((), 0, f"{exc}; simplify the claims' selectors")
+
+            try:
+                return await asyncio.to_thread(planned)
+            finally:
+                held, self._held_changes = self._held_changes, None
+                for change in held:
+                    change()
 
     def set_holds(self, holds: Mapping[str, Hold],
                   pod_of: Callable[[str, Hold], Object | None]) -> list[str]:

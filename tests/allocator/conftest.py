@@ -129,12 +129,13 @@ class World:
                         create_claims: bool = True, gated: bool = True,
                         annotations: dict[str, str] | None = None,
                         namespace: str = NAMESPACE, priority: int | None = None,
-                        other_gates: tuple[str, ...] = ()) -> Object:
+                        other_gates: tuple[str, ...] = (),
+                        labels: dict[str, str] | None = None) -> Object:
         specs = list(claim_specs)
         pod: Object = {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace,
-                         "annotations": annotations or {}},
+                         "annotations": annotations or {}, "labels": labels or {}},
             "spec": {
                 "containers": [{"name": "main", "image": "cuda:12",
                                 "resources": {"requests": {"cpu": cpu, "memory": "1Gi"},

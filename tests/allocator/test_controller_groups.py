@@ -1,0 +1,107 @@
+"""Pod groups on the embedded API (allocator/groups.py, PodAllocator): a group's members are
+allocated all together or not at all, two groups that cannot both fit never both hold devices,
+an incomplete group holds nothing, and members past its size are placed as they come."""
+
+from __future__ import annotations
+
+import asyncio
+
+from testkit import eventually
+
+from dra_gateway.allocator.conditions import quota_condition
+from dra_gateway.allocator.groups import GROUP_CONDITION
+from dra_gateway.devkit.sim.memory import MemoryCluster
+from dra_gateway.kube.cluster.port import Object
+from dra_gateway.kube.groups import (
+    GROUP_ANNOTATION,
+    GROUP_SIZE_ANNOTATION,
+    KUEUE_COUNT_ANNOTATION,
+    KUEUE_GROUP_LABEL,
+)
+from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS
+
+from .conftest import NAMESPACE, World, is_ungated, running_controller, ungated, whole_claim_spec
+
+
+def _grouped(group: str, size: int | str) -> dict[str, str]:
+    return {GROUP_ANNOTATION: group, GROUP_SIZE_ANNOTATION: str(size)}
+
+
+async def _held(memory_cluster: MemoryCluster, prefix: str) -> int:
+    """Devices the claims of pods named `prefix`... hold."""
+    claims = (await memory_cluster.list(RESOURCE_CLAIMS)).items
+    return sum(len((c.get("status") or {}).get("allocation", {}).get("devices", {}).get(
+        "results") or ()) for c in claims if c["metadata"]["generateName"].startswith(prefix))
+
+
+async def _said(world: World, name: str) -> Object | None:
+    return quota_condition(await world.pod(name), GROUP_CONDITION)
+
+
+async def test_two_interleaved_groups_one_placed_whole_the_other_holding_nothing(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=8)
+    async with running_controller(memory_cluster):
+        # Created interleaved: a-0, b-0, a-1, b-1, a-2, b-2; each pod asks for two cards.
+        for i in range(3):
+            for job in ("a", "b"):
+                await world.gated_pod(f"{job}-{i}", [whole_claim_spec(2)],
+                                      annotations=_grouped(f"job-{job}", 3))
+        await eventually(lambda: all_ungated(world, ["a-0", "a-1", "a-2"]))
+        await asyncio.sleep(0.3)
+        assert await _held(memory_cluster, "a-") == 6
+        assert await _held(memory_cluster, "b-") == 0  # two cards left: b holds none
+        for name in ("b-0", "b-1", "b-2"):
+            assert not is_ungated(await world.pod(name)), name
+        said = await eventually(lambda: _said(world, "b-2"))
+        assert said["reason"] == "GroupDoesNotFit", said
+        assert "pod group team-a/job-b" in said["message"], said
+        # a ends: b is placed whole.
+        for i in range(3):
+            await world.finish(f"a-{i}")
+        await eventually(lambda: all_ungated(world, ["b-0", "b-1", "b-2"]), within=10)
+        assert await _held(memory_cluster, "b-") == 6
+        assert (await _said(world, "b-0"))["reason"] == "GroupPlaced"
+
+
+async def test_an_incomplete_group_holds_nothing_until_its_last_member_arrives(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=4)
+    kueue = {KUEUE_GROUP_LABEL: "train"}
+    count = {KUEUE_COUNT_ANNOTATION: "3"}
+    async with running_controller(memory_cluster):
+        for i in range(2):
+            await world.gated_pod(f"w-{i}", [whole_claim_spec(1)], labels=kueue,
+                                  annotations=count)
+        said = await eventually(lambda: _said(world, "w-1"))
+        assert said["reason"] == "GroupIncomplete", said
+        assert "needs 3 members" in said["message"]
+        assert "1 more to arrive" in said["message"]
+        await asyncio.sleep(0.3)
+        assert await _held(memory_cluster, "w-") == 0
+        await world.gated_pod("w-2", [whole_claim_spec(1)], labels=kueue, annotations=count)
+        await eventually(lambda: all_ungated(world, ["w-0", "w-1", "w-2"]))
+        assert await _held(memory_cluster, "w-") == 3
+        # A fourth member, past the size, is placed as it comes.
+        await world.gated_pod("w-3", [whole_claim_spec(1)], labels=kueue, annotations=count)
+        await eventually(lambda: ungated(world, "w-3"))
+
+
+async def test_a_group_without_a_usable_size_says_what_to_fix(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=2)
+    async with running_controller(memory_cluster):
+        await world.gated_pod("odd", [whole_claim_spec(1)], annotations=_grouped("x", "three"))
+        said = await eventually(lambda: _said(world, "odd"))
+        assert said["reason"] == "GroupInvalid"
+        assert "dra-gateway.io/group-size is 'three', not a number of members" in \
+            said["message"]
+        assert not is_ungated(await world.pod("odd"))
+        # Fixed: placed.
+        await memory_cluster.patch(PODS, "odd", {"metadata": {"annotations": {
+            GROUP_SIZE_ANNOTATION: "1"}}}, namespace=NAMESPACE)
+        await eventually(lambda: ungated(world, "odd"))
+
+
+async def all_ungated(world: World, names_: list[str]) -> bool:
+    return all([is_ungated(await world.pod(n)) for n in names_])

@@ -1,0 +1,69 @@
+"""Which pod group a pod belongs to (kube/groups.py): the gateway's annotations, Kueue's pod
+groups, LeaderWorkerSet; a group named without a usable size says what to fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dra_gateway.kube.groups import GroupError, PodGroup, group_of
+
+
+def pod(labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+        namespace: str = "ml") -> dict[str, Any]:
+    return {"metadata": {"name": "p", "namespace": namespace, "labels": labels or {},
+                         "annotations": annotations or {}}}
+
+
+def test_a_pod_without_a_group_has_none() -> None:
+    assert group_of(pod({"app": "x"})) is None
+    # A LeaderWorkerSet's name alone (no group index) is no group of ours.
+    assert group_of(pod({"leaderworkerset.sigs.k8s.io/name": "llm"})) is None
+
+
+def test_the_gateway_annotations_name_a_group_and_its_size() -> None:
+    found = group_of(pod(annotations={"dra-gateway.io/group": "train",
+                                      "dra-gateway.io/group-size": "4"}))
+    assert found == PodGroup("ml", "train", 4, "dra-gateway",
+                             "annotations dra-gateway.io/group=train, "
+                             "dra-gateway.io/group-size=4")
+    assert found.key == ("ml", "dra-gateway", "train")
+
+
+def test_kueue_pod_groups_are_read_from_their_label_and_count() -> None:
+    found = group_of(pod({"kueue.x-k8s.io/pod-group-name": "job-1"},
+                         {"kueue.x-k8s.io/pod-group-total-count": "3"}))
+    assert isinstance(found, PodGroup)
+    assert (found.name, found.size, found.source) == ("job-1", 3, "kueue")
+
+
+def test_each_leaderworkerset_replica_is_a_group_of_its_size() -> None:
+    labels = {"leaderworkerset.sigs.k8s.io/name": "llm",
+              "leaderworkerset.sigs.k8s.io/group-index": "2"}
+    found = group_of(pod(labels, {"leaderworkerset.sigs.k8s.io/size": "4"}))
+    assert isinstance(found, PodGroup)
+    assert (found.name, found.size, found.source) == ("llm-2", 4, "leaderworkerset")
+
+
+def test_the_gateway_annotation_wins_over_other_sources() -> None:
+    found = group_of(pod({"kueue.x-k8s.io/pod-group-name": "job-1"},
+                         {"kueue.x-k8s.io/pod-group-total-count": "3",
+                          "dra-gateway.io/group": "mine", "dra-gateway.io/group-size": "2"}))
+    assert isinstance(found, PodGroup)
+    assert (found.name, found.source) == ("mine", "dra-gateway")
+
+
+@pytest.mark.parametrize(("annotations", "message"), [
+    ({"dra-gateway.io/group": "g"}, "dra-gateway.io/group-size is missing: pod group g needs "
+                                    "the number of its members"),
+    ({"dra-gateway.io/group": "g", "dra-gateway.io/group-size": "x"},
+     "dra-gateway.io/group-size is 'x', not a number of members"),
+    ({"dra-gateway.io/group": "g", "dra-gateway.io/group-size": "0"},
+     "dra-gateway.io/group-size is 0: a group has 1 to 10000 members"),
+])
+def test_a_group_without_a_usable_size_says_which_field(annotations: dict[str, str],
+                                                        message: str) -> None:
+    found = group_of(pod(annotations=annotations))
+    assert isinstance(found, GroupError)
+    assert message in found.message
