@@ -224,7 +224,7 @@ def test_the_chart_installs_the_crds_and_the_api_server_enforces_their_schemas(
         table = _table(api, _quota_path(SCHEMA_NS))
         assert [c["name"] for c in table["columnDefinitions"]] == [
             "Name", "Memory-Used", "Memory-Hard", "Cores-Used", "Cores-Hard", "Devices",
-            "Admission", "Age"]
+            "Cohort", "Devices-Borrowed", "Memory-Borrowed", "Admission", "Age"]
         (row,) = table["rows"]
         assert row["cells"][:3] == ["team-gpu", None, "12Gi"] or \
             row["cells"][:3] == ["team-gpu", "", "12Gi"], row["cells"]
