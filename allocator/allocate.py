@@ -50,6 +50,7 @@ from dra_gateway.allocator.groups import (
 )
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
 from dra_gateway.allocator.planner import PodPlan
+from dra_gateway.allocator.planner.groups import group_model, narrow_to_model
 from dra_gateway.allocator.planning import Planning
 from dra_gateway.allocator.release import ClaimReleaser
 from dra_gateway.allocator.unplaceable import Unplaceable
@@ -146,7 +147,8 @@ class PodAllocator:
                 if group is not None:
                     outcome = await self._allocate_group(key, pod, group, written)
                     if outcome is None:  # the group is whole: placed as it comes
-                        outcome = await self._allocate(key, pod, gateway, pending, written)
+                        outcome = await self._allocate(key, pod, self._on_group_model(
+                            group, gateway), pending, written)
                 else:
                     outcome = await self._allocate(key, pod, gateway, pending, written)
             except Replan as why:
@@ -258,7 +260,9 @@ class PodAllocator:
         self.stats.plans += 1
         self.unplaceable.planning(key)
         try:
-            planned = await self.planning.plan_group([(r.pod, r.gateway) for r in together])
+            planned = await self.planning.plan_group(
+                [(r.pod, r.gateway) for r in together], same_model=group.same_model,
+                placed=members.placed_claims)
         except BaseException:
             self.unplaceable.settle(key)
             raise
@@ -302,6 +306,15 @@ class PodAllocator:
                 self.unplaceable.wake(PodKey(*objects.namespace_name(ready.pod),
                                              objects.uid(ready.pod)))
         return "done"
+
+    def _on_group_model(self, group: PodGroup, gateway: list[Object]) -> list[Object]:
+        """A member past the group's size, to plan on the model its group's placed members
+        hold (one model per group): its claims narrowed to it, for the planner only."""
+        if not group.same_model:
+            return gateway
+        members = members_of(group, self.pods.by_index, self.claims.get)
+        model = group_model(self.planning.state, members.placed_claims)
+        return gateway if model is None else [narrow_to_model(c, model) for c in gateway]
 
     async def _say_group(self, members: Sequence[Ready], *, held: bool, reason: str,
                          message: str) -> None:

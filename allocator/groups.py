@@ -48,6 +48,7 @@ class Members:
     holding: int  # members that hold their devices (placed, or allocated and being ungated)
     ready: list[Ready]  # gated members with every claim, none allocated yet, oldest first
     arriving: int  # members not ready yet (claims not created, or behind other gates)
+    placed_claims: list[Object]  # the gateway claims of the members that hold devices
 
     @property
     def needed(self) -> int:
@@ -59,24 +60,27 @@ def members_of(group: PodGroup, by_index: Callable[[str, Hashable], list[Object]
                claims: ClaimLookup) -> Members:
     holding = arriving = 0
     ready: list[Ready] = []
+    placed: list[Object] = []
     for pod in by_index(GROUP_INDEX, group.key):
         if objects.is_deleting(pod) or objects.is_finished(pod):
             continue
-        if not objects.is_gated(pod):
-            holding += 1
-            continue
         found, waiting = claims_for(pod, claims)
         gateway = [c for c in found if objects.is_gateway_claim(c)]
+        if not objects.is_gated(pod):
+            holding += 1
+            placed.extend(c for c in gateway if objects.is_allocated(c))
+            continue
         pending = [c for c in gateway if not objects.is_allocated(c)]
         if waiting or objects.other_gates(pod):
             arriving += 1
         elif not pending:
             holding += 1  # allocated: its gate is about to go
+            placed.extend(gateway)
         else:
             ready.append(Ready(pod, gateway, pending))
     ready.sort(key=lambda r: (str(objects.meta(r.pod).get("creationTimestamp") or ""),
                               objects.name(r.pod)))
-    return Members(group, holding, ready, arriving)
+    return Members(group, holding, ready, arriving, placed)
 
 
 def chosen(members: Members, uid: str) -> list[Ready]:

@@ -24,7 +24,7 @@ from typing import Any
 from dra_gateway.allocator.claims import ClaimLookup
 from dra_gateway.allocator.defrag.holds import Hold
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
-from dra_gateway.allocator.planner.groups import GroupPlan, Member, plan_group
+from dra_gateway.allocator.planner.groups import GroupPlan, Member, group_model, plan_group
 from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.kube import cel, objects
 from dra_gateway.kube.cluster.port import Object
@@ -96,9 +96,11 @@ class Planning:
                 change()
         return plan
 
-    async def plan_group(self, members: Sequence[Member]) -> GroupPlan:
+    async def plan_group(self, members: Sequence[Member], *, same_model: bool = False,
+                         placed: Sequence[Object] = ()) -> GroupPlan:
         """plan_group in a worker thread on the live state, as `plan` runs plan_pod: the
-        members' plans, none of them assumed (the caller assumes them all, or none)."""
+        members' plans, none of them assumed (the caller assumes them all, or none). With
+        `same_model`, on the model of the `placed` members' claims, if any."""
         async with self._planning:
             self._held_changes = []
             state, strategy = self.state, self.settings.strategy
@@ -107,7 +109,9 @@ class Planning:
             def planned() -> GroupPlan:
                 try:
                     with cel.cost_budget(budget):
-                        return plan_group(state, members, strategy=strategy)
+                        return plan_group(state, members, strategy=strategy,
+                                          same_model=same_model,
+                                          model=group_model(state, placed))
                 except cel.CostBudgetExceeded as exc:
                     return GroupPlan((), 0, f"{exc}; simplify the claims' selectors")
 

@@ -13,12 +13,15 @@ sources, first found wins:
    and the annotation `leaderworkerset.sigs.k8s.io/size`.
 
 A group is one namespace's: its key is the namespace, the source and the name. A pod that names
-a group but not a usable size gets a `GroupError` saying which field to fix. Pure: no I/O.
+a group but not a usable size gets a `GroupError` saying which field to fix.
+
+Every member's cards are of one GPU model, unless the pod's annotation
+`dra-gateway.io/group-models` says `Any` (`Same`, the default, says so explicitly). Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from dra_gateway.kube import names, objects
@@ -31,6 +34,9 @@ KUEUE_COUNT_ANNOTATION: Final = "kueue.x-k8s.io/pod-group-total-count"
 LWS_NAME_LABEL: Final = "leaderworkerset.sigs.k8s.io/name"
 LWS_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_SIZE_ANNOTATION: Final = "leaderworkerset.sigs.k8s.io/size"
+MODELS_ANNOTATION: Final = f"{names.DOMAIN}/group-models"
+SAME_MODEL: Final = "Same"
+ANY_MODEL: Final = "Any"
 
 # More members than this is a typo, not a job (the largest jobs the gateway serves are far
 # smaller; the scheduler would never see them whole either).
@@ -46,6 +52,7 @@ class PodGroup:
     size: int
     source: str  # which convention said so: "dra-gateway", "kueue", "leaderworkerset"
     why: str  # the fields it was read from, for `translate --explain` and conditions
+    same_model: bool = True  # every member's cards of one GPU model
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -76,8 +83,28 @@ def _size(text: str | None, field: str, group: str) -> int | GroupError:
     return size
 
 
+def _same_model(text: str | None) -> bool | GroupError:
+    if text is None or text == SAME_MODEL:
+        return True
+    if text == ANY_MODEL:
+        return False
+    return GroupError(f"{MODELS_ANNOTATION} is {text!r}: set {SAME_MODEL!r} (every member on "
+                      f"one GPU model, the default) or {ANY_MODEL!r} (members on any models)")
+
+
 def group_of(pod: RawObject) -> PodGroup | GroupError | None:
     """The pod's group (see the module), None when it belongs to none."""
+    group = _named_group(pod)
+    if not isinstance(group, PodGroup):
+        return group
+    same = _same_model(objects.annotations(pod).get(MODELS_ANNOTATION))
+    if isinstance(same, GroupError):
+        return same
+    return group if same else replace(group, same_model=False,
+                                      why=f"{group.why}; {MODELS_ANNOTATION}={ANY_MODEL}")
+
+
+def _named_group(pod: RawObject) -> PodGroup | GroupError | None:
     notes, marks = objects.annotations(pod), objects.labels(pod)
     ns = objects.namespace(pod)
     own = notes.get(GROUP_ANNOTATION)
@@ -110,6 +137,7 @@ def group_of(pod: RawObject) -> PodGroup | GroupError | None:
 
 __all__ = [
     "GROUP_ANNOTATION", "GROUP_SIZE_ANNOTATION", "KUEUE_COUNT_ANNOTATION", "KUEUE_GROUP_LABEL",
-    "LWS_INDEX_LABEL", "LWS_NAME_LABEL", "LWS_SIZE_ANNOTATION", "GroupError", "PodGroup",
+    "LWS_INDEX_LABEL", "LWS_NAME_LABEL", "LWS_SIZE_ANNOTATION", "MODELS_ANNOTATION", "GroupError",
+    "PodGroup",
     "group_of",
 ]

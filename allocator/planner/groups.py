@@ -5,19 +5,31 @@ before it left it (their devices, CPU, memory and quota charges assumed), so tha
 never share a device and their quotas are checked for the group as a whole. Either every
 member is placed, and the plans are returned to be assumed and written together, or the group
 does not fit and no plan is kept: the state ends as it started, so two groups that cannot both
-fit never both hold devices. Pure: no I/O, no clock.
+fit never both hold devices.
+
+One model per group (`same_model`): every member's cards are of one GPU model (the driver's
+`productName`). The members are planned as they ask first; if their cards are of more than one
+model, the group is planned again on each model in turn (the models the first plan used most
+first, then the others by name), each member's claims narrowed to the model by a selector, and
+the first model where they all fit wins. A model already held by the group's placed members
+(`model`) is the only one tried. The selector narrows a copy of the claim the planner reads,
+never the claim written, and is part of the claim's key like any selector, so no memoised
+search of one model serves another. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dra_gateway.allocator.planner.allocation import PodPlan
+from dra_gateway.allocator.planner.cards import card_product
 from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.state import ClusterState
-from dra_gateway.kube import objects
+from dra_gateway.kube import names, objects
 
 Member = tuple[Mapping[str, Any], Sequence[Mapping[str, Any]]]  # (pod, its gateway claims)
 
@@ -30,15 +42,117 @@ class GroupPlan:
     fitted: int  # members placed before the first that was not
     reason: str | None = None  # why member `fitted` was not placed; None: all were
     quota_reason: str | None = None
+    model: str | None = None  # the one model every member's cards are of (same_model)
 
     @property
     def placed(self) -> bool:
         return self.reason is None
 
 
+def model_selector(model: str) -> str:
+    """A device selector for cards of `model`, guarded: false, never an error, on a device
+    without a productName."""
+    attrs = f"device.attributes[{json.dumps(names.DRIVER)}]"
+    return (f"{json.dumps(names.ATTR_PRODUCT_NAME)} in {attrs} && "
+            f"{attrs}.{names.ATTR_PRODUCT_NAME} == {json.dumps(model)}")
+
+
+def _narrowed(request: Mapping[str, Any], selector: Mapping[str, Any]) -> dict[str, Any]:
+    return {**request, "selectors": [*(request.get("selectors") or ()), selector]}
+
+
+def narrow_to_model(claim: Mapping[str, Any], model: str) -> dict[str, Any]:
+    """A copy of `claim` whose every request (and every alternative of a firstAvailable)
+    asks for cards of `model` too; the claim itself is left as it is."""
+    selector = {"cel": {"expression": model_selector(model)}}
+    spec = claim.get("spec") or {}
+    devices = spec.get("devices") or {}
+    requests = []
+    for request in devices.get("requests") or ():
+        request = dict(request)
+        if request.get("exactly") is not None:
+            request["exactly"] = _narrowed(request["exactly"], selector)
+        if request.get("firstAvailable"):
+            request["firstAvailable"] = [_narrowed(sub, selector)
+                                         for sub in request["firstAvailable"]]
+        requests.append(request)
+    return {**claim, "spec": {**spec, "devices": {**devices, "requests": requests}}}
+
+
+def plan_models(state: ClusterState, plan: PodPlan) -> Counter[str | None]:
+    """The models of the devices a plan allocates (None: a device without a productName)."""
+    found: Counter[str | None] = Counter()
+    for allocation in plan.allocations.values():
+        for result in (allocation.get("devices") or {}).get("results") or ():
+            device = state.devices.get((result.get("driver"), result.get("pool"),
+                                        result.get("device")))
+            found[card_product(device) if device is not None else None] += 1
+    return found
+
+
+def group_model(state: ClusterState, placed: Sequence[Mapping[str, Any]]) -> str | None:
+    """The model of the cards allocated to a group's placed members (`placed`: their claims),
+    the most common one should they hold several; None when they hold no card of a model."""
+    allocations = {objects.uid(c): (c.get("status") or {}).get("allocation") or {}
+                   for c in placed}
+    found = plan_models(state, PodPlan("", allocations=allocations))
+    found.pop(None, None)
+    return found.most_common(1)[0][0] if found else None
+
+
+def published_models(state: ClusterState) -> list[str]:
+    """Every GPU model the gateway's slices publish, by name."""
+    return sorted({m for d in state.devices.values()
+                   if d.driver == names.DRIVER and (m := card_product(d)) is not None})
+
+
 def plan_group(state: ClusterState, members: Sequence[Member], *,
-               strategy: str | None = None) -> GroupPlan:
+               strategy: str | None = None, same_model: bool = False,
+               model: str | None = None) -> GroupPlan:
     """Plan `members` together (see the module); the state is left as it was."""
+    if not same_model:
+        return _plan_members(state, members, strategy)
+    if model is None:
+        free = _plan_members(state, members, strategy)
+        used: Counter[str | None] = Counter()
+        for plan in free.plans:
+            used.update(plan_models(state, plan))
+        if free.placed and len(used) <= 1:
+            return GroupPlan(free.plans, free.fitted, model=next(iter(used), None))
+        tried = [m for m, _ in used.most_common() if m is not None]
+        candidates = tried + [m for m in published_models(state) if m not in tried]
+    else:
+        candidates = [model]
+    outcomes: list[tuple[str, GroupPlan]] = []
+    for candidate in candidates:
+        narrowed = [(pod, [narrow_to_model(c, candidate) for c in claims])
+                    for pod, claims in members]
+        planned = _plan_members(state, narrowed, strategy)
+        if planned.placed:
+            return GroupPlan(planned.plans, planned.fitted, model=candidate)
+        outcomes.append((candidate, planned))
+    return _no_model(members, outcomes, held=model)
+
+
+def _no_model(members: Sequence[Member], outcomes: Sequence[tuple[str, GroupPlan]],
+              held: str | None) -> GroupPlan:
+    """No model has room for them all: the model where most fit speaks for the group, and
+    the reason says how far each model got."""
+    if not outcomes:
+        return GroupPlan((), 0, "no GPU model is published for the group's claims")
+    best_model, best = max(outcomes, key=lambda o: o[1].fitted)
+    if held is not None:
+        reason = (f"its placed members hold cards of model {held}, and {best.fitted} of "
+                  f"{len(members)} fit on that model ({best.reason})")
+    else:
+        tried = "; ".join(f"{m}: {o.fitted} of {len(members)} fit ({o.reason})"
+                          for m, o in outcomes)
+        reason = f"its members need cards of one model, and no model has room for all: {tried}"
+    return GroupPlan(best.plans, best.fitted, reason, best.quota_reason, model=best_model)
+
+
+def _plan_members(state: ClusterState, members: Sequence[Member],
+                  strategy: str | None) -> GroupPlan:
     assumed: list[tuple[Mapping[str, Any], PodPlan]] = []
     try:
         for pod, claims in members:
@@ -56,4 +170,5 @@ def plan_group(state: ClusterState, members: Sequence[Member], *,
             state.forget(pod, plan)
 
 
-__all__ = ["GroupPlan", "Member", "plan_group"]
+__all__ = ["GroupPlan", "Member", "group_model", "model_selector", "narrow_to_model",
+           "plan_group", "plan_models", "published_models"]

@@ -38,14 +38,15 @@ GIB = 1 << 30
 NAMESPACE = "team-a"
 
 
-def gpu(index: int, node_name: str, *, memory_gib: int, native: bool) -> Object:
+def gpu(index: int, node_name: str, *, memory_gib: int, native: bool,
+        product: str = "NVIDIA A100-SXM4-80GB") -> Object:
     memory = f"{memory_gib}Gi"
     device: dict[str, Any] = {
         "name": f"gpu-{index}",
         "attributes": {
             names.ATTR_TYPE: {"string": "gpu"},
             names.ATTR_UUID: {"string": f"GPU-{node_name}-{index}"},
-            names.ATTR_PRODUCT_NAME: {"string": "NVIDIA A100-SXM4-80GB"},
+            names.ATTR_PRODUCT_NAME: {"string": product},
             names.ATTR_INDEX: {"int": index},
         },
     }
@@ -64,14 +65,14 @@ def gpu(index: int, node_name: str, *, memory_gib: int, native: bool) -> Object:
 
 
 def resource_slice(node_name: str, gpus: int, *, memory_gib: int = 80, native: bool = True,
-                   generation: int = 0) -> Object:
+                   generation: int = 0, product: str = "NVIDIA A100-SXM4-80GB") -> Object:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": f"{node_name}-{names.DRIVER}"},
             "spec": {"driver": names.DRIVER, "nodeName": node_name,
                      "pool": {"name": node_name, "generation": generation,
                               "resourceSliceCount": 1},
-                     "devices": [gpu(i, node_name, memory_gib=memory_gib, native=native)
-                                 for i in range(gpus)]}}
+                     "devices": [gpu(i, node_name, memory_gib=memory_gib, native=native,
+                                     product=product) for i in range(gpus)]}}
 
 
 def share_claim_spec(*, memory_gib: int | None = None, cores: int | None = None,
@@ -120,10 +121,10 @@ class World:
             await self.add_node(f"node-{i}", gpus=gpus, memory_gib=memory_gib, cpu=cpu)
 
     async def add_node(self, name: str, *, gpus: int = 2, memory_gib: int = 80,
-                       cpu: str = "64") -> None:
+                       cpu: str = "64", product: str = "NVIDIA A100-SXM4-80GB") -> None:
         await self.cluster.create(NODES, node(name, cpu=cpu))
         await self.cluster.create(RESOURCE_SLICES, resource_slice(
-            name, gpus, memory_gib=memory_gib, native=self.native))
+            name, gpus, memory_gib=memory_gib, native=self.native, product=product))
 
     async def gated_pod(self, name: str, claim_specs: Iterable[Object], *, cpu: str = "1",
                         create_claims: bool = True, gated: bool = True,

@@ -17,6 +17,7 @@ from dra_gateway.kube.groups import (
     GROUP_SIZE_ANNOTATION,
     KUEUE_COUNT_ANNOTATION,
     KUEUE_GROUP_LABEL,
+    MODELS_ANNOTATION,
 )
 from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS
 
@@ -101,6 +102,52 @@ async def test_a_group_without_a_usable_size_says_what_to_fix(
         await memory_cluster.patch(PODS, "odd", {"metadata": {"annotations": {
             GROUP_SIZE_ANNOTATION: "1"}}}, namespace=NAMESPACE)
         await eventually(lambda: ungated(world, "odd"))
+
+
+async def _pools(memory_cluster: MemoryCluster, prefix: str) -> set[str]:
+    """The pools (nodes) whose devices the claims of pods named `prefix`... hold."""
+    claims = (await memory_cluster.list(RESOURCE_CLAIMS)).items
+    return {r["pool"] for c in claims if c["metadata"]["generateName"].startswith(prefix)
+            for r in (c.get("status") or {}).get("allocation", {}).get("devices", {}).get(
+                "results") or ()}
+
+
+async def test_a_group_with_room_only_across_two_models_waits_then_lands_on_one(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=0)
+    await world.add_node("a100", gpus=2)
+    await world.add_node("h100", gpus=2, product="NVIDIA H100 80GB HBM3")
+    async with running_controller(memory_cluster):
+        for i in range(3):
+            await world.gated_pod(f"m-{i}", [whole_claim_spec(1)],
+                                  annotations=_grouped("job-m", 3))
+        said = await eventually(lambda: _said(world, "m-2"))
+        assert said["reason"] == "GroupDoesNotFit", said
+        assert "no model has room for all" in said["message"]
+        assert "NVIDIA H100 80GB HBM3: 2 of 3 fit" in said["message"]
+        await asyncio.sleep(0.3)
+        assert await _held(memory_cluster, "m-") == 0
+        # Two more H100s: the three land on H100s alone.
+        await world.add_node("h100-b", gpus=2, product="NVIDIA H100 80GB HBM3")
+        await eventually(lambda: all_ungated(world, ["m-0", "m-1", "m-2"]))
+        assert await _pools(memory_cluster, "m-") <= {"h100", "h100-b"}
+        # A member past the size joins the model its group holds, though A100s are free.
+        await world.gated_pod("m-3", [whole_claim_spec(1)], annotations=_grouped("job-m", 3))
+        await eventually(lambda: ungated(world, "m-3"))
+        assert await _pools(memory_cluster, "m-") <= {"h100", "h100-b"}
+
+
+async def test_a_group_that_allows_any_model_spreads_over_two(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=0)
+    await world.add_node("a100", gpus=2)
+    await world.add_node("h100", gpus=2, product="NVIDIA H100 80GB HBM3")
+    async with running_controller(memory_cluster):
+        for i in range(3):
+            await world.gated_pod(f"y-{i}", [whole_claim_spec(1)], annotations={
+                **_grouped("job-y", 3), MODELS_ANNOTATION: "Any"})
+        await eventually(lambda: all_ungated(world, ["y-0", "y-1", "y-2"]))
+        assert await _pools(memory_cluster, "y-") == {"a100", "h100"}
 
 
 async def all_ungated(world: World, names_: list[str]) -> bool:

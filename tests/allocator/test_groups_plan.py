@@ -4,10 +4,17 @@ devices."""
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dra_gateway.allocator.planner.groups import plan_group
+from dra_gateway.allocator.planner.groups import (
+    model_selector,
+    narrow_to_model,
+    plan_group,
+    plan_models,
+)
 
 from .planner_support import claim, cluster, gpu, place, pod
 
@@ -54,3 +61,83 @@ def test_groups_are_never_partly_placed_and_never_overbook(groups: list[list[int
         in_use = [f"{n}/{d.key[2]}" for n in ("n0", "n1") for d in state.node_devices[n]
                   if state.device_usage(d.key).holders]
         assert sorted(in_use) == sorted(held)
+
+
+# One model per group ---------------------------------------------------------------------------
+
+def _models(state, found) -> set[str]:  # type: ignore[no-untyped-def]
+    return {m for plan in found.plans for m in plan_models(state, plan) if m is not None}
+
+
+def test_a_group_with_room_only_across_two_models_waits_and_says_which_lacks_room() -> None:
+    # Two cards of each model: three 1-card members fit only across both.
+    state = cluster({"h": [gpu(i, product="H100") for i in range(2)],
+                     "a": [gpu(i, product="A100") for i in range(2)]})
+    members = _members("j", [1, 1, 1])
+    assert plan_group(state, members).placed  # without one model per group: mixed
+    found = plan_group(state, members, same_model=True)
+    assert not found.placed
+    assert found.fitted == 2
+    assert "no model has room for all" in (found.reason or "")
+    assert "A100: 2 of 3 fit" in (found.reason or "")
+    assert "H100: 2 of 3 fit" in (found.reason or "")
+    # Left as found: four single cards still fit.
+    assert all(place(state, pod(f"x{i}"), claim(f"x{i}c")).node_name for i in range(4))
+
+
+def test_a_group_lands_on_the_one_model_with_room_for_all() -> None:
+    # The first-fit plan would spread the members over both models; the H100 node has room
+    # for all three.
+    state = cluster({"a": [gpu(0, product="A100")],
+                     "h": [gpu(i, product="H100") for i in range(3)]})
+    members = _members("j", [1, 1, 1])
+    assert _models(state, plan_group(state, members)) == {"A100", "H100"}
+    found = plan_group(state, members, same_model=True)
+    assert found.placed
+    assert found.model == "H100"
+    assert _models(state, found) == {"H100"}
+    assert {plan.node_name for plan in found.plans} == {"h"}
+
+
+def test_members_join_the_model_the_placed_members_hold() -> None:
+    state = cluster({"a": [gpu(i, product="A100") for i in range(4)],
+                     "h": [gpu(i, product="H100") for i in range(4)]})
+    found = plan_group(state, _members("j", [1]), same_model=True, model="H100")
+    assert found.placed
+    assert _models(state, found) == {"H100"}
+    refused = plan_group(state, _members("k", [4, 1]), same_model=True, model="H100")
+    assert not refused.placed
+    assert "placed members hold cards of model H100" in (refused.reason or "")
+
+
+def test_the_narrowed_claim_is_a_copy_and_the_selector_never_errors() -> None:
+    original = claim("c")
+    before = json.dumps(original, sort_keys=True)
+    narrowed = narrow_to_model(original, 'H100 "SXM"')
+    assert json.dumps(original, sort_keys=True) == before
+    (selector,) = narrowed["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    assert selector["cel"]["expression"] == model_selector('H100 "SXM"')
+    # A card without a productName is not of the model, and no CEL error stops the search.
+    bare = gpu(0, product="H100")
+    del bare["attributes"]["productName"]
+    state = cluster({"n": [bare, gpu(1, product='H100 "SXM"')]})
+    found = plan_group(state, [(pod("p"), [original])], same_model=True, model='H100 "SXM"')
+    assert found.placed
+    assert [r["device"] for a in found.plans[0].allocations.values()
+            for r in a["devices"]["results"]] == ["gpu-1"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.lists(st.integers(1, 3), min_size=1, max_size=4),
+       models=st.lists(st.sampled_from(["A100", "H100", "L4"]), min_size=1, max_size=4))
+def test_members_of_a_placed_group_share_a_model(sizes: list[int], models: list[str]) -> None:
+    state = cluster({f"n{i}": [gpu(c, product=m) for c in range(3)]
+                     for i, m in enumerate(models)})
+    found = plan_group(state, _members("g", sizes), same_model=True)
+    if found.placed:
+        assert len(_models(state, found)) == 1
+    else:
+        # Never waiting while one model has room for them all.
+        for model in set(models):
+            assert not plan_group(state, _members("g", sizes), same_model=True,
+                                  model=model).placed

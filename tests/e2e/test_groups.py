@@ -10,6 +10,11 @@ each and bound to the node), the other holds nothing and says so in its conditio
 `dra-gateway.io/PodGroup` (GroupDoesNotFit); once the first job's workers are gone, the second
 is placed whole. At every poll no card is held past its capacity, and at most one job holds
 devices while the first runs.
+
+One model per group: with seven of the H100 node's cards held by a filler pod, a job of three
+one-card workers has room only across two models (one H100 and the A100 node's two whole
+cards); it holds nothing and says, per model, how many of its workers fit. Once the filler is
+gone the three land together on H100s.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dra_gateway.kube import names
 from dra_gateway.kube.groups import KUEUE_COUNT_ANNOTATION, KUEUE_GROUP_LABEL
 from e2e.support import Gateway, placed_on_its_node, pod_devices, pods, wait_until
 from e2e.test_preemption import (
+    CARDS,
     NODE,
     PLACE_S,
     _free_cards,
@@ -36,15 +42,17 @@ WORKERS = 3
 GROUP_CONDITION = f"{names.DOMAIN}/PodGroup"
 
 
-def _worker(job: str, index: int) -> JSON:
+def _worker(job: str, index: int, *, cards: int = 2, pinned: bool = True) -> JSON:
+    spec: JSON = {"terminationGracePeriodSeconds": 0,
+                  "containers": [{"name": "main", "image": "example.com/cuda:1",
+                                  "resources": {"limits": {"nvidia.com/gpu": str(cards)}}}]}
+    if pinned:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": NODE}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"{job}-{index}", "namespace": GROUPS_NS,
                          "labels": {KUEUE_GROUP_LABEL: f"job-{job}"},
                          "annotations": {KUEUE_COUNT_ANNOTATION: str(WORKERS)}},
-            "spec": {"nodeSelector": {"kubernetes.io/hostname": NODE},
-                     "terminationGracePeriodSeconds": 0,
-                     "containers": [{"name": "main", "image": "example.com/cuda:1",
-                                     "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}
+            "spec": spec}
 
 
 def _condition(pod: JSON) -> JSON | None:
@@ -111,3 +119,36 @@ def test_two_interleaved_jobs_one_placed_whole_the_other_holding_nothing(
         wait_until(f"job {second} to say it is placed", lambda: all(
             (_condition(p) or {}).get("reason") == "GroupPlaced"
             for p in workers(second)), 30, gateway.check)
+
+
+def test_a_job_with_room_only_across_two_models_waits_then_lands_on_one(
+        gateway: Gateway) -> None:
+    with _scene(gateway, GROUPS_NS) as api:
+        filler = _worker("filler", 0, cards=CARDS - 1)
+        del filler["metadata"]["labels"], filler["metadata"]["annotations"]
+        api.create(_pod_path(GROUPS_NS), filler)
+        wait_until("the filler to hold seven H100s",
+                   lambda: placed_on_its_node(api, api.get(_pod_path(GROUPS_NS, "filler-0"))),
+                   PLACE_S, gateway.check)
+        assert _free_cards(api) == 1
+
+        def workers() -> list[JSON]:
+            return [p for p in pods(api, GROUPS_NS) if p["metadata"]["name"].startswith("m-")]
+
+        for index in range(WORKERS):
+            api.create(_pod_path(GROUPS_NS), _worker("m", index, cards=1, pinned=False))
+        wait_until("the job to say no model has room for it", lambda: all(
+            (_condition(p) or {}).get("reason") == "GroupDoesNotFit"
+            for p in workers()), 30, lambda: _no_over_capacity(gateway))
+        said = (_condition(workers()[0]) or {}).get("message", "")
+        assert "no model has room for all" in said, said
+        assert "NVIDIA H100 80GB HBM3: 1 of 3 fit" in said, said
+        assert "NVIDIA A100-SXM4-80GB: 2 of 3 fit" in said, said
+        assert sum(len(pod_devices(api, p)) for p in workers()) == 0
+        assert all(_gated(p) for p in workers())
+
+        api.delete(_pod_path(GROUPS_NS, "filler-0"), grace_period_s=0)
+        wait_until("the job to be placed whole", lambda: len(workers()) == WORKERS and all(
+            placed_on_its_node(api, p) for p in workers()), PLACE_S,
+            lambda: _no_over_capacity(gateway))
+        assert {p["spec"]["nodeName"] for p in workers()} == {NODE}

@@ -67,3 +67,21 @@ def test_a_group_without_a_usable_size_says_which_field(annotations: dict[str, s
     found = group_of(pod(annotations=annotations))
     assert isinstance(found, GroupError)
     assert message in found.message
+
+
+def test_a_group_keeps_to_one_model_unless_it_allows_any() -> None:
+    grouped = {"dra-gateway.io/group": "train", "dra-gateway.io/group-size": "2"}
+    default = group_of(pod(annotations=grouped))
+    assert isinstance(default, PodGroup)
+    assert default.same_model
+    same = group_of(pod(annotations={**grouped, "dra-gateway.io/group-models": "Same"}))
+    assert same == default
+    mixed = group_of(pod({"kueue.x-k8s.io/pod-group-name": "j"}, {
+        "kueue.x-k8s.io/pod-group-total-count": "2", "dra-gateway.io/group-models": "Any"}))
+    assert isinstance(mixed, PodGroup)
+    assert not mixed.same_model
+    assert mixed.why.endswith("; dra-gateway.io/group-models=Any")
+    wrong = group_of(pod(annotations={**grouped, "dra-gateway.io/group-models": "any"}))
+    assert isinstance(wrong, GroupError)
+    assert wrong.message == ("dra-gateway.io/group-models is 'any': set 'Same' (every member "
+                             "on one GPU model, the default) or 'Any' (members on any models)")
