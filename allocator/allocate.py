@@ -71,7 +71,7 @@ from dra_gateway.allocator.writes import (
 )
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import Cluster, Conflict, Invalid, NotFound, Object
-from dra_gateway.kube.groups import GroupError, PodGroup, group_of
+from dra_gateway.kube.groups import GroupError, PodGroup, PodGroupLookup, group_of
 from dra_gateway.kube.objects import (
     controller_owner_uid,
     has_finalizer,
@@ -90,7 +90,7 @@ class PodAllocator:
     def __init__(self, cluster: Cluster, *, pods: Informer, claims: Informer,
                  planning: Planning, unplaceable: Unplaceable, pending: PendingPods,
                  events: EventRecorder, releaser: ClaimReleaser, stats: Stats, metrics: Metrics,
-                 fence: Fence = unfenced) -> None:
+                 fence: Fence = unfenced, podgroups: PodGroupLookup | None = None) -> None:
         self.cluster = cluster
         self.pods = pods
         self.claims = claims
@@ -102,6 +102,7 @@ class PodAllocator:
         self.stats = stats
         self.metrics = metrics
         self.fence = fence  # called before each write: a former leader must not allocate
+        self.podgroups = podgroups  # Volcano's and the coscheduling plugin's PodGroups
         # One placement of a pod group at a time (group key -> lock), so that two members'
         # syncs never plan the same group twice.
         self._group_locks: dict[tuple[str, str, str], tuple[asyncio.Lock, int]] = {}
@@ -136,7 +137,7 @@ class PodAllocator:
         # Claims this sync allocated: uid -> the resourceVersion the API answered the write
         # with, which is as good as reading the claim back before the gate goes.
         written: dict[str, str] = {}
-        group = group_of(pod) if pending else None
+        group = group_of(pod, self.podgroups) if pending else None
         if isinstance(group, GroupError):
             self.unplaceable.discard(key)
             await set_quota_condition(self.cluster, pod, held=True, reason=GROUP_INVALID,

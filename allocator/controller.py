@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -72,6 +72,7 @@ from dra_gateway.kube.cluster.features import (
     slices_show_consumable_capacity,
 )
 from dra_gateway.kube.cluster.port import ApiError, Cluster, Object
+from dra_gateway.kube.groups import PODGROUP_TYPES
 from dra_gateway.kube.objects import has_finalizer, is_allocated, is_finished, is_gated
 from dra_gateway.kube.resources import (
     CONFIG_MAPS,
@@ -80,6 +81,7 @@ from dra_gateway.kube.resources import (
     PODS,
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
+    ResourceType,
 )
 from dra_gateway.kube.runtime.informer import Change, Informer
 from dra_gateway.kube.runtime.policymirror import PolicyMirror
@@ -99,6 +101,14 @@ def _node_fit(node: Object) -> tuple[Any, ...]:
     status = node.get("status") or {}
     return (objects.meta(node).get("labels"), node.get("spec"), status.get("allocatable"),
             status.get("capacity"))
+
+
+def _podgroups_missing(source: str, rt: ResourceType) -> Callable[[], None]:
+    def missing() -> None:
+        log.info("the API server does not serve these PodGroups (not installed): pods that "
+                 "name one wait until it is served and the PodGroup exists",
+                 extra={"resource": f"{rt.plural}.{rt.group}", "scheduler": source})
+    return missing
 
 
 # The controller ---------------------------------------------------------------------------------
@@ -124,13 +134,21 @@ class Controller:
         self.nodes = Informer(cluster, NODES, self._on_node, watch_timeout=timeout)
         self.pods = Informer(cluster, PODS, self._on_pod, field_selector=LIVE_PODS_SELECTOR,
                              watch_timeout=timeout, indexers={GROUP_INDEX: group_index})
+        # Volcano's and the coscheduling plugin's PodGroups: their minMember sizes the groups
+        # their pods name (kube/groups.py). Served only where those are installed; elsewhere
+        # each mirror stays empty and lists again now and then.
+        self.podgroups = {source: Informer(cluster, rt, self._on_podgroup(source),
+                                           when_missing="empty",
+                                           missing=_podgroups_missing(source, rt),
+                                           watch_timeout=timeout, max_backoff=120.0)
+                          for source, rt in PODGROUP_TYPES.items()}
         self.planning = Planning(self.settings, claims=self.claims.get,
                                  consumable_capacity=bool(self.consumable_capacity))
         self.policy_mirror = PolicyMirror(cluster, CatalogKeeper(usage=False),
                                           on_change=self._on_policies, watch_timeout=timeout)
         # Policies first: a pod planned before its namespace's quotas are known could pass them.
         self.informers = (*self.policy_mirror.informers, self.classes, self.nodes, self.slices,
-                          self.claims, self.pods)
+                          self.claims, *self.podgroups.values(), self.pods)
         self.quota_status = QuotaStatusWriter(cluster, self.policy_mirror.quotas,
                                               metrics=self.metrics,
                                               interval=self.settings.quota_status_interval,
@@ -151,7 +169,8 @@ class Controller:
                                       planning=self.planning, unplaceable=self.unplaceable,
                                       pending=self.pending, events=self.events,
                                       releaser=self.releaser, stats=self.stats,
-                                      metrics=self.metrics, fence=fence)
+                                      metrics=self.metrics, fence=fence,
+                                      podgroups=self._podgroup)
         # Defrag's ConfigMap: devices held for pods, pods moved (allocator/defrag/holds.py).
         self.records = Informer(cluster, CONFIG_MAPS, self._on_records,
                                 namespace=self.settings.namespace,
@@ -385,6 +404,18 @@ class Controller:
             self.unplaceable.discard(key)
         if is_finished(obj):
             self._release_claims(self.index.claims_of(uid))
+
+    def _podgroup(self, source: str, namespace: str, name: str) -> Object | None:
+        return self.podgroups[source].get(namespace, name)
+
+    def _on_podgroup(self, source: str) -> Callable[[Change, Object, Object | None], None]:
+        def changed(change: Change, obj: Object, old: Object | None) -> None:
+            # A PodGroup created, resized or deleted: its gated members are planned again.
+            key = (objects.namespace(obj), source, objects.name(obj))
+            for pod in self.pods.by_index(GROUP_INDEX, key):
+                if is_gated(pod) and not objects.is_deleting(pod):
+                    self.unplaceable.wake(self._pod_key(pod))
+        return changed
 
     def _recharge_legacy_pods(self) -> None:
         """Charge every live pod again: the DeviceClasses (what kube-scheduler serves) or the

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from dra_gateway.allocator.claims import ClaimLookup, claims_for
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import Object
-from dra_gateway.kube.groups import GroupError, PodGroup, group_of
+from dra_gateway.kube.groups import GroupError, PodGroup, group_key
 
 GROUP_INDEX = "pod-group"
 GROUP_CONDITION = f"{names.DOMAIN}/PodGroup"
@@ -29,8 +29,8 @@ GROUP_INVALID = "GroupInvalid"  # the pod names a group without a usable size
 
 def group_index(pod: Object) -> Iterable[Hashable]:
     """The pods' mirror's index: a pod under the key of its group, if any."""
-    group = group_of(pod)
-    return (group.key,) if isinstance(group, PodGroup) else ()
+    key = group_key(pod)
+    return (key,) if key is not None else ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,8 +50,8 @@ from dra_gateway.allocator.defrag.act import list_items, write_records
 from dra_gateway.allocator.defrag.view import Inputs, Snapshot, build
 from dra_gateway.allocator.events import COMPONENT, pod_event
 from dra_gateway.allocator.metrics import Metrics
-from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.defrag.model import Waiter
+from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.preemption import Preemption, plan_preemption, plan_reclaim
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.allocator.settings import ControllerSettings

@@ -10,10 +10,16 @@ sources, first found wins:
    `kueue.x-k8s.io/pod-group-total-count`;
 3. LeaderWorkerSet: the labels `leaderworkerset.sigs.k8s.io/name` and
    `leaderworkerset.sigs.k8s.io/group-index` (one group per replica: a leader and its workers)
-   and the annotation `leaderworkerset.sigs.k8s.io/size`.
+   and the annotation `leaderworkerset.sigs.k8s.io/size`;
+4. Volcano: the annotation `scheduling.k8s.io/group-name` names a PodGroup
+   (`scheduling.volcano.sh/v1beta1`) of the pod's namespace, whose `spec.minMember` is the size;
+5. the coscheduling plugin (scheduler-plugins): the label `scheduling.x-k8s.io/pod-group` names
+   a PodGroup (`scheduling.x-k8s.io/v1alpha1`), whose `spec.minMember` is the size.
 
-A group is one namespace's: its key is the namespace, the source and the name. A pod that names
-a group but not a usable size gets a `GroupError` saying which field to fix.
+A group is one namespace's: its key (`group_key`) is the namespace, the source and the name,
+read from the pod alone. Its size may need the PodGroup object (`group_of`'s `podgroups`
+lookup). A pod that names a group but not a usable size (a missing or odd count, a PodGroup
+that does not exist) gets a `GroupError` saying which field or object to fix.
 
 Every member's cards are of one GPU model, unless the pod's annotation
 `dra-gateway.io/group-models` says `Any` (`Same`, the default, says so explicitly). Pure: no I/O.
@@ -21,11 +27,13 @@ Every member's cards are of one GPU model, unless the pod's annotation
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Final
 
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.objects import RawObject
+from dra_gateway.kube.resources import COSCHEDULING_POD_GROUPS, VOLCANO_POD_GROUPS, ResourceType
 
 GROUP_ANNOTATION: Final = f"{names.DOMAIN}/group"
 GROUP_SIZE_ANNOTATION: Final = f"{names.DOMAIN}/group-size"
@@ -34,13 +42,22 @@ KUEUE_COUNT_ANNOTATION: Final = "kueue.x-k8s.io/pod-group-total-count"
 LWS_NAME_LABEL: Final = "leaderworkerset.sigs.k8s.io/name"
 LWS_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_SIZE_ANNOTATION: Final = "leaderworkerset.sigs.k8s.io/size"
+VOLCANO_GROUP_ANNOTATION: Final = "scheduling.k8s.io/group-name"
+COSCHEDULING_GROUP_LABEL: Final = "scheduling.x-k8s.io/pod-group"
 MODELS_ANNOTATION: Final = f"{names.DOMAIN}/group-models"
 SAME_MODEL: Final = "Same"
 ANY_MODEL: Final = "Any"
 
+# The sources whose size is a PodGroup object's spec.minMember, and that object's type.
+PODGROUP_TYPES: Final[dict[str, ResourceType]] = {
+    "volcano": VOLCANO_POD_GROUPS, "coscheduling": COSCHEDULING_POD_GROUPS}
+
 # More members than this is a typo, not a job (the largest jobs the gateway serves are far
 # smaller; the scheduler would never see them whole either).
 MAX_GROUP_SIZE: Final = 10_000
+
+# (source, namespace, name) -> the PodGroup object, None when there is none.
+PodGroupLookup = Callable[[str, str, str], RawObject | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +67,7 @@ class PodGroup:
     namespace: str
     name: str
     size: int
-    source: str  # which convention said so: "dra-gateway", "kueue", "leaderworkerset"
+    source: str  # "dra-gateway", "kueue", "leaderworkerset", "volcano", "coscheduling"
     why: str  # the fields it was read from, for `translate --explain` and conditions
     same_model: bool = True  # every member's cards of one GPU model
 
@@ -70,17 +87,104 @@ class GroupError:
     message: str
 
 
-def _size(text: str | None, field: str, group: str) -> int | GroupError:
-    if text is None:
+@dataclass(frozen=True, slots=True)
+class _Named:
+    """A group as the pod names it, before its size is read."""
+
+    source: str
+    name: str
+    why: str  # the pod's fields that name it
+    size_field: str | None = None  # the pod's annotation holding the size; None: a PodGroup's
+    size_why: str = "annotation "  # how `why` goes on to name the size's annotation
+
+
+def _named(pod: RawObject) -> _Named | None:
+    notes, marks = objects.annotations(pod), objects.labels(pod)
+    if own := notes.get(GROUP_ANNOTATION):
+        return _Named("dra-gateway", own, f"annotations {GROUP_ANNOTATION}={own}",
+                      GROUP_SIZE_ANNOTATION, size_why="")
+    if kueue := marks.get(KUEUE_GROUP_LABEL):
+        return _Named("kueue", kueue, f"label {KUEUE_GROUP_LABEL}={kueue}",
+                      KUEUE_COUNT_ANNOTATION)
+    lws = marks.get(LWS_NAME_LABEL)
+    if lws and LWS_INDEX_LABEL in marks:
+        index = marks[LWS_INDEX_LABEL]
+        return _Named("leaderworkerset", f"{lws}-{index}",
+                      f"labels {LWS_NAME_LABEL}={lws}, {LWS_INDEX_LABEL}={index}",
+                      LWS_SIZE_ANNOTATION)
+    if volcano := notes.get(VOLCANO_GROUP_ANNOTATION):
+        return _Named("volcano", volcano, f"annotation {VOLCANO_GROUP_ANNOTATION}={volcano}")
+    if cosched := marks.get(COSCHEDULING_GROUP_LABEL):
+        return _Named("coscheduling", cosched, f"label {COSCHEDULING_GROUP_LABEL}={cosched}")
+    return None
+
+
+def group_key(pod: RawObject) -> tuple[str, str, str] | None:
+    """The key of the group the pod names (namespace, source, name), read from the pod alone;
+    None when it names none."""
+    named = _named(pod)
+    return None if named is None else (objects.namespace(pod), named.source, named.name)
+
+
+def _count(value: object, field: str, group: str) -> int | GroupError:
+    if value is None:
         return GroupError(f"{field} is missing: pod group {group} needs the number of its "
                           f"members (set {field}: \"N\")")
-    try:
-        size = int(text.strip())
-    except ValueError:
-        return GroupError(f"{field} is {text!r}, not a number of members (set {field}: \"N\")")
+    size: object = value
+    if isinstance(value, str):
+        try:
+            size = int(value.strip())
+        except ValueError:
+            size = None
+    if not isinstance(size, int) or isinstance(size, bool):
+        return GroupError(f"{field} is {value!r}, not a number of members (set {field}: \"N\")")
     if not 1 <= size <= MAX_GROUP_SIZE:
         return GroupError(f"{field} is {size}: a group has 1 to {MAX_GROUP_SIZE} members")
     return size
+
+
+def _podgroup_size(named: _Named, namespace: str,
+                   podgroups: PodGroupLookup | None) -> tuple[int, str] | GroupError:
+    rt = PODGROUP_TYPES[named.source]
+    what = f"PodGroup {namespace}/{named.name} ({rt.api_version})"
+    found = podgroups(named.source, namespace, named.name) if podgroups is not None else None
+    if found is None:
+        return GroupError(f"the pod's {named.why} names {what}, which does not exist: "
+                          f"create it (with spec.minMember), or remove the pod's "
+                          f"{named.why.split('=', 1)[0]}")
+    member = (found.get("spec") or {}).get("minMember")
+    if member is None or member == 0:
+        return 1, f"{what} spec.minMember={member or 'unset'} (one member)"  # as both read it
+    size = _count(member, f"{what} spec.minMember", named.name)
+    return size if isinstance(size, GroupError) else (size, f"{what} spec.minMember={size}")
+
+
+def group_of(pod: RawObject,
+             podgroups: PodGroupLookup | None = None) -> PodGroup | GroupError | None:
+    """The pod's group (see the module), None when it belongs to none. `podgroups` finds the
+    PodGroup objects Volcano's and the coscheduling plugin's pods name."""
+    named = _named(pod)
+    if named is None:
+        return None
+    namespace = objects.namespace(pod)
+    notes = objects.annotations(pod)
+    if named.size_field is not None:
+        size = _count(notes.get(named.size_field), named.size_field, named.name)
+        if isinstance(size, GroupError):
+            return size
+        why = f"{named.why}, {named.size_why}{named.size_field}={size}"
+    else:
+        sized = _podgroup_size(named, namespace, podgroups)
+        if isinstance(sized, GroupError):
+            return sized
+        size, read = sized
+        why = f"{named.why}, {read}"
+    same = _same_model(notes.get(MODELS_ANNOTATION))
+    if isinstance(same, GroupError):
+        return same
+    group = PodGroup(namespace, named.name, size, named.source, why)
+    return group if same else replace(group, same_model=False,
+                                      why=f"{group.why}; {MODELS_ANNOTATION}={ANY_MODEL}")
 
 
 def _same_model(text: str | None) -> bool | GroupError:
@@ -92,52 +196,9 @@ def _same_model(text: str | None) -> bool | GroupError:
                       f"one GPU model, the default) or {ANY_MODEL!r} (members on any models)")
 
 
-def group_of(pod: RawObject) -> PodGroup | GroupError | None:
-    """The pod's group (see the module), None when it belongs to none."""
-    group = _named_group(pod)
-    if not isinstance(group, PodGroup):
-        return group
-    same = _same_model(objects.annotations(pod).get(MODELS_ANNOTATION))
-    if isinstance(same, GroupError):
-        return same
-    return group if same else replace(group, same_model=False,
-                                      why=f"{group.why}; {MODELS_ANNOTATION}={ANY_MODEL}")
-
-
-def _named_group(pod: RawObject) -> PodGroup | GroupError | None:
-    notes, marks = objects.annotations(pod), objects.labels(pod)
-    ns = objects.namespace(pod)
-    own = notes.get(GROUP_ANNOTATION)
-    if own:
-        size = _size(notes.get(GROUP_SIZE_ANNOTATION), GROUP_SIZE_ANNOTATION, own)
-        if isinstance(size, GroupError):
-            return size
-        return PodGroup(ns, own, size, "dra-gateway",
-                        f"annotations {GROUP_ANNOTATION}={own}, {GROUP_SIZE_ANNOTATION}={size}")
-    kueue = marks.get(KUEUE_GROUP_LABEL)
-    if kueue:
-        size = _size(notes.get(KUEUE_COUNT_ANNOTATION), KUEUE_COUNT_ANNOTATION, kueue)
-        if isinstance(size, GroupError):
-            return size
-        return PodGroup(ns, kueue, size, "kueue",
-                        f"label {KUEUE_GROUP_LABEL}={kueue}, annotation "
-                        f"{KUEUE_COUNT_ANNOTATION}={size}")
-    lws = marks.get(LWS_NAME_LABEL)
-    if lws and LWS_INDEX_LABEL in marks:
-        index = marks[LWS_INDEX_LABEL]
-        name = f"{lws}-{index}"
-        size = _size(notes.get(LWS_SIZE_ANNOTATION), LWS_SIZE_ANNOTATION, name)
-        if isinstance(size, GroupError):
-            return size
-        return PodGroup(ns, name, size, "leaderworkerset",
-                        f"labels {LWS_NAME_LABEL}={lws}, {LWS_INDEX_LABEL}={index}, "
-                        f"annotation {LWS_SIZE_ANNOTATION}={size}")
-    return None
-
-
 __all__ = [
-    "GROUP_ANNOTATION", "GROUP_SIZE_ANNOTATION", "KUEUE_COUNT_ANNOTATION", "KUEUE_GROUP_LABEL",
-    "LWS_INDEX_LABEL", "LWS_NAME_LABEL", "LWS_SIZE_ANNOTATION", "MODELS_ANNOTATION", "GroupError",
-    "PodGroup",
-    "group_of",
+    "COSCHEDULING_GROUP_LABEL", "GROUP_ANNOTATION", "GROUP_SIZE_ANNOTATION",
+    "KUEUE_COUNT_ANNOTATION", "KUEUE_GROUP_LABEL", "LWS_INDEX_LABEL", "LWS_NAME_LABEL",
+    "LWS_SIZE_ANNOTATION", "MODELS_ANNOTATION", "PODGROUP_TYPES", "VOLCANO_GROUP_ANNOTATION",
+    "GroupError", "PodGroup", "PodGroupLookup", "group_key", "group_of",
 ]

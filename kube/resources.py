@@ -76,11 +76,19 @@ GPU_QUOTAS = ResourceType("dra-gateway.io", "v1alpha1", "gpuquotas", "GPUQuota",
 GPU_SHARING_POLICIES = ResourceType("dra-gateway.io", "v1alpha1", "gpusharingpolicies",
                                     "GPUSharingPolicy", namespaced=False, has_status=True)
 
+# Other schedulers' pod groups, read for their minimum members (kube/groups.py): Volcano's and
+# the coscheduling plugin's (scheduler-plugins). Served only where those are installed.
+VOLCANO_POD_GROUPS = ResourceType("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup",
+                                  namespaced=True, has_status=True)
+COSCHEDULING_POD_GROUPS = ResourceType("scheduling.x-k8s.io", "v1alpha1", "podgroups",
+                                       "PodGroup", namespaced=True, has_status=True)
+
 ALL: tuple[ResourceType, ...] = (
     PODS, NODES, NAMESPACES, CONFIG_MAPS, SECRETS, EVENTS,
     RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES, DEVICE_CLASSES,
     LEASES, MUTATING_WEBHOOK_CONFIGURATIONS, VALIDATING_WEBHOOK_CONFIGURATIONS,
     GPU_QUOTAS, GPU_SHARING_POLICIES, POD_DISRUPTION_BUDGETS,
+    VOLCANO_POD_GROUPS, COSCHEDULING_POD_GROUPS,
 )
 
 

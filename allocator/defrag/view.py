@@ -28,7 +28,7 @@ from dra_gateway.allocator.planner import ClusterState, PlannerSettings
 from dra_gateway.allocator.planner.defrag import Resident, Waiter
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import Object
-from dra_gateway.kube.groups import group_of
+from dra_gateway.kube.groups import group_key
 from dra_gateway.kube.nodeselectors import label_selector_matches
 from dra_gateway.policy.catalog import Catalog
 from dra_gateway.policy.legacyusage import still_counted
@@ -181,7 +181,7 @@ def build(snapshot: Snapshot, *, window_seconds: float = 3600.0) -> Inputs:
         if objects.is_gated(pod):
             if objects.other_gates(pod):
                 continue  # another queue holds it: nothing moves, nobody is preempted, for it
-            if group_of(pod) is not None:
+            if group_key(pod) is not None:
                 # A pod group's member fits only with its group (all or nothing): room made
                 # for it alone would be room for nothing. Groups are not moved or preempted
                 # for yet.

@@ -18,8 +18,9 @@ from dra_gateway.kube.groups import (
     KUEUE_COUNT_ANNOTATION,
     KUEUE_GROUP_LABEL,
     MODELS_ANNOTATION,
+    VOLCANO_GROUP_ANNOTATION,
 )
-from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS
+from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS, VOLCANO_POD_GROUPS
 
 from .conftest import NAMESPACE, World, is_ungated, running_controller, ungated, whole_claim_spec
 
@@ -148,6 +149,36 @@ async def test_a_group_that_allows_any_model_spreads_over_two(
                 **_grouped("job-y", 3), MODELS_ANNOTATION: "Any"})
         await eventually(lambda: all_ungated(world, ["y-0", "y-1", "y-2"]))
         assert await _pools(memory_cluster, "y-") == {"a100", "h100"}
+
+
+async def test_volcano_pods_wait_for_their_podgroup_and_its_min_member(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=4)
+    named = {VOLCANO_GROUP_ANNOTATION: "train"}
+    async with running_controller(memory_cluster):
+        for i in range(2):
+            await world.gated_pod(f"v-{i}", [whole_claim_spec(1)], annotations=named)
+        said = await eventually(lambda: _said(world, "v-0"))
+        assert said["reason"] == "GroupInvalid", said
+        assert "names PodGroup team-a/train (scheduling.volcano.sh/v1beta1), which does not " \
+            "exist" in said["message"], said
+        # Volcano's job controller creates the PodGroup: three members needed, two here.
+        await memory_cluster.create(VOLCANO_POD_GROUPS, {
+            "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": "train", "namespace": NAMESPACE},
+            "spec": {"minMember": 3}}, namespace=NAMESPACE)
+        said = await eventually(lambda: _reason_is(world, "v-0", "GroupIncomplete"))
+        assert "PodGroup team-a/train (scheduling.volcano.sh/v1beta1) spec.minMember=3" in \
+            said["message"], said
+        assert await _held(memory_cluster, "v-") == 0
+        await world.gated_pod("v-2", [whole_claim_spec(1)], annotations=named)
+        await eventually(lambda: all_ungated(world, ["v-0", "v-1", "v-2"]))
+        assert await _held(memory_cluster, "v-") == 3
+
+
+async def _reason_is(world: World, name: str, reason: str) -> Object | None:
+    said = await _said(world, name)
+    return said if said is not None and said.get("reason") == reason else None
 
 
 async def all_ungated(world: World, names_: list[str]) -> bool:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dra_gateway.kube.groups import GroupError, PodGroup, group_of
+from dra_gateway.kube.groups import GroupError, PodGroup, group_key, group_of
 
 
 def pod(labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
@@ -85,3 +85,48 @@ def test_a_group_keeps_to_one_model_unless_it_allows_any() -> None:
     assert isinstance(wrong, GroupError)
     assert wrong.message == ("dra-gateway.io/group-models is 'any': set 'Same' (every member "
                              "on one GPU model, the default) or 'Any' (members on any models)")
+
+
+def _podgroups(found: dict[tuple[str, str, str], dict[str, Any]]):  # type: ignore[no-untyped-def]
+    return lambda source, namespace, name: found.get((source, namespace, name))
+
+
+def test_volcano_and_coscheduling_pods_are_sized_by_their_podgroups_min_member() -> None:
+    lookup = _podgroups({("volcano", "ml", "train"): {"spec": {"minMember": 4}},
+                         ("coscheduling", "ml", "infer"): {"spec": {"minMember": 2}},
+                         ("volcano", "ml", "solo"): {"spec": {}}})
+    volcano = pod(annotations={"scheduling.k8s.io/group-name": "train"})
+    found = group_of(volcano, lookup)
+    assert found == PodGroup("ml", "train", 4, "volcano",
+                             "annotation scheduling.k8s.io/group-name=train, PodGroup ml/train "
+                             "(scheduling.volcano.sh/v1beta1) spec.minMember=4")
+    assert group_key(volcano) == ("ml", "volcano", "train")
+    cosched = group_of(pod({"scheduling.x-k8s.io/pod-group": "infer"}), lookup)
+    assert isinstance(cosched, PodGroup)
+    assert (cosched.size, cosched.source) == (2, "coscheduling")
+    assert "(scheduling.x-k8s.io/v1alpha1) spec.minMember=2" in cosched.why
+    # No minMember (or 0): one member, as both schedulers read it.
+    solo = group_of(pod(annotations={"scheduling.k8s.io/group-name": "solo"}), lookup)
+    assert isinstance(solo, PodGroup)
+    assert solo.size == 1
+    assert solo.why.endswith("spec.minMember=unset (one member)")
+
+
+def test_a_podgroup_that_is_missing_or_odd_says_what_to_fix() -> None:
+    missing = group_of(pod(annotations={"scheduling.k8s.io/group-name": "gone"}),
+                       _podgroups({}))
+    assert missing == GroupError(
+        "the pod's annotation scheduling.k8s.io/group-name=gone names PodGroup ml/gone "
+        "(scheduling.volcano.sh/v1beta1), which does not exist: create it (with "
+        "spec.minMember), or remove the pod's annotation scheduling.k8s.io/group-name")
+    # Without a lookup (no cluster to read it from) the PodGroup is missing too.
+    assert isinstance(group_of(pod({"scheduling.x-k8s.io/pod-group": "x"})), GroupError)
+    odd = group_of(pod({"scheduling.x-k8s.io/pod-group": "x"}),
+                   _podgroups({("coscheduling", "ml", "x"): {"spec": {"minMember": "many"}}}))
+    assert isinstance(odd, GroupError)
+    assert "PodGroup ml/x (scheduling.x-k8s.io/v1alpha1) spec.minMember is 'many', not a " \
+        "number of members" in odd.message
+    negative = group_of(pod({"scheduling.x-k8s.io/pod-group": "x"}),
+                        _podgroups({("coscheduling", "ml", "x"): {"spec": {"minMember": -2}}}))
+    assert isinstance(negative, GroupError)
+    assert "spec.minMember is -2: a group has 1 to 10000 members" in negative.message
