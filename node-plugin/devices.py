@@ -125,7 +125,19 @@ def _common_attributes(gpu: GpuFacts, device: str) -> dict[str, dict[str, Any]]:
     if gpu.pcie_root:
         attrs[names.ATTR_PCIE_ROOT] = _string(gpu.pcie_root)
     if gpu.numa_node is not None:
+        # The standard name (KEP-6072, 1.37) and the driver's own, kept for older consumers.
+        attrs[names.ATTR_NUMA_NODE_STANDARD] = {"int": gpu.numa_node}
         attrs[names.ATTR_NUMA_NODE] = {"int": gpu.numa_node}
+    return attrs
+
+
+def _nvlink_attributes(gpu: GpuFacts) -> dict[str, dict[str, Any]]:
+    """A whole card's NVLink island and fabric clique (MIG instances use no NVLink peers)."""
+    attrs: dict[str, dict[str, Any]] = {}
+    if gpu.nvlink_island is not None:
+        attrs[names.ATTR_NVLINK_ISLAND] = {"int": gpu.nvlink_island}
+    if gpu.nvlink_clique:
+        attrs[names.ATTR_NVLINK_CLIQUE] = _string(gpu.nvlink_clique)
     return attrs
 
 
@@ -172,7 +184,7 @@ def is_shared(gpu: GpuFacts, options: DeviceOptions) -> bool:
 def gpu_device(gpu: GpuFacts, options: DeviceOptions) -> dict[str, Any]:
     name = gpu_device_name(gpu)
     attrs = {names.ATTR_TYPE: {"string": "gpu"}, names.ATTR_UUID: _string(gpu.uuid),
-             **_common_attributes(gpu, name)}
+             **_common_attributes(gpu, name), **_nvlink_attributes(gpu)}
     device: dict[str, Any] = {"name": name, "attributes": attrs}
     if is_shared(gpu, options) and options.consumable_capacity:
         device["allowMultipleAllocations"] = True

@@ -50,6 +50,8 @@ class GpuFacts:
     pci_bus_id: str | None = None
     pcie_root: str | None = None
     numa_node: int | None = None
+    nvlink_island: int | None = None  # the lowest index of the cards NVLink joins it to
+    nvlink_clique: str | None = None  # the NVLink fabric's "<cluster UUID>.<clique id>"
     mig_enabled: bool = False
     mig_devices: tuple[MigFacts, ...] = ()
     sharing: Sharing | None = None  # None: the plugin's default applies

@@ -20,8 +20,10 @@ It must not guess: unknown or invalid fields are refused, every message names th
              placement: {start: 0, size: 1}}
 
 Optional per card: `minor` (names the device `gpu-<minor>`, default the index), `brand`,
-`pcieRoot`, `driverVersion`, `cudaDriverVersion`, `sharing`; per MIG instance `profileId`
-with `placement` (NVIDIA's device names) and `multiprocessors`.
+`pcieRoot`, `nvlinkIsland` (cards NVLink joins share one: by convention the lowest index among
+them), `nvlinkClique` (the NVLink fabric's `<cluster UUID>.<clique id>` on NVL systems),
+`driverVersion`, `cudaDriverVersion`, `sharing`; per MIG instance `profileId` with `placement`
+(NVIDIA's device names) and `multiprocessors`.
 """
 
 from __future__ import annotations
@@ -139,6 +141,9 @@ class GpuEntry(_Model):
     pci_bus_id: str | None = Field(default=None, alias="pciBusID")
     pcie_root: str | None = Field(default=None, alias="pcieRoot", max_length=64)
     numa_node: int | None = Field(default=None, alias="numaNode", ge=0)
+    nvlink_island: int | None = Field(default=None, alias="nvlinkIsland", ge=0)
+    nvlink_clique: str | None = Field(default=None, alias="nvlinkClique", min_length=1,
+                                      max_length=64)
     sharing: Sharing | None = None
     mig_devices: tuple[MigEntry, ...] = Field(default=(), alias="migDevices")
 
@@ -229,7 +234,8 @@ class Inventory(_Model):
                 driver_version=entry.driver_version or self.driver_version,
                 cuda_driver_version=entry.cuda_driver_version or self.cuda_driver_version,
                 pci_bus_id=entry.pci_bus_id, pcie_root=entry.pcie_root,
-                numa_node=entry.numa_node, mig_enabled=bool(migs), mig_devices=migs,
+                numa_node=entry.numa_node, nvlink_island=entry.nvlink_island,
+                nvlink_clique=entry.nvlink_clique, mig_enabled=bool(migs), mig_devices=migs,
                 sharing=entry.sharing or self.sharing,
             ))
         return NodeFacts(gpus=tuple(gpus))
@@ -251,6 +257,7 @@ _FIELD_NAMES = {
     "product_name": "productName", "cuda_compute_capability": "cudaComputeCapability",
     "driver_version": "driverVersion", "cuda_driver_version": "cudaDriverVersion",
     "pci_bus_id": "pciBusID", "pcie_root": "pcieRoot", "numa_node": "numaNode",
+    "nvlink_island": "nvlinkIsland", "nvlink_clique": "nvlinkClique",
     "mig_devices": "migDevices", "profile_id": "profileId",
 }
 

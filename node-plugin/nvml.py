@@ -14,10 +14,12 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import combinations
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any, TypeVar
+from uuid import UUID
 
 from dra_gateway.node_plugin.facts import GpuFacts, MigFacts, NodeFacts
 from dra_gateway.node_plugin.versions import cuda_version_from_int
@@ -37,6 +39,10 @@ _FUNCTION_NOT_FOUND = 13
 _GPU_IS_LOST = 15
 _RESET_REQUIRED = 16
 _LIB_RM_VERSION_MISMATCH = 18
+# nvmlDeviceGetP2PStatus: NVML_P2P_CAPS_INDEX_NVLINK and NVML_P2P_STATUS_OK.
+_P2P_CAPS_INDEX_NVLINK = 2
+_P2P_STATUS_OK = 0
+_FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
 
 _HINTS: dict[int, str] = {
     _LIBRARY_NOT_FOUND: "libnvidia-ml.so.1 was not found: install the NVIDIA driver on the node "
@@ -179,7 +185,66 @@ class Nvml:
                 if not err.gpu_lost:
                     raise
                 log.error("GPU %d is left out: %s", i, err)
-        return NodeFacts(gpus=tuple(sorted(gpus, key=lambda g: g.index)))
+        return NodeFacts(gpus=tuple(sorted(self._with_nvlink(gpus), key=lambda g: g.index)))
+
+    def _with_nvlink(self, gpus: list[GpuFacts]) -> list[GpuFacts]:
+        """Each card's NVLink island and fabric clique.
+
+        An island is the cards NVLink joins, directly or through NVSwitches (NVML's NVLink P2P
+        status between two cards), named by the lowest index among them, so that nodes built
+        alike publish alike; a card NVLink joins to no other has none. The clique is the NVLink
+        fabric's (cluster UUID and clique id, `nvmlDeviceGetGpuFabricInfoV`) on NVL systems
+        whose fabric manager has registered the card; elsewhere none. Either fact failing to
+        read leaves it out, never the card.
+        """
+        lib = self._lib
+        handles = {g.index: self._call(f"nvmlDeviceGetHandleByIndex({g.index})",
+                                       lib.nvmlDeviceGetHandleByIndex, g.index) for g in gpus}
+        parent = {i: i for i in handles}
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        p2p = getattr(lib, "nvmlDeviceGetP2PStatus", None)
+        if p2p is not None:
+            for a, b in combinations(sorted(handles), 2):
+                try:
+                    status = self._optional(f"nvmlDeviceGetP2PStatus (GPU {a}, GPU {b}, NVLink)",
+                                            p2p, handles[a], handles[b], _P2P_CAPS_INDEX_NVLINK)
+                except NvmlError as err:
+                    log.warning("NVLink between GPU %d and GPU %d left unknown: %s", a, b, err)
+                    continue
+                if status == _P2P_STATUS_OK:
+                    parent[root(b)] = root(a)
+        members: dict[int, list[int]] = {}
+        for i in handles:
+            members.setdefault(root(i), []).append(i)
+        island = {i: min(group) for group in members.values() if len(group) > 1 for i in group}
+        return [replace(g, nvlink_island=island.get(g.index),
+                        nvlink_clique=self._fabric_clique(handles[g.index], g.index))
+                for g in gpus]
+
+    def _fabric_clique(self, handle: Any, index: int) -> str | None:
+        lib = self._lib
+        get = getattr(lib, "nvmlDeviceGetGpuFabricInfoV", None)
+        struct = getattr(lib, "c_nvmlGpuFabricInfo_v2_t", None)
+        if get is None or struct is None:
+            return None
+        info = struct()
+        try:
+            if self._optional(f"nvmlDeviceGetGpuFabricInfoV (GPU {index})", get, handle,
+                              ctypes.byref(info)) is None:
+                return None
+        except NvmlError as err:
+            log.warning("GPU %d: NVLink fabric left unknown: %s", index, err)
+            return None
+        cluster = bytes(info.clusterUuid)
+        if int(info.state) != _FABRIC_COMPLETED or int(info.status) != 0 or not any(cluster):
+            return None
+        return f"{UUID(bytes=cluster)}.{int(info.cliqueId)}"
 
     def _gpu(self, index: int, driver: str, cuda: str | None) -> GpuFacts:
         lib = self._lib

@@ -43,6 +43,7 @@ from dra_gateway.allocator.planner.reasons import (
 from dra_gateway.allocator.planner.scoring import FULL, Workload, free_milli
 from dra_gateway.allocator.planner.settings import BINPACK, DEFAULT, SPREAD
 from dra_gateway.allocator.planner.state import ClusterState
+from dra_gateway.allocator.planner.topology import aligned
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import Quantity
 from dra_gateway.policy.sharing import EVERY_TENANT, Holder, SharingRules, card_refusal
@@ -353,6 +354,8 @@ class NodeSearch:
                            f"{self._room(alt, [i for i in candidates if i not in fits])}")
                 continue
             ordered = self._order(alt, available, fits)
+            if need > 1 and self.state.settings.topology:
+                ordered = aligned(self.devices, ordered, need)
             constraints = [c for c in demand.constraints if c.applies(alt.result_name)]
             if self._choose(claim_i, request_i, alt, ordered, 0, need, constraints):
                 return True

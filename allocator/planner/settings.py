@@ -36,6 +36,9 @@ class PlannerSettings:
     # reason: bounds the time of requests that cannot be met (n+1 devices on an n-device node,
     # constraints across NUMA nodes) whatever the shape of the slices.
     search_budget: int = 2000
+    # A request for several cards tries the cards of the fewest NVLink islands, NUMA nodes and
+    # PCIe roots first (planner/topology.py); off: the strategy's order alone.
+    topology: bool = True
 
     def __post_init__(self) -> None:
         if self.default_strategy not in STRATEGIES:

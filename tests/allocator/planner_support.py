@@ -19,7 +19,8 @@ DRIVER = names.DRIVER
 
 def gpu(index: int, *, memory_gib: int = 16, product: str = "T4", numa: int = 0,
         shared: bool = True, taints: list[dict[str, Any]] | None = None,
-        policy: dict[str, Any] | None = None) -> dict[str, Any]:
+        policy: dict[str, Any] | None = None, pcie_root: str | None = None,
+        island: int | None = None) -> dict[str, Any]:
     """A GPU device as the node plugin publishes it (consumable capacity when shared)."""
     device: dict[str, Any] = {
         "name": f"gpu-{index}",
@@ -29,6 +30,10 @@ def gpu(index: int, *, memory_gib: int = 16, product: str = "T4", numa: int = 0,
             "numaNode": {"int": numa},
         },
     }
+    if pcie_root is not None:
+        device["attributes"][names.ATTR_PCIE_ROOT] = {"string": pcie_root}
+    if island is not None:
+        device["attributes"][names.ATTR_NVLINK_ISLAND] = {"int": island}
     memory = f"{memory_gib}Gi"
     if shared:
         device["allowMultipleAllocations"] = True
@@ -132,9 +137,11 @@ def claim(name: str = "c", *, requests: list[dict[str, Any]] | None = None,
 
 
 def cluster(nodes: dict[str, list[dict[str, Any]]], *, strategy: str = "first-fit",
-            consumable_capacity: bool = True, **node_args: Any) -> ClusterState:
+            consumable_capacity: bool = True, topology: bool = True,
+            **node_args: Any) -> ClusterState:
     state = ClusterState(PlannerSettings(default_strategy=strategy,
-                                         consumable_capacity=consumable_capacity))
+                                         consumable_capacity=consumable_capacity,
+                                         topology=topology))
     state.set_device_class(device_class(names.GPU_CLASS, "gpu"))
     state.set_device_class(device_class(names.MIG_CLASS, "mig"))
     for name, devices in nodes.items():

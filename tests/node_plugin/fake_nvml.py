@@ -67,14 +67,21 @@ class FakeGpu:
     migs: list[FakeMig | None] = field(default_factory=list)
     lost: bool = False
     error: int | None = None  # every call on the card fails with this NVML code
+    # nvmlDeviceGetGpuFabricInfoV: (cluster UUID bytes, clique id, state); None: NotSupported.
+    fabric: tuple[bytes, int, int] | None = None
 
 
 class FakeNvml:
     """Use `module()` as the `lib` argument of `Nvml`."""
 
     def __init__(self, gpus: list[FakeGpu], *, driver: str = "550.54.15",
-                 cuda: int = 12040, init_error: int | None = None) -> None:
+                 cuda: int = 12040, init_error: int | None = None,
+                 nvlink: list[set[int]] | None = None, p2p_error: int | None = None) -> None:
         self.gpus = gpus
+        # Cards NVLink joins (directly or through NVSwitches): NVML's NVLink P2P status is OK
+        # between any two of one set; `p2p_error` makes every such query fail with it.
+        self.nvlink = nvlink or []
+        self.p2p_error = p2p_error
         self.driver = driver
         self.cuda = cuda
         self.init_error = init_error
@@ -187,6 +194,26 @@ class FakeNvml:
                     return ("gpu", i)
             raise NVMLError(NVML_ERROR_NOT_FOUND)
 
+        def p2p(a: Any, b: Any, index: int) -> int:
+            gpu(a), gpu(b)
+            if fake.p2p_error is not None:
+                raise NVMLError(fake.p2p_error)
+            if index != pynvml.NVML_P2P_CAPS_INDEX_NVLINK:
+                return pynvml.NVML_P2P_STATUS_OK
+            joined = any(a[1] in s and b[1] in s for s in fake.nvlink)
+            return pynvml.NVML_P2P_STATUS_OK if joined else \
+                pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+
+        def fabric(h: Any, info: Any) -> int:
+            found = gpu(h).fabric
+            if found is None:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            struct = info._obj  # ctypes.byref(struct), as the real call takes it
+            cluster, clique, state = found
+            ctypes.memmove(struct.clusterUuid, cluster, len(cluster))
+            struct.cliqueId, struct.state, struct.status = clique, state, 0
+            return 0
+
         def event_set_create() -> Any:
             fake._check()
             fake.event_sets_open += 1
@@ -232,6 +259,9 @@ class FakeNvml:
             nvmlDeviceGetGpuInstanceById=gi_by_id,
             nvmlGpuInstanceGetInfo=gi_info,
             nvmlDeviceGetGpuInstanceProfileInfo=gi_profile_info,
+            nvmlDeviceGetP2PStatus=p2p,
+            nvmlDeviceGetGpuFabricInfoV=fabric,
+            c_nvmlGpuFabricInfo_v2_t=pynvml.c_nvmlGpuFabricInfo_v2_t,
             nvmlEventSetCreate=event_set_create,
             nvmlEventSetFree=event_set_free,
             nvmlDeviceGetSupportedEventTypes=lambda h: (gpu(h), 0x8 | 0x4)[1],

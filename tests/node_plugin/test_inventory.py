@@ -120,3 +120,15 @@ def test_mig_instances_whose_placements_overlap_are_refused() -> None:
     # Side by side, they are fine.
     migs[2]["placement"] = {"start": 5, "size": 2}
     assert len(parse_inventory({"gpus": [{**GPU, "migDevices": migs}]}).gpus[0].mig_devices) == 3
+
+
+def test_nvlink_islands_and_cliques_are_read_from_the_file_and_checked() -> None:
+    data = {"gpus": [{**GPU, "nvlinkIsland": 0, "nvlinkClique": "c0ffee.3"},
+                     {**GPU, "index": 1, "uuid": "GPU-aaaa-0002", "nvlinkIsland": 0}]}
+    facts = parse_inventory(data)
+    assert [(g.nvlink_island, g.nvlink_clique) for g in facts.gpus] == [
+        (0, "c0ffee.3"), (0, None)]
+    with pytest.raises(InventoryError) as caught:
+        parse_inventory({"gpus": [{**GPU, "nvlinkIsland": -1, "nvlinkClique": ""}]})
+    assert [e.split(":")[0] for e in caught.value.errors] == [
+        "gpus[0].nvlinkIsland", "gpus[0].nvlinkClique"]

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dra_gateway.node_plugin.devices import DeviceOptions, device_table
+from dra_gateway.node_plugin.devices import DeviceOptions, device_table, devices_of
+from dra_gateway.node_plugin.facts import NodeFacts
 from dra_gateway.node_plugin.nvml import Nvml, NvmlError, discover_nvml
 
 from .fake_nvml import FakeGpu, FakeMig, FakeNvml
@@ -64,6 +66,56 @@ def test_a_platform_without_numa_has_no_numa_node(tmp_path: Path) -> None:
     (sysfs / "devices/pci0000:17/0000:17:01.0/0000:18:00.0/numa_node").write_text("-1\n")
     (gpu,) = discover_nvml(FakeNvml([FakeGpu(uuid=H100)]).module(), sysfs=sysfs).gpus
     assert gpu.numa_node is None
+
+
+def _published(facts: NodeFacts) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for d in devices_of(facts, DeviceOptions())}
+
+
+def _cards(count: int, **fake: object) -> FakeNvml:
+    return FakeNvml([FakeGpu(uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000", minor=i,
+                             bus_id=f"00000000:{0x18 + i:02x}:00.0".encode())
+                     for i in range(count)], **fake)  # type: ignore[arg-type]
+
+
+def test_nvlink_islands_are_the_cards_nvlink_joins_named_by_their_lowest_index(
+        tmp_path: Path) -> None:
+    # Two NVLink bridges of four cards each, and two cards with no NVLink peer.
+    fake = _cards(10, nvlink=[{0, 1, 2, 3}, {4, 5, 6, 7}])
+    facts = discover_nvml(fake.module(), sysfs=tmp_path)
+    assert [g.nvlink_island for g in facts.gpus] == [0, 0, 0, 0, 4, 4, 4, 4, None, None]
+    table = _published(facts)
+    assert table["gpu-5"]["attributes"]["nvlinkIsland"] == {"int": 4}
+    assert "nvlinkIsland" not in table["gpu-9"]["attributes"]
+    # Cards joined through one another (0-1, 1-2) are one island, as through an NVSwitch.
+    chained = discover_nvml(_cards(3, nvlink=[{0, 1}, {1, 2}]).module(), sysfs=tmp_path)
+    assert [g.nvlink_island for g in chained.gpus] == [0, 0, 0]
+
+
+def test_nvlink_left_unknown_when_nvml_cannot_say(tmp_path: Path) -> None:
+    facts = discover_nvml(_cards(2, nvlink=[{0, 1}], p2p_error=999).module(), sysfs=tmp_path)
+    assert [g.nvlink_island for g in facts.gpus] == [None, None]
+    assert len(facts.gpus) == 2  # the cards themselves are published
+
+
+def test_the_nvlink_fabric_clique_of_a_registered_card(tmp_path: Path) -> None:
+    fake = _cards(2)
+    cluster = bytes(range(16))
+    fake.gpus[0].fabric = (cluster, 7, 3)  # NVML_GPU_FABRIC_STATE_COMPLETED
+    fake.gpus[1].fabric = (cluster, 7, 2)  # still registering: no clique yet
+    facts = discover_nvml(fake.module(), sysfs=tmp_path)
+    assert facts.gpus[0].nvlink_clique == "00010203-0405-0607-0809-0a0b0c0d0e0f.7"
+    assert facts.gpus[1].nvlink_clique is None
+    table = _published(facts)
+    assert table["gpu-0"]["attributes"]["nvlinkClique"] == {
+        "string": "00010203-0405-0607-0809-0a0b0c0d0e0f.7"}
+
+
+def test_the_numa_node_is_published_under_the_standard_name_too(tmp_path: Path) -> None:
+    facts = discover_nvml(FakeNvml([FakeGpu(uuid=H100)]).module(), sysfs=_sysfs(tmp_path))
+    attributes = _published(facts)["gpu-0"]["attributes"]
+    assert attributes["resource.kubernetes.io/numaNode"] == {"int": 1}
+    assert attributes["numaNode"] == {"int": 1}
 
 
 def test_mig_instances_are_enumerated_with_nvidia_profile_names(tmp_path: Path) -> None:
