@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 
 import kubernetes_validate
@@ -262,3 +263,36 @@ def test_losses_print_a_table_after_the_figures(capsys: pytest.CaptureFixture[st
 def test_losses_are_refused_with_scale(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench.main(_args(losses=True, scale="1,2")) == 2
     assert "--losses reports the plain replays" in capsys.readouterr().err
+
+
+def test_groups_replay_jobs_with_and_without_all_or_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli_main(["bench", "allocator", "--nodes", str(DATA / "openb_nodes_small.csv"),
+                     "--pods", str(DATA / "openb_pods_small.csv"), "--strategy", "default",
+                     "--seeds", "3-4", "--load", "3.0", "--groups", "-o", "json"])
+    assert code == 0
+    figures = json.loads(capsys.readouterr().out)["policies"]
+    alone, grouped = figures["default alone"], figures["default groups"]
+    assert alone["jobs"] == grouped["jobs"] > 0
+    # All or nothing: no job is left partly placed, and no job's cards mix models.
+    assert grouped["jobs_partial"] == 0
+    assert grouped["partial_gpus"] == 0.0
+    assert grouped["jobs_mixed_models"] == 0
+    assert alone["jobs_whole"] + alone["jobs_partial"] <= alone["jobs"]
+    assert cli_main(["bench", "allocator", "--nodes", str(NODES), "--pods", str(PODS),
+                     "--groups", "--preemption", "10"]) == 2
+    assert "--groups measures pod groups alone" in capsys.readouterr().err
+
+
+def test_jobs_are_dealt_from_multi_card_pods_with_two_to_sixteen_members() -> None:
+    from dra_gateway.devkit.groups_bench import deal_jobs
+
+    pods = bench.read_pods(DATA / "openb_pods_small.csv")
+    sampled = bench.sample(pods, 200, 3.0, 5)
+    jobs = deal_jobs(sampled, 5)
+    assert jobs == deal_jobs(sampled, 5)  # the seed's own draw
+    assert jobs
+    assert all(sampled[n].num_gpu >= 2 for n in jobs)
+    sizes = Counter(jobs.values())
+    assert all(2 <= size <= 16 for size in sizes.values()), sizes

@@ -759,6 +759,13 @@ def main(args: argparse.Namespace) -> int:
         print("dra-gateway bench allocator: --preemption measures preemption alone; run it "
               "without --defrag-moves, --gpu-policies and --scale", file=sys.stderr)
         return 2
+    groups = getattr(args, "groups", False)
+    if groups and (preemption is not None or percent is not None
+                   or getattr(args, "gpu_policies", False) or getattr(args, "scale", None)):
+        print("dra-gateway bench allocator: --groups measures pod groups alone; run it "
+              "without --preemption, --defrag-moves, --gpu-policies and --scale",
+              file=sys.stderr)
+        return 2
     losses = getattr(args, "losses", False)
     if losses and (percent is not None or getattr(args, "scale", None)):
         print("dra-gateway bench allocator: --losses reports the plain replays; run it without "
@@ -766,7 +773,12 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         seeds = parse_seeds(args.seeds)
-        if preemption is not None:
+        if groups:
+            from dra_gateway.devkit import groups_bench
+
+            results = groups_bench.run(Path(args.nodes), Path(args.pods), strategies=strategies,
+                                       load=args.load, seeds=seeds)
+        elif preemption is not None:
             from dra_gateway.devkit import preemption_bench
 
             results = preemption_bench.run(Path(args.nodes), Path(args.pods),
@@ -785,7 +797,11 @@ def main(args: argparse.Namespace) -> int:
     except TraceError as exc:
         print(f"dra-gateway bench allocator: {exc}", file=sys.stderr)
         return 2
-    if preemption is not None and args.output != "json":
+    if groups and args.output != "json":
+        from dra_gateway.devkit import groups_bench
+
+        print(groups_bench.table(results, seeds))
+    elif preemption is not None and args.output != "json":
         from dra_gateway.devkit import preemption_bench
 
         print(preemption_bench.table(results, seeds, preemption))

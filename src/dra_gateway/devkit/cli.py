@@ -141,6 +141,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                         "report how many are placed with preemption and without, victims per "
                         "preemption, the victim search's time and the planning time per claim "
                         "with preemption on against off (side by side)")
+    replay.add_argument("--groups", action="store_true",
+                        help="deal the multi-card pods to jobs of 2 to 16 members and replay "
+                        "each seed with and without group awareness (all or nothing, one GPU "
+                        "model per job), side by side: jobs placed whole and partly, GPUs "
+                        "partly placed jobs hold, GPU allocation, claims/s and p99")
     replay.add_argument("--losses", action="store_true",
                         help="also report where the unallocated GPU share lies at the end of "
                         "the replays: per content of a card (the shares it holds), the cards "
