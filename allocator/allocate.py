@@ -263,7 +263,7 @@ class PodAllocator:
         try:
             planned = await self.planning.plan_group(
                 [(r.pod, r.gateway) for r in together], same_model=group.same_model,
-                placed=members.placed_claims)
+                placed=members.placed_claims, domain=group.domain)
         except BaseException:
             self.unplaceable.settle(key)
             raise

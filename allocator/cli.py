@@ -68,6 +68,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                             "live pod uses and remove the allocator's finalizer from every "
                             "claim, then exit (the chart's pre-delete hook; run it with the "
                             "allocator stopped)")
+    controller.add_argument("--group-domain-label", action="append", default=[],
+                            type=arguments.label_key, metavar="LABEL",
+                            help="a node label naming a topology domain (a rack label, "
+                            "topology.kubernetes.io/zone; repeatable, innermost first): a pod "
+                            "group's members are kept within one where they fit")
     controller.add_argument("--no-preemption", action="store_true",
                             help="never evict pods of lower priority for a pod that fits "
                             "nowhere (kube-scheduler's preemption, for GPU claims)")

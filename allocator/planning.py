@@ -50,6 +50,7 @@ class Planning:
     def reset(self, consumable_capacity: bool) -> ClusterState:
         """A fresh, empty planner state (the API's feature mode changed); the caller fills it."""
         self.state = ClusterState(PlannerSettings(default_strategy=self.settings.strategy,
+                                                  group_domains=self.settings.group_domains,
                                                   consumable_capacity=consumable_capacity))
         return self.state
 
@@ -97,7 +98,7 @@ class Planning:
         return plan
 
     async def plan_group(self, members: Sequence[Member], *, same_model: bool = False,
-                         placed: Sequence[Object] = ()) -> GroupPlan:
+                         placed: Sequence[Object] = (), domain: str | None = None) -> GroupPlan:
         """plan_group in a worker thread on the live state, as `plan` runs plan_pod: the
         members' plans, none of them assumed (the caller assumes them all, or none). With
         `same_model`, on the model of the `placed` members' claims, if any."""
@@ -111,7 +112,7 @@ class Planning:
                     with cel.cost_budget(budget):
                         return plan_group(state, members, strategy=strategy,
                                           same_model=same_model,
-                                          model=group_model(state, placed))
+                                          model=group_model(state, placed), domain=domain)
                 except cel.CostBudgetExceeded as exc:
                     return GroupPlan((), 0, f"{exc}; simplify the claims' selectors")
 

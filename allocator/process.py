@@ -124,6 +124,7 @@ async def _main(args: argparse.Namespace) -> int:
             await run_allocator(cluster, namespace=args.namespace, identity=identity,
                                 settings=ControllerSettings(
                                     strategy=args.strategy, workers=args.workers,
+                                    group_domains=tuple(args.group_domain_label),
                                     namespace=args.namespace, defrag=args.defrag,
                                     defrag_after=args.defrag_after,
                                     defrag_interval=args.defrag_interval,

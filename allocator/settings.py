@@ -11,6 +11,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ControllerSettings:
     strategy: str = "default"  # how pods are packed (planner.STRATEGIES)
+    # Node labels naming topology domains, innermost first (a rack label, then
+    # topology.kubernetes.io/zone): a pod group's members are kept within them where they fit.
+    group_domains: tuple[str, ...] = ()
     # Pods handled at once. Planning is one at a time (under a lock, in a thread); the rest of
     # a pod's work is waiting on the API (two claim writes, a read, the gate's patch: about a
     # quarter of a second on a busy API server), so four workers made a burst queue: in the

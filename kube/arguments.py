@@ -23,6 +23,17 @@ def namespace(value: str) -> str:
     return value
 
 
+def label_key(value: str) -> str:
+    """An argparse type: `value` if it is a label key (`name` or `prefix/name`)."""
+    from dra_gateway.kube.objects import is_label_key
+
+    if not is_label_key(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a label key (name or prefix/name, as "
+            "topology.kubernetes.io/zone)")
+    return value
+
+
 _DURATION_PART: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
 _UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 

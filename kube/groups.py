@@ -22,7 +22,9 @@ lookup). A pod that names a group but not a usable size (a missing or odd count,
 that does not exist) gets a `GroupError` saying which field or object to fix.
 
 Every member's cards are of one GPU model, unless the pod's annotation
-`dra-gateway.io/group-models` says `Any` (`Same`, the default, says so explicitly). Pure: no I/O.
+`dra-gateway.io/group-models` says `Any` (`Same`, the default, says so explicitly). The
+annotation `dra-gateway.io/group-domain` names a node label every member's node must share
+(one rack, one zone): the group waits rather than spread. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ LWS_SIZE_ANNOTATION: Final = "leaderworkerset.sigs.k8s.io/size"
 VOLCANO_GROUP_ANNOTATION: Final = "scheduling.k8s.io/group-name"
 COSCHEDULING_GROUP_LABEL: Final = "scheduling.x-k8s.io/pod-group"
 MODELS_ANNOTATION: Final = f"{names.DOMAIN}/group-models"
+DOMAIN_ANNOTATION: Final = f"{names.DOMAIN}/group-domain"
 SAME_MODEL: Final = "Same"
 ANY_MODEL: Final = "Any"
 
@@ -70,6 +73,7 @@ class PodGroup:
     source: str  # "dra-gateway", "kueue", "leaderworkerset", "volcano", "coscheduling"
     why: str  # the fields it was read from, for `translate --explain` and conditions
     same_model: bool = True  # every member's cards of one GPU model
+    domain: str | None = None  # a node label whose value every member's node must share
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -183,8 +187,17 @@ def group_of(pod: RawObject,
     if isinstance(same, GroupError):
         return same
     group = PodGroup(namespace, named.name, size, named.source, why)
-    return group if same else replace(group, same_model=False,
-                                      why=f"{group.why}; {MODELS_ANNOTATION}={ANY_MODEL}")
+    if not same:
+        group = replace(group, same_model=False,
+                        why=f"{group.why}; {MODELS_ANNOTATION}={ANY_MODEL}")
+    domain = notes.get(DOMAIN_ANNOTATION)
+    if domain is not None:
+        if not objects.is_label_key(domain):
+            return GroupError(f"{DOMAIN_ANNOTATION} is {domain!r}, not a node label key: name "
+                              f"the label every member's node must share, as "
+                              f"topology.kubernetes.io/zone")
+        group = replace(group, domain=domain, why=f"{group.why}; {DOMAIN_ANNOTATION}={domain}")
+    return group
 
 
 def _same_model(text: str | None) -> bool | GroupError:
@@ -197,8 +210,21 @@ def _same_model(text: str | None) -> bool | GroupError:
 
 
 __all__ = [
-    "COSCHEDULING_GROUP_LABEL", "GROUP_ANNOTATION", "GROUP_SIZE_ANNOTATION",
-    "KUEUE_COUNT_ANNOTATION", "KUEUE_GROUP_LABEL", "LWS_INDEX_LABEL", "LWS_NAME_LABEL",
-    "LWS_SIZE_ANNOTATION", "MODELS_ANNOTATION", "PODGROUP_TYPES", "VOLCANO_GROUP_ANNOTATION",
-    "GroupError", "PodGroup", "PodGroupLookup", "group_key", "group_of",
+    "COSCHEDULING_GROUP_LABEL",
+    "DOMAIN_ANNOTATION",
+    "GROUP_ANNOTATION",
+    "GROUP_SIZE_ANNOTATION",
+    "KUEUE_COUNT_ANNOTATION",
+    "KUEUE_GROUP_LABEL",
+    "LWS_INDEX_LABEL",
+    "LWS_NAME_LABEL",
+    "LWS_SIZE_ANNOTATION",
+    "MODELS_ANNOTATION",
+    "PODGROUP_TYPES",
+    "VOLCANO_GROUP_ANNOTATION",
+    "GroupError",
+    "PodGroup",
+    "PodGroupLookup",
+    "group_key",
+    "group_of",
 ]

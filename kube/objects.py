@@ -123,6 +123,20 @@ def service_order(pod: RawObject) -> tuple[int, str, str]:
     return (-pod_priority(pod), str(meta(pod).get("creationTimestamp") or ""), name(pod))
 
 
+_LABEL_PREFIX: Final = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME: Final = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def is_label_key(text: str) -> bool:
+    """A label key as the API server takes it: `name` or `prefix/name` (a DNS subdomain of at
+    most 253 characters, a name of at most 63)."""
+    prefix, slash, name = text.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _LABEL_PREFIX.match(prefix)):
+        return False
+    return bool(_LABEL_NAME.match(name))
+
+
 def is_gated(pod: RawObject) -> bool:
     """The pod carries the gateway's scheduling gate."""
     gates = spec(pod).get("schedulingGates") or []

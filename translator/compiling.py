@@ -20,8 +20,8 @@ from dra_gateway.kube import names
 from dra_gateway.kube.cel import CelError, Expression, compile_expression, compile_selector
 from dra_gateway.kube.models import ENFORCEMENTS, STRATEGIES
 from dra_gateway.translator.documents import (
-    IDENT_RE,
     NAME_RE,
+    QUALIFIED_NAME_RE,
     UNITS,
     ExtendedResourceNames,
     RuleSpec,
@@ -154,9 +154,10 @@ def compile_rule(entry: RuleEntry, problems: Problems) -> CompiledRule | None:
             when=expr(f"{path}.when", sel.when) if sel.when else None))
     constraints = []
     for i, con in enumerate(device.constraints):
-        if not IDENT_RE.match(con.match_attribute):
+        if not QUALIFIED_NAME_RE.match(con.match_attribute):
             fail(f"device.constraints[{i}].matchAttribute",
-                 f"{json.dumps(con.match_attribute)} is not an attribute name")
+                 f"{json.dumps(con.match_attribute)} is not an attribute name (an identifier, "
+                 "or domain/identifier such as resource.kubernetes.io/pcieRoot)")
         constraints.append((con.match_attribute,
                             expr(f"device.constraints[{i}].when", con.when) if con.when else None))
 

@@ -200,8 +200,8 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
         for (attribute, _), holds in zip(rule.constraints, conditions[len(rule.selectors):],
                                          strict=True):
             if holds is True:
-                constraints.append({"requests": [name],
-                                    "matchAttribute": f"{rule.driver}/{attribute}"})
+                qualified = attribute if "/" in attribute else f"{rule.driver}/{attribute}"
+                constraints.append({"requests": [name], "matchAttribute": qualified})
     pattern_key = f"{rule.pattern}*"
     return ContainerPlan(rule=rule.name, request=request, config=config,
                           constraints=tuple(constraints), gated=rule.gated,

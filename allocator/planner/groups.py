@@ -14,7 +14,14 @@ first, then the others by name), each member's claims narrowed to the model by a
 the first model where they all fit wins. A model already held by the group's placed members
 (`model`) is the only one tried. The selector narrows a copy of the claim the planner reads,
 never the claim written, and is part of the claim's key like any selector, so no memoised
-search of one model serves another. Pure: no I/O, no clock.
+search of one model serves another.
+
+Members close together: each member after the first is planned first on the nodes the members
+before it use, then on the nodes that share each of the admin's domain labels with those
+(`PlannerSettings.group_domains`, innermost first: a rack label, then the zone), and only then
+anywhere. A group that names a required domain (`domain`, a node label) is planned on the nodes
+of one value of that label at a time, the values in the order of their names, and waits when
+no single value has room for all of it. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -108,12 +115,22 @@ def published_models(state: ClusterState) -> list[str]:
 
 def plan_group(state: ClusterState, members: Sequence[Member], *,
                strategy: str | None = None, same_model: bool = False,
-               model: str | None = None) -> GroupPlan:
+               model: str | None = None, domain: str | None = None) -> GroupPlan:
     """Plan `members` together (see the module); the state is left as it was."""
+    if domain is not None:
+        return _in_one_domain(state, members, domain, strategy=strategy,
+                              same_model=same_model, model=model)
+    return _on_one_model(state, members, strategy=strategy, same_model=same_model, model=model,
+                         within=None)
+
+
+def _on_one_model(state: ClusterState, members: Sequence[Member], *, strategy: str | None,
+                  same_model: bool, model: str | None,
+                  within: frozenset[str] | None) -> GroupPlan:
     if not same_model:
-        return _plan_members(state, members, strategy)
+        return _plan_members(state, members, strategy, within)
     if model is None:
-        free = _plan_members(state, members, strategy)
+        free = _plan_members(state, members, strategy, within)
         used: Counter[str | None] = Counter()
         for plan in free.plans:
             used.update(plan_models(state, plan))
@@ -127,7 +144,7 @@ def plan_group(state: ClusterState, members: Sequence[Member], *,
     for candidate in candidates:
         narrowed = [(pod, [narrow_to_model(c, candidate) for c in claims])
                     for pod, claims in members]
-        planned = _plan_members(state, narrowed, strategy)
+        planned = _plan_members(state, narrowed, strategy, within)
         if planned.placed:
             return GroupPlan(planned.plans, planned.fitted, model=candidate)
         outcomes.append((candidate, planned))
@@ -151,12 +168,40 @@ def _no_model(members: Sequence[Member], outcomes: Sequence[tuple[str, GroupPlan
     return GroupPlan(best.plans, best.fitted, reason, best.quota_reason, model=best_model)
 
 
-def _plan_members(state: ClusterState, members: Sequence[Member],
-                  strategy: str | None) -> GroupPlan:
+def _in_one_domain(state: ClusterState, members: Sequence[Member], label: str, *,
+                   strategy: str | None, same_model: bool, model: str | None) -> GroupPlan:
+    """The group on the nodes of one value of node label `label`, one value after another."""
+    by_value: dict[str, list[str]] = {}
+    for name, info in state.nodes.items():
+        value = info.labels.get(label)
+        if value is not None:
+            by_value.setdefault(value, []).append(name)
+    if not by_value:
+        return GroupPlan((), 0, f"its members must share the node label {label}, and no node "
+                                "has it")
+    tried: list[tuple[str, GroupPlan]] = []
+    for value in sorted(by_value):
+        found = _on_one_model(state, members, strategy=strategy, same_model=same_model,
+                              model=model, within=frozenset(by_value[value]))
+        if found.placed:
+            return found
+        tried.append((value, found))
+    value, best = max(tried, key=lambda t: t[1].fitted)
+    return GroupPlan(best.plans, best.fitted,
+                     f"its members must share the node label {label}, and no value has room "
+                     f"for all: most fit in {label}={value}, {best.fitted} of {len(members)} "
+                     f"({best.reason})", best.quota_reason, best.model)
+
+
+def _plan_members(state: ClusterState, members: Sequence[Member], strategy: str | None,
+                  within: frozenset[str] | None) -> GroupPlan:
+    """Each member in turn on the state the ones before it left (`within`: the only nodes
+    they may use)."""
     assumed: list[tuple[Mapping[str, Any], PodPlan]] = []
     try:
         for pod, claims in members:
-            plan = plan_pod(state, pod, list(claims), strategy=strategy)
+            plan = _plan_member(state, pod, list(claims), strategy,
+                                [p.node_name for _, p in assumed if p.node_name], within)
             if plan.node_name is None:
                 label = "/".join(objects.namespace_name(pod))
                 return GroupPlan(tuple(p for _, p in assumed), len(assumed),
@@ -168,6 +213,30 @@ def _plan_members(state: ClusterState, members: Sequence[Member],
     finally:
         for pod, plan in reversed(assumed):
             state.forget(pod, plan)
+
+
+def _plan_member(state: ClusterState, pod: Mapping[str, Any],
+                 claims: list[Mapping[str, Any]], strategy: str | None, used: list[str],
+                 within: frozenset[str] | None) -> PodPlan:
+    """One member: on the nodes the members before it use, then in their domains (the
+    admin's labels, innermost first), then anywhere (`within`, when given, bounds them all)."""
+    tiers: list[set[str]] = []
+    if used:
+        tiers.append(set(used))
+        for label in state.settings.group_domains:
+            values = {state.nodes[n].labels.get(label) for n in used if n in state.nodes}
+            values.discard(None)
+            if values:
+                tiers.append({n for n, info in state.nodes.items()
+                              if info.labels.get(label) in values})
+    for tier in tiers:
+        nodes = tier & within if within is not None else tier
+        if nodes:
+            plan = plan_pod(state, pod, claims, strategy=strategy, nodes=sorted(nodes))
+            if plan.node_name is not None:
+                return plan
+    return plan_pod(state, pod, claims, strategy=strategy,
+                    nodes=sorted(within) if within is not None else None)
 
 
 __all__ = ["GroupPlan", "Member", "group_model", "model_selector", "narrow_to_model",

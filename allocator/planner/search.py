@@ -43,7 +43,7 @@ from dra_gateway.allocator.planner.reasons import (
 from dra_gateway.allocator.planner.scoring import FULL, Workload, free_milli
 from dra_gateway.allocator.planner.settings import BINPACK, DEFAULT, SPREAD
 from dra_gateway.allocator.planner.state import ClusterState
-from dra_gateway.allocator.planner.topology import aligned
+from dra_gateway.allocator.planner.topology import aligned, misalignment
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import Quantity
 from dra_gateway.policy.sharing import EVERY_TENANT, Holder, SharingRules, card_refusal
@@ -71,6 +71,7 @@ class Outcome:
     before: tuple[int, ...] = ()  # free share of each gateway card, sorted, before and after
     after: tuple[int, ...] = ()
     model: str = ""
+    misaligned: int = 0  # how far multi-card requests spread over topology domains (topology)
 
 
 class _AllBroken(Exception):
@@ -297,7 +298,16 @@ class NodeSearch:
         if not ok:
             reason = self.failure[1] if self.failure else "no devices fit"
             return Outcome(False, reason=reason)
-        return Outcome(True, tuple(self.picks), None, before, self.cards(), self._model())
+        return Outcome(True, tuple(self.picks), None, before, self.cards(), self._model(),
+                       self._misaligned() if self.state.settings.topology else 0)
+
+    def _misaligned(self) -> int:
+        """How far the multi-card requests' cards spread (`topology.misalignment`)."""
+        by_request: dict[tuple[int, str], list[int]] = {}
+        for pick in self.picks:
+            by_request.setdefault((pick.claim, pick.result_name), []).append(pick.device)
+        return sum(misalignment(self.devices, chosen) for chosen in by_request.values()
+                   if len(chosen) > 1)
 
     def _model(self) -> str:
         for device in self.devices:

@@ -39,6 +39,10 @@ class PlannerSettings:
     # A request for several cards tries the cards of the fewest NVLink islands, NUMA nodes and
     # PCIe roots first (planner/topology.py); off: the strategy's order alone.
     topology: bool = True
+    # Node labels naming topology domains (a rack label, `topology.kubernetes.io/zone`),
+    # innermost first: a pod group's members go to the nodes its members already use, then to
+    # nodes of the same value of each label in turn, then anywhere (planner/groups.py).
+    group_domains: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.default_strategy not in STRATEGIES:

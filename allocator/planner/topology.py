@@ -7,6 +7,9 @@ them (`nvlinkIsland`, `resource.kubernetes.io/numaNode` or the driver's `numaNod
 reorders the cards the search would try, best-aligned set first, and the search falls back to
 the others (DRA's `matchAttribute` constraints are how a claim makes alignment required).
 
+Between nodes, a placement's `misalignment` comes before the packing strategy's score: a node
+where the request's cards are together is preferred to one where they would spread.
+
 Levels are taken outermost first. At each level the cards are grouped by their value; if
 groups can hold the whole request, the one whose best arrangement spans the fewest domains at
 the levels below wins, the smaller group on a tie (best fit: a larger domain stays whole for a
@@ -109,10 +112,18 @@ def _spread(chosen: list[int], keys: dict[int, Key], level: int) -> tuple[int, .
     return tuple(out)
 
 
+def misalignment(devices: Sequence[Device], chosen: Sequence[int]) -> int:
+    """One number for how far cards `chosen` spread, 0 when together at every level: each
+    NVLink island past the first weighs more than any spread of NUMA nodes, and each NUMA node
+    more than any spread of PCIe roots (nodes compare by it before their packing score)."""
+    islands, numas, roots = span(devices, chosen)
+    return (islands - 1) * 10_000 + (numas - 1) * 100 + (roots - 1)
+
+
 def span(devices: Sequence[Device], chosen: Sequence[int]) -> tuple[int, ...]:
     """How many NVLink islands, NUMA nodes and PCIe roots the cards `chosen` span."""
     keys = {i: topology_key(devices[i]) for i in chosen}
     return _spread(list(chosen), keys, 0)
 
 
-__all__ = ["aligned", "span", "topology_key"]
+__all__ = ["aligned", "misalignment", "span", "topology_key"]

@@ -51,14 +51,16 @@ def score(outcome: Outcome, strategy: str, workload: Workload, *, cpu_free: int,
     after = outcome.after
     free_after = sum(after)
     cpu_after = cpu_free - cpu
+    # Cards together first (topology.misalignment: 0 for single cards and aligned sets).
+    aligned = float(outcome.misaligned)
     if strategy == BINPACK:
-        return (float(free_after), float(cpu_after))
+        return (aligned, float(free_after), float(cpu_after))
     if strategy == SPREAD:
         share = free_after / len(after) if after else 0.0
-        return (-share, -float(cpu_after))
+        return (aligned, -share, -float(cpu_after))
     delta = workload.expected_loss(after, cpu_after, mem_free - memory, outcome.model) - \
         workload.expected_loss(outcome.before, cpu_free, mem_free, outcome.model)
-    return (round(delta, 6), float(free_after), float(cpu_after))
+    return (aligned, round(delta, 6), float(free_after), float(cpu_after))
 
 
 def _groups(state: ClusterState, pinned: set[str] | None,

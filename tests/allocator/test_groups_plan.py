@@ -16,7 +16,19 @@ from dra_gateway.allocator.planner.groups import (
     plan_models,
 )
 
-from .planner_support import claim, cluster, gpu, place, pod
+from dra_gateway.allocator.planner import ClusterState, PlannerSettings, plan_pod
+from dra_gateway.kube import names
+
+from .planner_support import (
+    claim,
+    cluster,
+    device_class,
+    gpu,
+    node,
+    place,
+    pod,
+    resource_slice,
+)
 
 
 def _members(job: str, sizes: list[int]) -> list[tuple[dict, list[dict]]]:  # type: ignore[type-arg]
@@ -141,3 +153,58 @@ def test_members_of_a_placed_group_share_a_model(sizes: list[int], models: list[
         for model in set(models):
             assert not plan_group(state, _members("g", sizes), same_model=True,
                                   model=model).placed
+
+
+# Members close together ------------------------------------------------------------------------
+
+def _racked(strategy: str = "spread", domains: tuple[str, ...] = ()) -> ClusterState:
+    """Four 4-card nodes in two racks (r1: n1, n2; r2: n3, n4)."""
+    state = ClusterState(PlannerSettings(default_strategy=strategy, group_domains=domains))
+    state.set_device_class(device_class(names.GPU_CLASS, "gpu"))
+    for index, rack in ((1, "r1"), (2, "r1"), (3, "r2"), (4, "r2")):
+        name = f"n{index}"
+        state.set_node(node(name, labels={"example.com/rack": rack}))
+        state.set_slice(resource_slice(name, [gpu(i) for i in range(4)]))
+    return state
+
+
+def _nodes(found) -> list[str]:  # type: ignore[no-untyped-def]
+    return [plan.node_name for plan in found.plans]
+
+
+def test_members_go_to_the_nodes_the_group_already_uses() -> None:
+    # Spread would put each member on a node of its own; the group keeps to the fewest.
+    state = _racked()
+    found = plan_group(state, _members("j", [2, 2, 1]))
+    assert found.placed
+    assert len(set(_nodes(found))) == 2, _nodes(found)
+    assert _nodes(found)[0] == _nodes(found)[1]
+
+
+def test_members_past_a_full_node_stay_in_its_rack() -> None:
+    state = _racked(domains=("example.com/rack",))
+    found = plan_group(state, _members("j", [4, 4]))
+    assert found.placed
+    racks = {state.nodes[n].labels["example.com/rack"] for n in _nodes(found)}
+    assert len(racks) == 1, _nodes(found)
+
+
+def test_a_required_domain_waits_rather_than_spread() -> None:
+    state = _racked()
+    # Three cards left in each rack once two 3-card pods and one 2-card pod hold the rest.
+    for name, nodes_ in (("x1", ["n1"]), ("x2", ["n2"]), ("x3", ["n3"]), ("x4", ["n4"])):
+        held = plan_pod(state, pod(name), [claim(f"{name}c", count=3 if name != "x4" else 2)],
+                        nodes=nodes_)
+        assert held.node_name == nodes_[0]
+        state.assume(pod(name), held)
+    members = _members("j", [1, 1, 1])
+    assert plan_group(state, members).placed  # across racks, when free to spread
+    found = plan_group(state, members, domain="example.com/rack")
+    assert found.placed  # r2 has three free cards (n3: 1, n4: 2)
+    assert {state.nodes[n].labels["example.com/rack"] for n in _nodes(found)} == {"r2"}
+    refused = plan_group(state, _members("k", [1, 1, 1, 1]), domain="example.com/rack")
+    assert not refused.placed
+    assert "must share the node label example.com/rack, and no value has room for all" in \
+        (refused.reason or "")
+    assert plan_group(state, members, domain="example.com/row").reason == (
+        "its members must share the node label example.com/row, and no node has it")

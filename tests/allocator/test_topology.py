@@ -9,7 +9,7 @@ from itertools import combinations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dra_gateway.allocator.planner import ClusterState
+from dra_gateway.allocator.planner import ClusterState, plan_pod
 from dra_gateway.allocator.planner.topology import span
 
 from .planner_support import claim, cluster, devices_of, gpu, place, pod
@@ -113,3 +113,22 @@ def test_the_request_spans_the_fewest_domains_the_free_cards_allow(held: set[int
     assert got[:2] == best[:2], (held, need, chosen)  # islands and NUMA nodes: always fewest
     if best[0] == 1:  # the request fits one island: PCIe roots fewest too
         assert got == best, (held, need, chosen)
+
+
+def test_a_node_with_the_cards_together_is_preferred_to_one_where_they_spread() -> None:
+    for strategy in ("default", "binpack", "spread"):
+        state = cluster({"a": _pcie_node(), "b": _pcie_node()}, strategy=strategy)
+        # a: one free card on each NUMA node; b: the pair 6-7 free on one PCIe root.
+        for node, held in (("a", (1, 2, 3, 5, 6, 7)), ("b", (0, 1, 2, 3, 4, 5))):
+            for index in held:
+                c = claim(f"{node}{index}c", requests=[{"name": "main", "exactly": {
+                    "deviceClassName": "gpu.dra-gateway.io", "count": 1, "selectors": [
+                        {"cel": {"expression": 'device.attributes["gpu.dra-gateway.io"].index'
+                                               f' == {index}'}}]}}])
+                p = pod(f"{node}{index}")
+                held_plan = plan_pod(state, p, [c], nodes=[node])
+                assert held_plan.node_name == node
+                state.assume(p, held_plan)
+        c = claim("pair", count=2)
+        plan = place(state, pod("p"), c)
+        assert (plan.node_name, _cards(devices_of(plan, c))) == ("b", {6, 7}), strategy

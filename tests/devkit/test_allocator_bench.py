@@ -296,3 +296,19 @@ def test_jobs_are_dealt_from_multi_card_pods_with_two_to_sixteen_members() -> No
     assert all(sampled[n].num_gpu >= 2 for n in jobs)
     sizes = Counter(jobs.values())
     assert all(2 <= size <= 16 for size in sizes.values()), sizes
+
+
+def test_topology_bench_places_multi_card_pods_on_aligned_cards_more_often(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli_main(["bench", "topology", "--nodes", "4", "--pods", "400", "--seeds", "1",
+                     "-o", "json"])
+    assert code == 0
+    figures = json.loads(capsys.readouterr().out)["configurations"]
+    assert set(figures) == {"topology", "no topology", "first-fit"}
+    for size in (2, 4):
+        assert figures["topology"][f"placed_{size}"] > 0
+        assert figures["topology"][f"one_numa_{size}"] > figures["no topology"][
+            f"one_numa_{size}"], size
+    assert cli_main(["bench", "topology", "--load", "0"]) == 2
+    assert "--load" in capsys.readouterr().err

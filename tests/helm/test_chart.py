@@ -508,6 +508,9 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
                   ["list", "watch"])
         | _grants(CLUSTER, ["dra-gateway.io"], ["gpuquotas/status"], ["update", "patch"])
         | _grants(CLUSTER, [""], ["namespaces"], ["list", "watch"])
+        # Volcano's and the coscheduling plugin's PodGroups, for their minMember.
+        | _grants(CLUSTER, ["scheduling.volcano.sh", "scheduling.x-k8s.io"], ["podgroups"],
+                  ["list", "watch"])
         | _grants(NS, ["coordination.k8s.io"], ["leases"], ["create"])
         | _grants(NS, ["coordination.k8s.io"], ["leases"], ["get", "update"],
                   ["dra-gateway-allocator"])
@@ -1594,3 +1597,19 @@ def test_the_allocators_defrag_is_off_by_default_and_granted_only_when_on(
     refused = helm.template({"allocator": {"defrag": {"after": "soon"}}})
     assert refused.returncode != 0
     assert "/allocator/defrag/after" in refused.stderr
+
+
+def test_group_domain_labels_reach_the_allocator_and_bad_keys_are_refused(
+        helm: HelmRunner) -> None:
+    args = container(helm.render("default"), "Deployment", "allocator")["args"]
+    assert "--group-domain-label" not in args
+    result = helm.template({"allocator": {"groupDomainLabels": [
+        "example.com/rack", "topology.kubernetes.io/zone"]}})
+    assert result.returncode == 0, result.stderr
+    args = container(parse_render(result.stdout), "Deployment", "allocator")["args"]
+    at = args.index("--group-domain-label")
+    assert args[at:at + 4] == ["--group-domain-label", "example.com/rack",
+                               "--group-domain-label", "topology.kubernetes.io/zone"]
+    refused = helm.template({"allocator": {"groupDomainLabels": ["a rack"]}})
+    assert refused.returncode != 0
+    assert "groupDomainLabels" in refused.stderr

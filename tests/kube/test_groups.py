@@ -130,3 +130,25 @@ def test_a_podgroup_that_is_missing_or_odd_says_what_to_fix() -> None:
                         _podgroups({("coscheduling", "ml", "x"): {"spec": {"minMember": -2}}}))
     assert isinstance(negative, GroupError)
     assert "spec.minMember is -2: a group has 1 to 10000 members" in negative.message
+
+
+def test_a_group_may_require_one_node_domain() -> None:
+    grouped = {"dra-gateway.io/group": "train", "dra-gateway.io/group-size": "2"}
+    found = group_of(pod(annotations={**grouped,
+                                      "dra-gateway.io/group-domain": "example.com/rack"}))
+    assert isinstance(found, PodGroup)
+    assert found.domain == "example.com/rack"
+    assert found.why.endswith("; dra-gateway.io/group-domain=example.com/rack")
+    wrong = group_of(pod(annotations={**grouped, "dra-gateway.io/group-domain": "a rack"}))
+    assert isinstance(wrong, GroupError)
+    assert "dra-gateway.io/group-domain is 'a rack', not a node label key" in wrong.message
+
+
+def test_label_keys_as_the_api_server_takes_them() -> None:
+    from dra_gateway.kube.objects import is_label_key
+
+    for good in ("zone", "topology.kubernetes.io/zone", "example.com/rack-1", "a.b/C_d.e"):
+        assert is_label_key(good), good
+    for bad in ("", "a rack", "Example.com/rack", "/zone", "zone/", "-x", "a" * 64,
+                "x" * 254 + "/zone"):
+        assert not is_label_key(bad), bad

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from dra_gateway.kube import names
+from dra_gateway.translator.errors import RulesError
 from dra_gateway.translator.rules import RuleSet, load_rules
 from dra_gateway.translator.translate import translate
 
@@ -207,6 +208,40 @@ def test_numa_bind_constrains_the_cards_of_a_request(builtin_rules: RuleSet) -> 
     checked(plan, original)
     assert plan.templates[0]["spec"]["spec"]["devices"]["constraints"] == [
         {"requests": ["main"], "matchAttribute": "gpu.dra-gateway.io/numaNode"}]
+
+
+def test_the_align_annotation_makes_the_cards_share_a_domain(builtin_rules: RuleSet) -> None:
+    for value, attribute in (("pcieRoot", "resource.kubernetes.io/pcieRoot"),
+                             ("numaNode", "gpu.dra-gateway.io/numaNode"),
+                             ("nvlinkIsland", "gpu.dra-gateway.io/nvlinkIsland")):
+        original = pod(ctr("main", limits={"nvidia.com/gpu": 4}),
+                       annotations={"dra-gateway.io/align": value})
+        plan = translate(original, builtin_rules)
+        checked(plan, original)
+        assert plan.templates[0]["spec"]["spec"]["devices"]["constraints"] == [
+            {"requests": ["main"], "matchAttribute": attribute}], value
+    # One card shares everything with itself: no constraint.
+    single = translate(pod(ctr("main", limits={"nvidia.com/gpu": 1}),
+                           annotations={"dra-gateway.io/align": "pcieRoot"}), builtin_rules)
+    assert "constraints" not in single.templates[0]["spec"]["spec"]["devices"]
+    refused = translate(pod(ctr("main", limits={"nvidia.com/gpu": 2}),
+                            annotations={"dra-gateway.io/align": "pcie"}), builtin_rules)
+    assert refused.refusal is not None
+    assert "set it to pcieRoot, numaNode or nvlinkIsland, or remove it" in \
+        refused.refusal.message
+
+
+def test_a_rule_constraint_names_another_domain_s_attribute_or_is_refused(
+        tmp_path: Any) -> None:
+    (tmp_path / "bad.yaml").write_text(
+        "apiVersion: dra-gateway.io/v1alpha1\nkind: TranslationRules\nrules:\n"
+        "  - name: odd\n    resources: {example.com/gpu: {}}\n    device:\n"
+        "      className: gpu.dra-gateway.io\n      count: 'r[\"example.com/gpu\"]'\n"
+        "      constraints: [{matchAttribute: 'Example.com/x'}]\n")
+    with pytest.raises(RulesError) as caught:
+        load_rules(tmp_path / "bad.yaml")
+    assert '"Example.com/x" is not an attribute name (an identifier, or domain/identifier ' \
+        'such as resource.kubernetes.io/pcieRoot)' in str(caught.value)
 
 
 def test_gpushare_units_are_a_setting(tmp_path: Any) -> None:

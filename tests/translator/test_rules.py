@@ -44,7 +44,7 @@ def test_builtin_rules_cover_every_protocol(builtin_rules: RuleSet) -> None:
     assert builtin_rules.annotation_keys() == frozenset({
         "nvidia.com/use-gputype", "nvidia.com/nouse-gputype", "nvidia.com/use-gpuuuid",
         "nvidia.com/nouse-gpuuuid", "nvidia.com/numa-bind", "hami.io/gpu-scheduler-policy",
-        "hami.io/node-scheduler-policy", "nvidia.com/vgpu-mode"})
+        "hami.io/node-scheduler-policy", "nvidia.com/vgpu-mode", "dra-gateway.io/align"})
     assert builtin_rules.disabled == (
         "ascend-npu", "aws-neuron", "aws-neuroncore", "aws-neurondevice", "cambricon-mlu",
         "enflame-gcu", "google-tpu", "hygon-dcu", "iluvatar", "intel-gpu", "kunlunxin-xpu",

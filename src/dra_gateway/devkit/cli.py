@@ -153,6 +153,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     replay.add_argument("-o", "--output", choices=("table", "json"), default="table")
     replay.set_defaults(func=_run_bench)
 
+    topology = bench.add_parser(
+        "topology", help="multi-card pods on one PCIe root / NUMA node: with the topology "
+        "preference, without it, and first-fit, side by side")
+    topology.add_argument("--inventory", default=None, metavar="FILE",
+                          help="the node's inventory file, copied for every node (default: "
+                          "the bundled examples/inventory/pcie8.yaml)")
+    topology.add_argument("--nodes", type=int, default=16, help="nodes (default: %(default)s)")
+    topology.add_argument("--pods", type=int, default=4000,
+                          help="pods arriving per seed (default: %(default)s)")
+    topology.add_argument("--load", type=float, default=0.9,
+                          help="cards asked as a share of the cluster's (default: %(default)s)")
+    topology.add_argument("--seeds", default="1-3",
+                          help="seeds, e.g. 1-3 or 1,2 (default: %(default)s)")
+    topology.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    topology.set_defaults(func=_run_topology_bench)
+
 
 def _memory_cluster() -> Cluster:
     from dra_gateway.devkit.sim.memory import MemoryCluster
@@ -171,6 +187,12 @@ def _run_bench(args: argparse.Namespace) -> int:
     from dra_gateway.devkit import allocator_bench
 
     return allocator_bench.main(args)
+
+
+def _run_topology_bench(args: argparse.Namespace) -> int:
+    from dra_gateway.devkit import topology_bench
+
+    return topology_bench.main(args)
 
 
 def _bench(args: argparse.Namespace) -> int:

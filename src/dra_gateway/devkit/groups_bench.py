@@ -85,8 +85,8 @@ def _replay(cluster: bench.Cluster, translator: bench.Translator,
     state = cluster.state(PlannerSettings(default_strategy=strategy))
     state.set_workload(workload)
     size: dict[int, int] = {}
-    for job in jobs.values():
-        size[job] = size.get(job, 0) + 1
+    for member_of in jobs.values():
+        size[member_of] = size.get(member_of, 0) + 1
     waiting: dict[int, list[tuple[int, dict[str, Any], list[dict[str, Any]]]]] = {}
     placed: dict[int, list[int]] = {}  # job -> members placed
     models: dict[int, set[str | None]] = {}  # job -> the models its placed members' cards are
@@ -184,7 +184,8 @@ def table(results: Mapping[str, Mapping[str, float]], seeds: Sequence[int]) -> s
     lines = [header, "-" * len(header)]
     for label, r in results.items():
         lines.append(f"{label:<{width}} {r['jobs']:>6.0f} {r['jobs_whole']:>6.0f} "
-                     f"{r['jobs_mixed_models']:>12.0f} {r['jobs_partial']:>7.0f} {r['partial_gpus']:>20.1f} "
+                     f"{r['jobs_mixed_models']:>12.0f} {r['jobs_partial']:>7.0f} "
+                     f"{r['partial_gpus']:>20.1f} "
                      f"{r['allocation_ratio']:>11.2f} {r['claims_per_second']:>9.0f} "
                      f"{r['p99_ms']:>7.3f}")
     lines.append(f"(jobs summed and the rest a mean over {len(seeds)} seed(s): "

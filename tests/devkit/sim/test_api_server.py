@@ -52,7 +52,9 @@ async def test_discovery_describes_groups_resources_and_subresources(
     groups = await (await client.get("/apis")).json()
     assert {g["name"] for g in groups["groups"]} == {
         "resource.k8s.io", "coordination.k8s.io", "admissionregistration.k8s.io",
-        "dra-gateway.io", "policy"}
+        "dra-gateway.io", "policy",
+        # Volcano's and the coscheduling plugin's PodGroups, as where those are installed.
+        "scheduling.volcano.sh", "scheduling.x-k8s.io"}
     group = await (await client.get("/apis/resource.k8s.io")).json()
     assert group["preferredVersion"]["groupVersion"] == "resource.k8s.io/v1"
     dra = await (await client.get("/apis/resource.k8s.io/v1")).json()
