@@ -45,7 +45,7 @@ from dra_gateway.allocator.defrag import holds as holdfmt
 from dra_gateway.allocator.defrag.mode import DefragMode
 from dra_gateway.allocator.defrag.view import Snapshot
 from dra_gateway.allocator.events import COMPONENT, EventRecorder
-from dra_gateway.allocator.groups import GROUP_INDEX, group_index
+from dra_gateway.allocator.groups import GROUP_INDEX, HOLDER_INDEX, group_index, holder_index
 from dra_gateway.allocator.index import ClaimIndex
 from dra_gateway.allocator.legacypods import LegacyPods
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
@@ -133,15 +133,16 @@ class Controller:
         self.classes = Informer(cluster, DEVICE_CLASSES, self._on_class, watch_timeout=timeout)
         self.nodes = Informer(cluster, NODES, self._on_node, watch_timeout=timeout)
         self.pods = Informer(cluster, PODS, self._on_pod, field_selector=LIVE_PODS_SELECTOR,
-                             watch_timeout=timeout, indexers={GROUP_INDEX: group_index})
+                             watch_timeout=timeout,
+                             indexers={GROUP_INDEX: group_index, HOLDER_INDEX: holder_index})
         # Volcano's and the coscheduling plugin's PodGroups: their minMember sizes the groups
         # their pods name (kube/groups.py). Served only where those are installed; elsewhere
         # each mirror stays empty and lists again now and then.
-        self.podgroups = {source: Informer(cluster, rt, self._on_podgroup(source),
-                                           when_missing="empty",
-                                           missing=_podgroups_missing(source, rt),
-                                           watch_timeout=timeout, max_backoff=120.0)
-                          for source, rt in PODGROUP_TYPES.items()}
+        self.podgroups = {(source, rt): Informer(cluster, rt, self._on_podgroup(source),
+                                                 when_missing="empty",
+                                                 missing=_podgroups_missing(source, rt),
+                                                 watch_timeout=timeout, max_backoff=120.0)
+                          for source, types in PODGROUP_TYPES.items() for rt in types}
         self.planning = Planning(self.settings, claims=self.claims.get,
                                  consumable_capacity=bool(self.consumable_capacity))
         self.policy_mirror = PolicyMirror(cluster, CatalogKeeper(usage=False),
@@ -406,13 +407,20 @@ class Controller:
             self._release_claims(self.index.claims_of(uid))
 
     def _podgroup(self, source: str, namespace: str, name: str) -> Object | None:
-        return self.podgroups[source].get(namespace, name)
+        """The object sizing a group (a PodGroup, a Workload), from the first version served
+        that holds it."""
+        for rt in PODGROUP_TYPES[source]:
+            found = self.podgroups[(source, rt)].get(namespace, name)
+            if found is not None:
+                return found
+        return None
 
     def _on_podgroup(self, source: str) -> Callable[[Change, Object, Object | None], None]:
         def changed(change: Change, obj: Object, old: Object | None) -> None:
-            # A PodGroup created, resized or deleted: its gated members are planned again.
+            # A PodGroup (or Workload) created, resized or deleted: the gated members of the
+            # groups it sizes are planned again.
             key = (objects.namespace(obj), source, objects.name(obj))
-            for pod in self.pods.by_index(GROUP_INDEX, key):
+            for pod in self.pods.by_index(HOLDER_INDEX, key):
                 if is_gated(pod) and not objects.is_deleting(pod):
                     self.unplaceable.wake(self._pod_key(pod))
         return changed

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from dra_gateway.allocator.claims import ClaimLookup, claims_for
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import Object
-from dra_gateway.kube.groups import GroupError, PodGroup, group_key
+from dra_gateway.kube.groups import GroupError, PodGroup, group_key, holder_key
 
 GROUP_INDEX = "pod-group"
+HOLDER_INDEX = "pod-group-holder"  # by the object sizing the group (a PodGroup, a Workload)
 GROUP_CONDITION = f"{names.DOMAIN}/PodGroup"
 GROUP_INCOMPLETE = "GroupIncomplete"  # fewer members have arrived than the group needs
 GROUP_DOES_NOT_FIT = "GroupDoesNotFit"  # they have, and do not all fit together now
@@ -30,6 +31,12 @@ GROUP_INVALID = "GroupInvalid"  # the pod names a group without a usable size
 def group_index(pod: Object) -> Iterable[Hashable]:
     """The pods' mirror's index: a pod under the key of its group, if any."""
     key = group_key(pod)
+    return (key,) if key is not None else ()
+
+
+def holder_index(pod: Object) -> Iterable[Hashable]:
+    """The pods' mirror's index: a pod under the key of the object sizing its group."""
+    key = holder_key(pod)
     return (key,) if key is not None else ()
 
 
@@ -113,6 +120,6 @@ def invalid_message(error: GroupError) -> str:
 
 __all__ = [
     "GROUP_CONDITION", "GROUP_DOES_NOT_FIT", "GROUP_INCOMPLETE", "GROUP_INDEX", "GROUP_INVALID",
-    "GROUP_PLACED", "Members", "Ready", "chosen", "group_index", "incomplete_message",
-    "invalid_message", "members_of", "no_fit_message",
+    "GROUP_PLACED", "HOLDER_INDEX", "Members", "Ready", "chosen", "group_index", "holder_index",
+    "incomplete_message", "invalid_message", "members_of", "no_fit_message",
 ]

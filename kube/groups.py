@@ -6,14 +6,19 @@ sources, first found wins:
 
 1. the gateway's own annotations, for anything else: `dra-gateway.io/group` (a name) and
    `dra-gateway.io/group-size` (the members it needs);
-2. Kueue's pod groups: the label `kueue.x-k8s.io/pod-group-name` and the annotation
+2. upstream's Workload API (GenericWorkload): from 1.36, `spec.schedulingGroup.podGroupName`
+   names a PodGroup (`scheduling.k8s.io` v1beta1, or 1.36's v1alpha2) whose
+   `spec.schedulingPolicy.gang.minCount` is the size (a `basic` policy: no gang, one member);
+   in 1.35, `spec.workloadRef` names a Workload (`scheduling.k8s.io/v1alpha1`) and one of its
+   `spec.podGroups` (`policy.gang.minCount`), one group per `podGroupReplicaKey`;
+3. Kueue's pod groups: the label `kueue.x-k8s.io/pod-group-name` and the annotation
    `kueue.x-k8s.io/pod-group-total-count`;
-3. LeaderWorkerSet: the labels `leaderworkerset.sigs.k8s.io/name` and
+4. LeaderWorkerSet: the labels `leaderworkerset.sigs.k8s.io/name` and
    `leaderworkerset.sigs.k8s.io/group-index` (one group per replica: a leader and its workers)
    and the annotation `leaderworkerset.sigs.k8s.io/size`;
-4. Volcano: the annotation `scheduling.k8s.io/group-name` names a PodGroup
+5. Volcano: the annotation `scheduling.k8s.io/group-name` names a PodGroup
    (`scheduling.volcano.sh/v1beta1`) of the pod's namespace, whose `spec.minMember` is the size;
-5. the coscheduling plugin (scheduler-plugins): the label `scheduling.x-k8s.io/pod-group` names
+6. the coscheduling plugin (scheduler-plugins): the label `scheduling.x-k8s.io/pod-group` names
    a PodGroup (`scheduling.x-k8s.io/v1alpha1`), whose `spec.minMember` is the size.
 
 A group is one namespace's: its key (`group_key`) is the namespace, the source and the name,
@@ -29,13 +34,20 @@ annotation `dra-gateway.io/group-domain` names a node label every member's node 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.objects import RawObject
-from dra_gateway.kube.resources import COSCHEDULING_POD_GROUPS, VOLCANO_POD_GROUPS, ResourceType
+from dra_gateway.kube.resources import (
+    COSCHEDULING_POD_GROUPS,
+    POD_GROUPS_V1ALPHA2,
+    POD_GROUPS_V1BETA1,
+    VOLCANO_POD_GROUPS,
+    WORKLOADS_V1ALPHA1,
+    ResourceType,
+)
 
 GROUP_ANNOTATION: Final = f"{names.DOMAIN}/group"
 GROUP_SIZE_ANNOTATION: Final = f"{names.DOMAIN}/group-size"
@@ -51,9 +63,13 @@ DOMAIN_ANNOTATION: Final = f"{names.DOMAIN}/group-domain"
 SAME_MODEL: Final = "Same"
 ANY_MODEL: Final = "Any"
 
-# The sources whose size is a PodGroup object's spec.minMember, and that object's type.
-PODGROUP_TYPES: Final[dict[str, ResourceType]] = {
-    "volcano": VOLCANO_POD_GROUPS, "coscheduling": COSCHEDULING_POD_GROUPS}
+# The sources whose size an object holds, and that object's types (the versions served, the
+# preferred first): PodGroups' minMember or gang minCount, a Workload's pod groups.
+PODGROUP_TYPES: Final[dict[str, tuple[ResourceType, ...]]] = {
+    "podgroup": (POD_GROUPS_V1BETA1, POD_GROUPS_V1ALPHA2),
+    "workload": (WORKLOADS_V1ALPHA1,),
+    "volcano": (VOLCANO_POD_GROUPS,),
+    "coscheduling": (COSCHEDULING_POD_GROUPS,)}
 
 # More members than this is a typo, not a job (the largest jobs the gateway serves are far
 # smaller; the scheduler would never see them whole either).
@@ -70,7 +86,7 @@ class PodGroup:
     namespace: str
     name: str
     size: int
-    source: str  # "dra-gateway", "kueue", "leaderworkerset", "volcano", "coscheduling"
+    source: str  # "dra-gateway", "podgroup", "workload", "kueue", "leaderworkerset", ...
     why: str  # the fields it was read from, for `translate --explain` and conditions
     same_model: bool = True  # every member's cards of one GPU model
     domain: str | None = None  # a node label whose value every member's node must share
@@ -98,8 +114,10 @@ class _Named:
     source: str
     name: str
     why: str  # the pod's fields that name it
-    size_field: str | None = None  # the pod's annotation holding the size; None: a PodGroup's
+    size_field: str | None = None  # the pod's annotation holding the size; None: an object's
     size_why: str = "annotation "  # how `why` goes on to name the size's annotation
+    holder: str = ""  # the object holding the size, when not `name` (a Workload)
+    member: str = ""  # the Workload's pod group the pod belongs to
 
 
 def _named(pod: RawObject) -> _Named | None:
@@ -107,6 +125,19 @@ def _named(pod: RawObject) -> _Named | None:
     if own := notes.get(GROUP_ANNOTATION):
         return _Named("dra-gateway", own, f"annotations {GROUP_ANNOTATION}={own}",
                       GROUP_SIZE_ANNOTATION, size_why="")
+    spec = objects.spec(pod)
+    scheduling = spec.get("schedulingGroup")
+    if isinstance(scheduling, Mapping) and isinstance(scheduling.get("podGroupName"), str):
+        name = scheduling["podGroupName"]
+        return _Named("podgroup", name, f"spec.schedulingGroup.podGroupName={name}")
+    ref = spec.get("workloadRef")
+    if isinstance(ref, Mapping) and isinstance(ref.get("name"), str) and \
+            isinstance(ref.get("podGroup"), str):
+        replica = ref.get("podGroupReplicaKey") or ""
+        name = "/".join(p for p in (ref["name"], ref["podGroup"], replica) if p)
+        why = f"spec.workloadRef (workload {ref['name']}, podGroup {ref['podGroup']}" + (
+            f", podGroupReplicaKey {replica})" if replica else ")")
+        return _Named("workload", name, why, holder=ref["name"], member=ref["podGroup"])
     if kueue := marks.get(KUEUE_GROUP_LABEL):
         return _Named("kueue", kueue, f"label {KUEUE_GROUP_LABEL}={kueue}",
                       KUEUE_COUNT_ANNOTATION)
@@ -130,6 +161,15 @@ def group_key(pod: RawObject) -> tuple[str, str, str] | None:
     return None if named is None else (objects.namespace(pod), named.source, named.name)
 
 
+def holder_key(pod: RawObject) -> tuple[str, str, str] | None:
+    """The key of the object sizing the pod's group (namespace, source, object name), for the
+    groups whose size an object holds (a PodGroup, a Workload); None for the others."""
+    named = _named(pod)
+    if named is None or named.size_field is not None:
+        return None
+    return (objects.namespace(pod), named.source, named.holder or named.name)
+
+
 def _count(value: object, field: str, group: str) -> int | GroupError:
     if value is None:
         return GroupError(f"{field} is missing: pod group {group} needs the number of its "
@@ -149,18 +189,45 @@ def _count(value: object, field: str, group: str) -> int | GroupError:
 
 def _podgroup_size(named: _Named, namespace: str,
                    podgroups: PodGroupLookup | None) -> tuple[int, str] | GroupError:
-    rt = PODGROUP_TYPES[named.source]
-    what = f"PodGroup {namespace}/{named.name} ({rt.api_version})"
-    found = podgroups(named.source, namespace, named.name) if podgroups is not None else None
+    types = PODGROUP_TYPES[named.source]
+    rt = types[0]
+    holder = named.holder or named.name
+    what = f"{rt.kind} {namespace}/{holder} ({rt.api_version if len(types) == 1 else rt.group})"
+    found = podgroups(named.source, namespace, holder) if podgroups is not None else None
     if found is None:
+        field = "spec.minMember" if named.source in ("volcano", "coscheduling") else \
+            "its gang policy's minCount"
         return GroupError(f"the pod's {named.why} names {what}, which does not exist: "
-                          f"create it (with spec.minMember), or remove the pod's "
-                          f"{named.why.split('=', 1)[0]}")
-    member = (found.get("spec") or {}).get("minMember")
+                          f"create it (with {field}), or remove the pod's "
+                          f"{named.why.split('=', 1)[0].split(' (', 1)[0]}")
+    spec = found.get("spec") or {}
+    if named.source == "podgroup":
+        return _gang_size(spec.get("schedulingPolicy"), f"{what} spec.schedulingPolicy",
+                          named.name)
+    if named.source == "workload":
+        groups = spec.get("podGroups") or ()
+        entry = next((g for g in groups if isinstance(g, Mapping)
+                      and g.get("name") == named.member), None)
+        if entry is None:
+            return GroupError(f"the pod's {named.why} names pod group {named.member}, which "
+                              f"{what} does not have: add it to spec.podGroups, or fix the "
+                              f"pod's spec.workloadRef.podGroup")
+        return _gang_size(entry.get("policy"), f"{what} spec.podGroups[{named.member}].policy",
+                          named.name)
+    member = spec.get("minMember")
     if member is None or member == 0:
         return 1, f"{what} spec.minMember={member or 'unset'} (one member)"  # as both read it
     size = _count(member, f"{what} spec.minMember", named.name)
     return size if isinstance(size, GroupError) else (size, f"{what} spec.minMember={size}")
+
+
+def _gang_size(policy: object, where: str, group: str) -> tuple[int, str] | GroupError:
+    """The size of an upstream pod group policy: a gang's minCount; basic: one member."""
+    gang = policy.get("gang") if isinstance(policy, Mapping) else None
+    if not isinstance(gang, Mapping):
+        return 1, f"{where} basic (one member)"
+    size = _count(gang.get("minCount"), f"{where}.gang.minCount", group)
+    return size if isinstance(size, GroupError) else (size, f"{where}.gang.minCount={size}")
 
 
 def group_of(pod: RawObject,
@@ -227,4 +294,5 @@ __all__ = [
     "PodGroupLookup",
     "group_key",
     "group_of",
+    "holder_key",
 ]

@@ -82,6 +82,15 @@ VOLCANO_POD_GROUPS = ResourceType("scheduling.volcano.sh", "v1beta1", "podgroups
                                   namespaced=True, has_status=True)
 COSCHEDULING_POD_GROUPS = ResourceType("scheduling.x-k8s.io", "v1alpha1", "podgroups",
                                        "PodGroup", namespaced=True, has_status=True)
+# Upstream's Workload API (GenericWorkload): 1.35's Workloads, whose pods name one of their pod
+# groups (spec.workloadRef); from 1.36, standalone PodGroups the pods name
+# (spec.schedulingGroup.podGroupName), alpha in 1.36 and beta (off by default) in 1.37.
+WORKLOADS_V1ALPHA1 = ResourceType("scheduling.k8s.io", "v1alpha1", "workloads", "Workload",
+                                  namespaced=True)
+POD_GROUPS_V1ALPHA2 = ResourceType("scheduling.k8s.io", "v1alpha2", "podgroups", "PodGroup",
+                                   namespaced=True, has_status=True)
+POD_GROUPS_V1BETA1 = ResourceType("scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup",
+                                  namespaced=True, has_status=True)
 
 ALL: tuple[ResourceType, ...] = (
     PODS, NODES, NAMESPACES, CONFIG_MAPS, SECRETS, EVENTS,
@@ -89,6 +98,7 @@ ALL: tuple[ResourceType, ...] = (
     LEASES, MUTATING_WEBHOOK_CONFIGURATIONS, VALIDATING_WEBHOOK_CONFIGURATIONS,
     GPU_QUOTAS, GPU_SHARING_POLICIES, POD_DISRUPTION_BUDGETS,
     VOLCANO_POD_GROUPS, COSCHEDULING_POD_GROUPS,
+    WORKLOADS_V1ALPHA1, POD_GROUPS_V1ALPHA2, POD_GROUPS_V1BETA1,
 )
 
 

@@ -131,7 +131,8 @@ class World:
                         annotations: dict[str, str] | None = None,
                         namespace: str = NAMESPACE, priority: int | None = None,
                         other_gates: tuple[str, ...] = (),
-                        labels: dict[str, str] | None = None) -> Object:
+                        labels: dict[str, str] | None = None,
+                        scheduling_group: str | None = None) -> Object:
         specs = list(claim_specs)
         pod: Object = {
             "apiVersion": "v1", "kind": "Pod",
@@ -149,6 +150,8 @@ class World:
         }
         if priority is not None:
             pod["spec"]["priority"] = priority  # as the API server fills it from the class
+        if scheduling_group is not None:  # upstream's PodGroup (GenericWorkload, 1.36 on)
+            pod["spec"]["schedulingGroup"] = {"podGroupName": scheduling_group}
         if gated:
             # Another admission system's gates (Kueue's) come first, as they are added first.
             pod["spec"]["schedulingGates"] = [*({"name": g} for g in other_gates),

@@ -20,7 +20,12 @@ from dra_gateway.kube.groups import (
     MODELS_ANNOTATION,
     VOLCANO_GROUP_ANNOTATION,
 )
-from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS, VOLCANO_POD_GROUPS
+from dra_gateway.kube.resources import (
+    POD_GROUPS_V1BETA1,
+    PODS,
+    RESOURCE_CLAIMS,
+    VOLCANO_POD_GROUPS,
+)
 
 from .conftest import NAMESPACE, World, is_ungated, running_controller, ungated, whole_claim_spec
 
@@ -174,6 +179,23 @@ async def test_volcano_pods_wait_for_their_podgroup_and_its_min_member(
         await world.gated_pod("v-2", [whole_claim_spec(1)], annotations=named)
         await eventually(lambda: all_ungated(world, ["v-0", "v-1", "v-2"]))
         assert await _held(memory_cluster, "v-") == 3
+
+
+async def test_pods_of_an_upstream_pod_group_wait_for_its_gang_min_count(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=4)
+    async with running_controller(memory_cluster):
+        await memory_cluster.create(POD_GROUPS_V1BETA1, {
+            "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": "train", "namespace": NAMESPACE},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}}}, namespace=NAMESPACE)
+        await world.gated_pod("u-0", [whole_claim_spec(2)], scheduling_group="train")
+        said = await eventually(lambda: _reason_is(world, "u-0", "GroupIncomplete"))
+        assert "spec.schedulingGroup.podGroupName=train" in said["message"], said
+        assert await _held(memory_cluster, "u-") == 0
+        await world.gated_pod("u-1", [whole_claim_spec(2)], scheduling_group="train")
+        await eventually(lambda: all_ungated(world, ["u-0", "u-1"]))
+        assert await _held(memory_cluster, "u-") == 4
 
 
 async def _reason_is(world: World, name: str, reason: str) -> Object | None:

@@ -9,14 +9,13 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dra_gateway.allocator.planner import ClusterState, PlannerSettings, plan_pod
 from dra_gateway.allocator.planner.groups import (
     model_selector,
     narrow_to_model,
     plan_group,
     plan_models,
 )
-
-from dra_gateway.allocator.planner import ClusterState, PlannerSettings, plan_pod
 from dra_gateway.kube import names
 
 from .planner_support import (

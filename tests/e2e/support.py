@@ -247,11 +247,14 @@ def short_dir() -> Path:
 
 @contextlib.contextmanager
 def install(version: str, feature_gates: Mapping[str, bool], bin_dir: Path, helm: str,
-            work: Path) -> Iterator[Gateway]:
+            work: Path, *, apiserver_args: Sequence[str] = ()) -> Iterator[Gateway]:
+    """The gateway installed on a fresh control plane (`apiserver_args`: more flags for the
+    API server, as --runtime-config for an API group off by default)."""
     from dra_gateway.certs.generate import make_bundle, write_bundle
 
+    extra = {**CONTROL_PLANE_ARGS, "kube-apiserver": tuple(apiserver_args)}
     plane = ControlPlane(bin_dir, feature_gates=feature_gates, work_dir=work / "kube",
-                         startup_timeout_s=180, extra_args=CONTROL_PLANE_ARGS)
+                         startup_timeout_s=180, extra_args=extra)
     sockets = short_dir()
     gateway: Gateway | None = None
     try:

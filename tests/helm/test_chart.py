@@ -511,6 +511,7 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
         # Volcano's and the coscheduling plugin's PodGroups, for their minMember.
         | _grants(CLUSTER, ["scheduling.volcano.sh", "scheduling.x-k8s.io"], ["podgroups"],
                   ["list", "watch"])
+        | _grants(CLUSTER, ["scheduling.k8s.io"], ["podgroups", "workloads"], ["list", "watch"])
         | _grants(NS, ["coordination.k8s.io"], ["leases"], ["create"])
         | _grants(NS, ["coordination.k8s.io"], ["leases"], ["get", "update"],
                   ["dra-gateway-allocator"])

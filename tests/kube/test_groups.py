@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dra_gateway.kube.groups import GroupError, PodGroup, group_key, group_of
+from dra_gateway.kube.groups import GroupError, PodGroup, group_key, group_of, holder_key
 
 
 def pod(labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
@@ -152,3 +152,58 @@ def test_label_keys_as_the_api_server_takes_them() -> None:
     for bad in ("", "a rack", "Example.com/rack", "/zone", "zone/", "-x", "a" * 64,
                 "x" * 254 + "/zone"):
         assert not is_label_key(bad), bad
+
+
+def test_upstream_pod_groups_are_sized_by_their_gang_policy() -> None:
+    lookup = _podgroups({
+        ("podgroup", "ml", "train"): {"spec": {"schedulingPolicy": {"gang": {"minCount": 4}}}},
+        ("podgroup", "ml", "loose"): {"spec": {"schedulingPolicy": {"basic": {}}}},
+        ("workload", "ml", "job"): {"spec": {"podGroups": [
+            {"name": "workers", "policy": {"gang": {"minCount": 3}}},
+            {"name": "driver", "policy": {"basic": {}}}]}}})
+    # 1.36 on: the pod names its PodGroup.
+    named = {"metadata": {"name": "p", "namespace": "ml"},
+             "spec": {"schedulingGroup": {"podGroupName": "train"}}}
+    found = group_of(named, lookup)
+    assert found == PodGroup("ml", "train", 4, "podgroup",
+                             "spec.schedulingGroup.podGroupName=train, PodGroup ml/train "
+                             "(scheduling.k8s.io) spec.schedulingPolicy.gang.minCount=4")
+    assert holder_key(named) == ("ml", "podgroup", "train")
+    loose = group_of({**named, "spec": {"schedulingGroup": {"podGroupName": "loose"}}}, lookup)
+    assert isinstance(loose, PodGroup)
+    assert loose.size == 1
+    # 1.35: the pod names its Workload and one of its pod groups, per replica.
+    ref = {"metadata": {"name": "p", "namespace": "ml"}, "spec": {"workloadRef": {
+        "name": "job", "podGroup": "workers", "podGroupReplicaKey": "r1"}}}
+    workers = group_of(ref, lookup)
+    assert isinstance(workers, PodGroup)
+    assert (workers.name, workers.size, workers.source) == ("job/workers/r1", 3, "workload")
+    assert group_key(ref) == ("ml", "workload", "job/workers/r1")
+    assert holder_key(ref) == ("ml", "workload", "job")
+    # The gateway's own annotations come first, Kueue's after upstream's.
+    assert holder_key(pod(annotations={"dra-gateway.io/group": "x",
+                                       "dra-gateway.io/group-size": "2"})) is None
+    both = {**ref, "metadata": {**ref["metadata"],
+                                "labels": {"kueue.x-k8s.io/pod-group-name": "k"}}}
+    assert group_key(both) == ("ml", "workload", "job/workers/r1")
+
+
+def test_an_upstream_group_that_is_missing_says_what_to_fix() -> None:
+    missing = group_of({"metadata": {"name": "p", "namespace": "ml"},
+                        "spec": {"schedulingGroup": {"podGroupName": "gone"}}}, _podgroups({}))
+    assert missing == GroupError(
+        "the pod's spec.schedulingGroup.podGroupName=gone names PodGroup ml/gone "
+        "(scheduling.k8s.io), which does not exist: create it (with its gang policy's "
+        "minCount), or remove the pod's spec.schedulingGroup.podGroupName")
+    lookup = _podgroups({("workload", "ml", "job"): {"spec": {"podGroups": [
+        {"name": "workers", "policy": {"gang": {"minCount": 0}}}]}}})
+    ref = {"metadata": {"name": "p", "namespace": "ml"},
+           "spec": {"workloadRef": {"name": "job", "podGroup": "driver"}}}
+    no_member = group_of(ref, lookup)
+    assert isinstance(no_member, GroupError)
+    assert "names pod group driver, which Workload ml/job (scheduling.k8s.io/v1alpha1) does " \
+        "not have: add it to spec.podGroups" in no_member.message
+    zero = group_of({**ref, "spec": {"workloadRef": {"name": "job", "podGroup": "workers"}}},
+                    lookup)
+    assert isinstance(zero, GroupError)
+    assert "policy.gang.minCount is 0: a group has 1 to 10000 members" in zero.message

@@ -54,7 +54,9 @@ async def test_discovery_describes_groups_resources_and_subresources(
         "resource.k8s.io", "coordination.k8s.io", "admissionregistration.k8s.io",
         "dra-gateway.io", "policy",
         # Volcano's and the coscheduling plugin's PodGroups, as where those are installed.
-        "scheduling.volcano.sh", "scheduling.x-k8s.io"}
+        "scheduling.volcano.sh", "scheduling.x-k8s.io",
+        # Upstream's Workload API, as where GenericWorkload is on.
+        "scheduling.k8s.io"}
     group = await (await client.get("/apis/resource.k8s.io")).json()
     assert group["preferredVersion"]["groupVersion"] == "resource.k8s.io/v1"
     dra = await (await client.get("/apis/resource.k8s.io/v1")).json()
