@@ -267,6 +267,30 @@ def group_of(pod: RawObject,
     return group
 
 
+def describe(pod: RawObject, podgroups: PodGroupLookup | None = None) -> str | None:
+    """In words, which group the pod belongs to and why (`translate --explain`, `migrate
+    plan`); None when it belongs to none. Without `podgroups` (no cluster to read), a group
+    sized by an object says which object holds its size."""
+    named = _named(pod)
+    if named is None:
+        return None
+    found = group_of(pod, podgroups)
+    if isinstance(found, PodGroup):
+        parts = [f"pod group {found.label} ({found.source}): {found.size} member(s) allocated "
+                 f"together, all or nothing, from {found.why}"]
+        if found.same_model:
+            parts.append("every member on one GPU model")
+        if found.domain:
+            parts.append(f"on nodes of one {found.domain}")
+        return "; ".join(parts)
+    label = f"{objects.namespace(pod)}/{named.name}"
+    if podgroups is None and named.size_field is None:
+        rt = PODGROUP_TYPES[named.source][0]
+        return (f"pod group {label} ({named.source}), from {named.why}: its size is "
+                f"{rt.kind} {named.holder or named.name}'s, read in the cluster")
+    return f"pod group {label} cannot be used: {found.message}" if found else None
+
+
 def _same_model(text: str | None) -> bool | GroupError:
     if text is None or text == SAME_MODEL:
         return True
@@ -293,6 +317,7 @@ __all__ = [
     "PodGroup",
     "PodGroupLookup",
     "group_key",
+    "describe",
     "group_of",
     "holder_key",
 ]

@@ -20,6 +20,7 @@ from typing import Any, Final, Literal
 import orjson
 
 from dra_gateway.kube import names
+from dra_gateway.kube.groups import describe as describe_group
 from dra_gateway.kube.quantity import Quantity
 from dra_gateway.translator.containers import (
     ContainerPlan,
@@ -95,6 +96,7 @@ class PodExplanation:
     template: str = ""  # the ResourceClaimTemplate's name
     gated: bool = False  # whether the patch adds the scheduling gate
     refusal: str = ""
+    group: str = ""  # the pod group it belongs to and why (kube.groups.describe), if any
     containers: tuple[ContainerExplanation, ...] = ()
     warnings: tuple[str, ...] = ()  # every warning of the plan, as the webhook returns them
 
@@ -126,7 +128,7 @@ def explain(pod: Mapping[str, Any], rules: RuleSet, *, plan: TranslationPlan,
                 left=tuple(Left(r, "translated before") for r in _resource_names(c)))
             for key, _, c in _containers(spec))
         return PodExplanation(outcome="translated-before", gated=gated, containers=containers,
-                              warnings=tuple(plan.warnings))
+                              group=describe_group(pod) or "", warnings=tuple(plan.warnings))
 
     record = _record(plan)
     refusal = plan.refusal
@@ -146,6 +148,7 @@ def explain(pod: Mapping[str, Any], rules: RuleSet, *, plan: TranslationPlan,
         else "unchanged")
     return PodExplanation(outcome=outcome, template=template, gated=gated,
                           refusal=refusal.message if refusal is not None else "",
+                          group=describe_group(pod) or "",
                           containers=tuple(out), warnings=tuple(plan.warnings))
 
 

@@ -28,6 +28,8 @@ def render_text(where: str, explanation: PodExplanation) -> list[str]:
         "translated-before": f"translated before ({names.ANNOTATION_TRANSLATED})",
     }[explanation.outcome]
     lines = [f"{where}: {head}"]
+    if explanation.group:
+        lines.append(f"  {explanation.group}")
     for c in explanation.containers:
         label = f"{'' if c.kind == 'container' else c.kind + ' '}{quote(c.name)}"
         if c.outcome in ("translated", "shares-request"):

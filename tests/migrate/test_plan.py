@@ -76,6 +76,19 @@ def test_pods_are_grouped_under_the_workload_that_owns_them(tmp_path: Path) -> N
     assert not [w for w in plan.workloads if w.name == "web"]
 
 
+def test_a_workload_says_which_pod_group_its_pods_belong_to(tmp_path: Path) -> None:
+    objects = [namespace("ml"), pod("worker-0", "ml", {"nvidia.com/gpu": 2}, annotations={
+        "kueue.x-k8s.io/pod-group-total-count": "3"},
+        labels={"kueue.x-k8s.io/pod-group-name": "train"})]
+    plan = _plan(objects, tmp_path)
+    worker = _workload(plan, "ml", "worker-0")
+    assert worker.group.startswith("pod group ml/train (kueue): 3 member(s) allocated together")
+    text = render_table(plan)
+    assert f"  {worker.group}\n" in text
+    assert "pod group ml/train (kueue)" in render_html(plan)
+    assert plan.to_dict()["workloads"][0]["group"] == worker.group
+
+
 def test_the_dra_request_is_what_the_translator_makes_of_the_pod_template(
         tmp_path: Path) -> None:
     plan = _plan(scenario(), tmp_path)

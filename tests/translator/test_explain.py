@@ -194,3 +194,28 @@ def test_the_explanation_of_every_example_matches_its_translation(
             else:
                 assert container.name not in requests
         assert found.plan.warnings == list(explanation.warnings)
+
+
+def test_the_explanation_says_which_pod_group_a_pod_belongs_to_and_why(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    kueue = pod(ctr("main", limits={"nvidia.com/gpu": 2}), name="w0", annotations={
+        "kueue.x-k8s.io/pod-group-total-count": "4", "dra-gateway.io/group-models": "Any"})
+    kueue["metadata"]["labels"] = {"kueue.x-k8s.io/pod-group-name": "train"}
+    volcano = pod(ctr("main", limits={"nvidia.com/gpu": 2}), name="w1",
+                  annotations={"scheduling.k8s.io/group-name": "job-1"})
+    odd = pod(ctr("main", limits={"nvidia.com/gpu": 1}), name="w2", annotations={
+        "dra-gateway.io/group": "g", "dra-gateway.io/group-size": "many"})
+    code, out, _ = run_cli(capsys, "translate", "--explain", "-f",
+                           write(tmp_path, kueue, volcano, odd))
+    assert code == 0
+    assert ("  pod group team-a/train (kueue): 4 member(s) allocated together, all or nothing, "
+            "from label kueue.x-k8s.io/pod-group-name=train, annotation "
+            "kueue.x-k8s.io/pod-group-total-count=4; dra-gateway.io/group-models=Any\n") in out
+    assert ("  pod group team-a/job-1 (volcano), from annotation scheduling.k8s.io/group-name="
+            "job-1: its size is PodGroup job-1's, read in the cluster\n") in out
+    assert "  pod group team-a/g cannot be used: dra-gateway.io/group-size is 'many'" in out
+    code, (entry,) = explained(capsys, "-f", write(tmp_path, kueue))
+    assert entry["group"].startswith("pod group team-a/train (kueue)")
+    _, (plain,) = explained(capsys, "-f", write(tmp_path, pod(ctr("main", limits={
+        "nvidia.com/gpu": 1}))))
+    assert plain["group"] == ""

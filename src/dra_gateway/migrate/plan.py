@@ -83,6 +83,7 @@ class WorkloadPlan:
     refusal: str = ""  # why a rule refuses its pods, whatever the namespace's mode
     containers: tuple[ContainerPlan, ...] = ()
     warnings: tuple[str, ...] = ()
+    group: str = ""  # the pod group its pods belong to and why (kube.groups.describe)
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,7 +307,7 @@ def _workload(key: tuple[str, str, str], sample: Object, pods: Sequence[Object],
         nodes=tuple(sorted({str(objects.spec(p).get("nodeName")) for p in pods
                             if objects.spec(p).get("nodeName")})),
         template=explanation.template, refusal=explanation.refusal, containers=containers,
-        warnings=tuple(translation.warnings))
+        warnings=tuple(translation.warnings), group=explanation.group)
 
 
 def _container(explained: ContainerExplanation, pod: Mapping[str, Any],

@@ -73,6 +73,8 @@ def render_table(plan: MigrationPlan) -> str:
         pods = f", {len(w.pods)} pod(s)" if w.pods else ", no pod running"
         legacy = f", {len(w.legacy_pods)} still legacy" if w.legacy_pods else ""
         out.append(f"{w.kind} {w.namespace}/{w.name}{pods}{legacy}: {w.status}: {w.why}")
+        if w.group:
+            out.append(f"  {w.group}")
         for c in w.containers:
             rule = f"rule {c.rule}" if c.rule else "no rule"
             out.append(f"  {c.kind} {c.name}: {_amounts(c.legacy)} -> {rule} -> "
@@ -152,7 +154,8 @@ def _workload_rows(w: WorkloadPlan) -> list[list[str]]:
         f"</code> ({_e(c.outcome)}){'<br><small>' + _e(c.why) + '</small>' if c.why else ''}"
         for c in w.containers)
     warnings = "".join(f"<br><small>warning: {_e(x)}</small>" for x in w.warnings)
-    return [[*head, containers + warnings]]
+    group = f"<br><small>{_e(w.group)}</small>" if w.group else ""
+    return [[*head, containers + group + warnings]]
 
 
 def render_html(plan: MigrationPlan) -> str:
