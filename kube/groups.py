@@ -316,8 +316,8 @@ __all__ = [
     "GroupError",
     "PodGroup",
     "PodGroupLookup",
-    "group_key",
     "describe",
+    "group_key",
     "group_of",
     "holder_key",
 ]
