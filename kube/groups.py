@@ -19,7 +19,14 @@ sources, first found wins:
 5. Volcano: the annotation `scheduling.k8s.io/group-name` names a PodGroup
    (`scheduling.volcano.sh/v1beta1`) of the pod's namespace, whose `spec.minMember` is the size;
 6. the coscheduling plugin (scheduler-plugins): the label `scheduling.x-k8s.io/pod-group` names
-   a PodGroup (`scheduling.x-k8s.io/v1alpha1`), whose `spec.minMember` is the size.
+   a PodGroup (`scheduling.x-k8s.io/v1alpha1`), whose `spec.minMember` is the size;
+7. JobSet: the label `jobset.sigs.k8s.io/jobset-name` (and `restart-attempt`: a restarted
+   JobSet is a new group) names a JobSet (`jobset.x-k8s.io/v1alpha2`), sized by the sum over
+   its replicated jobs of `replicas` times the job's `parallelism`;
+8. Kubeflow's training jobs (PyTorchJob, TFJob, MPIJob, XGBoostJob, PaddleJob, JAXJob): the
+   label `training.kubeflow.org/job-name` and the pod's controller, sized by the sum of its
+   replica specs' `replicas` (where Kubeflow creates a Volcano or coscheduling PodGroup for
+   gang scheduling, that PodGroup names the group first).
 
 A group is one namespace's: its key (`group_key`) is the namespace, the source and the name,
 read from the pod alone. Its size may need the PodGroup object (`group_of`'s `podgroups`
@@ -42,6 +49,8 @@ from dra_gateway.kube import names, objects
 from dra_gateway.kube.objects import RawObject
 from dra_gateway.kube.resources import (
     COSCHEDULING_POD_GROUPS,
+    JOBSETS,
+    KUBEFLOW_JOBS,
     POD_GROUPS_V1ALPHA2,
     POD_GROUPS_V1BETA1,
     VOLCANO_POD_GROUPS,
@@ -58,6 +67,9 @@ LWS_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_SIZE_ANNOTATION: Final = "leaderworkerset.sigs.k8s.io/size"
 VOLCANO_GROUP_ANNOTATION: Final = "scheduling.k8s.io/group-name"
 COSCHEDULING_GROUP_LABEL: Final = "scheduling.x-k8s.io/pod-group"
+JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_ATTEMPT_LABEL: Final = "jobset.sigs.k8s.io/restart-attempt"
+KUBEFLOW_JOB_LABEL: Final = "training.kubeflow.org/job-name"
 MODELS_ANNOTATION: Final = f"{names.DOMAIN}/group-models"
 DOMAIN_ANNOTATION: Final = f"{names.DOMAIN}/group-domain"
 SAME_MODEL: Final = "Same"
@@ -69,7 +81,9 @@ PODGROUP_TYPES: Final[dict[str, tuple[ResourceType, ...]]] = {
     "podgroup": (POD_GROUPS_V1BETA1, POD_GROUPS_V1ALPHA2),
     "workload": (WORKLOADS_V1ALPHA1,),
     "volcano": (VOLCANO_POD_GROUPS,),
-    "coscheduling": (COSCHEDULING_POD_GROUPS,)}
+    "coscheduling": (COSCHEDULING_POD_GROUPS,),
+    "jobset": (JOBSETS,),
+    **{kind.lower(): (rt,) for kind, (rt, _) in KUBEFLOW_JOBS.items()}}
 
 # More members than this is a typo, not a job (the largest jobs the gateway serves are far
 # smaller; the scheduler would never see them whole either).
@@ -151,6 +165,25 @@ def _named(pod: RawObject) -> _Named | None:
         return _Named("volcano", volcano, f"annotation {VOLCANO_GROUP_ANNOTATION}={volcano}")
     if cosched := marks.get(COSCHEDULING_GROUP_LABEL):
         return _Named("coscheduling", cosched, f"label {COSCHEDULING_GROUP_LABEL}={cosched}")
+    if jobset := marks.get(JOBSET_NAME_LABEL):
+        attempt = marks.get(JOBSET_ATTEMPT_LABEL) or "0"
+        why = f"label {JOBSET_NAME_LABEL}={jobset}" + (
+            f", {JOBSET_ATTEMPT_LABEL}={attempt}" if attempt != "0" else "")
+        name = jobset if attempt == "0" else f"{jobset}/attempt-{attempt}"
+        return _Named("jobset", name, why, holder=jobset)
+    if job := marks.get(KUBEFLOW_JOB_LABEL):
+        owner = _controller(pod)
+        if owner is not None and owner[0] in KUBEFLOW_JOBS and owner[1] == job:
+            return _Named(owner[0].lower(), job, f"label {KUBEFLOW_JOB_LABEL}={job} "
+                          f"({owner[0]})")
+    return None
+
+
+def _controller(pod: RawObject) -> tuple[str, str] | None:
+    """The kind and name of the pod's controller (its controlling ownerReference)."""
+    for ref in objects.meta(pod).get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            return str(ref.get("kind")), str(ref.get("name"))
     return None
 
 
@@ -195,11 +228,14 @@ def _podgroup_size(named: _Named, namespace: str,
     what = f"{rt.kind} {namespace}/{holder} ({rt.api_version if len(types) == 1 else rt.group})"
     found = podgroups(named.source, namespace, holder) if podgroups is not None else None
     if found is None:
-        field = "spec.minMember" if named.source in ("volcano", "coscheduling") else \
+        field = named.why.split("=", 1)[0].split(" (", 1)[0]
+        if named.source == "jobset" or named.source in _KUBEFLOW_FIELDS:
+            return GroupError(f"the pod's {named.why} names {what}, which does not exist (or "
+                              f"is not served): its pods wait for it to size their group")
+        size = "spec.minMember" if named.source in ("volcano", "coscheduling") else \
             "its gang policy's minCount"
         return GroupError(f"the pod's {named.why} names {what}, which does not exist: "
-                          f"create it (with {field}), or remove the pod's "
-                          f"{named.why.split('=', 1)[0].split(' (', 1)[0]}")
+                          f"create it (with {size}), or remove the pod's {field}")
     spec = found.get("spec") or {}
     if named.source == "podgroup":
         return _gang_size(spec.get("schedulingPolicy"), f"{what} spec.schedulingPolicy",
@@ -214,11 +250,54 @@ def _podgroup_size(named: _Named, namespace: str,
                               f"pod's spec.workloadRef.podGroup")
         return _gang_size(entry.get("policy"), f"{what} spec.podGroups[{named.member}].policy",
                           named.name)
+    if named.source == "jobset":
+        return _jobset_size(spec, what, named.name)
+    if named.source in _KUBEFLOW_FIELDS:
+        field = _KUBEFLOW_FIELDS[named.source]
+        replicas = spec.get(field) or {}
+        if not isinstance(replicas, Mapping) or not replicas:
+            return GroupError(f"{what} has no spec.{field}: no replicas to group")
+        total = 0
+        for role, replica in sorted(replicas.items()):
+            count = _count((replica or {}).get("replicas", 1), f"{what} spec.{field}.{role}."
+                           "replicas", named.name)
+            if isinstance(count, GroupError):
+                return count
+            total += count
+        size = _count(total, f"{what} replicas in all", named.name)
+        return size if isinstance(size, GroupError) else (
+            size, f"{what} spec.{field}: {size} replica(s) in all")
     member = spec.get("minMember")
     if member is None or member == 0:
         return 1, f"{what} spec.minMember={member or 'unset'} (one member)"  # as both read it
     size = _count(member, f"{what} spec.minMember", named.name)
     return size if isinstance(size, GroupError) else (size, f"{what} spec.minMember={size}")
+
+
+_KUBEFLOW_FIELDS: Final = {kind.lower(): field for kind, (_, field) in KUBEFLOW_JOBS.items()}
+
+
+def _jobset_size(spec: Mapping[str, object], what: str, group: str) -> tuple[int, str] | GroupError:
+    """A JobSet's pods: every replicated job's replicas times its Job's parallelism."""
+    jobs = spec.get("replicatedJobs")
+    if not isinstance(jobs, list) or not jobs:
+        return GroupError(f"{what} has no spec.replicatedJobs: no pods to group")
+    total = 0
+    for index, job in enumerate(jobs):
+        job = job if isinstance(job, Mapping) else {}
+        replicas = _count(job.get("replicas", 1), f"{what} spec.replicatedJobs[{index}].replicas",
+                          group)
+        template = (job.get("template") or {}).get("spec") or {}
+        parallelism = _count(template.get("parallelism", 1),
+                             f"{what} spec.replicatedJobs[{index}].template.spec.parallelism",
+                             group)
+        for value in (replicas, parallelism):
+            if isinstance(value, GroupError):
+                return value
+        total += replicas * parallelism  # type: ignore[operator]
+    size = _count(total, f"{what} pods in all", group)
+    return size if isinstance(size, GroupError) else (
+        size, f"{what} spec.replicatedJobs: {size} pod(s) in all")
 
 
 def _gang_size(policy: object, where: str, group: str) -> tuple[int, str] | GroupError:
@@ -305,6 +384,9 @@ __all__ = [
     "DOMAIN_ANNOTATION",
     "GROUP_ANNOTATION",
     "GROUP_SIZE_ANNOTATION",
+    "JOBSET_ATTEMPT_LABEL",
+    "JOBSET_NAME_LABEL",
+    "KUBEFLOW_JOB_LABEL",
     "KUEUE_COUNT_ANNOTATION",
     "KUEUE_GROUP_LABEL",
     "LWS_INDEX_LABEL",

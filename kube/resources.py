@@ -91,6 +91,20 @@ POD_GROUPS_V1ALPHA2 = ResourceType("scheduling.k8s.io", "v1alpha2", "podgroups",
                                    namespaced=True, has_status=True)
 POD_GROUPS_V1BETA1 = ResourceType("scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup",
                                   namespaced=True, has_status=True)
+# Job controllers whose objects size their pods' groups: JobSet (every replicated job's
+# replicas times its parallelism) and Kubeflow's training jobs (every replica spec's replicas).
+JOBSETS = ResourceType("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet", namespaced=True,
+                       has_status=True)
+KUBEFLOW_JOBS: dict[str, tuple[ResourceType, str]] = {  # kind -> (type, its replica specs)
+    kind: (ResourceType("kubeflow.org", version, plural, kind, namespaced=True,
+                        has_status=True), field)
+    for kind, version, plural, field in (
+        ("PyTorchJob", "v1", "pytorchjobs", "pytorchReplicaSpecs"),
+        ("TFJob", "v1", "tfjobs", "tfReplicaSpecs"),
+        ("XGBoostJob", "v1", "xgboostjobs", "xgbReplicaSpecs"),
+        ("PaddleJob", "v1", "paddlejobs", "paddleReplicaSpecs"),
+        ("JAXJob", "v1", "jaxjobs", "jaxReplicaSpecs"),
+        ("MPIJob", "v2beta1", "mpijobs", "mpiReplicaSpecs"))}
 
 ALL: tuple[ResourceType, ...] = (
     PODS, NODES, NAMESPACES, CONFIG_MAPS, SECRETS, EVENTS,
@@ -99,6 +113,7 @@ ALL: tuple[ResourceType, ...] = (
     GPU_QUOTAS, GPU_SHARING_POLICIES, POD_DISRUPTION_BUDGETS,
     VOLCANO_POD_GROUPS, COSCHEDULING_POD_GROUPS,
     WORKLOADS_V1ALPHA1, POD_GROUPS_V1ALPHA2, POD_GROUPS_V1BETA1,
+    JOBSETS, *(rt for rt, _ in KUBEFLOW_JOBS.values()),
 )
 
 

@@ -16,11 +16,13 @@ from dra_gateway.kube.groups import (
     GROUP_ANNOTATION,
     GROUP_SIZE_ANNOTATION,
     KUEUE_COUNT_ANNOTATION,
+    JOBSET_NAME_LABEL,
     KUEUE_GROUP_LABEL,
     MODELS_ANNOTATION,
     VOLCANO_GROUP_ANNOTATION,
 )
 from dra_gateway.kube.resources import (
+    JOBSETS,
     POD_GROUPS_V1BETA1,
     PODS,
     RESOURCE_CLAIMS,
@@ -196,6 +198,24 @@ async def test_pods_of_an_upstream_pod_group_wait_for_its_gang_min_count(
         await world.gated_pod("u-1", [whole_claim_spec(2)], scheduling_group="train")
         await eventually(lambda: all_ungated(world, ["u-0", "u-1"]))
         assert await _held(memory_cluster, "u-") == 4
+
+
+async def test_a_jobset_s_pods_are_placed_together_once_all_have_arrived(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=4)
+    labels = {JOBSET_NAME_LABEL: "train"}
+    async with running_controller(memory_cluster):
+        await memory_cluster.create(JOBSETS, {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "train", "namespace": NAMESPACE},
+            "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {
+                "spec": {"parallelism": 2, "template": {"spec": {}}}}}]}},
+            namespace=NAMESPACE)
+        await world.gated_pod("js-0", [whole_claim_spec(1)], labels=labels)
+        said = await eventually(lambda: _reason_is(world, "js-0", "GroupIncomplete"))
+        assert "spec.replicatedJobs: 2 pod(s) in all" in said["message"], said
+        await world.gated_pod("js-1", [whole_claim_spec(1)], labels=labels)
+        await eventually(lambda: all_ungated(world, ["js-0", "js-1"]))
 
 
 async def _reason_is(world: World, name: str, reason: str) -> Object | None:

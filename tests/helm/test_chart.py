@@ -512,6 +512,9 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
         | _grants(CLUSTER, ["scheduling.volcano.sh", "scheduling.x-k8s.io"], ["podgroups"],
                   ["list", "watch"])
         | _grants(CLUSTER, ["scheduling.k8s.io"], ["podgroups", "workloads"], ["list", "watch"])
+        | _grants(CLUSTER, ["jobset.x-k8s.io"], ["jobsets"], ["list", "watch"])
+        | _grants(CLUSTER, ["kubeflow.org"], ["pytorchjobs", "tfjobs", "mpijobs", "xgboostjobs",
+                                              "paddlejobs", "jaxjobs"], ["list", "watch"])
         | _grants(NS, ["coordination.k8s.io"], ["leases"], ["create"])
         | _grants(NS, ["coordination.k8s.io"], ["leases"], ["get", "update"],
                   ["dra-gateway-allocator"])

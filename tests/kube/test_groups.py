@@ -207,3 +207,46 @@ def test_an_upstream_group_that_is_missing_says_what_to_fix() -> None:
                     lookup)
     assert isinstance(zero, GroupError)
     assert "policy.gang.minCount is 0: a group has 1 to 10000 members" in zero.message
+
+
+def test_jobsets_and_kubeflow_jobs_are_sized_by_their_objects() -> None:
+    lookup = _podgroups({
+        ("jobset", "ml", "train"): {"spec": {"replicatedJobs": [
+            {"name": "driver", "template": {"spec": {}}},
+            {"name": "workers", "replicas": 2, "template": {"spec": {"parallelism": 4}}}]}},
+        ("pytorchjob", "ml", "bert"): {"spec": {"pytorchReplicaSpecs": {
+            "Master": {"replicas": 1}, "Worker": {"replicas": 3}}}},
+        ("mpijob", "ml", "hpc"): {"spec": {"mpiReplicaSpecs": {
+            "Launcher": {}, "Worker": {"replicas": 2}}}}})
+    jobset = pod({"jobset.sigs.k8s.io/jobset-name": "train",
+                  "jobset.sigs.k8s.io/restart-attempt": "0"})
+    found = group_of(jobset, lookup)
+    assert isinstance(found, PodGroup)
+    assert (found.name, found.size, found.source) == ("train", 9, "jobset")
+    assert found.why.endswith("JobSet ml/train (jobset.x-k8s.io/v1alpha2) spec.replicatedJobs: "
+                              "9 pod(s) in all")
+    # A restarted JobSet's pods are a group of their own, sized by the same JobSet.
+    restarted = pod({"jobset.sigs.k8s.io/jobset-name": "train",
+                     "jobset.sigs.k8s.io/restart-attempt": "2"})
+    assert group_key(restarted) == ("ml", "jobset", "train/attempt-2")
+    assert holder_key(restarted) == ("ml", "jobset", "train")
+
+    def kubeflow(kind: str, job: str) -> dict[str, Any]:
+        worker = pod({"training.kubeflow.org/job-name": job,
+                      "training.kubeflow.org/replica-type": "worker"})
+        worker["metadata"]["ownerReferences"] = [
+            {"apiVersion": "kubeflow.org/v1", "kind": kind, "name": job, "controller": True}]
+        return worker
+
+    bert = group_of(kubeflow("PyTorchJob", "bert"), lookup)
+    assert isinstance(bert, PodGroup)
+    assert (bert.size, bert.source) == (4, "pytorchjob")
+    hpc = group_of(kubeflow("MPIJob", "hpc"), lookup)
+    assert isinstance(hpc, PodGroup)
+    assert hpc.size == 3  # the launcher counts once by default
+    # The label alone, without a Kubeflow controller, is no group.
+    assert group_of(pod({"training.kubeflow.org/job-name": "bert"}), lookup) is None
+    missing = group_of(kubeflow("TFJob", "gone"), lookup)
+    assert isinstance(missing, GroupError)
+    assert "names TFJob ml/gone (kubeflow.org/v1), which does not exist (or is not served)" \
+        in missing.message

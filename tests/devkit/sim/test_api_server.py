@@ -55,8 +55,8 @@ async def test_discovery_describes_groups_resources_and_subresources(
         "dra-gateway.io", "policy",
         # Volcano's and the coscheduling plugin's PodGroups, as where those are installed.
         "scheduling.volcano.sh", "scheduling.x-k8s.io",
-        # Upstream's Workload API, as where GenericWorkload is on.
-        "scheduling.k8s.io"}
+        # Upstream's Workload API, as where GenericWorkload is on; JobSet and Kubeflow.
+        "scheduling.k8s.io", "jobset.x-k8s.io", "kubeflow.org"}
     group = await (await client.get("/apis/resource.k8s.io")).json()
     assert group["preferredVersion"]["groupVersion"] == "resource.k8s.io/v1"
     dra = await (await client.get("/apis/resource.k8s.io/v1")).json()
