@@ -228,14 +228,14 @@ def _podgroup_size(named: _Named, namespace: str,
     what = f"{rt.kind} {namespace}/{holder} ({rt.api_version if len(types) == 1 else rt.group})"
     found = podgroups(named.source, namespace, holder) if podgroups is not None else None
     if found is None:
-        field = named.why.split("=", 1)[0].split(" (", 1)[0]
         if named.source == "jobset" or named.source in _KUBEFLOW_FIELDS:
             return GroupError(f"the pod's {named.why} names {what}, which does not exist (or "
                               f"is not served): its pods wait for it to size their group")
-        size = "spec.minMember" if named.source in ("volcano", "coscheduling") else \
+        sized_by = "spec.minMember" if named.source in ("volcano", "coscheduling") else \
             "its gang policy's minCount"
+        naming = named.why.split("=", 1)[0].split(" (", 1)[0]
         return GroupError(f"the pod's {named.why} names {what}, which does not exist: "
-                          f"create it (with {size}), or remove the pod's {field}")
+                          f"create it (with {sized_by}), or remove the pod's {naming}")
     spec = found.get("spec") or {}
     if named.source == "podgroup":
         return _gang_size(spec.get("schedulingPolicy"), f"{what} spec.schedulingPolicy",
@@ -253,20 +253,7 @@ def _podgroup_size(named: _Named, namespace: str,
     if named.source == "jobset":
         return _jobset_size(spec, what, named.name)
     if named.source in _KUBEFLOW_FIELDS:
-        field = _KUBEFLOW_FIELDS[named.source]
-        replicas = spec.get(field) or {}
-        if not isinstance(replicas, Mapping) or not replicas:
-            return GroupError(f"{what} has no spec.{field}: no replicas to group")
-        total = 0
-        for role, replica in sorted(replicas.items()):
-            count = _count((replica or {}).get("replicas", 1), f"{what} spec.{field}.{role}."
-                           "replicas", named.name)
-            if isinstance(count, GroupError):
-                return count
-            total += count
-        size = _count(total, f"{what} replicas in all", named.name)
-        return size if isinstance(size, GroupError) else (
-            size, f"{what} spec.{field}: {size} replica(s) in all")
+        return _replicas_size(spec, _KUBEFLOW_FIELDS[named.source], what, named.name)
     member = spec.get("minMember")
     if member is None or member == 0:
         return 1, f"{what} spec.minMember={member or 'unset'} (one member)"  # as both read it
@@ -298,6 +285,24 @@ def _jobset_size(spec: Mapping[str, object], what: str, group: str) -> tuple[int
     size = _count(total, f"{what} pods in all", group)
     return size if isinstance(size, GroupError) else (
         size, f"{what} spec.replicatedJobs: {size} pod(s) in all")
+
+
+def _replicas_size(spec: Mapping[str, object], field: str, what: str,
+                   group: str) -> tuple[int, str] | GroupError:
+    """A Kubeflow training job's pods: every replica spec's replicas (one when unset)."""
+    replicas = spec.get(field) or {}
+    if not isinstance(replicas, Mapping) or not replicas:
+        return GroupError(f"{what} has no spec.{field}: no replicas to group")
+    total = 0
+    for role, replica in sorted(replicas.items()):
+        count = _count((replica or {}).get("replicas", 1),
+                       f"{what} spec.{field}.{role}.replicas", group)
+        if isinstance(count, GroupError):
+            return count
+        total += count
+    size = _count(total, f"{what} replicas in all", group)
+    return size if isinstance(size, GroupError) else (
+        size, f"{what} spec.{field}: {size} replica(s) in all")
 
 
 def _gang_size(policy: object, where: str, group: str) -> tuple[int, str] | GroupError:

@@ -15,8 +15,8 @@ from dra_gateway.kube.cluster.port import Object
 from dra_gateway.kube.groups import (
     GROUP_ANNOTATION,
     GROUP_SIZE_ANNOTATION,
-    KUEUE_COUNT_ANNOTATION,
     JOBSET_NAME_LABEL,
+    KUEUE_COUNT_ANNOTATION,
     KUEUE_GROUP_LABEL,
     MODELS_ANNOTATION,
     VOLCANO_GROUP_ANNOTATION,
