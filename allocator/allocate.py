@@ -250,8 +250,10 @@ class PodAllocator:
             return None
         if len(members.ready) < members.needed:
             self.unplaceable.discard(key)
+            message = incomplete_message(members)
             await self._say_group(members.ready, held=True, reason=GROUP_INCOMPLETE,
-                                  message=incomplete_message(members))
+                                  message=message)
+            await self.events.record_failure(pod, message, reason=GROUP_INCOMPLETE)
             return "wait"  # a member's arrival plans the group, this one included
         together = chosen(members, key.uid)
         busy = self.planning.busy_claims(key.uid)
@@ -276,7 +278,7 @@ class PodAllocator:
             self.pending.set(key.uid, planned.quota_reason or "Unschedulable")
             await self._say_group(together, held=True, reason=GROUP_DOES_NOT_FIT,
                                   message=message)
-            await self.events.record_failure(pod, message)
+            await self.events.record_failure(pod, message, reason=GROUP_DOES_NOT_FIT)
             return "retry"
         self.unplaceable.discard(key)
         # Every member's plan assumed before the first write: no other plan takes their room.

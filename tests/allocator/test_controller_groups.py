@@ -22,6 +22,7 @@ from dra_gateway.kube.groups import (
     VOLCANO_GROUP_ANNOTATION,
 )
 from dra_gateway.kube.resources import (
+    EVENTS,
     JOBSETS,
     POD_GROUPS_V1BETA1,
     PODS,
@@ -86,6 +87,15 @@ async def test_an_incomplete_group_holds_nothing_until_its_last_member_arrives(
         assert said["reason"] == "GroupIncomplete", said
         assert "needs 3 members" in said["message"]
         assert "1 more to arrive" in said["message"]
+
+        async def warned() -> list[Object]:
+            events = (await memory_cluster.list(EVENTS, namespace=NAMESPACE)).items
+            return [e for e in events if e.get("reason") == "GroupIncomplete"
+                    and e["involvedObject"]["name"] == "w-1"]
+
+        (event,) = await eventually(warned)
+        assert event["type"] == "Warning"
+        assert "needs 3 members" in event["message"]
         await asyncio.sleep(0.3)
         assert await _held(memory_cluster, "w-") == 0
         await world.gated_pod("w-2", [whole_claim_spec(1)], labels=kueue, annotations=count)
