@@ -50,7 +50,7 @@ from dra_gateway.allocator.groups import (
 )
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
 from dra_gateway.allocator.planner import PodPlan
-from dra_gateway.allocator.planner.groups import group_model, narrow_to_model
+from dra_gateway.allocator.planner.groups import domain_nodes, group_model, narrow_to_model
 from dra_gateway.allocator.planning import Planning
 from dra_gateway.allocator.release import ClaimReleaser
 from dra_gateway.allocator.unplaceable import Unplaceable
@@ -148,8 +148,9 @@ class PodAllocator:
                 if group is not None:
                     outcome = await self._allocate_group(key, pod, group, written)
                     if outcome is None:  # the group is whole: placed as it comes
-                        outcome = await self._allocate(key, pod, self._on_group_model(
-                            group, gateway), pending, written)
+                        narrowed, nodes = self._as_its_group(group, gateway)
+                        outcome = await self._allocate(key, pod, narrowed, pending, written,
+                                                       nodes=nodes)
                 else:
                     outcome = await self._allocate(key, pod, gateway, pending, written)
             except Replan as why:
@@ -160,7 +161,8 @@ class PodAllocator:
         return await self._ungate(key, written)
 
     async def _allocate(self, key: PodKey, pod: Object, gateway: list[Object],
-                        pending: list[Object], written: dict[str, str]) -> Outcome:
+                        pending: list[Object], written: dict[str, str], *,
+                        nodes: Sequence[str] | None = None) -> Outcome:
         # A claim shared with another pod whose plan is being written: planning it again
         # would replace that plan's reservation in the state and free its device for others.
         # Its write lands (or fails) soon, and the claim's change requeues this pod.
@@ -173,7 +175,7 @@ class PodAllocator:
         self.stats.plans += 1  # counted as it starts: it runs in a thread, others meanwhile
         self.unplaceable.planning(key)  # events meanwhile count from the plan's outcome
         try:
-            plan = await self.planning.plan(pod, gateway)
+            plan = await self.planning.plan(pod, gateway, nodes=nodes)
         except BaseException:
             self.unplaceable.settle(key)
             raise
@@ -310,14 +312,18 @@ class PodAllocator:
                                              objects.uid(ready.pod)))
         return "done"
 
-    def _on_group_model(self, group: PodGroup, gateway: list[Object]) -> list[Object]:
-        """A member past the group's size, to plan on the model its group's placed members
-        hold (one model per group): its claims narrowed to it, for the planner only."""
-        if not group.same_model:
-            return gateway
+    def _as_its_group(self, group: PodGroup,
+                      gateway: list[Object]) -> tuple[list[Object], list[str] | None]:
+        """A member past the group's size, to plan as its group's placed members are: on
+        their model (its claims narrowed to it, for the planner only) and, with a required
+        domain, on the nodes of their domain."""
         members = members_of(group, self.pods.by_index, self.claims.get)
-        model = group_model(self.planning.state, members.placed_claims)
-        return gateway if model is None else [narrow_to_model(c, model) for c in gateway]
+        state = self.planning.state
+        model = group_model(state, members.placed_claims) if group.same_model else None
+        narrowed = gateway if model is None else [narrow_to_model(c, model) for c in gateway]
+        nodes = domain_nodes(state, members.placed_claims, group.domain) if group.domain \
+            else None
+        return narrowed, nodes
 
     async def _say_group(self, members: Sequence[Ready], *, held: bool, reason: str,
                          message: str) -> None:

@@ -54,8 +54,10 @@ class Planning:
                                                   consumable_capacity=consumable_capacity))
         return self.state
 
-    async def plan(self, pod: Object, gateway: list[Object]) -> PodPlan:
-        """plan_pod in a worker thread on the live state, the loop's changes held meanwhile.
+    async def plan(self, pod: Object, gateway: list[Object], *,
+                   nodes: Sequence[str] | None = None) -> PodPlan:
+        """plan_pod in a worker thread on the live state, the loop's changes held meanwhile
+        (`nodes`: the only nodes it may use, as a pod group's required domain leaves them).
 
         The thread cannot be interrupted; if the term ends while it runs, the changes stay held
         (this controller is being thrown away) and the thread finishes on its own.
@@ -71,7 +73,8 @@ class Planning:
                 try:
                     with cel.cost_budget(budget):
                         if hold is None:
-                            return plan_pod(state, pod, gateway, strategy=strategy)
+                            return plan_pod(state, pod, gateway, strategy=strategy,
+                                            nodes=nodes)
                         # Its own hold is no obstacle: the held node first, then anywhere; if
                         # neither (the moved pods have not left yet), the hold stays.
                         state.forget(pod, hold.plan())

@@ -107,6 +107,26 @@ def group_model(state: ClusterState, placed: Sequence[Mapping[str, Any]]) -> str
     return found.most_common(1)[0][0] if found else None
 
 
+def domain_nodes(state: ClusterState, placed: Sequence[Mapping[str, Any]],
+                 label: str) -> list[str] | None:
+    """The nodes sharing node label `label`'s value with the nodes a group's placed members'
+    claims (`placed`) hold devices on; None when they hold none on a node with the label (any
+    value will do)."""
+    held: set[str] = set()
+    for claim in placed:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or ():
+            device = state.devices.get((result.get("driver"), result.get("pool"),
+                                        result.get("device")))
+            if device is not None and device.node:
+                held.add(device.node)
+    values = {state.nodes[n].labels.get(label) for n in held if n in state.nodes}
+    values.discard(None)
+    if not values:
+        return None
+    return sorted(n for n, info in state.nodes.items() if info.labels.get(label) in values)
+
+
 def published_models(state: ClusterState) -> list[str]:
     """Every GPU model the gateway's slices publish, by name."""
     return sorted({m for d in state.devices.values()
@@ -239,5 +259,5 @@ def _plan_member(state: ClusterState, pod: Mapping[str, Any],
                     nodes=sorted(within) if within is not None else None)
 
 
-__all__ = ["GroupPlan", "Member", "group_model", "model_selector", "narrow_to_model",
-           "plan_group", "plan_models", "published_models"]
+__all__ = ["GroupPlan", "Member", "domain_nodes", "group_model", "model_selector",
+           "narrow_to_model", "plan_group", "plan_models", "published_models"]

@@ -121,8 +121,9 @@ class World:
             await self.add_node(f"node-{i}", gpus=gpus, memory_gib=memory_gib, cpu=cpu)
 
     async def add_node(self, name: str, *, gpus: int = 2, memory_gib: int = 80,
-                       cpu: str = "64", product: str = "NVIDIA A100-SXM4-80GB") -> None:
-        await self.cluster.create(NODES, node(name, cpu=cpu))
+                       cpu: str = "64", product: str = "NVIDIA A100-SXM4-80GB",
+                       labels: dict[str, str] | None = None) -> None:
+        await self.cluster.create(NODES, node(name, cpu=cpu, labels=labels))
         await self.cluster.create(RESOURCE_SLICES, resource_slice(
             name, gpus, memory_gib=memory_gib, native=self.native, product=product))
 

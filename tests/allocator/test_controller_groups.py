@@ -13,6 +13,7 @@ from dra_gateway.allocator.groups import GROUP_CONDITION
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import Object
 from dra_gateway.kube.groups import (
+    DOMAIN_ANNOTATION,
     GROUP_ANNOTATION,
     GROUP_SIZE_ANNOTATION,
     JOBSET_NAME_LABEL,
@@ -226,6 +227,29 @@ async def test_a_jobset_s_pods_are_placed_together_once_all_have_arrived(
         assert "spec.replicatedJobs: 2 pod(s) in all" in said["message"], said
         await world.gated_pod("js-1", [whole_claim_spec(1)], labels=labels)
         await eventually(lambda: all_ungated(world, ["js-0", "js-1"]))
+
+
+async def test_a_member_past_the_size_keeps_to_the_domain_its_group_requires(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=0)
+    for name, rack in (("a1", "r1"), ("b1", "r2"), ("b2", "r2")):
+        await world.add_node(name, gpus=2, labels={"example.com/rack": rack})
+    grouped = {**_grouped("job-d", 2), DOMAIN_ANNOTATION: "example.com/rack"}
+    async with running_controller(memory_cluster):
+        for i in range(2):
+            await world.gated_pod(f"d-{i}", [whole_claim_spec(1)], annotations=grouped)
+        await eventually(lambda: all_ungated(world, ["d-0", "d-1"]))
+        racks = {"a1": "r1", "b1": "r2", "b2": "r2"}
+        held = {racks[p] for p in await _pools(memory_cluster, "d-")}
+        assert len(held) == 1, held
+        # Three more members past the size: they fill the group's rack and the third waits,
+        # though the other rack has free cards.
+        for i in range(2, 5):
+            await world.gated_pod(f"d-{i}", [whole_claim_spec(1)], annotations=grouped)
+        await asyncio.sleep(1.0)
+        assert {racks[p] for p in await _pools(memory_cluster, "d-")} == held
+        room = 2 if held == {"r1"} else 4
+        assert await _held(memory_cluster, "d-") == room
 
 
 async def _reason_is(world: World, name: str, reason: str) -> Object | None:

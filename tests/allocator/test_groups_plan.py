@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, plan_pod
 from dra_gateway.allocator.planner.groups import (
+    domain_nodes,
     model_selector,
     narrow_to_model,
     plan_group,
@@ -207,3 +208,20 @@ def test_a_required_domain_waits_rather_than_spread() -> None:
         (refused.reason or "")
     assert plan_group(state, members, domain="example.com/row").reason == (
         "its members must share the node label example.com/row, and no node has it")
+
+
+def test_members_placed_later_keep_to_the_domain_the_group_holds() -> None:
+    state = _racked()
+    found = plan_group(state, _members("j", [2, 2]), domain="example.com/rack")
+    assert found.placed
+    placed = []
+    for (p, claims), plan in zip(_members("j", [2, 2]), found.plans, strict=True):
+        state.assume(p, plan)
+        (c,) = claims
+        placed.append({**c, "status": {"allocation": plan.allocations[c["metadata"]["uid"]]}})
+    rack = state.nodes[found.plans[0].node_name or ""].labels["example.com/rack"]
+    nodes = domain_nodes(state, placed, "example.com/rack")
+    assert nodes == sorted(n for n, info in state.nodes.items()
+                           if info.labels["example.com/rack"] == rack)
+    assert domain_nodes(state, [], "example.com/rack") is None
+    assert domain_nodes(state, placed, "example.com/row") is None  # no node has it
