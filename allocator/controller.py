@@ -149,7 +149,7 @@ class Controller:
                                           on_change=self._on_policies, watch_timeout=timeout)
         # Policies first: a pod planned before its namespace's quotas are known could pass them.
         self.informers = (*self.policy_mirror.informers, self.classes, self.nodes, self.slices,
-                          self.claims, *self.podgroups.values(), self.pods)
+                          self.claims, self.pods)
         self.quota_status = QuotaStatusWriter(cluster, self.policy_mirror.quotas,
                                               metrics=self.metrics,
                                               interval=self.settings.quota_status_interval,
@@ -195,7 +195,7 @@ class Controller:
         await self._detect()
         tasks: list[asyncio.Task[None]] = []
         try:
-            for informer in self.informers:
+            for informer in (*self.informers, *self.podgroups.values()):
                 tasks.append(asyncio.create_task(informer.run(),
                                                  name=f"informer-{informer.rt.plural}"))
             # Planning before every mirror is complete could hand out what is already taken.
@@ -212,6 +212,12 @@ class Controller:
                 "claims": len(self.claims.store), "slices": len(self.slices.store),
                 "nodes": len(self.nodes.store), "pods": len(self.pods.store),
                 "deviceClasses": len(self.classes.store)})
+            # The objects sizing pod groups, briefly: an allocator without the RBAC for some of
+            # them (an older chart's) still works, and a member planned before its PodGroup is
+            # seen waits and is planned again once it is (`_on_podgroup`).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(
+                    i.synced.wait() for i in self.podgroups.values())), timeout=10.0)
             self.state.set_policies(self.policy_mirror.catalog())
             # Pods listed before the DeviceClasses and slices were charged without them.
             self._recharge_legacy_pods()
