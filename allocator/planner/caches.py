@@ -26,6 +26,7 @@ from typing import Any
 
 from dra_gateway.allocator.planner.demand import ClaimDemand, compile_claim
 from dra_gateway.allocator.planner.devices import Device
+from dra_gateway.allocator.planner.inputs import NodeClassKey, PodInputs
 from dra_gateway.allocator.planner.inventory import Inventory
 from dra_gateway.allocator.planner.ledger import DeviceUsage, UsageLedger
 from dra_gateway.allocator.planner.memokeys import (
@@ -51,20 +52,20 @@ class NodeClasses:
         self._policies = policies
         self._intern = inventory.intern
         self.dirty = dirty  # nodes whose class may have changed
-        self.node_group: dict[str, tuple[object, ...]] = {}
-        self.groups: dict[tuple[object, ...], list[str]] = {}
+        self.node_group: dict[str, NodeClassKey] = {}
+        self.groups: dict[NodeClassKey, list[str]] = {}
         self._static_sig: dict[str, int] = {}
         self.memo: dict[tuple[object, ...], Any] = {}
         self.memo_old: dict[tuple[object, ...], Any] = {}
         # Every class that has members, by the sequence number of its last creation or join,
         # oldest first: rankings of pod signatures catch up from here (`joined_since`), never
         # reading classes that emptied meanwhile.
-        self.joined: dict[tuple[object, ...], int] = {}
+        self.joined: dict[NodeClassKey, int] = {}
         self.joins = 0
         # Classes a node left (or that emptied), in order: the rankings' counts of the nodes
         # each reason bars follow them (`visit.caught_up`).
-        self.left_log: list[tuple[object, ...]] = []
-        self.rankings: dict[tuple[object, ...], Any] = {}
+        self.left_log: list[NodeClassKey] = []
+        self.rankings: dict[PodInputs, Any] = {}
         # What `memo_rules` reads of each node class's held cards, by usage id (which, with
         # sharing policies in force, names the node's devices too).
         self._holder_summaries: dict[object, HolderSummary] = {}
@@ -117,9 +118,9 @@ class NodeClasses:
             self.joins += 1
         self.dirty.clear()
 
-    def joined_since(self, position: int) -> list[tuple[object, ...]]:
+    def joined_since(self, position: int) -> list[NodeClassKey]:
         """The classes with members created or joined at or after `position` (a `joins`)."""
-        since: list[tuple[object, ...]] = []
+        since: list[NodeClassKey] = []
         joined = self.joined
         for key in reversed(joined):
             if joined[key] < position:
@@ -127,7 +128,7 @@ class NodeClasses:
             since.append(key)
         return since
 
-    def group_key(self, node: str) -> tuple[object, ...]:
+    def group_key(self, node: str) -> NodeClassKey:
         info = self._nodes[node]
         devices = self._node_devices.get(node, ())
         static = self._static_sig.get(node, -1)
@@ -149,7 +150,7 @@ class NodeClasses:
                     for sig, fact in zip(sigs, facts, strict=True)])))
         cpu, memory = self._ledger.node_free(node)
         taints = self._intern(json.dumps(info.taints, sort_keys=True)) if info.taints else -1
-        return (static, usage_id, cpu, memory, taints, bare)
+        return NodeClassKey(static, usage_id, cpu, memory, taints, bare)
 
     def _facts(self, usages: Sequence[DeviceUsage]) -> list[CardFact | None]:
         """Each card's holder facts (None for a card nobody holds or one held whole), read
@@ -167,15 +168,15 @@ class NodeClasses:
             facts.append(read[1])
         return facts
 
-    def holder_summary(self, group_key: tuple[object, ...]) -> HolderSummary:
+    def holder_summary(self, group_key: NodeClassKey) -> HolderSummary:
         """The held cards of a node class, as `memo_rules` reads them (read from a member
         the first time a class of its usage is asked: the rankings' searches never ask)."""
-        summary = self._holder_summaries.get(group_key[1])
+        summary = self._holder_summaries.get(group_key.usage)
         if summary is None:
             members = self.groups.get(group_key)
             if not members or not self._policies.sharing_active:
                 return NO_HOLDERS
-            summary = self._holder_summaries[group_key[1]] = self._summary(members[0])
+            summary = self._holder_summaries[group_key.usage] = self._summary(members[0])
         return summary
 
     def _summary(self, node: str) -> HolderSummary:

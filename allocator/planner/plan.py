@@ -38,6 +38,7 @@ from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.allocation import PodPlan, build_plan
 from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for, share_strategy
 from dra_gateway.allocator.planner.devices import NANO
+from dra_gateway.allocator.planner.inputs import NodeClassKey, PodInputs, SearchInputs
 from dra_gateway.allocator.planner.memokeys import card_rules, memoisable
 from dra_gateway.allocator.planner.policies import Waiting, exceeded_by_least_cost
 from dra_gateway.allocator.planner.scoring import FULL, TaskType, task_of
@@ -161,16 +162,16 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
         search_rules, ranked_rules = policies.planned(namespace, shares=own_shares > 0)
     # Searches and rankings are keyed by the parts of the rules that decide which card fits,
     # not by the rules: namespaces under different policies share them (see memo_rules).
-    card_key = card_rules(search_rules, relative_shares=relative)
-    ctx = PodContext(state, labelled, chosen_strategy, cpu, memory, tolerations,
-                   (claims_sig, chosen_strategy, version, card_key), search_rules,
-                   ranked_rules, own_shares,
-                   own_shares > 0 and all(alt.class_name == names.GPU_CLASS
-                                          for _, _, d in to_plan for r in d.requests
-                                          for alt in r.alternatives))
-    pod_sig = (claims_sig, cpu, memory,
-               json.dumps(tolerations, sort_keys=True) if tolerations else "", chosen_strategy,
-               version, card_key)
+    search = SearchInputs(claims=claims_sig, strategy=chosen_strategy, workload=version,
+                          card_rules=card_rules(search_rules, relative_shares=relative),
+                          topology=state.settings.topology,
+                          budget=state.settings.search_budget)
+    pod_sig = PodInputs(search, cpu, memory,
+                        json.dumps(tolerations, sort_keys=True) if tolerations else "")
+    ctx = PodContext(state, pod_sig, labelled, tolerations, search_rules, ranked_rules,
+                     own_shares, own_shares > 0 and all(
+                         alt.class_name == names.GPU_CLASS for _, _, d in to_plan
+                         for r in d.requests for alt in r.alternatives))
     state.refresh_groups()
     if len(state.memo) > _MEMO_LIMIT:
         state.node_classes.age_memo()
@@ -181,7 +182,7 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     candidates: Callable[[], Candidates]
     if pinned is None and not needs_labels and not identity:
         ranking = caught_up(ctx, pod_sig)
-        refused: dict[tuple[object, ...], str] = {}
+        refused: dict[NodeClassKey, str] = {}
         with closing(walk_ranking(ctx, ranking, refused)) as walk:
             found = next(walk, None)
         if found is None:  # the walk read every class: `refused` has them all

@@ -31,6 +31,7 @@ from dra_gateway.allocator.planner.cards import (
 )
 from dra_gateway.allocator.planner.demand import Alternative, ClaimDemand, Constraint, memory_for
 from dra_gateway.allocator.planner.devices import NANO, Device
+from dra_gateway.allocator.planner.inputs import SearchInputs
 from dra_gateway.allocator.planner.reasons import (
     RULES_PLACEHOLDER,
     TENANT_PLACEHOLDER,
@@ -91,17 +92,20 @@ class _Budget(Exception):
 class NodeSearch:
     """One search for one pod on one node (see module docstring)."""
 
-    def __init__(self, state: ClusterState, node: str, claims: Sequence[tuple[str, ClaimDemand]], *,
-                 strategy: str, workload: Workload, budget: int,
+    def __init__(self, state: ClusterState, node: str, claims: Sequence[tuple[str, ClaimDemand]],
+                 inputs: SearchInputs, *, workload: Workload,
                  rules: SharingRules | None = None) -> None:
+        """`inputs` is all the search reads besides the node and the claims' demands (which
+        `inputs.claims` names) and the rules (which `inputs.card_rules` stands for)."""
         self.state = state
         self.node = node
         self.devices: list[Device] = state.node_devices.get(node, [])
         self.claims = claims
-        self.strategy = strategy
+        self.strategy = inputs.strategy
+        self.topology = inputs.topology
         self.workload = workload
-        self.budget = budget
-        self.initial_budget = budget
+        self.budget = inputs.budget
+        self.initial_budget = inputs.budget
         self._current = 0
         # Tentative use by this pod on top of what the state records.
         self.extra: list[dict[str, int]] = [{} for _ in self.devices]
@@ -299,7 +303,7 @@ class NodeSearch:
             reason = self.failure[1] if self.failure else "no devices fit"
             return Outcome(False, reason=reason)
         return Outcome(True, tuple(self.picks), None, before, self.cards(), self._model(),
-                       self._misaligned() if self.state.settings.topology else 0)
+                       self._misaligned() if self.topology else 0)
 
     def _misaligned(self) -> int:
         """How far the multi-card requests' cards spread (`topology.misalignment`)."""
@@ -364,7 +368,7 @@ class NodeSearch:
                            f"{self._room(alt, [i for i in candidates if i not in fits])}")
                 continue
             ordered = self._order(alt, available, fits)
-            if need > 1 and self.state.settings.topology:
+            if need > 1 and self.topology:
                 ordered = aligned(self.devices, ordered, need)
             constraints = [c for c in demand.constraints if c.applies(alt.result_name)]
             if self._choose(claim_i, request_i, alt, ordered, 0, need, constraints):

@@ -30,6 +30,7 @@ from typing import Any
 from dra_gateway.allocator.planner.caches import Compiled, NodeClasses
 from dra_gateway.allocator.planner.demand import ClaimDemand
 from dra_gateway.allocator.planner.devices import Device
+from dra_gateway.allocator.planner.inputs import NodeClassKey
 from dra_gateway.allocator.planner.inventory import (
     DeviceClassInfo,
     Interner,
@@ -132,10 +133,10 @@ class ClusterState:
     def refresh_groups(self) -> None:
         self.node_classes.refresh()
 
-    def group_key(self, node: str) -> tuple[object, ...]:
+    def group_key(self, node: str) -> NodeClassKey:
         return self.node_classes.group_key(node)
 
-    def holder_summary(self, group_key: tuple[object, ...]) -> HolderSummary:
+    def holder_summary(self, group_key: NodeClassKey) -> HolderSummary:
         return self.node_classes.holder_summary(group_key)
 
     def demand(self, spec: Mapping[str, Any]) -> tuple[str, ClaimDemand]:

@@ -23,6 +23,7 @@ from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.allocation import PodPlan, build_plan
 from dra_gateway.allocator.planner.cards import card_product
 from dra_gateway.allocator.planner.demand import ClaimDemand
+from dra_gateway.allocator.planner.inputs import NodeClassKey, PodInputs, SearchInputs
 from dra_gateway.allocator.planner.memokeys import NO_HOLDERS, memo_rules
 from dra_gateway.allocator.planner.reasons import (
     RULES_PLACEHOLDER,
@@ -64,7 +65,7 @@ def score(outcome: Outcome, strategy: str, workload: Workload, *, cpu_free: int,
 
 
 def _groups(state: ClusterState, pinned: set[str] | None,
-            ) -> Iterable[tuple[tuple[object, ...], list[str]]]:
+            ) -> Iterable[tuple[NodeClassKey, list[str]]]:
     """The node classes to visit: all of them, or only those of the pinned nodes (a pod pinned
     to one node costs one class, not a pass over the cluster)."""
     if pinned is None:
@@ -107,13 +108,13 @@ _BARRED = Outcome(False, reason=(
 
 @dataclass(slots=True)
 class PodContext:
+    """One pod's planning: its named inputs (`inputs`: what its ranking and its searches are
+    keyed by) and what they stand for (the claims' demands, the tolerations, the rules)."""
+
     state: ClusterState
-    claims: Sequence[tuple[str, ClaimDemand]]
-    strategy: str
-    cpu: int
-    memory: int
-    tolerations: Sequence[Mapping[str, Any]]
-    device_sig: tuple[object, ...]  # what device search results depend on besides the node
+    inputs: PodInputs
+    claims: Sequence[tuple[str, ClaimDemand]]  # the demands `inputs.search.claims` names
+    tolerations: Sequence[Mapping[str, Any]]  # what `inputs.tolerations` is the JSON of
     rules: SharingRules | None = None  # the namespace's sharing rules, when any policy exists
     # The rules rankings are kept for: a share's without its tenant and maxClaimsPerDevice
     # (`walk_ranking` asks them of the cards the best nodes pick).
@@ -123,7 +124,23 @@ class PodContext:
     # held by tenants it is isolated from (a pod of whole cards is told by its search).
     gpus_only: bool = False
 
-    def evaluate(self, group_key: tuple[object, ...] | None, node: str, *,
+    @property
+    def search(self) -> SearchInputs:
+        return self.inputs.search
+
+    @property
+    def strategy(self) -> str:
+        return self.inputs.search.strategy
+
+    @property
+    def cpu(self) -> int:
+        return self.inputs.cpu
+
+    @property
+    def memory(self) -> int:
+        return self.inputs.memory
+
+    def evaluate(self, group_key: NodeClassKey | None, node: str, *,
                  ranked: bool = False) -> tuple[Outcome, tuple[float, ...]]:
         """Devices for the pod on `node` (memoised per node class) and the strategy's score,
         under the namespace's rules (`ranked`: under the rules its ranking is kept for)."""
@@ -132,7 +149,7 @@ class PodContext:
             return outcome, ()
         return outcome, self.score_of(node, outcome)
 
-    def outcome(self, group_key: tuple[object, ...] | None, node: str, *,
+    def outcome(self, group_key: NodeClassKey | None, node: str, *,
                 ranked: bool = False) -> Outcome:
         """`evaluate`'s devices, without the score."""
         state = self.state
@@ -142,15 +159,15 @@ class PodContext:
         if group_key is not None and ranked:
             # Rankings' searches read neither tenants nor limits (`PlannerPolicies.planned`),
             # nor, for whole cards, who holds a card: only the cards' usage.
-            memo_key = (group_key[0], group_key[5], self.device_sig, None)
+            memo_key = (group_key.static, group_key.bare, self.search, None)
         elif group_key is not None:
             summary = state.holder_summary(group_key)
             if rules is not None and self.gpus_only and summary.barred(rules.tenant):
                 return _BARRED
             neutral = summary.neutral_for(rules.tenant) if rules is not None else None
             # Isolation cannot change the search there: as on a node of no isolated holder.
-            usage = group_key[1] if neutral is None else neutral
-            memo_key = (group_key[0], usage, self.device_sig,
+            usage = group_key.usage if neutral is None else neutral
+            memo_key = (group_key.static, usage, self.search,
                         None if summary is NO_HOLDERS
                         else memo_rules(rules, summary, self.own_shares))
         classes = state.node_classes
@@ -161,9 +178,8 @@ class PodContext:
                 if outcome is not None:
                     classes.memo[memo_key] = outcome
         if outcome is None:
-            outcome = NodeSearch(state, node, self.claims, strategy=self.strategy,
-                                 workload=state.workload,
-                                 budget=state.settings.search_budget, rules=rules).run()
+            outcome = NodeSearch(state, node, self.claims, self.search,
+                                 workload=state.workload, rules=rules).run()
             if memo_key is not None:
                 classes.memo[memo_key] = outcome
         return outcome
@@ -233,18 +249,20 @@ class Ranking:
     whole state, so they never change).
     """
 
-    heap: list[tuple[tuple[float, ...], str, tuple[object, ...]]]
+    heap: list[tuple[tuple[float, ...], str, NodeClassKey]]
     position: int
-    failures: dict[tuple[object, ...], str]
-    ruled: dict[tuple[object, ...], tuple[tuple[float, ...], Outcome]] = field(
+    failures: dict[NodeClassKey, str]
+    # Keyed by the class and the rules' (tenant, maxClaimsPerDevice) asked of its cards.
+    ruled: dict[tuple[NodeClassKey, tuple[str, int | None]],
+                tuple[tuple[float, ...], Outcome]] = field(
         default_factory=dict)
     # Nodes barred per reason, kept as classes fail, grow and shrink (the state's logs), so
     # the reason of an unplaceable pod costs the classes that changed, not the cluster.
     left_position: int = 0
-    counted: dict[tuple[object, ...], int] = field(default_factory=dict)
+    counted: dict[NodeClassKey, int] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
 
-    def recount(self, group_key: tuple[object, ...], members: Sequence[str] | None) -> None:
+    def recount(self, group_key: NodeClassKey, members: Sequence[str] | None) -> None:
         """Bring the count of a failing class's reason to the class's current size."""
         reason = self.failures.get(group_key)
         if reason is None:
@@ -264,15 +282,15 @@ class Ranking:
             del self.failures[group_key]
 
 
-def caught_up(ctx: PodContext, pod_sig: tuple[object, ...]) -> Ranking:
+def caught_up(ctx: PodContext, pod_sig: PodInputs) -> Ranking:
     """The pod signature's ranking, brought up to date with the classes that changed since
     it was last read."""
     state = ctx.state
     ranking: Ranking | None = state.rankings.get(pod_sig)
     classes = state.node_classes
     left_log = classes.left_log
-    fresh: Collection[tuple[object, ...]]
-    left: Iterable[tuple[object, ...]] = ()
+    fresh: Collection[NodeClassKey]
+    left: Iterable[NodeClassKey] = ()
     if ranking is None:
         ranking = Ranking([], classes.joins, {}, left_position=len(left_log))
         state.rankings[pod_sig] = ranking
@@ -314,9 +332,9 @@ def caught_up(ctx: PodContext, pod_sig: tuple[object, ...]) -> Ranking:
     return ranking
 
 
-def _live_head(heap: list[tuple[tuple[float, ...], str, tuple[object, ...]]],
-               groups: Mapping[tuple[object, ...], Sequence[str]],
-               ) -> tuple[tuple[float, ...], str, tuple[object, ...]] | None:
+def _live_head(heap: list[tuple[tuple[float, ...], str, NodeClassKey]],
+               groups: Mapping[NodeClassKey, Sequence[str]],
+               ) -> tuple[tuple[float, ...], str, NodeClassKey] | None:
     """The ranking heap's best entry, after dropping entries of classes that are gone and
     re-keying those whose first node changed (the heap is brought up to date lazily); None
     when it is empty."""
@@ -333,7 +351,7 @@ def _live_head(heap: list[tuple[tuple[float, ...], str, tuple[object, ...]]],
 
 
 def ranking_reasons(state: ClusterState, ranking: Ranking,
-                    more: Mapping[tuple[object, ...], str]) -> Counter[str]:
+                    more: Mapping[NodeClassKey, str]) -> Counter[str]:
     """Nodes barred per reason: the ranking's kept counts, and the classes the walk refused
     (`more`, those the ranking holds as feasible but the pod's own rules bar)."""
     counts = Counter(ranking.counts)
@@ -346,7 +364,7 @@ def ranking_reasons(state: ClusterState, ranking: Ranking,
 
 
 def walk_ranking(ctx: PodContext, ranking: Ranking,
-                 refused: dict[tuple[object, ...], str]) -> Candidates:
+                 refused: dict[NodeClassKey, str]) -> Candidates:
     """The ranking's classes where the pod fits under its own rules, best first (each as its
     score, first member and outcome); `refused` gets why the others the ranking holds do not
     fit, once the walk has passed them.
@@ -372,7 +390,7 @@ def walk_ranking(ctx: PodContext, ranking: Ranking,
     ruled = ranking.ruled
     if len(ruled) > 4 * len(state.groups) + 1024:
         ruled.clear()
-    taken: list[tuple[tuple[float, ...], str, tuple[object, ...]]] = []
+    taken: list[tuple[tuple[float, ...], str, NodeClassKey]] = []
     scored: list[tuple[tuple[float, ...], str, int, Outcome]] = []
     try:
         while True:

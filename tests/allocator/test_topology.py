@@ -132,3 +132,30 @@ def test_a_node_with_the_cards_together_is_preferred_to_one_where_they_spread() 
         c = claim("pair", count=2)
         plan = place(state, pod("p"), c)
         assert (plan.node_name, _cards(devices_of(plan, c))) == ("b", {6, 7}), strategy
+
+
+def test_every_input_of_a_search_is_in_its_memo_key() -> None:
+    """Two searches of one node class that differ in one input (here the topology preference)
+    are memoised apart: the memo key is the named inputs themselves (planner/inputs.py)."""
+    from dataclasses import replace
+
+    from dra_gateway.allocator.planner.inputs import PodInputs, SearchInputs
+    from dra_gateway.allocator.planner.visit import PodContext
+
+    state = cluster({"n": _pcie_node()})
+    _take(state, 0, 4, 6)
+    c = claim("two", count=2)
+    key, demand = state.demand(c["spec"])
+    state.refresh_groups()
+    group_key = state.node_group["n"]
+    outcomes = {}
+    for topology in (True, False):
+        search = SearchInputs(claims=(key,), strategy="first-fit", workload=0, card_rules=None,
+                              topology=topology, budget=state.settings.search_budget)
+        ctx = PodContext(state, PodInputs(search, 1000, 1 << 30, ""), [("two", demand)], ())
+        outcomes[topology] = ctx.outcome(group_key, "n")
+    picked = {t: sorted(state.node_devices["n"][p.device].name for p in o.picks)
+              for t, o in outcomes.items()}
+    assert picked == {True: ["gpu-2", "gpu-3"], False: ["gpu-1", "gpu-2"]}
+    assert replace(search, topology=True) != search  # an input changed is another key
+    assert len([k for k in state.memo if isinstance(k[2], SearchInputs)]) >= 2
