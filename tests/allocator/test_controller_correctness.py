@@ -2,9 +2,10 @@
 
 Each example builds a small GPU cluster, then runs a random script of pod creations, deletions,
 completions, controller restarts, expired watches, vanished and returning slices, with
-conflicts and yields injected into the API calls, against concurrent workers. After every step
+conflicts and yields injected into the API calls, against concurrent workers; some pods are
+created behind another queue's gate (Kueue's), which a later step may lift. After every step
 no device may give more memory or cores than it has and no whole card may be shared; an
-ungated live pod must have every claim allocated. At the end every pod goes, everything must
+ungated live pod must have every claim allocated; a pod another gate still holds has none. At the end every pod goes, everything must
 be released, and a whole-card pod per GPU must fit again: nothing leaked.
 """
 
@@ -39,6 +40,9 @@ from .conftest import (
     share_claim_spec,
     whole_claim_spec,
 )
+
+
+QUEUE_GATE = "kueue.x-k8s.io/admission"
 
 
 class Faulty:
@@ -119,6 +123,8 @@ CLAIM_SPECS = st.one_of(
 
 STEP = st.one_of(
     st.tuples(st.just("create"), st.lists(CLAIM_SPECS, min_size=1, max_size=2)),
+    st.tuples(st.just("queue"), st.lists(CLAIM_SPECS, min_size=1, max_size=2)),
+    st.tuples(st.just("admit"), st.integers(0, 50)),
     st.tuples(st.just("delete"), st.integers(0, 50)),
     st.tuples(st.just("finish"), st.integers(0, 50)),
     st.tuples(st.just("restart"), st.integers(1, 4)),
@@ -174,6 +180,21 @@ def check_gates(pods: list[Object], claims: list[Object]) -> None:
                 f"{status['resourceClaimName']} was allocated")
 
 
+def check_other_gates(pods: list[Object], claims: list[Object]) -> None:
+    """A pod another admission system still holds (its gate before the gateway's) holds no
+    device: none of its claims is allocated."""
+    by_name = {c["metadata"]["name"]: c for c in claims}
+    for pod in pods:
+        gates = [g["name"] for g in pod["spec"].get("schedulingGates") or ()]
+        if not any(g != names.SCHEDULING_GATE for g in gates):
+            continue
+        for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+            claim = by_name.get(status["resourceClaimName"])
+            assert claim is None or not claim.get("status", {}).get("allocation"), (
+                f"pod {pod['metadata']['name']}, still behind {gates}, holds claim "
+                f"{status['resourceClaimName']}")
+
+
 async def run_scenario(scenario: Scenario) -> None:
     rng = random.Random(scenario.seed)
     memory = MemoryCluster()
@@ -185,6 +206,7 @@ async def run_scenario(scenario: Scenario) -> None:
     def check() -> None:
         check_no_overcommit(memory.objects(RESOURCE_CLAIMS), memory.objects(RESOURCE_SLICES))
         check_gates(memory.objects(PODS), memory.objects(RESOURCE_CLAIMS))
+        check_other_gates(memory.objects(PODS), memory.objects(RESOURCE_CLAIMS))
 
     async def start(workers: int) -> tuple[Controller, asyncio.Task[None]]:
         controller = Controller(cluster, controller_settings(scenario, workers))
@@ -199,9 +221,19 @@ async def run_scenario(scenario: Scenario) -> None:
     try:
         for action, arg in scenario.steps:
             live = sorted(p["metadata"]["name"] for p in memory.objects(PODS))
-            if action == "create":
-                await world.gated_pod(f"pod-{created}", arg)
+            if action in ("create", "queue"):
+                await world.gated_pod(f"pod-{created}", arg,
+                                      other_gates=(QUEUE_GATE,) if action == "queue" else ())
                 created += 1
+            elif action == "admit":
+                queued = sorted(p["metadata"]["name"] for p in memory.objects(PODS)
+                                if any(g["name"] == QUEUE_GATE
+                                       for g in p["spec"].get("schedulingGates") or ()))
+                if queued:
+                    # Kueue admits it: its own gate goes, the gateway's stays.
+                    await memory.patch(PODS, queued[arg % len(queued)], {"spec": {
+                        "schedulingGates": [{"name": names.SCHEDULING_GATE}]}},
+                        namespace=NAMESPACE)
             elif action == "delete" and live:
                 await memory.delete(PODS, live[arg % len(live)], namespace=NAMESPACE)
             elif action == "finish" and live:
