@@ -41,7 +41,6 @@ from .conftest import (
     whole_claim_spec,
 )
 
-
 QUEUE_GATE = "kueue.x-k8s.io/admission"
 
 
