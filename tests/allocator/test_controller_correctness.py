@@ -5,8 +5,9 @@ completions, controller restarts, expired watches, vanished and returning slices
 conflicts and yields injected into the API calls, against concurrent workers; some pods are
 created behind another queue's gate (Kueue's), which a later step may lift. After every step
 no device may give more memory or cores than it has and no whole card may be shared; an
-ungated live pod must have every claim allocated; a pod another gate still holds has none. At the end every pod goes, everything must
-be released, and a whole-card pod per GPU must fit again: nothing leaked.
+ungated live pod must have every claim allocated; a pod another gate still holds has none. At
+the end every pod goes, everything must be released, and a whole-card pod per GPU must fit
+again: nothing leaked.
 """
 
 from __future__ import annotations
