@@ -8,7 +8,7 @@ edges (loading, validating); hot paths work on plain dicts.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -17,8 +17,9 @@ from dra_gateway.kube import names
 Enforcement = Literal["none", "hami-core", "mps"]
 # How the allocator packs a pod onto nodes and cards: carried in the field `policy`, its wire name.
 Strategy = Literal["default", "binpack", "spread", "first-fit"]
-STRATEGIES: tuple[str, ...] = ("default", "binpack", "spread", "first-fit")
-ENFORCEMENTS: tuple[str, ...] = ("none", "hami-core", "mps")
+# The same names as tuples, for what checks a value: each enumeration is declared once.
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+ENFORCEMENTS: tuple[str, ...] = get_args(Enforcement)
 
 
 class GpuShareConfig(BaseModel):

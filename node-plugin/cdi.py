@@ -14,13 +14,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from dra_gateway.kube import objects
 from dra_gateway.kube.files import atomic_write, fsync_dir
+from dra_gateway.kube.models import Enforcement
 
 CDI_VERSION = "0.6.0"  # the first version with spec annotations, which name the claim
-Enforcement = Literal["none", "hami-core", "mps"]
 MIB = 1 << 20
 DEFAULT_HAMI_LIBRARY = "/usr/local/vgpu/libvgpu.so"
 

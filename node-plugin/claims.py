@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dra_gateway.kube import names, objects
-from dra_gateway.kube.models import GpuShareConfig, share_parameters
+from dra_gateway.kube.models import Enforcement, GpuShareConfig, share_parameters
 from dra_gateway.kube.nodeselectors import node_selector_matches
 from dra_gateway.kube.quantity import QuantityError, bytes_of, parse_quantity
 from dra_gateway.kube.shares import recorded_shares, result_key, shares_by_result
@@ -33,7 +33,6 @@ from dra_gateway.node_plugin.cdi import (
     DEFAULT_ENFORCEMENT,
     CardShare,
     CdiDevice,
-    Enforcement,
     EnforcementSettings,
     build_spec,
     container_env,
