@@ -41,6 +41,7 @@ from dra_gateway.allocator.groups import (
     GROUP_INCOMPLETE,
     GROUP_INVALID,
     GROUP_PLACED,
+    Members,
     Ready,
     chosen,
     incomplete_message,
@@ -102,7 +103,7 @@ class PodAllocator:
         self.stats = stats
         self.metrics = metrics
         self.fence = fence  # called before each write: a former leader must not allocate
-        self.podgroups = podgroups  # Volcano's and the coscheduling plugin's PodGroups
+        self.podgroups = podgroups  # the objects sizing pod groups (kube.groups.PodGroupLookup)
         # One placement of a pod group at a time (group key -> lock), so that two members'
         # syncs never plan the same group twice.
         self._group_locks: dict[tuple[str, str, str], tuple[asyncio.Lock, int]] = {}
@@ -146,11 +147,13 @@ class PodAllocator:
         if pending:
             try:
                 if group is not None:
-                    outcome = await self._allocate_group(key, pod, group, written)
-                    if outcome is None:  # the group is whole: placed as it comes
-                        narrowed, nodes = self._as_its_group(group, gateway)
+                    grouped = await self._allocate_group(key, pod, group, written)
+                    if isinstance(grouped, Members):  # the group is whole: placed as it comes
+                        narrowed, nodes = self._as_its_group(grouped, gateway)
                         outcome = await self._allocate(key, pod, narrowed, pending, written,
                                                        nodes=nodes)
+                    else:
+                        outcome = grouped
                 else:
                     outcome = await self._allocate(key, pod, gateway, pending, written)
             except Replan as why:
@@ -226,9 +229,9 @@ class PodAllocator:
                                           "GPUQuotas")
 
     async def _allocate_group(self, key: PodKey, pod: Object, group: PodGroup,
-                              written: dict[str, str]) -> Outcome | None:
+                              written: dict[str, str]) -> Outcome | Members:
         """All or nothing (allocator/groups.py): plan the members the group still needs
-        together and write them all, or none; None when the group is whole already."""
+        together and write them all, or none; its members when the group is whole already."""
         lock, users = self._group_locks.get(group.key, (asyncio.Lock(), 0))
         self._group_locks[group.key] = (lock, users + 1)
         try:
@@ -242,14 +245,14 @@ class PodAllocator:
                 del self._group_locks[group.key]  # nobody else waits for it
 
     async def _place_group(self, key: PodKey, pod: Object, group: PodGroup,
-                           written: dict[str, str]) -> Outcome | None:
+                           written: dict[str, str]) -> Outcome | Members:
         members = members_of(group, self.pods.by_index, self.claims.get)
         if not any(objects.uid(r.pod) == key.uid for r in members.ready):
             # Changed while it waited for the lock (another member's sync placed it with the
             # group, say): look again from the start, never with the claims read before.
             return "retry"
         if members.needed == 0:
-            return None
+            return members
         if len(members.ready) < members.needed:
             self.unplaceable.discard(key)
             message = incomplete_message(members)
@@ -312,12 +315,12 @@ class PodAllocator:
                                              objects.uid(ready.pod)))
         return "done"
 
-    def _as_its_group(self, group: PodGroup,
+    def _as_its_group(self, members: Members,
                       gateway: list[Object]) -> tuple[list[Object], list[str] | None]:
         """A member past the group's size, to plan as its group's placed members are: on
         their model (its claims narrowed to it, for the planner only) and, with a required
         domain, on the nodes of their domain."""
-        members = members_of(group, self.pods.by_index, self.claims.get)
+        group = members.group
         state = self.planning.state
         model = group_model(state, members.placed_claims) if group.same_model else None
         narrowed = gateway if model is None else [narrow_to_model(c, model) for c in gateway]

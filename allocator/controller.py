@@ -105,8 +105,8 @@ def _node_fit(node: Object) -> tuple[Any, ...]:
 
 def _podgroups_missing(source: str, rt: ResourceType) -> Callable[[], None]:
     def missing() -> None:
-        log.info("the API server does not serve these PodGroups (not installed): pods that "
-                 "name one wait until it is served and the PodGroup exists",
+        log.info("the API server does not serve this type of the objects sizing pod groups "
+                 "(not installed): pods that name one wait until it is served and exists",
                  extra={"resource": f"{rt.plural}.{rt.group}", "scheduler": source})
     return missing
 
@@ -135,9 +135,10 @@ class Controller:
         self.pods = Informer(cluster, PODS, self._on_pod, field_selector=LIVE_PODS_SELECTOR,
                              watch_timeout=timeout,
                              indexers={GROUP_INDEX: group_index, HOLDER_INDEX: holder_index})
-        # Volcano's and the coscheduling plugin's PodGroups: their minMember sizes the groups
-        # their pods name (kube/groups.py). Served only where those are installed; elsewhere
-        # each mirror stays empty and lists again now and then.
+        # The objects sizing the groups pods name (kube/groups.py: upstream's PodGroups and
+        # Workloads, Volcano's and the coscheduling plugin's PodGroups, JobSets, Kubeflow's
+        # jobs), per version served. Where a type is not served its mirror stays empty and
+        # lists again now and then.
         self.podgroups = {(source, rt): Informer(cluster, rt, self._on_podgroup(source),
                                                  when_missing="empty",
                                                  missing=_podgroups_missing(source, rt),

@@ -113,9 +113,9 @@ class Planning:
             def planned() -> GroupPlan:
                 try:
                     with cel.cost_budget(budget):
+                        model = group_model(state, placed) if same_model else None
                         return plan_group(state, members, strategy=strategy,
-                                          same_model=same_model,
-                                          model=group_model(state, placed), domain=domain)
+                                          same_model=same_model, model=model, domain=domain)
                 except cel.CostBudgetExceeded as exc:
                     return GroupPlan((), 0, f"{exc}; simplify the claims' selectors")
 

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dra_gateway.allocator.planner.allocation import PodPlan
 from dra_gateway.allocator.planner.cards import card_product
+from dra_gateway.allocator.planner.devices import Device
 from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names, objects
@@ -86,25 +87,42 @@ def narrow_to_model(claim: Mapping[str, Any], model: str) -> dict[str, Any]:
     return {**claim, "spec": {**spec, "devices": {**devices, "requests": requests}}}
 
 
+def _allocated(state: ClusterState,
+               allocations: Iterable[Mapping[str, Any]]) -> Iterator[Device | None]:
+    """The published devices `allocations` (status.allocation values) hold, None for one the
+    state does not know."""
+    for allocation in allocations:
+        for result in (allocation.get("devices") or {}).get("results") or ():
+            yield state.devices.get((result.get("driver"), result.get("pool"),
+                                     result.get("device")))
+
+
+def _claims_allocations(placed: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [(c.get("status") or {}).get("allocation") or {} for c in placed]
+
+
 def plan_models(state: ClusterState, plan: PodPlan) -> Counter[str | None]:
     """The models of the devices a plan allocates (None: a device without a productName)."""
-    found: Counter[str | None] = Counter()
-    for allocation in plan.allocations.values():
-        for result in (allocation.get("devices") or {}).get("results") or ():
-            device = state.devices.get((result.get("driver"), result.get("pool"),
-                                        result.get("device")))
-            found[card_product(device) if device is not None else None] += 1
-    return found
+    return Counter(card_product(d) if d is not None else None
+                   for d in _allocated(state, plan.allocations.values()))
 
 
 def group_model(state: ClusterState, placed: Sequence[Mapping[str, Any]]) -> str | None:
     """The model of the cards allocated to a group's placed members (`placed`: their claims),
     the most common one should they hold several; None when they hold no card of a model."""
-    allocations = {objects.uid(c): (c.get("status") or {}).get("allocation") or {}
-                   for c in placed}
-    found = plan_models(state, PodPlan("", allocations=allocations))
-    found.pop(None, None)
+    found = Counter(m for d in _allocated(state, _claims_allocations(placed))
+                    if d is not None and (m := card_product(d)) is not None)
     return found.most_common(1)[0][0] if found else None
+
+
+def _sharing_label(state: ClusterState, nodes: Iterable[str], label: str) -> set[str] | None:
+    """The nodes whose node label `label` has a value one of `nodes` has; None when none of
+    them has the label."""
+    values = {state.nodes[n].labels.get(label) for n in nodes if n in state.nodes}
+    values.discard(None)
+    if not values:
+        return None
+    return {n for n, info in state.nodes.items() if info.labels.get(label) in values}
 
 
 def domain_nodes(state: ClusterState, placed: Sequence[Mapping[str, Any]],
@@ -112,19 +130,10 @@ def domain_nodes(state: ClusterState, placed: Sequence[Mapping[str, Any]],
     """The nodes sharing node label `label`'s value with the nodes a group's placed members'
     claims (`placed`) hold devices on; None when they hold none on a node with the label (any
     value will do)."""
-    held: set[str] = set()
-    for claim in placed:
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for result in (allocation.get("devices") or {}).get("results") or ():
-            device = state.devices.get((result.get("driver"), result.get("pool"),
-                                        result.get("device")))
-            if device is not None and device.node:
-                held.add(device.node)
-    values = {state.nodes[n].labels.get(label) for n in held if n in state.nodes}
-    values.discard(None)
-    if not values:
-        return None
-    return sorted(n for n, info in state.nodes.items() if info.labels.get(label) in values)
+    held = {d.node for d in _allocated(state, _claims_allocations(placed))
+            if d is not None and d.node}
+    sharing = _sharing_label(state, held, label)
+    return sorted(sharing) if sharing is not None else None
 
 
 def published_models(state: ClusterState) -> list[str]:
@@ -244,11 +253,9 @@ def _plan_member(state: ClusterState, pod: Mapping[str, Any],
     if used:
         tiers.append(set(used))
         for label in state.settings.group_domains:
-            values = {state.nodes[n].labels.get(label) for n in used if n in state.nodes}
-            values.discard(None)
-            if values:
-                tiers.append({n for n, info in state.nodes.items()
-                              if info.labels.get(label) in values})
+            sharing = _sharing_label(state, used, label)
+            if sharing is not None:
+                tiers.append(sharing)
     for tier in tiers:
         nodes = tier & within if within is not None else tier
         if nodes:
