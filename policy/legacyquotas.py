@@ -8,10 +8,12 @@ Koordinator...) has a GPUQuota counting the same thing in the gateway's terms: c
 key became, and what has no equivalent and why (a percentage of a card's memory, a scope, a
 count of cards another driver allocates): nothing is dropped without a word.
 
-Units are the protocols' (reference "Legacy and vendor GPU request protocols"); the caller may
-pass what the translation rules in force say about a name (`Route`: the rule, its class and its
-unit), so a site that reads gpushare memory in MiB gets its quota in MiB too, and a name the
-rules send to another driver's class is reported rather than counted.
+What a name counts and in what unit are the protocols' facts, one row per name in the core's
+table (`kube/legacy_resources.py`), turned here into GPUQuota terms (`KNOWN_NAMES`, derived:
+a new name needs no line here). The caller may pass what the translation rules in force say
+about a name (`Route`: the rule, its class and its unit), so a site that reads gpushare memory
+in MiB gets its quota in MiB too, and a name the rules send to another driver's class is
+reported rather than counted.
 
 Pure: it takes the ResourceQuota as a plain dict and returns data. It must not do I/O, read the
 cluster or import the translator (the caller turns its rules into `Route`s).
@@ -24,7 +26,12 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from dra_gateway.kube import names
-from dra_gateway.kube.legacy_resources import legacy_resource
+from dra_gateway.kube.legacy_resources import (
+    LEGACY_RESOURCES,
+    UNITS,
+    LegacyResource,
+    legacy_resource,
+)
 from dra_gateway.kube.quantity import (
     Quantity,
     QuantityError,
@@ -54,8 +61,6 @@ SOURCE_ANNOTATION: Final = f"{names.DOMAIN}/resource-quota"
 # default, Queue, would let the pod wait instead: a change of behaviour the user should choose).
 ADMISSION: Final = "Refuse"
 _PREFIXES: Final = ("requests.", "limits.")
-_MI: Final = 1 << 20
-_GI: Final = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,65 +76,31 @@ class LegacyName:
     note: str = ""  # how the equivalence is loose, when it is
 
 
-_PERCENT_OF_MEMORY = ("a percentage of each card's memory, while a GPUQuota counts bytes; set "
-                      "spec.hard.memory by hand (percent x the cards' memory)")
-_REPLICAS = "a GPUQuota counts cards touched: replicas sharing one card count once"
-
-
-def _another_allocators(allocator: str) -> LegacyName:
-    """A legacy name that `allocator`, not the gateway, serves: its quotas stay as they are."""
-    return LegacyName(None, why=f"{allocator} allocates these, not the gateway; keep the "
-                                "ResourceQuota for them")
-
-# Protocol facts in GPUQuota terms (reference "Legacy and vendor GPU request protocols"), for
-# every name of the core's list (kube.legacy_resources), keyed as it is there: a name ending in
-# "*" is a prefix.
-KNOWN_NAMES: Final[Mapping[str, LegacyName]] = {
-    # NVIDIA's device plugin and HAMi.
-    "nvidia.com/gpu": LegacyName("devices"),
-    "nvidia.com/gpu.shared": LegacyName("devices", note=_REPLICAS),
-    "nvidia.com/mig-*": LegacyName("devices", note="each MIG instance is one device"),
-    "nvidia.com/gpumem": LegacyName(
-        "memory", _MI, note="HAMi's quota adds each container's per-card value; a GPUQuota "
-                            "counts the memory of every card a pod holds"),
-    "nvidia.com/gpucores": LegacyName("cores"),
-    "nvidia.com/gpumem-percentage": LegacyName(None, why=_PERCENT_OF_MEMORY),
-    "nvidia.com/priority": LegacyName(None, why="a task priority hint, not an amount"),
-    # Koordinator (and its older kubernetes.io names).
-    "koordinator.sh/gpu-core": LegacyName("cores"),
-    "koordinator.sh/gpu-memory": LegacyName("memory"),
-    "koordinator.sh/gpu-memory-ratio": LegacyName(None, why=_PERCENT_OF_MEMORY),
-    "koordinator.sh/gpu.shared": LegacyName("devices"),
-    "koordinator.sh/gpu": LegacyName(
-        "cores", note="it also limits the memory ratio, which has no GPUQuota equivalent"),
-    "kubernetes.io/gpu-core": LegacyName("cores"),
-    "kubernetes.io/gpu-memory": LegacyName("memory"),
-    "kubernetes.io/gpu-memory-ratio": LegacyName(None, why=_PERCENT_OF_MEMORY),
-    "kubernetes.io/gpu": LegacyName(
-        "cores", note="it also limits the memory ratio, which has no GPUQuota equivalent"),
-    # Volcano.
-    "volcano.sh/vgpu-number": LegacyName("devices"),
-    "volcano.sh/vgpu-memory": LegacyName("memory", _MI),
-    "volcano.sh/vgpu-cores": LegacyName("cores"),
-    "volcano.sh/gpu-number": LegacyName("devices"),
-    "volcano.sh/gpu-memory": LegacyName("memory", _MI),
-    # Alibaba gpushare and cGPU.
-    "aliyun.com/gpu-count": LegacyName("devices"),
-    "aliyun.com/gpu-mem": LegacyName("memory", _GI),
-    "aliyun.com/gpu-core.percentage": LegacyName("cores"),
-    # Tencent qGPU.
-    "tke.cloud.tencent.com/qgpu-core": LegacyName("cores"),
-    "tke.cloud.tencent.com/qgpu-memory": LegacyName("memory", _GI),
-    # Counts of devices other drivers allocate (unless the rules in force say otherwise).
-    "k8s.amazonaws.com/vgpu": LegacyName("devices", note=_REPLICAS),
-    "amd.com/gpu": _another_allocators("AMD's driver"),
-    "gpu.intel.com/i915": _another_allocators("Intel's driver"),
-    "gpu.intel.com/xe": _another_allocators("Intel's driver"),
-    "habana.ai/gaudi": _another_allocators("Habana's driver"),
-    "aws.amazon.com/neuron": _another_allocators("AWS Neuron's driver"),
-    "aws.amazon.com/neuroncore": _another_allocators("AWS Neuron's driver"),
-    "google.com/tpu": _another_allocators("Google's TPU support"),
+_PERCENT_OF_MEMORY: Final = ("a percentage of each card's memory, while a GPUQuota counts "
+                             "bytes; set spec.hard.memory by hand (percent x the cards' memory)")
+# Why a name that counts none of the GPUQuota's dimensions has no equivalent, by what it counts.
+_NO_DIMENSION: Final[Mapping[str, str]] = {
+    "memory-percent": _PERCENT_OF_MEMORY,
+    "priority": "a task priority hint, not an amount",
 }
+
+
+def _in_gpu_quota_terms(resource: LegacyResource) -> LegacyName:
+    """What a row of the core's table counts in GPUQuota terms."""
+    if resource.allocator:
+        return LegacyName(None, why=f"{resource.allocator} allocates these, not the gateway; "
+                                    "keep the ResourceQuota for them")
+    counts = resource.counts
+    if counts in ("devices", "memory", "cores"):
+        return LegacyName(counts, UNITS[resource.unit], note=resource.note)
+    return LegacyName(None, why=_NO_DIMENSION[counts])
+
+
+# Protocol facts in GPUQuota terms, for every name of the core's table
+# (kube.legacy_resources, reference "Legacy and vendor GPU request protocols"), keyed as it is
+# there: a name ending in "*" is a prefix.
+KNOWN_NAMES: Final[Mapping[str, LegacyName]] = {
+    resource.name: _in_gpu_quota_terms(resource) for resource in LEGACY_RESOURCES}
 
 
 @dataclass(frozen=True, slots=True)

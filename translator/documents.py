@@ -3,16 +3,16 @@
 A rules document (`apiVersion: dra-gateway.io/v1alpha1`, `kind: TranslationRules`) lists rules
 that say which legacy container resources they translate, how to compute the DRA device request
 from them with CEL, and which device class serves it, plus `overrides` of rules defined
-elsewhere. These pydantic models exist for loading only: they check shapes, names and units.
-They must not compile CEL, read files or be used on the admission path (`ruleset.py` holds
-what that path reads); `loading.py` turns them into a `RuleSet`.
+elsewhere. These pydantic models exist for loading only: they check shapes, names and units
+(a unit is a key of the core's `UNITS`, `kube/legacy_resources.py`). They must not compile
+CEL, read files or be used on the admission path (`ruleset.py` holds what that path reads);
+`loading.py` turns them into a `RuleSet`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
@@ -24,19 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-# Units a legacy resource's value may be in; the translator multiplies the value by the factor
-# so that rules compute with bytes for memory and plain numbers for everything else.
-UNITS: Final[Mapping[str, int]] = {
-    "": 1,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-}
+# The units a resource's value may be in are the core's, re-exported for the rules' readers.
+from dra_gateway.kube.legacy_resources import UNITS as UNITS
 
 # Variables every rule expression sees. `r` maps each resource the rule declares to its whole
 # value (times its unit), 0 when the container does not ask for it.
