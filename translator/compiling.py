@@ -4,7 +4,9 @@
 a `CompiledRule`, batching its expressions and evaluating each on representative inputs so that
 a typo fails at load, not at admission; `check_overlaps` refuses two rules reading one resource
 with no precedence between them. Problems go to a `Problems` collector with their field path.
-It must not read files or sources (`loading.py` does) nor translate pods.
+The fields of `device` that a rule computes are declared once (`_COUNT`, `SHARE_FIELDS`): the
+share checks, compiling, the dry run and the output batch read that declaration. It must not
+read files or sources (`loading.py` does) nor translate pods.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -52,41 +54,144 @@ def _default_driver(class_name: str) -> str:
     return class_name
 
 
+@dataclass(frozen=True, slots=True)
+class _Output:
+    """A field of a rule's `device` that a CEL expression computes, declared once for every
+    use: the check that shares need a gateway class, compiling, the dry run and the batch.
+
+    `key` is its name in the document (and in a problem's path, `device.<key>`), `attribute`
+    its name on `DeviceSpec` and `CompiledRule`, `gives` the type its value must have; `unset`
+    stands for it in the output batch when the rule leaves it out.
+    `moot_elsewhere`: how the gateway enforces or places, which an override that moves the rule
+    to another driver's class drops instead of refusing."""
+
+    key: str
+    attribute: str
+    gives: type
+    unset: str
+    moot_elsewhere: bool = False
+
+
+_COUNT: Final = _Output("count", "count", int, "1")  # never unset: the document's default
+# The shares of a card: only a gateway class takes them.
+SHARE_FIELDS: Final = (
+    _Output("memory", "memory", int, "0"),
+    _Output("memoryPercent", "memory_percent", int, "0"),
+    _Output("cores", "cores", int, "0"),
+    _Output("enforcement", "enforcement", str, '""', moot_elsewhere=True),
+    _Output("policy", "policy", str, '""', moot_elsewhere=True),
+)
+# In the order of the output batch, which `evaluation.checked_outputs` reads.
+_OUTPUTS: Final = (_COUNT, *SHARE_FIELDS)
+
+
+@dataclass(frozen=True, slots=True)
+class _Reporter:
+    """Problems of one rule, each at its field path under the rule's."""
+
+    problems: Problems
+    source: str
+    base: str
+
+    def fail(self, path: str, message: str) -> None:
+        self.problems.add(self.source, f"{self.base}.{path}", message)
+
+    def expression(self, path: str, text: str, sample: Mapping[str, Any]) -> Expression | None:
+        """`text` compiled (and dry-run on `sample`), None once its problem is reported."""
+        try:
+            return compile_expression(text, variables=sample, what="")
+        except CelError as exc:
+            self.fail(path, str(exc))
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """The class a rule's devices come from, and who allocates them."""
+
+    spec: RuleSpec  # without the fields an override moved to another driver's class made moot
+    class_name: str
+    gateway_class: bool
+    gated: bool  # the gateway's allocator serves it
+
+
+@dataclass(frozen=True, slots=True)
+class _Reads:
+    """The resources a rule reads (with the factor of each one's unit) and those that trigger
+    it."""
+
+    exact: dict[str, int]
+    pattern: str | None
+    pattern_factor: int
+    triggers: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Programs:
+    """A rule's expressions, compiled; None where one failed (its problem is reported)."""
+
+    when: Expression | None
+    variables: tuple[tuple[str, Expression], ...]
+    refusals: tuple[tuple[Expression, str], ...]
+    warnings: tuple[tuple[Expression, str], ...]
+    count: Expression | None
+    shares: dict[str, Expression | None]  # by CompiledRule attribute
+    selectors: tuple[CompiledSelector, ...]
+    constraints: tuple[tuple[str, Expression | None], ...]
+
+
 def compile_rule(entry: RuleEntry, problems: Problems) -> CompiledRule | None:
-    spec, source, base = entry.spec, entry.source, entry.path
-    device = spec.device
+    """The rule compiled, batched and dry-run; None when it has problems (all reported)."""
     errors_before = len(problems.errors)
+    report = _Reporter(problems, entry.source, entry.path)
+    target = _target(entry, report)
+    reads = _reads(target.spec, entry, report)
+    # compile_expression dry-runs on this sample; rule variables get their sample values as
+    # they compile, so that later expressions see them.
+    sample = _sample_activation(reads.exact, reads.pattern, target.spec, value=1, text=None)
+    programs = _programs(target.spec, sample, report)
+    if len(problems.errors) > errors_before or programs.count is None:
+        return None
+    rule = _compiled(entry, target, reads, programs)
+    _dry_run(rule, entry, problems)
+    if len(problems.errors) > errors_before:
+        return None
+    return _batched(rule, target.spec, sample)
 
-    def fail(path: str, message: str) -> None:
-        problems.add(source, f"{base}.{path}", message)
 
-    class_name = entry.class_name
+def _target(entry: RuleEntry, report: _Reporter) -> _Target:
+    """The rule's class checked, and the allocator and shares it allows."""
+    spec, class_name = entry.spec, entry.class_name
+    device = spec.device
     if not class_name:
-        fail("device.className", "required for an enabled rule: name the DeviceClass that "
-             "serves these devices")
+        report.fail("device.className", "required for an enabled rule: name the DeviceClass "
+                    "that serves these devices")
     elif not NAME_RE.match(class_name) or len(class_name) > 253:
-        fail("device.className", f"{json.dumps(class_name)} is not a DeviceClass name")
+        report.fail("device.className", f"{json.dumps(class_name)} is not a DeviceClass name")
     gateway_class = class_name in names.GATEWAY_CLASSES
-    if not gateway_class and class_name != device.class_name and (
-            device.enforcement is not None or device.policy is not None):
+    moot = {field.attribute: None for field in SHARE_FIELDS if field.moot_elsewhere}
+    if not gateway_class and class_name != device.class_name and any(
+            getattr(device, attribute) is not None for attribute in moot):
         # An override moved the rule to another driver's class (NVIDIA's, say): how the
         # gateway would enforce and place a card is moot there, and not an error of the rule.
-        device = device.model_copy(update={"enforcement": None, "policy": None})
+        device = device.model_copy(update=moot)
         spec = spec.model_copy(update={"device": device})
     allocator = device.allocator or ("gateway" if gateway_class else "scheduler")
     if allocator == "gateway" and not gateway_class:
-        fail("device.allocator", f"the gateway's allocator serves only "
-             f"{' and '.join(sorted(names.GATEWAY_CLASSES))}, not {class_name}; use scheduler")
+        report.fail("device.allocator", f"the gateway's allocator serves only "
+                    f"{' and '.join(sorted(names.GATEWAY_CLASSES))}, not {class_name}; use "
+                    "scheduler")
     if not gateway_class:
-        for field_name, value in (("memory", device.memory),
-                                  ("memoryPercent", device.memory_percent),
-                                  ("cores", device.cores), ("enforcement", device.enforcement),
-                                  ("policy", device.policy)):
-            if value is not None:
-                fail(f"device.{field_name}", f"shares need a gateway class "
-                     f"({' or '.join(sorted(names.GATEWAY_CLASSES))}); {class_name} takes "
-                     "whole devices")
+        for field in SHARE_FIELDS:
+            if getattr(device, field.attribute) is not None:
+                report.fail(f"device.{field.key}", f"shares need a gateway class "
+                            f"({' or '.join(sorted(names.GATEWAY_CLASSES))}); {class_name} "
+                            "takes whole devices")
+    return _Target(spec, class_name, gateway_class, gated=allocator == "gateway")
 
+
+def _reads(spec: RuleSpec, entry: RuleEntry, report: _Reporter) -> _Reads:
+    """The rule's resources by name (or prefix) with their units' factors, and its triggers."""
     exact: dict[str, int] = {}
     pattern: str | None = None
     pattern_factor = 1
@@ -99,96 +204,102 @@ def compile_rule(entry: RuleEntry, problems: Problems) -> CompiledRule | None:
     triggers = spec.match.resources if spec.match.resources is not None else list(spec.resources)
     for i, trigger in enumerate(triggers):
         if trigger not in spec.resources:
-            fail(f"match.resources[{i}]",
-                 f"{json.dumps(trigger)} is not one of the rule's resources")
+            report.fail(f"match.resources[{i}]",
+                        f"{json.dumps(trigger)} is not one of the rule's resources")
+    return _Reads(exact, pattern, pattern_factor, triggers)
 
-    # compile_expression dry-runs on these samples; rule variables get their sample values as
-    # they compile, so later expressions see them.
-    sample = _sample_activation(exact, pattern, spec, value=1, text=None)
-    compiled_vars: list[tuple[str, Expression]] = []
+
+def _programs(spec: RuleSpec, sample: dict[str, Any], report: _Reporter) -> _Programs:
+    """Every expression of the rule compiled, in the order of the document; each variable's
+    sample value is added to `sample` as it compiles."""
+    device = spec.device
 
     def expr(path: str, text: str) -> Expression | None:
-        try:
-            return compile_expression(text, variables=sample, what="")
-        except CelError as exc:
-            fail(path, str(exc))
-            return None
+        return report.expression(path, text, sample)
 
     when = expr("match.when", spec.match.when) if spec.match.when else None
-    for i, var in enumerate(spec.variables):
-        compiled_var = expr(f"variables[{i}].expression", var.expression)
-        sample[var.name] = 0
-        if compiled_var is not None:
-            compiled_vars.append((var.name, compiled_var))
-            with contextlib.suppress(CelError):  # reported by the dry run below
-                sample[var.name] = compiled_var.evaluate(sample)
-    refusals = []
-    for i, refusal in enumerate(spec.refuse):
-        compiled_refusal = expr(f"refuse[{i}].when", refusal.when)
-        if compiled_refusal is not None:
-            refusals.append((compiled_refusal, refusal.message))
-    warnings = []
-    for i, warning in enumerate(spec.warn):
-        compiled_warning = expr(f"warn[{i}].when", warning.when)
-        if compiled_warning is not None:
-            warnings.append((compiled_warning, warning.message))
+    variables = _variables(spec, sample, report)
+    refusals = tuple((program, refusal.message) for i, refusal in enumerate(spec.refuse)
+                     if (program := expr(f"refuse[{i}].when", refusal.when)) is not None)
+    warnings = tuple((program, warning.message) for i, warning in enumerate(spec.warn)
+                     if (program := expr(f"warn[{i}].when", warning.when)) is not None)
     count = expr("device.count", device.count)
-    optional = {
-        key: (expr(f"device.{key}", text) if text is not None else None)
-        for key, text in (("memory", device.memory), ("memoryPercent", device.memory_percent),
-                          ("cores", device.cores), ("enforcement", device.enforcement),
-                          ("policy", device.policy))
-    }
+    shares = {field.attribute: (expr(f"device.{field.key}", text) if text is not None else None)
+              for field in SHARE_FIELDS
+              for text in (getattr(device, field.attribute),)}
+    return _Programs(when, variables, refusals, warnings, count, shares,
+                     _selectors(spec, expr, report), _constraints(spec, expr, report))
+
+
+def _variables(spec: RuleSpec, sample: dict[str, Any],
+               report: _Reporter) -> tuple[tuple[str, Expression], ...]:
+    compiled: list[tuple[str, Expression]] = []
+    for i, var in enumerate(spec.variables):
+        program = report.expression(f"variables[{i}].expression", var.expression, sample)
+        sample[var.name] = 0
+        if program is not None:
+            compiled.append((var.name, program))
+            with contextlib.suppress(CelError):  # reported by the dry run
+                sample[var.name] = program.evaluate(sample)
+    return tuple(compiled)
+
+
+def _selectors(spec: RuleSpec, expr: Callable[[str, str], Expression | None],
+               report: _Reporter) -> tuple[CompiledSelector, ...]:
     selectors = []
-    for i, sel in enumerate(device.selectors):
+    for i, sel in enumerate(spec.device.selectors):
         path = f"device.selectors[{i}]"
         if sel.cel is not None:
             try:
                 compile_selector(sel.cel)
             except CelError as exc:
-                fail(f"{path}.cel", str(exc))
+                report.fail(f"{path}.cel", str(exc))
+        values = expr(f"{path}.values", sel.values) if sel.values else None
+        when = expr(f"{path}.when", sel.when) if sel.when else None
         selectors.append(CompiledSelector(
             cel=sel.cel, attribute=sel.attribute or sel.capacity or "", op=sel.op,
-            values=expr(f"{path}.values", sel.values) if sel.values else None,
-            separator=sel.separator,
-            when=expr(f"{path}.when", sel.when) if sel.when else None))
+            values=values, separator=sel.separator, when=when))
+    return tuple(selectors)
+
+
+def _constraints(spec: RuleSpec, expr: Callable[[str, str], Expression | None],
+                 report: _Reporter) -> tuple[tuple[str, Expression | None], ...]:
     constraints = []
-    for i, con in enumerate(device.constraints):
+    for i, con in enumerate(spec.device.constraints):
         if not QUALIFIED_NAME_RE.match(con.match_attribute):
-            fail(f"device.constraints[{i}].matchAttribute",
-                 f"{json.dumps(con.match_attribute)} is not an attribute name (an identifier, "
-                 "or domain/identifier such as resource.kubernetes.io/pcieRoot)")
+            report.fail(f"device.constraints[{i}].matchAttribute",
+                        f"{json.dumps(con.match_attribute)} is not an attribute name (an "
+                        "identifier, or domain/identifier such as resource.kubernetes.io/pcieRoot)")
         constraints.append((con.match_attribute,
                             expr(f"device.constraints[{i}].when", con.when) if con.when else None))
+    return tuple(constraints)
 
-    if len(problems.errors) > errors_before or count is None:
-        return None
-    driver = device.driver or _default_driver(class_name)
-    rule = CompiledRule(
-        name=spec.name, source=source,
+
+def _compiled(entry: RuleEntry, target: _Target, reads: _Reads,
+              programs: _Programs) -> CompiledRule:
+    """The rule's parts put together (its count compiled: the caller checked)."""
+    spec = target.spec
+    assert programs.count is not None
+    shares: dict[str, Any] = programs.shares
+    return CompiledRule(
+        name=spec.name, source=entry.source,
         precedence=entry.precedence if entry.precedence is not None else 0,
-        class_name=class_name, driver=driver, gateway_class=gateway_class,
-        gated=allocator == "gateway", exact=exact, pattern=pattern,
-        pattern_factor=pattern_factor,
-        triggers=frozenset(t for t in triggers if not t.endswith("*")),
-        trigger_pattern=any(t.endswith("*") for t in triggers),
+        class_name=target.class_name,
+        driver=spec.device.driver or _default_driver(target.class_name),
+        gateway_class=target.gateway_class, gated=target.gated, exact=reads.exact,
+        pattern=reads.pattern, pattern_factor=reads.pattern_factor,
+        triggers=frozenset(t for t in reads.triggers if not t.endswith("*")),
+        trigger_pattern=any(t.endswith("*") for t in reads.triggers),
         annotations=tuple(spec.annotations), node_selector=tuple(spec.node_selector),
         match_annotations=dict(spec.match.annotations),
-        match_node_selector=dict(spec.match.node_selector), when=when,
-        variables=tuple(compiled_vars), refusals=tuple(refusals), warnings=tuple(warnings),
-        count=count,
-        memory=optional["memory"], memory_percent=optional["memoryPercent"],
-        cores=optional["cores"], enforcement=optional["enforcement"],
-        policy=optional["policy"], selectors=tuple(selectors), constraints=tuple(constraints),
-        extended_resource_names=entry.extended_resource_names,
+        match_node_selector=dict(spec.match.node_selector), when=programs.when,
+        variables=programs.variables, refusals=programs.refusals, warnings=programs.warnings,
+        count=programs.count, **shares, selectors=programs.selectors,
+        constraints=programs.constraints, extended_resource_names=entry.extended_resource_names,
         fractional=frozenset(name for name, res in spec.resources.items()
                              if res is not None and res.fractional),
         suffixed=frozenset(name for name, res in spec.resources.items()
                            if res is not None and res.suffixes))
-    _dry_run(rule, entry, problems)
-    if len(problems.errors) > errors_before:
-        return None
-    return _batched(rule, spec, sample)
 
 
 def _batch_text(parts: Sequence[str]) -> str:
@@ -198,8 +309,7 @@ def _batch_text(parts: Sequence[str]) -> str:
 def _batched(rule: CompiledRule, spec: RuleSpec, sample: dict[str, Any]) -> CompiledRule:
     """The rule with its batched expressions (each part already compiled and dry-run alone)."""
     device = spec.device
-    outputs = [device.count, device.memory or "0", device.memory_percent or "0",
-               device.cores or "0", device.enforcement or '""', device.policy or '""']
+    outputs = [getattr(device, field.attribute) or field.unset for field in _OUTPUTS]
     conditions = [sel.when or "true" for sel in device.selectors]
     conditions += [con.when or "true" for con in device.constraints]
 
@@ -241,12 +351,6 @@ def _sample_activations(rule: CompiledRule, spec: RuleSpec) -> list[dict[str, An
             for value, text in ((1, None), (2, "a"))]
 
 
-_EXPECTED: Final[Mapping[str, tuple[type, ...]]] = {
-    "count": (int,), "memory": (int,), "memoryPercent": (int,), "cores": (int,),
-    "enforcement": (str,), "policy": (str,),
-}
-
-
 def _text_free(activation: Mapping[str, Any]) -> bool:
     """Whether a sample carries no pod-provided text (a policy from pod text may be anything)."""
     return all(v != "a" for v in activation["annotations"].values()) and \
@@ -285,10 +389,10 @@ def _dry_run(rule: CompiledRule, entry: RuleEntry, problems: Problems) -> None:
             check(f"refuse[{i}].when", refusal, activation, (bool,))
         for i, (warning, _) in enumerate(rule.warnings):
             check(f"warn[{i}].when", warning, activation, (bool,))
-        for key, output in (("count", rule.count), ("memory", rule.memory),
-                                ("memoryPercent", rule.memory_percent), ("cores", rule.cores),
-                                ("enforcement", rule.enforcement), ("policy", rule.policy)):
-            value = check(f"device.{key}", output, activation, _EXPECTED[key])
+        for field in _OUTPUTS:
+            key = field.key
+            value = check(f"device.{key}", getattr(rule, field.attribute), activation,
+                          (field.gives,))
             if key == "enforcement" and isinstance(value, str) and value not in ENFORCEMENTS:
                 problems.add(source, f"{base}.device.enforcement",
                              f"gives {json.dumps(value)}; expected one of "
