@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dra_gateway.kube import names, objects
+from dra_gateway.kube.memory_percent import share_bytes
 from dra_gateway.kube.models import Enforcement, GpuShareConfig, share_parameters
 from dra_gateway.kube.nodeselectors import node_selector_matches
 from dra_gateway.kube.quantity import QuantityError, bytes_of, parse_quantity
@@ -202,7 +203,7 @@ def plan_claim(claim: Mapping[str, Any], *, uid: str, node_name: str,
         elif config.memory is not None:
             memory = config.memory
         elif config.memory_percent is not None:
-            memory = info.memory * config.memory_percent // 100
+            memory = share_bytes(info.memory, config.memory_percent)
         if names.CAPACITY_CORES not in limited:
             pass
         elif names.CAPACITY_CORES in consumed:

@@ -20,6 +20,7 @@ from typing import Any
 
 from dra_gateway.kube import names
 from dra_gateway.kube.cel import CelError, Selector, compile_selector, device_view
+from dra_gateway.kube.memory_percent import share_bytes_in_whole_mib
 from dra_gateway.policy.amounts import (
     FIELDS,
     Amounts,
@@ -168,9 +169,6 @@ def over(quota: Quota, requested: Amounts, used: Amounts) -> tuple[str, ...]:
     return tuple(fields)
 
 
-_MIB = 1 << 20
-
-
 def least_cost(quota: Quota, claims: Sequence[Sequence[RequestShape]], *,
                smallest_card: int = 0, shares_take_cards: bool = False) -> Amounts:
     """The least the claims (the gateway-class requests of each) cost against `quota` wherever
@@ -197,7 +195,7 @@ def least_cost(quota: Quota, claims: Sequence[Sequence[RequestShape]], *,
             cores += amounts.cores
             gpu = shape.class_name == names.GPU_CLASS
             if shape.memory is None and gpu and shape.memory_percent is not None:
-                memory += (smallest_card * shape.memory_percent // 100 // _MIB * _MIB
+                memory += (share_bytes_in_whole_mib(smallest_card, shape.memory_percent)
                            * shape.count)
             if shape.whole:
                 whole += shape.count

@@ -15,6 +15,7 @@ from dra_gateway.allocator.planner.demand import ClaimDemand
 from dra_gateway.allocator.planner.devices import Device
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names, objects
+from dra_gateway.kube.memory_percent import share_fraction
 
 DeviceKey = tuple[str, str, str]
 
@@ -108,7 +109,7 @@ def need_of(state: ClusterState, pod: Mapping[str, Any],
             share = alternative.share
             fraction = 0.0
             if share.memory_percent is not None:
-                fraction = share.memory_percent / 100
+                fraction = share_fraction(share.memory_percent)
             elif share.memory is not None:
                 fraction = share.memory / memory_card
             if share.cores is not None:
