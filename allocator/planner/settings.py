@@ -1,6 +1,10 @@
 """Settings of the planner and the names of its packing strategies.
 
 Data only: a frozen settings object passed in explicitly, never read from the environment here.
+The strategies are enumerated once, by `kube.models.Strategy` (a claim's GpuShareConfig carries
+them, so the core holds the list); `STRATEGIES` is that list, and the constants below name the
+members the planner compares against, each typed as a `Strategy` so that mypy refuses a name
+the list does not have. A new strategy is one more value of the Literal.
 """
 
 from __future__ import annotations
@@ -10,11 +14,12 @@ from typing import Final
 
 # The names a claim's GpuShareConfig may carry are the names the planner knows: one list.
 from dra_gateway.kube.models import STRATEGIES as STRATEGIES
+from dra_gateway.kube.models import Strategy
 
-FIRST_FIT: Final = "first-fit"
-BINPACK: Final = "binpack"
-SPREAD: Final = "spread"
-DEFAULT: Final = "default"
+FIRST_FIT: Final[Strategy] = "first-fit"
+BINPACK: Final[Strategy] = "binpack"
+SPREAD: Final[Strategy] = "spread"
+DEFAULT: Final[Strategy] = "default"
 
 
 @dataclass(frozen=True)
