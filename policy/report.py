@@ -14,7 +14,8 @@ import hashlib
 import html
 import textwrap
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dra_gateway.kube import names
@@ -150,11 +151,62 @@ def last_preemptions(events: Iterable[Mapping[str, Any]],
     return sorted(found, key=lambda e: e["time"], reverse=True)[:most]
 
 
+@dataclass(frozen=True, slots=True)
+class _Holdings:
+    """What the claims' allocations charge: counted against the quotas, and listed per card."""
+
+    ledger: QuotaLedger
+    holders: Mapping[DeviceKey, list[dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    """The pods the gateway's gate still holds, and the smallest share they ask for."""
+
+    pods: list[dict[str, Any]]  # one entry per pod: namespace, pod, reason (and why)
+    smallest: tuple[int, int] | None  # (memory, cores) of the smallest share; None: none asked
+
+
+@dataclass(frozen=True, slots=True)
+class _Cards:
+    """The gateway's cards with who holds them, and the free slivers no waiting pod can use."""
+
+    cards: list[dict[str, Any]]
+    slivers: list[dict[str, Any]]
+
+
 def build_report(*, claims: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]],
                  pods: Iterable[Mapping[str, Any]], catalog: Catalog,
                  templates: Iterable[Mapping[str, Any]] = (),
                  events: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
     devices = _devices(slices)
+    holdings = _holdings(claims, devices, catalog)
+    gpus = _gpus_by_node(devices)
+    waiting = _waiting(pods, _template_requests(templates), gpus)
+    cards = _cards(devices, holdings.holders, waiting)
+    return {
+        "quotas": [{"namespace": quota.namespace, "name": quota.name,
+                    **holdings.ledger.status(quota)} for quota in holdings.ledger.quotas()],
+        "cohorts": cohort_view(holdings.ledger, gpus),
+        "preemptions": last_preemptions(events),
+        "cards": cards.cards,
+        "fragmentation": {
+            "smallestPending": None if waiting.smallest is None else
+            {"memory": waiting.smallest[0], "cores": waiting.smallest[1]},
+            "slivers": cards.slivers,
+            "strandedMemory": sum(s["memory"] for s in cards.slivers),
+            "nodes": _stranded_by_node(cards.cards, cards.slivers),
+        },
+        "pending": dict(sorted(Counter(p["reason"] for p in waiting.pods).items())),
+        "pendingPods": waiting.pods,
+        "policyErrors": list(catalog.errors),
+    }
+
+
+def _holdings(claims: Iterable[Mapping[str, Any]],
+              devices: Mapping[DeviceKey, tuple[str, Mapping[str, Any]]],
+              catalog: Catalog) -> _Holdings:
+    """Each claim's charges, as the allocator counts them, in a quota ledger and per card."""
 
     def lookup(key: DeviceKey) -> Mapping[str, Any] | None:
         found = devices.get(key)
@@ -175,83 +227,88 @@ def build_report(*, claims: Iterable[Mapping[str, Any]], slices: Iterable[Mappin
                 "namespace": meta.get("namespace", ""), "claim": meta.get("name", ""),
                 "pod": owner, "memory": charge.memory, "cores": charge.cores,
                 "whole": charge.whole})
+    return _Holdings(ledger, holders)
 
-    quotas = []
-    for quota in ledger.quotas():
-        status = ledger.status(quota)
-        quotas.append({"namespace": quota.namespace, "name": quota.name, **status})
 
-    pending: list[dict[str, Any]] = []
-    template_requests = {(str(_meta(t).get("namespace", "")), str(_meta(t).get("name", ""))):
-                         requests_of((t.get("spec") or {}).get("spec") or {}) for t in templates}
+def _template_requests(templates: Iterable[Mapping[str, Any]]
+                       ) -> dict[tuple[str, str], list[RequestShape]]:
+    """The gateway-class requests of each template, by (namespace, name)."""
+    return {(str(_meta(t).get("namespace", "")), str(_meta(t).get("name", ""))):
+            requests_of((t.get("spec") or {}).get("spec") or {}) for t in templates}
+
+
+def _gated(pod: Mapping[str, Any]) -> bool:
+    """Is the pod unbound, pending and held by the gateway's gate?"""
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName") or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
+        return False
+    return any(g.get("name") == names.SCHEDULING_GATE for g in spec.get("schedulingGates") or ())
+
+
+def _waiting(pods: Iterable[Mapping[str, Any]],
+             template_requests: Mapping[tuple[str, str], Sequence[RequestShape]],
+             gpus: Mapping[str, list[int]]) -> _Waiting:
+    """The gated pods, each with its reason (`NeverFits` where no node has the cards its
+    templates ask for), and the smallest share any of them asks for."""
+    waiting: list[dict[str, Any]] = []
     smallest: tuple[int, int] | None = None
-    gpus = _gpus_by_node(devices)
     for pod in pods:
-        spec = pod.get("spec") or {}
-        if spec.get("nodeName") or (pod.get("status") or {}).get("phase") not in (None,
-                                                                                   "Pending"):
-            continue
-        gated = any(g.get("name") == names.SCHEDULING_GATE
-                    for g in spec.get("schedulingGates") or ())
-        if not gated:
+        if not _gated(pod):
             continue
         meta = _meta(pod)
-        entry_pending: dict[str, Any] = {"namespace": meta.get("namespace", ""),
-                                         "pod": meta.get("name", ""),
-                                         "reason": _pending_reason(pod)}
-        pending.append(entry_pending)
-        for entry in spec.get("resourceClaims") or ():
+        entry: dict[str, Any] = {"namespace": meta.get("namespace", ""),
+                                 "pod": meta.get("name", ""), "reason": _pending_reason(pod)}
+        waiting.append(entry)
+        for claim in (pod.get("spec") or {}).get("resourceClaims") or ():
             shapes = template_requests.get((str(meta.get("namespace", "")),
-                                            str(entry.get("resourceClaimTemplateName", ""))))
+                                            str(claim.get("resourceClaimTemplateName", ""))))
             why = never_fits(shapes or (), gpus)
             if why is not None:
-                entry_pending["reason"] = "NeverFits"
-                entry_pending["why"] = why
+                entry["reason"] = "NeverFits"
+                entry["why"] = why
             for shape in shapes or ():
                 if shape.whole or shape.memory is None:
                     continue
                 need = (shape.memory, shape.cores or 0)
                 smallest = need if smallest is None or need < smallest else smallest
+    return _Waiting(waiting, smallest)
 
+
+def _cards(devices: Mapping[DeviceKey, tuple[str, Mapping[str, Any]]],
+           holders: Mapping[DeviceKey, list[dict[str, Any]]], waiting: _Waiting) -> _Cards:
+    """The gateway driver's cards by node, each with its holders and free room; a sliver is
+    free room on a card others hold that no waiting request can use (below the smallest
+    waiting share, or only whole cards waiting)."""
     cards = []
     slivers = []
     for key in sorted(devices, key=lambda k: (devices[k][0], k)):
         node, device = devices[key]
         if key[0] != names.DRIVER:
             continue
-        memory = _capacity(device, names.CAPACITY_MEMORY, 0)
-        cores = _capacity(device, names.CAPACITY_CORES, names.CORES_PER_CARD)
-        held = holders.get(key, [])
-        free_memory = max(0, memory - sum(h["memory"] for h in held))
-        free_cores = max(0, cores - sum(h["cores"] for h in held))
-        product = ((device.get("attributes") or {}).get(names.ATTR_PRODUCT_NAME) or {}).get(
-            "string", "")
-        cards.append({"node": node, "pool": key[1], "device": key[2], "product": product,
-                      "memory": memory, "cores": cores, "free": {"memory": free_memory,
-                                                                 "cores": free_cores},
-                      "holders": held})
-        # A sliver: free room on a card others hold that no pending request can use (below the
-        # smallest pending share, or only whole cards pending).
-        too_small = smallest is None or (free_memory < smallest[0] or free_cores < smallest[1])
-        if held and (free_memory or free_cores) and pending and too_small:
+        card = _card(node, key, device, holders.get(key, []))
+        cards.append(card)
+        free_memory, free_cores = card["free"]["memory"], card["free"]["cores"]
+        too_small = waiting.smallest is None or (free_memory < waiting.smallest[0]
+                                                 or free_cores < waiting.smallest[1])
+        if card["holders"] and (free_memory or free_cores) and waiting.pods and too_small:
             slivers.append({"node": node, "device": key[2], "memory": free_memory,
                             "cores": free_cores})
-    return {
-        "quotas": quotas,
-        "cohorts": cohort_view(ledger, gpus),
-        "preemptions": last_preemptions(events),
-        "cards": cards,
-        "fragmentation": {
-            "smallestPending": None if smallest is None else
-            {"memory": smallest[0], "cores": smallest[1]},
-            "slivers": slivers,
-            "strandedMemory": sum(s["memory"] for s in slivers),
-            "nodes": _stranded_by_node(cards, slivers),
-        },
-        "pending": dict(sorted(Counter(p["reason"] for p in pending).items())),
-        "pendingPods": pending,
-        "policyErrors": list(catalog.errors),
-    }
+    return _Cards(cards, slivers)
+
+
+def _card(node: str, key: DeviceKey, device: Mapping[str, Any],
+          held: list[dict[str, Any]]) -> dict[str, Any]:
+    """One card of the report: its size, what its holders leave free, and the holders."""
+    memory = _capacity(device, names.CAPACITY_MEMORY, 0)
+    cores = _capacity(device, names.CAPACITY_CORES, names.CORES_PER_CARD)
+    free_memory = max(0, memory - sum(h["memory"] for h in held))
+    free_cores = max(0, cores - sum(h["cores"] for h in held))
+    product = ((device.get("attributes") or {}).get(names.ATTR_PRODUCT_NAME) or {}).get(
+        "string", "")
+    return {"node": node, "pool": key[1], "device": key[2], "product": product,
+            "memory": memory, "cores": cores, "free": {"memory": free_memory,
+                                                       "cores": free_cores},
+            "holders": held}
 
 
 def _stranded_by_node(cards: Iterable[Mapping[str, Any]],
