@@ -18,7 +18,8 @@ function the planner sizes shares with.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,13 @@ from dra_gateway.kube.memory_percent import share_bytes
 from dra_gateway.kube.models import Enforcement, GpuShareConfig, share_parameters
 from dra_gateway.kube.nodeselectors import node_selector_matches
 from dra_gateway.kube.quantity import QuantityError, bytes_of, parse_quantity
-from dra_gateway.kube.shares import recorded_shares, result_key, shares_by_result
+from dra_gateway.kube.shares import (
+    RecordedShare,
+    ResultKey,
+    recorded_shares,
+    result_key,
+    shares_by_result,
+)
 from dra_gateway.node_plugin.cdi import (
     DEFAULT_ENFORCEMENT,
     CardShare,
@@ -150,6 +157,19 @@ def _percent(value: Any, where: str) -> int:
     return cores
 
 
+@dataclass(frozen=True, slots=True)
+class _ClaimOnNode:
+    """What planning each device of one claim reads: the claim, where errors point, this node's
+    devices, and the allocator's share record (its entries taken in turn, result by result)."""
+
+    claim: Mapping[str, Any]
+    where: str  # "ResourceClaim ns/name", the start of every error's message
+    node_name: str
+    driver: str
+    devices: Mapping[str, DeviceInfo]
+    recorded: dict[ResultKey, list[RecordedShare]]
+
+
 def plan_claim(claim: Mapping[str, Any], *, uid: str, node_name: str,
                node_labels: Mapping[str, str], driver: str, kind: str,
                devices: Mapping[str, DeviceInfo],
@@ -157,80 +177,132 @@ def plan_claim(claim: Mapping[str, Any], *, uid: str, node_name: str,
     """What to hand the containers of an allocated claim; ClaimError when it is not ours."""
     meta = objects.meta(claim)
     where = f"ResourceClaim {meta.get('namespace')}/{meta.get('name')}"
+    allocation = _allocation_on_node(claim, uid=uid, node_name=node_name,
+                                     node_labels=node_labels, where=where)
+    results = [r for r in (allocation.get("devices") or {}).get("results") or []
+               if r.get("driver") == driver]
+    context = _ClaimOnNode(claim=claim, where=where, node_name=node_name, driver=driver,
+                           devices=devices, recorded=shares_by_result(recorded_shares(claim)))
+    cdi_names = _cdi_names(results, uid)
+    planned: list[PlannedDevice] = []
+    modes: dict[str, Enforcement] = {}  # each request's enforcement
+    for i, result in enumerate(results):
+        device, mode = _plan_device(context, index=i, result=result, cdi_name=cdi_names[i])
+        planned.append(device)
+        modes[_request_name(device.request)] = mode
+    if not planned:
+        return ClaimPlan(devices=(), cdi_spec=None)
+    cdi_devices = _cdi_devices(planned, modes, enforcement)
+    spec = build_spec(kind=kind, claim_uid=uid, claim_namespace=str(meta.get("namespace")),
+                      claim_name=str(meta.get("name")), devices=cdi_devices)
+    return ClaimPlan(devices=tuple(planned), cdi_spec=spec)
+
+
+def _allocation_on_node(claim: Mapping[str, Any], *, uid: str, node_name: str,
+                        node_labels: Mapping[str, str], where: str) -> Mapping[str, Any]:
+    """The claim's allocation, once it is the claim the kubelet asked for and is allocated to
+    this node."""
+    meta = objects.meta(claim)
     if meta.get("uid") != uid:
         raise ClaimError(f"{where} has UID {meta.get('uid')}, the kubelet asked for {uid}: the "
                          "claim was deleted and recreated; the kubelet retries with the new one")
-    allocation = (claim.get("status") or {}).get("allocation")
+    allocation: Mapping[str, Any] | None = (claim.get("status") or {}).get("allocation")
     if not allocation:
         raise ClaimError(f"{where} is not allocated (status.allocation is empty)")
     if not node_selector_matches(allocation.get("nodeSelector"), name=node_name,
                                  labels=node_labels):
         raise ClaimError(f"{where}: status.allocation.nodeSelector does not select node "
                          f"{node_name}")
-    results = [r for r in (allocation.get("devices") or {}).get("results") or []
-               if r.get("driver") == driver]
-    recorded = shares_by_result(recorded_shares(claim))
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r.get("device", "")] = counts.get(r.get("device", ""), 0) + 1
-    planned: list[PlannedDevice] = []
-    enforcement_by_request: dict[str, Enforcement] = {}
-    for i, result in enumerate(results):
-        rwhere = f"{where}: status.allocation.devices.results[{i}]"
-        pool, device, request = result.get("pool"), result.get("device"), result.get("request")
-        if pool != node_name:
-            raise ClaimError(f"{rwhere}: pool {pool} is not this node's pool {node_name}")
-        info = devices.get(str(device))
-        if info is None:
-            raise ClaimError(f"{rwhere}: device {device} is not published by node {node_name}")
-        config = _share_config(claim, str(request), driver, where)
-        enforcement_by_request[str(request).split("/", 1)[0]] = config.enforcement
-        memory: int | None = None
-        cores: int | None = None
-        consumed = result.get("consumedCapacity")
-        cwhere = f"{rwhere}.consumedCapacity"
-        if consumed is None:
-            # Without consumable capacity the allocator records the share in the allocation.
-            entries = recorded.get(result_key(result))
-            consumed = entries.pop(0).consumed_capacity if entries else {}
-            cwhere = (f"{where}: status.allocation.devices.config "
-                      f"{names.KIND_GPU_SHARE_ALLOCATION}, device {device}")
-        limited = _limited(config, claim, str(request), consumed)
-        if names.CAPACITY_MEMORY not in limited:
-            pass
-        elif names.CAPACITY_MEMORY in consumed:
-            memory = _bytes(consumed[names.CAPACITY_MEMORY], f"{cwhere}.memory")
-        elif config.memory is not None:
-            memory = config.memory
-        elif config.memory_percent is not None:
-            memory = share_bytes(info.memory, config.memory_percent)
-        if names.CAPACITY_CORES not in limited:
-            pass
-        elif names.CAPACITY_CORES in consumed:
-            cores = _percent(consumed[names.CAPACITY_CORES], f"{cwhere}.cores")
-        elif config.cores is not None:
-            cores = config.cores
-        if info.kind == "mig" or (memory is not None and memory >= info.memory):
-            memory = None  # a MIG instance is isolated by hardware; a full share is the card
-        if info.kind == "mig" or cores == names.CORES_PER_CARD:
-            cores = None
-        cdi_name = f"{uid}-{device}" if counts[str(device)] == 1 else f"{uid}-{device}-{i}"
-        planned.append(PlannedDevice(
-            request=str(request), pool=str(pool), device=str(device), cdi_name=cdi_name,
-            share_id=result.get("shareID"),
-            card=CardShare(uuid=info.uuid, memory=memory, cores=cores)))
-    if not planned:
-        return ClaimPlan(devices=(), cdi_spec=None)
+    return allocation
+
+
+def _request_name(request: Any) -> str:
+    """The request of an allocation result's `req` or `req/sub` (containers name requests)."""
+    return str(request).split("/", 1)[0]
+
+
+def _cdi_names(results: Sequence[Mapping[str, Any]], uid: str) -> list[str]:
+    """Each result's CDI device name: the claim and the device, and the result's index where
+    the device appears more than once (several shares of one card)."""
+    counts = Counter(r.get("device", "") for r in results)
+    return [f"{uid}-{r.get('device')}" if counts[r.get("device", "")] == 1
+            else f"{uid}-{r.get('device')}-{i}" for i, r in enumerate(results)]
+
+
+def _plan_device(context: _ClaimOnNode, *, index: int, result: Mapping[str, Any],
+                 cdi_name: str) -> tuple[PlannedDevice, Enforcement]:
+    """One allocated device of this node: its share of the card, and its request's
+    enforcement."""
+    rwhere = f"{context.where}: status.allocation.devices.results[{index}]"
+    pool, device, request = result.get("pool"), result.get("device"), result.get("request")
+    if pool != context.node_name:
+        raise ClaimError(f"{rwhere}: pool {pool} is not this node's pool {context.node_name}")
+    info = context.devices.get(str(device))
+    if info is None:
+        raise ClaimError(f"{rwhere}: device {device} is not published by node "
+                         f"{context.node_name}")
+    config = _share_config(context.claim, str(request), context.driver, context.where)
+    consumed, cwhere = _consumed(context, result=result, rwhere=rwhere)
+    limited = _limited(config, context.claim, str(request), consumed)
+    card = _card_share(config, info, limited=limited, consumed=consumed, where=cwhere)
+    return PlannedDevice(request=str(request), pool=str(pool), device=str(device),
+                         cdi_name=cdi_name, share_id=result.get("shareID"),
+                         card=card), config.enforcement
+
+
+def _consumed(context: _ClaimOnNode, *, result: Mapping[str, Any],
+              rwhere: str) -> tuple[Mapping[str, Any], str]:
+    """What the allocation consumed of the card, and where an error in it points: the result's
+    `consumedCapacity`, else the allocator's record (kept there without consumable capacity),
+    else nothing."""
+    consumed = result.get("consumedCapacity")
+    if consumed is not None:
+        return consumed, f"{rwhere}.consumedCapacity"
+    entries = context.recorded.get(result_key(result))
+    return (entries.pop(0).consumed_capacity if entries else {},
+            f"{context.where}: status.allocation.devices.config "
+            f"{names.KIND_GPU_SHARE_ALLOCATION}, device {result.get('device')}")
+
+
+def _card_share(config: GpuShareConfig, info: DeviceInfo, *, limited: Collection[str],
+                consumed: Mapping[str, Any], where: str) -> CardShare:
+    """The limits of one card's share, from what was consumed, then the GpuShareConfig; None
+    where there is none: a capacity not limited, a MIG instance (isolated by hardware), a
+    share of the full card."""
+    memory: int | None = None
+    cores: int | None = None
+    if names.CAPACITY_MEMORY not in limited:
+        pass
+    elif names.CAPACITY_MEMORY in consumed:
+        memory = _bytes(consumed[names.CAPACITY_MEMORY], f"{where}.memory")
+    elif config.memory is not None:
+        memory = config.memory
+    elif config.memory_percent is not None:
+        memory = share_bytes(info.memory, config.memory_percent)
+    if names.CAPACITY_CORES not in limited:
+        pass
+    elif names.CAPACITY_CORES in consumed:
+        cores = _percent(consumed[names.CAPACITY_CORES], f"{where}.cores")
+    elif config.cores is not None:
+        cores = config.cores
+    if info.kind == "mig" or (memory is not None and memory >= info.memory):
+        memory = None
+    if info.kind == "mig" or cores == names.CORES_PER_CARD:
+        cores = None
+    return CardShare(uuid=info.uuid, memory=memory, cores=cores)
+
+
+def _cdi_devices(planned: Sequence[PlannedDevice], modes: Mapping[str, Enforcement],
+                 enforcement: EnforcementSettings) -> list[CdiDevice]:
+    """The CDI spec's devices. Containers name requests, so each device's edits describe its
+    whole request: every device of one request carries the same environment and the runtime's
+    merge is moot."""
     cdi_devices = []
     for d in planned:
-        # Containers name requests, so each device's edits describe its whole request: every
-        # device of one request carries the same environment and the runtime's merge is moot.
-        group = [p.card for p in planned if p.request.split("/", 1)[0] ==
-                 d.request.split("/", 1)[0]]
-        mode = enforcement_by_request[d.request.split("/", 1)[0]]
+        request = _request_name(d.request)
+        group = [p.card for p in planned if _request_name(p.request) == request]
+        mode = modes[request]
         cdi_devices.append(CdiDevice(
             name=d.cdi_name, env=tuple(container_env(group, mode, enforcement)),
             mounts=hami_mounts(mode, enforcement, group)))
-    spec = build_spec(kind=kind, claim_uid=uid, claim_namespace=str(meta.get("namespace")),
-                      claim_name=str(meta.get("name")), devices=cdi_devices)
-    return ClaimPlan(devices=tuple(planned), cdi_spec=spec)
+    return cdi_devices
