@@ -10,8 +10,9 @@ This module is the one place that does, for all of them:
   rounded amount would fall short of the card and become a limit). Its enforcement writes the
   limit in whole MiB, rounded down, itself.
 - `share_bytes_in_whole_mib`: the same amount rounded down to whole MiB, built on the exact
-  one. The planner charges a card with it and the quotas count it: what they charge is then
-  what the node plugin enforces, never more than the percentage.
+  one. The planner charges a card with it and the quotas count it (a legacy pod's charges
+  too): what they charge is then what the node plugin enforces, never more than the
+  percentage.
 - `share_fraction`: the part of a card the percentage is (0.25 for 25), for estimates that
   count cards rather than bytes (defrag's).
 

@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from dra_gateway.kube import names
 from dra_gateway.kube.legacy_resources import is_legacy_gpu_resource
+from dra_gateway.kube.memory_percent import share_bytes_in_whole_mib
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
 from dra_gateway.policy.amounts import DeviceCharge, RequestShape, requests_of
 from dra_gateway.policy.legacyquotas import legacy_name
@@ -48,7 +49,6 @@ __all__ = [
 # The pseudo-driver of a legacy pod's cards in the quota ledger, and the prefix of its record.
 LEGACY_DRIVER: Final = "legacy.dra-gateway.io"
 LEGACY_CLAIM_PREFIX: Final = "legacy/"
-_MIB: Final = 1 << 20
 
 
 def legacy_charges(pod_uid: str, claims: Sequence[Sequence[RequestShape]], *,
@@ -61,7 +61,7 @@ def legacy_charges(pod_uid: str, claims: Sequence[Sequence[RequestShape]], *,
             if shape.memory is not None:
                 memory = shape.memory
             elif shape.memory_percent is not None:
-                memory = card_memory * shape.memory_percent // 100 // _MIB * _MIB
+                memory = share_bytes_in_whole_mib(card_memory, shape.memory_percent)
             else:
                 memory = card_memory if shape.whole else 0
             cores = names.CORES_PER_CARD if shape.whole else (shape.cores or 0)
