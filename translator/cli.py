@@ -260,7 +260,7 @@ def _run_translate(args: argparse.Namespace) -> int:
     for refusal in result.refusals:
         print(f"refused: {refusal}", file=sys.stderr)
     if args.explain:
-        _write_explanations(result, ruleset, extended=extended, output=args.output)
+        _write_explanations(result, ruleset, output=args.output)
         return EXIT_REFUSED if result.refusals else EXIT_OK
     out = [*result.documents, *result.templates]
     if args.output == "json":
@@ -277,8 +277,7 @@ def _run_translate(args: argparse.Namespace) -> int:
     return EXIT_REFUSED if result.refusals else EXIT_OK
 
 
-def _write_explanations(result: ManifestResult, ruleset: RuleSet, *,
-                        extended: ExtendedResources | None, output: str) -> None:
+def _write_explanations(result: ManifestResult, ruleset: RuleSet, *, output: str) -> None:
     """`translate --explain`: each pod spec's explanation, as text or (-o json) one JSON list;
     -o yaml is the text (a stream of manifests would not be an explanation)."""
     import json
@@ -293,7 +292,7 @@ def _write_explanations(result: ManifestResult, ruleset: RuleSet, *,
             entries.append({"where": pod.where, "outcome": "invalid", "problem": pod.problem})
             lines.append(f"{pod.where}: not a valid pod spec: the pod's {pod.problem}")
             continue
-        explanation = explain(pod.pod, ruleset, plan=pod.plan, extended=extended)
+        explanation = explain(pod.pod, ruleset, plan=pod.plan)
         entries.append({"where": pod.where, **explanation.to_dict()})
         lines.extend(render_text(pod.where, explanation))
     if output == "json":

@@ -1,13 +1,13 @@
 """Explaining a translation: per container, which rule fired (or why none did), what each legacy
 key became, and what stays in the container and why.
 
-`explain(pod, rules, plan=...)` starts from the plan `translate` made for the pod, so the
-explanation cannot disagree with what `/mutate` and `dra-gateway translate` do; it plans each
-container again with `plan_container` for the detail a plan does not keep (the amounts a rule
-read, which of its selectors applied). What a key became is read from the rule's expressions:
-an output (count, memory, a selector...) depends on a key when its expression, or a rule
-variable it uses, names the key. For `dra-gateway translate --explain`; never on the admission
-path. Pure: no I/O, and the pod is not modified. Saying it in words is `wording`'s.
+`explain(pod, rules, plan=...)` reads the plan `translate` made for the pod: what each container
+became, by which rule, is the plan's own record (`ContainerTranslation`), so the explanation
+cannot disagree with what `/mutate` and `dra-gateway translate` do, and nothing is translated
+again. What a key became is read from the rule's expressions: an output (count, memory, a
+selector...) depends on a key when its expression, or a rule variable it uses, names the key.
+For `dra-gateway translate --explain`, `migrate plan` and audit mode's warnings. Pure: no I/O,
+and the pod is not modified. Saying it in words is `wording`'s.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal
-
-import orjson
 
 from dra_gateway.kube import names
 from dra_gateway.kube.groups import describe as describe_group
@@ -28,18 +26,29 @@ from dra_gateway.translator.containers import (
     PodContext,
     Skipped,
     is_sidecar,
-    plan_container,
 )
 from dra_gateway.translator.documents import UNITS
-from dra_gateway.translator.errors import Refused, quote
-from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
+from dra_gateway.translator.errors import Refusal, quote
+from dra_gateway.translator.extended import ExtendedResourceUse
+from dra_gateway.translator.planning import ContainerTranslation
 from dra_gateway.translator.rules import CompiledRule, RuleSet
 from dra_gateway.translator.translate import TranslationPlan
 
-__all__ = ["ContainerExplanation", "KeyUse", "Left", "PodExplanation", "bytes_text", "explain"]
+__all__ = [
+    "ContainerExplanation",
+    "ContainerOutcome",
+    "KeyUse",
+    "Left",
+    "PodExplanation",
+    "PodOutcome",
+    "bytes_text",
+    "explain",
+]
 
-Outcome = Literal["translated", "shares-request", "no-rule", "zero", "deferred", "refused",
-                  "no-gpu", "translated-before"]
+# What became of a container, and of the pod.
+ContainerOutcome = Literal["translated", "shares-request", "no-rule", "zero", "deferred",
+                           "refused", "no-gpu", "translated-before"]
+PodOutcome = Literal["translated", "unchanged", "refused", "translated-before"]
 
 _UNIT_NAMES: Final = {factor: unit for unit, factor in UNITS.items() if unit}
 _RESOURCE_REF: Final = re.compile(r"""\br\s*\[\s*(["'])(.*?)\1\s*\]""")
@@ -77,7 +86,7 @@ class Left:
 class ContainerExplanation:
     name: str
     kind: str  # container, initContainer or sidecar
-    outcome: Outcome
+    outcome: ContainerOutcome
     why: str = ""  # how the container came to this outcome, in words
     rule: str = ""
     source: str = ""  # where the rule was loaded from
@@ -92,7 +101,7 @@ class ContainerExplanation:
 
 @dataclass(frozen=True, slots=True)
 class PodExplanation:
-    outcome: Literal["translated", "unchanged", "refused", "translated-before"]
+    outcome: PodOutcome
     template: str = ""  # the ResourceClaimTemplate's name
     gated: bool = False  # whether the patch adds the scheduling gate
     refusal: str = ""
@@ -112,14 +121,13 @@ class PodExplanation:
         return out
 
 
-def explain(pod: Mapping[str, Any], rules: RuleSet, *, plan: TranslationPlan,
-            extended: ExtendedResources | None = None) -> PodExplanation:
-    """How `plan` (what `translate(pod, rules, extended=extended)` gave) came about."""
+def explain(pod: Mapping[str, Any], rules: RuleSet, *,
+            plan: TranslationPlan) -> PodExplanation:
+    """How `plan` (what `translate(pod, rules, ...)` gave) came about."""
     metadata = pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     spec = pod.get("spec") or {}
-    gated = any(op["path"].startswith("/spec/schedulingGates") for op in plan.patch)
-    if names.ANNOTATION_TRANSLATED in annotations:
+    if plan.translated_before:
         containers = tuple(
             ContainerExplanation(
                 name=str(c.get("name", "")), kind=_kind(key, c), outcome="translated-before",
@@ -127,34 +135,33 @@ def explain(pod: Mapping[str, Any], rules: RuleSet, *, plan: TranslationPlan,
                     "and is not translated again",
                 left=tuple(Left(r, "translated before") for r in _resource_names(c)))
             for key, _, c in _containers(spec))
-        return PodExplanation(outcome="translated-before", gated=gated, containers=containers,
-                              group=describe_group(pod) or "", warnings=tuple(plan.warnings))
+        return PodExplanation(outcome="translated-before", gated=plan.adds_gate,
+                              containers=containers, group=describe_group(pod) or "",
+                              warnings=tuple(plan.warnings))
 
-    record = _record(plan)
     refusal = plan.refusal
     context = PodContext(annotations=annotations, node_selector=spec.get("nodeSelector") or {},
-                         namespace=metadata.get("namespace") or "",
-                         extended=extended if extended else None)
+                         namespace=metadata.get("namespace") or "", extended=None)
     untranslated = {(u.container, u.resource): f"only rule {u.rule} reads it, and it is "
                     "disabled (the warning says how to enable it)" for u in plan.untranslated}
     out = []
     for key, index, container in _containers(spec):
         out.append(_container(key, index, container, rules=rules, context=context,
-                              record=record.get(str(container.get("name", ""))),
+                              translation=plan.containers.get((key, index)),
                               refusal=refusal, untranslated=untranslated))
     template = plan.templates[0]["metadata"]["name"] if plan.templates else ""
-    outcome: Literal["translated", "unchanged", "refused"] = (
+    outcome: PodOutcome = (
         "refused" if refusal is not None else "translated" if plan.patch and template
         else "unchanged")
-    return PodExplanation(outcome=outcome, template=template, gated=gated,
+    return PodExplanation(outcome=outcome, template=template, gated=plan.adds_gate,
                           refusal=refusal.message if refusal is not None else "",
                           group=describe_group(pod) or "",
                           containers=tuple(out), warnings=tuple(plan.warnings))
 
 
 def _container(key: str, index: int, container: Mapping[str, Any], *, rules: RuleSet,
-               context: PodContext, record: Mapping[str, Any] | None,
-               refusal: Any, untranslated: Mapping[tuple[str, str], str]
+               context: PodContext, translation: ContainerTranslation | None,
+               refusal: Refusal | None, untranslated: Mapping[tuple[str, str], str]
                ) -> ContainerExplanation:
     name = str(container.get("name", ""))
     kind = _kind(key, container)
@@ -176,7 +183,7 @@ def _container(key: str, index: int, container: Mapping[str, Any], *, rules: Rul
             out.append(Left(resource, reason))
         return tuple(out)
 
-    if not in_limits and not in_requests:
+    if translation is None:
         disabled = [r for r in _resource_names(container) if (name, r) in untranslated]
         why = ("asks for no GPU resource an enabled rule reads" if not disabled else
                f"{', '.join(disabled)} only disabled rules read")
@@ -184,14 +191,10 @@ def _container(key: str, index: int, container: Mapping[str, Any], *, rules: Rul
                                     left=left((), ""))
 
     found = Found(key, index, container, in_limits, in_requests)
-    warnings: list[str] = []
-    uses: list[ExtendedResourceUse] = []
-    try:
-        result = plan_container(found, context=context, rules=rules, warnings=warnings,
-                                uses=uses)
-    except Refused as refused:
+    result = translation.result
+    if isinstance(result, Refusal):
         return ContainerExplanation(name=name, kind=kind, outcome="refused",
-                                    why=refused.refusal.message, rule=refused.refusal.rule,
+                                    why=result.message, rule=result.rule,
                                     left=left((), "the pod is refused"))
     if refusal is not None:
         why = (refusal.message if refusal.container == name else
@@ -200,14 +203,14 @@ def _container(key: str, index: int, container: Mapping[str, Any], *, rules: Rul
         return ContainerExplanation(name=name, kind=kind, outcome="refused", why=why,
                                     rule=result.rule, left=left((), "the pod is refused"))
     if isinstance(result, Skipped):
-        return _skipped(found, result, rules=rules, context=context, uses=uses,
-                        warnings=warnings, left=left)
+        return _skipped(found, result, rules=rules, context=context,
+                        uses=translation.extended, warnings=translation.warnings, left=left)
 
     rule = rules.rule(result.rule)
     exactly = result.request["exactly"]
     parameters = result.config["opaque"]["parameters"] if result.config else None
-    request = str(record.get("request", name)) if record else name
-    outcome: Outcome = "translated" if request == name else "shares-request"
+    request = translation.request or name
+    outcome: ContainerOutcome = "translated" if request == name else "shares-request"
     why = ("" if outcome == "translated" else
            f"container {quote(request)}'s request covers this init container's, so it uses "
            "that request (the scheduler counts the larger of the two)")
@@ -221,7 +224,7 @@ def _container(key: str, index: int, container: Mapping[str, Any], *, rules: Rul
 
 
 def _skipped(found: Found, skipped: Skipped, *, rules: RuleSet, context: PodContext,
-             uses: list[ExtendedResourceUse], warnings: list[str],
+             uses: Sequence[ExtendedResourceUse], warnings: Sequence[str],
              left: Any) -> ContainerExplanation:
     name = found.name
     kind = _kind(found.key, found.container)
@@ -405,18 +408,3 @@ def _resource_names(container: Mapping[str, Any]) -> list[str]:
     resources = container.get("resources") or {}
     return list(dict.fromkeys((*(resources.get("limits") or {}),
                                *(resources.get("requests") or {}))))
-
-
-def _record(plan: TranslationPlan) -> Mapping[str, Any]:
-    """The containers the plan's `translated` annotation records (rule, request, values)."""
-    for op in plan.patch:
-        value: Any = op.get("value")
-        if op["path"] == "/metadata":
-            value = value["annotations"][names.ANNOTATION_TRANSLATED]
-        elif op["path"] == "/metadata/annotations":
-            value = value[names.ANNOTATION_TRANSLATED]
-        elif not op["path"].endswith("/" + names.ANNOTATION_TRANSLATED.replace("/", "~1")):
-            continue
-        record: dict[str, Any] = orjson.loads(value)
-        return record.get("containers") or {}
-    return {}

@@ -44,7 +44,7 @@ from dra_gateway.webhook.deviceprofiles import DeviceProfileWatch
 from dra_gateway.webhook.legacypods import RecentLegacyPods, legacy_charges
 from dra_gateway.webhook.metrics import Metrics
 from dra_gateway.webhook.policywatch import PolicyWatch
-from dra_gateway.webhook.reviews import BadReview, Refusal, Review
+from dra_gateway.webhook.reviews import BadReview, Denial, Review
 from dra_gateway.webhook.rulestore import RuleStore
 from dra_gateway.webhook.settings import MAX_BODY_BYTES, WebhookSettings
 from dra_gateway.webhook.state import STATE, WebhookState
@@ -61,10 +61,10 @@ from dra_gateway.webhook.validation import (
 
 log = logging.getLogger(__name__)
 
-INTERNAL_ERROR = Refusal(500, "InternalError",
+INTERNAL_ERROR = Denial(500, "InternalError",
                          "the dra-gateway webhook failed to process this pod; it was not admitted "
                          "and can be retried (the webhook's logs carry the request UID)")
-NOT_READY = Refusal(503, "ServiceUnavailable",
+NOT_READY = Denial(503, "ServiceUnavailable",
                     "the dra-gateway webhook has no translation rules loaded yet; the pod was not "
                     "admitted and can be retried")
 RETRY_LATER_CODE = 503
@@ -208,7 +208,7 @@ async def _serve(request: web.Request, endpoint: str,
         log.warning("admission review ran past its deadline", extra={
             "uid": review.uid, "endpoint": endpoint, "namespace": review.namespace,
             "pod": review.name, "deadline": state.settings.review_deadline})
-        body = _refuse(state, endpoint, review, Refusal(
+        body = _refuse(state, endpoint, review, Denial(
             RETRY_LATER_CODE, "Timeout",
             f"the dra-gateway webhook could not read what it needs from the API server within "
             f"{state.settings.review_deadline:g}s; the object was not admitted and can be "
@@ -224,7 +224,7 @@ async def _serve(request: web.Request, endpoint: str,
     return web.Response(body=body, content_type="application/json")
 
 
-def _refuse(state: WebhookState, endpoint: str, review: Review, refusal: Refusal,
+def _refuse(state: WebhookState, endpoint: str, review: Review, refusal: Denial,
             warnings: Sequence[str] = ()) -> bytes:
     state.metrics.refusals.labels(endpoint, refusal.reason).inc()
     state.metrics.outcome(endpoint, "refused")
@@ -359,11 +359,11 @@ async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMod
                                          deadline=deadline)
         except TemplateConflict as exc:
             # Not retryable: the squatted name stays until someone deletes the template.
-            return _refuse(state, "mutate", review, Refusal(CONFLICT_CODE, "AlreadyExists",
+            return _refuse(state, "mutate", review, Denial(CONFLICT_CODE, "AlreadyExists",
                                                             str(exc)))
         except TemplateUnavailable as exc:
             return _refuse(state, "mutate", review,
-                           Refusal(RETRY_LATER_CODE, "ServiceUnavailable", str(exc)))
+                           Denial(RETRY_LATER_CODE, "ServiceUnavailable", str(exc)))
     for rule in decision.rules_applied:
         state.metrics.translated(rule)
     for rule in decision.would_apply:

@@ -1,16 +1,17 @@
-"""The /mutate decision: from a pod and the rules in force to a patch or a refusal.
+"""The /mutate decision: from a pod and the rules in force to a patch or a denial.
 
-The translator does the work (and caches it per request shape on the rule set); this module
-turns its plan into what a response carries: the base64 JSON patch, warnings, audit
-annotations, the templates to make exist, or a refusal with a Status code and reason, plus the
-legacy names left to kube-scheduler because a DeviceClass declares them (for the app's log and
-metrics). It is pure apart from reading the `class_lookup` it is handed; making templates exist
-is `templates`, and answering the HTTP request is `app`.
+The translator does the work (and caches it per request shape on the rule set), once per pod;
+this module turns its plan into what a response carries: the base64 JSON patch, warnings, audit
+annotations, or a denial with a Status code and reason. The `Mutation` keeps the plan itself
+for what the app reads of it (the templates to make exist, the rules that applied, the legacy
+names left to kube-scheduler because a DeviceClass declares them). It is pure apart from
+reading the `class_lookup` it is handed; making templates exist is `templates`, and answering
+the HTTP request is `app`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,10 +21,15 @@ from dra_gateway.kube import names
 from dra_gateway.translator.explaining import explain
 from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
 from dra_gateway.translator.rules import RuleSet
-from dra_gateway.translator.translate import ClassLookup, Untranslated, translate
+from dra_gateway.translator.translate import (
+    ClassLookup,
+    TranslationPlan,
+    Untranslated,
+    translate,
+)
 from dra_gateway.translator.wording import summary_lines
 from dra_gateway.webhook import translation
-from dra_gateway.webhook.reviews import Refusal, encode_patch
+from dra_gateway.webhook.reviews import Denial, encode_patch
 from dra_gateway.webhook.translation import NamespaceMode
 
 # A pod the rules cannot honour is a request the user must change, not a server failure.
@@ -38,22 +44,54 @@ AUDIT_PREFIX = "dra-gateway audit: "
 
 @dataclass(frozen=True, slots=True)
 class Mutation:
+    """What /mutate answers for a pod, and the translation it answers from."""
+
     patch: str | None = None  # base64 RFC 6902, None when nothing changes
-    templates: tuple[dict[str, Any], ...] = ()
-    refusal: Refusal | None = None
+    refusal: Denial | None = None
     warnings: tuple[str, ...] = ()
     audit: Mapping[str, str] = field(default_factory=dict)
-    rules_applied: tuple[str, ...] = ()
-    # Resources a DeviceClass declares as spec.extendedResourceName: deferred or translated.
-    extended: tuple[ExtendedResourceUse, ...] = ()
-    # Known legacy names left in the pod because their rule is disabled (each with a warning).
-    untranslated: tuple[Untranslated, ...] = ()
     # The pod's translation mode: enabled, or why its legacy requests were left as they are
-    # (audit, disabled by its annotation); `would_apply`: the rules audit mode says would apply.
+    # (audit, disabled by its annotation).
     mode: str = names.TRANSLATION_ENABLED
-    would_apply: tuple[str, ...] = ()
+    # The pod's translation, carried out (`carried_out`, the mode enabled) or, with its legacy
+    # requests held back, only said; None when there is nothing of it to tell.
+    translation: TranslationPlan | None = None
+    carried_out: bool = False
+
+    @property
+    def templates(self) -> Sequence[dict[str, Any]]:
+        """The ResourceClaimTemplates to make exist before the pod is admitted."""
+        return self._carried_out().templates if self._carried_out() else ()
+
+    @property
+    def rules_applied(self) -> Sequence[str]:
+        return self._carried_out().rules_applied if self._carried_out() else ()
+
+    @property
+    def would_apply(self) -> Sequence[str]:
+        """The rules audit mode says would apply."""
+        if self.translation is None or self.mode != names.TRANSLATION_AUDIT:
+            return ()
+        return self.translation.rules_applied
+
+    @property
+    def extended(self) -> Sequence[ExtendedResourceUse]:
+        """Resources a DeviceClass declares as spec.extendedResourceName: deferred or
+        translated."""
+        return self._carried_out().extended if self._carried_out() else ()
+
+    @property
+    def untranslated(self) -> Sequence[Untranslated]:
+        """Known legacy names left in the pod because their rule is disabled (each with a
+        warning)."""
+        return self.translation.untranslated if self.translation is not None else ()
+
+    def _carried_out(self) -> TranslationPlan:
+        return self.translation if self.carried_out and self.translation is not None \
+            else _NOTHING
 
 
+_NOTHING = TranslationPlan()
 NO_CHANGE = Mutation()
 
 # Pods are a few KiB; a huge one is decided uncached so the cache stays within a few MiB.
@@ -119,8 +157,8 @@ def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
                                  opt_out=opt_out)
     if held.refusal is not None:
         if held.forbidden:
-            return Mutation(refusal=Refusal(REFUSED_CODE, REFUSED_REASON, held.refusal))
-        return Mutation(refusal=Refusal(INVALID_CODE, INVALID_REASON, held.refusal))
+            return Mutation(refusal=Denial(REFUSED_CODE, REFUSED_REASON, held.refusal))
+        return Mutation(refusal=Denial(INVALID_CODE, INVALID_REASON, held.refusal))
     if held.mode != names.TRANSLATION_ENABLED:
         return _held(pod, namespace, rules, held, class_lookup=class_lookup, extended=extended)
     return _translated(pod, namespace, rules, class_lookup=class_lookup, extended=extended)
@@ -133,28 +171,31 @@ def _held(pod: Mapping[str, Any], namespace: str, rules: RuleSet, held: translat
     made_metadata = _metadata_made(pod, namespace)
     pod = _with_namespace(pod, namespace)
     would = translate(pod, rules, class_lookup=class_lookup, extended=extended)
-    kept = translate(pod, rules, class_lookup=class_lookup, extended=extended,
-                     hold_legacy=True)
     audit = {"translation": held.mode}
     warnings = list(held.warnings)
-    would_apply: tuple[str, ...] = ()
     if held.mode == names.TRANSLATION_AUDIT:
-        would_apply = tuple(would.rules_applied)
-        if would.refusal is not None or would.templates:
-            explanation = explain(pod, rules, plan=would, extended=extended)
-            warnings += summary_lines(explanation, prefix=AUDIT_PREFIX)
-        if would.refusal is not None:
-            audit["would-be-refused"] = would.refusal.message
-        if would_apply:
-            audit["would-translate-by"] = ",".join(would_apply)
-        if would.templates:
-            audit["would-use-resource-claim-templates"] = ",".join(
-                t["metadata"]["name"] for t in would.templates)
+        warnings += _audit(pod, rules, would, audit)
     warnings += [w for w in would.warnings if w not in warnings]
     return Mutation(
-        patch=encode_patch([*made_metadata, *kept.patch]) if kept.patch else None,
-        warnings=tuple(warnings), audit=audit, would_apply=would_apply,
-        mode=held.mode, untranslated=tuple(would.untranslated))
+        patch=encode_patch([*made_metadata, *would.held_patch]) if would.held_patch else None,
+        warnings=tuple(warnings), audit=audit, mode=held.mode, translation=would)
+
+
+def _audit(pod: Mapping[str, Any], rules: RuleSet, would: TranslationPlan,
+           audit: dict[str, str]) -> list[str]:
+    """What audit mode says the translation would do: the audit annotations (added to
+    `audit`), and the warnings it returns."""
+    warnings = []
+    if would.refusal is not None or would.templates:
+        warnings += summary_lines(explain(pod, rules, plan=would), prefix=AUDIT_PREFIX)
+    if would.refusal is not None:
+        audit["would-be-refused"] = would.refusal.message
+    if would.rules_applied:
+        audit["would-translate-by"] = ",".join(would.rules_applied)
+    if would.templates:
+        audit["would-use-resource-claim-templates"] = ",".join(
+            t["metadata"]["name"] for t in would.templates)
+    return warnings
 
 
 def _with_namespace(pod: Mapping[str, Any], namespace: str) -> Mapping[str, Any]:
@@ -181,30 +222,20 @@ def _translated(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
     pod = _with_namespace(pod, namespace)
     plan = translate(pod, rules, class_lookup=class_lookup, extended=extended)
     warnings = tuple(plan.warnings)
-    applied = tuple(plan.rules_applied)
-    uses = tuple(plan.extended)
-    untranslated = tuple(plan.untranslated)
     if plan.refusal is not None:
         return Mutation(
-            refusal=Refusal(REFUSED_CODE, REFUSED_REASON, plan.refusal.message),
-            warnings=warnings, rules_applied=applied,
+            refusal=Denial(REFUSED_CODE, REFUSED_REASON, plan.refusal.message),
+            warnings=warnings,
             audit={"refused-by-rule": plan.refusal.rule} if plan.refusal.rule else {},
         )
     if not plan.patch:
-        return Mutation(warnings=warnings, extended=uses, untranslated=untranslated) \
-            if warnings or uses else NO_CHANGE
+        return Mutation(warnings=warnings, translation=plan, carried_out=True) \
+            if warnings or plan.extended else NO_CHANGE
     audit: dict[str, str] = {}
-    if applied:
-        audit["translated-by"] = ",".join(applied)
+    if plan.rules_applied:
+        audit["translated-by"] = ",".join(plan.rules_applied)
     if plan.templates:
         audit["resource-claim-templates"] = ",".join(
             t["metadata"]["name"] for t in plan.templates)
-    return Mutation(
-        patch=encode_patch([*made_metadata, *plan.patch]),
-        templates=tuple(plan.templates),
-        warnings=warnings,
-        audit=audit,
-        rules_applied=applied,
-        extended=uses,
-        untranslated=untranslated,
-    )
+    return Mutation(patch=encode_patch([*made_metadata, *plan.patch]), warnings=warnings,
+                    audit=audit, translation=plan, carried_out=True)

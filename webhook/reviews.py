@@ -48,8 +48,10 @@ class Review:
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
-    """Why a pod is not admitted: HTTP-style code, a Status reason and the user's message."""
+class Denial:
+    """Why a review is answered `allowed: false`: HTTP-style code, a Status reason and the
+    user's message. A translator's `Refusal` (the rules refuse a pod's request) is one cause of
+    several (a policy, a timeout, a template squatted, an internal error)."""
 
     code: int
     reason: str
@@ -191,7 +193,7 @@ def encode_patch(patch: Sequence[Mapping[str, Any]]) -> str:
 
 
 def response(uid: str, *, allowed: bool = True, patch: str | None = None,
-             refusal: Refusal | None = None, warnings: Sequence[str] = (),
+             refusal: Denial | None = None, warnings: Sequence[str] = (),
              audit: Mapping[str, str] | None = None) -> bytes:
     """The response body; `patch` is already base64 (see `encode_patch`)."""
     answer: dict[str, Any] = {"uid": uid, "allowed": allowed}

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dra_gateway.kube import names
-from dra_gateway.webhook.reviews import Refusal, Review
+from dra_gateway.webhook.reviews import Denial, Review
 from dra_gateway.webhook.rulestore import RuleStore
 
 INVALID_CODE = 422
@@ -23,7 +23,7 @@ INVALID_CODE = 422
 
 @dataclass(frozen=True, slots=True)
 class RulesVerdict:
-    refusal: Refusal | None
+    refusal: Denial | None
 
 
 def decide(review: Review, store: RuleStore, *, namespace: str) -> RulesVerdict:
@@ -40,12 +40,12 @@ def decide(review: Review, store: RuleStore, *, namespace: str) -> RulesVerdict:
     name = review.name or str(meta.get("name") or "")
     data = review.object.get("data")
     if data is not None and not isinstance(data, dict):
-        return RulesVerdict(Refusal(INVALID_CODE, "Invalid",
+        return RulesVerdict(Denial(INVALID_CODE, "Invalid",
                                     f"rules ConfigMap {namespace}/{name}: data is not a mapping"))
     error = store.check_config_map(name, data or {})
     if error is None:
         return RulesVerdict(None)
-    return RulesVerdict(Refusal(INVALID_CODE, "Invalid", (
+    return RulesVerdict(Denial(INVALID_CODE, "Invalid", (
         f"rules ConfigMap {namespace}/{name} refused by dra-gateway, it would not load: {error}; "
         f"fix the rules (`dra-gateway rules check FILE` checks them before they are "
         f"written), or remove the label {names.RULES_LABEL} to keep the ConfigMap without "

@@ -29,9 +29,10 @@ from dra_gateway.policy.admission import ModelLookup, check_admission, check_leg
 from dra_gateway.policy.amounts import DeviceCharge, RequestShape, requests_of
 from dra_gateway.policy.catalog import Catalog
 from dra_gateway.translator.extended import ExtendedResources, deferred_resources
+from dra_gateway.translator.planning import TEMPLATE_PREFIX
 from dra_gateway.translator.rules import RuleSet
-from dra_gateway.translator.translate import CLAIM_NAME, TEMPLATE_PREFIX
-from dra_gateway.webhook.reviews import Refusal, display_name
+from dra_gateway.translator.translate import CLAIM_NAME
+from dra_gateway.webhook.reviews import Denial, display_name
 from dra_gateway.webhook.translation import ENABLED, Held
 
 REFUSED_CODE = 403
@@ -376,7 +377,7 @@ def check_claim(review: ClaimUnderReview) -> Verdict:
     if not found:
         return Verdict(None, (), ())
     violations = tuple(Violation(v.reason, v.message) for v in found)
-    return Verdict(Refusal(REFUSED_CODE, violations[0].reason,
+    return Verdict(Denial(REFUSED_CODE, violations[0].reason,
                            "; ".join(v.message for v in violations)),
                    violations, tuple(GpuPolicies.name for _ in violations))
 
@@ -399,7 +400,7 @@ DEFAULT_CHECKS: tuple[PodCheck, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    refusal: Refusal | None
+    refusal: Denial | None
     violations: tuple[Violation, ...]
     checks: tuple[str, ...]  # the name of the check that found each violation
 
@@ -418,5 +419,5 @@ class Validator:
         if not violations:
             return Verdict(None, (), ())
         message = "; ".join(v.message for v in violations)
-        return Verdict(Refusal(REFUSED_CODE, violations[0].reason, message), tuple(violations),
+        return Verdict(Denial(REFUSED_CODE, violations[0].reason, message), tuple(violations),
                        tuple(by))

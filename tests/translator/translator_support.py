@@ -9,7 +9,8 @@ import jsonpatch
 import kubernetes_validate
 import pytest
 
-from dra_gateway.translator.translate import TranslationPlan, template_name
+from dra_gateway.translator.planning import template_name
+from dra_gateway.translator.translate import TranslationPlan
 
 
 def ctr(name: str, limits: dict[str, Any] | None = None,
