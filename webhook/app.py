@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from aiohttp import web
 
@@ -35,10 +34,10 @@ from dra_gateway.kube.cluster.port import Cluster
 from dra_gateway.policy.admission import ModelLookup
 from dra_gateway.policy.amounts import RequestShape
 from dra_gateway.policy.profiles import ModelReach, model_lookup
-from dra_gateway.translator.translate import ClassLookup
 from dra_gateway.webhook import mutation, reviews, ruleadmission
 from dra_gateway.webhook.allocatorwatch import GatedPodEvents
 from dra_gateway.webhook.background import background
+from dra_gateway.webhook.claimspecs import ClaimSpecCache, PodClaims, pod_claims
 from dra_gateway.webhook.deviceclasses import DeviceClassWatch
 from dra_gateway.webhook.deviceprofiles import DeviceProfileWatch
 from dra_gateway.webhook.legacypods import RecentLegacyPods, legacy_charges
@@ -48,7 +47,7 @@ from dra_gateway.webhook.reviews import BadReview, Denial, Review
 from dra_gateway.webhook.rulestore import RuleStore
 from dra_gateway.webhook.settings import MAX_BODY_BYTES, WebhookSettings
 from dra_gateway.webhook.state import STATE, WebhookState
-from dra_gateway.webhook.templates import TemplateConflict, Templates, TemplateUnavailable
+from dra_gateway.webhook.templates import TemplateConflict, TemplateMaker, TemplateUnavailable
 from dra_gateway.webhook.translation import NAMESPACE_UNKNOWN, NamespaceMode, held_back
 from dra_gateway.webhook.validation import (
     DEFAULT_CHECKS,
@@ -84,14 +83,16 @@ def create_app(settings: WebhookSettings, cluster: Cluster, *,
     """The webhook app. `tls` is the reloader of the serving context when the caller serves
     TLS (readiness then needs its certificate); `checks` are /validate's checks of a pod."""
     metrics = Metrics()
+    claim_specs = ClaimSpecCache(cluster, cache_size=settings.template_cache_size,
+                                 ttl=settings.template_cache_ttl)
     state = WebhookState(
         settings=settings,
         cluster=cluster,
         metrics=metrics,
         store=RuleStore(settings, cluster, metrics),
-        templates=Templates(cluster, metrics, timeout=settings.template_timeout,
-                            cache_size=settings.template_cache_size,
-                            ttl=settings.template_cache_ttl),
+        claim_specs=claim_specs,
+        templates=TemplateMaker(cluster, metrics, claim_specs,
+                                timeout=settings.template_timeout),
         validator=Validator(checks),
         plans=mutation.PlanCache(settings.plan_cache_size),
         device_classes=DeviceClassWatch(cluster, metrics, retry_delay=settings.watch_retry_delay),
@@ -106,7 +107,7 @@ def create_app(settings: WebhookSettings, cluster: Cluster, *,
             cluster, metrics, namespace=settings.namespace, threshold=settings.gated_event_after,
             retry_delay=settings.watch_retry_delay)
     state.device_classes.on_change = lambda _: state.extended_logged.clear()
-    state.policies.on_namespace_deleted = state.templates.forget_namespace
+    state.policies.on_namespace_deleted = state.claim_specs.forget_namespace
     # One byte over the limit is enough to know a body is too large; aiohttp's own 413 is
     # turned into the 400 the API server expects for bad input.
     app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -240,64 +241,12 @@ def _refuse(state: WebhookState, endpoint: str, review: Review, refusal: Denial,
     return reviews.response(review.uid, allowed=False, refusal=refusal, warnings=warnings)
 
 
-# What a pod claim references, as the templates cache keys it: ("template" or "claim", name).
-ClaimRef = tuple[str, str]
-_LOOKUP_KINDS = {"template": "ResourceClaimTemplate", "claim": "ResourceClaim"}
-
-
-def _claim_refs(pod: dict[str, Any]) -> list[ClaimRef | None]:
-    """Per entry of the pod's spec.resourceClaims, the template or claim it names (a template
-    first), None for an entry naming neither."""
-    claims = pod["spec"].get("resourceClaims")
-    if not isinstance(claims, list):
-        return []
-    out: list[ClaimRef | None] = []
-    for claim in claims:
-        if isinstance(claim, dict) and isinstance(claim.get("resourceClaimTemplateName"), str):
-            out.append(("template", claim["resourceClaimTemplateName"]))
-        elif isinstance(claim, dict) and isinstance(claim.get("resourceClaimName"), str):
-            out.append(("claim", claim["resourceClaimName"]))
-        else:
-            out.append(None)
-    return out
-
-
-async def _claim_classes(state: WebhookState, namespace: str, pod: dict[str, Any],
-                         deadline: float) -> tuple[frozenset[str] | None, ...]:
-    """The device classes of each pod claim's template or claim, read through the templates
-    cache (None where it names neither or does not exist yet); reads end at `deadline`."""
-    out: list[frozenset[str] | None] = []
-    for ref in _claim_refs(pod):
-        if ref is None:
-            out.append(None)
-        elif ref[0] == "template":
-            out.append(await state.templates.classes(namespace, template=ref[1],
-                                                     deadline=deadline))
-        else:
-            out.append(await state.templates.classes(namespace, claim=ref[1],
-                                                     deadline=deadline))
-    return tuple(out)
-
-
-def _class_lookup(pod: dict[str, Any],
-                  classes: Sequence[frozenset[str] | None]) -> ClassLookup:
-    """The translator's view of what `_claim_classes` read for this pod's own claims."""
-    known = {(_LOOKUP_KINDS[ref[0]], ref[1]): found
-             for ref, found in zip(_claim_refs(pod), classes, strict=True) if ref is not None}
-
-    def lookup(kind: str, namespace: str, name: str) -> Collection[str] | None:
-        return known.get((kind, name))
-    return lookup
-
-
-def _claim_requests(state: WebhookState, namespace: str, pod: dict[str, Any]
+def _claim_requests(state: WebhookState, claims: PodClaims
                     ) -> tuple[tuple[RequestShape, ...] | None, ...]:
-    """The gateway-class requests of each pod claim, from what `_claim_classes` just read."""
+    """The gateway-class requests of each pod claim, from what reading `claims` stored."""
     if state.policies.catalog.empty:
         return ()
-    return tuple(None if ref is None else state.templates.cached_requests(ref[0], namespace,
-                                                                          ref[1])
-                 for ref in _claim_refs(pod))
+    return claims.requests(state.claim_specs)
 
 
 def _models(state: WebhookState) -> ModelLookup:
@@ -342,9 +291,8 @@ async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMod
         state.metrics.plan_miss.inc()
         reviews.check_pod_shape(review)
         # Natively written claims: their classes tell whether a gateway-class one is gated.
-        claim_classes = await _claim_classes(state, namespace, pod, deadline)
-        decision = mutation.decide(pod, namespace, rules,
-                                   class_lookup=_class_lookup(pod, claim_classes),
+        claims = await pod_claims(state.claim_specs, namespace, pod, deadline=deadline)
+        decision = mutation.decide(pod, namespace, rules, class_lookup=claims.class_lookup(),
                                    extended=state.device_classes.extended, mode=mode,
                                    namespace_label=label, opt_out=opt_out)
         if key is not None:
@@ -423,13 +371,13 @@ async def _answer_validate(state: WebhookState, review: Review, mode: NamespaceM
         review.object, rules, extended,
         card_memory=state.device_profiles.profiles.smallest_card_memory(),
     ) if catalog.quotas_for(namespace) else ()
+    claims = await pod_claims(state.claim_specs, namespace, review.object, deadline=deadline)
     under_review = PodUnderReview(
-        pod=review.object, namespace=namespace, rules=rules,
-        claim_classes=await _claim_classes(state, namespace, review.object, deadline),
+        pod=review.object, namespace=namespace, rules=rules, claim_classes=claims.classes,
         enforce=state.settings.enforce, extended=extended,
         translation=held_back(review.object, namespace, mode,
                               opt_out=_opt_out_granted(state, namespace)),
-        claim_requests=_claim_requests(state, namespace, review.object),
+        claim_requests=_claim_requests(state, claims),
         policies=catalog, models=_models(state), legacy_charges=legacy,
         legacy_recent=state.legacy.of(namespace) if legacy else ())
     verdict = state.validator.check(under_review)

@@ -16,6 +16,7 @@ from dra_gateway.kube.cluster.port import Cluster
 from dra_gateway.policy.profiles import ModelReach
 from dra_gateway.webhook import mutation
 from dra_gateway.webhook.allocatorwatch import GatedPodEvents
+from dra_gateway.webhook.claimspecs import ClaimSpecCache
 from dra_gateway.webhook.deviceclasses import DeviceClassWatch
 from dra_gateway.webhook.deviceprofiles import DeviceProfileWatch
 from dra_gateway.webhook.legacypods import RecentLegacyPods
@@ -23,7 +24,7 @@ from dra_gateway.webhook.metrics import Metrics
 from dra_gateway.webhook.policywatch import PolicyWatch
 from dra_gateway.webhook.rulestore import RuleStore
 from dra_gateway.webhook.settings import WebhookSettings
-from dra_gateway.webhook.templates import Templates
+from dra_gateway.webhook.templates import TemplateMaker
 from dra_gateway.webhook.validation import Validator
 
 
@@ -35,7 +36,8 @@ class WebhookState:
     cluster: Cluster
     metrics: Metrics
     store: RuleStore
-    templates: Templates
+    claim_specs: ClaimSpecCache
+    templates: TemplateMaker
     validator: Validator
     plans: mutation.PlanCache
     device_classes: DeviceClassWatch

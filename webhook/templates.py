@@ -1,8 +1,9 @@
-"""Making the translator's ResourceClaimTemplates exist, and knowing which classes they use.
+"""Making the translator's ResourceClaimTemplates exist.
 
 A translated pod points at content-named templates; the pod must not be admitted before they
-exist, or the claim controller would fail to make its claims. `Templates.ensure` creates each
-template through the cluster port unless a bounded TTL cache already knows it, shares one
+exist, or the claim controller would fail to make its claims. `TemplateMaker.ensure` creates each
+template through the cluster port unless the `ClaimSpecCache` (`claimspecs.py`) already knows
+it, shares one
 create among concurrent admissions of the same template, and gives up after a bounded time with
 `TemplateUnavailable`, whose message tells the user to retry. A dry run creates nothing
 (`sideEffects: NoneOnDryRun`).
@@ -13,15 +14,12 @@ another class or `allocationMode: All`. The stored template is read and must car
 gateway's managed-by label and the same spec (API defaults applied); otherwise the pod is
 refused with `TemplateConflict`, which names the template, what differs and the fix.
 
-The TTL bounds how long a template deleted behind the webhook's back stays believed to exist;
-reading it before every admission was rejected as one API round trip per pod. A namespace's
-deletion (seen by the webhook's namespace mirror) forgets its templates at once
-(`forget_namespace`): a namespace re-created under the same name gets its templates again.
-
-`Templates.classes` answers /validate's question "which device classes does this template or
-claim use?" from stored objects only: what the API server returned when ensure() created or
-checked a template, or one read through the port, cached the same way. The translator's own
-spec never answers it.
+What the API server returned when ensure() created or checked a template is kept in the
+`ClaimSpecCache`, which /validate reads. Its TTL bounds how long a template deleted behind the
+webhook's back stays believed to exist; reading it before every admission was rejected as one
+API round trip per pod. A namespace's deletion forgets its templates at once
+(`ClaimSpecCache.forget_namespace`): a namespace re-created under the same name gets its
+templates again.
 
 It must not decide whether a pod is admitted; mutation and validation do.
 """
@@ -36,19 +34,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cachetools import TTLCache
-
 from dra_gateway.kube import names, objects
-from dra_gateway.kube.cluster.port import AlreadyExists, ApiError, Cluster, NotFound, Object
+from dra_gateway.kube.cluster.port import AlreadyExists, ApiError, Cluster, Object
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
-from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, ResourceType
-from dra_gateway.policy.amounts import RequestShape, requests_of
+from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES
+from dra_gateway.webhook.claimspecs import ClaimSpecCache, Key
 from dra_gateway.webhook.metrics import Metrics
 
 log = logging.getLogger(__name__)
-
-Key = tuple[str, str, str]  # (kind, namespace, name)
-
 
 class TemplateUnavailable(Exception):
     """A template could not be made to exist in time; the message is for the user."""
@@ -57,35 +50,6 @@ class TemplateUnavailable(Exception):
 class TemplateConflict(TemplateUnavailable):
     """A template of the name this pod needs exists but is not the gateway's: retrying does not
     help until it is deleted; the message names it, what differs and the fix."""
-
-
-def device_classes(spec: Mapping[str, Any]) -> frozenset[str]:
-    """Device classes named by a ResourceClaim spec (`exactly` and `firstAvailable`)."""
-    found: set[str] = set()
-    devices = spec.get("devices")
-    requests = devices.get("requests") if isinstance(devices, dict) else None
-    for request in requests if isinstance(requests, list) else ():
-        if not isinstance(request, dict):
-            continue
-        exactly = request.get("exactly")
-        if isinstance(exactly, dict) and isinstance(exactly.get("deviceClassName"), str):
-            found.add(exactly["deviceClassName"])
-        for sub in request.get("firstAvailable") or ():
-            if isinstance(sub, dict) and isinstance(sub.get("deviceClassName"), str):
-                found.add(sub["deviceClassName"])
-    return frozenset(found)
-
-
-def _template_classes(template: Mapping[str, Any]) -> frozenset[str]:
-    spec = template.get("spec")
-    inner = spec.get("spec") if isinstance(spec, dict) else None
-    return device_classes(inner) if isinstance(inner, dict) else frozenset()
-
-
-def _template_requests(template: Mapping[str, Any]) -> tuple[RequestShape, ...]:
-    spec = template.get("spec")
-    inner = spec.get("spec") if isinstance(spec, dict) else None
-    return tuple(requests_of(inner)) if isinstance(inner, dict) else ()
 
 
 def _defaulted_exactly(request: dict[str, Any]) -> None:
@@ -155,33 +119,17 @@ def conflict(stored: Mapping[str, Any], wanted: Mapping[str, Any], namespace: st
     return None
 
 
-class Templates:
-    def __init__(self, cluster: Cluster, metrics: Metrics, *, timeout: float = 2.0,
-                 cache_size: int = 8192, ttl: float = 300.0) -> None:
+class TemplateMaker:
+    """Makes the templates of translated pods exist, keeping what the API server holds of each
+    in the `ClaimSpecCache` it is given."""
+
+    def __init__(self, cluster: Cluster, metrics: Metrics, specs: ClaimSpecCache, *,
+                 timeout: float = 2.0) -> None:
         self._cluster = cluster
         self._metrics = metrics
         self._timeout = timeout
-        # What is known to exist, with the device classes each uses.
-        self._known: TTLCache[Key, frozenset[str]] = TTLCache(cache_size, ttl)
+        self._specs = specs
         self._inflight: dict[Key, asyncio.Future[frozenset[str]]] = {}
-        # What quotas and sharing policies read (policy.amounts), kept beside the classes.
-        self._requests: TTLCache[Key, tuple[RequestShape, ...]] = TTLCache(cache_size, ttl)
-
-    def cached_requests(self, kind: str, namespace: str,
-                        name: str) -> tuple[RequestShape, ...] | None:
-        """Gateway-class requests of a template or claim already known, without I/O."""
-        return self._requests.get((kind, namespace, name))
-
-    def forget(self) -> None:
-        self._known.clear()
-        self._requests.clear()
-
-    def forget_namespace(self, namespace: str) -> None:
-        """The namespace was deleted: its templates went with it, and one re-created under the
-        same name must not be believed to have them."""
-        for cache in (self._known, self._requests):
-            for key in [k for k in list(cache.keys()) if k[1] == namespace]:
-                cache.pop(key, None)
 
     async def ensure(self, templates: Sequence[Mapping[str, Any]], namespace: str, *,
                      dry_run: bool, deadline: float) -> int:
@@ -192,7 +140,7 @@ class Templates:
         TemplateUnavailable naming the template and what to do.
         """
         missing = [t for t in templates
-                   if ("template", namespace, t["metadata"]["name"]) not in self._known]
+                   if not self._specs.knows_template(namespace, t["metadata"]["name"])]
         if not missing or dry_run:
             return 0
         created = 0
@@ -242,10 +190,7 @@ class Templates:
         else:
             # What the API server holds, not what the translator meant: /validate answers
             # from these.
-            classes = _template_classes(stored)
-            future.set_result(classes)
-            self._known[key] = classes
-            self._requests[key] = _template_requests(stored)
+            future.set_result(self._specs.remember_template(namespace, name, stored))
             return created
         finally:
             del self._inflight[key]
@@ -301,38 +246,3 @@ class Templates:
             raise TemplateConflict(problem)
         self._metrics.template_creates.labels("exists").inc()
         return stored
-
-    async def classes(self, namespace: str, *, deadline: float, template: str | None = None,
-                      claim: str | None = None) -> frozenset[str] | None:
-        """Device classes of a template or claim, or None when it does not exist (yet).
-
-        A read past `deadline` (the review's, in time.monotonic() seconds) raises TimeoutError.
-        """
-        rt: ResourceType
-        if template is not None:
-            key: Key = ("template", namespace, template)
-            rt, name = RESOURCE_CLAIM_TEMPLATES, template
-        elif claim is not None:
-            key, rt, name = ("claim", namespace, claim), RESOURCE_CLAIMS, claim
-        else:
-            raise ValueError("classes() needs a template or a claim name")
-        if key in self._known and key in self._requests:
-            return self._known[key]
-        try:
-            async with asyncio.timeout(deadline - time.monotonic()):
-                obj = await self._cluster.get(rt, name, namespace=namespace)
-        except NotFound:
-            # Not cached: it may be created a moment later (a template made by hand).
-            return None
-        except ApiError as exc:
-            log.warning("cannot read a pod's claim or template; its classes are unknown",
-                        extra={"namespace": namespace, "kind": rt.kind, "object": name,
-                               "reason": exc.reason, "error": exc.message})
-            return None
-        spec = obj.get("spec")
-        found = (_template_classes(obj) if rt is RESOURCE_CLAIM_TEMPLATES
-                 else device_classes(spec) if isinstance(spec, dict) else frozenset())
-        self._known[key] = found
-        self._requests[key] = (_template_requests(obj) if rt is RESOURCE_CLAIM_TEMPLATES
-                               else tuple(requests_of(spec)) if isinstance(spec, dict) else ())
-        return found

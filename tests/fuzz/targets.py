@@ -204,7 +204,7 @@ class Webhook:
             self.loop.run_until_complete(
                 self.cluster.delete(RESOURCE_CLAIM_TEMPLATES, name, namespace=namespace))
         self.state.plans = mutation.PlanCache(self.state.settings.plan_cache_size)
-        self.state.templates.forget()
+        self.state.claim_specs.forget()
 
     def post(self, endpoint: str, body: bytes) -> tuple[int, bytes]:
         """The status and body of the app's answer to `body` posted to `endpoint`."""

@@ -94,7 +94,7 @@ async def test_an_existing_template_is_success(client: Client, cluster: MemoryCl
         "resourceClaimTemplateName"]
     # As a second replica of the webhook would (an empty cache), meet the template already there.
     state = client.app[STATE]
-    state.templates.forget()
+    state.claim_specs.forget()
     again = await _post(client, "/mutate", review(pod, uid="second"))
     assert again["response"]["allowed"] is True
     assert await cluster.get(RESOURCE_CLAIM_TEMPLATES, name, namespace="inference")

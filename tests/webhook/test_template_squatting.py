@@ -114,7 +114,7 @@ async def test_the_gateways_own_template_met_again_is_success(
     client: Client, cluster: MemoryCluster
 ) -> None:
     await _post(client, "/mutate", review(hami_pod()))
-    client.app[STATE].templates.forget()
+    client.app[STATE].claim_specs.forget()
     answer = await _post(client, "/mutate", review(hami_pod(), uid="again"))
     assert answer["allowed"] is True
     assert client.app[STATE].metrics.template_creates.labels("exists")._value.get() == 1
