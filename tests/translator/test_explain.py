@@ -11,6 +11,7 @@ import pytest
 import yaml
 from testkit import EXAMPLES
 
+from dra_gateway.translator import containers
 from dra_gateway.translator.explaining import explain
 from dra_gateway.translator.manifests import rewrite_manifests
 from dra_gateway.translator.rules import RuleSet
@@ -219,3 +220,19 @@ def test_the_explanation_says_which_pod_group_a_pod_belongs_to_and_why(
     _, (plain,) = explained(capsys, "-f", write(tmp_path, pod(ctr("main", limits={
         "nvidia.com/gpu": 1}))))
     assert plain["group"] == ""
+
+
+def test_the_explanation_is_read_from_the_translation_without_planning_again(
+        builtin_rules: RuleSet, monkeypatch: pytest.MonkeyPatch) -> None:
+    (path,) = [p for p in EXAMPLE_FILES if p.name == "hami-placement.yaml"]
+    (found,) = rewrite_manifests(list(yaml.safe_load_all(path.read_text())), builtin_rules).pods
+    assert found.plan is not None
+
+    def planned_again(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a container was planned again")
+
+    # Every container's planning starts by choosing its rule.
+    monkeypatch.setattr(containers, "_choose_rule", planned_again)
+    explanation = explain(found.pod, builtin_rules, plan=found.plan)
+    assert explanation.outcome == "translated"
+    assert [c.outcome for c in explanation.containers] == ["translated"]
