@@ -53,45 +53,41 @@ class Mutation:
     # The pod's translation mode: enabled, or why its legacy requests were left as they are
     # (audit, disabled by its annotation).
     mode: str = names.TRANSLATION_ENABLED
-    # The pod's translation, carried out (`carried_out`, the mode enabled) or, with its legacy
-    # requests held back, only said; None when there is nothing of it to tell.
+    # The translation carried out (the mode enabled), or the one the pod was held back from
+    # (audit mode says it; its legacy requests stay); None where there is nothing of it to tell.
     translation: TranslationPlan | None = None
-    carried_out: bool = False
+    held_back_from: TranslationPlan | None = None
 
     @property
     def templates(self) -> Sequence[dict[str, Any]]:
         """The ResourceClaimTemplates to make exist before the pod is admitted."""
-        return self._carried_out().templates if self._carried_out() else ()
+        return self.translation.templates if self.translation is not None else ()
 
     @property
     def rules_applied(self) -> Sequence[str]:
-        return self._carried_out().rules_applied if self._carried_out() else ()
-
-    @property
-    def would_apply(self) -> Sequence[str]:
-        """The rules audit mode says would apply."""
-        if self.translation is None or self.mode != names.TRANSLATION_AUDIT:
-            return ()
-        return self.translation.rules_applied
+        return self.translation.rules_applied if self.translation is not None else ()
 
     @property
     def extended(self) -> Sequence[ExtendedResourceUse]:
         """Resources a DeviceClass declares as spec.extendedResourceName: deferred or
         translated."""
-        return self._carried_out().extended if self._carried_out() else ()
+        return self.translation.extended if self.translation is not None else ()
+
+    @property
+    def would_apply(self) -> Sequence[str]:
+        """The rules audit mode says would apply."""
+        if self.held_back_from is None or self.mode != names.TRANSLATION_AUDIT:
+            return ()
+        return self.held_back_from.rules_applied
 
     @property
     def untranslated(self) -> Sequence[Untranslated]:
         """Known legacy names left in the pod because their rule is disabled (each with a
         warning)."""
-        return self.translation.untranslated if self.translation is not None else ()
-
-    def _carried_out(self) -> TranslationPlan:
-        return self.translation if self.carried_out and self.translation is not None \
-            else _NOTHING
+        plan = self.translation if self.translation is not None else self.held_back_from
+        return plan.untranslated if plan is not None else ()
 
 
-_NOTHING = TranslationPlan()
 NO_CHANGE = Mutation()
 
 # Pods are a few KiB; a huge one is decided uncached so the cache stays within a few MiB.
@@ -178,7 +174,7 @@ def _held(pod: Mapping[str, Any], namespace: str, rules: RuleSet, held: translat
     warnings += [w for w in would.warnings if w not in warnings]
     return Mutation(
         patch=encode_patch([*made_metadata, *would.held_patch]) if would.held_patch else None,
-        warnings=tuple(warnings), audit=audit, mode=held.mode, translation=would)
+        warnings=tuple(warnings), audit=audit, mode=held.mode, held_back_from=would)
 
 
 def _audit(pod: Mapping[str, Any], rules: RuleSet, would: TranslationPlan,
@@ -229,7 +225,7 @@ def _translated(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
             audit={"refused-by-rule": plan.refusal.rule} if plan.refusal.rule else {},
         )
     if not plan.patch:
-        return Mutation(warnings=warnings, translation=plan, carried_out=True) \
+        return Mutation(warnings=warnings, translation=plan) \
             if warnings or plan.extended else NO_CHANGE
     audit: dict[str, str] = {}
     if plan.rules_applied:
@@ -238,4 +234,4 @@ def _translated(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
         audit["resource-claim-templates"] = ",".join(
             t["metadata"]["name"] for t in plan.templates)
     return Mutation(patch=encode_patch([*made_metadata, *plan.patch]), warnings=warnings,
-                    audit=audit, translation=plan, carried_out=True)
+                    audit=audit, translation=plan)
