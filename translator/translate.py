@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Final
 
 import orjson
@@ -47,6 +48,9 @@ __all__ = [
 
 # The pod-level claim name the gateway adds to spec.resourceClaims.
 CLAIM_NAME: Final = "dra-gateway"
+
+# Where a `Found` container sits: ("containers" or "initContainers", its index).
+_PLACE: Final = itemgetter(0, 1)
 
 # Looks up the device classes a claim or template named by the pod requests:
 # (kind, namespace, name) -> class names, or None when unknown. kind is "ResourceClaimTemplate"
@@ -101,14 +105,6 @@ class TranslationPlan:
         return bool(self.patch)
 
 
-@dataclass(frozen=True, slots=True)
-class _LegacyRequests:
-    """The containers asking for legacy resources, and the names disabled rules leave."""
-
-    found: list[Found]
-    untranslated: list[Untranslated]
-
-
 def escape_pointer(token: str) -> str:
     """A JSON Pointer reference token (RFC 6901): `~` as `~0`, `/` as `~1`."""
     return token.replace("~", "~0").replace("/", "~1")
@@ -143,17 +139,18 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
         return _translated_before(spec, namespace, annotations[names.ANNOTATION_TRANSLATED],
                                   class_lookup)
     own_claims_gated = _references_gateway_class(spec, namespace, class_lookup)
-    plan = TranslationPlan(held_patch=_gate(spec, needed=own_claims_gated))
-    legacy = _legacy_requests(spec, rules)
-    _warn_untranslated(legacy.untranslated, plan)
-    if not legacy.found:
+    plan = TranslationPlan()
+    if own_claims_gated:
+        plan.held_patch = _gate(spec)
+    found, untranslated = _legacy_requests(spec, rules)
+    if untranslated:
+        _warn_untranslated(untranslated, plan)
+    if not found:
         _add_gate(spec, plan, needed=own_claims_gated)
         return plan
-    pod_plan = _cached_pod_plan(spec, legacy.found, rules=rules, namespace=namespace,
+    pod_plan = _cached_pod_plan(spec, found, rules=rules, namespace=namespace,
                                 annotations=annotations, extended=extended)
-    plan.containers = {(item.key, item.position): container
-                       for item, container in zip(legacy.found, pod_plan.containers,
-                                                  strict=True)}
+    plan.containers = dict(zip(map(_PLACE, found), pod_plan.containers, strict=True))
     twice = _name_used_twice(spec)
     if twice is not None:
         plan.refusal = _duplicate_name(twice)
@@ -167,10 +164,10 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
     if pod_plan.template is None:
         _add_gate(spec, plan, needed=own_claims_gated)
         return plan
-    plan.refusal = _claim_name_taken(spec, legacy.found)
+    plan.refusal = _claim_name_taken(spec, found)
     if plan.refusal is not None:
         return plan
-    _add_template(pod, plan, template=pod_plan.template, pod_plan=pod_plan, found=legacy.found,
+    _add_template(pod, plan, template=pod_plan.template, pod_plan=pod_plan, found=found,
                   namespace=namespace)
     _add_gate(spec, plan, needed=pod_plan.gated or own_claims_gated)
     return plan
@@ -202,7 +199,8 @@ def _translated_before(spec: Mapping[str, Any], namespace: str, annotation: Any,
     return plan
 
 
-def _legacy_requests(spec: Mapping[str, Any], rules: RuleSet) -> _LegacyRequests:
+def _legacy_requests(spec: Mapping[str, Any],
+                     rules: RuleSet) -> tuple[list[Found], list[Untranslated]]:
     """The containers asking for legacy resources, in the pod's order, and the known legacy
     names they keep because the rule that reads them is disabled."""
     found: list[Found] = []
@@ -225,7 +223,7 @@ def _legacy_requests(spec: Mapping[str, Any], rules: RuleSet) -> _LegacyRequests
                     rule = disabled_rule(name)
                     if rule is not None and not is_legacy(name):
                         untranslated.append(Untranslated(container.get("name", ""), name, rule))
-    return _LegacyRequests(found, untranslated)
+    return found, untranslated
 
 
 def _warn_untranslated(untranslated: list[Untranslated], plan: TranslationPlan) -> None:
@@ -353,10 +351,8 @@ def _references_gateway_class(spec: Mapping[str, Any], namespace: str,
     return False
 
 
-def _gate(spec: Mapping[str, Any], *, needed: bool) -> list[dict[str, Any]]:
-    """The patch that adds the scheduling gate when it is `needed` and missing."""
-    if not needed:
-        return []
+def _gate(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The patch that adds the scheduling gate where it is missing."""
     gates = spec.get("schedulingGates")
     if gates is None:
         return [{"op": "add", "path": "/spec/schedulingGates",
@@ -368,9 +364,10 @@ def _gate(spec: Mapping[str, Any], *, needed: bool) -> list[dict[str, Any]]:
 
 
 def _add_gate(spec: Mapping[str, Any], plan: TranslationPlan, *, needed: bool) -> None:
-    gate = _gate(spec, needed=needed)
-    plan.patch.extend(gate)
-    plan.adds_gate = plan.adds_gate or bool(gate)
+    """Add the scheduling gate to the plan's patch where it is `needed` and missing."""
+    if needed and (gate := _gate(spec)):
+        plan.patch.extend(gate)
+        plan.adds_gate = True
 
 
 # --------------------------------------------------------------------------------------------
@@ -415,8 +412,8 @@ def _patch_container(item: Found, *, request: str, patch: list[dict[str, Any]]) 
 def _patch_annotation(pod: Mapping[str, Any], annotation: str, *,
                       patch: list[dict[str, Any]]) -> None:
     record = {names.ANNOTATION_TRANSLATED: annotation}
-    metadata = objects.meta(pod)
-    if not isinstance(pod.get("metadata"), dict):
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, dict):
         patch.append({"op": "add", "path": "/metadata", "value": {"annotations": record}})
     elif metadata.get("annotations") is None:
         patch.append({"op": "add", "path": "/metadata/annotations", "value": record})
