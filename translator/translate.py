@@ -148,6 +148,8 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
     if not found:
         _add_gate(spec, plan, needed=own_claims_gated)
         return plan
+    # Planned before any refusal of the pod, so that its explanation can say what each
+    # container would have become.
     pod_plan = _cached_pod_plan(spec, found, rules=rules, namespace=namespace,
                                 annotations=annotations, extended=extended)
     plan.containers = dict(zip(map(_PLACE, found), pod_plan.containers, strict=True))
