@@ -57,7 +57,10 @@ class NamespacePlan:
 
 
 @dataclass(frozen=True, slots=True)
-class ContainerPlan:
+class ContainerMigration:
+    """What moving its namespace to translation does to one container asking for legacy
+    resources (from the translator's explanation)."""
+
     name: str
     kind: str
     legacy: Mapping[str, str]  # legacy resource -> value (the limit, else the request)
@@ -81,7 +84,7 @@ class WorkloadPlan:
     nodes: tuple[str, ...] = ()
     template: str = ""  # the ResourceClaimTemplate its pods would use
     refusal: str = ""  # why a rule refuses its pods, whatever the namespace's mode
-    containers: tuple[ContainerPlan, ...] = ()
+    containers: tuple[ContainerMigration, ...] = ()
     warnings: tuple[str, ...] = ()
     group: str = ""  # the pod group its pods belong to and why (kube.groups.describe)
 
@@ -311,20 +314,20 @@ def _workload(key: tuple[str, str, str], sample: Object, pods: Sequence[Object],
 
 
 def _container(explained: ContainerExplanation, pod: Mapping[str, Any],
-               rules: RuleSet) -> ContainerPlan:
+               rules: RuleSet) -> ContainerMigration:
     legacy: dict[str, str] = {}
     for key in ("initContainers", "containers"):
         for c in objects.spec(pod).get(key) or ():
             if str(c.get("name", "")) == explained.name:
                 legacy.update(pod_legacy_requests({"spec": {"containers": [c]}}, rules))
-    return ContainerPlan(
+    return ContainerMigration(
         name=explained.name, kind=explained.kind, legacy=legacy, outcome=explained.outcome,
         rule=explained.rule, request=explained.device, config=explained.config,
         why=explained.why, left={x.resource: x.reason for x in explained.left})
 
 
 def _status(mode: NamespacePlan, sample: Mapping[str, Any], outcome: str, refusal: str,
-            containers: Sequence[ContainerPlan]) -> tuple[Status, str]:
+            containers: Sequence[ContainerMigration]) -> tuple[Status, str]:
     """What happens to the workload's pods, decided as the webhook decides (`held_back`), so
     that the plan cannot disagree with admission."""
     if outcome == "translated-before":
@@ -364,7 +367,7 @@ def _status(mode: NamespacePlan, sample: Mapping[str, Any], outcome: str, refusa
     return "translate", "translated into a DRA claim when its pods are created"
 
 
-def _would(outcome: str, refusal: str, containers: Sequence[ContainerPlan]) -> str:
+def _would(outcome: str, refusal: str, containers: Sequence[ContainerMigration]) -> str:
     if outcome == "refused":
         return f"be refused: {refusal}"
     if outcome == "translated":

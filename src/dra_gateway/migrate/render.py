@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dra_gateway.migrate.plan import ContainerPlan, MigrationPlan, WorkloadPlan
+from dra_gateway.migrate.plan import ContainerMigration, MigrationPlan, WorkloadPlan
 from dra_gateway.policy.amounts import format_amount
 
 
@@ -19,7 +19,7 @@ def _amounts(values: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in values.items()) or "-"
 
 
-def request_text(container: ContainerPlan) -> str:
+def request_text(container: ContainerMigration) -> str:
     """The DRA request a container gets, in one line: class, count, shares."""
     if container.request is None:
         return "-"
