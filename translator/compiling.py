@@ -4,9 +4,11 @@
 a `CompiledRule`, batching its expressions and evaluating each on representative inputs so that
 a typo fails at load, not at admission; `check_overlaps` refuses two rules reading one resource
 with no precedence between them. Problems go to a `Problems` collector with their field path.
-The fields of `device` that a rule computes are declared once (`_COUNT`, `SHARE_FIELDS`): the
-share checks, compiling, the dry run and the output batch read that declaration. It must not
-read files or sources (`loading.py` does) nor translate pods.
+The fields of `device` that a rule computes are declared once (`DEVICE_OUTPUTS`, of which
+`SHARE_FIELDS` are the card's shares): the share checks, compiling, the dry run and the output
+batch read that declaration here, and so do `evaluation.checked_outputs` (the batch's values
+checked) and `explaining` (what each output depends on). It must not read files or sources
+(`loading.py` does) nor translate pods.
 """
 
 from __future__ import annotations
@@ -55,9 +57,10 @@ def _default_driver(class_name: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class _Output:
+class DeviceOutput:
     """A field of a rule's `device` that a CEL expression computes, declared once for every
-    use: the check that shares need a gateway class, compiling, the dry run and the batch.
+    use: the check that shares need a gateway class, compiling, the dry run, the batch, the
+    checks of its values at translation and the explanation.
 
     `key` is its name in the document (and in a problem's path, `device.<key>`), `attribute`
     its name on `DeviceSpec` and `CompiledRule`, `gives` the type its value must have; `unset`
@@ -72,17 +75,17 @@ class _Output:
     moot_elsewhere: bool = False
 
 
-_COUNT: Final = _Output("count", "count", int, "1")  # never unset: the document's default
+_COUNT: Final = DeviceOutput("count", "count", int, "1")  # never unset: the document's default
 # The shares of a card: only a gateway class takes them.
 SHARE_FIELDS: Final = (
-    _Output("memory", "memory", int, "0"),
-    _Output("memoryPercent", "memory_percent", int, "0"),
-    _Output("cores", "cores", int, "0"),
-    _Output("enforcement", "enforcement", str, '""', moot_elsewhere=True),
-    _Output("policy", "policy", str, '""', moot_elsewhere=True),
+    DeviceOutput("memory", "memory", int, "0"),
+    DeviceOutput("memoryPercent", "memory_percent", int, "0"),
+    DeviceOutput("cores", "cores", int, "0"),
+    DeviceOutput("enforcement", "enforcement", str, '""', moot_elsewhere=True),
+    DeviceOutput("policy", "policy", str, '""', moot_elsewhere=True),
 )
-# In the order of the output batch, which `evaluation.checked_outputs` reads.
-_OUTPUTS: Final = (_COUNT, *SHARE_FIELDS)
+# Every output, in the order of the output batch, which `evaluation.checked_outputs` reads.
+DEVICE_OUTPUTS: Final = (_COUNT, *SHARE_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +312,7 @@ def _batch_text(parts: Sequence[str]) -> str:
 def _batched(rule: CompiledRule, spec: RuleSpec, sample: dict[str, Any]) -> CompiledRule:
     """The rule with its batched expressions (each part already compiled and dry-run alone)."""
     device = spec.device
-    outputs = [getattr(device, field.attribute) or field.unset for field in _OUTPUTS]
+    outputs = [getattr(device, field.attribute) or field.unset for field in DEVICE_OUTPUTS]
     conditions = [sel.when or "true" for sel in device.selectors]
     conditions += [con.when or "true" for con in device.constraints]
 
@@ -389,7 +392,7 @@ def _dry_run(rule: CompiledRule, entry: RuleEntry, problems: Problems) -> None:
             check(f"refuse[{i}].when", refusal, activation, (bool,))
         for i, (warning, _) in enumerate(rule.warnings):
             check(f"warn[{i}].when", warning, activation, (bool,))
-        for field in _OUTPUTS:
+        for field in DEVICE_OUTPUTS:
             key = field.key
             value = check(f"device.{key}", getattr(rule, field.attribute), activation,
                           (field.gives,))

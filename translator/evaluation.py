@@ -14,6 +14,7 @@ Pure: no I/O, no logging. Each output's checks stay beside the code that reads i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -22,6 +23,7 @@ from dra_gateway.kube import names
 from dra_gateway.kube.cel import CelError, Expression
 from dra_gateway.kube.models import ENFORCEMENTS, STRATEGIES, GpuShareConfig
 from dra_gateway.kube.quantity import Quantity
+from dra_gateway.translator.compiling import DEVICE_OUTPUTS
 from dra_gateway.translator.errors import (
     Refused,
     format_path,
@@ -144,18 +146,24 @@ class Outputs:
     policy: str
 
 
+# The rule's outputs as its output batch lists them (`compiling.DEVICE_OUTPUTS`), worked out
+# once: the path that names each one, its expression on a rule, and (position in the batch,
+# key) of those giving whole numbers and of those giving text.
+_OUTPUT_PATHS: Final = tuple(f"device.{output.key}" for output in DEVICE_OUTPUTS)
+_output_expressions: Final = attrgetter(*(output.attribute for output in DEVICE_OUTPUTS))
+_WHOLE_OUTPUTS: Final = tuple((index, output.key) for index, output in enumerate(DEVICE_OUTPUTS)
+                              if output.gives is int)
+_TEXT_OUTPUTS: Final = tuple((index, output.key) for index, output in enumerate(DEVICE_OUTPUTS)
+                             if output.gives is str)
+
+
 def checked_outputs(subject: Subject, activation: dict[str, Any]) -> Outputs:
     rule = subject.rule
-    values = evaluate_all(subject, rule.output_batch, [
-        ("device.count", rule.count), ("device.memory", rule.memory),
-        ("device.memoryPercent", rule.memory_percent), ("device.cores", rule.cores),
-        ("device.enforcement", rule.enforcement), ("device.policy", rule.policy)], activation)
+    values = evaluate_all(subject, rule.output_batch, list(
+        zip(_OUTPUT_PATHS, _output_expressions(rule), strict=True)), activation)
     count, memory, percent, cores = (
-        _whole(subject, what, value) for what, value in
-        zip(("count", "memory", "memoryPercent", "cores"), values[:4], strict=True))
-    enforcement, policy = (
-        _text(subject, what, value) for what, value in
-        zip(("enforcement", "policy"), values[4:], strict=True))
+        _whole(subject, key, values[index]) for index, key in _WHOLE_OUTPUTS)
+    enforcement, policy = (_text(subject, key, values[index]) for index, key in _TEXT_OUTPUTS)
     resource = ", ".join(subject.resources)
     if count < 1:
         raise subject.refuse(f"{resource} gives a device count of {count}; at least 1 is needed")

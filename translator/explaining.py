@@ -18,8 +18,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal
 
 from dra_gateway.kube import names
+from dra_gateway.kube.cel import Expression
 from dra_gateway.kube.groups import describe as describe_group
 from dra_gateway.kube.quantity import Quantity
+from dra_gateway.translator.compiling import DEVICE_OUTPUTS
 from dra_gateway.translator.containers import (
     ContainerPlan,
     Found,
@@ -314,6 +316,11 @@ def _key_uses(rule: CompiledRule, result: ContainerPlan, *, found: Found, contex
     return tuple(out)
 
 
+def _text_of(expression: Expression | None) -> str | None:
+    """The CEL text of an expression a rule may leave out."""
+    return expression.expression if expression else None
+
+
 def _dependencies(rule: CompiledRule) -> dict[str, frozenset[str]]:
     """Per output of the rule, the keys (`resource:`, `annotation:`, `nodeSelector:`) its
     expressions name, directly or through the rule's variables."""
@@ -336,20 +343,13 @@ def _dependencies(rule: CompiledRule) -> dict[str, frozenset[str]]:
 
     for name, expression in rule.variables:
         variables[name] = refs(expression.expression)
-    out = {
-        "count": refs(rule.count.expression),
-        "memory": refs(rule.memory.expression if rule.memory else None),
-        "memoryPercent": refs(rule.memory_percent.expression if rule.memory_percent else None),
-        "cores": refs(rule.cores.expression if rule.cores else None),
-        "enforcement": refs(rule.enforcement.expression if rule.enforcement else None),
-        "policy": refs(rule.policy.expression if rule.policy else None),
-    }
+    out = {output.key: refs(_text_of(getattr(rule, output.attribute)))
+           for output in DEVICE_OUTPUTS}
     for index, selector in enumerate(rule.selectors):
-        out[f"selectors[{index}]"] = refs(selector.cel) | refs(
-            selector.values.expression if selector.values else None) | refs(
-            selector.when.expression if selector.when else None)
+        out[f"selectors[{index}]"] = refs(selector.cel) | refs(_text_of(selector.values)) | \
+            refs(_text_of(selector.when))
     for index, (_, condition) in enumerate(rule.constraints):
-        out[f"constraints[{index}]"] = refs(condition.expression if condition else None)
+        out[f"constraints[{index}]"] = refs(_text_of(condition))
     return out
 
 
