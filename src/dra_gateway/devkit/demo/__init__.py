@@ -75,12 +75,12 @@ from dra_gateway.devkit.demo.processes import (
     webhook_ready,
 )
 from dra_gateway.devkit.demo.quota import QUOTA_CONDITION, QuotaReport, print_quota, show_quota
-from dra_gateway.devkit.demo.session import Outcome, demo, print_table, run
+from dra_gateway.devkit.demo.session import DemoReport, demo, print_table, run
 
 __all__ = [
     "DEFAULT_PODS", "DEMO_DIR", "EXAMPLES", "GRACE_S", "LOG_TAIL_LINES", "MAX_PODS", "NAMESPACE",
     "NODES", "QUOTA_CONDITION", "QUOTA_PODS", "QUOTA_POLICIES", "WEBHOOK_SERVICE", "Child",
-    "Children", "DemoError", "DemoPod", "Layout", "Outcome", "PodReport", "QuotaReport",
+    "Children", "DemoError", "DemoPod", "DemoReport", "Layout", "PodReport", "QuotaReport",
     "allocator_leads", "claim_devices", "create_pods", "demo", "describe_devices", "free_port",
     "human_bytes", "inspect", "legacy_request", "log_tail", "pods_of", "prepare",
     "prepare_on_nodes", "print_quota", "print_table", "read_pods", "register", "run",

@@ -70,8 +70,11 @@ class _Terminated(BaseException):
 
 
 @dataclass
-class Outcome:
-    reports: list[PodReport]
+class DemoReport:
+    """What the demo's run found: each pod's report, the ResourceClaimTemplate shown (and
+    whose it is), and the quota step's report when it ran."""
+
+    pods: list[PodReport]
     template: dict[str, Any] | None
     template_of: str | None
     quota: QuotaReport | None = None
@@ -79,7 +82,7 @@ class Outcome:
 
 async def demo(layout: Layout, children: Children, pods: Sequence[DemoPod], *,
                startup_s: float, place_s: float, say: Callable[[str], None],
-               quota: bool = False) -> Outcome:
+               quota: bool = False) -> DemoReport:
     from dra_gateway.kube.cluster.connect import ClusterConfigError, connect
     from dra_gateway.kube.cluster.port import ApiError
 
@@ -133,7 +136,7 @@ async def demo(layout: Layout, children: Children, pods: Sequence[DemoPod], *,
         template, template_of = await show_template(cluster, reports)
         quota_report = await show_quota(cluster, children, place_s=place_s, say=say) \
             if quota else None
-        return Outcome(reports, template, template_of, quota_report)
+        return DemoReport(reports, template, template_of, quota_report)
     except ApiError as exc:
         raise DemoError("talking to the API server", exc.message, log=api.log) from None
     finally:
@@ -241,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
     children = Children(layout.logs)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     code = 1
-    outcome: Outcome | None = None
+    report: DemoReport | None = None
     failure: DemoError | None = None
     reported = False  # --serve reports before it serves
     try:
@@ -249,12 +252,12 @@ def run(args: argparse.Namespace) -> int:
         prepare(layout)
         # The quota step needs the bundled examples' room on the nodes: pods of --pods may
         # fill them.
-        outcome = asyncio.run(demo(layout, children, pods, startup_s=args.startup_timeout,
-                                   place_s=args.timeout, say=say, quota=not args.pods))
-        code = 0 if all(r.ok for r in outcome.reports) \
-            and (outcome.quota is None or outcome.quota.ok) else 1
+        report = asyncio.run(demo(layout, children, pods, startup_s=args.startup_timeout,
+                                  place_s=args.timeout, say=say, quota=not args.pods))
+        code = 0 if all(r.ok for r in report.pods) \
+            and (report.quota is None or report.quota.ok) else 1
         if args.serve:
-            _report(outcome, code, root, remove=False, as_json=as_json, layout=layout)
+            _write_report(report, code, root, remove=False, as_json=as_json, layout=layout)
             reported = True
             _serve(layout, children)
     except DemoError as exc:
@@ -291,11 +294,11 @@ def run(args: argparse.Namespace) -> int:
         if failure.log is not None:
             print(f"--- last lines of {failure.log} ---\n{log_tail(failure.log)}\n---", file=err)
         remove = False  # the logs are what the user needs now
-    if outcome is not None:
+    if report is not None:
         if code != 0:
             remove = False  # the logs explain it; the JSON summary must say where they are
         if not reported:
-            _report(outcome, code, root, remove=remove, as_json=as_json, layout=layout)
+            _write_report(report, code, root, remove=remove, as_json=as_json, layout=layout)
     if remove_nodes:
         shutil.rmtree(nodes_root, ignore_errors=True)
     elif nodes_root.parent != root:
@@ -307,30 +310,30 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _report(outcome: Outcome, code: int, root: Path, *, remove: bool, as_json: bool,
-            layout: Layout) -> None:
+def _write_report(report: DemoReport, code: int, root: Path, *, remove: bool,
+                  as_json: bool, layout: Layout) -> None:
     """The run's output: the JSON summary or the tables, then what failed, on stderr."""
     err = sys.stderr
     if as_json:
         summary = {"ok": code == 0, "workDir": str(root) if not remove else None,
-                   "pods": [r.to_json() for r in outcome.reports],
-                   "template": {"pod": outcome.template_of, "object": outcome.template},
-                   "quota": outcome.quota.to_json() if outcome.quota else None}
+                   "pods": [r.to_json() for r in report.pods],
+                   "template": {"pod": report.template_of, "object": report.template},
+                   "quota": report.quota.to_json() if report.quota else None}
         json.dump(summary, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        _print_outcome(outcome, sys.stdout)
+        _print_report(report, sys.stdout)
     sys.stdout.flush()
-    if outcome.quota is not None and not outcome.quota.ok:
+    if report.quota is not None and not report.quota.ok:
         print(f"demo: failed at step \"showing a quota at work\": "
-              f"{'; '.join(outcome.quota.problems)}; the allocator's log is "
+              f"{'; '.join(report.quota.problems)}; the allocator's log is "
               f"{layout.logs / 'allocator.log'}", file=err)
-    failed = [f"{r.namespace}/{r.name}" for r in outcome.reports if not r.ok]
+    failed = [f"{r.namespace}/{r.name}" for r in report.pods if not r.ok]
     if failed:
         print(f"demo: failed at step \"checking placements\": {len(failed)} pod"
               f"{'s' if len(failed) != 1 else ''} not placed as expected: "
               f"{', '.join(failed)}; each component's log is in {layout.logs}", file=err)
-        if any(not r.ok and not r.node and r.expected == "bound" for r in outcome.reports):
+        if any(not r.ok and not r.node and r.expected == "bound" for r in report.pods):
             allocator_log = layout.logs / "allocator.log"
             print(f"--- last lines of {allocator_log} ---\n{log_tail(allocator_log)}\n---",
                   file=err)
@@ -365,19 +368,19 @@ def _serve(layout: Layout, children: Children) -> None:
         print("demo: stopping every process it started", file=sys.stderr, flush=True)
 
 
-def _print_outcome(outcome: Outcome, out: IO[str]) -> None:
+def _print_report(report: DemoReport, out: IO[str]) -> None:
     import yaml
 
     out.write("\n")
-    print_table(outcome.reports, out)
-    if outcome.quota is not None:
-        print_quota(outcome.quota, out)
-    if outcome.template is not None:
-        out.write("\n" + _fill(f"The ResourceClaimTemplate of pod {outcome.template_of}, as "
+    print_table(report.pods, out)
+    if report.quota is not None:
+        print_quota(report.quota, out)
+    if report.template is not None:
+        out.write("\n" + _fill(f"The ResourceClaimTemplate of pod {report.template_of}, as "
                                "the webhook translated its legacy request:") + "\n\n")
-        out.write(yaml.safe_dump(outcome.template, sort_keys=False))
-        shown = next((r for r in outcome.reports
-                      if f"{r.namespace}/{r.name}" == outcome.template_of), None)
+        out.write(yaml.safe_dump(report.template, sort_keys=False))
+        shown = next((r for r in report.pods
+                      if f"{r.namespace}/{r.name}" == report.template_of), None)
         prepared = [c["prepared"] for c in (shown.claims if shown else [])
                     if c.get("prepared")]
         if prepared:
