@@ -50,6 +50,7 @@ from dra_gateway.allocator.groups import (
     no_fit_message,
 )
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
+from dra_gateway.allocator.mirrorwrites import observe_write, observe_writes
 from dra_gateway.allocator.planner import PodPlan
 from dra_gateway.allocator.planner.groups import domain_nodes, group_model, narrow_to_model
 from dra_gateway.allocator.planning import Planning
@@ -192,14 +193,13 @@ class PodAllocator:
             names_missing = ", ".join(objects.name(c) for c in missing)
             raise RuntimeError(f"the planner placed pod {key} on {plan.node_name} without "
                                f"allocating claims {names_missing}")
-        self.planning.change(self.planning.state.assume, pod, plan)
-        self.planning.inflight[key.uid] = plan
+        self.planning.writing(pod, plan)
         await self._write(pod, pending, plan, written)
         return "done"
 
     async def _write(self, pod: Object, pending: list[Object], plan: PodPlan,
                      written: dict[str, str]) -> None:
-        """Write a plan assumed and in flight (`inflight`): each claim's allocation, then the
+        """Write a plan being written (`Planning.writing`): each claim's allocation, then the
         assumption gives way to what was written."""
         key = PodKey(objects.namespace(pod), objects.name(pod), objects.uid(pod))
         writes: list[Write] = []
@@ -212,9 +212,8 @@ class PodAllocator:
                                        fence=self.fence)
         finally:
             # No await between these: the assumption becomes the written truth atomically.
-            del self.planning.inflight[key.uid]
-            self.planning.change(self.planning.state.forget, pod, plan)
-            self.observe_claims(writes)
+            self.planning.written(pod, plan)
+            observe_writes(self.claims, writes)
             written.update((objects.uid(c), objects.resource_version(c))
                            for _, c in writes if is_allocated(c))
             live = self.pods.get(key.namespace, key.name)
@@ -289,8 +288,7 @@ class PodAllocator:
         # Every member's plan assumed before the first write: no other plan takes their room.
         for ready, plan in zip(together, planned.plans, strict=True):
             self.pending.drop(objects.uid(ready.pod))
-            self.planning.change(self.planning.state.assume, ready.pod, plan)
-            self.planning.inflight[objects.uid(ready.pod)] = plan
+            self.planning.writing(ready.pod, plan)
         log.info("placing a pod group together", extra={
             "group": group.label, "source": group.source, "members": [
                 objects.name(r.pod) for r in together]})
@@ -301,8 +299,7 @@ class PodAllocator:
             except BaseException:
                 for rest, rest_plan in list(zip(together, planned.plans, strict=True))[
                         index + 1:]:
-                    del self.planning.inflight[objects.uid(rest.pod)]
-                    self.planning.change(self.planning.state.forget, rest.pod, rest_plan)
+                    self.planning.written(rest.pod, rest_plan)
                 raise
         await self._say_group(together, held=False, reason=GROUP_PLACED,
                               message=f"pod group {group.label} ({group.why}): its "
@@ -379,11 +376,6 @@ class PodAllocator:
             await set_quota_condition(self.cluster, pod, held=False, reason=PLACED,
                                       message=message)
 
-    def observe_claims(self, writes: Sequence[Write]) -> None:
-        """Apply our own writes to the mirror unless the watch already brought them (or later)."""
-        for base_rv, written in writes:
-            _observe(self.claims, base_rv, written)
-
     async def _ungate(self, key: PodKey, written: dict[str, str]) -> Outcome:
         pod = self.pods.get(key.namespace, key.name)
         for _attempt in range(MAX_WRITE_ATTEMPTS):
@@ -419,7 +411,7 @@ class PodAllocator:
             # The mirror shows the pod ungated now, not when its watch event comes: the
             # syncs our claim writes queued meanwhile end there instead of removing the gate
             # again (a read of every claim and a patch the API refuses).
-            _observe(self.pods, objects.resource_version(pod), ungated)
+            observe_write(self.pods, objects.resource_version(pod), ungated)
             self.metrics.pods_allocated.inc()
             self.unplaceable.discard(key)
             self.pending.drop(key.uid)
@@ -427,15 +419,6 @@ class PodAllocator:
                 "pod": str(key), "claims": [objects.name(c) for c in gateway]})
             return "done"
         raise Conflict(f"pod {key} kept changing while its scheduling gate was being removed")
-
-
-def _observe(mirror: Informer, base_rv: str, written: Object) -> None:
-    """Apply our own write to `mirror` if it still holds the version the write was based on
-    (the watch has not brought it, or anything later, yet)."""
-    stored = mirror.get(*objects.namespace_name(written))
-    if (stored is not None and objects.resource_version(stored) == base_rv
-            and objects.uid(stored) == objects.uid(written)):
-        mirror.observe_write(written)
 
 
 __all__ = ["PodAllocator"]

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -62,7 +62,6 @@ from dra_gateway.allocator.work import (
     Outcome,
     PodKey,
     WorkKey,
-    Write,
     unfenced,
 )
 from dra_gateway.allocator.workers import run_worker
@@ -165,8 +164,8 @@ class Controller:
         self.events = EventRecorder(cluster, instance=self.settings.identity or COMPONENT,
                                     interval=self.settings.event_interval)
         self.releaser = ClaimReleaser(cluster, claims=self.claims, pods=self.pods,
-                                      index=self.index, stats=self.stats, metrics=self.metrics,
-                                      observe=self._observe_writes, fence=fence)
+                                      index=self.index, unplaceable=self.unplaceable,
+                                      stats=self.stats, metrics=self.metrics, fence=fence)
         self.allocator = PodAllocator(cluster, pods=self.pods, claims=self.claims,
                                       planning=self.planning, unplaceable=self.unplaceable,
                                       pending=self.pending, events=self.events,
@@ -308,11 +307,7 @@ class Controller:
                                  self._legacy_charges(obj))
             # Placed-but-unbound pods, and plans still being written, hold capacity too.
             self.planning.refresh_placement(obj)
-        for uid, plan in self.planning.inflight.items():
-            where = self.index.pod_location(uid)
-            pod = self.pods.get(*where) if where else None
-            if pod is not None:
-                state.assume(pod, plan)
+        self.planning.assume_writing(self._pod_of)
 
     def _work_order(self, key: WorkKey) -> tuple[object, ...]:
         """Releases first (they free devices), then pods by priority, then age: a burst of
@@ -345,29 +340,29 @@ class Controller:
     # Informer handlers (synchronous: each runs atomically on the loop) -----------------------
 
     def _on_policies(self, catalog: Any) -> None:
-        self.planning.change(self.state.set_policies, catalog)
+        self.planning.set_policies(catalog)
         self.quota_status.changed()
         self.unplaceable.capacity_changed()
 
     def _on_slice(self, change: Change, obj: Object, old: Object | None) -> None:
         if change == "deleted":
-            self.planning.change(self.state.remove_slice, objects.name(obj))
+            self.planning.remove_slice(objects.name(obj))
         else:
             if not self._detected.is_set() and (obj.get("spec") or {}).get(
                     "driver") == names.DRIVER:
                 verdict = slices_show_consumable_capacity([obj])
                 if verdict is not None:
                     self._set_capacity_mode(verdict, "published slices")
-            self.planning.change(self.state.set_slice, obj)
+            self.planning.set_slice(obj)
         if self.state.smallest_card_memory() != self._card_memory:
             self._recharge_legacy_pods()  # a whole legacy card is charged at the smallest
         self.unplaceable.capacity_changed()
 
     def _on_class(self, change: Change, obj: Object, old: Object | None) -> None:
         if change == "deleted":
-            self.planning.change(self.state.remove_device_class, objects.name(obj))
+            self.planning.remove_device_class(objects.name(obj))
         else:
-            self.planning.change(self.state.set_device_class, obj)
+            self.planning.set_device_class(obj)
         self.legacy.set_device_classes(self.classes.values())
         self._recharge_legacy_pods()  # what kube-scheduler serves changed: charge again
         self.unplaceable.capacity_changed()
@@ -378,9 +373,9 @@ class Controller:
             # unplaceable pod on each would bypass their backoff for as long as nodes report.
             return
         if change == "deleted":
-            self.planning.change(self.state.remove_node, objects.name(obj))
+            self.planning.remove_node(objects.name(obj))
         else:
-            self.planning.change(self.state.set_node, obj)
+            self.planning.set_node(obj)
         self.unplaceable.capacity_changed()
 
     def _on_pod(self, change: Change, obj: Object, old: Object | None) -> None:
@@ -390,7 +385,7 @@ class Controller:
             self.planning.drop_hold(obj)
             if uid in self.state.ledger.legacy:
                 self.quota_status.changed()
-            self.planning.change(self.state.remove_pod, uid)
+            self.planning.remove_pod(uid)
             self.events.forget(uid)
             self.pending.drop(uid)
             self.unplaceable.discard(PodKey(ns, name, uid))
@@ -401,7 +396,7 @@ class Controller:
             return
         if not is_gated(obj):
             self.planning.drop_hold(obj)  # placed: the hold, if any, has served
-        self.planning.change(self.state.set_pod, obj)
+        self.planning.set_pod(obj)
         self._set_legacy_pod(obj)
         self.index.set_pod(obj)
         self.planning.refresh_placement(obj)
@@ -453,7 +448,7 @@ class Controller:
         charges = self._legacy_charges(obj)
         if not charges and uid not in self.state.ledger.legacy:
             return
-        self.planning.change(self.state.set_legacy_pod, uid, objects.namespace(obj), charges)
+        self.planning.set_legacy_pod(uid, objects.namespace(obj), charges)
         self.quota_status.changed()
         if not charges:
             self.unplaceable.capacity_changed()  # its quota is free for the pods that wait
@@ -493,10 +488,10 @@ class Controller:
         key = ClaimKey(*objects.namespace_name(obj))
         if change == "deleted":
             self.index.remove_claim(key)
-            self.planning.change(self.state.remove_claim, objects.uid(obj))
+            self.planning.remove_claim(objects.uid(obj))
         else:
             self.index.set_claim(obj)
-            self.planning.change(self.state.set_claim, obj)
+            self.planning.set_claim(obj)
             if has_finalizer(obj):
                 self.queue.add(key)
         was_allocated = old is not None and is_allocated(old)
@@ -534,13 +529,12 @@ class Controller:
             if claim is not None and has_finalizer(claim):
                 self.queue.add(key)
 
-    def _observe_writes(self, writes: Sequence[Write]) -> None:
-        """A release wrote claims: mirror the writes, and capacity may have freed up."""
-        self.allocator.observe_claims(writes)
-        if writes:
-            self.unplaceable.capacity_changed()
-
     # Helpers ---------------------------------------------------------------------------------
+
+    def _pod_of(self, uid: str) -> Object | None:
+        """A pod by uid, from the pods' mirror through the claim index."""
+        where = self.index.pod_location(uid)
+        return self.pods.get(*where) if where else None
 
     @staticmethod
     def _pod_key(pod: Object) -> PodKey:

@@ -1,16 +1,17 @@
 """The planner state as the allocator controller keeps it, and one plan at a time in a thread.
 
-The controller's informer handlers change the planner's `ClusterState` on the event loop; a
-plan runs in a worker thread (`plan`), one at a time, so that the loop keeps renewing the Lease
-and serving watches however long it takes. While it runs, the loop's changes are held
-(`change`) and applied in order when it returns: the plan sees the state as it was when it
-started, as when it ran on the loop. Each plan may spend at most `plan_cost_budget` on CEL
-selectors (kube.cel.cost_budget): a pod whose selectors cost more is not placed, with that
-reason. The plans whose writes are in flight (`inflight`) hold their node and devices in the
-state (`assume`) so that concurrent workers never hand out the same share; a pod placed but not
-yet bound holds its CPU and memory (`refresh_placement`). Devices a defrag plan freed for a pod
-(`set_holds`, from the `dra-gateway-defrag` ConfigMap) are held in the state for that pod: no
-other pod is planned onto them, and that pod is planned on the held node first.
+The controller's informer handlers change the planner's `ClusterState` on the event loop,
+through the methods named for what the mirrors saw (`set_slice`, `remove_pod`...); a plan runs
+in a worker thread (`plan`), one at a time, so that the loop keeps renewing the Lease and
+serving watches however long it takes. While it runs, the loop's changes are held and applied
+in order when it returns: the plan sees the state as it was when it started, as when it ran on
+the loop. Each plan may spend at most `plan_cost_budget` on CEL selectors
+(kube.cel.cost_budget): a pod whose selectors cost more is not placed, with that reason. The
+plans whose writes are in flight (from `writing` to `written`) hold their node and devices in
+the state (assumed) so that concurrent workers never hand out the same share; a pod placed but
+not yet bound holds its CPU and memory (`refresh_placement`). Devices a defrag plan freed for a
+pod (`set_holds`, from the `dra-gateway-defrag` ConfigMap) are held in the state for that pod:
+no other pod is planned onto them, and that pod is planned on the held node first.
 
 This module must not make placement decisions (the planner does), read the API or write to it.
 """
@@ -29,6 +30,8 @@ from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.kube import cel, objects
 from dra_gateway.kube.cluster.port import Object
 from dra_gateway.kube.objects import is_allocated, is_finished, is_gateway_claim
+from dra_gateway.policy.amounts import DeviceCharge
+from dra_gateway.policy.catalog import Catalog
 
 _NO_PLAN = PodPlan(node_name=None, allocations={}, annotations={}, reason=None)
 
@@ -39,7 +42,7 @@ class Planning:
         self.settings = settings
         self.claims = claims  # the claims' mirror: where a placed pod's claims put it
         self.state = self.reset(consumable_capacity)
-        self.inflight: dict[str, PodPlan] = {}  # pod uid -> plan being written
+        self._writing: dict[str, PodPlan] = {}  # pod uid -> plan being written
         self._planning = asyncio.Lock()  # one plan at a time, as when plans ran on the loop
         # Changes to the planner state made while a plan runs in its thread, in order.
         self._held_changes: list[Callable[[], None]] | None = None
@@ -135,7 +138,7 @@ class Planning:
         for uid, old in list(self.holds.items()):
             if holds.get(uid) != old:
                 del self.holds[uid]
-                self.change(self.state.forget, pod_of(uid, old) or _stub(uid, old), old.plan())
+                self._change(self.state.forget, pod_of(uid, old) or _stub(uid, old), old.plan())
         for uid, hold in holds.items():
             if uid in self.holds or uid in self._used_holds:
                 continue
@@ -143,7 +146,7 @@ class Planning:
             if pod is not None and not objects.is_gated(pod):
                 continue
             self.holds[uid] = hold
-            self.change(self.state.assume, pod or _stub(uid, hold), hold.plan())
+            self._change(self.state.assume, pod or _stub(uid, hold), hold.plan())
             added.append(uid)
         self._used_holds &= set(holds)
         return added
@@ -152,9 +155,70 @@ class Planning:
         """The pod is gone or placed: its hold, if any, frees its devices."""
         hold = self.holds.pop(objects.uid(pod), None)
         if hold is not None:
-            self.change(self.state.forget, pod, hold.plan())
+            self._change(self.state.forget, pod, hold.plan())
 
-    def change(self, method: Callable[..., None], *args: Any) -> None:
+    # The plans being written ---------------------------------------------------------------
+
+    def writing(self, pod: Object, plan: PodPlan) -> None:
+        """The plan's writes start: it holds its node and devices in the state (assumed), and
+        its claims are busy for the other pods' plans (`busy_claims`), until `written`."""
+        self._change(self.state.assume, pod, plan)
+        self._writing[objects.uid(pod)] = plan
+
+    def written(self, pod: Object, plan: PodPlan) -> None:
+        """The plan's writes are over, landed or not: its assumption gives way to what the
+        claims' mirror shows."""
+        del self._writing[objects.uid(pod)]
+        self._change(self.state.forget, pod, plan)
+
+    def assume_writing(self, pod_of: Callable[[str], Object | None]) -> None:
+        """A rebuilt state: the plans still being written hold their room in it again
+        (`pod_of`: a pod by uid, None when the mirror no longer has it)."""
+        for uid, plan in self._writing.items():
+            pod = pod_of(uid)
+            if pod is not None:
+                self.state.assume(pod, plan)
+
+    # What the mirrors saw, applied now or after the running plan ---------------------------
+
+    def set_policies(self, catalog: Catalog) -> None:
+        self._change(self.state.set_policies, catalog)
+
+    def set_slice(self, obj: Object) -> None:
+        self._change(self.state.set_slice, obj)
+
+    def remove_slice(self, name: str) -> None:
+        self._change(self.state.remove_slice, name)
+
+    def set_device_class(self, obj: Object) -> None:
+        self._change(self.state.set_device_class, obj)
+
+    def remove_device_class(self, name: str) -> None:
+        self._change(self.state.remove_device_class, name)
+
+    def set_node(self, obj: Object) -> None:
+        self._change(self.state.set_node, obj)
+
+    def remove_node(self, name: str) -> None:
+        self._change(self.state.remove_node, name)
+
+    def set_pod(self, obj: Object) -> None:
+        self._change(self.state.set_pod, obj)
+
+    def remove_pod(self, uid: str) -> None:
+        self._change(self.state.remove_pod, uid)
+
+    def set_legacy_pod(self, uid: str, namespace: str,
+                       charges: Sequence[DeviceCharge]) -> None:
+        self._change(self.state.set_legacy_pod, uid, namespace, charges)
+
+    def set_claim(self, obj: Object) -> None:
+        self._change(self.state.set_claim, obj)
+
+    def remove_claim(self, uid: str) -> None:
+        self._change(self.state.remove_claim, uid)
+
+    def _change(self, method: Callable[..., None], *args: Any) -> None:
         """Apply a change to the planner state now, or after the plan running in its thread."""
         if self._held_changes is None:
             method(*args)
@@ -163,7 +227,7 @@ class Planning:
 
     def busy_claims(self, pod_uid: str) -> set[str]:
         """Uids of the claims that plans of other pods than this one are writing."""
-        return {uid for other, plan in self.inflight.items() if other != pod_uid
+        return {uid for other, plan in self._writing.items() if other != pod_uid
                 for uid in plan.allocations}
 
     def refresh_placement(self, pod: Object) -> None:
@@ -173,19 +237,19 @@ class Planning:
         binding the pod's node is known only from its claims' node selectors (or from the plan
         being written). Derived from the API each time, so a new leader counts it too.
         """
-        self.change(self.state.forget, pod, _NO_PLAN)  # drops only an assumed pod record
+        self._change(self.state.forget, pod, _NO_PLAN)  # drops only an assumed pod record
         hold = self.holds.get(objects.uid(pod))
         if hold is not None:
             # A pod held for keeps its CPU and memory on the held node too.
-            self.change(self.state.assume, pod, hold.plan())
+            self._change(self.state.assume, pod, hold.plan())
             return
         spec = pod.get("spec") or {}
         if spec.get("nodeName") or is_finished(pod):
             return
-        inflight = self.inflight.get(objects.uid(pod))
+        inflight = self._writing.get(objects.uid(pod))
         node = inflight.node_name if inflight is not None else self._placed_on(pod)
         if node:
-            self.change(self.state.assume, pod, PodPlan(node_name=node, allocations={},
+            self._change(self.state.assume, pod, PodPlan(node_name=node, allocations={},
                                                         annotations={}, reason=None))
 
     def _placed_on(self, pod: Object) -> str | None:

@@ -7,18 +7,19 @@ the API rather than trusting `reservedFor`, which the allocation reserves for it
 the pod runs. Writes are optimistic; a conflict rereads the claim and checks again that it is
 still free.
 
-This module must not allocate or plan; it reports each write it made so that the controller
-can apply it to its mirror and retry pods waiting for room.
+This module must not allocate or plan; it applies each write it made to the claims' mirror
+(`mirrorwrites`) and, when it wrote any, tells the pods waiting for room (`Unplaceable`).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Sequence
 
 from dra_gateway.allocator.index import ClaimIndex
 from dra_gateway.allocator.metrics import Metrics, Stats
+from dra_gateway.allocator.mirrorwrites import observe_writes
+from dra_gateway.allocator.unplaceable import Unplaceable
 from dra_gateway.allocator.work import (
     MAX_WRITE_ATTEMPTS,
     ClaimKey,
@@ -34,20 +35,17 @@ from dra_gateway.kube.runtime.informer import Informer
 
 log = logging.getLogger(__name__)
 
-WritesObserver = Callable[[Sequence[Write]], None]
-
-
 class ClaimReleaser:
     def __init__(self, cluster: Cluster, *, claims: Informer, pods: Informer,
-                 index: ClaimIndex, stats: Stats, metrics: Metrics,
-                 observe: WritesObserver, fence: Fence = unfenced) -> None:
+                 index: ClaimIndex, unplaceable: Unplaceable, stats: Stats, metrics: Metrics,
+                 fence: Fence = unfenced) -> None:
         self.cluster = cluster
         self.claims = claims
         self.pods = pods
         self.index = index
         self.stats = stats
         self.metrics = metrics
-        self.observe = observe  # called with every write made, also when a release fails
+        self.unplaceable = unplaceable  # the pods waiting for room, told when a release wrote
         self.fence = fence  # called before each write: a former leader must not release
 
     async def sync_claim(self, key: ClaimKey) -> Outcome:
@@ -143,8 +141,15 @@ class ClaimReleaser:
         except NotFound:
             return
         finally:
-            self.observe(writes)
+            self._observe(writes)
         raise Conflict(f"ResourceClaim {ns}/{name} kept changing while being released")
 
+    def _observe(self, writes: list[Write]) -> None:
+        """Every write made, also when a release fails: into the claims' mirror, and capacity
+        may have freed up for the pods waiting for room."""
+        observe_writes(self.claims, writes)
+        if writes:
+            self.unplaceable.capacity_changed()
 
-__all__ = ["ClaimReleaser", "WritesObserver"]
+
+__all__ = ["ClaimReleaser"]
