@@ -59,8 +59,8 @@ from dra_gateway.allocator.unplaceable import Unplaceable
 from dra_gateway.allocator.work import (
     MAX_WRITE_ATTEMPTS,
     Fence,
-    Outcome,
     PodKey,
+    SyncResult,
     Write,
     unfenced,
 )
@@ -109,7 +109,7 @@ class PodAllocator:
         # syncs never plan the same group twice.
         self._group_locks: dict[tuple[str, str, str], tuple[asyncio.Lock, int]] = {}
 
-    async def sync_pod(self, key: PodKey) -> Outcome:
+    async def sync_pod(self, key: PodKey) -> SyncResult:
         pod = self.pods.get(key.namespace, key.name)
         if pod is None or objects.uid(pod) != key.uid or not is_gated(pod) or objects.is_deleting(
                 pod):
@@ -166,7 +166,7 @@ class PodAllocator:
 
     async def _allocate(self, key: PodKey, pod: Object, gateway: list[Object],
                         pending: list[Object], written: dict[str, str], *,
-                        nodes: Sequence[str] | None = None) -> Outcome:
+                        nodes: Sequence[str] | None = None) -> SyncResult:
         # A claim shared with another pod whose plan is being written: planning it again
         # would replace that plan's reservation in the state and free its device for others.
         # Its write lands (or fails) soon, and the claim's change requeues this pod.
@@ -228,7 +228,7 @@ class PodAllocator:
                                           "GPUQuotas")
 
     async def _allocate_group(self, key: PodKey, pod: Object, group: PodGroup,
-                              written: dict[str, str]) -> Outcome | Members:
+                              written: dict[str, str]) -> SyncResult | Members:
         """All or nothing (allocator/groups.py): plan the members the group still needs
         together and write them all, or none; its members when the group is whole already."""
         lock, users = self._group_locks.get(group.key, (asyncio.Lock(), 0))
@@ -244,7 +244,7 @@ class PodAllocator:
                 del self._group_locks[group.key]  # nobody else waits for it
 
     async def _place_group(self, key: PodKey, pod: Object, group: PodGroup,
-                           written: dict[str, str]) -> Outcome | Members:
+                           written: dict[str, str]) -> SyncResult | Members:
         members = members_of(group, self.pods.by_index, self.claims.get)
         if not any(objects.uid(r.pod) == key.uid for r in members.ready):
             # Changed while it waited for the lock (another member's sync placed it with the
@@ -332,7 +332,7 @@ class PodAllocator:
                                       kind=GROUP_CONDITION, message=message)
 
     async def _not_placed(self, key: PodKey, pod: Object, gateway: list[Object],
-                          why: str | None, quota_reason: str | None) -> Outcome:
+                          why: str | None, quota_reason: str | None) -> SyncResult:
         """The plan found no node: let go of a partial allocation, or say why the pod waits."""
         self.stats.failures += 1
         self.metrics.allocation_failures.inc()
@@ -376,7 +376,7 @@ class PodAllocator:
             await set_quota_condition(self.cluster, pod, held=False, reason=PLACED,
                                       message=message)
 
-    async def _ungate(self, key: PodKey, written: dict[str, str]) -> Outcome:
+    async def _ungate(self, key: PodKey, written: dict[str, str]) -> SyncResult:
         pod = self.pods.get(key.namespace, key.name)
         for _attempt in range(MAX_WRITE_ATTEMPTS):
             if pod is None or objects.uid(pod) != key.uid:

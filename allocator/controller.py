@@ -18,14 +18,15 @@ What stays in this class: building the parts and running them for one term, the 
 mode (consumable capacity: native shares, or shares recorded in annotations), and the informer
 handlers, which keep the planner state, the claim index and the queue in step with the mirrors,
 atomically between two awaits. Around it: `process.py` (flags, signals, leadership terms),
-`settings.py`, `work.py` (keys, outcomes), `workers.py` (a worker: a key's sync, its failures,
-its requeue), `planning.py` (the planner state, changed between plans, and the plans that run in
-a thread or are being written), `allocate.py` (a gated pod: plan, write, ungate), `index.py`
-(which pods use which claims), `claims.py` (a pod's claims from the mirror), `writes.py` (a
-claim's allocation, the gate's removal), `release.py`, `unplaceable.py` (when a pod that did not
-fit is planned again), `events.py` (Warning Events), `quotastatus.py` (GPUQuota status; the
-policies reach the planner through kube/runtime's `PolicyMirror`) and `conditions.py` (the pod
-condition of a pod a quota holds back).
+`settings.py`, `work.py` (keys, what a sync answers), `workers.py` (a worker: a key's sync, its
+failures, its requeue), `planning.py` (the planner state, changed between plans, and the plans
+that run in a thread or are being written), `allocate.py` (a gated pod: plan, write, ungate),
+`mirrorwrites.py` (our own writes into the mirrors), `index.py` (which pods use which claims),
+`claims.py` (a pod's claims from the mirror), `writes.py` (a claim's allocation, the gate's
+removal), `release.py`, `unplaceable.py` (when a pod that did not fit is planned again),
+`events.py` (Warning Events), `quotastatus.py` (GPUQuota status; the policies reach the planner
+through kube/runtime's `PolicyMirror`) and `conditions.py` (the pod condition of a pod a quota
+holds back).
 
 This module must not make placement decisions (the planner does) nor talk to Kubernetes other
 than through the cluster port.
@@ -59,8 +60,8 @@ from dra_gateway.allocator.unplaceable import Unplaceable
 from dra_gateway.allocator.work import (
     ClaimKey,
     Fence,
-    Outcome,
     PodKey,
+    SyncResult,
     WorkKey,
     unfenced,
 )
@@ -317,7 +318,7 @@ class Controller:
         pod = self.pods.get(key.namespace, key.name)
         return (1, *objects.service_order(pod)) if pod is not None else (1, 0, "", key.name)
 
-    async def _sync(self, key: WorkKey) -> Outcome:
+    async def _sync(self, key: WorkKey) -> SyncResult:
         if isinstance(key, PodKey):
             return await self.allocator.sync_pod(key)
         return await self.releaser.sync_claim(key)

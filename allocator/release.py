@@ -24,7 +24,7 @@ from dra_gateway.allocator.work import (
     MAX_WRITE_ATTEMPTS,
     ClaimKey,
     Fence,
-    Outcome,
+    SyncResult,
     Write,
     unfenced,
 )
@@ -48,7 +48,7 @@ class ClaimReleaser:
         self.unplaceable = unplaceable  # the pods waiting for room, told when a release wrote
         self.fence = fence  # called before each write: a former leader must not release
 
-    async def sync_claim(self, key: ClaimKey) -> Outcome:
+    async def sync_claim(self, key: ClaimKey) -> SyncResult:
         claim = self.claims.get(key.namespace, key.name)
         if claim is None or not objects.has_finalizer(claim):
             return "done"

@@ -1,7 +1,7 @@
-"""The units of the allocator controller's work: queue keys, outcomes, and write bookkeeping.
+"""The units of the allocator controller's work: queue keys, sync results, write bookkeeping.
 
 A pod is queued by namespace, name and uid (a recreated pod is other work); a claim by namespace
-and name. Each sync answers an `Outcome` that tells the worker what to do with the key. This
+and name. Each sync answers a `SyncResult` that tells the worker what to do with the key. This
 module holds these small value types only: it must not take decisions or talk to the API.
 """
 
@@ -16,7 +16,7 @@ from dra_gateway.kube.cluster.port import Object
 # Optimistic writes that keep conflicting give up after this many tries; the worker requeues.
 MAX_WRITE_ATTEMPTS = 8
 
-Outcome = Literal["done", "retry", "wait"]
+SyncResult = Literal["done", "retry", "wait"]
 """done: forget the key; retry: requeue it after its backoff; wait: an event will requeue it."""
 
 Write = tuple[str, Object]
@@ -52,5 +52,13 @@ class ClaimKey:
 
 WorkKey = PodKey | ClaimKey
 
-__all__ = ["MAX_WRITE_ATTEMPTS", "ClaimKey", "Fence", "Outcome", "PodKey", "WorkKey", "Write",
-           "unfenced"]
+__all__ = [
+    "MAX_WRITE_ATTEMPTS",
+    "ClaimKey",
+    "Fence",
+    "PodKey",
+    "SyncResult",
+    "WorkKey",
+    "Write",
+    "unfenced",
+]

@@ -1,6 +1,6 @@
 """One worker of the allocator controller: takes keys off the queue, syncs each, requeues.
 
-The sync of a key answers an `Outcome`; a failure becomes one too, so that no key, and no bug
+The sync of a key answers a `SyncResult`; a failure becomes one too, so that no key, and no bug
 in handling one, stops the others: a write refused because the term ended (`LeadershipLost`),
 an optimistic write that conflicted, an API error, an unreachable API or anything unexpected is
 logged and retried after the key's backoff. Only cancellation ends a worker.
@@ -15,14 +15,14 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from dra_gateway.allocator.metrics import Metrics, Stats
-from dra_gateway.allocator.work import Outcome, WorkKey
+from dra_gateway.allocator.work import SyncResult, WorkKey
 from dra_gateway.kube.cluster.port import ApiError, Conflict
 from dra_gateway.kube.runtime.leader import LeadershipLost
 from dra_gateway.kube.runtime.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
-Sync = Callable[[WorkKey], Awaitable[Outcome]]
+Sync = Callable[[WorkKey], Awaitable[SyncResult]]
 """The work on one key: a pod's plan, writes and ungating, or a claim's release."""
 
 

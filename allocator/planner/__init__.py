@@ -16,8 +16,8 @@ Everything here is pure: no asyncio, no I/O, no cluster port, no logging, no clo
 """
 
 from dra_gateway.allocator.planner.allocation import PodPlan
+from dra_gateway.allocator.planner.fragmentation import TaskType, Workload
 from dra_gateway.allocator.planner.plan import plan_pod
-from dra_gateway.allocator.planner.scoring import TaskType, Workload
 from dra_gateway.allocator.planner.settings import (
     BINPACK,
     DEFAULT,

@@ -15,7 +15,7 @@ from typing import Any
 
 from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for
 from dra_gateway.allocator.planner.devices import NANO
-from dra_gateway.allocator.planner.search import Outcome, Pick
+from dra_gateway.allocator.planner.search import NodeSearchResult, Pick
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.models import config_applies
@@ -50,7 +50,7 @@ class PodPlan:
 
 def build_plan(state: ClusterState, node: str,
                to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]],
-               outcome: Outcome, *, charges: bool = False) -> PodPlan:
+               outcome: NodeSearchResult, *, charges: bool = False) -> PodPlan:
     """The allocations of the devices `outcome` picked on `node`; with `charges`, what each
     claim's allocation costs against quotas too (`plan_charges`)."""
     devices = state.node_devices.get(node, [])
@@ -121,7 +121,7 @@ def build_plan(state: ClusterState, node: str,
 
 def plan_charges(state: ClusterState, node: str,
                  to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]],
-                 outcome: Outcome) -> dict[str, tuple[DeviceCharge, ...]]:
+                 outcome: NodeSearchResult) -> dict[str, tuple[DeviceCharge, ...]]:
     """Per claim uid, the quota charges of the allocation `build_plan` writes, taken from the
     search's picks: what `policy.amounts.charges_of` reads back from that allocation (a share's
     consumedCapacity, wherever it is recorded, in whole units; a device held alone, all of

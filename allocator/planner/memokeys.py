@@ -1,6 +1,6 @@
 """What the memo keys carry of the sharing rules, worked out beside the rules they serve.
 
-The node class key (`caches.NodeClasses`) and the memo of searches (`visit.PodContext`) must
+The node class key (`caches.NodeClasses`) and the memo of searches (`visit.PodVisit`) must
 tell apart what the sharing rules plan differently, and no more, so that 50 policies do not make
 50 copies of every memo. Of a held card they carry its `card_fact` (the tenant of its holders
 when any is isolated; its holder count and the holders' smallest maxClaimsPerDevice only near

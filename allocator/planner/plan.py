@@ -38,15 +38,15 @@ from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.allocation import PodPlan, build_plan
 from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for, share_strategy
 from dra_gateway.allocator.planner.devices import NANO
+from dra_gateway.allocator.planner.fragmentation import FULL, TaskType, task_of
 from dra_gateway.allocator.planner.inputs import NodeClassKey, PodInputs, SearchInputs
 from dra_gateway.allocator.planner.memokeys import card_rules, memoisable
 from dra_gateway.allocator.planner.policies import Waiting, exceeded_by_least_cost
-from dra_gateway.allocator.planner.scoring import FULL, TaskType, task_of
 from dra_gateway.allocator.planner.settings import STRATEGIES
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.allocator.planner.visit import (
     Candidates,
-    PodContext,
+    PodVisit,
     caught_up,
     feasible_nodes,
     no_node_reason,
@@ -168,8 +168,8 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
                           budget=state.settings.search_budget)
     pod_sig = PodInputs(search, cpu, memory,
                         json.dumps(tolerations, sort_keys=True) if tolerations else "")
-    ctx = PodContext(state, pod_sig, labelled, tolerations, search_rules, ranked_rules,
-                     own_shares, own_shares > 0 and all(
+    ctx = PodVisit(state, pod_sig, labelled, tolerations, search_rules, ranked_rules,
+                   own_shares, own_shares > 0 and all(
                          alt.class_name == names.GPU_CLASS for _, _, d in to_plan
                          for r in d.requests for alt in r.alternatives))
     state.refresh_groups()
@@ -254,7 +254,7 @@ def _held_for_quota(state: ClusterState, pod: Mapping[str, Any], quotas: Sequenc
     return None
 
 
-def _within_quota(ctx: PodContext, pod: Mapping[str, Any],
+def _within_quota(ctx: PodVisit, pod: Mapping[str, Any],
                   to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]], plan: PodPlan,
                   quotas: Sequence[Quota], candidates: Callable[[], Candidates],
                   ) -> PodPlan:

@@ -31,6 +31,7 @@ from dra_gateway.allocator.planner.cards import (
 )
 from dra_gateway.allocator.planner.demand import Alternative, ClaimDemand, Constraint, memory_for
 from dra_gateway.allocator.planner.devices import NANO, Device
+from dra_gateway.allocator.planner.fragmentation import FULL, Workload, free_milli
 from dra_gateway.allocator.planner.inputs import SearchInputs
 from dra_gateway.allocator.planner.reasons import (
     RULES_PLACEHOLDER,
@@ -41,7 +42,6 @@ from dra_gateway.allocator.planner.reasons import (
     tenant_label,
     verdict_reason,
 )
-from dra_gateway.allocator.planner.scoring import FULL, Workload, free_milli
 from dra_gateway.allocator.planner.settings import BINPACK, DEFAULT, SPREAD
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.allocator.planner.topology import aligned, misalignment
@@ -63,7 +63,7 @@ class Pick:
 
 
 @dataclass(slots=True)
-class Outcome:
+class NodeSearchResult:
     """Devices found on a node (or why not), independent of the node's CPU and memory."""
 
     ok: bool
@@ -286,7 +286,7 @@ class NodeSearch:
 
     # --- search -------------------------------------------------------------------------------
 
-    def run(self) -> Outcome:
+    def run(self) -> NodeSearchResult:
         before = self.cards()
         try:
             ok = self._solve(0, 0)
@@ -301,9 +301,9 @@ class NodeSearch:
                 "constraints or split its requests"))
         if not ok:
             reason = self.failure[1] if self.failure else "no devices fit"
-            return Outcome(False, reason=reason)
-        return Outcome(True, tuple(self.picks), None, before, self.cards(), self._model(),
-                       self._misaligned() if self.topology else 0)
+            return NodeSearchResult(False, reason=reason)
+        return NodeSearchResult(True, tuple(self.picks), None, before, self.cards(),
+                                self._model(), self._misaligned() if self.topology else 0)
 
     def _misaligned(self) -> int:
         """How far the multi-card requests' cards spread (`topology.misalignment`)."""

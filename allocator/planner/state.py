@@ -30,6 +30,7 @@ from typing import Any
 from dra_gateway.allocator.planner.caches import Compiled, NodeClasses
 from dra_gateway.allocator.planner.demand import ClaimDemand
 from dra_gateway.allocator.planner.devices import Device
+from dra_gateway.allocator.planner.fragmentation import Workload
 from dra_gateway.allocator.planner.inputs import NodeClassKey
 from dra_gateway.allocator.planner.inventory import (
     DeviceClassInfo,
@@ -48,7 +49,6 @@ from dra_gateway.allocator.planner.ledger import (
 )
 from dra_gateway.allocator.planner.memokeys import HolderSummary
 from dra_gateway.allocator.planner.policies import PlannerPolicies
-from dra_gateway.allocator.planner.scoring import Workload
 from dra_gateway.allocator.planner.settings import PlannerSettings
 from dra_gateway.policy.amounts import DeviceCharge, RequestShape
 from dra_gateway.policy.catalog import Catalog

@@ -1,14 +1,14 @@
 """Visiting node classes for one pod: the memoised search per class, a full scan, the rankings.
 
-`PodContext` is one pod's planning: it searches a node class once (`NodeSearch`, memoised in
-`ClusterState.memo` per class state, claim shape and the part of the rules the class's held
-cards make relevant, `memokeys.memo_rules`) and scores the result. Pods the rankings can serve
-walk their pod signature's `Ranking` best first (`caught_up`: brought up to date with the
-classes created or joined since, and those left; `walk_ranking`: each class's score under the
-pod's own rules, asking `refused_picks` of the cards the ranked search picked); the others take
-a full pass (`scan_classes`, `feasible_nodes`). Cheap checks (`fits_node`: CPU, memory, taints)
-prune classes before any search; `score` is the packing strategy's score of a node's placement.
-`plan.plan_pod` decides which walk, around the quotas. Pure: no I/O.
+`PodVisit` is one pod's visit of the node classes: it searches a node class once
+(`NodeSearch`, memoised in `ClusterState.memo` per class state, claim shape and the part of the
+rules the class's held cards make relevant, `memokeys.memo_rules`) and scores the result. Pods
+the rankings can serve walk their pod signature's `Ranking` best first (`caught_up`: brought up
+to date with the classes created or joined since, and those left; `walk_ranking`: each class's
+score under the pod's own rules, asking `refused_picks` of the cards the ranked search picked);
+the others take a full pass (`scan_classes`, `feasible_nodes`). Cheap checks (`fits_node`: CPU,
+memory, taints) prune classes before any search; `score` is the packing strategy's score of a
+node's placement. `plan.plan_pod` decides which walk, around the quotas. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.allocation import PodPlan, build_plan
 from dra_gateway.allocator.planner.cards import card_product
 from dra_gateway.allocator.planner.demand import ClaimDemand
+from dra_gateway.allocator.planner.fragmentation import Workload
 from dra_gateway.allocator.planner.inputs import NodeClassKey, PodInputs, SearchInputs
 from dra_gateway.allocator.planner.memokeys import NO_HOLDERS, memo_rules
 from dra_gateway.allocator.planner.reasons import (
@@ -31,19 +32,18 @@ from dra_gateway.allocator.planner.reasons import (
     claim_placeholder,
     fill_claims,
 )
-from dra_gateway.allocator.planner.scoring import Workload
-from dra_gateway.allocator.planner.search import NodeSearch, Outcome
+from dra_gateway.allocator.planner.search import NodeSearch, NodeSearchResult
 from dra_gateway.allocator.planner.settings import BINPACK, DEFAULT, SPREAD
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names
 from dra_gateway.policy.sharing import Holder, SharingRules, card_refusal
 
 # A node where a pod fits: its score, its name and the devices found.
-Candidate = tuple[tuple[float, ...], str, Outcome]
+Candidate = tuple[tuple[float, ...], str, NodeSearchResult]
 Candidates = Generator[Candidate, None, None]
 
 
-def score(outcome: Outcome, strategy: str, workload: Workload, *, cpu_free: int,
+def score(outcome: NodeSearchResult, strategy: str, workload: Workload, *, cpu_free: int,
           mem_free: int, cpu: int, memory: int) -> tuple[float, ...]:
     """The packing strategy's score of a found placement; lower is better, ties go to the node
     name."""
@@ -74,7 +74,7 @@ def _groups(state: ClusterState, pinned: set[str] | None,
     return [(key, state.groups[key]) for key in keys]
 
 
-def feasible_nodes(ctx: PodContext, pod: Mapping[str, Any], *, pinned: set[str] | None,
+def feasible_nodes(ctx: PodVisit, pod: Mapping[str, Any], *, pinned: set[str] | None,
                    needs_labels: bool, identity: bool) -> Candidates:
     """Every node class's best member where the pod fits, best first, for pods the rankings
     cannot serve."""
@@ -101,15 +101,16 @@ def feasible_nodes(ctx: PodContext, pod: Mapping[str, Any], *, pinned: set[str] 
 
 
 # Where every card is held whole or by tenants the pod is isolated from, and none is free.
-_BARRED = Outcome(False, reason=(
+_BARRED = NodeSearchResult(False, reason=(
     f"claim {claim_placeholder(0)}: every GPU of the node is held whole or by another tenant, "
     f"isolated from {TENANT_PLACEHOLDER} (isolation), {RULES_PLACEHOLDER}"))
 
 
 @dataclass(slots=True)
-class PodContext:
-    """One pod's planning: its named inputs (`inputs`: what its ranking and its searches are
-    keyed by) and what they stand for (the claims' demands, the tolerations, the rules)."""
+class PodVisit:
+    """One pod's visit of the node classes: its named inputs (`inputs`: what its ranking and
+    its searches are keyed by) and what they stand for (the claims' demands, the tolerations,
+    the rules)."""
 
     state: ClusterState
     inputs: PodInputs
@@ -141,7 +142,7 @@ class PodContext:
         return self.inputs.memory
 
     def evaluate(self, group_key: NodeClassKey | None, node: str, *,
-                 ranked: bool = False) -> tuple[Outcome, tuple[float, ...]]:
+                 ranked: bool = False) -> tuple[NodeSearchResult, tuple[float, ...]]:
         """Devices for the pod on `node` (memoised per node class) and the strategy's score,
         under the namespace's rules (`ranked`: under the rules its ranking is kept for)."""
         outcome = self.outcome(group_key, node, ranked=ranked)
@@ -150,11 +151,11 @@ class PodContext:
         return outcome, self.score_of(node, outcome)
 
     def outcome(self, group_key: NodeClassKey | None, node: str, *,
-                ranked: bool = False) -> Outcome:
+                ranked: bool = False) -> NodeSearchResult:
         """`evaluate`'s devices, without the score."""
         state = self.state
         rules = self.ranked_rules if ranked else self.rules
-        outcome: Outcome | None = None
+        outcome: NodeSearchResult | None = None
         memo_key: tuple[object, ...] | None = None
         if group_key is not None and ranked:
             # Rankings' searches read neither tenants nor limits (`PlannerPolicies.planned`),
@@ -184,20 +185,20 @@ class PodContext:
                 classes.memo[memo_key] = outcome
         return outcome
 
-    def score_of(self, node: str, outcome: Outcome) -> tuple[float, ...]:
+    def score_of(self, node: str, outcome: NodeSearchResult) -> tuple[float, ...]:
         cpu_free, mem_free = self.state.node_free(node)
         return score(outcome, self.strategy, self.state.workload, cpu_free=cpu_free,
                      mem_free=mem_free, cpu=self.cpu, memory=self.memory)
 
 
-def scan_classes(ctx: PodContext, pod: Mapping[str, Any],
+def scan_classes(ctx: PodVisit, pod: Mapping[str, Any],
                  to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]], pod_label: str, *,
                  pinned: set[str] | None, needs_labels: bool, identity: bool,
                  charges: bool = False) -> PodPlan:
     """Every node class, for pods the rankings cannot serve (pinned, node affinity, selectors
     on identity attributes)."""
     state = ctx.state
-    best: tuple[tuple[float, ...], str, Outcome] | None = None
+    best: tuple[tuple[float, ...], str, NodeSearchResult] | None = None
     reasons: Counter[str] = Counter()
     for group_key, members in _groups(state, pinned):
         candidates: Sequence[str] = members
@@ -254,7 +255,7 @@ class Ranking:
     failures: dict[NodeClassKey, str]
     # Keyed by the class and the rules' (tenant, maxClaimsPerDevice) asked of its cards.
     ruled: dict[tuple[NodeClassKey, tuple[str, int | None]],
-                tuple[tuple[float, ...], Outcome]] = field(
+                tuple[tuple[float, ...], NodeSearchResult]] = field(
         default_factory=dict)
     # Nodes barred per reason, kept as classes fail, grow and shrink (the state's logs), so
     # the reason of an unplaceable pod costs the classes that changed, not the cluster.
@@ -282,7 +283,7 @@ class Ranking:
             del self.failures[group_key]
 
 
-def caught_up(ctx: PodContext, pod_sig: PodInputs) -> Ranking:
+def caught_up(ctx: PodVisit, pod_sig: PodInputs) -> Ranking:
     """The pod signature's ranking, brought up to date with the classes that changed since
     it was last read."""
     state = ctx.state
@@ -363,7 +364,7 @@ def ranking_reasons(state: ClusterState, ranking: Ranking,
     return counts
 
 
-def walk_ranking(ctx: PodContext, ranking: Ranking,
+def walk_ranking(ctx: PodVisit, ranking: Ranking,
                  refused: dict[NodeClassKey, str]) -> Candidates:
     """The ranking's classes where the pod fits under its own rules, best first (each as its
     score, first member and outcome); `refused` gets why the others the ranking holds do not
@@ -391,7 +392,7 @@ def walk_ranking(ctx: PodContext, ranking: Ranking,
     if len(ruled) > 4 * len(state.groups) + 1024:
         ruled.clear()
     taken: list[tuple[tuple[float, ...], str, NodeClassKey]] = []
-    scored: list[tuple[tuple[float, ...], str, int, Outcome]] = []
+    scored: list[tuple[tuple[float, ...], str, int, NodeSearchResult]] = []
     try:
         while True:
             head = _live_head(heap, state.groups)
@@ -438,7 +439,7 @@ def fits_node(state: ClusterState, node: str, cpu: int, memory: int,
     return None
 
 
-def refused_picks(state: ClusterState, node: str, outcome: Outcome,
+def refused_picks(state: ClusterState, node: str, outcome: NodeSearchResult,
                   rules: SharingRules) -> bool:
     """Whether `rules` keep the pod off a card that a search under rules without its tenant
     and maxClaimsPerDevice picked on `node`, given the card's holders and the pod's own other
@@ -483,6 +484,6 @@ def no_node_reason(pod_label: str, state: ClusterState, reasons: Counter[str],
     return f"pod {pod_label}: 0/{total} nodes fit; " + "; ".join(parts)
 
 
-__all__ = ["Candidate", "Candidates", "PodContext", "Ranking", "caught_up", "feasible_nodes",
+__all__ = ["Candidate", "Candidates", "PodVisit", "Ranking", "caught_up", "feasible_nodes",
            "fits_node", "no_node_reason", "ranking_reasons", "refused_picks", "scan_classes",
            "score", "walk_ranking"]

@@ -140,7 +140,7 @@ def test_every_input_of_a_search_is_in_its_memo_key() -> None:
     from dataclasses import replace
 
     from dra_gateway.allocator.planner.inputs import PodInputs, SearchInputs
-    from dra_gateway.allocator.planner.visit import PodContext
+    from dra_gateway.allocator.planner.visit import PodVisit
 
     state = cluster({"n": _pcie_node()})
     _take(state, 0, 4, 6)
@@ -152,7 +152,7 @@ def test_every_input_of_a_search_is_in_its_memo_key() -> None:
     for topology in (True, False):
         search = SearchInputs(claims=(key,), strategy="first-fit", workload=0, card_rules=None,
                               topology=topology, budget=state.settings.search_budget)
-        ctx = PodContext(state, PodInputs(search, 1000, 1 << 30, ""), [("two", demand)], ())
+        ctx = PodVisit(state, PodInputs(search, 1000, 1 << 30, ""), [("two", demand)], ())
         outcomes[topology] = ctx.outcome(group_key, "n")
     picked = {t: sorted(state.node_devices["n"][p.device].name for p in o.picks)
               for t, o in outcomes.items()}

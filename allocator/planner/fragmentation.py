@@ -1,19 +1,19 @@
-"""Scoring policies: which node and which cards, once several fit.
+"""The fragmentation model the `default` strategy scores placements by: task types, the workload.
 
-- `first-fit`: upstream's behaviour, the baseline: nodes in name order, devices in slice order.
-- `binpack`: the node and card left with the least free GPU (best fit), CPU as a tie-break.
-- `spread`: the node with the largest free share of its GPUs, the emptiest card.
-- `default`: fragmentation gradient descent, after Weng et al., "Beware of Fragmentation:
-  Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent" (USENIX ATC'23). A node's
-  fragmentation for a task type is the free GPU share the task could not use there (all of it
-  when the task does not fit the node's CPU, memory or model; the cards with less free than the
-  task's share; for whole-card tasks, the partly used cards, or everything when too few cards are
-  free). Its expected fragmentation weighs the task types by how often they occur. FGD sees CPU
-  and memory only once a task no longer fits them, so a node can hand out its CPU long before its
-  cards and strand them; the expected loss therefore adds the free share the node's CPU or
-  memory cannot carry at the workload's average CPU and memory per share of a card (a fluid
-  estimate of where filling the node with the workload ends). A placement is scored by how much
-  it raises the expected loss, and the smallest rise wins.
+Which node and which cards once several fit is the strategy's, scored in `visit.score` (nodes)
+and ordered in `search` (cards): `first-fit` takes nodes in name order and devices in slice
+order, `binpack` the least free, `spread` the emptiest, and `default` the smallest rise of the
+expected loss this module computes. It follows fragmentation gradient descent, after Weng et
+al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient
+Descent" (USENIX ATC'23). A node's fragmentation for a task type is the free GPU share the task
+could not use there (all of it when the task does not fit the node's CPU, memory or model; the
+cards with less free than the task's share; for whole-card tasks, the partly used cards, or
+everything when too few cards are free). Its expected fragmentation weighs the task types by
+how often they occur. FGD sees CPU and memory only once a task no longer fits them, so a node
+can hand out its CPU long before its cards and strand them; the expected loss therefore adds
+the free share the node's CPU or memory cannot carry at the workload's average CPU and memory
+per share of a card (a fluid estimate of where filling the node with the workload ends). A
+placement is scored by how much it raises the expected loss, and the smallest rise wins.
 
 The workload distribution is given (the benchmark passes the trace's, as the paper does) or
 learned from the pods the planner has seen. Pure: no I/O. Fragmentation values are memoised by
