@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import closing
+from dataclasses import dataclass
 from typing import Any
 
 from dra_gateway.allocator.planner import kubefit
@@ -58,6 +59,7 @@ from dra_gateway.kube import names, objects
 from dra_gateway.policy.admission import check_admission
 from dra_gateway.policy.amounts import RequestShape
 from dra_gateway.policy.quotas import Exceeded, Quota
+from dra_gateway.policy.sharing import SharingRules
 
 HAMI_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
 _HAMI_STRATEGIES = {"binpack": "binpack", "spread": "spread"}
@@ -88,6 +90,12 @@ def _pinned_node(allocation: Mapping[str, Any]) -> set[str] | None:
 
 def resolve_strategy(state: ClusterState, pod: Mapping[str, Any],
                      demands: Sequence[ClaimDemand], strategy: str | None) -> str:
+    """The packing strategy the pod is planned with: a claim's `GpuShareConfig.policy`, then
+    HAMi's pod annotation, then `strategy`, then the state's default.
+
+    A translated claim carries the annotation already (the built-in rules copy it into
+    `policy`), so for it the annotation decides nothing here; it is still read for the claims
+    written by hand, which carry no policy of their own and follow the pod's annotation."""
     for demand in demands:
         named = share_strategy(demand.configs)
         if named in STRATEGIES:
@@ -100,6 +108,33 @@ def resolve_strategy(state: ClusterState, pod: Mapping[str, Any],
     return state.settings.default_strategy
 
 
+@dataclass(frozen=True, slots=True)
+class _PodClaims:
+    """The pod's claims as the planner reads them: those still to plan, each with its demand key
+    (its spec as the planner reads it) and demand, and the only nodes it may use (None: any),
+    from the node selectors of its claims already allocated and from the caller."""
+
+    to_plan: list[tuple[Mapping[str, Any], str, ClaimDemand]]
+    pinned: set[str] | None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(k for _, k, _ in self.to_plan)
+
+    @property
+    def demands(self) -> list[ClaimDemand]:
+        return [d for _, _, d in self.to_plan]
+
+
+@dataclass(frozen=True, slots=True)
+class _PodPolicies:
+    """The GPU policies over the pod: its namespace's sharing rules (None while no sharing
+    policy exists) and the quotas its claims count against."""
+
+    rules: SharingRules | None
+    quotas: list[Quota]
+
+
 def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mapping[str, Any]],
              *, strategy: str | None = None, nodes: Iterable[str] | None = None) -> PodPlan:
     """Place every claim of one pod (gateway classes only) on ONE node, jointly, honouring the
@@ -110,6 +145,30 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
     settings.default_strategy. `nodes`, when given, are the only nodes it may use (defrag
     asks whether a pod fits on one node once some pods have left it)."""
     pod_label = "/".join(objects.namespace_name(pod))
+    pod_claims = _read_claims(state, claims, nodes)
+    if isinstance(pod_claims, PodPlan):
+        return pod_claims
+    policies = _apply_policies(state, pod, pod_label, pod_claims)
+    if isinstance(policies, PodPlan):
+        return policies
+    visit, identity = _pod_visit(state, pod, pod_claims, policies.rules, strategy)
+    _bound_memos(state)
+    plan, candidates = _first_plan(visit, pod, pod_claims, pod_label, identity=identity,
+                                   rules=policies.rules, charges=bool(policies.quotas))
+    if not policies.quotas:
+        return plan
+    if plan.node_name is None:
+        # Within its quotas but no room: it waits for room like any pod, not at the head of
+        # the quota's queue (where it would hold back every later pod of the namespace).
+        state.policies.queue.leave(objects.uid(pod))
+        return plan
+    return _within_quota(visit, pod, pod_claims.to_plan, plan, policies.quotas, candidates)
+
+
+def _read_claims(state: ClusterState, claims: Sequence[Mapping[str, Any]],
+                 nodes: Iterable[str] | None) -> _PodClaims | PodPlan:
+    """The claims to plan and the nodes the pod is pinned to, or the plan of a pod one of
+    whose claims the planner cannot read."""
     to_plan: list[tuple[Mapping[str, Any], str, ClaimDemand]] = []
     pinned: set[str] | None = None
     for claim in claims:
@@ -125,11 +184,19 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
         to_plan.append((claim, key, demand))
     if nodes is not None:
         pinned = set(nodes) if pinned is None else pinned & set(nodes)
+    return _PodClaims(to_plan, pinned)
+
+
+def _apply_policies(state: ClusterState, pod: Mapping[str, Any], pod_label: str,
+                    claims: _PodClaims) -> _PodPolicies | PodPlan:
+    """The sharing rules and quotas over the pod, or the plan of a pod they refuse or hold
+    back before any search (its requests break a sharing rule by themselves; a quota holds
+    it)."""
     namespace = objects.namespace(pod)
     policies = state.policies
     rules = policies.rules(namespace) if policies.sharing_active else None
-    shapes = [state.shapes(k, c.get("spec") or {}) for c, k, _ in to_plan]
-    claims_sig = tuple(k for _, k, _ in to_plan)
+    shapes = [state.shapes(k, c.get("spec") or {}) for c, k, _ in claims.to_plan]
+    claims_sig = claims.keys
     if rules is not None and not rules.empty and not policies.admitted(namespace, claims_sig):
         violations = check_admission(what=f"pod {pod_label}", claims=shapes, quotas=(),
                                      sharing=rules)
@@ -137,20 +204,31 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
             return PodPlan(None, reason="; ".join(v.message for v in violations))
         policies.admit(namespace, claims_sig)
     quotas = policies.quotas_for(namespace, shapes, claims_key=claims_sig) \
-        if to_plan and policies.has_quotas(namespace) else []
+        if claims.to_plan and policies.has_quotas(namespace) else []
     if quotas:
         held = _held_for_quota(state, pod, quotas, shapes, claims_sig)
         if held is not None:
             return held
-    chosen_strategy = resolve_strategy(state, pod, [d for _, _, d in to_plan], strategy)
+    return _PodPolicies(rules, quotas)
+
+
+def _pod_visit(state: ClusterState, pod: Mapping[str, Any], claims: _PodClaims,
+               rules: SharingRules | None, strategy: str | None) -> tuple[PodVisit, bool]:
+    """The pod's visit of the node classes, with its named inputs (the learned workload
+    observes the pod first), and whether its searches depend on which card (selectors on
+    identity attributes, more of its own shares on one card than the class key counts): then
+    no ranking or memo serves it."""
+    policies = state.policies
+    namespace = objects.namespace(pod)
+    chosen_strategy = resolve_strategy(state, pod, claims.demands, strategy)
     cpu, memory = kubefit.pod_requests(pod)
     tolerations = (pod.get("spec") or {}).get("tolerations") or ()
-    labelled = [(_claim_label(c), d) for c, _, d in to_plan]
+    labelled = [(_claim_label(c), d) for c, _, d in claims.to_plan]
     if not state.workload_given:
         state.workload.observe(_task(state, cpu, memory, labelled))
     identity = any(d.identity_sensitive for _, d in labelled)
     version = state.workload.version if chosen_strategy == "default" else 0
-    own_shares, relative = _own_shares([d for _, _, d in to_plan])
+    own_shares, relative = _own_shares(claims.demands)
     if rules is not None and not memoisable(policies.count_from, own_shares):
         identity = True  # more of its own shares on one card than the class key counts
     search_rules = ranked_rules = rules
@@ -162,48 +240,53 @@ def plan_pod(state: ClusterState, pod: Mapping[str, Any], claims: Sequence[Mappi
         search_rules, ranked_rules = policies.planned(namespace, shares=own_shares > 0)
     # Searches and rankings are keyed by the parts of the rules that decide which card fits,
     # not by the rules: namespaces under different policies share them (see memo_rules).
-    search = SearchInputs(claims=claims_sig, strategy=chosen_strategy, workload=version,
+    search = SearchInputs(claims=claims.keys, strategy=chosen_strategy, workload=version,
                           card_rules=card_rules(search_rules, relative_shares=relative),
                           topology=state.settings.topology,
                           budget=state.settings.search_budget)
     pod_sig = PodInputs(search, cpu, memory,
                         json.dumps(tolerations, sort_keys=True) if tolerations else "")
-    ctx = PodVisit(state, pod_sig, labelled, tolerations, search_rules, ranked_rules,
-                   own_shares, own_shares > 0 and all(
-                         alt.class_name == names.GPU_CLASS for _, _, d in to_plan
-                         for r in d.requests for alt in r.alternatives))
+    gpus_only = own_shares > 0 and all(alt.class_name == names.GPU_CLASS
+                                       for d in claims.demands for r in d.requests
+                                       for alt in r.alternatives)
+    visit = PodVisit(state, pod_sig, labelled, tolerations, search_rules, ranked_rules,
+                     own_shares, gpus_only)
+    return visit, identity
+
+
+def _bound_memos(state: ClusterState) -> None:
+    """The node classes brought up to date, the memoised searches and rankings kept bounded."""
     state.refresh_groups()
     if len(state.memo) > _MEMO_LIMIT:
         state.node_classes.age_memo()
     if len(state.rankings) > _RANKINGS_LIMIT:
         state.rankings.clear()
+
+
+def _first_plan(visit: PodVisit, pod: Mapping[str, Any], claims: _PodClaims, pod_label: str,
+                *, identity: bool, rules: SharingRules | None,
+                charges: bool) -> tuple[PodPlan, Callable[[], Candidates]]:
+    """The best node's plan, before quotas, from the pod signature's ranking or a full pass
+    over the classes, and the nodes where the pod fits, best first, from the same walk."""
+    state = visit.state
     spec = pod.get("spec") or {}
     needs_labels = bool(spec.get("nodeSelector") or spec.get("affinity"))
-    candidates: Callable[[], Candidates]
-    if pinned is None and not needs_labels and not identity:
-        ranking = caught_up(ctx, pod_sig)
-        refused: dict[NodeClassKey, str] = {}
-        with closing(walk_ranking(ctx, ranking, refused)) as walk:
-            found = next(walk, None)
-        if found is None:  # the walk read every class: `refused` has them all
-            plan = PodPlan(None, reason=no_node_reason(
-                pod_label, state, ranking_reasons(state, ranking, refused), labelled, rules))
-        else:
-            plan = build_plan(state, found[1], to_plan, found[2], charges=bool(quotas))
-        candidates = lambda: walk_ranking(ctx, ranking, {})  # noqa: E731
+    pinned = claims.pinned
+    if pinned is not None or needs_labels or identity:
+        plan = scan_classes(visit, pod, claims.to_plan, pod_label, pinned=pinned,
+                            needs_labels=needs_labels, identity=identity, charges=charges)
+        return plan, lambda: feasible_nodes(
+            visit, pod, pinned=pinned, needs_labels=needs_labels, identity=identity)
+    ranking = caught_up(visit, visit.inputs)
+    refused: dict[NodeClassKey, str] = {}
+    with closing(walk_ranking(visit, ranking, refused)) as walk:
+        found = next(walk, None)
+    if found is None:  # the walk read every class: `refused` has them all
+        plan = PodPlan(None, reason=no_node_reason(
+            pod_label, state, ranking_reasons(state, ranking, refused), visit.claims, rules))
     else:
-        plan = scan_classes(ctx, pod, to_plan, pod_label, pinned=pinned, needs_labels=needs_labels,
-                     identity=identity, charges=bool(quotas))
-        candidates = lambda: feasible_nodes(  # noqa: E731
-            ctx, pod, pinned=pinned, needs_labels=needs_labels, identity=identity)
-    if not quotas:
-        return plan
-    if plan.node_name is None:
-        # Within its quotas but no room: it waits for room like any pod, not at the head of
-        # the quota's queue (where it would hold back every later pod of the namespace).
-        policies.queue.leave(objects.uid(pod))
-        return plan
-    return _within_quota(ctx, pod, to_plan, plan, quotas, candidates)
+        plan = build_plan(state, found[1], claims.to_plan, found[2], charges=charges)
+    return plan, lambda: walk_ranking(visit, ranking, {})
 
 
 def _waiting(pod: Mapping[str, Any], quotas: Iterable[Quota]) -> Waiting:
@@ -254,13 +337,13 @@ def _held_for_quota(state: ClusterState, pod: Mapping[str, Any], quotas: Sequenc
     return None
 
 
-def _within_quota(ctx: PodVisit, pod: Mapping[str, Any],
+def _within_quota(visit: PodVisit, pod: Mapping[str, Any],
                   to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]], plan: PodPlan,
                   quotas: Sequence[Quota], candidates: Callable[[], Candidates],
                   ) -> PodPlan:
     """The plan if its charges fit the quotas, else the best other node's that does (from
     `candidates`, the nodes where the pod fits, best first), else the pod waits for quota."""
-    state = ctx.state
+    state = visit.state
     policies = state.policies
     namespace = objects.namespace(pod)
     charges = plan.charges  # from the search's picks (build_plan)
