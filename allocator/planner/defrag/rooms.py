@@ -8,8 +8,8 @@ pod helped is committed. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from dra_gateway.allocator.planner import kubefit
@@ -302,89 +302,101 @@ class RoomMaker:
 
     def _victims(self, node: str, need: Need, priority: int, cap: int, *,
                  last: bool) -> list[str] | None:
-        """The fewest pods whose leaving the estimate says frees enough on `node`."""
-        state = self.state
-
-        def may_move(h: str) -> bool:
-            return self.movable(h, priority, last=last)
-
-        cards = [c for c in self.cards(node) if need.accepts(state, c.device)]
+        """The fewest pods whose leaving the estimate says frees enough on `node`: the whole
+        cards it needs, then a card for each share, then, where CPU or memory is short, pods
+        that hold none of its GPUs."""
+        cards = [c for c in self.cards(node) if need.accepts(self.state, c.device)]
         if len(cards) < need.whole + len(need.shares):
             return None
-        chosen: set[str] = set()
-        used: set[int] = set()
+        leaving = _Leaving(lambda h: self.movable(h, priority, last=last))
+        if not (self._free_whole_cards(cards, need, leaving)
+                and self._free_shares(cards, need, leaving)
+                and self._free_cpu_and_memory(node, need, cap, leaving)):
+            return None
+        if not leaving.chosen or len(leaving.chosen) > cap:
+            return None  # nothing to move (it would fit already) or too many moves
+        return sorted(leaving.chosen)
+
+    def _free_whole_cards(self, cards: Sequence[Card], need: Need, leaving: _Leaving) -> bool:
+        """Whether the whole cards `need` asks for can be free: empty ones first, then those
+        whose holders may all leave, fewest holders first."""
         whole: list[tuple[int, int]] = []
         for i, card in enumerate(cards):
             if card.free >= 0.999:
                 whole.append((0, i))
-            elif card.freeable and all(may_move(h) for h in card.holders):
+            elif card.freeable and all(leaving.may_move(h) for h in card.holders):
                 whole.append((len(card.holders), i))
         if len(whole) < need.whole:
-            return None
+            return False
         whole.sort()
-        spent: dict[str, int] = {}
-
-        def affordable(leaving: Iterable[str]) -> bool:
-            """Whether these pods may leave too, within their disruption budgets."""
-            fresh = set(leaving) - chosen
-            if not self._within_budgets(spent, fresh):
-                return False
-            for h in fresh:
-                for budget in self.residents[h].budgets:
-                    spent[budget] = spent.get(budget, 0) + 1
-            return True
-
         for _, i in whole:
-            if len(used) == need.whole:
+            if len(leaving.used) == need.whole:
                 break
-            if affordable(cards[i].holders):
-                used.add(i)
-                chosen.update(cards[i].holders)
-        if len(used) < need.whole:
-            return None
+            if self._affordable(leaving, cards[i].holders):
+                leaving.used.add(i)
+                leaving.chosen.update(cards[i].holders)
+        return len(leaving.used) >= need.whole
+
+    def _free_shares(self, cards: Sequence[Card], need: Need, leaving: _Leaving) -> bool:
+        """Whether each share `need` asks for finds a card of its own, the one freed by the
+        fewest pods leaving."""
         for share in need.shares:
             best: tuple[int, int, tuple[str, ...]] | None = None
             for i, card in enumerate(cards):
-                if i in used:
+                if i in leaving.used:
                     continue
-                leaving = to_free(card, share, may_move)
-                if leaving is not None and (best is None or len(leaving) < best[0]) \
-                        and self._within_budgets(spent, set(leaving) - chosen):
-                    best = (len(leaving), i, leaving)
-                    if not leaving:
+                pods = to_free(card, share, leaving.may_move)
+                if pods is not None and (best is None or len(pods) < best[0]) \
+                        and self._within_budgets(leaving.spent, set(pods) - leaving.chosen):
+                    best = (len(pods), i, pods)
+                    if not pods:
                         break
-            if best is None or not affordable(best[2]):
-                return None
-            used.add(best[1])
-            chosen.update(best[2])
+            if best is None or not self._affordable(leaving, best[2]):
+                return False
+            leaving.used.add(best[1])
+            leaving.chosen.update(best[2])
+        return True
+
+    def _free_cpu_and_memory(self, node: str, need: Need, cap: int, leaving: _Leaving) -> bool:
+        """Whether the node has the CPU and memory `need` asks for once the chosen pods left;
+        where short, pods that hold none of its GPUs leave too, those asking for the most of
+        what is short first."""
+        state = self.state
         cpu, memory = state.node_free(node)
-        for h in chosen:
+        for h in leaving.chosen:
             record = state.pods.get(h)
             if record is not None:
                 cpu += record.cpu
                 memory += record.memory
-        if cpu < need.cpu or memory < need.memory:
-            # Short of CPU or memory: pods that hold none of its GPUs leave too, those asking
-            # for the most of what is short first.
-            others = sorted(
-                ((record.cpu if cpu < need.cpu else 0) + (
-                    record.memory >> 20 if memory < need.memory else 0), h)
-                for h in self.on_node.get(node, set()) - chosen
-                if (record := state.pods.get(h)) is not None and not self.where[h].keys
-                and may_move(h))
-            while others and (cpu < need.cpu or memory < need.memory) and len(chosen) < cap:
-                _, h = others.pop()
-                if not affordable((h,)):
-                    continue
-                record = state.pods[h]
-                chosen.add(h)
-                cpu += record.cpu
-                memory += record.memory
-            if cpu < need.cpu or memory < need.memory:
-                return None
-        if not chosen or len(chosen) > cap:
-            return None  # nothing to move (it would fit already) or too many moves
-        return sorted(chosen)
+        if cpu >= need.cpu and memory >= need.memory:
+            return True
+        others = sorted(
+            ((record.cpu if cpu < need.cpu else 0) + (
+                record.memory >> 20 if memory < need.memory else 0), h)
+            for h in self.on_node.get(node, set()) - leaving.chosen
+            if (record := state.pods.get(h)) is not None and not self.where[h].keys
+            and leaving.may_move(h))
+        while others and (cpu < need.cpu or memory < need.memory) \
+                and len(leaving.chosen) < cap:
+            _, h = others.pop()
+            if not self._affordable(leaving, (h,)):
+                continue
+            record = state.pods[h]
+            leaving.chosen.add(h)
+            cpu += record.cpu
+            memory += record.memory
+        return cpu >= need.cpu and memory >= need.memory
+
+    def _affordable(self, leaving: _Leaving, pods: Iterable[str]) -> bool:
+        """Whether these pods may leave too, within their disruption budgets (then they spend
+        them)."""
+        fresh = set(pods) - leaving.chosen
+        if not self._within_budgets(leaving.spent, fresh):
+            return False
+        for h in fresh:
+            for budget in self.residents[h].budgets:
+                leaving.spent[budget] = leaving.spent.get(budget, 0) + 1
+        return True
 
     def _within_budgets(self, spent: Mapping[str, int], leaving: Iterable[str]) -> bool:
         wanted = dict(spent)
@@ -404,6 +416,18 @@ class RoomMaker:
         self.moved.add(uid)
         self._settle(uid, help_.placement.node, plan_devices(help_.plan),
                      tuple(objects.uid(c) for c in waiter.claims))
+
+
+@dataclass(slots=True)
+class _Leaving:
+    """The pods `_victims` has chosen so far to leave one node: who may move at all, who is
+    chosen, the cards they free (indexes among the node's cards that suit the need) and the
+    disruption budgets they spend."""
+
+    may_move: Callable[[str], bool]
+    chosen: set[str] = field(default_factory=set)
+    used: set[int] = field(default_factory=set)
+    spent: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
