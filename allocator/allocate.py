@@ -5,8 +5,9 @@ unallocated gateway-class claims are then planned jointly (`Planning.plan`), eac
 allocator's finalizer (and, in the fallback world, the planner's share annotations) before its
 `status.allocation` is written through the `/status` subresource (`writes.write_allocation`);
 only when every gateway claim of the pod is allocated is the gate removed, with a JSON patch
-that tests the gate's index and the pod's uid. A plan is `assume`d in the state while its writes
-are in flight, and the writes are applied to the claims' mirror as soon as they succeed.
+that tests the gate's index and the pod's uid. A plan holds its room in the state while its
+writes are in flight (`Planning.writing`, then `written`), and the writes are applied to the
+claims' mirror as soon as they succeed (`mirrorwrites`).
 
 A pod that does not fit is left gated and says why: a Warning Event, the pending-pods metric,
 and the pod condition when a GPUQuota holds it back (`conditions.py`); a partial allocation

@@ -246,8 +246,8 @@ class Planning:
         spec = pod.get("spec") or {}
         if spec.get("nodeName") or is_finished(pod):
             return
-        inflight = self._writing.get(objects.uid(pod))
-        node = inflight.node_name if inflight is not None else self._placed_on(pod)
+        writing = self._writing.get(objects.uid(pod))
+        node = writing.node_name if writing is not None else self._placed_on(pod)
         if node:
             self._change(self.state.assume, pod, PodPlan(node_name=node, allocations={},
                                                         annotations={}, reason=None))
