@@ -33,7 +33,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.allocation import PodPlan, build_plan
@@ -43,7 +43,7 @@ from dra_gateway.allocator.planner.fragmentation import FULL, TaskType, task_of
 from dra_gateway.allocator.planner.inputs import NodeClassKey, PodInputs, SearchInputs
 from dra_gateway.allocator.planner.memokeys import card_rules, memoisable
 from dra_gateway.allocator.planner.policies import Waiting, exceeded_by_least_cost
-from dra_gateway.allocator.planner.settings import STRATEGIES
+from dra_gateway.allocator.planner.settings import BINPACK, DEFAULT, SPREAD, STRATEGIES
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.allocator.planner.visit import (
     Candidates,
@@ -56,13 +56,15 @@ from dra_gateway.allocator.planner.visit import (
     walk_ranking,
 )
 from dra_gateway.kube import names, objects
+from dra_gateway.kube.models import Strategy
 from dra_gateway.policy.admission import check_admission
 from dra_gateway.policy.amounts import RequestShape
 from dra_gateway.policy.quotas import Exceeded, Quota
 from dra_gateway.policy.sharing import SharingRules
 
 HAMI_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
-_HAMI_STRATEGIES = {"binpack": "binpack", "spread": "spread"}
+# HAMi's annotation values (its wire names) and the strategies they mean.
+_HAMI_STRATEGIES: Final[Mapping[str, Strategy]] = {"binpack": BINPACK, "spread": SPREAD}
 _MEMO_LIMIT = 200_000
 _RANKINGS_LIMIT = 4_096
 
@@ -100,9 +102,9 @@ def resolve_strategy(state: ClusterState, pod: Mapping[str, Any],
         named = share_strategy(demand.configs)
         if named in STRATEGIES:
             return named
-    annotation = objects.annotations(pod).get(HAMI_POLICY_ANNOTATION)
-    if annotation in _HAMI_STRATEGIES:
-        return _HAMI_STRATEGIES[annotation]
+    annotated = _HAMI_STRATEGIES.get(objects.annotations(pod).get(HAMI_POLICY_ANNOTATION, ""))
+    if annotated is not None:
+        return annotated
     if strategy in STRATEGIES:
         return strategy
     return state.settings.default_strategy
@@ -227,7 +229,7 @@ def _pod_visit(state: ClusterState, pod: Mapping[str, Any], claims: _PodClaims,
     if not state.workload_given:
         state.workload.observe(_task(state, cpu, memory, labelled))
     identity = any(d.identity_sensitive for _, d in labelled)
-    version = state.workload.version if chosen_strategy == "default" else 0
+    version = state.workload.version if chosen_strategy == DEFAULT else 0
     own_shares, relative = _own_shares(claims.demands)
     if rules is not None and not memoisable(policies.count_from, own_shares):
         identity = True  # more of its own shares on one card than the class key counts
