@@ -14,5 +14,5 @@ the evictions that carry a plan out.
 - `mode.py`: the allocator's own defrag (`--defrag`), for pods waiting longer than a threshold,
   with a cap on moves per hour.
 
-The choice of moves is the pure planner's (`allocator/planner/defrag.py`).
+The choice of moves is the pure planner's (`allocator/planner/defrag/`).
 """
