@@ -1,12 +1,11 @@
 """Making the translator's ResourceClaimTemplates exist.
 
 A translated pod points at content-named templates; the pod must not be admitted before they
-exist, or the claim controller would fail to make its claims. `TemplateMaker.ensure` creates each
-template through the cluster port unless the `ClaimSpecCache` (`claimspecs.py`) already knows
-it, shares one
-create among concurrent admissions of the same template, and gives up after a bounded time with
-`TemplateUnavailable`, whose message tells the user to retry. A dry run creates nothing
-(`sideEffects: NoneOnDryRun`).
+exist, or the claim controller would fail to make its claims. `TemplateMaker.ensure` creates
+each template through the cluster port unless the `ClaimSpecCache` (`claimspecs.py`) already
+knows it, shares one create among concurrent admissions of the same template, and gives up
+after a bounded time with `TemplateUnavailable`, whose message tells the user to retry. A dry
+run creates nothing (`sideEffects: NoneOnDryRun`).
 
 AlreadyExists is not taken on trust: the name is a hash of the spec, learnable from a dry run,
 so anyone who may create templates in the namespace can make one first under that name with
@@ -15,11 +14,11 @@ gateway's managed-by label and the same spec (API defaults applied); otherwise t
 refused with `TemplateConflict`, which names the template, what differs and the fix.
 
 What the API server returned when ensure() created or checked a template is kept in the
-`ClaimSpecCache`, which /validate reads. Its TTL bounds how long a template deleted behind the
-webhook's back stays believed to exist; reading it before every admission was rejected as one
-API round trip per pod. A namespace's deletion forgets its templates at once
-(`ClaimSpecCache.forget_namespace`): a namespace re-created under the same name gets its
-templates again.
+`ClaimSpecCache`, which /mutate and /validate read (the classes of a pod's own claims). Its TTL
+bounds how long a template deleted behind the webhook's back stays believed to exist; reading
+it before every admission was rejected as one API round trip per pod. A namespace's deletion
+forgets its templates at once (`ClaimSpecCache.forget_namespace`): a namespace re-created under
+the same name gets its templates again.
 
 It must not decide whether a pod is admitted; mutation and validation do.
 """
@@ -188,8 +187,8 @@ class TemplateMaker:
             future.exception()
             raise
         else:
-            # What the API server holds, not what the translator meant: /validate answers
-            # from these.
+            # What the API server holds, not what the translator meant: /mutate and /validate
+            # answer from these.
             future.set_result(self._specs.remember_template(namespace, name, stored))
             return created
         finally:
