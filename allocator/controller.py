@@ -219,7 +219,7 @@ class Controller:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*(
                     i.synced.wait() for i in self.podgroups.values())), timeout=10.0)
-            self.state.set_policies(self.policy_mirror.catalog())
+            self.planning.set_policies(self.policy_mirror.catalog())
             # Pods listed before the DeviceClasses and slices were charged without them.
             self._recharge_legacy_pods()
             # Holds before the first plan, so a new leader does not hand out devices freed for
