@@ -1,7 +1,7 @@
 """Planning a pod's translation once per request shape: what each container asking for legacy
 resources becomes, the ResourceClaimTemplate they share, and the annotation recording it.
 
-`plan_pod` turns the containers `translate` found into a `PodPlan`: per container a
+`plan_shape` turns the containers `translate` found into a `ShapePlan`: per container a
 `ContainerTranslation` (the rule, what the container became or why it stays or is refused, the
 template request it uses), the template as JSON, the `translated` annotation's text, the
 warnings and the refusal. `translate` caches it on the `RuleSet` per request shape, so it holds
@@ -39,8 +39,8 @@ __all__ = [
     "MANAGED_LABELS",
     "TEMPLATE_PREFIX",
     "ContainerTranslation",
-    "PodPlan",
-    "plan_pod",
+    "ShapePlan",
+    "plan_shape",
     "template_name",
 ]
 
@@ -68,8 +68,10 @@ class ContainerTranslation:
 
 
 @dataclass(frozen=True, slots=True)
-class PodPlan:
-    """The cached, position-independent part of a pod's translation."""
+class ShapePlan:
+    """The cached, position-independent part of a pod's translation: the plan of its request
+    shape. (The allocator's `PodPlan` and `plan_pod` are another idea: where a pod's claims
+    are placed.)"""
 
     containers: tuple[ContainerTranslation, ...]  # one per found container, in its order
     template: bytes | None  # the ResourceClaimTemplate as JSON, without namespace
@@ -97,7 +99,7 @@ def template_name(spec: Mapping[str, Any]) -> str:
     return TEMPLATE_PREFIX + digest[:_HASH_LENGTH]
 
 
-def plan_pod(found: Sequence[Found], *, context: PodContext, rules: RuleSet) -> PodPlan:
+def plan_shape(found: Sequence[Found], *, context: PodContext, rules: RuleSet) -> ShapePlan:
     """The plan of a pod whose containers `found` ask for legacy resources."""
     containers = tuple(_translate_container(item, context=context, rules=rules)
                        for item in found)
@@ -117,7 +119,7 @@ def plan_pod(found: Sequence[Found], *, context: PodContext, rules: RuleSet) -> 
     translated = devices.containers
     plans = [c.result for c in translated if isinstance(c.result, ContainerPlan)]
     gated = any(plan.gated for plan in plans)
-    return PodPlan(
+    return ShapePlan(
         containers=translated, template=orjson.dumps(_template(devices)),
         annotation=_annotation(found, translated, gated=gated), gated=gated,
         warnings=(*warnings, *(w for plan in plans for w in plan.warnings)),
@@ -239,9 +241,9 @@ def _annotation(found: Sequence[Found], containers: Sequence[ContainerTranslatio
 
 def _unchanged(containers: tuple[ContainerTranslation, ...], warnings: Sequence[str], *,
                refusal: Refusal | None = None,
-               extended: Sequence[ExtendedResourceUse] = ()) -> PodPlan:
+               extended: Sequence[ExtendedResourceUse] = ()) -> ShapePlan:
     """The plan of a pod left as it is: refused, or with nothing to translate."""
-    return PodPlan(containers=containers, template=None, annotation="", gated=False,
+    return ShapePlan(containers=containers, template=None, annotation="", gated=False,
                    warnings=tuple(warnings), rules_applied=(), refusal=refusal,
                    extended=tuple(extended))
 

@@ -31,8 +31,8 @@ from dra_gateway.translator.planning import (
     MANAGED_LABELS,
     TEMPLATE_PREFIX,
     ContainerTranslation,
-    PodPlan,
-    plan_pod,
+    ShapePlan,
+    plan_shape,
 )
 from dra_gateway.translator.rules import RuleSet
 
@@ -150,28 +150,28 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
         return plan
     # Planned before any refusal of the pod, so that its explanation can say what each
     # container would have become.
-    pod_plan = _cached_pod_plan(spec, found, rules=rules, namespace=namespace,
-                                annotations=annotations, extended=extended)
-    plan.containers = dict(zip(map(_PLACE, found), pod_plan.containers, strict=True))
+    shape_plan = _cached_shape_plan(spec, found, rules=rules, namespace=namespace,
+                                    annotations=annotations, extended=extended)
+    plan.containers = dict(zip(map(_PLACE, found), shape_plan.containers, strict=True))
     twice = _name_used_twice(spec)
     if twice is not None:
         plan.refusal = _duplicate_name(twice)
         return plan
-    plan.warnings.extend(pod_plan.warnings)
-    plan.rules_applied.extend(pod_plan.rules_applied)
-    plan.extended.extend(pod_plan.extended)
-    if pod_plan.refusal is not None:
-        plan.refusal = pod_plan.refusal
+    plan.warnings.extend(shape_plan.warnings)
+    plan.rules_applied.extend(shape_plan.rules_applied)
+    plan.extended.extend(shape_plan.extended)
+    if shape_plan.refusal is not None:
+        plan.refusal = shape_plan.refusal
         return plan
-    if pod_plan.template is None:
+    if shape_plan.template is None:
         _add_gate(spec, plan, needed=own_claims_gated)
         return plan
     plan.refusal = _claim_name_taken(spec, found)
     if plan.refusal is not None:
         return plan
-    _add_template(pod, plan, template=pod_plan.template, pod_plan=pod_plan, found=found,
+    _add_template(pod, plan, template=shape_plan.template, shape_plan=shape_plan, found=found,
                   namespace=namespace)
-    _add_gate(spec, plan, needed=pod_plan.gated or own_claims_gated)
+    _add_gate(spec, plan, needed=shape_plan.gated or own_claims_gated)
     return plan
 
 
@@ -240,11 +240,11 @@ def _warn_untranslated(untranslated: list[Untranslated], plan: TranslationPlan) 
                              f"untranslated: {reason}")
 
 
-def _cached_pod_plan(spec: Mapping[str, Any], found: Sequence[Found], *, rules: RuleSet,
-                     namespace: str, annotations: Mapping[str, Any],
-                     extended: ExtendedResources | None) -> PodPlan:
-    """The pod's plan, from the rule set's cache when a pod of the same request shape was
-    planned before."""
+def _cached_shape_plan(spec: Mapping[str, Any], found: Sequence[Found], *, rules: RuleSet,
+                       namespace: str, annotations: Mapping[str, Any],
+                       extended: ExtendedResources | None) -> ShapePlan:
+    """The plan of the pod's request shape (`planning.plan_shape`), from the rule set's cache
+    when a pod of the same shape was planned before."""
     node_selector = spec.get("nodeSelector") or {}
     shape = (
         namespace,
@@ -262,13 +262,13 @@ def _cached_pod_plan(spec: Mapping[str, Any], found: Sequence[Found], *, rules: 
         extended.relevant(n for _, _, _, lim, req in found for n in (*lim, *req))
         if extended else (),
     )
-    pod_plan: PodPlan | None = rules.cache.get(shape)
-    if pod_plan is None:
+    shape_plan: ShapePlan | None = rules.cache.get(shape)
+    if shape_plan is None:
         context = PodContext(annotations=annotations, node_selector=node_selector,
                              namespace=namespace, extended=extended if extended else None)
-        pod_plan = plan_pod(found, context=context, rules=rules)
-        rules.remember(shape, pod_plan)
-    return pod_plan
+        shape_plan = plan_shape(found, context=context, rules=rules)
+        rules.remember(shape, shape_plan)
+    return shape_plan
 
 
 def _key(value: Any) -> Any:
@@ -309,7 +309,7 @@ def _claim_name_taken(spec: Mapping[str, Any], found: Sequence[Found]) -> Refusa
 
 
 def _add_template(pod: Mapping[str, Any], plan: TranslationPlan, *, template: bytes,
-                  pod_plan: PodPlan, found: Sequence[Found], namespace: str) -> None:
+                  shape_plan: ShapePlan, found: Sequence[Found], namespace: str) -> None:
     """The pod's template (`template`, the plan's JSON), in its namespace, and the patch that
     points the pod at it."""
     # A fresh object per plan: callers may change what they get without touching the cache.
@@ -318,7 +318,7 @@ def _add_template(pod: Mapping[str, Any], plan: TranslationPlan, *, template: by
         made["metadata"] = {"name": made["metadata"]["name"], "namespace": namespace,
                             "labels": dict(MANAGED_LABELS)}
     plan.templates.append(made)
-    _build_patch(pod, found=found, pod_plan=pod_plan, template=made["metadata"]["name"],
+    _build_patch(pod, found=found, shape_plan=shape_plan, template=made["metadata"]["name"],
                  patch=plan.patch)
 
 
@@ -376,7 +376,7 @@ def _add_gate(spec: Mapping[str, Any], plan: TranslationPlan, *, needed: bool) -
 # The patch (depends on where things sit in this pod, so it is built every time).
 
 
-def _build_patch(pod: Mapping[str, Any], *, found: Sequence[Found], pod_plan: PodPlan,
+def _build_patch(pod: Mapping[str, Any], *, found: Sequence[Found], shape_plan: ShapePlan,
                  template: str, patch: list[dict[str, Any]]) -> None:
     spec = pod.get("spec") or {}
     entry = {"name": CLAIM_NAME, "resourceClaimTemplateName": template}
@@ -384,10 +384,10 @@ def _build_patch(pod: Mapping[str, Any], *, found: Sequence[Found], pod_plan: Po
         patch.append({"op": "add", "path": "/spec/resourceClaims", "value": [entry]})
     else:
         patch.append({"op": "add", "path": "/spec/resourceClaims/-", "value": entry})
-    for item, container in zip(found, pod_plan.containers, strict=True):
+    for item, container in zip(found, shape_plan.containers, strict=True):
         if container.request:
             _patch_container(item, request=container.request, patch=patch)
-    _patch_annotation(pod, pod_plan.annotation, patch=patch)
+    _patch_annotation(pod, shape_plan.annotation, patch=patch)
 
 
 def _patch_container(item: Found, *, request: str, patch: list[dict[str, Any]]) -> None:
