@@ -211,7 +211,7 @@ def _container(key: str, index: int, container: Mapping[str, Any], *, rules: Rul
     rule = rules.rule(result.rule)
     exactly = result.request["exactly"]
     parameters = result.config["opaque"]["parameters"] if result.config else None
-    request = translation.request or name
+    request = translation.request if translation.request is not None else name
     outcome: ContainerOutcome = "translated" if request == name else "shares-request"
     why = ("" if outcome == "translated" else
            f"container {quote(request)}'s request covers this init container's, so it uses "

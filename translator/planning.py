@@ -59,8 +59,9 @@ class ContainerTranslation:
     # What it becomes; why it stays as it is; or why the rules refuse it.
     result: ContainerPlan | Skipped | Refusal
     # The template request it uses: its own, or an app container's that covers this init
-    # container's; "" while it is not translated (skipped, refused, or the pod refused).
-    request: str = ""
+    # container's; None while it is not translated (skipped, refused, or the pod refused). A
+    # request is named after its container, so "" is a request too (a container without a name).
+    request: str | None = None
     # What planning it said besides the plan's own warnings (no rule applies, deferred).
     warnings: tuple[str, ...] = ()
     # The names it asks for that DeviceClasses declare (see `extended.py`).

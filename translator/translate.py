@@ -385,7 +385,7 @@ def _build_patch(pod: Mapping[str, Any], *, found: Sequence[Found], shape_plan: 
     else:
         patch.append({"op": "add", "path": "/spec/resourceClaims/-", "value": entry})
     for item, container in zip(found, shape_plan.containers, strict=True):
-        if container.request:
+        if container.request is not None:
             _patch_container(item, request=container.request, patch=patch)
     _patch_annotation(pod, shape_plan.annotation, patch=patch)
 

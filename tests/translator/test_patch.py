@@ -259,3 +259,14 @@ def test_class_lookup_overrides_the_template_name_heuristic(builtin_rules: RuleS
     assert translate(native, builtin_rules, class_lookup=lambda *_: amd).patch == []
     assert translate(native, builtin_rules, class_lookup=lambda *_: None).patch == [
         {"op": "add", "path": "/spec/schedulingGates", "value": [GATE]}]
+
+
+def test_a_container_without_a_name_is_pointed_at_its_request_too(
+        builtin_rules: RuleSet) -> None:
+    # Mutating admission runs before the API server validates the pod: a container may come
+    # without a name, and its request is then named "" (a request all the same).
+    unnamed = pod({"resources": {"limits": {"nvidia.com/gpu": 1}}})
+    patch = translate(unnamed, builtin_rules).patch
+    assert {"op": "add", "path": "/spec/containers/0/resources/claims",
+            "value": [{"name": CLAIM, "request": ""}]} in patch
+    assert {"op": "remove", "path": "/spec/containers/0/resources/limits"} in patch
