@@ -56,7 +56,7 @@ def device_classes(spec: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(found)
 
 
-def _template_classes(template: Mapping[str, Any]) -> frozenset[str]:
+def template_classes(template: Mapping[str, Any]) -> frozenset[str]:
     spec = template.get("spec")
     inner = spec.get("spec") if isinstance(spec, dict) else None
     return device_classes(inner) if isinstance(inner, dict) else frozenset()
@@ -100,15 +100,13 @@ class ClaimSpecCache:
         """Whether the template is known to exist."""
         return ("template", namespace, name) in self._known
 
-    def remember_template(self, namespace: str, name: str,
-                          stored: Mapping[str, Any]) -> frozenset[str]:
-        """Keep what the API server holds of a template (not what the translator meant);
-        returns its classes."""
+    def remember_template(self, namespace: str, name: str, stored: Mapping[str, Any], *,
+                          classes: frozenset[str]) -> None:
+        """Keep what the API server holds of a template (not what the translator meant), with
+        its `classes` (`template_classes(stored)`, which the caller has handed on already)."""
         key: Key = ("template", namespace, name)
-        classes = _template_classes(stored)
         self._known[key] = classes
         self._requests[key] = _template_requests(stored)
-        return classes
 
     def cached_requests(self, kind: str, namespace: str,
                         name: str) -> tuple[RequestShape, ...] | None:
@@ -154,7 +152,7 @@ class ClaimSpecCache:
                                "reason": exc.reason, "error": exc.message})
             return None
         spec = obj.get("spec")
-        found = (_template_classes(obj) if rt is RESOURCE_CLAIM_TEMPLATES
+        found = (template_classes(obj) if rt is RESOURCE_CLAIM_TEMPLATES
                  else device_classes(spec) if isinstance(spec, dict) else frozenset())
         self._known[key] = found
         self._requests[key] = (_template_requests(obj) if rt is RESOURCE_CLAIM_TEMPLATES

@@ -37,7 +37,7 @@ from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import AlreadyExists, ApiError, Cluster, Object
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
 from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES
-from dra_gateway.webhook.claimspecs import ClaimSpecCache, Key
+from dra_gateway.webhook.claimspecs import ClaimSpecCache, Key, template_classes
 from dra_gateway.webhook.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -188,8 +188,11 @@ class TemplateMaker:
             raise
         else:
             # What the API server holds, not what the translator meant: /mutate and /validate
-            # answer from these.
-            future.set_result(self._specs.remember_template(namespace, name, stored))
+            # answer from these. The waiters are answered first, so nothing the cache reads
+            # afterwards can leave them hanging.
+            classes = template_classes(stored)
+            future.set_result(classes)
+            self._specs.remember_template(namespace, name, stored, classes=classes)
             return created
         finally:
             del self._inflight[key]
