@@ -7,7 +7,7 @@ the results, and returns the DRA device request, its GpuShareConfig and constrai
 the container, the resources and the rule (`errors.py`). The activation a rule sees (the
 container's amounts times their units, its kind, the pod's annotations and node selector) is
 built here; the rule's device outputs are checked and become the device request in
-`evaluation.py`. `planning.py` assembles the pod's template from these plans, cached per
+`evaluation.py`. `shapes.py` assembles the pod's template from these plans, cached per
 request shape, and `translate.py` the patch.
 
 Pure: no I/O, no logging, and the pod is never modified. It must not build patches or know

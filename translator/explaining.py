@@ -32,8 +32,8 @@ from dra_gateway.translator.containers import (
 from dra_gateway.translator.documents import UNITS
 from dra_gateway.translator.errors import Refusal, quote
 from dra_gateway.translator.extended import ExtendedResourceUse
-from dra_gateway.translator.planning import ContainerTranslation
 from dra_gateway.translator.rules import CompiledRule, RuleSet
+from dra_gateway.translator.shapes import ContainerTranslation
 from dra_gateway.translator.translate import TranslationPlan
 
 __all__ = [

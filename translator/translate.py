@@ -11,7 +11,7 @@ Pure and deterministic: it reads the pod and the rules and returns data. It must
 I/O, log, or modify the pod it is given. Work is cached per request shape on the `RuleSet`, so
 the usual admission (the same few shapes over and over) only walks the pod and builds the patch.
 What each container becomes is decided in `containers.py`, the pod's template and annotation
-per shape in `planning.py`; this module finds the legacy requests and builds the patch.
+per shape in `shapes.py`; this module finds the legacy requests and builds the patch.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ from dra_gateway.kube import names, objects
 from dra_gateway.translator.containers import Found, PodContext, is_sidecar
 from dra_gateway.translator.errors import Refusal, quote
 from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
-from dra_gateway.translator.planning import (
+from dra_gateway.translator.rules import RuleSet
+from dra_gateway.translator.shapes import (
     MANAGED_LABELS,
     TEMPLATE_PREFIX,
     ContainerTranslation,
     ShapePlan,
     plan_shape,
 )
-from dra_gateway.translator.rules import RuleSet
 
 __all__ = [
     "CLAIM_NAME",
@@ -243,7 +243,7 @@ def _warn_untranslated(untranslated: list[Untranslated], plan: TranslationPlan) 
 def _cached_shape_plan(spec: Mapping[str, Any], found: Sequence[Found], *, rules: RuleSet,
                        namespace: str, annotations: Mapping[str, Any],
                        extended: ExtendedResources | None) -> ShapePlan:
-    """The plan of the pod's request shape (`planning.plan_shape`), from the rule set's cache
+    """The plan of the pod's request shape (`shapes.plan_shape`), from the rule set's cache
     when a pod of the same shape was planned before."""
     node_selector = spec.get("nodeSelector") or {}
     shape = (

@@ -62,8 +62,8 @@ from dra_gateway.kube.resources import (
     VALIDATING_WEBHOOK_CONFIGURATIONS,
     ResourceType,
 )
-from dra_gateway.translator.planning import TEMPLATE_PREFIX
 from dra_gateway.translator.rules import RuleSet
+from dra_gateway.translator.shapes import TEMPLATE_PREFIX
 from dra_gateway.webhook.settings import (
     CLAIMS_WEBHOOK,
     MUTATING_CONFIGURATION,

@@ -29,8 +29,8 @@ from dra_gateway.policy.admission import ModelLookup, check_admission, check_leg
 from dra_gateway.policy.amounts import DeviceCharge, RequestShape, requests_of
 from dra_gateway.policy.catalog import Catalog
 from dra_gateway.translator.extended import ExtendedResources, deferred_resources
-from dra_gateway.translator.planning import TEMPLATE_PREFIX
 from dra_gateway.translator.rules import RuleSet
+from dra_gateway.translator.shapes import TEMPLATE_PREFIX
 from dra_gateway.translator.translate import CLAIM_NAME
 from dra_gateway.webhook.reviews import Denial, display_name
 from dra_gateway.webhook.translation import ENABLED, Held

@@ -9,7 +9,7 @@ import jsonpatch
 import kubernetes_validate
 import pytest
 
-from dra_gateway.translator.planning import template_name
+from dra_gateway.translator.shapes import template_name
 from dra_gateway.translator.translate import TranslationPlan
 
 

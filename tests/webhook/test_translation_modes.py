@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient
 
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.resources import NAMESPACES, RESOURCE_CLAIM_TEMPLATES
-from dra_gateway.translator import planning
+from dra_gateway.translator import shapes
 from dra_gateway.translator.containers import ContainerPlan, Found, Skipped
 
 from .conftest import decoded_patch, hami_pod, review
@@ -196,13 +196,13 @@ async def test_a_pod_with_native_gateway_claims_is_gated_in_audit_mode(client: C
 async def test_audit_mode_translates_a_pod_once_and_explains_from_that_translation(
         client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     planned: list[str] = []
-    plan_container = planning.plan_container
+    plan_container = shapes.plan_container
 
     def counted(found: Found, **kwargs: Any) -> ContainerPlan | Skipped:
         planned.append(found.name)
         return plan_container(found, **kwargs)
 
-    monkeypatch.setattr(planning, "plan_container", counted)
+    monkeypatch.setattr(shapes, "plan_container", counted)
     pod = hami_pod()
     pod["metadata"]["labels"] = {"fresh": "shape"}  # not in the webhook's caches yet
     pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = 7000
