@@ -51,7 +51,7 @@ from dra_gateway.allocator.index import ClaimIndex
 from dra_gateway.allocator.legacypods import LegacyPods
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
 from dra_gateway.allocator.planner import ClusterState
-from dra_gateway.allocator.planning import Planning
+from dra_gateway.allocator.planning import MirrorContents, Planning
 from dra_gateway.allocator.preemption import PreemptionMode
 from dra_gateway.allocator.quotastatus import QuotaStatusWriter
 from dra_gateway.allocator.release import ClaimReleaser
@@ -291,24 +291,13 @@ class Controller:
 
     def _rebuild_state(self) -> None:
         """A fresh planner state from the mirrors (after the feature mode changed)."""
-        state = self.planning.reset(bool(self.consumable_capacity))
-        if all(i.synced.is_set() for i in self.policy_mirror.informers):
-            state.set_policies(self.policy_mirror.catalog())
-        for obj in self.classes.values():
-            state.set_device_class(obj)
-        for obj in self.nodes.values():
-            state.set_node(obj)
-        for obj in self.slices.values():
-            state.set_slice(obj)
-        for obj in self.claims.values():
-            state.set_claim(obj)
-        for obj in self.pods.values():
-            state.set_pod(obj)
-            state.set_legacy_pod(objects.uid(obj), objects.namespace(obj),
-                                 self._legacy_charges(obj))
-            # Placed-but-unbound pods, and plans still being written, hold capacity too.
-            self.planning.refresh_placement(obj)
-        self.planning.assume_writing(self._pod_of)
+        policies = self.policy_mirror
+        mirrors = MirrorContents(catalog=policies.catalog() if policies.synced else None,
+                                 classes=self.classes.values(), nodes=self.nodes.values(),
+                                 slices=self.slices.values(), claims=self.claims.values(),
+                                 pods=self.pods.values())
+        self.planning.rebuild(bool(self.consumable_capacity), mirrors,
+                              legacy_charges=self._legacy_charges, pod_of=self._pod_of)
 
     def _work_order(self, key: WorkKey) -> tuple[object, ...]:
         """Releases first (they free devices), then pods by priority, then age: a burst of

@@ -19,7 +19,8 @@ This module must not make placement decisions (the planner does), read the API o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dra_gateway.allocator.claims import ClaimLookup
@@ -36,12 +37,25 @@ from dra_gateway.policy.catalog import Catalog
 _NO_PLAN = PodPlan(node_name=None, allocations={}, annotations={}, reason=None)
 
 
+@dataclass(frozen=True)
+class MirrorContents:
+    """What the mirrors hold, for `Planning.rebuild` to fill a fresh planner state with (each
+    read once, in the order of the fields)."""
+
+    catalog: Catalog | None  # the policies; None while their mirrors have not synced
+    classes: Iterable[Object]  # DeviceClasses
+    nodes: Iterable[Object]
+    slices: Iterable[Object]  # ResourceSlices
+    claims: Iterable[Object]  # ResourceClaims
+    pods: Iterable[Object]  # live pods
+
+
 class Planning:
     def __init__(self, settings: ControllerSettings, *, claims: ClaimLookup,
                  consumable_capacity: bool) -> None:
         self.settings = settings
         self.claims = claims  # the claims' mirror: where a placed pod's claims put it
-        self.state = self.reset(consumable_capacity)
+        self.state = self._new_state(consumable_capacity)
         self._writing: dict[str, PodPlan] = {}  # pod uid -> plan being written
         self._planning = asyncio.Lock()  # one plan at a time, as when plans ran on the loop
         # Changes to the planner state made while a plan runs in its thread, in order.
@@ -50,12 +64,38 @@ class Planning:
         self.holds: dict[str, Hold] = {}
         self._used_holds: set[str] = set()
 
-    def reset(self, consumable_capacity: bool) -> ClusterState:
-        """A fresh, empty planner state (the API's feature mode changed); the caller fills it."""
-        self.state = ClusterState(PlannerSettings(default_strategy=self.settings.strategy,
-                                                  group_domains=self.settings.group_domains,
-                                                  consumable_capacity=consumable_capacity))
-        return self.state
+    def _new_state(self, consumable_capacity: bool) -> ClusterState:
+        """An empty planner state under the controller's settings and the API's feature mode."""
+        return ClusterState(PlannerSettings(default_strategy=self.settings.strategy,
+                                            group_domains=self.settings.group_domains,
+                                            consumable_capacity=consumable_capacity))
+
+    def rebuild(self, consumable_capacity: bool, mirrors: MirrorContents, *,
+                legacy_charges: Callable[[Object], Sequence[DeviceCharge]],
+                pod_of: Callable[[str], Object | None]) -> None:
+        """A fresh planner state (the API's feature mode changed) filled from what the mirrors
+        hold, at once: a plan running in its thread keeps the state it started with. Each pod
+        is charged `legacy_charges(pod)` (read once the slices are in), counted where it is
+        placed but not yet bound (`refresh_placement`, after the running plan if any), and the
+        plans still being written hold their room again (`pod_of`: a pod by uid, None when the
+        mirror no longer has it)."""
+        self.state = state = self._new_state(consumable_capacity)
+        if mirrors.catalog is not None:
+            state.set_policies(mirrors.catalog)
+        for obj in mirrors.classes:
+            state.set_device_class(obj)
+        for obj in mirrors.nodes:
+            state.set_node(obj)
+        for obj in mirrors.slices:
+            state.set_slice(obj)
+        for obj in mirrors.claims:
+            state.set_claim(obj)
+        for obj in mirrors.pods:
+            state.set_pod(obj)
+            state.set_legacy_pod(objects.uid(obj), objects.namespace(obj), legacy_charges(obj))
+            # Placed-but-unbound pods, and plans still being written, hold capacity too.
+            self.refresh_placement(obj)
+        self._assume_writing(pod_of)
 
     async def plan(self, pod: Object, gateway: list[Object], *,
                    nodes: Sequence[str] | None = None) -> PodPlan:
@@ -171,7 +211,7 @@ class Planning:
         del self._writing[objects.uid(pod)]
         self._change(self.state.forget, pod, plan)
 
-    def assume_writing(self, pod_of: Callable[[str], Object | None]) -> None:
+    def _assume_writing(self, pod_of: Callable[[str], Object | None]) -> None:
         """A rebuilt state: the plans still being written hold their room in it again
         (`pod_of`: a pod by uid, None when the mirror no longer has it)."""
         for uid, plan in self._writing.items():
@@ -270,4 +310,4 @@ def _stub(uid: str, hold: Hold) -> Object:
                          "name": hold.pod.partition("/")[2]}}
 
 
-__all__ = ["Planning"]
+__all__ = ["MirrorContents", "Planning"]
