@@ -74,24 +74,24 @@ def _groups(state: ClusterState, pinned: set[str] | None,
     return [(key, state.groups[key]) for key in keys]
 
 
-def feasible_nodes(ctx: PodVisit, pod: Mapping[str, Any], *, pinned: set[str] | None,
+def feasible_nodes(visit: PodVisit, pod: Mapping[str, Any], *, pinned: set[str] | None,
                    needs_labels: bool, identity: bool) -> Candidates:
     """Every node class's best member where the pod fits, best first, for pods the rankings
     cannot serve."""
-    state = ctx.state
+    state = visit.state
     found: list[Candidate] = []
     for group_key, members in _groups(state, pinned):
         candidates: Sequence[str] = members
         if pinned is not None:
             candidates = [m for m in members if m in pinned]
-        if not candidates or fits_node(state, candidates[0], ctx.cpu, ctx.memory,
-                                       ctx.tolerations) is not None:
+        if not candidates or fits_node(state, candidates[0], visit.cpu, visit.memory,
+                                       visit.tolerations) is not None:
             continue
         for member in candidates:
             if needs_labels and not kubefit.pod_accepts_node(pod, member,
                                                              state.nodes[member].labels):
                 continue
-            outcome, node_score = ctx.evaluate(None if identity else group_key, member)
+            outcome, node_score = visit.evaluate(None if identity else group_key, member)
             if outcome.ok:
                 found.append((node_score, member, outcome))
             if not identity:
@@ -145,14 +145,15 @@ class PodVisit:
                  ranked: bool = False) -> tuple[NodeSearchResult, tuple[float, ...]]:
         """Devices for the pod on `node` (memoised per node class) and the strategy's score,
         under the namespace's rules (`ranked`: under the rules its ranking is kept for)."""
-        outcome = self.outcome(group_key, node, ranked=ranked)
+        outcome = self.search_node(group_key, node, ranked=ranked)
         if not outcome.ok:
             return outcome, ()
         return outcome, self.score_of(node, outcome)
 
-    def outcome(self, group_key: NodeClassKey | None, node: str, *,
-                ranked: bool = False) -> NodeSearchResult:
-        """`evaluate`'s devices, without the score."""
+    def search_node(self, group_key: NodeClassKey | None, node: str, *,
+                    ranked: bool = False) -> NodeSearchResult:
+        """The devices for the pod on `node`, or why none: its node class's search, memoised
+        (`evaluate` without the score)."""
         state = self.state
         rules = self.ranked_rules if ranked else self.rules
         outcome: NodeSearchResult | None = None
@@ -191,13 +192,13 @@ class PodVisit:
                      mem_free=mem_free, cpu=self.cpu, memory=self.memory)
 
 
-def scan_classes(ctx: PodVisit, pod: Mapping[str, Any],
+def scan_classes(visit: PodVisit, pod: Mapping[str, Any],
                  to_plan: Sequence[tuple[Mapping[str, Any], str, ClaimDemand]], pod_label: str, *,
                  pinned: set[str] | None, needs_labels: bool, identity: bool,
                  charges: bool = False) -> PodPlan:
     """Every node class, for pods the rankings cannot serve (pinned, node affinity, selectors
     on identity attributes)."""
-    state = ctx.state
+    state = visit.state
     best: tuple[tuple[float, ...], str, NodeSearchResult] | None = None
     reasons: Counter[str] = Counter()
     for group_key, members in _groups(state, pinned):
@@ -206,12 +207,12 @@ def scan_classes(ctx: PodVisit, pod: Mapping[str, Any],
             candidates = [m for m in members if m in pinned]
             if not candidates:
                 continue
-        pruned = fits_node(state, candidates[0], ctx.cpu, ctx.memory, ctx.tolerations)
+        pruned = fits_node(state, candidates[0], visit.cpu, visit.memory, visit.tolerations)
         if pruned is not None:
             reasons[pruned] += len(candidates)
             continue
         for member in candidates:
-            outcome, node_score = ctx.evaluate(None if identity else group_key, member)
+            outcome, node_score = visit.evaluate(None if identity else group_key, member)
             if not outcome.ok:
                 reasons[outcome.reason or "no devices fit"] += 1 if identity else len(candidates)
                 if identity:
@@ -229,8 +230,8 @@ def scan_classes(ctx: PodVisit, pod: Mapping[str, Any],
             if not identity:
                 break
     if best is None:
-        return PodPlan(None, reason=no_node_reason(pod_label, state, reasons, ctx.claims,
-                                                    ctx.rules))
+        return PodPlan(None, reason=no_node_reason(pod_label, state, reasons, visit.claims,
+                                                    visit.rules))
     return build_plan(state, best[1], to_plan, best[2], charges=charges)
 
 
@@ -283,10 +284,10 @@ class Ranking:
             del self.failures[group_key]
 
 
-def caught_up(ctx: PodVisit, pod_sig: PodInputs) -> Ranking:
+def caught_up(visit: PodVisit, pod_sig: PodInputs) -> Ranking:
     """The pod signature's ranking, brought up to date with the classes that changed since
     it was last read."""
-    state = ctx.state
+    state = visit.state
     ranking: Ranking | None = state.rankings.get(pod_sig)
     classes = state.node_classes
     left_log = classes.left_log
@@ -319,12 +320,12 @@ def caught_up(ctx: PodVisit, pod_sig: PodInputs) -> Ranking:
         if group_key in failures:  # a class's state is its key: it fails as it did
             ranking.recount(group_key, members)
             continue
-        pruned = fits_node(state, members[0], ctx.cpu, ctx.memory, ctx.tolerations)
+        pruned = fits_node(state, members[0], visit.cpu, visit.memory, visit.tolerations)
         if pruned is not None:
             failures[group_key] = pruned
             ranking.recount(group_key, members)
             continue
-        outcome, node_score = ctx.evaluate(group_key, members[0], ranked=True)
+        outcome, node_score = visit.evaluate(group_key, members[0], ranked=True)
         if outcome.ok:
             heapq.heappush(heap, (node_score, members[0], group_key))
         else:
@@ -364,7 +365,7 @@ def ranking_reasons(state: ClusterState, ranking: Ranking,
     return counts
 
 
-def walk_ranking(ctx: PodVisit, ranking: Ranking,
+def walk_ranking(visit: PodVisit, ranking: Ranking,
                  refused: dict[NodeClassKey, str]) -> Candidates:
     """The ranking's classes where the pod fits under its own rules, best first (each as its
     score, first member and outcome); `refused` gets why the others the ranking holds do not
@@ -379,11 +380,11 @@ def walk_ranking(ctx: PodVisit, ranking: Ranking,
     every entry has been weighed, since ranked scores do not bound them. The ranking is left
     as found, however far the caller reads (close the walk).
     """
-    state = ctx.state
+    state = visit.state
     heap = ranking.heap
-    rules = ctx.rules
+    rules = visit.rules
     # What of the pod's rules its ranking leaves out; None when they are the ranking's.
-    kind = None if rules is None or rules is ctx.ranked_rules \
+    kind = None if rules is None or rules is visit.ranked_rules \
         else (rules.tenant, rules.max_claims_per_device)
     # A card the pod's rules keep it off can send the search to one that leaves the node
     # scoring better than its ranked score (a card's free share is its scarcest capacity's).
@@ -404,13 +405,13 @@ def walk_ranking(ctx: PodVisit, ranking: Ranking,
             node_score, name, group_key = head
             taken.append(heapq.heappop(heap))
             if kind is None or rules is None:
-                outcome = ctx.outcome(group_key, name, ranked=True)
+                outcome = visit.search_node(group_key, name, ranked=True)
             else:
                 known = ruled.get((group_key, kind))
                 if known is None:
-                    outcome = ctx.outcome(group_key, name, ranked=True)
+                    outcome = visit.search_node(group_key, name, ranked=True)
                     if refused_picks(state, name, outcome, rules):
-                        outcome, node_score = ctx.evaluate(group_key, name)
+                        outcome, node_score = visit.evaluate(group_key, name)
                     known = ruled[(group_key, kind)] = (node_score, outcome)
                 node_score, outcome = known
                 if not outcome.ok:

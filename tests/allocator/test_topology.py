@@ -152,8 +152,8 @@ def test_every_input_of_a_search_is_in_its_memo_key() -> None:
     for topology in (True, False):
         search = SearchInputs(claims=(key,), strategy="first-fit", workload=0, card_rules=None,
                               topology=topology, budget=state.settings.search_budget)
-        ctx = PodVisit(state, PodInputs(search, 1000, 1 << 30, ""), [("two", demand)], ())
-        outcomes[topology] = ctx.outcome(group_key, "n")
+        visit = PodVisit(state, PodInputs(search, 1000, 1 << 30, ""), [("two", demand)], ())
+        outcomes[topology] = visit.search_node(group_key, "n")
     picked = {t: sorted(state.node_devices["n"][p.device].name for p in o.picks)
               for t, o in outcomes.items()}
     assert picked == {True: ["gpu-2", "gpu-3"], False: ["gpu-1", "gpu-2"]}
