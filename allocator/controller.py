@@ -321,7 +321,7 @@ class Controller:
         for pod in list(self.pods.values()):
             if is_gated(pod):
                 self.unplaceable.wake(self._pod_key(pod))
-            elif objects.is_deleting(pod) and objects.uid(pod) in self.state.ledger.legacy:
+            elif objects.is_deleting(pod) and self.planning.charges_legacy(objects.uid(pod)):
                 self._set_legacy_pod(pod)  # its grace period may be over
         for claim in list(self.claims.values()):
             if has_finalizer(claim):
@@ -373,7 +373,7 @@ class Controller:
         ns, name = objects.namespace_name(obj)
         if change == "deleted":
             self.planning.drop_hold(obj)
-            if uid in self.state.ledger.legacy:
+            if self.planning.charges_legacy(uid):
                 self.quota_status.changed()
             self.planning.remove_pod(uid)
             self.events.forget(uid)
@@ -436,7 +436,7 @@ class Controller:
         """Charge a pod a legacy device plugin serves to its namespace's quotas (or stop)."""
         uid = objects.uid(obj)
         charges = self._legacy_charges(obj)
-        if not charges and uid not in self.state.ledger.legacy:
+        if not charges and not self.planning.charges_legacy(uid):
             return
         self.planning.set_legacy_pod(uid, objects.namespace(obj), charges)
         self.quota_status.changed()

@@ -265,6 +265,11 @@ class Planning:
         else:
             self._held_changes.append(lambda: method(*args))
 
+    def charges_legacy(self, pod_uid: str) -> bool:
+        """Whether the state charges the pod devices a legacy device plugin serves (as applied
+        so far: a change held while a plan runs is not in it yet)."""
+        return pod_uid in self.state.ledger.legacy
+
     def busy_claims(self, pod_uid: str) -> set[str]:
         """Uids of the claims that plans of other pods than this one are writing."""
         return {uid for other, plan in self._writing.items() if other != pod_uid
