@@ -1,11 +1,13 @@
 """The planner state as the allocator controller keeps it, and one plan at a time in a thread.
 
 The controller's informer handlers change the planner's `ClusterState` on the event loop,
-through the methods named for what the mirrors saw (`set_slice`, `remove_pod`...); a plan runs
-in a worker thread (`plan`), one at a time, so that the loop keeps renewing the Lease and
-serving watches however long it takes. While it runs, the loop's changes are held and applied
-in order when it returns: the plan sees the state as it was when it started, as when it ran on
-the loop. Each plan may spend at most `plan_cost_budget` on CEL selectors
+through the methods named for what the mirrors saw (`set_slice`, `remove_pod`...), and a change
+of the API's feature mode replaces it with one filled from the mirrors' contents (`rebuild`,
+`MirrorContents`); a plan runs in a worker thread (`plan`), one at a time, so that the loop
+keeps renewing the Lease and serving watches however long it takes. While it runs, the loop's
+changes are held and applied in order when it returns: the plan sees the state as it was when
+it started, as when it ran on the loop (a rebuilt state is filled at once, the running plan
+keeping the one it started with). Each plan may spend at most `plan_cost_budget` on CEL selectors
 (kube.cel.cost_budget): a pod whose selectors cost more is not placed, with that reason. The
 plans whose writes are in flight (from `writing` to `written`) hold their node and devices in
 the state (assumed) so that concurrent workers never hand out the same share; a pod placed but
