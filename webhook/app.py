@@ -8,7 +8,7 @@ rules ConfigMaps), GET /healthz, GET /readyz and GET /metrics. `create_probe_app
 serves the last three alone, in plain HTTP on a port of their own, so that the admission port
 can require client certificates without breaking the kubelet's probes or Prometheus. A handler
 reads the body, parses it (`reviews`), calls one decision (`mutation`, `validation`), and maps
-the outcome to a response: a malformed review is HTTP 400 with a one-line reason; a refusal is
+the outcome to a response: a malformed review is HTTP 400 with a one-line reason; a denial is
 `allowed: false` with a Status; an unexpected failure inside a decision is `allowed: false`
 with a generic message, logged with the request UID and the stack, and the server keeps serving.
 
@@ -220,25 +220,25 @@ async def _serve(request: web.Request, endpoint: str,
         log.exception("admission review failed", extra={
             "uid": review.uid, "endpoint": endpoint, "namespace": review.namespace,
             "pod": review.name})
-        body = reviews.response(review.uid, allowed=False, refusal=INTERNAL_ERROR)
+        body = reviews.response(review.uid, allowed=False, denial=INTERNAL_ERROR)
     state.metrics.latency_of[endpoint].observe(time.perf_counter() - started)
     return web.Response(body=body, content_type="application/json")
 
 
-def _refuse(state: WebhookState, endpoint: str, review: Review, refusal: Denial,
+def _refuse(state: WebhookState, endpoint: str, review: Review, denial: Denial,
             warnings: Sequence[str] = ()) -> bytes:
-    state.metrics.refusals.labels(endpoint, refusal.reason).inc()
+    state.metrics.refusals.labels(endpoint, denial.reason).inc()
     state.metrics.outcome(endpoint, "refused")
     if review.resource in reviews.CLAIM_RESOURCES:
         log.info("claim refused", extra={"uid": review.uid, "endpoint": endpoint,
                                          "namespace": review.namespace,
                                          "resource": review.resource, "object": review.name,
-                                         "reason": refusal.reason, "refusal": refusal.message})
+                                         "reason": denial.reason, "refusal": denial.message})
     else:
         log.info("pod refused", extra={"uid": review.uid, "endpoint": endpoint,
                                        "namespace": review.namespace, "pod": review.name,
-                                       "reason": refusal.reason, "refusal": refusal.message})
-    return reviews.response(review.uid, allowed=False, refusal=refusal, warnings=warnings)
+                                       "reason": denial.reason, "refusal": denial.message})
+    return reviews.response(review.uid, allowed=False, denial=denial, warnings=warnings)
 
 
 def _claim_requests(state: WebhookState, claims: PodClaims
@@ -299,8 +299,8 @@ async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMod
             state.plans.put(key, generation, decision)
     else:
         state.metrics.plan_hit.inc()
-    if decision.refusal is not None:
-        return _refuse(state, "mutate", review, decision.refusal, decision.warnings)
+    if decision.denial is not None:
+        return _refuse(state, "mutate", review, decision.denial, decision.warnings)
     if decision.templates:
         try:
             await state.templates.ensure(decision.templates, namespace, dry_run=review.dry_run,
@@ -355,8 +355,8 @@ async def _answer_validate(state: WebhookState, review: Review, mode: NamespaceM
         verdict = check_claim(ClaimUnderReview(
             resource=review.resource, obj=review.object, namespace=_namespace(review),
             policies=state.policies.catalog, models=_models(state)))
-        if verdict.refusal is not None:
-            return _refuse(state, "validate", review, verdict.refusal)
+        if verdict.denial is not None:
+            return _refuse(state, "validate", review, verdict.denial)
         state.metrics.outcome("validate", "allowed")
         return reviews.response(review.uid)
     rules = state.store.rules
@@ -381,8 +381,8 @@ async def _answer_validate(state: WebhookState, review: Review, mode: NamespaceM
         policies=catalog, models=_models(state), legacy_charges=legacy,
         legacy_recent=state.legacy.of(namespace) if legacy else ())
     verdict = state.validator.check(under_review)
-    if verdict.refusal is not None:
-        return _refuse(state, "validate", review, verdict.refusal)
+    if verdict.denial is not None:
+        return _refuse(state, "validate", review, verdict.denial)
     if legacy and not review.dry_run:
         meta = review.object.get("metadata")
         uid = meta.get("uid") if isinstance(meta, dict) else None
@@ -396,8 +396,8 @@ def _answer_validate_rules(state: WebhookState, review: Review) -> bytes:
         # Checked against the ConfigMaps in force, which are not known yet.
         return _refuse(state, "validate-rules", review, NOT_READY)
     verdict = ruleadmission.decide(review, state.store, namespace=state.settings.namespace)
-    if verdict.refusal is not None:
-        return _refuse(state, "validate-rules", review, verdict.refusal)
+    if verdict.denial is not None:
+        return _refuse(state, "validate-rules", review, verdict.denial)
     state.metrics.outcome("validate-rules", "allowed")
     return reviews.response(review.uid)
 

@@ -47,7 +47,7 @@ class Mutation:
     """What /mutate answers for a pod, and the translation it answers from."""
 
     patch: str | None = None  # base64 RFC 6902, None when nothing changes
-    refusal: Denial | None = None
+    denial: Denial | None = None
     warnings: tuple[str, ...] = ()
     audit: Mapping[str, str] = field(default_factory=dict)
     # The pod's translation mode: enabled, or why its legacy requests were left as they are
@@ -153,8 +153,8 @@ def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
                                  opt_out=opt_out)
     if held.refusal is not None:
         if held.forbidden:
-            return Mutation(refusal=Denial(REFUSED_CODE, REFUSED_REASON, held.refusal))
-        return Mutation(refusal=Denial(INVALID_CODE, INVALID_REASON, held.refusal))
+            return Mutation(denial=Denial(REFUSED_CODE, REFUSED_REASON, held.refusal))
+        return Mutation(denial=Denial(INVALID_CODE, INVALID_REASON, held.refusal))
     if held.mode != names.TRANSLATION_ENABLED:
         return _held(pod, namespace, rules, held, class_lookup=class_lookup, extended=extended)
     return _translated(pod, namespace, rules, class_lookup=class_lookup, extended=extended)
@@ -220,7 +220,7 @@ def _translated(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
     warnings = tuple(plan.warnings)
     if plan.refusal is not None:
         return Mutation(
-            refusal=Denial(REFUSED_CODE, REFUSED_REASON, plan.refusal.message),
+            denial=Denial(REFUSED_CODE, REFUSED_REASON, plan.refusal.message),
             warnings=warnings,
             audit={"refused-by-rule": plan.refusal.rule} if plan.refusal.rule else {},
         )

@@ -193,16 +193,16 @@ def encode_patch(patch: Sequence[Mapping[str, Any]]) -> str:
 
 
 def response(uid: str, *, allowed: bool = True, patch: str | None = None,
-             refusal: Denial | None = None, warnings: Sequence[str] = (),
+             denial: Denial | None = None, warnings: Sequence[str] = (),
              audit: Mapping[str, str] | None = None) -> bytes:
     """The response body; `patch` is already base64 (see `encode_patch`)."""
     answer: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if patch is not None:
         answer["patchType"] = "JSONPatch"
         answer["patch"] = patch
-    if refusal is not None:
-        answer["status"] = {"code": refusal.code, "reason": refusal.reason,
-                            "message": refusal.message}
+    if denial is not None:
+        answer["status"] = {"code": denial.code, "reason": denial.reason,
+                            "message": denial.message}
     if warnings:
         answer["warnings"] = list(warnings)
     if audit:

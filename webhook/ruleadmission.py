@@ -23,7 +23,7 @@ INVALID_CODE = 422
 
 @dataclass(frozen=True, slots=True)
 class RulesVerdict:
-    refusal: Denial | None
+    denial: Denial | None
 
 
 def decide(review: Review, store: RuleStore, *, namespace: str) -> RulesVerdict:

@@ -400,7 +400,7 @@ DEFAULT_CHECKS: tuple[PodCheck, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    refusal: Denial | None
+    denial: Denial | None
     violations: tuple[Violation, ...]
     checks: tuple[str, ...]  # the name of the check that found each violation
 
