@@ -20,7 +20,7 @@ from dra_gateway.policy.amounts import DeviceCharge
 from dra_gateway.policy.legacyusage import keeps_legacy_gpus, legacy_names, pod_charges
 from dra_gateway.translator.extended import ExtendedResources, deferred_resources
 from dra_gateway.translator.rules import RuleSet, load_rules
-from dra_gateway.translator.translate import claim_specs
+from dra_gateway.translator.translate import translated_claim_specs
 
 
 class LegacyPods:
@@ -41,7 +41,7 @@ class LegacyPods:
         skip = deferred_resources(legacy_names(pod), self.rules, self.extended)
         if skip and not keeps_legacy_gpus(pod, skip=skip):
             return ()
-        return pod_charges(pod, claim_specs(pod, self.rules, extended=self.extended),
+        return pod_charges(pod, translated_claim_specs(pod, self.rules, extended=self.extended),
                            card_memory=card_memory, skip=skip)
 
 

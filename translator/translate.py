@@ -41,9 +41,9 @@ __all__ = [
     "ClassLookup",
     "TranslationPlan",
     "Untranslated",
-    "claim_specs",
     "escape_pointer",
     "translate",
+    "translated_claim_specs",
 ]
 
 # The pod-level claim name the gateway adds to spec.resourceClaims.
@@ -175,11 +175,13 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
     return plan
 
 
-def claim_specs(pod: Mapping[str, Any], rules: RuleSet, *,
-                extended: ExtendedResources | None = None) -> list[dict[str, Any]] | None:
+def translated_claim_specs(pod: Mapping[str, Any], rules: RuleSet, *,
+                           extended: ExtendedResources | None = None
+                           ) -> list[dict[str, Any]] | None:
     """The specs of the claims translating `pod` would make (each template's `spec.spec`), as
     a pod left on its legacy names is charged to its namespace's quotas; None when the rules
-    refuse it."""
+    refuse it. Not the specs of the claims and templates the pod names itself (the webhook's
+    `claimspecs`)."""
     plan = translate(pod, rules, extended=extended or None)
     if plan.refusal is not None:
         return None

@@ -20,7 +20,7 @@ from dra_gateway.policy.amounts import DeviceCharge
 from dra_gateway.policy.legacyusage import keeps_legacy_gpus, legacy_names, pod_charges
 from dra_gateway.translator.extended import ExtendedResources, deferred_resources
 from dra_gateway.translator.rules import RuleSet
-from dra_gateway.translator.translate import claim_specs
+from dra_gateway.translator.translate import translated_claim_specs
 
 
 def legacy_charges(pod: dict[str, Any], rules: RuleSet, extended: ExtendedResources, *,
@@ -33,8 +33,8 @@ def legacy_charges(pod: dict[str, Any], rules: RuleSet, extended: ExtendedResour
     skip = deferred_resources(legacy_names(pod), rules, extended)
     if skip and not keeps_legacy_gpus(pod, skip=skip):
         return ()
-    return pod_charges(pod, claim_specs(pod, rules, extended=extended), card_memory=card_memory,
-                       skip=skip)
+    return pod_charges(pod, translated_claim_specs(pod, rules, extended=extended),
+                       card_memory=card_memory, skip=skip)
 
 
 class RecentLegacyPods:

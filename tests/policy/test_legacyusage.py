@@ -20,7 +20,7 @@ from dra_gateway.policy.legacyusage import (
 )
 from dra_gateway.policy.quotas import Quota
 from dra_gateway.translator.rules import load_rules
-from dra_gateway.translator.translate import claim_specs
+from dra_gateway.translator.translate import translated_claim_specs
 
 GIB = 1 << 30
 
@@ -66,7 +66,7 @@ def test_what_a_request_does_not_state_is_read_on_the_smallest_card(
 
 def test_a_pod_is_charged_what_the_rules_translate_it_into() -> None:
     pod = _pod({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "25"})
-    charges = pod_charges(pod, claim_specs(pod, load_rules()))
+    charges = pod_charges(pod, translated_claim_specs(pod, load_rules()))
     amounts = _quota(devices=8).amounts(charges)
     assert (amounts.devices, amounts.memory, amounts.cores) == (2, 8 * GIB, 50)
 
@@ -75,7 +75,7 @@ def test_a_pod_the_rules_refuse_still_counts_its_cards() -> None:
     # Refused by the HAMi rule (both memory forms), yet a legacy plugin may serve it.
     pod = _pod({"nvidia.com/gpu": "3", "nvidia.com/gpumem": "1024",
                 "nvidia.com/gpumem-percentage": "50"})
-    assert claim_specs(pod, load_rules()) is None
+    assert translated_claim_specs(pod, load_rules()) is None
     assert _quota(devices=8).amounts(pod_charges(pod, None)).devices == 3
 
 
@@ -130,4 +130,5 @@ def test_what_kube_scheduler_serves_is_not_charged_as_legacy() -> None:
     skip = deferred_resources(legacy_names(pod), rules, extended)
     assert skip == {"nvidia.com/gpu", "nvidia.com/gpumem"}
     assert not keeps_legacy_gpus(pod, skip=skip)
-    assert pod_charges(pod, claim_specs(pod, rules, extended=extended), skip=skip) == ()
+    specs = translated_claim_specs(pod, rules, extended=extended)
+    assert pod_charges(pod, specs, skip=skip) == ()

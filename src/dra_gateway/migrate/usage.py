@@ -19,7 +19,7 @@ from dra_gateway.kube import names, objects
 from dra_gateway.policy.amounts import DeviceCharge
 from dra_gateway.policy.legacyusage import keeps_legacy_gpus, pod_charges
 from dra_gateway.translator.rules import RuleSet
-from dra_gateway.translator.translate import claim_specs
+from dra_gateway.translator.translate import translated_claim_specs
 
 World = Literal["legacy", "translated"]
 
@@ -76,7 +76,7 @@ def usage_by_world(pods: Iterable[Mapping[str, Any]], rules: RuleSet
             world = "legacy"
         if source is None:
             continue
-        charges = pod_charges(source, claim_specs(source, rules))
+        charges = pod_charges(source, translated_claim_specs(source, rules))
         if not charges:
             continue
         total = out.setdefault((objects.namespace(pod) or "default", world),
