@@ -13,7 +13,7 @@ cluster port (the pure translator and planner import it).
 # No `from __future__ import annotations`: it would shadow the accessor `annotations` below.
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from dra_gateway.kube import names
 
@@ -161,6 +161,27 @@ FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 def is_finished(pod: RawObject) -> bool:
     """The pod has succeeded or failed: it will not run again."""
     return status(pod).get("phase") in FINISHED_PHASES
+
+
+# What an entry of a pod's spec.resourceClaims is made from: a template or a claim, by name.
+ClaimSource = tuple[Literal["template", "claim"], str]
+# The kind of object each source names.
+CLAIM_SOURCE_KINDS: Final = {"template": "ResourceClaimTemplate", "claim": "ResourceClaim"}
+
+
+def claim_source(entry: Any) -> ClaimSource | None:
+    """What an entry of a pod's spec.resourceClaims is made from: its resourceClaimTemplateName
+    first, then its resourceClaimName; None for an entry naming neither (or not an object).
+    The translator and the webhook both read a pod's own claims by this one rule."""
+    if not isinstance(entry, dict):
+        return None
+    template = entry.get("resourceClaimTemplateName")
+    if isinstance(template, str):
+        return "template", template
+    claim = entry.get("resourceClaimName")
+    if isinstance(claim, str):
+        return "claim", claim
+    return None
 
 
 def claim_names_of(pod: RawObject) -> set[str]:

@@ -343,14 +343,16 @@ def _references_gateway_class(spec: Mapping[str, Any], namespace: str,
     would be allocated by the scheduler behind the allocator's back.
     """
     for claim in spec.get("resourceClaims") or ():
-        template = claim.get("resourceClaimTemplateName")
-        kind, ref = (("ResourceClaimTemplate", template) if template else
-                     ("ResourceClaim", claim.get("resourceClaimName")))
-        classes = class_lookup(kind, namespace, ref) if class_lookup and ref else None
+        source = objects.claim_source(claim)
+        if source is None:
+            continue
+        kind, ref = source
+        classes = (class_lookup(objects.CLAIM_SOURCE_KINDS[kind], namespace, ref)
+                   if class_lookup and ref else None)
         if classes is not None:
             if any(c in names.GATEWAY_CLASSES for c in classes):
                 return True
-        elif by_name and template and template.startswith(TEMPLATE_PREFIX):
+        elif by_name and kind == "template" and ref.startswith(TEMPLATE_PREFIX):
             return True
     return False
 

@@ -22,21 +22,19 @@ import logging
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any
 
 from cachetools import TTLCache
 
 from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound
+from dra_gateway.kube.objects import CLAIM_SOURCE_KINDS, ClaimSource, claim_source
 from dra_gateway.kube.resources import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, ResourceType
 from dra_gateway.policy.amounts import RequestShape, requests_of
 from dra_gateway.translator.translate import ClassLookup
 
 log = logging.getLogger(__name__)
 
-# What an entry of a pod's spec.resourceClaims is made from: a template or a claim, by name.
-ClaimSource = tuple[Literal["template", "claim"], str]
 Key = tuple[str, str, str]  # (kind, namespace, name); kind as in ClaimSource
-_LOOKUP_KINDS: Final = {"template": "ResourceClaimTemplate", "claim": "ResourceClaim"}
 
 
 def device_classes(spec: Mapping[str, Any]) -> frozenset[str]:
@@ -69,20 +67,12 @@ def _template_requests(template: Mapping[str, Any]) -> tuple[RequestShape, ...]:
 
 
 def claim_sources(pod: Mapping[str, Any]) -> tuple[ClaimSource | None, ...]:
-    """Per entry of the pod's spec.resourceClaims, the template or claim it names (a template
-    first), None for an entry naming neither."""
+    """Per entry of the pod's spec.resourceClaims, the template or claim it names
+    (`kube.objects.claim_source`: a template first), None for an entry naming neither."""
     claims = pod["spec"].get("resourceClaims")
     if not isinstance(claims, list):
         return ()
-    out: list[ClaimSource | None] = []
-    for claim in claims:
-        if isinstance(claim, dict) and isinstance(claim.get("resourceClaimTemplateName"), str):
-            out.append(("template", claim["resourceClaimTemplateName"]))
-        elif isinstance(claim, dict) and isinstance(claim.get("resourceClaimName"), str):
-            out.append(("claim", claim["resourceClaimName"]))
-        else:
-            out.append(None)
-    return tuple(out)
+    return tuple(map(claim_source, claims))
 
 
 class ClaimSpecCache:
@@ -172,7 +162,7 @@ class PodClaims:
 
     def class_lookup(self) -> ClassLookup:
         """The translator's view of these classes."""
-        known = {(_LOOKUP_KINDS[source[0]], source[1]): found
+        known = {(CLAIM_SOURCE_KINDS[source[0]], source[1]): found
                  for source, found in zip(self.sources, self.classes, strict=True)
                  if source is not None}
 

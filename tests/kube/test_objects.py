@@ -71,6 +71,19 @@ def test_claim_names_of_a_pod_come_from_spec_and_claim_statuses() -> None:
     assert objects.claim_names_of(_pod()) == {"direct", "p-tpl-1"}
 
 
+@pytest.mark.parametrize(("entry", "source"), [
+    ({"name": "a", "resourceClaimTemplateName": "t"}, ("template", "t")),
+    ({"name": "a", "resourceClaimName": "c"}, ("claim", "c")),
+    ({"name": "a", "resourceClaimTemplateName": "t", "resourceClaimName": "c"}, ("template", "t")),
+    ({"name": "a", "resourceClaimTemplateName": None, "resourceClaimName": "c"}, ("claim", "c")),
+    ({"name": "a"}, None),
+    ("a", None),
+])
+def test_a_pod_claim_is_made_from_its_template_first_then_its_claim(
+        entry: Any, source: objects.ClaimSource | None) -> None:
+    assert objects.claim_source(entry) == source
+
+
 def test_a_pod_is_finished_once_it_succeeded_or_failed() -> None:
     assert objects.is_finished(_pod(status={"phase": "Succeeded"}))
     assert objects.is_finished(_pod(status={"phase": "Failed"}))
