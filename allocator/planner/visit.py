@@ -43,24 +43,24 @@ Candidate = tuple[tuple[float, ...], str, NodeSearchResult]
 Candidates = Generator[Candidate, None, None]
 
 
-def score(outcome: NodeSearchResult, strategy: str, workload: Workload, *, cpu_free: int,
+def score(result: NodeSearchResult, strategy: str, workload: Workload, *, cpu_free: int,
           mem_free: int, cpu: int, memory: int) -> tuple[float, ...]:
     """The packing strategy's score of a found placement; lower is better, ties go to the node
     name."""
     if strategy not in (DEFAULT, BINPACK, SPREAD):
         return (0.0,)
-    after = outcome.after
+    after = result.after
     free_after = sum(after)
     cpu_after = cpu_free - cpu
     # Cards together first (topology.misalignment: 0 for single cards and aligned sets).
-    aligned = float(outcome.misaligned)
+    aligned = float(result.misaligned)
     if strategy == BINPACK:
         return (aligned, float(free_after), float(cpu_after))
     if strategy == SPREAD:
         share = free_after / len(after) if after else 0.0
         return (aligned, -share, -float(cpu_after))
-    delta = workload.expected_loss(after, cpu_after, mem_free - memory, outcome.model) - \
-        workload.expected_loss(outcome.before, cpu_free, mem_free, outcome.model)
+    delta = workload.expected_loss(after, cpu_after, mem_free - memory, result.model) - \
+        workload.expected_loss(result.before, cpu_free, mem_free, result.model)
     return (aligned, round(delta, 6), float(free_after), float(cpu_after))
 
 
@@ -91,9 +91,9 @@ def feasible_nodes(visit: PodVisit, pod: Mapping[str, Any], *, pinned: set[str] 
             if needs_labels and not kubefit.pod_accepts_node(pod, member,
                                                              state.nodes[member].labels):
                 continue
-            outcome, node_score = visit.evaluate(None if identity else group_key, member)
-            if outcome.ok:
-                found.append((node_score, member, outcome))
+            result, node_score = visit.evaluate(None if identity else group_key, member)
+            if result.ok:
+                found.append((node_score, member, result))
             if not identity:
                 break
     found.sort(key=lambda e: (e[0], e[1]))
@@ -145,10 +145,10 @@ class PodVisit:
                  ranked: bool = False) -> tuple[NodeSearchResult, tuple[float, ...]]:
         """Devices for the pod on `node` (memoised per node class) and the strategy's score,
         under the namespace's rules (`ranked`: under the rules its ranking is kept for)."""
-        outcome = self.search_node(group_key, node, ranked=ranked)
-        if not outcome.ok:
-            return outcome, ()
-        return outcome, self.score_of(node, outcome)
+        result = self.search_node(group_key, node, ranked=ranked)
+        if not result.ok:
+            return result, ()
+        return result, self.score_of(node, result)
 
     def search_node(self, group_key: NodeClassKey | None, node: str, *,
                     ranked: bool = False) -> NodeSearchResult:
@@ -156,7 +156,7 @@ class PodVisit:
         (`evaluate` without the score)."""
         state = self.state
         rules = self.ranked_rules if ranked else self.rules
-        outcome: NodeSearchResult | None = None
+        result: NodeSearchResult | None = None
         memo_key: tuple[object, ...] | None = None
         if group_key is not None and ranked:
             # Rankings' searches read neither tenants nor limits (`PlannerPolicies.planned`),
@@ -174,21 +174,21 @@ class PodVisit:
                         else memo_rules(rules, summary, self.own_shares))
         classes = state.node_classes
         if memo_key is not None:
-            outcome = classes.memo.get(memo_key)
-            if outcome is None:
-                outcome = classes.memo_old.get(memo_key)
-                if outcome is not None:
-                    classes.memo[memo_key] = outcome
-        if outcome is None:
-            outcome = NodeSearch(state, node, self.claims, self.search,
+            result = classes.memo.get(memo_key)
+            if result is None:
+                result = classes.memo_old.get(memo_key)
+                if result is not None:
+                    classes.memo[memo_key] = result
+        if result is None:
+            result = NodeSearch(state, node, self.claims, self.search,
                                  workload=state.workload, rules=rules).run()
             if memo_key is not None:
-                classes.memo[memo_key] = outcome
-        return outcome
+                classes.memo[memo_key] = result
+        return result
 
-    def score_of(self, node: str, outcome: NodeSearchResult) -> tuple[float, ...]:
+    def score_of(self, node: str, result: NodeSearchResult) -> tuple[float, ...]:
         cpu_free, mem_free = self.state.node_free(node)
-        return score(outcome, self.strategy, self.state.workload, cpu_free=cpu_free,
+        return score(result, self.strategy, self.state.workload, cpu_free=cpu_free,
                      mem_free=mem_free, cpu=self.cpu, memory=self.memory)
 
 
@@ -212,9 +212,9 @@ def scan_classes(visit: PodVisit, pod: Mapping[str, Any],
             reasons[pruned] += len(candidates)
             continue
         for member in candidates:
-            outcome, node_score = visit.evaluate(None if identity else group_key, member)
-            if not outcome.ok:
-                reasons[outcome.reason or "no devices fit"] += 1 if identity else len(candidates)
+            result, node_score = visit.evaluate(None if identity else group_key, member)
+            if not result.ok:
+                reasons[result.reason or "no devices fit"] += 1 if identity else len(candidates)
                 if identity:
                     continue
                 break
@@ -226,7 +226,7 @@ def scan_classes(visit: PodVisit, pod: Mapping[str, Any],
                                                              state.nodes[member].labels):
                 reasons["node(s) didn't match Pod's node affinity/selector"] += 1
                 continue
-            best = (node_score, member, outcome)
+            best = (node_score, member, result)
             if not identity:
                 break
     if best is None:
@@ -325,11 +325,11 @@ def caught_up(visit: PodVisit, pod_sig: PodInputs) -> Ranking:
             failures[group_key] = pruned
             ranking.recount(group_key, members)
             continue
-        outcome, node_score = visit.evaluate(group_key, members[0], ranked=True)
-        if outcome.ok:
+        result, node_score = visit.evaluate(group_key, members[0], ranked=True)
+        if result.ok:
             heapq.heappush(heap, (node_score, members[0], group_key))
         else:
-            failures[group_key] = outcome.reason or "no devices fit"
+            failures[group_key] = result.reason or "no devices fit"
             ranking.recount(group_key, members)
     return ranking
 
@@ -368,7 +368,7 @@ def ranking_reasons(state: ClusterState, ranking: Ranking,
 def walk_ranking(visit: PodVisit, ranking: Ranking,
                  refused: dict[NodeClassKey, str]) -> Candidates:
     """The ranking's classes where the pod fits under its own rules, best first (each as its
-    score, first member and outcome); `refused` gets why the others the ranking holds do not
+    score, first member and result); `refused` gets why the others the ranking holds do not
     fit, once the walk has passed them.
 
     Rankings of shares are kept without the tenant and maxClaimsPerDevice (every namespace's
@@ -398,26 +398,26 @@ def walk_ranking(visit: PodVisit, ranking: Ranking,
         while True:
             head = _live_head(heap, state.groups)
             while scored and (head is None or (bounded and scored[0][:2] <= head[:2])):
-                node_score, name, _, outcome = heapq.heappop(scored)
-                yield node_score, name, outcome
+                node_score, name, _, result = heapq.heappop(scored)
+                yield node_score, name, result
             if head is None:
                 return
             node_score, name, group_key = head
             taken.append(heapq.heappop(heap))
             if kind is None or rules is None:
-                outcome = visit.search_node(group_key, name, ranked=True)
+                result = visit.search_node(group_key, name, ranked=True)
             else:
                 known = ruled.get((group_key, kind))
                 if known is None:
-                    outcome = visit.search_node(group_key, name, ranked=True)
-                    if refused_picks(state, name, outcome, rules):
-                        outcome, node_score = visit.evaluate(group_key, name)
-                    known = ruled[(group_key, kind)] = (node_score, outcome)
-                node_score, outcome = known
-                if not outcome.ok:
-                    refused[group_key] = outcome.reason or "no devices fit"
+                    result = visit.search_node(group_key, name, ranked=True)
+                    if refused_picks(state, name, result, rules):
+                        result, node_score = visit.evaluate(group_key, name)
+                    known = ruled[(group_key, kind)] = (node_score, result)
+                node_score, result = known
+                if not result.ok:
+                    refused[group_key] = result.reason or "no devices fit"
                     continue
-            heapq.heappush(scored, (node_score, name, len(taken), outcome))
+            heapq.heappush(scored, (node_score, name, len(taken), result))
     finally:
         for entry in taken:
             heapq.heappush(heap, entry)
@@ -440,18 +440,18 @@ def fits_node(state: ClusterState, node: str, cpu: int, memory: int,
     return None
 
 
-def refused_picks(state: ClusterState, node: str, outcome: NodeSearchResult,
+def refused_picks(state: ClusterState, node: str, result: NodeSearchResult,
                   rules: SharingRules) -> bool:
     """Whether `rules` keep the pod off a card that a search under rules without its tenant
     and maxClaimsPerDevice picked on `node`, given the card's holders and the pod's own other
     shares of it. When they do not, a search under `rules` stops at the same picks: it walks
     the same choices in the same order, with only cards the picks did not take removed.
     Allowed models, exclusive and minShare are the same under both, so not asked again."""
-    if not outcome.ok:
+    if not result.ok:
         return False
     devices = state.node_devices.get(node, ())
     shares: dict[int, int] = {}
-    for pick in outcome.picks:
+    for pick in result.picks:
         if not pick.exclusive and devices[pick.device].driver == names.DRIVER:
             shares[pick.device] = shares.get(pick.device, 0) + 1
     if not shares:
