@@ -35,7 +35,8 @@ def share_bytes(card_memory: int, percent: int) -> int:
 def share_bytes_in_whole_mib(card_memory: int, percent: int) -> int:
     """`percent` of `card_memory` bytes, rounded down to whole MiB (what the planner charges
     and the quotas count: never above what the node plugin enforces)."""
-    return share_bytes(card_memory, percent) // _MIB * _MIB
+    # `share_bytes` written out: the planner calls this once per card it tries.
+    return card_memory * percent // _WHOLE // _MIB * _MIB
 
 
 def share_fraction(percent: int) -> float:

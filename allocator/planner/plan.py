@@ -118,14 +118,8 @@ class _PodClaims:
 
     to_plan: list[tuple[Mapping[str, Any], str, ClaimDemand]]
     pinned: set[str] | None
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return tuple(k for _, k, _ in self.to_plan)
-
-    @property
-    def demands(self) -> list[ClaimDemand]:
-        return [d for _, _, d in self.to_plan]
+    keys: tuple[str, ...]  # the demand keys of `to_plan`, in its order
+    demands: list[ClaimDemand]  # the demands of `to_plan`, in its order
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +180,8 @@ def _read_claims(state: ClusterState, claims: Sequence[Mapping[str, Any]],
         to_plan.append((claim, key, demand))
     if nodes is not None:
         pinned = set(nodes) if pinned is None else pinned & set(nodes)
-    return _PodClaims(to_plan, pinned)
+    return _PodClaims(to_plan, pinned, keys=tuple(k for _, k, _ in to_plan),
+                      demands=[d for _, _, d in to_plan])
 
 
 def _apply_policies(state: ClusterState, pod: Mapping[str, Any], pod_label: str,
