@@ -24,7 +24,8 @@ that run in a thread or are being written), `allocate.py` (a gated pod: plan, wr
 `mirrorwrites.py` (our own writes into the mirrors), `index.py` (which pods use which claims),
 `claims.py` (a pod's claims from the mirror), `writes.py` (a claim's allocation, the gate's
 removal), `release.py`, `unplaceable.py` (when a pod that did not fit is planned again),
-`events.py` (Warning Events), `quotastatus.py` (GPUQuota status; the policies reach the planner
+`events.py` (Warning Events), `invalidclaims.py` (others' claims the API refuses from 1.38,
+named), `quotastatus.py` (GPUQuota status; the policies reach the planner
 through kube/runtime's `PolicyMirror`) and `conditions.py` (the pod condition of a pod a quota
 holds back).
 
@@ -48,6 +49,7 @@ from dra_gateway.allocator.defrag.view import Snapshot
 from dra_gateway.allocator.events import COMPONENT, EventRecorder
 from dra_gateway.allocator.groups import GROUP_INDEX, HOLDER_INDEX, group_index, holder_index
 from dra_gateway.allocator.index import ClaimIndex
+from dra_gateway.allocator.invalidclaims import InvalidClaims
 from dra_gateway.allocator.legacypods import LegacyPods
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
 from dra_gateway.allocator.planner import ClusterState
@@ -164,6 +166,7 @@ class Controller:
                                        retry_interval=self.settings.unplaceable_retry_interval)
         self.events = EventRecorder(cluster, instance=self.settings.identity or COMPONENT,
                                     interval=self.settings.event_interval)
+        self.invalid_claims = InvalidClaims(self.events, self.metrics.invalid_claims)
         self.releaser = ClaimReleaser(cluster, claims=self.claims, pods=self.pods,
                                       index=self.index, unplaceable=self.unplaceable,
                                       stats=self.stats, metrics=self.metrics, fence=fence)
@@ -243,6 +246,7 @@ class Controller:
                 tasks.append(asyncio.create_task(worker, name=f"allocator-worker-{n}"))
             tasks.append(asyncio.create_task(self._resync(), name="allocator-resync"))
             tasks.append(asyncio.create_task(self.quota_status.run(), name="quota-status"))
+            tasks.append(asyncio.create_task(self.invalid_claims.run(), name="invalid-claims"))
             self.quota_status.changed()
             self.ready.set()
             await asyncio.gather(*tasks)
@@ -479,9 +483,11 @@ class Controller:
         if change == "deleted":
             self.index.remove_claim(key)
             self.planning.remove_claim(objects.uid(obj))
+            self.invalid_claims.gone(objects.uid(obj))
         else:
             self.index.set_claim(obj)
             self.planning.set_claim(obj)
+            self.invalid_claims.seen(obj)
             if has_finalizer(obj):
                 self.queue.add(key)
         was_allocated = old is not None and is_allocated(old)

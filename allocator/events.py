@@ -1,6 +1,7 @@
-"""Warning Events on pods the allocator cannot place, with the API's own spam filter.
+"""Warning Events on pods the allocator cannot place (and on claims it cannot count), with the
+API's own spam filter.
 
-One Event per pod and message: a repeat bumps its `count` and `lastTimestamp`, written at most
+One Event per object and message: a repeat bumps its `count` and `lastTimestamp`, written at most
 once per interval; a new message starts a new Event. Events are advice to humans, so a failed
 write is logged and dropped: this module must never raise into the allocation path, nor decide
 anything about the pod.
@@ -21,6 +22,8 @@ log = logging.getLogger(__name__)
 
 COMPONENT = names.ALLOCATOR_COMPONENT
 EVENT_ALLOCATION_FAILED = "AllocationFailed"
+# On a claim whose allocation, written by someone else, holds what the API refuses from 1.38.
+EVENT_INVALID_ALLOCATION = "InvalidAllocation"
 _MAX_MESSAGE = 1024
 
 
@@ -29,20 +32,28 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def pod_event(pod: Object, *, reason: str, message: str, type_: str, component: str,
-              instance: str, stamp: str) -> Object:
-    """A core/v1 Event about a pod, new (count 1), its message cut to the API's length."""
-    ns, name = objects.namespace_name(pod)
+def object_event(obj: Object, *, kind: str, api_version: str, reason: str, message: str,
+                 type_: str, component: str, instance: str, stamp: str) -> Object:
+    """A core/v1 Event about a namespaced object, new (count 1), its message cut to the API's
+    length."""
+    ns, name = objects.namespace_name(obj)
     return {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": ns},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": ns,
-                           "uid": objects.uid(pod)},
+        "involvedObject": {"apiVersion": api_version, "kind": kind, "name": name,
+                           "namespace": ns, "uid": objects.uid(obj)},
         "reason": reason, "message": message[:_MAX_MESSAGE], "type": type_,
         "source": {"component": component}, "reportingComponent": component,
         "reportingInstance": instance, "firstTimestamp": stamp, "lastTimestamp": stamp,
         "count": 1,
     }
+
+
+def pod_event(pod: Object, *, reason: str, message: str, type_: str, component: str,
+              instance: str, stamp: str) -> Object:
+    """A core/v1 Event about a pod (`object_event`)."""
+    return object_event(pod, kind="Pod", api_version="v1", reason=reason, message=message,
+                        type_=type_, component=component, instance=instance, stamp=stamp)
 
 
 @dataclass
@@ -54,22 +65,25 @@ class _EventRecord:
 
 
 class EventRecorder:
-    """The allocation failures of pods, as Warning Events; one recorder per controller."""
+    """The allocation failures of pods (and the claims the allocator cannot count), as Warning
+    Events; one recorder per controller."""
 
     def __init__(self, cluster: Cluster, *, instance: str, interval: float) -> None:
         self.cluster = cluster
         self.instance = instance  # reportingInstance
         self.interval = interval  # a repeat is written at most this often
-        self._events: dict[str, _EventRecord] = {}  # pod uid -> its current Event
+        self._events: dict[str, _EventRecord] = {}  # object uid -> its current Event
 
     def forget(self, pod_uid: str) -> None:
         """The pod is gone: its Event expires on its own."""
         self._events.pop(pod_uid, None)
 
     async def record_failure(self, pod: Object, message: str, *,
-                             reason: str = EVENT_ALLOCATION_FAILED) -> None:
-        """A Warning Event on the pod, once per message (later repeats bump its count);
-        `reason` is the Event's (QuotaExceeded for a pod a GPUQuota holds back)."""
+                             reason: str = EVENT_ALLOCATION_FAILED, kind: str = "Pod",
+                             api_version: str = "v1") -> None:
+        """A Warning Event on the pod (or the object of `kind`), once per message (later
+        repeats bump its count); `reason` is the Event's (QuotaExceeded for a pod a GPUQuota
+        holds back)."""
         uid, (ns, name) = objects.uid(pod), objects.namespace_name(pod)
         message = message[:_MAX_MESSAGE]
         stamp = now()
@@ -83,16 +97,18 @@ class EventRecorder:
                     "count": record.count, "lastTimestamp": stamp}, namespace=ns)
                 record.written_at = time.monotonic()
                 return
-            event = pod_event(pod, reason=reason, message=message, type_="Warning",
-                              component=COMPONENT, instance=self.instance, stamp=stamp)
+            event = object_event(pod, kind=kind, api_version=api_version, reason=reason,
+                                 message=message, type_="Warning", component=COMPONENT,
+                                 instance=self.instance, stamp=stamp)
             await self.cluster.create(EVENTS, event, namespace=ns)
             self._events[uid] = _EventRecord(event["metadata"]["name"], message, 1,
                                              time.monotonic())
         except NotFound:
             self._events.pop(uid, None)  # the event expired: the next failure creates one
         except (ApiError, OSError, TimeoutError) as err:
-            log.warning("could not record an event", extra={"pod": f"{ns}/{name}",
-                                                            "error": str(err)})
+            log.warning("could not record an event", extra={
+                "object": f"{kind} {ns}/{name}", "error": str(err)})
 
 
-__all__ = ["COMPONENT", "EVENT_ALLOCATION_FAILED", "EventRecorder", "now", "pod_event"]
+__all__ = ["COMPONENT", "EVENT_ALLOCATION_FAILED", "EVENT_INVALID_ALLOCATION", "EventRecorder",
+           "now", "object_event", "pod_event"]

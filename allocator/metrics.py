@@ -56,6 +56,11 @@ class Metrics:
             "dra_gateway_allocator_plan_seconds", "Time to plan one pod's claims",
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
             registry=r)
+        self.invalid_claims = Gauge(
+            "dra_gateway_allocator_invalid_claims",
+            "Claims whose allocation, written by someone else, holds what the API refuses from "
+            "Kubernetes 1.38 (a negative or unnamed consumedCapacity): counted as holding their "
+            "devices whole", registry=r)
         self.queue_depth = Gauge("dra_gateway_allocator_queue_depth",
                                  "Keys waiting in the work queue", registry=r)
         self.quota_used = Gauge(

@@ -4,6 +4,8 @@
 #
 #   hack/build-control-plane.sh [VERSION ...]      (default: the supported releases below)
 #
+# VERSION is a release (1.37.2) or a pre-release the module proxy serves (1.38.0-beta.0).
+#
 # Per Kubernetes version it leaves in ${XDG_CACHE_HOME:-$HOME/.cache}/dra-gateway/kube/<version>/:
 #   kube-apiserver, kube-controller-manager, kube-scheduler   built from k8s.io/kubernetes@v<version>
 #   etcd                                                      go.etcd.io/etcd/server/v3 (ETCD_VERSION)
@@ -25,7 +27,12 @@ ETCD_VERSION=${ETCD_VERSION:-v3.6.5}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 CACHE=${DRA_GATEWAY_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dra-gateway/kube}
 
-# A Go older than a go.mod asks for fails with its own message instead of fetching a toolchain.
+# The Go toolchain: this machine's own, except for a release whose go.mod asks for a newer
+# language version (1.38 asks for Go 1.27): that release alone is built with NEWER_GO, which the
+# go command takes from the Go module proxy like any module (about 10 s, once per machine). This is
+# the one place the project names it; nothing else (README, .ci/run) needs to export GOTOOLCHAIN.
+NEWER_GO=${DRA_GATEWAY_NEWER_GO:-go1.27.3}
+# Everything else builds with the local Go, which fails with its own message instead of fetching.
 export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0
 
 log() { printf 'build-control-plane: %s\n' "$*" >&2; }
@@ -100,15 +107,32 @@ build_kwok() {
   mv -f "$dir/kwok-stages.yaml.tmp" "$dir/kwok-stages.yaml"
 }
 
+# The toolchain for a module whose go.mod is $1: "local" while this machine's Go is new enough.
+toolchain_for() {
+  local wanted local_version
+  wanted=$(sed -n 's/^go \([0-9][0-9.]*\)$/\1/p' "$1")
+  local_version=$(GOTOOLCHAIN=local go env GOVERSION)
+  local_version=${local_version#go}
+  if [[ -z $wanted ]] || [[ $(printf '%s\n%s\n' "$wanted" "$local_version" | sort -V | tail -n1) == "$local_version" ]]; then
+    echo local
+  else
+    log "$1 asks for Go $wanted; this machine has $local_version: building with $NEWER_GO"
+    echo "$NEWER_GO"
+  fi
+}
+
 build_kube() {
   local version=${1#v}
-  [[ $version =~ ^1\.([0-9]+)\.([0-9]+)$ ]] || die "not a Kubernetes release: $1 (give e.g. 1.34.4)"
-  local minor=${BASH_REMATCH[1]} patch=${BASH_REMATCH[2]}
+  [[ $version =~ ^1\.([0-9]+)\.([0-9]+)(-(alpha|beta|rc)\.[0-9]+)?$ ]] ||
+    die "not a Kubernetes release: $1 (give e.g. 1.37.2 or 1.38.0-beta.0)"
+  local minor=${BASH_REMATCH[1]} patch=${BASH_REMATCH[2]} pre=${BASH_REMATCH[3]}
   local dir=$CACHE/$version src=$CACHE/$version/src
   mkdir -p "$src"
   if [[ ! -f $src/go.sum ]]; then
     local upstream
-    upstream=$(go mod download -json "k8s.io/kubernetes@v$version" | sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p')
+    # Its go.mod alone: the module's source may need a newer Go than this one (toolchain_for).
+    upstream=$(go mod download -json "k8s.io/kubernetes@v$version" 2>/dev/null |
+      sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p' || true)
     [[ -f $upstream ]] || die "the module proxy gave no go.mod for k8s.io/kubernetes@v$version"
     {
       echo "module dra-gateway.local/kube"
@@ -121,7 +145,7 @@ build_kube() {
       echo
       echo "replace ("
       sed -n 's|^[[:space:]]*\(k8s\.io/[^[:space:]]*\) => \./staging/.*$|\1|p' "$upstream" |
-        while read -r module; do echo "	$module => $module v0.$minor.$patch"; done
+        while read -r module; do echo "	$module => $module v0.$minor.$patch$pre"; done
       echo ")"
     } >"$src/go.mod"
     grep -q ' => ' "$src/go.mod" || die "no staging replacements found in k8s.io/kubernetes@v$version's go.mod"
@@ -137,14 +161,16 @@ import (
 )
 EOF
     log "resolving modules of k8s.io/kubernetes@v$version"
-    (cd "$src" && go mod tidy) >&2
+    (cd "$src" && GOTOOLCHAIN=$(toolchain_for go.mod) go mod tidy) >&2
   fi
+  local toolchain
+  toolchain=$(toolchain_for "$src/go.mod")
   local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=v$version"
   ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
   ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
   for component in kube-apiserver kube-controller-manager kube-scheduler; do
-    build_into "$src" "$dir/$component" -tags selinux,notest -ldflags "$ldflags" \
-      "k8s.io/kubernetes/cmd/$component"
+    GOTOOLCHAIN=$toolchain build_into "$src" "$dir/$component" -tags selinux,notest \
+      -ldflags "$ldflags" "k8s.io/kubernetes/cmd/$component"
   done
   place "$CACHE/_etcd-$ETCD_VERSION/etcd" "$dir/etcd"
   place "$CACHE/_kwok-$KWOK_VERSION/kwok" "$dir/kwok"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 _PART = re.compile(r"^[0-9]+$")
+_MAX_DIGITS = 18  # in MAJOR, MINOR and PATCH, as Kubernetes 1.38 validates `version` attributes
 
 
 def semver(text: str) -> str:
@@ -17,7 +18,7 @@ def semver(text: str) -> str:
 
     A fourth numeric part becomes build metadata (`"31.0.15.3623"` -> `"31.0.15+3623"`), which
     semver orders as equal, so comparisons stay on the first three. Raises ValueError with the
-    text when it is not made of 1 to 4 dot-separated numbers.
+    text when it is not made of 1 to 4 dot-separated numbers of at most 18 digits each.
     """
     raw = text.strip()
     if raw[:1] in ("v", "V"):
@@ -29,8 +30,11 @@ def semver(text: str) -> str:
     numbers = [str(int(p)) for p in parts]
     while len(numbers) < 3:
         numbers.append("0")
-    core = ".".join(numbers[:3])
-    return core + (f"+{numbers[3]}" if len(numbers) == 4 else "")
+    if any(len(n) > _MAX_DIGITS for n in numbers[:3]):
+        # Kubernetes 1.38 refuses them: each number must fit CEL's int64.
+        raise ValueError(f'invalid version "{text}": each number must have at most '
+                         f'{_MAX_DIGITS} digits')
+    return ".".join(numbers[:3]) + (f"+{numbers[3]}" if len(numbers) == 4 else "")
 
 
 def cuda_version_from_int(value: int) -> str:

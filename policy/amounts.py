@@ -228,11 +228,14 @@ def charges_of(claim: Mapping[str, Any], lookup: DeviceLookup) -> list[DeviceCha
         if consumed is None and recorded.get(key):
             consumed = recorded[key].pop(0).get("consumedCapacity")
         card_memory, card_cores = card_amounts(device)
+        memory = cores = -1
         if isinstance(consumed, Mapping):
             memory = _int(consumed.get(names.CAPACITY_MEMORY)) or 0
             cores = _int(consumed.get(names.CAPACITY_CORES)) or 0
+        if memory >= 0 and cores >= 0:
             whole = device is not None and memory >= card_memory > 0 and cores >= card_cores
         else:
+            # No share, or a negative one (the API refuses it from 1.38): the whole card.
             memory, cores, whole = card_memory, card_cores, True
         charges.append(DeviceCharge(key, class_name, memory, cores, whole, device))
     return charges

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_gateway.kube import names
+from dra_gateway.kube.api_rules import allocation_problems
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
 from dra_gateway.policy.amounts import (
     FIELDS,
@@ -179,6 +180,7 @@ def build_report(*, claims: Iterable[Mapping[str, Any]], slices: Iterable[Mappin
                  pods: Iterable[Mapping[str, Any]], catalog: Catalog,
                  templates: Iterable[Mapping[str, Any]] = (),
                  events: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    claims = list(claims)
     devices = _devices(slices)
     holdings = _holdings(claims, devices, catalog)
     gpus = _gpus_by_node(devices)
@@ -200,7 +202,22 @@ def build_report(*, claims: Iterable[Mapping[str, Any]], slices: Iterable[Mappin
         "pending": dict(sorted(Counter(p["reason"] for p in waiting.pods).items())),
         "pendingPods": waiting.pods,
         "policyErrors": list(catalog.errors),
+        "invalidClaims": invalid_claims(claims),
     }
+
+
+def invalid_claims(claims: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The claims whose allocation holds what the API refuses from Kubernetes 1.38
+    (`kube.api_rules`): the allocator counts their devices as held whole, and kube-scheduler
+    1.38 stops every DRA pod while one holds a negative amount."""
+    found = []
+    for claim in claims:
+        problems = allocation_problems((claim.get("status") or {}).get("allocation"))
+        if problems:
+            meta = _meta(claim)
+            found.append({"namespace": meta.get("namespace", ""), "claim": meta.get("name", ""),
+                          "problems": problems})
+    return found
 
 
 def _holdings(claims: Iterable[Mapping[str, Any]],
@@ -365,6 +382,10 @@ def render_table(report: Mapping[str, Any]) -> str:
                                    f"published: {pod['why']}")
     for error in report["policyErrors"]:
         lines.append(f"POLICY ERROR: {error}")
+    for claim in report.get("invalidClaims") or ():
+        lines += hanging("INVALID CLAIM: ", f"{claim['namespace']}/{claim['claim']}: "
+                         + "; ".join(claim["problems"]) + " (its devices count as held whole; "
+                         "delete the claim or have its writer deallocate it)")
     return "\n".join(lines) + "\n"
 
 
@@ -471,6 +492,9 @@ def render_html(report: Mapping[str, Any]) -> str:
         + ", ".join(f"{f} {q['used'][f]} / {q['hard'][f]}" for f in q["hard"]) + "</td></tr>"
         for q in report["quotas"])
     pending = ", ".join(f"{html.escape(r)}: {n}" for r, n in report["pending"].items())
+    invalid = "".join(
+        f"<li>{html.escape(c['namespace'])}/{html.escape(c['claim'])}: "
+        f"{html.escape('; '.join(c['problems']))}</li>" for c in report.get("invalidClaims") or ())
     return (
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>dra-gateway report</title>"
         "<style>body{font-family:sans-serif;margin:1em}.card{fill:#f4f4f4;stroke:#999}"
@@ -483,4 +507,8 @@ def render_html(report: Mapping[str, Any]) -> str:
         f"</p><p>{legend}</p>"
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{svg_width}" height="{svg_height}">'
         f"{''.join(rows)}</svg>"
-        f"<h2>Pending pods</h2><p>{pending or 'none'}</p></body></html>\n")
+        f"<h2>Pending pods</h2><p>{pending or 'none'}</p>"
+        + (f"<h2>Invalid claims</h2><p>Their allocation holds what the API refuses from "
+           f"Kubernetes 1.38; their devices count as held whole.</p><ul>{invalid}</ul>"
+           if invalid else "")
+        + "</body></html>\n")

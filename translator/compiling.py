@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from dra_gateway.kube import names
+from dra_gateway.kube.api_rules import QUALIFIED_NAME_RE
 from dra_gateway.kube.cel import CelError, Expression, compile_expression, compile_selector
 from dra_gateway.kube.models import ENFORCEMENTS, STRATEGIES
 from dra_gateway.translator.documents import (
     NAME_RE,
-    QUALIFIED_NAME_RE,
     UNITS,
     ExtendedResourceNames,
     RuleSpec,

@@ -40,11 +40,6 @@ ExtendedResourceNames = Literal["defer", "translate"]
 
 NAME_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 IDENT_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# A DRA QualifiedName: a C identifier (the driver's own attribute), or `<DNS subdomain>/<C
-# identifier>` (another domain's, such as resource.kubernetes.io/pcieRoot).
-QUALIFIED_NAME_RE: Final = re.compile(
-    r"^(?:(?=[a-z0-9.-]{1,63}/)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z_][A-Za-z0-9_]{0,31}$")
 _RESOURCE_RE: Final = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _PATTERN_RE: Final = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[-A-Za-z0-9_.]*\*$")

@@ -18,6 +18,7 @@ from dra_gateway.allocator.planner.devices import NANO
 from dra_gateway.allocator.planner.search import NodeSearchResult, Pick
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names, objects
+from dra_gateway.kube.api_rules import allocation_problems
 from dra_gateway.kube.models import config_applies
 from dra_gateway.kube.shares import RecordedShare, encode_shares, share_record
 from dra_gateway.policy.amounts import DeviceCharge
@@ -112,6 +113,17 @@ def build_plan(state: ClusterState, node: str,
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                 {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
         }
+        problems = allocation_problems(allocation)
+        if problems:
+            # The API would refuse the write (1.38 validates what earlier releases stored), and
+            # one negative amount in a stored claim stops kube-scheduler for every DRA pod:
+            # the pod waits with the reason instead.
+            ns, name = objects.namespace_name(claim)
+            return PodPlan(None, reason=(
+                f"ResourceClaim {ns}/{name}: the allocation planned on node {node} is not one "
+                f"the API accepts ({'; '.join(problems)}); check the claim's "
+                "spec.devices.requests[].capacity.requests and the capacities the devices "
+                "publish"))
         allocations[uid] = allocation
         if recorded:
             annotations[uid] = {names.ANNOTATION_SHARES: encode_shares(recorded)}

@@ -14,10 +14,11 @@ from typing import Any
 
 from dra_gateway.allocator.planner.devices import MIB_NANOS, NANO
 from dra_gateway.kube import names
+from dra_gateway.kube.api_rules import capacity_problems
 from dra_gateway.kube.cel.devices import IDENTITY_ATTRIBUTES, may_read_identity
 from dra_gateway.kube.memory_percent import share_bytes_in_whole_mib
 from dra_gateway.kube.models import share_parameters
-from dra_gateway.kube.quantity import QuantityError, parse_quantity
+from dra_gateway.kube.quantity import parse_quantity
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,12 +124,13 @@ def _alternative(path: str, result_name: str, body: Mapping[str, Any],
         expressions.append(expression)
     mode = body.get("allocationMode") or "ExactCount"
     count = int(body.get("count") or 1) if mode == "ExactCount" else 0
-    capacity: dict[str, int] = {}
-    for cap_name, value in ((body.get("capacity") or {}).get("requests") or {}).items():
-        try:
-            capacity[cap_name] = parse_quantity(value).nanos
-        except QuantityError as exc:
-            raise ValueError(f"{path}.capacity.requests[{cap_name}]: {exc}") from exc
+    requests = (body.get("capacity") or {}).get("requests") or {}
+    # What 1.38 refuses (a negative amount, a name that is not a qualified name) is refused
+    # here too, whichever release stored the claim.
+    problems = capacity_problems(requests, f"{path}.capacity.requests")
+    if problems:
+        raise ValueError("; ".join(problems))
+    capacity = {cap_name: parse_quantity(value).nanos for cap_name, value in requests.items()}
     share = _share_config(configs, result_name)
     whole = not capacity and share.memory is None and share.memory_percent is None and (
         share.cores is None or share.cores >= names.CORES_PER_CARD

@@ -30,6 +30,21 @@ from dra_gateway.policy.amounts import DeviceCharge, charges_of
 from dra_gateway.policy.legacyusage import LEGACY_CLAIM_PREFIX
 
 
+def _amounts(consumed_raw: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """A result's `consumedCapacity` in nanos; None when an amount is not a quantity or is
+    negative."""
+    consumed: dict[str, int] = {}
+    for cap_name, value in (consumed_raw or {}).items():
+        try:
+            amount = parse_quantity(value).nanos
+        except QuantityError:
+            return None
+        if amount < 0:
+            return None
+        consumed[cap_name] = amount
+    return consumed
+
+
 @dataclass(slots=True)
 class Use:
     """One claim's use of one device."""
@@ -275,12 +290,13 @@ class UsageLedger:
             if entries:
                 entry = entries.pop(0)
                 consumed_raw, share_id = entry.consumed_capacity, entry.share_id
-            consumed: dict[str, int] = {}
-            for cap_name, value in (consumed_raw or {}).items():
-                try:
-                    consumed[cap_name] = parse_quantity(value).nanos
-                except QuantityError:
-                    continue
+            consumed = _amounts(consumed_raw)
+            if consumed is None:
+                # An amount the API refuses (negative, not a quantity: kube.api_rules), written
+                # by someone else: counting it would free what the claim holds. It holds the
+                # device alone until it is fixed; the controller names it.
+                consumed_raw = None
+                consumed = {}
             # A result without a share (no consumedCapacity, nowhere recorded) holds the device
             # alone: that is how the scheduler and non-sharing drivers allocate.
             device = devices.get(key)

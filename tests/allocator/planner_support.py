@@ -11,6 +11,7 @@ import kubernetes_validate
 
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
 from dra_gateway.kube import names
+from dra_gateway.kube.api_rules import allocation_problems
 
 GI = 1 << 30
 MI = 1 << 20
@@ -172,3 +173,5 @@ def validate_allocated(c: dict[str, Any], plan: PodPlan) -> None:
     obj = json.loads(json.dumps(c))
     obj["status"] = {"allocation": plan.allocations[c["metadata"]["uid"]]}
     kubernetes_validate.validate(obj, "1.34", strict=True)
+    # What 1.38 validates beyond the schemas (kube/api_rules.py).
+    assert allocation_problems(obj["status"]["allocation"]) == []

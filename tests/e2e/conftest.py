@@ -22,6 +22,8 @@ SETUPS: tuple[tuple[str, str, dict[str, bool]], ...] = (
     ("1.35.4", "1.35.4", {}),
     ("1.36.3", "1.36.3", {}),
     ("1.37.2", "1.37.2", {}),
+    # The newest 1.38 the module proxy serves (a pre-release until 1.38.0 is out).
+    ("1.38.0-beta.0", "1.38.0-beta.0", {}),
 )
 
 

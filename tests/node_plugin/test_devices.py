@@ -7,6 +7,7 @@ import kubernetes_validate
 import pytest
 
 from dra_gateway.kube import names
+from dra_gateway.kube.api_rules import slice_device_problems
 from dra_gateway.node_plugin.deviceclasses import device_classes
 from dra_gateway.node_plugin.devices import DeviceOptions, device_table, devices_of
 from dra_gateway.node_plugin.facts import GpuFacts, MigFacts, NodeFacts
@@ -164,10 +165,34 @@ def test_long_strings_are_cut_to_64_bytes_not_64_characters() -> None:
 
 
 def test_a_version_longer_than_the_api_allows_is_refused_naming_it() -> None:
+    # 18-digit numbers (the most 1.38 allows) and a long fourth part, past 64 characters.
     gpu = GpuFacts(index=0, uuid="GPU-1", product_name="a", memory=1 << 30,
-                   driver_version="1" * 40 + "." + "2" * 30)
+                   driver_version=".".join(("1" * 18, "2" * 18, "3" * 18, "4" * 20)))
     with pytest.raises(ValueError, match=r"device gpu-0: attribute driverVersion: .*longer"):
         devices_of(NodeFacts(gpus=(gpu,)), DeviceOptions())
+
+
+@pytest.mark.parametrize("version", ["1" * 19 + ".0", "1.2." + "9" * 19])
+def test_a_version_number_past_18_digits_is_refused_as_kubernetes_1_38_does(version: str) -> None:
+    gpu = GpuFacts(index=0, uuid="GPU-1", product_name="a", memory=1 << 30,
+                   driver_version=version)
+    with pytest.raises(ValueError, match=r"device gpu-0: attribute driverVersion: .*at most 18 "
+                                         r"digits"):
+        devices_of(NodeFacts(gpus=(gpu,)), DeviceOptions())
+
+
+def test_the_devices_published_pass_kubernetes_1_38_rules(mixed: Path) -> None:
+    facts = load_inventory(mixed)
+    devices = devices_of(facts, DeviceOptions())
+    found = [problem for i, device in enumerate(devices)
+             for problem in slice_device_problems(device, f"devices[{i}]")]
+    assert devices
+    assert found == []
+    eighteen = GpuFacts(index=0, uuid="GPU-1", product_name="a", memory=1 << 30,
+                        driver_version=f"{'9' * 18}.0")
+    (device,) = devices_of(NodeFacts(gpus=(eighteen,)), DeviceOptions())
+    assert device["attributes"]["driverVersion"] == {"version": f"{'9' * 18}.0.0"}
+    assert slice_device_problems(device, "d") == []
 
 
 def test_device_table_knows_cards_of_mig_instances(mixed: Path) -> None:

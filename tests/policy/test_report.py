@@ -184,3 +184,24 @@ def test_a_cohort_guaranteeing_more_than_the_cluster_publishes_is_warned_of() ->
         "its guarantees of devices (6) exceed what the cluster publishes (2): not every "
         "guarantee can be met at once"]
     assert "warning: its guarantees of devices (6)" in render_table(report)
+
+
+def test_a_claim_holding_what_1_38_refuses_is_named_and_counted_as_the_whole_card() -> None:
+    bad = allocated(share_spec("10Gi", 30), ("gpu-1", {"memory": "-10Gi", "cores": "30"}),
+                    namespace="team-b")
+    bad["metadata"].update(name="odd", uid="odd")
+    report = build_report(claims=iter([*_claims(), bad]), slices=[_slice()], pods=[],
+                          catalog=Catalog.build())
+    assert report["invalidClaims"] == [{
+        "namespace": "team-b", "claim": "odd", "problems": [
+            "status.allocation.devices.results[0].consumedCapacity[memory]: -10Gi must be "
+            "greater than or equal to 0"]}]
+    gpu1 = report["cards"][1]
+    assert gpu1["free"] == {"memory": 0, "cores": 0}
+    assert gpu1["holders"][0]["whole"] is True
+    table = render_table(report)
+    assert "INVALID CLAIM: team-b/odd: status.allocation.devices.results[0].consumedCapacity" \
+        "[memory]: -10Gi" in table.replace("\n               ", " ")
+    assert "<h2>Invalid claims</h2>" in render_html(report)
+    assert _report()["invalidClaims"] == []
+    assert "Invalid claims" not in render_html(_report())
