@@ -74,11 +74,13 @@ from dra_gateway.kube.cluster.features import (
     slices_show_consumable_capacity,
 )
 from dra_gateway.kube.cluster.port import ApiError, Cluster, Object
+from dra_gateway.kube.device_taints import TaintRules
 from dra_gateway.kube.groups import PODGROUP_TYPES
 from dra_gateway.kube.objects import has_finalizer, is_allocated, is_finished, is_gated
 from dra_gateway.kube.resources import (
     CONFIG_MAPS,
     DEVICE_CLASSES,
+    DEVICE_TAINT_RULES,
     NODES,
     PODS,
     RESOURCE_CLAIMS,
@@ -113,6 +115,11 @@ def _podgroups_missing(source: str, rt: ResourceType) -> Callable[[], None]:
     return missing
 
 
+def _taint_rules_missing() -> None:
+    log.info("the API server does not serve DeviceTaintRules (before Kubernetes 1.37): devices "
+             "are tainted by their drivers' slices only")
+
+
 # The controller ---------------------------------------------------------------------------------
 
 class Controller:
@@ -132,6 +139,14 @@ class Controller:
         timeout = self.settings.watch_timeout
         self.claims = Informer(cluster, RESOURCE_CLAIMS, self._on_claim, watch_timeout=timeout)
         self.slices = Informer(cluster, RESOURCE_SLICES, self._on_slice, watch_timeout=timeout)
+        # An administrator's device taints (served from 1.37): added to the slices' devices
+        # before the planner sees them, as kube-scheduler adds them.
+        self.taint_rules = TaintRules()
+        self.taint_rule_mirror = Informer(
+            cluster, DEVICE_TAINT_RULES, self._on_taint_rule, when_missing="empty",
+            missing=_taint_rules_missing, watch_timeout=timeout, max_backoff=120.0,
+            rbac_fix="grant the allocator list and watch on devicetaintrules.resource.k8s.io "
+                     "(the chart's allocator ClusterRole)")
         self.classes = Informer(cluster, DEVICE_CLASSES, self._on_class, watch_timeout=timeout)
         self.nodes = Informer(cluster, NODES, self._on_node, watch_timeout=timeout)
         self.pods = Informer(cluster, PODS, self._on_pod, field_selector=LIVE_PODS_SELECTOR,
@@ -199,7 +214,7 @@ class Controller:
         await self._detect()
         tasks: list[asyncio.Task[None]] = []
         try:
-            for informer in (*self.informers, *self.podgroups.values()):
+            for informer in (*self.informers, *self.podgroups.values(), self.taint_rule_mirror):
                 tasks.append(asyncio.create_task(informer.run(),
                                                  name=f"informer-{informer.rt.plural}"))
             # Planning before every mirror is complete could hand out what is already taken.
@@ -221,7 +236,8 @@ class Controller:
             # seen waits and is planned again once it is (`_on_podgroup`).
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*(
-                    i.synced.wait() for i in self.podgroups.values())), timeout=10.0)
+                    i.synced.wait() for i in (*self.podgroups.values(),
+                                              self.taint_rule_mirror))), timeout=10.0)
             self.planning.set_policies(self.policy_mirror.catalog())
             # Pods listed before the DeviceClasses and slices were charged without them.
             self._recharge_legacy_pods()
@@ -298,7 +314,7 @@ class Controller:
         policies = self.policy_mirror
         mirrors = MirrorContents(catalog=policies.catalog() if policies.synced else None,
                                  classes=self.classes.values(), nodes=self.nodes.values(),
-                                 slices=self.slices.values(), claims=self.claims.values(),
+                                 slices=self._slices(), claims=self.claims.values(),
                                  pods=self.pods.values())
         self.planning.rebuild(bool(self.consumable_capacity), mirrors,
                               legacy_charges=self._legacy_charges, pod_of=self._pod_of)
@@ -347,9 +363,23 @@ class Controller:
                 verdict = slices_show_consumable_capacity([obj])
                 if verdict is not None:
                     self._set_capacity_mode(verdict, "published slices")
-            self.planning.set_slice(obj)
+            self.planning.set_slice(self.taint_rules.apply(obj))
         if self.state.smallest_card_memory() != self._card_memory:
             self._recharge_legacy_pods()  # a whole legacy card is charged at the smallest
+        self.unplaceable.capacity_changed()
+
+    def _slices(self) -> list[Object]:
+        """The slices as the planner sees them: with the DeviceTaintRules' taints."""
+        return [self.taint_rules.apply(obj) for obj in self.slices.values()]
+
+    def _on_taint_rule(self, change: Change, obj: Object, old: Object | None) -> None:
+        changed = (self.taint_rules.remove(objects.name(obj)) if change == "deleted"
+                   else self.taint_rules.set(obj))
+        if not changed:
+            return
+        # Rare (an administrator's change): every slice again, with the taints as they are now.
+        for piece in self._slices():
+            self.planning.set_slice(piece)
         self.unplaceable.capacity_changed()
 
     def _on_class(self, change: Change, obj: Object, old: Object | None) -> None:
@@ -467,7 +497,7 @@ class Controller:
     def snapshot(self) -> Snapshot:
         """The mirrors as defrag reads a cluster (PodDisruptionBudgets are read when needed)."""
         return Snapshot(now=datetime.now(UTC), nodes=list(self.nodes.values()),
-                        slices=list(self.slices.values()), classes=list(self.classes.values()),
+                        slices=self._slices(), classes=list(self.classes.values()),
                         pods=list(self.pods.values()), claims=list(self.claims.values()),
                         catalog=self.policy_mirror.catalog(), records=self._records,
                         consumable_capacity=bool(self.consumable_capacity),

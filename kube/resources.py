@@ -60,6 +60,11 @@ RESOURCE_SLICES = ResourceType(
 DEVICE_CLASSES = ResourceType(
     "resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False
 )
+# Served (v1) and on by default from Kubernetes 1.37.
+DEVICE_TAINT_RULES = ResourceType(
+    "resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", namespaced=False,
+    has_status=True
+)
 LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 MUTATING_WEBHOOK_CONFIGURATIONS = ResourceType(
     "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",

@@ -1,8 +1,11 @@
-"""What Kubernetes 1.38 refuses, in the allocator: never written, and, when others wrote it into
-a claim, counted safely and named (kube/api_rules.py)."""
+"""What Kubernetes 1.38 changes, in the allocator: what the API refuses is never written, and,
+when others wrote it into a claim, counted safely and named (kube/api_rules.py); device taints
+from DeviceTaintRules (on by default from 1.37) are honoured, a toleration without an effect
+tolerating NoExecute as 1.38's eviction does."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from testkit import eventually
@@ -11,15 +14,17 @@ from dra_gateway.allocator.invalidclaims import InvalidClaims
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
-from dra_gateway.kube.resources import EVENTS, RESOURCE_CLAIMS
+from dra_gateway.kube.resources import DEVICE_TAINT_RULES, EVENTS, RESOURCE_CLAIMS
 from dra_gateway.policy.amounts import charges_of
 
 from .conftest import (
     NAMESPACE,
     World,
+    is_ungated,
     running_controller,
     share_claim_spec,
     ungated,
+    whole_claim_spec,
 )
 from .planner_support import DRIVER, claim, cluster, gpu, place, pod, results
 
@@ -167,3 +172,53 @@ def test_invalid_claims_report_once_per_problem_and_forget_a_fixed_claim() -> No
     assert invalid.problems == {}
     assert recorder.forgotten == ["uid-bad"]
     assert metrics.invalid_claims._value.get() == 0
+
+
+# DeviceTaintRules (served from 1.37) --------------------------------------------------------------
+
+def _taint_rule(name: str, device: str, effect: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": {"name": name},
+            "spec": {"deviceSelector": {"driver": names.DRIVER, "pool": "node-0",
+                                        "device": device},
+                     "taint": {"key": "example.com/maintenance", "effect": effect}}}
+
+
+def _device_of(claim: dict[str, Any]) -> str:
+    return str(claim["status"]["allocation"]["devices"]["results"][0]["device"])
+
+
+async def test_a_device_an_administrator_taints_is_not_given_to_a_claim_that_does_not_tolerate_it(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=2)
+    await memory_cluster.create(DEVICE_TAINT_RULES, _taint_rule("gpu-0-out", "gpu-0",
+                                                                "NoSchedule"))
+    async with running_controller(memory_cluster):
+        await world.gated_pod("first", [whole_claim_spec()])
+        await eventually(lambda: ungated(world, "first"))
+        assert [_device_of(c) for c in await world.claims_of("first")] == ["gpu-1"]
+        await world.gated_pod("second", [whole_claim_spec()])
+        await asyncio.sleep(0.5)
+        assert not is_ungated(await world.pod("second"))
+        # The rule goes: the device is free again.
+        await memory_cluster.delete(DEVICE_TAINT_RULES, "gpu-0-out")
+        await eventually(lambda: ungated(world, "second"))
+        assert [_device_of(c) for c in await world.claims_of("second")] == ["gpu-0"]
+
+
+async def test_a_toleration_without_an_effect_tolerates_a_no_execute_rule_as_1_38_does(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=1)
+    async with running_controller(memory_cluster):
+        await memory_cluster.create(DEVICE_TAINT_RULES, _taint_rule("drain", "gpu-0",
+                                                                    "NoExecute"))
+        await world.gated_pod("plain", [whole_claim_spec()])
+        tolerant = whole_claim_spec()
+        toleration = {"key": "example.com/maintenance", "operator": "Exists"}
+        tolerant["devices"]["requests"][0]["exactly"]["tolerations"] = [toleration]
+        await world.gated_pod("tolerant", [tolerant])
+        await eventually(lambda: ungated(world, "tolerant"))
+        (claim,) = await world.claims_of("tolerant")
+        result = claim["status"]["allocation"]["devices"]["results"][0]
+        assert (result["device"], result["tolerations"]) == ("gpu-0", [toleration])
+        assert not is_ungated(await world.pod("plain"))

@@ -34,6 +34,7 @@ from e2e.test_preemption import (
     _no_over_capacity,
     _pod_path,
     _scene,
+    _wait_for_free_cards,
 )
 
 JSON = dict[str, Any]
@@ -63,7 +64,7 @@ def _condition(pod: JSON) -> JSON | None:
 def test_two_interleaved_jobs_one_placed_whole_the_other_holding_nothing(
         gateway: Gateway) -> None:
     with _scene(gateway, GROUPS_NS) as api:
-        assert _free_cards(api) == 8
+        _wait_for_free_cards(gateway, api)
 
         def workers(job: str) -> list[JSON]:
             return [p for p in pods(api, GROUPS_NS) if p["metadata"]["name"].startswith(

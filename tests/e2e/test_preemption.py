@@ -117,6 +117,17 @@ def _free_cards(api: Api) -> int:
                if published[key].node == NODE)
 
 
+def _wait_for_free_cards(gateway: Gateway, api: Api) -> None:
+    """Wait until NODE publishes its CARDS cards and no allocation holds any of them: the
+    state each test starts from. An earlier test may have restarted the node plugin (its
+    slices are published again) or released claims moments ago."""
+    try:
+        wait_until(f"{NODE}'s {CARDS} cards to be published and free",
+                   lambda: _free_cards(api) == CARDS, PLACE_S, gateway.check)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {free_capacity(api)}") from None
+
+
 @pytest.fixture(scope="module")
 def priority_classes(gateway: Gateway) -> Iterator[None]:
     """The three PriorityClasses, once the API server's Priority admission resolves them (it
@@ -197,8 +208,7 @@ def _fill(gateway: Gateway, namespace: str) -> dict[str, str]:
     """Eight low pods on the eight cards of NODE, one whole card each, created one by one (so
     that their creation order is their age); their uids by name."""
     api = gateway.api
-    assert _free_cards(api) == CARDS, f"{NODE} has cards in use before the test: " \
-        f"{free_capacity(api)}"
+    _wait_for_free_cards(gateway, api)
     for index in range(CARDS):
         api.create(_pod_path(namespace), _gpu_pod(f"low-{index}", namespace, LOW, 1))
     wait_until(f"the {CARDS} low pods to be placed on {NODE}", lambda: sum(
@@ -313,7 +323,7 @@ def test_a_pod_another_queue_holds_gets_no_card_until_its_gate_goes(
         gateway: Gateway, priority_classes: None) -> None:
     ns = QUEUE_NS
     with _scene(gateway, ns) as api:
-        assert _free_cards(api) == CARDS
+        _wait_for_free_cards(gateway, api)
         queued = _gpu_pod("queued", ns, HIGH, 2)
         queued["spec"]["schedulingGates"] = [{"name": KUEUE}]
         created = api.create(_pod_path(ns), queued)

@@ -501,6 +501,8 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
         | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims/binding"], ["update", "patch"])
         | _grants(CLUSTER, ["resource.k8s.io"], ["resourceslices", "deviceclasses"],
                   ["get", "list", "watch"])
+        # An administrator's device taints, added to the slices' devices (from 1.37).
+        | _grants(CLUSTER, ["resource.k8s.io"], ["devicetaintrules"], ["list", "watch"])
         | _grants(CLUSTER, [""], ["nodes"], ["get", "list", "watch"])
         | _grants(CLUSTER, ["", "events.k8s.io"], ["events"], ["create", "patch"])
         | _grants(CLUSTER, [""], ["pods/status"], ["patch"])

@@ -55,6 +55,9 @@ CONTROLLERS = (
     "resourceclaim-controller", "garbage-collector-controller", "namespace-controller",
     "serviceaccount-controller", "deployment-controller", "replicaset-controller",
     "job-controller", "cronjob-controller",
+    # Deletes the pods whose devices carry a NoExecute taint their claims do not tolerate (from
+    # 1.36 on by default; kube-controller-manager skips it where its feature gate is off).
+    "device-taint-eviction-controller",
     # Fills the rules of the bootstrap roles admin, edit and view (tenants are bound to them).
     "clusterrole-aggregation-controller",
 )
