@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from dra_gateway.kube import names
+from dra_gateway.kube.api_rules import claim_spec_problems
 from dra_gateway.translator.explaining import explain
 from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
 from dra_gateway.translator.rules import RuleSet
@@ -227,6 +228,16 @@ def _translated(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
     if not plan.patch:
         return Mutation(warnings=warnings, translation=plan) \
             if warnings or plan.extended else NO_CHANGE
+    problems = [f"ResourceClaimTemplate {t['metadata']['name']}: {problem}"
+                for t in plan.templates for problem in claim_spec_problems(t["spec"]["spec"],
+                                                                           "spec.spec")]
+    if problems:
+        # What the API refuses from 1.38 is never sent (the translator's amounts never make
+        # it: this guards a change there from a create every controller would retry).
+        return Mutation(denial=Denial(INVALID_CODE, INVALID_REASON, (
+            "the pod's translation is not one the API accepts (" + "; ".join(problems)
+            + "); check the amounts of its legacy resources and the rules that translated "
+              "them (dra-gateway translate --explain)")), warnings=warnings)
     audit: dict[str, str] = {}
     if plan.rules_applied:
         audit["translated-by"] = ",".join(plan.rules_applied)
