@@ -31,12 +31,14 @@ MAX_ALLOCATION_CONFIGS: Final = 64  # 2 * DeviceConfigMaxSize: the class's and t
 MAX_ATTRIBUTE_VALUE_LENGTH: Final = 64  # DeviceAttributeMaxValueLength
 
 C_IDENTIFIER_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+# A driver name, and a qualified name's domain: a DNS subdomain in any case (the API lowers it
+# before checking, as for CSI driver names).
+_DNS_LABEL = r"[A-Za-z0-9](?:[-A-Za-z0-9]*[A-Za-z0-9])?"
 DNS_SUBDOMAIN_RE: Final = re.compile(rf"^{_DNS_LABEL}(?:\.{_DNS_LABEL})*$")
 # A DRA QualifiedName in one expression: a C identifier (the driver's own name), or
 # `<DNS subdomain>/<C identifier>` (another domain's, such as resource.kubernetes.io/pcieRoot).
 QUALIFIED_NAME_RE: Final = re.compile(
-    rf"^(?:(?=[a-z0-9.-]{{1,{MAX_DOMAIN_LENGTH}}}/){_DNS_LABEL}(?:\.{_DNS_LABEL})*/)?"
+    rf"^(?:(?=[A-Za-z0-9.-]{{1,{MAX_DOMAIN_LENGTH}}}/){_DNS_LABEL}(?:\.{_DNS_LABEL})*/)?"
     rf"[A-Za-z_][A-Za-z0-9_]{{0,{MAX_ID_LENGTH - 1}}}$")
 
 # A `version` attribute: semver 2.0 whose numbers (and numeric pre-release identifiers) have at
@@ -64,8 +66,8 @@ def qualified_name_problem(name: object) -> str | None:
         if len(domain) > MAX_DOMAIN_LENGTH:
             return f"the domain {domain!r} must be at most {MAX_DOMAIN_LENGTH} characters"
         if not DNS_SUBDOMAIN_RE.match(domain):
-            return (f"the domain {domain!r} must be a DNS subdomain (lower case letters, digits, "
-                    "'-' and '.')")
+            return (f"the domain {domain!r} must be a DNS subdomain (letters, digits, '-' and "
+                    "'.', starting and ending with a letter or digit)")
     else:
         ident = parts[0]
     if not ident:

@@ -37,6 +37,7 @@ from dra_gateway.node_plugin.facts import GpuFacts, NodeFacts
 from dra_gateway.node_plugin.publish import build_slices
 from dra_gateway.translator.rules import load_rules
 from dra_gateway.translator.translate import translate
+from e2e.support import NAMESPACE as GATEWAY_NAMESPACE
 from e2e.support import Gateway
 
 JSON = dict[str, Any]
@@ -44,6 +45,7 @@ NAMESPACE = "api-rules"
 RESOURCE = "resource.k8s.io/v1"
 GiB = 1 << 30
 DRY_RUN = {"dryRun": "All"}
+OTHER_DRIVER = "api-rules.example.com"
 
 
 def _minor(gateway: Gateway) -> int:
@@ -173,6 +175,9 @@ def test_every_object_made_from_random_pods_is_accepted(gateway: Gateway, api: A
 
     refused: list[str] = []
     for piece in slices:
+        # Under another driver's name: the chart's admission policies let only a node's own
+        # plugin write the gateway's slices; what 1.38 validates, the devices, is unchanged.
+        piece = {**piece, "spec": {**piece["spec"], "driver": OTHER_DRIVER}}
         why = _refusal(lambda piece=piece: api.request(
             "POST", path_of(RESOURCE, "resourceslices"), piece, query=DRY_RUN))
         if why:
@@ -184,13 +189,22 @@ def test_every_object_made_from_random_pods_is_accepted(gateway: Gateway, api: A
             query=DRY_RUN))
         if why:
             refused.append(f"ResourceClaimTemplate {template['metadata']['name']}: {why}")
+    allocator = _allocator_api(gateway)
     for claim in claims:
-        refused += _write_allocation(api, claim)
+        refused += _write_allocation(api, allocator, claim)
     assert refused == []
 
 
-def _write_allocation(api: Api, claim: Mapping[str, Any]) -> list[str]:
-    """Create the claim, then write its allocation with dryRun=All; the refusals, named."""
+def _allocator_api(gateway: Gateway) -> Api:
+    """The API as the allocator's ServiceAccount: the chart's admission policies let only the
+    allocator write the allocation of a claim of the gateway's classes."""
+    return gateway.plane.api(gateway.plane.service_account_token(
+        GATEWAY_NAMESPACE, gateway.service_accounts["allocator"]))
+
+
+def _write_allocation(api: Api, allocator: Api, claim: Mapping[str, Any]) -> list[str]:
+    """Create the claim, then write its allocation as the allocator with dryRun=All; the
+    refusals, named."""
     name = claim["metadata"]["name"]
     body = {"apiVersion": RESOURCE, "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": NAMESPACE}, "spec": claim["spec"]}
@@ -201,7 +215,8 @@ def _write_allocation(api: Api, claim: Mapping[str, Any]) -> list[str]:
         return [f"ResourceClaim {name}: {exc.message}"]
     try:
         update = {**created, "status": claim["status"]}
-        why = _refusal(lambda: api.request("PUT", path + "/status", update, query=DRY_RUN))
+        why = _refusal(lambda: allocator.request("PUT", path + "/status", update,
+                                                 query=DRY_RUN))
         return [f"ResourceClaim {name} status.allocation: {why}"] if why else []
     finally:
         api.delete(path)
@@ -220,6 +235,8 @@ CAPACITIES: tuple[Mapping[str, str], ...] = (
     {"mem-ory": "1"},
     {"x" * 33: "1"},
     {"Example.com/memory": "1"},
+    {"-example.com/memory": "1"},
+    {"example..com/memory": "1"},
     {f"c{i}": "1" for i in range(33)},
 )
 
@@ -258,6 +275,7 @@ def test_capacity_requests_are_refused_as_the_gateway_refuses_them(
 def test_consumed_capacity_is_refused_as_the_gateway_refuses_it(
         gateway: Gateway, api: Api) -> None:
     cases = []
+    allocator = _allocator_api(gateway)
     for n, consumed in enumerate(CAPACITIES):
         claim = _claim_with_capacity(f"consumed-{n}", {"memory": "1Gi", "cores": "1"})
         allocation = {
@@ -266,7 +284,8 @@ def test_consumed_capacity_is_refused_as_the_gateway_refuses_it(
                 "shareID": str(uuid.UUID(int=n + 1)), "consumedCapacity": dict(consumed)}]},
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                 {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}}
-        refused = _write_allocation(api, {**claim, "status": {"allocation": allocation}})
+        refused = _write_allocation(api, allocator,
+                                    {**claim, "status": {"allocation": allocation}})
         cases.append((f"consumedCapacity {dict(consumed)}", allocation_problems(allocation),
                       "; ".join(refused) or None))
     _agreement(gateway, cases)
@@ -282,7 +301,7 @@ def test_version_attributes_are_refused_as_the_gateway_refuses_them(
     for n, version in enumerate(VERSIONS):
         piece = {"apiVersion": RESOURCE, "kind": "ResourceSlice",
                  "metadata": {"name": f"api-rules-version-{n}"},
-                 "spec": {"driver": "rules.example.com", "nodeName": "node-a",
+                 "spec": {"driver": OTHER_DRIVER, "nodeName": "node-a",
                           "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
                           "devices": [{"name": "d0", "attributes": {
                               "driverVersion": {"version": version}}}]}}
