@@ -237,10 +237,10 @@ def test_a_rule_constraint_names_another_domain_s_attribute_or_is_refused(
         "apiVersion: dra-gateway.io/v1alpha1\nkind: TranslationRules\nrules:\n"
         "  - name: odd\n    resources: {example.com/gpu: {}}\n    device:\n"
         "      className: gpu.dra-gateway.io\n      count: 'r[\"example.com/gpu\"]'\n"
-        "      constraints: [{matchAttribute: 'Example.com/x'}]\n")
+        "      constraints: [{matchAttribute: 'example.com/x/y'}]\n")
     with pytest.raises(RulesError) as caught:
         load_rules(tmp_path / "bad.yaml")
-    assert '"Example.com/x" is not an attribute name (an identifier, or domain/identifier ' \
+    assert '"example.com/x/y" is not an attribute name (an identifier, or domain/identifier ' \
         'such as resource.kubernetes.io/pcieRoot)' in str(caught.value)
 
 
