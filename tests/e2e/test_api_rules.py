@@ -6,8 +6,9 @@ requests, a device's node selector, `version` attributes). On every release of t
 - random legacy pods are translated by the built-in rules, placed by the planner on devices the
   node plugin builds from random GPUs, and every object that makes is written to the API server
   with `dryRun=All` (the ResourceSlices, the ResourceClaimTemplates, each claim's
-  `status.allocation`): the server accepts all of them, and the gateway's own checks find
-  nothing in them;
+  `status.allocation`, written as the allocator): the server accepts all of them, and neither
+  the strict schemas of 1.37 (`kubernetes-validate` has none of 1.38 yet) nor the gateway's
+  own checks find anything in them;
 - values on both sides of each rule are written the same way: the server accepts every value
   the gateway's checks accept, and from 1.38 it refuses exactly the values they refuse.
 """
@@ -19,6 +20,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import kubernetes_validate
 import pytest
 
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, plan_pod
@@ -168,6 +170,10 @@ def test_every_object_made_from_random_pods_is_accepted(gateway: Gateway, api: A
                 claim["metadata"]["uid"]]}})
     assert len(claims) >= 30, (len(claims), refused_by_rules)
 
+    # The strict schemas of the newest release kubernetes-validate ships (1.37: it has none of
+    # 1.38 yet), then 1.38's own rules, then the server itself.
+    for obj in [*slices, *templates, *claims]:
+        kubernetes_validate.validate(obj, "1.37", strict=True)
     problems = [p for s in slices for p in slice_problems(s)]
     problems += [p for t in templates for p in claim_spec_problems(t["spec"]["spec"])]
     problems += [p for c in claims for p in allocation_problems(c["status"]["allocation"])]
