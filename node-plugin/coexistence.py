@@ -8,10 +8,11 @@ metrics; the Node condition `DraGatewayMigration` follows once the slices show t
 answer it withholds every card: publishing first and asking after would offer cards a legacy pod
 holds.
 
-When the socket cannot be read it falls back to the Node's status.allocatable (see `legacy`), and
-logs why once per distinct failure rather than every poll. It never stops the plugin: every
-failure is a verdict that withholds enough. It decides nothing itself and writes nothing but the
-Node's condition.
+The Node's status.allocatable and status.capacity are read beside (see `legacy`: the capacity
+counts a legacy plugin's Unhealthy devices). When the socket cannot be read the Node's status
+decides alone, and the plugin logs why once per distinct failure rather than every poll. It
+never stops the plugin: every failure is a verdict that withholds enough. It decides nothing
+itself and writes nothing but the Node's condition.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class LegacyCoexistence:
         # What the last poll learnt, so that new facts (a rediscovery) are judged at once.
         self._view: KubeletView | None = None
         self._node_allocatable: Mapping[str, str] | None = None
+        self._node_capacity: Mapping[str, str] | None = None
         self._node_read_at: float | None = None
         self._error = ""
         self._asked = False
@@ -107,7 +109,8 @@ class LegacyCoexistence:
         if not self.settings.enabled or not self._asked:
             return False
         verdict = decide(cards=self._cards(), kubelet=self._view,
-                         node_allocatable=self._node_allocatable, kubelet_error=self._error)
+                         node_allocatable=self._node_allocatable,
+                         node_capacity=self._node_capacity, kubelet_error=self._error)
         changed = verdict != self.verdict
         self.verdict = verdict
         if changed:
@@ -131,7 +134,8 @@ class LegacyCoexistence:
         now = asyncio.get_running_loop().time()
         if self._node_read_at is None or self._node_allocatable is None or (
                 now - self._node_read_at >= self.settings.node_seconds):
-            self._node_allocatable = await self._read_node()
+            status = await self._read_node()
+            self._node_allocatable, self._node_capacity = status or (None, None)
             self._node_read_at = now
         self._asked = True
         before = self.verdict
@@ -159,7 +163,8 @@ class LegacyCoexistence:
             self._unreported.set()  # for `run()`'s reporter, once the slices show it
         return verdict
 
-    async def _read_node(self) -> Mapping[str, str] | None:
+    async def _read_node(self) -> tuple[Mapping[str, str], Mapping[str, str]] | None:
+        """The Node's status.allocatable and status.capacity; None when it cannot be read."""
         try:
             node = await self._cluster.get(NODES, self._node_name)
         except ApiError as exc:
@@ -170,8 +175,9 @@ class LegacyCoexistence:
             log.warning("could not read Node %s to judge legacy GPU devices: %r",
                         self._node_name, exc)
             return None
-        allocatable = (node.get("status") or {}).get("allocatable") or {}
-        return {str(k): str(v) for k, v in allocatable.items()}
+        status = node.get("status") or {}
+        return ({str(k): str(v) for k, v in (status.get("allocatable") or {}).items()},
+                {str(k): str(v) for k, v in (status.get("capacity") or {}).items()})
 
     def _metrics_of(self, verdict: Verdict) -> None:
         for state in STATES:

@@ -6,18 +6,19 @@ legacy plugin's resource names, and DRA, through this plugin's ResourceSlices. T
 is that a card is never offered by both at once:
 
 - `Legacy`: a legacy plugin offers GPUs on the node (the kubelet's allocatable devices, or the
-  Node's status.allocatable, show a legacy GPU name). Nothing is published: any card may be
-  handed out by the kubelet at any moment.
+  Node's status.allocatable or status.capacity, show a legacy GPU name: the capacity counts the
+  devices a plugin reports Unhealthy, which the kubelet hands out again once healthy). Nothing is
+  published: any card may be handed out by the kubelet at any moment.
 - `CuttingOver`: nothing offers legacy GPUs any more, but running containers still hold devices
   under legacy names. The cards they hold are withheld; an ID that maps to no card of the node
   withholds every card until its holder ends, since it cannot be ruled out.
 - `DRA`: neither. Every card is published.
 
-Where the kubelet cannot be asked (its pod-resources socket is missing or unreadable), the Node's
-status.allocatable decides: a legacy GPU name with a non-zero amount means `Legacy`; a name
-present at zero means a legacy plugin left since the kubelet started and containers may still
-hold its devices, so every card is withheld; no legacy name at all means `DRA`. Without the Node
-either, every card is withheld.
+Where the kubelet cannot be asked (its pod-resources socket is missing or unreadable), the
+Node's status decides: a legacy GPU name with a non-zero amount (allocatable or capacity) means
+`Legacy`; a name present at zero means a legacy plugin left since the kubelet started and
+containers may still hold its devices, so every card is withheld; no legacy name at all means
+`DRA`. Without the Node either, every card is withheld.
 
 Which resource names are legacy GPU names is the core's list (`kube/legacy_resources.py`), which
 policy's quota conversion reads too.
@@ -211,15 +212,25 @@ def _holders_text(holders: Sequence[Holder], limit: int = 5) -> str:
 
 def decide(*, cards: Sequence[Card], kubelet: KubeletView | None,
            node_allocatable: Mapping[str, str] | None = None,
+           node_capacity: Mapping[str, str] | None = None,
            kubelet_error: str = "") -> Verdict:
     """The node's state and the devices to withhold.
 
     `kubelet` is None when the pod-resources API could not be read (`kubelet_error` says why);
-    `node_allocatable` is the Node's status.allocatable, None when the Node could not be read.
+    `node_allocatable` and `node_capacity` are the Node's status.allocatable and
+    status.capacity, None when the Node could not be read. The kubelet lists healthy devices
+    only (its pod-resources API and the Node's allocatable): a legacy plugin's cards turned
+    Unhealthy (NVIDIA's after an XID) show only in the capacity, and the kubelet hands them out
+    again once healthy, so a legacy GPU name the capacity counts keeps the node `Legacy` (as
+    does a departed plugin's, for the grace of about five minutes the capacity keeps it).
     """
     total = len(cards)
-    node_names = {n: a for n, a in (node_allocatable or {}).items() if is_legacy_gpu_resource(n)}
-    node_offers = sorted(n for n, a in node_names.items() if _nonzero(a))
+    node_names = {n: a for n, a in {**(node_capacity or {}), **(node_allocatable or {})}.items()
+                  if is_legacy_gpu_resource(n)}
+    node_offers = sorted({n for n, a in (node_allocatable or {}).items()
+                          if is_legacy_gpu_resource(n) and _nonzero(a)}
+                         | {n for n, a in (node_capacity or {}).items()
+                            if is_legacy_gpu_resource(n) and _nonzero(a)})
     if kubelet is None:
         return _without_kubelet(cards, node_allocatable, node_names, node_offers, kubelet_error)
     # With the kubelet's answer, the Node's amounts add only the offers of names no device
@@ -280,7 +291,7 @@ def _without_kubelet(cards: Sequence[Card], node_allocatable: Mapping[str, str] 
     if node_offers:
         return Verdict(state=names.NODE_STATE_LEGACY, withheld=withheld, held_cards=held,
                        cards=total, offered=tuple(node_offers), from_kubelet=False,
-                       message=f"the Node's allocatable offers {', '.join(node_offers)} and "
+                       message=f"the Node's status offers {', '.join(node_offers)} and "
                                f"{why}: none of its {total} card(s) is published")
     if node_names:
         return Verdict(state=names.NODE_STATE_CUTTING_OVER, withheld=withheld, held_cards=held,

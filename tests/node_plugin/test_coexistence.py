@@ -283,6 +283,35 @@ async def test_while_a_legacy_plugin_offers_gpus_no_card_is_published(
             await _eventually(all_back, 5)
 
 
+async def test_cards_a_registered_legacy_plugin_reports_unhealthy_stay_withheld(
+        podresources_tool: Path, root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    # NVIDIA's plugin after an XID: the kubelet lists healthy devices only (its pod-resources
+    # API and the Node's allocatable); the Node's capacity still counts the cards, which the
+    # kubelet hands out again once they are healthy.
+    node = await cluster.get(NODES, NODE)
+    node["status"] = {"capacity": {"nvidia.com/gpu": "8", "cpu": "64"},
+                      "allocatable": {"nvidia.com/gpu": "0", "cpu": "64"}}
+    await cluster.update(NODES, node, subresource="status")
+    async with _kubelet(podresources_tool, root) as state:
+        _write_state(state, allocatable={"nvidia.com/gpu": []})
+        settings = plugin_settings(root, poll_seconds=0.1)
+        settings = replace(settings, coexistence=replace(settings.coexistence,
+                                                         node_seconds=0.2))
+        async with running_plugin(root, cluster, h100x8, settings) as plugin:
+            assert await _settled(plugin, cluster) == []
+            condition = await _condition_written(cluster)
+            assert condition["reason"] == names.NODE_STATE_LEGACY
+            assert "nvidia.com/gpu" in condition["message"]
+            # The plugin leaves and the kubelet's grace ends: the capacity drops to zero.
+            node = await cluster.get(NODES, NODE)
+            node["status"]["capacity"]["nvidia.com/gpu"] = "0"
+            await cluster.update(NODES, node, subresource="status")
+
+            async def all_back() -> bool:
+                return await _published(cluster) == EVERY_CARD
+            await _eventually(all_back, 5)
+
+
 async def test_a_claim_on_a_card_a_legacy_pod_holds_is_not_prepared(
         podresources_tool: Path, root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
     obj = await allocated(cluster, claim(devices=["gpu-3"]))
@@ -312,7 +341,7 @@ async def test_without_the_socket_a_node_offering_legacy_gpus_publishes_nothing(
         condition = await _condition_written(cluster)
     assert condition["reason"] == names.NODE_STATE_LEGACY
     assert condition["message"] == (
-        "the Node's allocatable offers nvidia.com/gpu and the kubelet's pod-resources API "
+        "the Node's status offers nvidia.com/gpu and the kubelet's pod-resources API "
         f"cannot be read (the kubelet's pod-resources socket {_socket(root)} does not exist: "
         f"mount the kubelet's pod-resources directory ({_socket(root).parent}) into the plugin, "
         "or set --pod-resources-socket to where the kubelet serves it): none of its 8 card(s) "

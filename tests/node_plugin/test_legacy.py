@@ -184,6 +184,23 @@ def test_a_non_zero_legacy_amount_on_the_node_counts_as_an_offer_the_kubelet_lis
     assert verdict.offered == ("koordinator.sh/gpu-core",)
 
 
+@pytest.mark.parametrize("kubelet", [KubeletView(allocatable={"nvidia.com/gpu": ()}), None])
+def test_a_legacy_name_the_nodes_capacity_counts_keeps_every_card_withheld(
+        mixed_cards: tuple[Card, ...], kubelet: KubeletView | None) -> None:
+    # Cards a registered plugin reports Unhealthy leave the kubelet's lists and the Node's
+    # allocatable, not its capacity; the kubelet hands them out again once healthy.
+    verdict = decide(cards=mixed_cards, kubelet=kubelet,
+                     node_allocatable={"nvidia.com/gpu": "0", "cpu": "64"},
+                     node_capacity={"nvidia.com/gpu": "4", "cpu": "64"},
+                     kubelet_error="" if kubelet else "socket missing")
+    assert verdict.state == names.NODE_STATE_LEGACY
+    assert verdict.offered == ("nvidia.com/gpu",)
+    assert verdict.withheld == {d for c in mixed_cards for d in c.devices}
+    gone = decide(cards=mixed_cards, kubelet=KubeletView(),
+                  node_allocatable={"nvidia.com/gpu": "0"}, node_capacity={"nvidia.com/gpu": "0"})
+    assert gone.state == names.NODE_STATE_DRA
+
+
 @pytest.mark.parametrize(("allocatable", "state", "published"), [
     ({"nvidia.com/gpu": "8", "cpu": "64"}, names.NODE_STATE_LEGACY, False),
     ({"nvidia.com/gpu": "0"}, names.NODE_STATE_CUTTING_OVER, False),
