@@ -78,7 +78,7 @@ class TaintRules:
         return [rule.taint for _, rule in sorted(self._rules.items())
                 if rule.selects(driver, pool, device)]
 
-    def apply(self, resource_slice: Mapping[str, Any]) -> Mapping[str, Any]:
+    def apply(self, resource_slice: dict[str, Any]) -> dict[str, Any]:
         """`resource_slice` with the rules' taints added to the devices they select."""
         if not self._rules:
             return resource_slice
@@ -89,7 +89,7 @@ class TaintRules:
                  if (taints := self.taints_of(driver, pool, str(device.get("name") or "")))}
         if not added:
             return resource_slice
-        tainted = copy.copy(dict(resource_slice))
+        tainted = copy.copy(resource_slice)
         devices = list(spec.get("devices") or ())
         for index, taints in added.items():
             device = dict(devices[index])
