@@ -35,6 +35,18 @@ def _positive_seconds(value: str) -> float:
     return seconds
 
 
+def _recovery_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a number of seconds (0 keeps an unhealthy device's taint until "
+            "the plugin restarts)")
+    return seconds
+
+
 def _source(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--inventory", type=Path, metavar="FILE",
@@ -108,6 +120,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        "read for legacy GPU names no device plugin lists (Koordinator's, HAMi's "
                        "memory), and to see a legacy plugin's amount drop to zero "
                        "(default: %(default)s)")
+    serve.add_argument("--recovery-seconds", type=_recovery_seconds, default=600.0,
+                       metavar="SECONDS", help="how long a device that recovered from a fault "
+                       "(a degraded one: since its last fault; a fatal one: since it came back) "
+                       "must stay without one before its taint lifts; 0: never, until the "
+                       "plugin restarts (default: %(default)s)")
+    serve.add_argument("--fault-file", type=Path, metavar="FILE",
+                       help="with --inventory: follow FILE for health events, one JSON object "
+                       'a line, e.g. {"device": "gpu-3", "event": "xid", "code": 79} or '
+                       '{"device": "gpu-3", "event": "recovered"}')
     serve.add_argument("--log-level", default="INFO", type=str.upper,
                        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                        help="least severe level logged, in any case "

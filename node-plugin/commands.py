@@ -81,12 +81,17 @@ async def _serve(args: argparse.Namespace) -> int:
     from dra_gateway.node_plugin.nvml import Nvml
     from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
 
+    if args.fault_file is not None and args.inventory is None:
+        print("error: --fault-file needs --inventory (with --nvml the driver reports faults)",
+              file=sys.stderr)
+        return 2
     settings = PluginSettings(
         node_name=args.node_name, driver=args.driver, plugins_dir=args.plugins_dir,
         registry_dir=args.registry_dir, cdi_dir=args.cdi_dir,
         state_dir=args.state_dir or args.plugins_dir / args.driver, devices=_options(args),
         consumable_capacity=args.consumable_capacity,
         device_taints=args.device_taints,
+        recovery_seconds=args.recovery_seconds, fault_file=args.fault_file,
         enforcement=cdi.EnforcementSettings(hami_library=args.hami_library),
         coexistence=CoexistenceSettings(enabled=args.legacy_coexistence,
                                         socket=args.pod_resources_socket,

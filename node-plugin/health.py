@@ -1,16 +1,21 @@
-"""Device health: XID critical errors, lost GPUs and NVML outages, turned into what the cluster
-can keep.
+"""Device health: XID errors, lost GPUs, NVML outages and a fault file, turned into what the
+cluster can keep, and lifted again once the device has recovered.
 
+Each fault has a class (`faults.py`): a fatal one taints the device `NoExecute` (its pods are
+evicted), a degraded one `NoSchedule` (no new work), an informational one is only counted.
 Where the cluster keeps device taints (DRADeviceTaints), an unhealthy device stays published
-with a `NoSchedule` taint, so schedulers and the allocator skip it and operators see why.
-Where it does not, the device is withheld from the slice instead, and a Node condition
-(`GpuDevicesUnhealthy`) plus a metric say which devices and why. An NVML outage marks every
-device unhealthy ("no healthy devices") and is cleared when NVML answers again; XID marks stay
-until the plugin restarts, as NVIDIA's plugins do, because a card that raised one needs an
-operator's look. An XID that NVML attributes to one MIG instance (its GPU-instance and
-compute-instance ids) marks that instance only; one that is not MIG-specific marks every device
-of the card, as NVIDIA's device plugin does. This module decides; the publisher and the
-cluster port do the writing.
+with that taint, so schedulers and the allocator skip it and operators see why. Where it does
+not, the device is withheld from the slice instead, and a Node condition
+(`GpuDevicesUnhealthy`) plus a metric say which devices and why.
+
+Recovery (`recovery_seconds`; 0 keeps every mark until the plugin restarts, as NVIDIA's plugins
+do): a degraded device is healthy again once no fault hit it for that long; a fatal one once
+the card showed it came back (NVML sees a lost GPU again, the fault file says `recovered`) and
+then stayed without a fault for that long. An NVML outage marks every device unhealthy ("no
+healthy devices") and is cleared when NVML answers again. An XID that NVML attributes to one
+MIG instance (its GPU-instance and compute-instance ids) marks that instance only; one that is
+not MIG-specific marks every device of the card, as NVIDIA's device plugin does. This module
+decides; the publisher and the cluster port do the writing.
 """
 
 from __future__ import annotations
@@ -19,22 +24,31 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from dra_gateway.kube.cluster.port import ApiError, Cluster
 from dra_gateway.kube.resources import NODES
 from dra_gateway.node_plugin.devices import DeviceInfo
+from dra_gateway.node_plugin.faults import (
+    EFFECTS,
+    FATAL,
+    GPU_LOST,
+    INFORMATIONAL,
+    NVML_UNAVAILABLE,
+    Severity,
+    severity_of,
+    worse,
+)
 from dra_gateway.node_plugin.metrics import Metrics
 from dra_gateway.node_plugin.nvml import Nvml, NvmlError, XidEvent
 
 log = logging.getLogger(__name__)
 
 CONDITION_TYPE = "GpuDevicesUnhealthy"
-NVML_UNAVAILABLE = "nvml-unavailable"
-GPU_LOST = "gpu-lost"
 
 
 def taint_key(driver: str) -> str:
@@ -44,7 +58,10 @@ def taint_key(driver: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Problem:
     reason: str  # a label value: "xid-79", "gpu-lost", "nvml-unavailable"
-    since: str  # RFC 3339
+    since: str  # RFC 3339: when the device was first marked
+    severity: Severity = "degraded"
+    last_fault: float = 0.0  # monotonic seconds of the latest fault on the device
+    recovered: float | None = None  # monotonic seconds of the latest sign that it came back
 
 
 def devices_by_card(table: Mapping[str, DeviceInfo]) -> dict[str, list[str]]:
@@ -82,15 +99,18 @@ def xid_devices(event: XidEvent, devices: list[str],
 
 
 class Health:
-    """Which devices are unhealthy and why; changes call `on_change`."""
+    """Which devices are unhealthy, why and how badly; changes call `on_change`."""
 
     def __init__(self, *, driver: str, on_change: Callable[[], None],
-                 metrics: Metrics | None = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 metrics: Metrics | None = None, recovery_seconds: float = 0.0,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.driver = driver
+        self.recovery_seconds = recovery_seconds
         self._on_change = on_change
         self._metrics = metrics or Metrics()
         self._clock = clock
+        self._monotonic = monotonic
         self._problems: dict[str, Problem] = {}
 
     @property
@@ -98,15 +118,69 @@ class Health:
         return dict(self._problems)
 
     def mark(self, devices: list[str], reason: str) -> None:
+        """A fault hit `devices`: mark them (an informational one is only logged); a device
+        already marked keeps its first reason unless this one is more severe, and its
+        recovery starts over."""
+        severity = severity_of(reason)
+        if severity == INFORMATIONAL:
+            log.info("%s on %s is the application's: the device stays healthy", reason,
+                     ", ".join(devices))
+            return
         since = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = self._monotonic()
         changed = False
         for device in devices:
-            if device not in self._problems:
-                self._problems[device] = Problem(reason=reason, since=since)
+            old = self._problems.get(device)
+            if old is None:
+                self._problems[device] = Problem(reason, since, severity, now)
                 changed = True
-                log.warning("device %s is unhealthy: %s", device, reason)
+                log.warning("device %s is unhealthy (%s): %s", device, severity, reason)
+            elif worse(severity, old.severity) != old.severity:
+                self._problems[device] = Problem(reason, old.since, severity, now)
+                changed = True
+                log.warning("device %s is now %s: %s", device, severity, reason)
+            else:
+                self._problems[device] = replace(old, last_fault=now, recovered=None)
         if changed:
             self._changed()
+
+    def recovered(self, devices: list[str], how: str, *, reason: str | None = None) -> None:
+        """A sign that `devices` came back (a lost GPU answers again, the fault file says so):
+        their marks (of `reason` only, when given) lift after the recovery period without a
+        fault (`lift_recovered`)."""
+        now = self._monotonic()
+        for device in devices:
+            old = self._problems.get(device)
+            if old is not None and old.recovered is None and reason in (None, old.reason):
+                self._problems[device] = replace(old, recovered=now)
+                log.info("device %s came back (%s): healthy again after %.0fs without a fault",
+                         device, how, self.recovery_seconds)
+
+    def lift_recovered(self) -> list[str]:
+        """Lift the marks of the devices that recovered; the devices lifted."""
+        if self.recovery_seconds <= 0:
+            return []
+        now = self._monotonic()
+        lifted = []
+        for device, problem in sorted(self._problems.items()):
+            if problem.reason == NVML_UNAVAILABLE:
+                continue  # lifted when NVML answers (`clear`)
+            if problem.severity == FATAL:
+                if problem.recovered is None:
+                    continue
+                start = max(problem.recovered, problem.last_fault)
+            else:
+                start = problem.last_fault
+            if now - start >= self.recovery_seconds:
+                lifted.append(device)
+        for device in lifted:
+            problem = self._problems.pop(device)
+            log.info("device %s is healthy again: no fault for %.0fs since %s", device,
+                     self.recovery_seconds, problem.reason)
+            self._metrics.recoveries.inc()
+        if lifted:
+            self._changed()
+        return lifted
 
     def clear(self, reason: str) -> None:
         """Drop every mark of one reason (NVML answering again clears its outage marks)."""
@@ -121,7 +195,7 @@ class Health:
 
     def taints(self) -> dict[str, list[dict[str, Any]]]:
         return {device: [{"key": taint_key(self.driver), "value": p.reason,
-                          "effect": "NoSchedule", "timeAdded": p.since}]
+                          "effect": EFFECTS[p.severity], "timeAdded": p.since}]
                 for device, p in sorted(self._problems.items())}
 
     def withheld(self) -> frozenset[str]:
@@ -133,10 +207,17 @@ class Health:
             return {"type": CONDITION_TYPE, "status": "False", "reason": "AllDevicesHealthy",
                     "message": f"every {self.driver} device is healthy",
                     "lastHeartbeatTime": now, "lastTransitionTime": now}
-        listed = ", ".join(f"{d} ({p.reason})" for d, p in sorted(self._problems.items()))
+        listed = ", ".join(f"{d} ({p.reason}, {p.severity})"
+                           for d, p in sorted(self._problems.items()))
         return {"type": CONDITION_TYPE, "status": "True", "reason": "DevicesUnhealthy",
                 "message": f"{len(self._problems)} {self.driver} device(s) withheld: {listed}",
                 "lastHeartbeatTime": now, "lastTransitionTime": now}
+
+    async def run_recovery(self, interval: float = 1.0) -> None:
+        """Lift recovered marks every `interval` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(interval)
+            self.lift_recovered()
 
 
 async def report_condition(cluster: Cluster, node_name: str, health: Health) -> None:
@@ -206,12 +287,18 @@ def _watch_session(health: Health, nvml_factory: Callable[[], Nvml],
                 for uuid, lost in nvml.probe(sorted(cards)).items():
                     if lost:
                         call(health.mark, cards[uuid], GPU_LOST)
+                    else:
+                        call(_answers_again, health, cards[uuid])
                 event = events.wait(poll_ms)
                 if event is not None:
                     _on_xid(event, health, cards, instances, metrics, call)
         finally:
             with contextlib.suppress(NvmlError):
                 events.close()
+
+
+def _answers_again(health: Health, devices: list[str]) -> None:
+    health.recovered(devices, "NVML sees the card again", reason=GPU_LOST)
 
 
 def _on_xid(event: XidEvent, health: Health, cards: Mapping[str, list[str]],

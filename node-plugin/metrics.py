@@ -28,6 +28,9 @@ class Metrics:
         self.unhealthy_devices = Gauge(
             f"{prefix}_unhealthy_devices", "devices marked unhealthy (XID errors, lost GPUs)",
             registry=self.registry)
+        self.recoveries = Counter(
+            f"{prefix}_device_recoveries", "devices healthy again after a fault, their taint "
+            "lifted", registry=self.registry)
         self.xid_events = Counter(
             f"{prefix}_xid_events", "critical XID events seen, by XID", ["xid"],
             registry=self.registry)

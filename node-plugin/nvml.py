@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from dra_gateway.node_plugin.facts import GpuFacts, MigFacts, NodeFacts
+from dra_gateway.node_plugin.faults import APPLICATION_XIDS
 from dra_gateway.node_plugin.versions import cuda_version_from_int
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,6 @@ _BRANDS = {1: "Quadro", 2: "Tesla", 3: "NVS", 4: "GRID", 5: "GeForce", 6: "Titan
 
 # XIDs caused by applications rather than the card (NVIDIA's device plugin skips the same
 # ones): they must not take a healthy GPU out of service.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 _XID_CRITICAL_EVENT = 0x8
 # NVML_GPU_INSTANCE_PROFILE_COUNT, and the profile indexes whose names carry an attribute
 # (nvml.h: *_REV1 have media extensions, *_ALL_ME all of them, *_NO_ME none, *_GFX graphics).

@@ -42,6 +42,7 @@ from dra_gateway.node_plugin.devices import (
 )
 from dra_gateway.node_plugin.discovery import DiscoveryError
 from dra_gateway.node_plugin.facts import NodeFacts
+from dra_gateway.node_plugin.faultfile import watch_fault_file
 from dra_gateway.node_plugin.health import (
     Health,
     devices_by_card,
@@ -83,6 +84,11 @@ class PluginSettings:
     rediscover_seconds: float = 60.0
     # How long the health watcher waits before reopening NVML after it failed.
     nvml_retry_seconds: float = 30.0
+    # How long a recovered device stays without a fault before its mark lifts (health.py);
+    # 0: marks stay until the plugin restarts.
+    recovery_seconds: float = 600.0
+    # Health events from a file (faultfile.py), for nodes without NVML.
+    fault_file: Path | None = None
     # Consumable-capacity detection: how long one attempt may take, and the first pause
     # before asking again while undecided (doubling up to a minute).
     detect_timeout_seconds: float = 10.0
@@ -110,7 +116,7 @@ class NodePlugin:
             CONSUMABLE_CAPACITY_FALLBACK if settings.consumable_capacity is None
             else settings.consumable_capacity))
         self.health = Health(driver=settings.driver, on_change=self._health_changed,
-                             metrics=self.metrics)
+                             metrics=self.metrics, recovery_seconds=settings.recovery_seconds)
         self.coexistence = LegacyCoexistence(
             settings.coexistence, cluster, node_name=settings.node_name, cards=self.cards,
             on_change=self._legacy_changed, published=self._slices_published,
@@ -295,6 +301,12 @@ class NodePlugin:
                                        metrics=self.metrics,
                                        retry_seconds=self.settings.nvml_retry_seconds),
                             "nvml-health")
+            if self.settings.fault_file is not None:
+                self._spawn(watch_fault_file(self.settings.fault_file, health=self.health,
+                                             table=lambda: self._table), "fault-file")
+            if self.settings.recovery_seconds > 0:
+                self._spawn(self.health.run_recovery(
+                    min(5.0, self.settings.recovery_seconds / 10)), "health-recovery")
             if started is not None:
                 started.set()
             await asyncio.Event().wait()

@@ -72,7 +72,8 @@ async def test_a_critical_xid_taints_the_card_where_the_cluster_keeps_taints(
         assert device["name"] == "gpu-1"
         assert device["taints"][0]["key"] == f"{names.DRIVER}/unhealthy"
         assert device["taints"][0]["value"] == "xid-79"
-        assert device["taints"][0]["effect"] == "NoSchedule"
+        # Fallen off the bus: fatal, the card's pods must leave.
+        assert device["taints"][0]["effect"] == "NoExecute"
         assert len(slice_["spec"]["devices"]) == 3
         assert plugin.metrics.unhealthy_devices._value.get() == 1
 
@@ -98,7 +99,7 @@ async def test_without_taints_the_card_is_withheld_and_the_node_says_why(
 
         (cond,) = await _until(condition, "the node condition")
         assert cond["status"] == "True"
-        assert cond["message"] == "1 gpu.dra-gateway.io device(s) withheld: gpu-2 (xid-48)"
+        assert cond["message"] == "1 gpu.dra-gateway.io device(s) withheld: gpu-2 (xid-48, fatal)"
 
 
 async def test_an_nvml_outage_means_no_healthy_devices_until_it_recovers(
