@@ -53,6 +53,7 @@ RELEASE = "dra-gateway"
 NAMESPACE = "dra-gateway"
 TLS_SECRET = "dra-gateway-local-webhook-tls"
 # The demo's simulated GPU nodes (node -> inventory) and its CPU node.
+RECOVERY_S = 3  # the node plugins' --recovery-seconds
 GPU_NODES = (("gpu-a100-1", "gpu-a100-1.yaml"), ("gpu-h100-1", "gpu-h100-1.yaml"))
 CPU_NODES = ("cpu-1",)
 # Namespaces the examples use.
@@ -186,6 +187,12 @@ class Gateway:
         from 1.36)."""
         minor = int(self.version.split(".")[1])
         return bool(self.feature_gates.get("DRAConsumableCapacity", minor >= 36))
+
+    @property
+    def device_taints(self) -> bool:
+        """Whether this API server keeps device taints (the gate's default is on from 1.36)."""
+        minor = int(self.version.split(".")[1])
+        return bool(self.feature_gates.get("DRADeviceTaints", minor >= 36))
 
     def check(self) -> None:
         self.plane.check()
@@ -353,6 +360,8 @@ def _start_components(gateway: Gateway, sockets: Path) -> None:
         ("allocator", ["allocator", *kube, "--strategy", "default",
                        "--kubeconfig", kubeconfig("allocator")]),
     ]
+    # Device taints where the API server keeps them (DRADeviceTaints, on by default from 1.36).
+    taints = "--device-taints" if gateway.device_taints else "--no-device-taints"
     for node, inventory in GPU_NODES:
         base = sockets / node
         specs.append((f"node-plugin-{node}", [
@@ -360,11 +369,18 @@ def _start_components(gateway: Gateway, sockets: Path) -> None:
             "--node-name", node, "--cluster", "kube",
             "--kubeconfig", node_plugin_kubeconfig(gateway, node),
             "--plugins-dir", str(base / "plugins"), "--registry-dir", str(base / "registry"),
-            "--cdi-dir", str(base / "cdi"), "--state-dir", str(base / "state")]))
+            "--cdi-dir", str(base / "cdi"), "--state-dir", str(base / "state"), taints,
+            "--fault-file", str(fault_file(gateway, node)),
+            "--recovery-seconds", str(RECOVERY_S)]))
     for name, args in specs:
         component = Component(name, args, logs / f"{name}.log")
         gateway.components[name] = component
         component.start()
+
+
+def fault_file(gateway: Gateway, node: str) -> Path:
+    """The file the node plugin of `node` follows for health events (--fault-file)."""
+    return gateway.work / f"faults-{node}.jsonl"
 
 
 def node_plugin_kubeconfig(gateway: Gateway, node: str) -> str:

@@ -1,0 +1,180 @@
+"""A card that fails is taken out of service and comes back on its own (node-plugin/health.py).
+
+The tier's node plugins follow a fault file each (`--fault-file`) and lift a recovered card's
+mark after `RECOVERY_S` seconds. A Deployment of one legacy `nvidia.com/gpu` pod, pinned to the
+demo's H100 node, gets a card; then that card falls off the bus (XID 79, fatal):
+
+- where the API server keeps device taints (1.36 on): the card is published with a `NoExecute`
+  taint, kube-controller-manager's device taint eviction deletes the pod, and the Deployment's
+  replacement is placed on another card of the node, never the tainted one;
+- before (1.34 and 1.35 by default): the card is withheld from the slice and the Node's
+  condition `GpuDevicesUnhealthy` names it; nothing evicts the running pod (the gateway has no
+  eviction of its own for this yet), and a second replica is placed on another card.
+
+Then the fault file says the card recovered: within the recovery period it is published again,
+untainted. The module leaves no pod, claim or namespace behind, and every card healthy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dra_gateway.devkit.realcluster import Api, ApiError, path_of
+from dra_gateway.kube import names
+from e2e.support import RECOVERY_S, Gateway, fault_file, pod_devices, pods, wait_until
+from e2e.test_preemption import NODE, _wait_for_free_cards
+
+JSON = dict[str, Any]
+RESOURCE = "resource.k8s.io/v1"
+NS = "device-health"
+PLACE_S = 60.0
+APP = "trainer"
+
+
+@pytest.fixture
+def api(gateway: Gateway) -> Iterator[Api]:
+    api = gateway.api
+    _wait_for_free_cards(gateway, api)
+    api.create(path_of("v1", "namespaces"), {"apiVersion": "v1", "kind": "Namespace",
+                                             "metadata": {"name": NS}})
+    try:
+        yield api
+    finally:
+        with contextlib.suppress(ApiError):
+            api.delete(path_of("apps/v1", "deployments", namespace=NS, name=APP),
+                       propagation="Background")
+        for pod in pods(api, NS):
+            with contextlib.suppress(ApiError):
+                api.delete(path_of("v1", "pods", namespace=NS, name=pod["metadata"]["name"]),
+                           grace_period_s=0)
+
+        def released() -> bool:
+            return not pods(api, NS) and not any(
+                (c.get("status") or {}).get("allocation")
+                for c in api.list(path_of(RESOURCE, "resourceclaims", namespace=NS)))
+
+        try:
+            wait_until(f"the pods of {NS} to be gone and their claims released", released,
+                       PLACE_S, gateway.check)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {_state(api)}") from None
+        api.delete(path_of("v1", "namespaces", name=NS))
+        wait_until(f"namespace {NS} to be gone",
+                   lambda: not api.exists(path_of("v1", "namespaces", name=NS)), 120)
+
+
+def _state(api: Api) -> str:
+    """The namespace's pods and claims, for a failure message."""
+    lines = [f"pod {p['metadata']['name']}: node {p['spec'].get('nodeName')}, phase "
+             f"{(p.get('status') or {}).get('phase')}, deleting "
+             f"{bool(p['metadata'].get('deletionTimestamp'))}, finalizers "
+             f"{p['metadata'].get('finalizers')}" for p in pods(api, NS)]
+    lines += [f"claim {c['metadata']['name']}: allocated "
+              f"{bool((c.get('status') or {}).get('allocation'))}, reservedFor "
+              f"{[r.get('name') for r in (c.get('status') or {}).get('reservedFor') or ()]}, "
+              f"finalizers {c['metadata'].get('finalizers')}"
+              for c in api.list(path_of(RESOURCE, "resourceclaims", namespace=NS))]
+    return "; ".join(lines)
+
+
+def _deployment(replicas: int) -> JSON:
+    labels = {"app": APP}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": APP, "namespace": NS},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": {
+                         "nodeSelector": {"kubernetes.io/hostname": NODE},
+                         "terminationGracePeriodSeconds": 0,
+                         "containers": [{"name": "main", "image": "example.com/cuda:1",
+                                         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}}
+
+
+def _placed(api: Api) -> dict[str, str]:
+    """Live pods of the Deployment placed on NODE: name -> the card each holds."""
+    found = {}
+    for pod in pods(api, NS):
+        if pod["metadata"].get("deletionTimestamp") or pod["spec"].get("nodeName") != NODE:
+            continue
+        held = [device for node, device, _ in pod_devices(api, pod) if node == NODE]
+        if held:
+            found[pod["metadata"]["name"]] = held[0]
+    return found
+
+
+def _published(api: Api) -> dict[str, list[JSON]]:
+    """NODE's published devices: name -> their taints."""
+    return {d["name"]: list(d.get("taints") or ())
+            for s in api.list(path_of(RESOURCE, "resourceslices"))
+            if s["spec"].get("nodeName") == NODE and s["spec"].get("driver") == names.DRIVER
+            for d in s["spec"].get("devices") or ()}
+
+
+def _condition(api: Api) -> JSON:
+    node = api.get(path_of("v1", "nodes", name=NODE))
+    return next((c for c in node["status"].get("conditions") or ()
+                 if c["type"] == "GpuDevicesUnhealthy"), {})
+
+
+def _fault(gateway: Gateway, event: JSON) -> None:
+    with fault_file(gateway, NODE).open("a") as stream:
+        stream.write(json.dumps(event) + "\n")
+
+
+def test_a_card_that_falls_off_the_bus_is_drained_and_comes_back(
+        gateway: Gateway, api: Api) -> None:
+    api.create(path_of("apps/v1", "deployments", namespace=NS), _deployment(1))
+    wait_until("the trainer to be placed", lambda: len(_placed(api)) == 1, PLACE_S,
+               gateway.check)
+    ((first, card),) = _placed(api).items()
+    _fault(gateway, {"device": card, "event": "xid", "code": 79})
+
+    if gateway.device_taints:
+        def tainted() -> bool:
+            return [t["effect"] for t in _published(api).get(card, ())] == ["NoExecute"]
+
+        wait_until(f"{card} to be tainted NoExecute", tainted, PLACE_S, gateway.check)
+        (taint,) = _published(api)[card]
+        assert (taint["key"], taint["value"]) == (f"{names.DRIVER}/unhealthy", "xid-79")
+
+        def replaced() -> bool:
+            placed = _placed(api)
+            return first not in placed and len(placed) == 1
+
+        wait_until("the evicted trainer's replacement to be placed", replaced, PLACE_S,
+                   gateway.check)
+        (other,) = _placed(api).values()
+        assert other != card
+    else:
+        wait_until(f"{card} to be withheld", lambda: card not in _published(api), PLACE_S,
+                   gateway.check)
+        condition = _condition(api)
+        assert condition["status"] == "True"
+        assert f"{card} (xid-79, fatal)" in condition["message"]
+        api.patch(path_of("apps/v1", "deployments", namespace=NS, name=APP),
+                  {"spec": {"replicas": 2}})
+        wait_until("a second trainer to be placed", lambda: any(
+            name != first for name in _placed(api)), PLACE_S, gateway.check)
+        # Its card is another (the withheld one is not published); nothing evicts the first
+        # in this world.
+        assert card not in _placed(api).values()
+        kept = api.get(path_of("v1", "pods", namespace=NS, name=first))
+        assert not kept["metadata"].get("deletionTimestamp")
+
+    _fault(gateway, {"device": card, "event": "recovered"})
+    started = time.monotonic()
+
+    def healthy() -> bool:
+        return _published(api).get(card) == []
+
+    wait_until(f"{card} to be published again without a taint", healthy, PLACE_S,
+               gateway.check)
+    assert time.monotonic() - started >= RECOVERY_S - 1
+    if not gateway.device_taints:
+        wait_until("the Node to say every device is healthy",
+                   lambda: _condition(api).get("status") == "False", PLACE_S, gateway.check)
