@@ -68,8 +68,10 @@ def _source(parser: argparse.ArgumentParser) -> None:
                         "server to ask, then prints the fields, which a server without the "
                         "gate drops")
     parser.add_argument("--device-taints", action=argparse.BooleanOptionalAction,
-                        default=False, help="mark unhealthy devices with taints (the cluster has "
-                        "DRADeviceTaints); off: withhold them and set a Node condition")
+                        default=None, help="mark unhealthy devices with taints (the cluster has "
+                        "DRADeviceTaints), or withhold them and set a Node condition; default: "
+                        "ask the API server (a dry-run probe slice), withholding until it "
+                        "answers")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],

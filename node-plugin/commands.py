@@ -54,8 +54,8 @@ def discover(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return 1
     slices = build_slices(node_name=args.node_name, driver=args.driver, devices=devices,
                           generation=0, node_uid=None,
-                          max_devices=MAX_DEVICES_PER_SLICE_WITH_TAINTS if args.device_taints
-                          else MAX_DEVICES_PER_SLICE)
+                          max_devices=MAX_DEVICES_PER_SLICE if args.device_taints is False
+                          else MAX_DEVICES_PER_SLICE_WITH_TAINTS)
     _dump(slices, args.output, out or sys.stdout)
     return 0
 

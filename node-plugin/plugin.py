@@ -27,6 +27,7 @@ from dra_gateway.kube import names
 from dra_gateway.kube.cluster.features import (
     BY_PUBLISHED_SLICES,
     detect_consumable_capacity,
+    detect_device_taints,
     slices_show_consumable_capacity,
 )
 from dra_gateway.kube.cluster.port import ApiError, Cluster
@@ -78,8 +79,9 @@ class PluginSettings:
     # does (the default); True or False forces it.
     consumable_capacity: bool | None = None
     # Whether the cluster keeps device taints (DRADeviceTaints); else unhealthy devices are
-    # withheld and reported through a Node condition.
-    device_taints: bool = False
+    # withheld and reported through a Node condition. None: ask the API server (a dry-run
+    # probe slice); withheld until it answers.
+    device_taints: bool | None = False
     enforcement: cdi.EnforcementSettings = field(default_factory=cdi.EnforcementSettings)
     rediscover_seconds: float = 60.0
     # How long the health watcher waits before reopening NVML after it failed.
@@ -123,8 +125,10 @@ class NodePlugin:
             metrics=self.metrics)
         self.publisher = Publisher(
             cluster, node_name=settings.node_name, driver=settings.driver,
-            max_devices=MAX_DEVICES_PER_SLICE_WITH_TAINTS if settings.device_taints
-            else MAX_DEVICES_PER_SLICE, metrics=self.metrics)
+            max_devices=MAX_DEVICES_PER_SLICE if settings.device_taints is False
+            else MAX_DEVICES_PER_SLICE_WITH_TAINTS, metrics=self.metrics)
+        # Whether unhealthy devices are tainted (else withheld): forced, or once detected.
+        self.device_taints = bool(settings.device_taints)
         self.preparer = Preparer(
             cluster, node_name=settings.node_name, driver=settings.driver,
             cdi_dir=settings.cdi_dir, state_dir=settings.state_dir, devices=self.device_table,
@@ -150,7 +154,7 @@ class NodePlugin:
         """The devices to publish now, with health applied as the cluster allows and every
         device a legacy plugin may hand out left out."""
         legacy = self.coexistence.withheld()
-        if self.settings.device_taints:
+        if self.device_taints:
             return devices_of(self.facts, self._options, taints=self.health.taints(),
                               withheld=legacy)
         return devices_of(self.facts, self._options, withheld=self.health.withheld() | legacy)
@@ -192,6 +196,42 @@ class NodePlugin:
                            "detectedBy": "fallback"})
         self._spawn(self._detect_until_known(), "consumable-capacity-detection")
         return None
+
+    async def settle_device_taints(self) -> None:
+        """Ask the API server whether it keeps device taints; while it cannot tell, unhealthy
+        devices are withheld and it is asked again in the background."""
+        if await self._detect_device_taints():
+            return
+        self._spawn(self._detect_device_taints_until_known(), "device-taints-detection")
+
+    async def _detect_device_taints(self) -> bool:
+        """One attempt; True once known."""
+        try:
+            async with asyncio.timeout(self.settings.detect_timeout_seconds):
+                verdict = await detect_device_taints(self._cluster, driver=self.settings.driver,
+                                                     node_name=self.settings.node_name)
+        except ApiError as err:
+            log.warning("cannot tell whether the API server keeps device taints: %s",
+                        err.message)
+            return False
+        except (OSError, TimeoutError) as err:
+            log.warning("cannot tell whether the API server keeps device taints: %r", err)
+            return False
+        if verdict is None:
+            return False
+        log.info("unhealthy devices are %s", "tainted (the API server keeps device taints)"
+                 if verdict else "withheld (the API server drops device taints)",
+                 extra={"deviceTaints": verdict})
+        if verdict != self.device_taints:
+            self.device_taints = verdict
+            self._health_changed()
+        return True
+
+    async def _detect_device_taints_until_known(self) -> None:
+        delay = self.settings.detect_retry_seconds
+        while not await self._detect_device_taints():
+            await asyncio.sleep(delay)
+            delay = min(60.0, delay * 2)
 
     async def _detect_consumable_capacity(self) -> tuple[bool | None, str]:
         try:
@@ -249,7 +289,7 @@ class NodePlugin:
 
     def _health_changed(self) -> None:
         self.publisher.set_devices(self.devices())
-        if not self.settings.device_taints:
+        if not self.device_taints:
             self._spawn(report_condition(self._cluster, self.settings.node_name, self.health),
                         "node-condition")
 
@@ -283,6 +323,8 @@ class NodePlugin:
         try:
             # Before the first publish, so that it already has the mode the allocator sees.
             await self.settle_consumable_capacity()
+            if self.settings.device_taints is None:
+                await self.settle_device_taints()
             # Before the first publish too: until the kubelet has said what legacy pods hold,
             # every card is withheld, and the first publish shows what may really be offered.
             if self.settings.coexistence.enabled:

@@ -65,6 +65,30 @@ async def detect_consumable_capacity(cluster: Cluster, *, driver: str = names.DR
     return slices_show_consumable_capacity(published.items), BY_PUBLISHED_SLICES
 
 
+def taint_probe_slice(driver: str = names.DRIVER, node_name: str | None = None) -> Object:
+    """The probe slice with a tainted device: what the dry-run probe of device taints sends."""
+    probe = probe_slice(driver, node_name)
+    device = probe["spec"]["devices"][0]
+    device["taints"] = [{"key": f"{driver}/probe", "effect": "NoSchedule"}]
+    return probe
+
+
+async def detect_device_taints(cluster: Cluster, *, driver: str = names.DRIVER,
+                               node_name: str | None = None) -> bool | None:
+    """Does the API server keep a device's `taints` (DRADeviceTaints: beta and on from 1.36)?
+    None when the dry-run probe was refused: published slices prove nothing, their plugins
+    may not have sent taints."""
+    try:
+        echoed = await cluster.create(RESOURCE_SLICES, taint_probe_slice(driver, node_name),
+                                      dry_run=True)
+    except ApiError as err:
+        log.info("dry-run probe of device taints refused",
+                 extra={"code": err.code, "reason": err.reason, "error": err.message})
+        return None
+    devices = (echoed.get("spec") or {}).get("devices") or [{}]
+    return bool(devices[0].get("taints"))
+
+
 def slices_show_consumable_capacity(slices: Iterable[Object]) -> bool | None:
     """True when a published device kept allowMultipleAllocations; None with no devices."""
     seen_device = False

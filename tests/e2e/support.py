@@ -360,8 +360,6 @@ def _start_components(gateway: Gateway, sockets: Path) -> None:
         ("allocator", ["allocator", *kube, "--strategy", "default",
                        "--kubeconfig", kubeconfig("allocator")]),
     ]
-    # Device taints where the API server keeps them (DRADeviceTaints, on by default from 1.36).
-    taints = "--device-taints" if gateway.device_taints else "--no-device-taints"
     for node, inventory in GPU_NODES:
         base = sockets / node
         specs.append((f"node-plugin-{node}", [
@@ -369,7 +367,7 @@ def _start_components(gateway: Gateway, sockets: Path) -> None:
             "--node-name", node, "--cluster", "kube",
             "--kubeconfig", node_plugin_kubeconfig(gateway, node),
             "--plugins-dir", str(base / "plugins"), "--registry-dir", str(base / "registry"),
-            "--cdi-dir", str(base / "cdi"), "--state-dir", str(base / "state"), taints,
+            "--cdi-dir", str(base / "cdi"), "--state-dir", str(base / "state"),
             "--fault-file", str(fault_file(gateway, node)),
             "--recovery-seconds", str(RECOVERY_S)]))
     for name, args in specs:

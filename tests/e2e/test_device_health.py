@@ -4,7 +4,8 @@ The tier's node plugins follow a fault file each (`--fault-file`) and lift a rec
 mark after `RECOVERY_S` seconds. A Deployment of one legacy `nvidia.com/gpu` pod, pinned to the
 demo's H100 node, gets a card; then that card falls off the bus (XID 79, fatal):
 
-- where the API server keeps device taints (1.36 on): the card is published with a `NoExecute`
+- where the API server keeps device taints (1.36 on; the node plugins ask it, as the chart's
+  `deviceTaints: auto` has them do): the card is published with a `NoExecute`
   taint, kube-controller-manager's device taint eviction deletes the pod, and the Deployment's
   replacement is placed on another card of the node, never the tainted one;
 - before (1.34 and 1.35 by default): the card is withheld from the slice and the Node's

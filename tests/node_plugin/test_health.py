@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import pytest
 
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
@@ -23,7 +25,7 @@ UUIDS = [f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd" for i in range(3)]
 
 @contextlib.asynccontextmanager
 async def _running(root: Path, cluster: MemoryCluster, fake: FakeNvml, *,
-                   taints: bool) -> AsyncIterator[NodePlugin]:
+                   taints: bool | None) -> AsyncIterator[NodePlugin]:
     settings = PluginSettings(node_name=NODE, plugins_dir=root / "p", registry_dir=root / "r",
                               cdi_dir=root / "c", state_dir=root / "s", device_taints=taints,
                               devices=DeviceOptions(), nvml_retry_seconds=0.05)
@@ -76,6 +78,40 @@ async def test_a_critical_xid_taints_the_card_where_the_cluster_keeps_taints(
         assert device["taints"][0]["effect"] == "NoExecute"
         assert len(slice_["spec"]["devices"]) == 3
         assert plugin.metrics.unhealthy_devices._value.get() == 1
+
+
+class DropsTaints(MemoryCluster):
+    """An API server without DRADeviceTaints: it drops the devices' taints it is sent."""
+
+    async def create(self, rt: Any, obj: dict[str, Any], *, namespace: str | None = None,
+                     dry_run: bool = False) -> dict[str, Any]:
+        if rt == RESOURCE_SLICES:
+            obj = copy.deepcopy(obj)
+            for device in obj["spec"].get("devices") or ():
+                device.pop("taints", None)
+        return await super().create(rt, obj, namespace=namespace, dry_run=dry_run)
+
+
+@pytest.mark.parametrize(("server", "tainted"), [(MemoryCluster, True), (DropsTaints, False)])
+async def test_where_taints_are_left_to_detection_the_api_server_decides(
+        root: Path, server: type[MemoryCluster], tainted: bool) -> None:
+    cluster = server()
+    await cluster.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    fake = _fake()
+    async with _running(root, cluster, fake, taints=None) as plugin:
+        assert plugin.device_taints is tainted
+        await _until(lambda: _async(fake.registered), "XID registration")
+        fake.xid(1, 79)
+
+        async def marked() -> Any:
+            (slice_,) = (await cluster.list(RESOURCE_SLICES)).items
+            devices = {d["name"]: d for d in slice_["spec"]["devices"]}
+            if tainted:
+                return "taints" in devices.get("gpu-1", {})
+            return "gpu-1" not in devices
+
+        await _until(marked, "gpu-1 tainted" if tainted else "gpu-1 withheld")
+    await cluster.close()
 
 
 async def test_without_taints_the_card_is_withheld_and_the_node_says_why(
