@@ -60,7 +60,13 @@ from dra_gateway.node_plugin.publish import (
     MAX_DEVICES_PER_SLICE_WITH_TAINTS,
     Publisher,
 )
-from dra_gateway.node_plugin.server import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, PluginServer
+from dra_gateway.node_plugin.server import (
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRY_DIR,
+    DeviceHealthState,
+    HealthFeed,
+    PluginServer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +139,10 @@ class NodePlugin:
             cluster, node_name=settings.node_name, driver=settings.driver,
             cdi_dir=settings.cdi_dir, state_dir=settings.state_dir, devices=self.device_table,
             enforcement=settings.enforcement, metrics=self.metrics)
+        self.health_feed = HealthFeed(self._device_health)
         self.server = PluginServer(self.preparer, driver=settings.driver,
                                    plugins_dir=settings.plugins_dir,
-                                   registry_dir=settings.registry_dir)
+                                   registry_dir=settings.registry_dir, health=self.health_feed)
         self._background: set[asyncio.Task[Any]] = set()
 
     def device_table(self) -> Mapping[str, DeviceInfo]:
@@ -164,6 +171,7 @@ class NodePlugin:
         self._table = device_table(facts, self._options)
         self.coexistence.refresh()  # new cards are judged on the last answers at once
         self.publisher.set_devices(self.devices())
+        self.health_feed.changed()
 
     def _legacy_changed(self) -> None:
         self.publisher.set_devices(self.devices())
@@ -287,7 +295,20 @@ class NodePlugin:
             self._options = replace(self._options, consumable_capacity=enabled)
             self._set_facts(self.facts)  # republish (nothing before the first discovery)
 
+    def _device_health(self) -> list[DeviceHealthState]:
+        """Every device of the node and its health, for the kubelet (DRAResourceHealth)."""
+        problems = self.health.problems
+        states = []
+        for name in sorted(self._table):
+            problem = problems.get(name)
+            states.append(DeviceHealthState(
+                self.settings.node_name, name, problem is None,
+                "" if problem is None else f"{problem.reason} ({problem.severity} fault) since "
+                                           f"{problem.since}"))
+        return states
+
     def _health_changed(self) -> None:
+        self.health_feed.changed()
         self.publisher.set_devices(self.devices())
         if not self.device_taints:
             self._spawn(report_condition(self._cluster, self.settings.node_name, self.health),

@@ -1,10 +1,14 @@
-"""The kubelet's gRPC services over unix sockets: plugin registration and DRAPlugin v1/v1beta1.
+"""The kubelet's gRPC services over unix sockets: plugin registration, DRAPlugin v1/v1beta1 and
+DRAResourceHealth v1/v1alpha1.
 
 The DRA socket (`<plugins-dir>/<driver>/dra.sock`) serves both DRAPlugin versions from one
-implementation; the registration socket (`<registry-dir>/<driver>-reg.sock`) tells the kubelet's
-plugin watcher the driver name, the DRA endpoint and the versions. The DRA socket starts first,
-so the kubelet never connects to an endpoint that is not there yet. Handlers only convert
-messages and call the `Preparer`: every decision lives there.
+implementation, and the devices' health (`HealthFeed`: the complete list at once, again at every
+change and at least every `HEALTH_RESEND_SECONDS`, within the timeout it tells the kubelet),
+which a kubelet from 1.36 (1.34 and 1.35 with ResourceHealthStatus on) writes into the status of
+the pods using them; the registration socket (`<registry-dir>/<driver>-reg.sock`) tells the
+kubelet's plugin watcher the driver name, the DRA endpoint and the versions. The DRA socket
+starts first, so the kubelet never connects to an endpoint that is not there yet. Handlers only
+convert messages and call the `Preparer`: every decision lives there.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,6 +30,10 @@ import grpc.aio
 from dra_gateway.kube import names
 from dra_gateway.node_plugin.prepare import ClaimRef, Preparer
 from dra_gateway.node_plugin.proto import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -35,6 +46,14 @@ log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# After the DRAPlugin services: the kubelet takes the first of the list it knows as the DRA
+# service, and picks the health service from the rest.
+HEALTH_VERSIONS = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+# The kubelet deems a device's health unknown after this long without an update (its default,
+# for a plugin that does not say, is 30 s); the feed resends well within it.
+HEALTH_TIMEOUT_SECONDS = 60
+HEALTH_RESEND_SECONDS = 15.0
+MAX_HEALTH_MESSAGE = 1024
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes with the terminating NUL
@@ -88,10 +107,82 @@ class DraServiceV1beta1(_DraService, dra_v1beta1_pb2_grpc.DRAPluginServicer):
         super().__init__(preparer, dra_v1beta1_pb2)
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceHealthState:
+    """One device's health as the kubelet is told it."""
+
+    pool: str
+    device: str
+    healthy: bool
+    message: str = ""
+
+
+class HealthFeed:
+    """The devices' health for every kubelet stream: `changed()` sends the list again."""
+
+    def __init__(self, devices: Callable[[], Sequence[DeviceHealthState]], *,
+                 resend_seconds: float = HEALTH_RESEND_SECONDS) -> None:
+        self._devices = devices
+        self._resend_seconds = resend_seconds
+        self._streams: set[asyncio.Event] = set()
+
+    def changed(self) -> None:
+        for wake in self._streams:
+            wake.set()
+
+    async def stream(self, pb2: ModuleType) -> AsyncIterator[Any]:
+        """Responses of `pb2`'s version: now, at every change, and at least every resend."""
+        wake = asyncio.Event()
+        self._streams.add(wake)
+        try:
+            while True:
+                wake.clear()
+                yield self.response(pb2)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), self._resend_seconds)
+        finally:
+            self._streams.discard(wake)
+
+    def response(self, pb2: ModuleType) -> Any:
+        now = int(time.time())
+        response = pb2.NodeWatchResourcesResponse()
+        for state in self._devices():
+            response.devices.add(
+                device=pb2.DeviceIdentifier(pool_name=state.pool, device_name=state.device),
+                health=pb2.HEALTHY if state.healthy else pb2.UNHEALTHY,
+                last_updated_time=now, health_check_timeout_seconds=HEALTH_TIMEOUT_SECONDS,
+                message=state.message[:MAX_HEALTH_MESSAGE])
+        return response
+
+
+class _HealthService:
+    def __init__(self, feed: HealthFeed, pb2: ModuleType) -> None:
+        self._feed = feed
+        self._pb2 = pb2
+
+    async def NodeWatchResources(self, request: Any,
+                                 context: grpc.aio.ServicerContext[Any, Any]
+                                 ) -> AsyncIterator[Any]:
+        async for response in self._feed.stream(self._pb2):
+            yield response
+
+
+class HealthServiceV1(_HealthService, dra_health_v1_pb2_grpc.DRAResourceHealthServicer):
+    def __init__(self, feed: HealthFeed) -> None:
+        super().__init__(feed, dra_health_v1_pb2)
+
+
+class HealthServiceV1alpha1(_HealthService,
+                            dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
+    def __init__(self, feed: HealthFeed) -> None:
+        super().__init__(feed, dra_health_v1alpha1_pb2)
+
+
 class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
-    def __init__(self, *, driver: str, endpoint: Path) -> None:
+    def __init__(self, *, driver: str, endpoint: Path, health: bool = False) -> None:
         self._driver = driver
         self._endpoint = endpoint
+        self._versions = [*SUPPORTED_VERSIONS, *(HEALTH_VERSIONS if health else ())]
         self.registered = asyncio.Event()
         self.last_error = ""
 
@@ -100,7 +191,7 @@ class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
                       ) -> pluginregistration_pb2.PluginInfo:
         return pluginregistration_pb2.PluginInfo(
             type=PLUGIN_TYPE, name=self._driver, endpoint=str(self._endpoint),
-            supported_versions=list(SUPPORTED_VERSIONS))
+            supported_versions=list(self._versions))
 
     async def NotifyRegistrationStatus(
             self, request: pluginregistration_pb2.RegistrationStatus,
@@ -123,7 +214,8 @@ class PluginServer:
 
     def __init__(self, preparer: Preparer, *, driver: str = names.DRIVER,
                  plugins_dir: Path = DEFAULT_PLUGINS_DIR,
-                 registry_dir: Path = DEFAULT_REGISTRY_DIR) -> None:
+                 registry_dir: Path = DEFAULT_REGISTRY_DIR,
+                 health: HealthFeed | None = None) -> None:
         # Absolute: the kubelet dials the endpoint it is given from its own working directory,
         # and gRPC reads "unix://<relative path>" as a host name and fails to bind.
         self.dra_socket = dra_socket_path(plugins_dir.absolute(), driver)
@@ -132,8 +224,10 @@ class PluginServer:
             if len(str(path).encode()) > MAX_UNIX_PATH:
                 raise ValueError(f"socket path {path} is longer than {MAX_UNIX_PATH} bytes, the "
                                  "unix socket limit: choose shorter --plugins-dir/--registry-dir")
-        self.registration = RegistrationService(driver=driver, endpoint=self.dra_socket)
+        self.registration = RegistrationService(driver=driver, endpoint=self.dra_socket,
+                                                health=health is not None)
         self._preparer = preparer
+        self._health = health
         self._servers: list[grpc.aio.Server] = []
 
     async def start(self) -> None:
@@ -141,6 +235,11 @@ class PluginServer:
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServiceV1(self._preparer), dra)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
             DraServiceV1beta1(self._preparer), dra)
+        if self._health is not None:
+            dra_health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+                HealthServiceV1(self._health), dra)
+            dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+                HealthServiceV1alpha1(self._health), dra)
         await self._serve(dra, self.dra_socket)
         registration = grpc.aio.server()
         pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration,

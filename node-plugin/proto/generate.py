@@ -17,8 +17,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PACKAGE = ("dra_gateway", "node_plugin", "proto")
-PROTOS = ("dra_v1.proto", "dra_v1beta1.proto", "pluginregistration.proto",
-          "podresources_v1.proto")
+PROTOS = ("dra_v1.proto", "dra_v1beta1.proto", "dra_health_v1.proto", "dra_health_v1alpha1.proto",
+          "pluginregistration.proto", "podresources_v1.proto")
 SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi", "_pb2_grpc.pyi")
 
 

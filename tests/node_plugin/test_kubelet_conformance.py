@@ -27,7 +27,12 @@ from gotools import build_go_tool
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.node_plugin import cdi
-from dra_gateway.node_plugin.proto import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
+from dra_gateway.node_plugin.proto import (
+    dra_health_v1alpha1_pb2,
+    dra_v1_pb2,
+    dra_v1beta1_pb2,
+    pluginregistration_pb2,
+)
 
 from .claimdata import NODE, claim
 from .conftest import allocated, running_plugin
@@ -41,6 +46,7 @@ pytestmark = pytest.mark.timeout(60, func_only=True)
 TOOL_DIR = Path(__file__).resolve().parent / "kubeletclient"
 GiB = 1 << 30
 V1, V1BETA1 = "v1.DRAPlugin", "v1beta1.DRAPlugin"
+HEALTH_V1, HEALTH_V1ALPHA1 = "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"
 SERVICES = [V1, V1BETA1]
 
 
@@ -85,10 +91,26 @@ async def test_registration_answers_the_kubelets_plugin_watcher(
     assert out["info"] == {
         "type": "DRAPlugin", "name": names.DRIVER,
         "endpoint": str(root / "plugins" / names.DRIVER / "dra.sock"),
-        "supported_versions": SERVICES}
-    # The kubelet takes the first service of the plugin's list that it knows.
+        "supported_versions": [*SERVICES, HEALTH_V1, HEALTH_V1ALPHA1]}
+    # The kubelet takes the first service of the plugin's list that it knows; health apart.
     assert out["service"] == V1
+    assert out["healthService"] == HEALTH_V1ALPHA1  # what a 1.34 kubelet knows
     assert out["steps"] == []
+
+
+async def test_the_kubelet_reads_each_devices_health_from_the_health_stream(
+        kubeletclient: Path, root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    async with running_plugin(root, cluster, h100x8) as plugin:
+        plugin.health.mark(["gpu-3"], "xid-79")
+        out = await _kubelet(kubeletclient, root, ("health", []))
+    (step,) = out["steps"]
+    devices = {d["device"]["device_name"]: d for d in step["response"]["devices"]}
+    assert sorted(devices) == sorted(f"gpu-{i}" for i in range(8))
+    assert {d["device"]["pool_name"] for d in devices.values()} == {NODE}
+    assert devices["gpu-3"]["health"] == "UNHEALTHY"
+    assert {n for n, d in devices.items() if d["health"] == "HEALTHY"} == {
+        f"gpu-{i}" for i in range(8) if i != 3}
+    assert int(devices["gpu-0"]["last_updated_time"]) > 0
 
 
 async def test_the_kubelet_refuses_a_plugin_of_another_name(
@@ -159,7 +181,7 @@ async def test_the_upstream_descriptors_match_our_proto_files(kubeletclient: Pat
     assert rc == 0, err
     upstream = json.loads(out)
     ours = {"pluginregistration": pluginregistration_pb2, "v1": dra_v1_pb2,
-            "v1beta1": dra_v1beta1_pb2}
+            "v1beta1": dra_v1beta1_pb2, "health-v1alpha1": dra_health_v1alpha1_pb2}
     for key, module in ours.items():
         file = descriptor_pb2.FileDescriptorProto.FromString(module.DESCRIPTOR.serialized_pb)
         mine = _shape(MessageToDict(file, preserving_proto_field_name=True))
@@ -171,9 +193,17 @@ async def test_the_upstream_descriptors_match_our_proto_files(kubeletclient: Pat
             extra = {n: f for n, f in mine["messages"][message].items() if n not in fields}
             assert {n: f for n, f in mine["messages"][message].items() if n in fields} == fields
             # Ours may only be ahead of the pinned kubelet by fields of later releases.
-            assert extra == ({"share_id": (5, "LABEL_OPTIONAL", "TYPE_STRING", "")}
-                             if (key, message) in {("v1", "Device"), ("v1beta1", "Device")}
-                             else {}), (key, message)
+            assert extra == LATER_FIELDS.get((key, message), {}), (key, message)
+
+
+# Fields of releases after the pinned kubelet's API (1.34) that our files carry.
+LATER_FIELDS = {
+    ("v1", "Device"): {"share_id": (5, "LABEL_OPTIONAL", "TYPE_STRING", "")},
+    ("v1beta1", "Device"): {"share_id": (5, "LABEL_OPTIONAL", "TYPE_STRING", "")},
+    ("health-v1alpha1", "DeviceHealth"): {
+        "health_check_timeout_seconds": (4, "LABEL_OPTIONAL", "TYPE_INT64", ""),
+        "message": (5, "LABEL_OPTIONAL", "TYPE_STRING", "")},
+}
 
 
 def _shape(file: dict[str, Any]) -> dict[str, Any]:

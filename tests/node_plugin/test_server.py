@@ -55,7 +55,10 @@ async def test_registration_names_the_driver_and_an_endpoint_that_exists(
             assert info.name == names.DRIVER
             assert info.endpoint == str(root / "plugins" / names.DRIVER / "dra.sock")
             assert stat.S_ISSOCK(os.stat(info.endpoint).st_mode)
-            assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+            # The DRA services first (the kubelet takes the first it knows), then health.
+            assert list(info.supported_versions) == [
+                "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
+                "v1alpha1.DRAResourceHealth"]
             await stub.NotifyRegistrationStatus(
                 pluginregistration_pb2.RegistrationStatus(plugin_registered=True))
             assert plugin.server.registration.registered.is_set()
@@ -281,3 +284,29 @@ async def test_an_unreadable_node_fails_only_the_claims_that_need_it(
     assert results[done["metadata"]["uid"]].devices[0]["device_name"] == "gpu-5"
     assert results[fresh["metadata"]["uid"]].error == (
         "ResourceClaim ml/fresh: etcdserver: request timed out")
+
+
+async def test_the_health_stream_sends_every_change_and_a_recovery(
+        root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    from dra_gateway.node_plugin.proto import dra_health_v1_pb2, dra_health_v1_pb2_grpc
+
+    async with running_plugin(root, cluster, h100x8) as plugin:
+        socket = root / "plugins" / names.DRIVER / "dra.sock"
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            stub = dra_health_v1_pb2_grpc.DRAResourceHealthStub(channel)
+            stream = stub.NodeWatchResources(dra_health_v1_pb2.NodeWatchResourcesRequest())
+
+            async def next_states() -> dict[str, tuple[int, str]]:
+                response = await asyncio.wait_for(stream.read(), 5)
+                return {d.device.device_name: (d.health, d.message) for d in response.devices}
+
+            first = await next_states()
+            assert len(first) == 8
+            assert {h for h, _ in first.values()} == {dra_health_v1_pb2.HEALTHY}
+            plugin.health.mark(["gpu-2"], "xid-48")
+            states = await next_states()
+            assert states["gpu-2"][0] == dra_health_v1_pb2.UNHEALTHY
+            assert states["gpu-2"][1].startswith("xid-48 (fatal fault) since ")
+            plugin.health.clear("xid-48")
+            assert (await next_states())["gpu-2"][0] == dra_health_v1_pb2.HEALTHY
+            stream.cancel()

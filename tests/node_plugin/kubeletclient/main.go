@@ -6,7 +6,8 @@
 // Usage:
 //
 //	kubeletclient -registration SOCKET [-driver NAME] [-service v1.DRAPlugin|v1beta1.DRAPlugin] \
-//	    [STEP CLAIMS]...
+//	    [STEP CLAIMS]...   (STEP: prepare, unprepare, or health with CLAIMS "[]": the first
+//	                        message of NodeWatchResources, v1alpha1 as a 1.34 kubelet asks)
 //	kubeletclient -describe
 //
 // -describe prints the upstream descriptors ({"pluginregistration", "v1", "v1beta1"}, each a
@@ -43,6 +44,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/reflect/protodesc"
+	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	drapbv1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -63,10 +65,14 @@ type step struct {
 }
 
 type output struct {
-	Info    json.RawMessage `json:"info"`
-	Service string          `json:"service"`
-	Steps   []step          `json:"steps"`
+	Info          json.RawMessage `json:"info"`
+	Service       string          `json:"service"`
+	HealthService string          `json:"healthService"`
+	Steps         []step          `json:"steps"`
 }
+
+// The health service a 1.34 kubelet knows (ResourceHealthStatus): v1alpha1 only.
+var healthServicesSupportedByKubelet = []string{drahealthv1alpha1.DRAResourceHealth_ServiceDesc.ServiceName}
 
 var marshal = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
 
@@ -125,6 +131,11 @@ func run() error {
 		return err
 	}
 	out := output{Info: infoJSON, Service: chosen, Steps: []step{}}
+	for _, service := range info.SupportedVersions {
+		if out.HealthService == "" && slices.Contains(healthServicesSupportedByKubelet, service) {
+			out.HealthService = service
+		}
+	}
 
 	conn, err := grpc.NewClient("unix:"+info.Endpoint,
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -141,6 +152,17 @@ func run() error {
 
 	for i := 0; i < len(args); i += 2 {
 		name, claims := args[i], args[i+1]
+		if name == "health" {
+			if out.HealthService == "" {
+				return errors.New("step health: the plugin advertises no health service")
+			}
+			response, err := watchHealth(conn, *timeout)
+			if err != nil {
+				return fmt.Errorf("step %d (health): %w", i/2+1, err)
+			}
+			out.Steps = append(out.Steps, step{Step: name, Response: response})
+			continue
+		}
 		refs, err := parseClaims(claims)
 		if err != nil {
 			return usageError{fmt.Errorf("step %d (%s): %w", i/2+1, name, err)}
@@ -290,6 +312,23 @@ func call(client drapbv1.DRAPluginClient, name string, claims []*drapbv1.Claim,
 	return toJSON(response)
 }
 
+// watchHealth opens NodeWatchResources as the kubelet's health manager does and returns the
+// first message of the stream: the plugin's complete device list.
+func watchHealth(conn *grpc.ClientConn, timeout time.Duration) (json.RawMessage, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	stream, err := drahealthv1alpha1.NewDRAResourceHealthClient(conn).NodeWatchResources(
+		ctx, &drahealthv1alpha1.NodeWatchResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("NodeWatchResources: %w", err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return nil, fmt.Errorf("NodeWatchResources: receive: %w", err)
+	}
+	return toJSON(first)
+}
+
 // describe prints the descriptors the upstream Go code was generated from.
 func describe() error {
 	files := map[string]json.RawMessage{}
@@ -297,6 +336,7 @@ func describe() error {
 		"pluginregistration": &registerapi.PluginInfo{},
 		"v1":                 &drapbv1.Claim{},
 		"v1beta1":            &drapbv1beta1.Claim{},
+		"health-v1alpha1":    &drahealthv1alpha1.DeviceHealth{},
 	} {
 		file := protodesc.ToFileDescriptorProto(protoadapt.MessageV2Of(m).ProtoReflect().Descriptor().ParentFile())
 		b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(file)
