@@ -94,6 +94,11 @@ NODE_CUT_OVER_LABEL: Final = f"{DOMAIN}/cut-over"
 NODE_CUT_OVER_VALUE: Final = "true"
 # The node condition through which the node plugin says where its node is in the move.
 NODE_MIGRATION_CONDITION: Final = "DraGatewayMigration"
+# The node plugin's word on its devices' health: a taint `<driver>/unhealthy` (value: the
+# reason, effect: the fault's class) where the cluster keeps device taints, else the devices
+# are withheld and this Node condition lists them.
+NODE_HEALTH_CONDITION: Final = "GpuDevicesUnhealthy"
+UNHEALTHY_TAINT_SUFFIX: Final = "/unhealthy"
 NODE_STATE_LEGACY: Final = "Legacy"
 NODE_STATE_CUTTING_OVER: Final = "CuttingOver"
 NODE_STATE_DRA: Final = "DRA"

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import ApiError, Cluster
 from dra_gateway.kube.resources import NODES
 from dra_gateway.node_plugin.devices import DeviceInfo
@@ -48,11 +49,11 @@ from dra_gateway.node_plugin.nvml import Nvml, NvmlError, XidEvent
 
 log = logging.getLogger(__name__)
 
-CONDITION_TYPE = "GpuDevicesUnhealthy"
+CONDITION_TYPE = names.NODE_HEALTH_CONDITION
 
 
 def taint_key(driver: str) -> str:
-    return f"{driver}/unhealthy"
+    return f"{driver}{names.UNHEALTHY_TAINT_SUFFIX}"
 
 
 @dataclass(frozen=True, slots=True)

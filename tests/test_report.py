@@ -27,6 +27,23 @@ CUTTING_OVER = {"type": names.NODE_MIGRATION_CONDITION, "status": "True",
 DRA = {"type": names.NODE_MIGRATION_CONDITION, "status": "True", "reason": names.NODE_STATE_DRA,
        "message": "all 4 card(s) published", "lastTransitionTime": "2026-12-01T09:00:00Z"}
 HEALTHY = {"type": "GpuDevicesUnhealthy", "status": "False", "reason": "AllDevicesHealthy"}
+WITHHELD = {"type": "GpuDevicesUnhealthy", "status": "True", "reason": "DevicesUnhealthy",
+            "message": "1 gpu.dra-gateway.io device(s) withheld: gpu-2 (xid-48, fatal)",
+            "lastTransitionTime": "2026-12-01T11:00:00Z"}
+TAINTED = {"spec": {"nodeName": "gpu-a", "driver": names.DRIVER, "devices": [
+    {"name": "gpu-0"},
+    {"name": "gpu-3", "taints": [{"key": f"{names.DRIVER}/unhealthy", "value": "xid-79",
+                                  "effect": "NoExecute", "timeAdded": "2026-12-01T12:00:00Z"},
+                                 {"key": "example.com/other", "effect": "NoSchedule"}]}]}}
+
+
+def test_unhealthy_devices_are_read_from_taints_and_from_the_nodes_condition() -> None:
+    assert report.unhealthy_devices([TAINTED], [_node("gpu-c", WITHHELD), _node("x", HEALTHY)]
+                                    ) == [
+        {"node": "gpu-a", "device": "gpu-3", "effect": "NoExecute", "reason": "xid-79",
+         "since": "2026-12-01T12:00:00Z"},
+        {"node": "gpu-c", "device": "-", "effect": "withheld", "reason": WITHHELD["message"],
+         "since": "2026-12-01T11:00:00Z"}]
 
 
 def test_each_node_with_the_migration_condition_is_one_row_by_name() -> None:
@@ -44,6 +61,8 @@ def cluster_report(monkeypatch: pytest.MonkeyPatch) -> None:
     async def read(kubeconfig: str | None, namespace: str = "dra-gateway") -> dict[str, Any]:
         shown = build_report(claims=[], slices=[], pods=[], catalog=Catalog.build())
         shown["nodes"] = report.migration_nodes([_node("gpu-b", CUTTING_OVER)])
+        shown["unhealthyDevices"] = report.unhealthy_devices([TAINTED], [_node(
+            "gpu-c", WITHHELD)])
         return shown
     monkeypatch.setattr(report, "_read", read)
 
@@ -61,6 +80,9 @@ def test_the_table_ends_with_a_line_per_node_and_its_state(
         "pods: ml/train (nvidia.com/gpu);\n"
         + " " * 56 + "withheld until those pods end\n")
     assert max(len(line) for line in out.splitlines()) <= 120
+    assert ("UNHEALTHY DEVICES\nNODE                 DEVICE         EFFECT     SINCE"
+            "                 WHY\ngpu-a                gpu-3          NoExecute  "
+            "2026-12-01T12:00:00Z  xid-79\n") in out
 
 
 @pytest.mark.usefixtures("cluster_report")
@@ -70,6 +92,7 @@ def test_json_and_html_carry_the_nodes_too(capsys: pytest.CaptureFixture[str]) -
     assert main(["report", "-o", "html"]) == 0
     page = capsys.readouterr().out
     assert "<td>gpu-b</td><td>CuttingOver</td>" in page
+    assert "<td>gpu-a</td><td>gpu-3</td><td>NoExecute</td>" in page
     assert page.rstrip().endswith("</table></body></html>")
 
 
@@ -85,6 +108,7 @@ def test_the_moves_a_defrag_plan_would_make_close_the_report(
     async def read(kubeconfig: str | None, namespace: str = "dra-gateway") -> dict[str, Any]:
         shown = build_report(claims=[], slices=[], pods=[], catalog=Catalog.build())
         shown["nodes"] = []
+        shown["unhealthyDevices"] = []
         shown["defrag"] = body
         return shown
 

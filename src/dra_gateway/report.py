@@ -61,6 +61,7 @@ async def _read(kubeconfig: str | None, namespace: str = "dra-gateway") -> dict[
                           templates=templates, catalog=snapshot.catalog or Catalog.build(),
                           events=events)
     report["nodes"] = migration_nodes(snapshot.nodes)
+    report["unhealthyDevices"] = unhealthy_devices(snapshot.slices, snapshot.nodes)
     report["defrag"] = _defrag(snapshot)
     return report
 
@@ -107,6 +108,53 @@ def migration_nodes(nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
     return sorted(out, key=lambda row: row["node"])
 
 
+def unhealthy_devices(slices: Iterable[Mapping[str, Any]],
+                      nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """The devices the node plugins took out of service, and why: each device tainted
+    `<driver>/unhealthy` (its effect: NoExecute drains it, NoSchedule keeps new work away),
+    and where the cluster keeps no device taints, the Node condition listing the withheld
+    devices. A device lifts out of here once it recovered (the plugin's --recovery-seconds)."""
+    rows = []
+    for piece in slices:
+        spec = piece.get("spec") or {}
+        for device in spec.get("devices") or ():
+            for taint in device.get("taints") or ():
+                if str(taint.get("key", "")).endswith(names.UNHEALTHY_TAINT_SUFFIX):
+                    rows.append({"node": str(spec.get("nodeName") or ""),
+                                 "device": str(device.get("name", "")),
+                                 "effect": str(taint.get("effect", "")),
+                                 "reason": str(taint.get("value", "")),
+                                 "since": str(taint.get("timeAdded", ""))})
+    for node in nodes:
+        for condition in (node.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == names.NODE_HEALTH_CONDITION and \
+                    condition.get("status") == "True":
+                rows.append({"node": str((node.get("metadata") or {}).get("name", "")),
+                             "device": "-", "effect": "withheld",
+                             "reason": str(condition.get("message", "")),
+                             "since": str(condition.get("lastTransitionTime", ""))})
+    return sorted(rows, key=lambda row: (row["node"], row["device"]))
+
+
+def unhealthy_table(rows: Iterable[Mapping[str, str]]) -> str:
+    from dra_gateway.policy.report import hanging
+
+    lines = ["", "UNHEALTHY DEVICES", f"{'NODE':<20} {'DEVICE':<14} {'EFFECT':<10} "
+             f"{'SINCE':<21} WHY"]
+    lines += [line for r in rows for line in hanging(
+        f"{r['node']:<20} {r['device']:<14} {r['effect']:<10} {r['since'] or '-':<21} ",
+        r["reason"])] or ["none"]
+    return "\n".join(lines) + "\n"
+
+
+def unhealthy_html(rows: Iterable[Mapping[str, str]]) -> str:
+    body = "".join(f"<tr><td>{html.escape(r['node'])}</td><td>{html.escape(r['device'])}</td>"
+                   f"<td>{html.escape(r['effect'])}</td><td>{html.escape(r['since'])}</td>"
+                   f"<td>{html.escape(r['reason'])}</td></tr>" for r in rows)
+    return ("<h2>Unhealthy devices</h2><table><tr><th>Node</th><th>Device</th><th>Effect</th>"
+            f"<th>Since</th><th>Why</th></tr>{body}</table>")
+
+
 def nodes_table(rows: Iterable[Mapping[str, str]]) -> str:
     lines = ["", "NODES (move from legacy device plugins)",
              f"{'NODE':<20} {'STATE':<12} {'SINCE':<21} WHY"]
@@ -143,9 +191,11 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     elif args.output == "html":
         page = render_html(report)
-        sys.stdout.write(page.replace("</body>", nodes_html(report["nodes"]) + defrag_html(
-            report.get("defrag")) + "</body>", 1))
+        sys.stdout.write(page.replace("</body>", unhealthy_html(report["unhealthyDevices"])
+                                      + nodes_html(report["nodes"])
+                                      + defrag_html(report.get("defrag")) + "</body>", 1))
     else:
-        sys.stdout.write(render_table(report) + nodes_table(report["nodes"])
+        sys.stdout.write(render_table(report) + unhealthy_table(report["unhealthyDevices"])
+                         + nodes_table(report["nodes"])
                          + (defrag_table(report["defrag"]) if report.get("defrag") else ""))
     return 0
