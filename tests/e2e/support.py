@@ -566,6 +566,46 @@ def free_capacity(api: Api) -> dict[tuple[str, str, str], tuple[int, int, bool]]
     return free
 
 
+def namespace_state(api: Api, namespace: str) -> str:
+    """The namespace's pods and claims as a line each, for a failure message."""
+    lines = [f"pod {p['metadata']['name']}: node {p['spec'].get('nodeName')}, phase "
+             f"{(p.get('status') or {}).get('phase')}, deleting "
+             f"{bool(p['metadata'].get('deletionTimestamp'))}, finalizers "
+             f"{p['metadata'].get('finalizers')}" for p in pods(api, namespace)]
+    lines += [f"claim {c['metadata']['name']}: allocated "
+              f"{bool((c.get('status') or {}).get('allocation'))}, reservedFor "
+              f"{[r.get('name') for r in (c.get('status') or {}).get('reservedFor') or ()]}, "
+              f"finalizers {c['metadata'].get('finalizers')}"
+              for c in api.list(path_of("resource.k8s.io/v1", "resourceclaims",
+                                        namespace=namespace))]
+    return "\n".join(lines)
+
+
+def remove_namespace(gateway: Gateway, namespace: str, *, timeout_s: float = 60.0) -> None:
+    """Delete the namespace's pods, wait until they are gone and their claims released (the
+    cards free for the next test), then delete the namespace and wait until it is gone."""
+    api = gateway.api
+    for pod in pods(api, namespace):
+        with contextlib.suppress(ApiError):
+            api.delete(path_of("v1", "pods", namespace=namespace,
+                               name=pod["metadata"]["name"]), grace_period_s=0)
+
+    def released() -> bool:
+        return not pods(api, namespace) and not any(
+            (c.get("status") or {}).get("allocation")
+            for c in api.list(path_of("resource.k8s.io/v1", "resourceclaims",
+                                      namespace=namespace)))
+
+    try:
+        wait_until(f"the pods of {namespace} to be gone and their claims released", released,
+                   timeout_s, gateway.check)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}:\n{namespace_state(api, namespace)}") from None
+    api.delete(path_of("v1", "namespaces", name=namespace))
+    wait_until(f"namespace {namespace} to be gone",
+               lambda: not api.exists(path_of("v1", "namespaces", name=namespace)), 120)
+
+
 def apply_manifests(api: Api, documents: Sequence[Mapping[str, Any]]) -> list[JSON]:
     """Create each object through the API, at the REST path of its kind."""
     plurals = {"Pod": ("v1", "pods"), "Deployment": ("apps/v1", "deployments"),

@@ -28,7 +28,15 @@ import pytest
 
 from dra_gateway.devkit.realcluster import Api, ApiError, path_of
 from dra_gateway.kube import names
-from e2e.support import RECOVERY_S, Gateway, fault_file, pod_devices, pods, wait_until
+from e2e.support import (
+    RECOVERY_S,
+    Gateway,
+    fault_file,
+    pod_devices,
+    pods,
+    remove_namespace,
+    wait_until,
+)
 from e2e.test_preemption import NODE, _wait_for_free_cards
 
 JSON = dict[str, Any]
@@ -50,38 +58,7 @@ def api(gateway: Gateway) -> Iterator[Api]:
         with contextlib.suppress(ApiError):
             api.delete(path_of("apps/v1", "deployments", namespace=NS, name=APP),
                        propagation="Background")
-        for pod in pods(api, NS):
-            with contextlib.suppress(ApiError):
-                api.delete(path_of("v1", "pods", namespace=NS, name=pod["metadata"]["name"]),
-                           grace_period_s=0)
-
-        def released() -> bool:
-            return not pods(api, NS) and not any(
-                (c.get("status") or {}).get("allocation")
-                for c in api.list(path_of(RESOURCE, "resourceclaims", namespace=NS)))
-
-        try:
-            wait_until(f"the pods of {NS} to be gone and their claims released", released,
-                       PLACE_S, gateway.check)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}: {_state(api)}") from None
-        api.delete(path_of("v1", "namespaces", name=NS))
-        wait_until(f"namespace {NS} to be gone",
-                   lambda: not api.exists(path_of("v1", "namespaces", name=NS)), 120)
-
-
-def _state(api: Api) -> str:
-    """The namespace's pods and claims, for a failure message."""
-    lines = [f"pod {p['metadata']['name']}: node {p['spec'].get('nodeName')}, phase "
-             f"{(p.get('status') or {}).get('phase')}, deleting "
-             f"{bool(p['metadata'].get('deletionTimestamp'))}, finalizers "
-             f"{p['metadata'].get('finalizers')}" for p in pods(api, NS)]
-    lines += [f"claim {c['metadata']['name']}: allocated "
-              f"{bool((c.get('status') or {}).get('allocation'))}, reservedFor "
-              f"{[r.get('name') for r in (c.get('status') or {}).get('reservedFor') or ()]}, "
-              f"finalizers {c['metadata'].get('finalizers')}"
-              for c in api.list(path_of(RESOURCE, "resourceclaims", namespace=NS))]
-    return "; ".join(lines)
+        remove_namespace(gateway, NS, timeout_s=PLACE_S)
 
 
 def _deployment(replicas: int) -> JSON:

@@ -27,7 +27,7 @@ import pytest
 
 from dra_gateway.devkit.realcluster import Api, ApiError, path_of
 from dra_gateway.kube import names
-from e2e.support import Gateway, pod_devices, pods, wait_until
+from e2e.support import Gateway, pod_devices, pods, remove_namespace, wait_until
 from e2e.test_preemption import NODE, _wait_for_free_cards
 
 JSON = dict[str, Any]
@@ -62,21 +62,7 @@ def api(gateway: Gateway) -> Iterator[Api]:
     finally:
         with contextlib.suppress(ApiError):
             api.delete(path_of(RESOURCE, "devicetaintrules", name=RULE))
-        for pod in pods(api, NS):
-            with contextlib.suppress(ApiError):
-                api.delete(path_of("v1", "pods", namespace=NS, name=pod["metadata"]["name"]),
-                           grace_period_s=0)
-
-        def released() -> bool:
-            return not pods(api, NS) and not any(
-                (c.get("status") or {}).get("allocation")
-                for c in api.list(path_of(RESOURCE, "resourceclaims", namespace=NS)))
-
-        wait_until(f"the pods of {NS} to be gone and their claims released", released,
-                   PLACE_S, gateway.check)
-        api.delete(path_of("v1", "namespaces", name=NS))
-        wait_until(f"namespace {NS} to be gone",
-                   lambda: not api.exists(path_of("v1", "namespaces", name=NS)), 120)
+        remove_namespace(gateway, NS, timeout_s=PLACE_S)
 
 
 def _rule() -> JSON:
