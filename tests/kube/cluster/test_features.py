@@ -13,8 +13,10 @@ from dra_gateway.kube.cluster.features import (
     BY_PROBE,
     BY_PUBLISHED_SLICES,
     detect_consumable_capacity,
+    detect_device_taints,
     probe_slice,
     slices_show_consumable_capacity,
+    taint_probe_slice,
 )
 from dra_gateway.kube.cluster.port import Forbidden
 from dra_gateway.kube.resources import RESOURCE_SLICES
@@ -110,3 +112,25 @@ def test_slices_without_devices_tell_nothing() -> None:
     empty = published("node-0", multi=False)
     empty["spec"]["devices"] = []
     assert slices_show_consumable_capacity([empty]) is None
+
+
+class TaintsOff(MemoryCluster):
+    """An API server with DRADeviceTaints off (1.34 and 1.35 by default): taints are dropped."""
+
+    async def create(self, rt: Any, obj: dict[str, Any], *, namespace: str | None = None,
+                     dry_run: bool = False) -> dict[str, Any]:
+        if rt is RESOURCE_SLICES:
+            for device in obj["spec"].get("devices") or []:
+                device.pop("taints", None)
+        return await super().create(rt, obj, namespace=namespace, dry_run=dry_run)
+
+
+@pytest.mark.parametrize(("server", "kept"), [(MemoryCluster, True), (TaintsOff, False),
+                                              (NoDryRun, None)])
+async def test_device_taints_are_detected_by_a_probe_that_stores_nothing(
+        server: type[MemoryCluster], kept: bool | None) -> None:
+    cluster = server()
+    assert await detect_device_taints(cluster, node_name="node-a") is kept
+    assert (await cluster.list(RESOURCE_SLICES)).items == []
+    kubernetes_validate.validate(taint_probe_slice("gpu.example.com", "node-a"), "1.34",
+                                 strict=True)
