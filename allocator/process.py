@@ -111,10 +111,10 @@ async def _main(args: argparse.Namespace) -> int:
         async with contextlib.AsyncExitStack() as stack:
             address = getattr(args, "metrics_address", None)
             if address:
-                from dra_gateway.allocator.serving import serving
+                from dra_gateway.kube.runtime.serving import serving
 
                 try:
-                    port = await stack.enter_async_context(serving(metrics, address))
+                    port = await stack.enter_async_context(serving(metrics.render, address))
                 except (ValueError, OSError) as err:
                     log.error("cannot serve metrics", extra={
                         "address": address, "error": str(err),

@@ -122,6 +122,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        "read for legacy GPU names no device plugin lists (Koordinator's, HAMi's "
                        "memory), and to see a legacy plugin's amount drop to zero "
                        "(default: %(default)s)")
+    serve.add_argument("--metrics-address", metavar="HOST:PORT",
+                       help="serve /metrics, /healthz and /readyz over plain HTTP there (:PORT: "
+                       "every interface); default: not served")
     serve.add_argument("--recovery-seconds", type=_recovery_seconds, default=600.0,
                        metavar="SECONDS", help="how long a device that recovered from a fault "
                        "(a degraded one: since its last fault; a fatal one: since it came back) "

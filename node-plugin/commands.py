@@ -124,7 +124,20 @@ async def _serve(args: argparse.Namespace) -> int:
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, task.cancel)
     try:
-        await plugin.run()
+        async with contextlib.AsyncExitStack() as stack:
+            if args.metrics_address:
+                from dra_gateway.kube.runtime.serving import serving
+
+                try:
+                    port = await stack.enter_async_context(
+                        serving(plugin.metrics.render, args.metrics_address))
+                except (ValueError, OSError) as exc:
+                    print(f"error: cannot serve metrics: {exc}; pass --metrics-address as "
+                          "HOST:PORT with a free port", file=sys.stderr)
+                    return 2
+                logging.getLogger(__name__).info(
+                    "serving metrics", extra={"address": args.metrics_address, "port": port})
+            await plugin.run()
     except asyncio.CancelledError:
         logging.getLogger(__name__).info("stopping")
     except OSError as exc:

@@ -6,13 +6,17 @@ plugins in one process never share counters.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         prefix = "dra_gateway_node_plugin"
+        self.registered = Gauge(
+            f"{prefix}_registered", "1 while the kubelet has registered the plugin (its last "
+            "NotifyRegistrationStatus said so), 0 before or after it refused it",
+            registry=self.registry)
         self.slice_writes = Counter(
             f"{prefix}_slice_writes", "ResourceSlice creates, updates and deletes",
             ["operation"], registry=self.registry)
@@ -64,3 +68,7 @@ class Metrics:
             f"{prefix}_pod_resources_up",
             "1 when the last read of the kubelet's pod-resources API succeeded",
             registry=self.registry)
+
+    def render(self) -> bytes:
+        """The text exposition format, for a /metrics endpoint."""
+        return generate_latest(self.registry)

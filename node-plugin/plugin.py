@@ -142,7 +142,9 @@ class NodePlugin:
         self.health_feed = HealthFeed(self._device_health)
         self.server = PluginServer(self.preparer, driver=settings.driver,
                                    plugins_dir=settings.plugins_dir,
-                                   registry_dir=settings.registry_dir, health=self.health_feed)
+                                   registry_dir=settings.registry_dir, health=self.health_feed,
+                                   on_registration=lambda ok: self.metrics.registered.set(
+                                       1 if ok else 0))
         self._background: set[asyncio.Task[Any]] = set()
 
     def device_table(self) -> Mapping[str, DeviceInfo]:

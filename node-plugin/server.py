@@ -179,8 +179,10 @@ class HealthServiceV1alpha1(_HealthService,
 
 
 class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
-    def __init__(self, *, driver: str, endpoint: Path, health: bool = False) -> None:
+    def __init__(self, *, driver: str, endpoint: Path, health: bool = False,
+                 on_status: Callable[[bool], None] = lambda registered: None) -> None:
         self._driver = driver
+        self._on_status = on_status
         self._endpoint = endpoint
         self._versions = [*SUPPORTED_VERSIONS, *(HEALTH_VERSIONS if health else ())]
         self.registered = asyncio.Event()
@@ -201,9 +203,11 @@ class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
             log.info("registered with the kubelet as DRA driver %s", self._driver)
             self.last_error = ""
             self.registered.set()
+            self._on_status(True)
         else:
             self.last_error = request.error
             self.registered.clear()
+            self._on_status(False)
             log.error("the kubelet refused to register DRA driver %s: %s", self._driver,
                       request.error or "(no reason given)")
         return pluginregistration_pb2.RegistrationStatusResponse()
@@ -215,7 +219,8 @@ class PluginServer:
     def __init__(self, preparer: Preparer, *, driver: str = names.DRIVER,
                  plugins_dir: Path = DEFAULT_PLUGINS_DIR,
                  registry_dir: Path = DEFAULT_REGISTRY_DIR,
-                 health: HealthFeed | None = None) -> None:
+                 health: HealthFeed | None = None,
+                 on_registration: Callable[[bool], None] = lambda registered: None) -> None:
         # Absolute: the kubelet dials the endpoint it is given from its own working directory,
         # and gRPC reads "unix://<relative path>" as a host name and fails to bind.
         self.dra_socket = dra_socket_path(plugins_dir.absolute(), driver)
@@ -225,7 +230,8 @@ class PluginServer:
                 raise ValueError(f"socket path {path} is longer than {MAX_UNIX_PATH} bytes, the "
                                  "unix socket limit: choose shorter --plugins-dir/--registry-dir")
         self.registration = RegistrationService(driver=driver, endpoint=self.dra_socket,
-                                                health=health is not None)
+                                                health=health is not None,
+                                                on_status=on_registration)
         self._preparer = preparer
         self._health = health
         self._servers: list[grpc.aio.Server] = []

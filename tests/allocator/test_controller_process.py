@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from dra_gateway.allocator.serving import parse_address
+from dra_gateway.kube.runtime.serving import parse_address
 
 
 async def test_the_process_serves_metrics_and_stops_cleanly_on_sigterm() -> None:

@@ -1026,7 +1026,7 @@ def test_command_lines_are_those_of_the_components(helm: HelmRunner) -> None:
         "--plugins-dir", "/var/lib/kubelet/plugins",
         "--registry-dir", "/var/lib/kubelet/plugins_registry", "--cdi-dir", "/var/run/cdi",
         "--state-dir", "/var/lib/dra-gateway", "--sharing", "exclusive",
-        "--recovery-seconds", "600", "--pod-resources-socket",
+        "--recovery-seconds", "600", "--metrics-address", ":8080", "--pod-resources-socket",
         "/var/lib/kubelet/pod-resources/kubelet.sock", "--legacy-poll-interval", "2",
         "--log-level", "INFO"]
 

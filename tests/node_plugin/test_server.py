@@ -310,3 +310,29 @@ async def test_the_health_stream_sends_every_change_and_a_recovery(
             plugin.health.clear("xid-48")
             assert (await next_states())["gpu-2"][0] == dra_health_v1_pb2.HEALTHY
             stream.cancel()
+
+
+async def test_metrics_say_whether_the_kubelet_registered_the_plugin(
+        root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    import aiohttp
+
+    from dra_gateway.kube.runtime.serving import serving
+
+    async with running_plugin(root, cluster, h100x8) as plugin, serving(
+            plugin.metrics.render, "127.0.0.1:0") as port:
+        async def scrape() -> str:
+            async with aiohttp.ClientSession() as session, session.get(
+                    f"http://127.0.0.1:{port}/metrics") as response:
+                assert response.status == 200
+                return await response.text()
+
+        assert "dra_gateway_node_plugin_registered 0.0" in await scrape()
+        socket = root / "registry" / f"{names.DRIVER}-reg.sock"
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
+            await stub.NotifyRegistrationStatus(
+                pluginregistration_pb2.RegistrationStatus(plugin_registered=True))
+            assert "dra_gateway_node_plugin_registered 1.0" in await scrape()
+            await stub.NotifyRegistrationStatus(pluginregistration_pb2.RegistrationStatus(
+                plugin_registered=False, error="another plugin has the name"))
+        assert "dra_gateway_node_plugin_registered 0.0" in await scrape()

@@ -1,24 +1,23 @@
-"""The allocator's small HTTP endpoint: `/metrics` (Prometheus), `/healthz` and `/readyz`.
+"""A component's small HTTP endpoint: `/metrics` (Prometheus), `/healthz` and `/readyz`.
 
-Off unless `--metrics-address` is given. It reports; it never changes what the controller
-does. `/readyz` is ready once the process runs: a standby replica is as ready as the leader,
-since only the Lease decides which one works.
+The allocator and the node plugin serve it when given `--metrics-address`. It reports; it never
+changes what the component does. `/readyz` is ready once the process runs (for the allocator, a
+standby replica is as ready as the leader, since only the Lease decides which one works).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
-from dra_gateway.allocator.metrics import Metrics
-
-_METRICS = web.AppKey("metrics", Metrics)
+Render = Callable[[], bytes]
+_RENDER: web.AppKey[Render] = web.AppKey("render")
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body = request.app[_METRICS].render()
+    body = request.app[_RENDER]()
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
@@ -26,9 +25,10 @@ async def _ok(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def create_app(metrics: Metrics) -> web.Application:
+def create_app(render: Render) -> web.Application:
+    """`render` gives the metrics in Prometheus' text format."""
     app = web.Application()
-    app[_METRICS] = metrics
+    app[_RENDER] = render
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _ok)
     app.router.add_get("/readyz", _ok)
@@ -45,10 +45,10 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 @contextlib.asynccontextmanager
-async def serving(metrics: Metrics, address: str) -> AsyncIterator[int]:
+async def serving(render: Render, address: str) -> AsyncIterator[int]:
     """Serve until the block exits; yields the bound port."""
     host, port = parse_address(address)
-    runner = web.AppRunner(create_app(metrics), access_log=None)
+    runner = web.AppRunner(create_app(render), access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
