@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 
-def build_go_tool(source: Path, out_dir: Path, what: str) -> Path:
-    """`go build` the program in `source` into `out_dir`; skip (fail in CI) without Go."""
+def build_go_tool(source: Path, out_dir: Path, what: str, package: str = ".") -> Path:
+    """`go build` the program in `source` (or `package`, a main package the module in
+    `source` requires) into `out_dir`; skip (fail in CI) without Go."""
     go = shutil.which("go")
     if go is None:
         folder = source.relative_to(Path(__file__).resolve().parent.parent)
@@ -34,7 +35,7 @@ def build_go_tool(source: Path, out_dir: Path, what: str) -> Path:
     # tree and needs no build stamps.
     env = {**os.environ, "GOTOOLCHAIN": "local"}
     started = time.monotonic()
-    result = subprocess.run([go, "build", "-buildvcs=false", "-o", str(binary), "."],
+    result = subprocess.run([go, "build", "-buildvcs=false", "-o", str(binary), package],
                             cwd=source, env=env, capture_output=True, text=True, timeout=540,
                             check=False)
     if result.returncode != 0:

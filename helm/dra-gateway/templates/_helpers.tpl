@@ -341,3 +341,83 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{/*
+The alert rule groups of the PrometheusRule (templates/monitoring/prometheusrule.yaml), kept
+here so that tests render them alone as a rules file for promtool.
+*/}}
+{{- define "dra-gateway.alertGroups" -}}
+{{- $a := .Values.monitoring.alerts -}}
+- name: dra-gateway
+  rules:
+    - alert: DraGatewayAllocatorNoLeader
+      expr: max(dra_gateway_allocator_leader) < 1 or absent(dra_gateway_allocator_leader)
+      for: 5m
+      labels:
+        severity: critical
+      annotations:
+        summary: No dra-gateway allocator replica holds the Lease.
+        description: Gated GPU pods get no devices until an allocator leads again; check the allocator pods and their Lease dra-gateway-allocator.
+    - alert: DraGatewayWebhookErrors
+      expr: sum(rate(dra_gateway_webhook_internal_errors_total[5m])) > 0
+      for: 5m
+      labels:
+        severity: warning
+      annotations:
+        summary: The dra-gateway webhook answers admission reviews with internal errors.
+        description: "{{ "{{" }} $value | humanize {{ "}}" }} internal errors a second; the webhook's log names each review."
+    - alert: DraGatewayWebhookSlow
+      expr: histogram_quantile(0.99, sum by (le) (rate(dra_gateway_webhook_request_duration_seconds_bucket[5m]))) > {{ $a.webhookLatencySeconds }}
+      for: 10m
+      labels:
+        severity: warning
+      annotations:
+        summary: The dra-gateway webhook's 99th percentile answer takes longer than {{ $a.webhookLatencySeconds }}s.
+        description: Slow admission delays every pod creation; the API server times the webhook out at its timeoutSeconds.
+    - alert: DraGatewayPodsGated
+      expr: sum by (reason) (dra_gateway_allocator_pending_pods) > 0
+      for: {{ $a.gatedFor }}
+      labels:
+        severity: warning
+      annotations:
+        summary: GPU pods have waited for devices longer than {{ $a.gatedFor }} ({{ "{{" }} $labels.reason {{ "}}" }}).
+        description: "{{ "{{" }} $value {{ "}}" }} pod(s) wait; `dra-gateway report` says why each one waits."
+    - alert: DraGatewayQuotaExhausted
+      expr: dra_gateway_allocator_quota_used >= on (namespace, quota, resource) dra_gateway_allocator_quota_hard
+      for: 15m
+      labels:
+        severity: info
+      annotations:
+        summary: GPUQuota {{ "{{" }} $labels.namespace {{ "}}" }}/{{ "{{" }} $labels.quota {{ "}}" }} has used all its {{ "{{" }} $labels.resource {{ "}}" }}.
+        description: New GPU pods of that namespace wait until some of its pods end or the quota grows.
+    - alert: DraGatewayPreemptionBurst
+      expr: sum(increase(dra_gateway_allocator_preemptions_total[10m])) > {{ $a.preemptionsPer10m }}
+      labels:
+        severity: warning
+      annotations:
+        summary: The allocator preempted more than {{ $a.preemptionsPer10m }} pods in 10 minutes.
+        description: High-priority GPU pods are displacing others at a high rate; check the PriorityClasses and quotas.
+    - alert: DraGatewayUnhealthyDevices
+      expr: sum by (node) (dra_gateway_node_plugin_unhealthy_devices) > 0
+      for: 1m
+      labels:
+        severity: warning
+      annotations:
+        summary: "{{ "{{" }} $value {{ "}}" }} GPU device(s) of node {{ "{{" }} $labels.node {{ "}}" }} are out of service."
+        description: Their taints (or the Node condition GpuDevicesUnhealthy) say why; `dra-gateway report` lists them.
+    - alert: DraGatewayNodePluginNotRegistered
+      expr: max by (node) (dra_gateway_node_plugin_registered) < 1
+      for: 5m
+      labels:
+        severity: critical
+      annotations:
+        summary: The kubelet of node {{ "{{" }} $labels.node {{ "}}" }} has not registered the dra-gateway node plugin.
+        description: No GPU claim can be prepared there; the node plugin's log and the kubelet's say why.
+    - alert: DraGatewayInvalidClaims
+      expr: max(dra_gateway_allocator_invalid_claims) > 0
+      labels:
+        severity: critical
+      annotations:
+        summary: "{{ "{{" }} $value {{ "}}" }} ResourceClaim(s) hold an allocation Kubernetes 1.38 refuses."
+        description: kube-scheduler 1.38 stops every DRA pod while one holds a negative amount; their Events InvalidAllocation and `dra-gateway report` name them.
+{{- end }}
