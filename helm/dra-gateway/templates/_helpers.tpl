@@ -421,3 +421,32 @@ here so that tests render them alone as a rules file for promtool.
         summary: "{{ "{{" }} $value {{ "}}" }} ResourceClaim(s) hold an allocation Kubernetes 1.38 refuses."
         description: kube-scheduler 1.38 stops every DRA pod while one holds a negative amount; their Events InvalidAllocation and `dra-gateway report` name them.
 {{- end }}
+
+{{/*
+A component's PodMonitor (monitoring.coreos.com/v1): its pods' plain-HTTP /metrics on the port
+named `port`, each series labelled with the pod's node as `node`. Call with (dict "root" $
+"component" "allocator" "port" "metrics").
+*/}}
+{{- define "dra-gateway.podMonitor" -}}
+apiVersion: monitoring.coreos.com/v1
+kind: PodMonitor
+metadata:
+  name: {{ include "dra-gateway.componentName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "dra-gateway.componentLabels" . | nindent 4 }}
+    {{- with .root.Values.monitoring.labels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  selector:
+    matchLabels:
+      {{- include "dra-gateway.selectorLabels" . | nindent 6 }}
+  podMetricsEndpoints:
+    - port: {{ .port }}
+      path: /metrics
+      interval: {{ .root.Values.monitoring.interval }}
+      relabelings:
+        - sourceLabels: [__meta_kubernetes_pod_node_name]
+          targetLabel: node
+{{- end }}
