@@ -19,6 +19,9 @@ from .test_chart import HelmRunner, Rendered, helm, parse_render
 
 __all__ = ["helm"]  # the fixture, imported for this module's tests
 
+# promtool's first build (its modules downloaded) takes minutes: only the tests are timed.
+pytestmark = pytest.mark.timeout(60, func_only=True)
+
 PROMTOOL_DIR = Path(__file__).resolve().parent / "promtool"
 ON = {"monitoring": {"podMonitors": True, "prometheusRule": True,
                      "labels": {"release": "kube-prometheus-stack"}}}
