@@ -10,8 +10,10 @@ appended while it runs and read as NVML's events are:
 
 `device` is a published device name (`gpu-3`, a MIG instance's name) or a card's UUID; a
 whole card's name or UUID hits every device of the card, as a card-wide XID does. A line that
-cannot be used is logged with its line number and skipped; the file may appear after the plugin
-starts, and a file truncated or replaced is read again from its start.
+cannot be used is logged with its line number and skipped. As with NVML's events, only what is
+appended after the plugin starts counts (a restarted plugin does not replay the faults of its
+previous run, whose marks went with it): a file that exists at start is followed from its end;
+one that appears later, or is truncated or replaced, is read from its start.
 """
 
 from __future__ import annotations
@@ -92,15 +94,28 @@ class _Follower:
         self.line_number = 0
         self.pending = b""
         self.waiting_logged = False
+        self.started = False
 
     def read(self) -> list[tuple[int, str]]:
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
+            self.started = True
             if not self.waiting_logged:
                 log.info("fault file %s does not exist yet: waiting for it", self.path)
                 self.waiting_logged = True
             self.offset, self.line_number, self.pending = 0, 0, b""
+            return []
+        if not self.started:
+            # What the file held before this run is history: follow it from its end.
+            self.started = True
+            with self.path.open("rb") as stream:
+                held = stream.read(size)
+            # After its last complete line: a line being written is read once complete.
+            self.offset = held.rfind(b"\n") + 1
+            self.line_number = held[:self.offset].count(b"\n")
+            log.info("following fault file %s from its end (line %d)", self.path,
+                     self.line_number + 1)
             return []
         if size < self.offset:
             log.info("fault file %s was truncated or replaced: reading it from the start",

@@ -61,6 +61,27 @@ async def test_faults_from_the_file_taint_devices_and_a_recovery_lifts_them(
         await _until(cluster, {})
 
 
+async def test_a_restarted_plugin_does_not_replay_the_faults_of_its_previous_run(
+        root: Path, cluster: MemoryCluster, h100x8: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    faults = root / "faults.jsonl"
+    _append(faults, {"device": "gpu-3", "event": "xid", "code": 79})
+    faults.write_text(faults.read_text() + '{"device": "gpu-4", "event": "xid"')  # being written
+    settings = replace(plugin_settings(root), device_taints=True, fault_file=faults,
+                       recovery_seconds=0)
+    with caplog.at_level(logging.WARNING):
+        async with running_plugin(root, cluster, h100x8, settings):
+            await asyncio.sleep(1.0)
+            assert await _taints(cluster) == {}
+            with faults.open("a") as stream:
+                stream.write(', "code": 92}\n')
+            _append(faults, "not json")
+            await _until(cluster, {"gpu-4": "NoSchedule"})
+    # Line numbers count the lines before this run too.
+    assert [r.getMessage().split(": ")[0] for r in caplog.records
+            if "line skipped" in r.getMessage()] == [f"{faults}:3"]
+
+
 async def test_bad_lines_are_named_and_skipped(root: Path, cluster: MemoryCluster, h100x8: Path,
                                                caplog: pytest.LogCaptureFixture) -> None:
     faults = root / "faults.jsonl"
