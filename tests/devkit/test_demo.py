@@ -380,7 +380,7 @@ def test_serve_keeps_the_cluster_to_explore_and_stops_cleanly_on_ctrl_c(tmp_path
             [sys.executable, "-m", "dra_gateway", "demo", "--serve", "--work-dir", str(work),
              "--pods", str(Path(__file__).resolve().parents[2] / "examples/pods/hami.yaml")],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True) as demo:
+            text=True, preexec_fn=_ctrl_c_delivered) as demo:
         try:
             _explore_then_stop(demo, work)
             assert _processes_mentioning(str(work)) == []  # it stopped every child it started
@@ -395,6 +395,13 @@ def test_serve_keeps_the_cluster_to_explore_and_stops_cleanly_on_ctrl_c(tmp_path
                     demo.kill()
             for line in _processes_mentioning(str(work)):
                 os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)  # ours, left by a failure
+
+
+def _ctrl_c_delivered() -> None:
+    """In the demo's process: SIGINT as a terminal delivers it. A suite started in the
+    background of a non-interactive shell (`.ci/run &`) ignores SIGINT; the demo would inherit
+    that, and the Ctrl-C below would never reach it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _explore_then_stop(demo: subprocess.Popen[str], work: Path) -> None:
