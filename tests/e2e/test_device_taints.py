@@ -27,7 +27,13 @@ import pytest
 
 from dra_gateway.devkit.realcluster import Api, ApiError, path_of
 from dra_gateway.kube import names
-from e2e.support import Gateway, pod_devices, pods, remove_namespace, wait_until
+from e2e.support import (
+    Gateway,
+    namespace_state,
+    pod_devices,
+    remove_namespace,
+    wait_until,
+)
 from e2e.test_preemption import NODE, _wait_for_free_cards
 
 JSON = dict[str, Any]
@@ -103,18 +109,11 @@ def _get(api: Api, name: str) -> JSON | None:
 
 
 def _state(api: Api) -> str:
-    """The namespace's pods (gates, node), claims and events that matter, for a failure."""
-    lines = [f"pod {p['metadata']['name']}: gates "
-             f"{[g['name'] for g in p['spec'].get('schedulingGates') or []]}, node "
-             f"{p['spec'].get('nodeName')}, phase {(p.get('status') or {}).get('phase')}"
-             for p in pods(api, NS)]
-    lines += [f"claim {c['metadata']['name']}: allocated "
-              f"{bool((c.get('status') or {}).get('allocation'))}"
-              for c in api.list(path_of(RESOURCE, "resourceclaims", namespace=NS))]
-    lines += [f"event {e['involvedObject'].get('name')} {e.get('reason')}: {e.get('message')}"
+    """The namespace's pods and claims, and the events that matter, for a failure."""
+    events = [f"event {e['involvedObject'].get('name')} {e.get('reason')}: {e.get('message')}"
               for e in api.list(path_of("v1", "events", namespace=NS))
               if e.get("type") == "Warning" or e.get("reason") == EVICTION]
-    return "\n".join(lines)
+    return "\n".join([namespace_state(api, NS), *events])
 
 
 def _wait(gateway: Gateway, api: Api, what: str, ready: Callable[[], bool]) -> None:
