@@ -1,6 +1,8 @@
 """Test habits for the whole suite.
 
 - No test reaches a network beyond loopback or unix sockets: any other connect fails loudly.
+  The one exception is the veth pair the real-node tier makes between this machine and its
+  node's network namespace (`dra_gateway.devkit.realnode.NODE_LINK`), which never leaves it.
 - No async test may leave asyncio tasks behind: leaked background work is a bug.
 Warnings are errors and each test has a timeout (pyproject.toml).
 """
@@ -15,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from dra_gateway.devkit.realnode import NODE_LINK
+
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex
 
@@ -26,9 +30,10 @@ def _is_local(address: Any) -> bool:
     if host in ("localhost", ""):
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        ip = ipaddress.ip_address(host)
     except ValueError:
         return False
+    return ip.is_loopback or ip in ipaddress.ip_network(NODE_LINK)
 
 
 def _guarded_connect(self: socket.socket, address: Any) -> None:
@@ -66,3 +71,12 @@ async def _no_leftover_tasks() -> AsyncIterator[None]:
         await asyncio.gather(*leftover, return_exceptions=True)
         names = ", ".join(sorted(t.get_name() + ":" + repr(t.get_coro()) for t in leftover))
         pytest.fail(f"test left {len(leftover)} asyncio task(s) running: {names}")
+
+
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    """The real-node tier runs first: the e2e tier's control plane is session-scoped and would
+    otherwise still be running beside the real node's (two cores share both)."""
+    def tier(item: Any) -> int:
+        return 0 if "tests/realnode/" in str(item.fspath).replace("\\", "/") else 1
+
+    items.sort(key=tier)

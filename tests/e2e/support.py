@@ -254,14 +254,17 @@ def short_dir() -> Path:
 
 @contextlib.contextmanager
 def install(version: str, feature_gates: Mapping[str, bool], bin_dir: Path, helm: str,
-            work: Path, *, apiserver_args: Sequence[str] = ()) -> Iterator[Gateway]:
+            work: Path, *, apiserver_args: Sequence[str] = (), address: str = "127.0.0.1",
+            gpu_nodes: Sequence[tuple[str, str]] = GPU_NODES) -> Iterator[Gateway]:
     """The gateway installed on a fresh control plane (`apiserver_args`: more flags for the
-    API server, as --runtime-config for an API group off by default)."""
+    API server, as --runtime-config for an API group off by default; `address`: the one it
+    listens on). `gpu_nodes` (node, inventory file of examples/demo) are played by KWOK, with a
+    node plugin each; with none, no KWOK node is made and the caller brings its own."""
     from dra_gateway.certs.generate import make_bundle, write_bundle
 
     extra = {**CONTROL_PLANE_ARGS, "kube-apiserver": tuple(apiserver_args)}
     plane = ControlPlane(bin_dir, feature_gates=feature_gates, work_dir=work / "kube",
-                         startup_timeout_s=180, extra_args=extra)
+                         startup_timeout_s=180, extra_args=extra, address=address)
     sockets = short_dir()
     gateway: Gateway | None = None
     try:
@@ -296,12 +299,14 @@ def install(version: str, feature_gates: Mapping[str, bool], bin_dir: Path, helm
                          "--namespace", NAMESPACE)
         gateway = Gateway(version, feature_gates, plane, work, webhook_port,
                           service_accounts=_service_accounts(manifest))
-        _seed(plane)
-        _start_components(gateway, sockets)
+        _seed(plane, kwok_nodes=bool(gpu_nodes))
+        _start_components(gateway, sockets, gpu_nodes)
+        nodes = [node for node, _ in gpu_nodes]
         try:
-            wait_until("the gateway to be ready", lambda: _ready(gateway), 120, gateway.check)
+            wait_until("the gateway to be ready", lambda: _ready(gateway, nodes), 120,
+                       gateway.check)
         except AssertionError as exc:
-            raise AssertionError(f"{exc}: still missing {_not_ready(gateway)}\n"
+            raise AssertionError(f"{exc}: still missing {_not_ready(gateway, nodes)}\n"
                                  + gateway.logs()) from None
         yield gateway
     finally:
@@ -323,24 +328,27 @@ def _dump_state(gateway: Gateway) -> None:
     (gateway.work / "state.yaml").write_text(yaml.safe_dump(state))
 
 
-def _seed(plane: ControlPlane) -> None:
-    """The demo's nodes (played by KWOK) and the template its DRA-native example names."""
+def _seed(plane: ControlPlane, *, kwok_nodes: bool = True) -> None:
+    """The demo's nodes (played by KWOK; not without `kwok_nodes`) and the template its
+    DRA-native example names."""
     seed = list(yaml.safe_load_all((EXAMPLES / "demo" / "seed.yaml").read_text()))
     api = plane.api()
-    nodes = [d for d in seed if d["kind"] == "Node"]
+    nodes = [d for d in seed if d["kind"] == "Node" and kwok_nodes]
     for node in nodes:
         allocatable = node["status"]["allocatable"]
         plane.add_node(node["metadata"]["name"], labels=node["metadata"].get("labels"),
                        cpu=allocatable["cpu"], memory=allocatable["memory"],
                        pods=allocatable["pods"])
-    plane.wait_nodes_ready([n["metadata"]["name"] for n in nodes])
+    if nodes:
+        plane.wait_nodes_ready([n["metadata"]["name"] for n in nodes])
     for doc in seed:
         if doc["kind"] == "ResourceClaimTemplate":
             api.create(path_of("resource.k8s.io/v1", "resourceclaimtemplates",
                                namespace=doc["metadata"]["namespace"]), doc)
 
 
-def _start_components(gateway: Gateway, sockets: Path) -> None:
+def _start_components(gateway: Gateway, sockets: Path,
+                      gpu_nodes: Sequence[tuple[str, str]]) -> None:
     plane = gateway.plane
     logs = gateway.work / "logs"
     logs.mkdir(exist_ok=True)
@@ -360,7 +368,7 @@ def _start_components(gateway: Gateway, sockets: Path) -> None:
         ("allocator", ["allocator", *kube, "--strategy", "default",
                        "--kubeconfig", kubeconfig("allocator")]),
     ]
-    for node, inventory in GPU_NODES:
+    for node, inventory in gpu_nodes:
         base = sockets / node
         specs.append((f"node-plugin-{node}", [
             "node-plugin", "serve", "--inventory", str(EXAMPLES / "demo" / inventory),
@@ -397,7 +405,7 @@ def node_plugin_kubeconfig(gateway: Gateway, node: str) -> str:
         NAMESPACE, account, gateway.work / f"node-plugin-{node}.kubeconfig", bound_pod=pod))
 
 
-def _not_ready(gateway: Gateway) -> str:
+def _not_ready(gateway: Gateway, nodes: Sequence[str]) -> str:
     """What the gateway still lacks to be ready ("" when ready), for the failure message."""
     if not gateway.webhook_ready():
         return f"the webhook's /readyz on localhost:{gateway.webhook_port}"
@@ -405,22 +413,22 @@ def _not_ready(gateway: Gateway) -> str:
     published = {s["spec"].get("nodeName") for s in
                  api.list(path_of("resource.k8s.io/v1", "resourceslices"))
                  if s["spec"].get("driver") == names.DRIVER and s["spec"].get("devices")}
-    missing = {node for node, _ in GPU_NODES} - published
+    missing = set(nodes) - published
     if missing:
         return f"ResourceSlices of {', '.join(sorted(missing))}"
-    if not _ready(gateway):
+    if not _ready(gateway, nodes):
         return "the allocator's Lease"
     return ""
 
 
-def _ready(gateway: Gateway) -> bool:
+def _ready(gateway: Gateway, nodes: Sequence[str]) -> bool:
     if not gateway.webhook_ready():
         return False
     api = gateway.api
     published = {s["spec"].get("nodeName") for s in
                  api.list(path_of("resource.k8s.io/v1", "resourceslices"))
                  if s["spec"].get("driver") == names.DRIVER and s["spec"].get("devices")}
-    if not {node for node, _ in GPU_NODES} <= published:
+    if not set(nodes) <= published:
         return False
     try:
         lease = api.get(path_of("coordination.k8s.io/v1", "leases", namespace=NAMESPACE,

@@ -13,9 +13,12 @@ them again (SIGTERM, then SIGKILL, by the process ids it started) however the ca
 - The controller manager runs the controllers workloads and DRA need (ResourceClaims from
   templates, garbage collection, namespaces, ServiceAccounts, Deployments, ReplicaSets, Jobs,
   CronJobs); the scheduler runs its default profile, DRA included.
-- KWOK plays the kubelet of every Node (`add_node`): it marks nodes Ready, starts the pods bound
-  to them, completes those of Jobs and finishes graceful deletions, as a kubelet would, without
-  containers.
+- KWOK plays the kubelet of the Nodes made by `add_node` (annotated `kwok.x-k8s.io/node: fake`,
+  the only ones it manages): it marks them Ready, starts the pods bound to them, completes those
+  of Jobs and finishes graceful deletions, as a kubelet would, without containers. A real kubelet
+  may join beside them (`dra_gateway.devkit.realnode`); KWOK leaves its Node alone.
+- The API server listens on `address` (loopback unless a real node, in a network namespace of its
+  own, must reach it); its serving certificate names that address, localhost and 127.0.0.1.
 
 `Api` is a small synchronous REST client of that API server (JSON over HTTPS with a bearer
 token, the standard library only), enough for tests and the demo to create, read, patch and
@@ -50,6 +53,8 @@ import yaml
 # What the build script leaves in each version's folder.
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 KWOK_STAGES = "kwok-stages.yaml"
+# The annotation that marks the Nodes KWOK plays the kubelet of.
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # Controllers of kube-controller-manager this control plane runs.
 CONTROLLERS = (
     "resourceclaim-controller", "garbage-collector-controller", "namespace-controller",
@@ -270,10 +275,12 @@ class _Processes:
     log_dir: Path
     started: list[Process] = field(default_factory=list)
 
-    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
-              ) -> Process:
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
+              *, append: bool = False) -> Process:
+        """Start `argv` with its output in logs/<name>.log (after what an earlier run of that
+        name wrote there, with `append`)."""
         log = self.log_dir / f"{name}.log"
-        with log.open("wb") as out:
+        with log.open("ab" if append else "wb") as out:
             out.write(("$ " + " ".join(argv) + "\n").encode())
             out.flush()
             popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out,
@@ -334,6 +341,8 @@ class ControlPlane:
     startup_timeout_s: float = 120.0
     # Extra flags per process name ("kube-apiserver", ...).
     extra_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # The IP address the API server binds and advertises.
+    address: str = "127.0.0.1"
 
     root: Path = field(init=False)
     server: str = field(init=False, default="")
@@ -419,7 +428,8 @@ class ControlPlane:
         from dra_gateway.certs.generate import make_bundle, write_bundle
 
         pki = self.root / "pki"
-        bundle = make_bundle(dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+        bundle = make_bundle(dns_names=["localhost"],
+                             ip_addresses=sorted({"127.0.0.1", self.address}))
         write_bundle(bundle, pki)
         key = ec.generate_private_key(ec.SECP256R1())
         _write(pki / "service-account.key", key.private_bytes(
@@ -465,12 +475,12 @@ class ControlPlane:
 
     def _start_apiserver(self, etcd_url: str, deadline: float) -> None:
         port = free_port()
-        self.server = f"https://127.0.0.1:{port}"
+        self.server = f"https://{self.address}:{port}"
         pki = self.root / "pki"
         process = self._processes.start("kube-apiserver", [
             str(self.bin_dir / "kube-apiserver"),
             "--etcd-servers", etcd_url,
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--bind-address", self.address, "--advertise-address", self.address,
             "--secure-port", str(port),
             "--tls-cert-file", str(pki / "tls.crt"), "--tls-private-key-file", str(pki / "tls.key"),
             "--cert-dir", str(pki / "apiserver"),
@@ -555,7 +565,10 @@ class ControlPlane:
     def _start_kwok(self, kubeconfig: Path) -> None:
         self._processes.start("kwok", [
             str(self.bin_dir / "kwok"), "--kubeconfig", str(kubeconfig),
-            "--manage-all-nodes=true", "--config", str(self.bin_dir / KWOK_STAGES),
+            # Only the Nodes add_node makes: a real kubelet's Node is its own.
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+            "--config", str(self.bin_dir / KWOK_STAGES),
             "--server-address", f"127.0.0.1:{free_port()}",
             *self.extra_args.get("kwok", ()),
         ])
@@ -612,7 +625,7 @@ class ControlPlane:
             "metadata": {"name": name, "labels": {
                 "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64", "type": "kwok", **(labels or {})},
-                "annotations": {"kwok.x-k8s.io/node": "fake"}},
+                "annotations": {KWOK_NODE_ANNOTATION: "fake"}},
             "status": {"capacity": resources, "allocatable": resources},
         }
         api = self.api()

@@ -1,0 +1,40 @@
+"""Fixtures of the real-node tier: the gateway on a real control plane whose GPU node is a real
+kubelet with containerd (tests/realnode/support.py), on the oldest supported release and on the
+newest (one at a time, each torn down before the next).
+
+The newest control plane, 1.38.0-beta.0, gets 1.37.2's kubelet: 1.38.0-beta.0's kubelet imports
+a module the Go module proxy does not serve (hack/build-node.sh says which). A kubelet one minor
+older than its control plane is what every cluster runs during an upgrade.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from e2e.support import find_helm
+
+from realnode.support import Cluster, real_node_cluster
+
+# (id, control plane release, kubelet release)
+SETUPS: tuple[tuple[str, str, str], ...] = (
+    ("1.34.4", "1.34.4", "1.34.4"),
+    ("1.38.0-beta.0", "1.38.0-beta.0", "1.37.2"),
+)
+
+
+@pytest.fixture(scope="package", params=SETUPS, ids=[s[0] for s in SETUPS])
+def cluster(request: pytest.FixtureRequest,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    setup_id, plane_version, kubelet_version = request.param
+    helm = find_helm()
+    work = tmp_path_factory.mktemp(f"realnode-{setup_id}")
+    with real_node_cluster(plane_version, kubelet_version, helm, work) as installed:
+        yield installed
+
+
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    for item in items:
+        if "tests/realnode/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(pytest.mark.timeout(1800))

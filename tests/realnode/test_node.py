@@ -1,0 +1,166 @@
+"""The node plugin under a real kubelet, and its CDI edits applied by a real container runtime.
+
+Every pod here is created with kubectl's verbs against the API server: the webhook translates its
+legacy request, the allocator binds the claims, kube-scheduler binds the pod, and then the real
+kubelet calls the node plugin (NodePrepareResources) and containerd applies the CDI spec the
+plugin wrote. What the container sees is read from its own output (`env`, `test -f`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from e2e.support import wait_until
+
+from dra_gateway.kube import names
+from realnode.support import Cluster, container_env
+
+ENV_THEN_SLEEP = 'env; test -f "$LD_PRELOAD" && echo preload-mounted; echo done; sleep 3600'
+
+
+def legacy_pod(name: str, limits: dict[str, int], containers: int = 1) -> dict[str, object]:
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"containers": [
+            {"name": f"c{i}", "command": ["sh", "-c", ENV_THEN_SLEEP],
+             "resources": {"limits": dict(limits)}} for i in range(containers)]},
+    }
+
+
+def spec_names(cluster: Cluster) -> set[str]:
+    return {path.name for path in cluster.cdi_specs()}
+
+
+def claim_specs(cluster: Cluster, pod: dict[str, object]) -> set[str]:
+    """The CDI spec files of the pod's claims (one per claim, named by its UID)."""
+    uids = {claim["metadata"]["uid"] for claim in cluster.claims_of(pod)}
+    return {name for name in spec_names(cluster) if any(uid in name for uid in uids)}
+
+
+def test_the_kubelet_registers_the_plugin_and_it_publishes_the_node(cluster: Cluster) -> None:
+    assert cluster.registrations() >= 1, cluster.node.kubelet_log()[-3000:]
+    devices = [d["name"] for s in cluster.slices() for d in s["spec"].get("devices") or []]
+    assert len(devices) == 8, devices
+    node = cluster.api.get(f"/api/v1/nodes/{cluster.slices()[0]['spec']['nodeName']}")
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.")
+
+
+def test_a_whole_card_is_prepared_and_seen_in_the_container(cluster: Cluster) -> None:
+    cluster.create_pod(legacy_pod("whole", {"nvidia.com/gpu": 1}))
+    pod = cluster.wait_running("whole")
+    [uuid] = cluster.allocated_uuids(pod)
+    env = container_env(cluster.container_output("whole", "c0", until="done"))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == uuid
+    assert env["CUDA_VISIBLE_DEVICES"] == uuid
+    # A whole card has no limits to enforce.
+    assert "CUDA_DEVICE_MEMORY_LIMIT" not in env
+    assert "LD_PRELOAD" not in env
+    specs = claim_specs(cluster, pod)
+    assert len(specs) == 1, spec_names(cluster)
+
+    cluster.delete_pod("whole")
+    # NodeUnprepareResources removed the claim's CDI spec.
+    wait_until("the claim's CDI spec to be removed", lambda: not specs & spec_names(cluster), 30,
+               cluster.check)
+
+
+def test_a_hami_share_gets_its_limits_and_the_library_mounted(cluster: Cluster) -> None:
+    cluster.create_pod(legacy_pod("share", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8000,
+                                            "nvidia.com/gpucores": 30}))
+    pod = cluster.wait_running("share")
+    [uuid] = cluster.allocated_uuids(pod)
+    output = cluster.container_output("share", "c0", until="done")
+    env = container_env(output)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == uuid
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "8000m"
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert env["LD_PRELOAD"] == str(cluster.hami_library)
+    # The library is bind-mounted from the node at the same path.
+    assert "preload-mounted" in output
+    cluster.delete_pod("share")
+
+
+def test_each_container_of_a_pod_sees_only_its_own_card(cluster: Cluster) -> None:
+    cluster.create_pod(legacy_pod("pair", {"nvidia.com/gpu": 1}, containers=2))
+    pod = cluster.wait_running("pair")
+    allocated = set(cluster.allocated_uuids(pod))
+    assert len(allocated) == 2, allocated
+    seen = [container_env(cluster.container_output("pair", f"c{i}", until="done"))
+            ["NVIDIA_VISIBLE_DEVICES"] for i in range(2)]
+    assert len(set(seen)) == 2, seen
+    assert set(seen) == allocated, seen
+    cluster.delete_pod("pair")
+
+
+def _container_ids(cluster: Cluster, name: str) -> list[str]:
+    return [c["containerID"] for c in cluster.pod(name)["status"]["containerStatuses"]]
+
+
+def test_a_restarted_plugin_keeps_running_pods_and_republishes_nothing_twice(
+        cluster: Cluster) -> None:
+    cluster.create_pod(legacy_pod("steady", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000}))
+    pod = cluster.wait_running("steady")
+    before = _container_ids(cluster, "steady")
+    specs = claim_specs(cluster, pod)
+    slices = {s["metadata"]["name"] for s in cluster.slices()}
+    since = cluster.kubelet_log_size()
+
+    cluster.stop_plugin()
+    cluster.start_plugin()
+    cluster.wait_registered(since)
+    time.sleep(3)  # a republish, if the plugin did one, lands within its first seconds
+
+    assert {s["metadata"]["name"] for s in cluster.slices()} == slices
+    assert _container_ids(cluster, "steady") == before
+    assert cluster.pod("steady")["status"]["phase"] == "Running"
+    # The claim stayed prepared: its spec is still there, and deleting the pod unprepares it
+    # through the new plugin process (its checkpoint).
+    assert specs <= spec_names(cluster)
+    cluster.delete_pod("steady")
+    wait_until("the claim's CDI spec to be removed", lambda: not specs & spec_names(cluster), 30,
+               cluster.check)
+
+
+def test_a_restarted_kubelet_republishes_and_keeps_pods_running(cluster: Cluster) -> None:
+    cluster.create_pod(legacy_pod("survivor", {"nvidia.com/gpu": 1}))
+    cluster.wait_running("survivor")
+    before = _container_ids(cluster, "survivor")
+    since = cluster.kubelet_log_size()
+
+    cluster.node.stop_kubelet()
+    cluster.node.start_kubelet()
+    cluster.wait_registered(since)
+    # The kubelet deletes the node's slices when it starts; the plugin publishes them again.
+    wait_until("the slices to be republished", lambda: len(
+        [d for s in cluster.slices() for d in s["spec"].get("devices") or []]) == 8, 60,
+        cluster.check)
+    assert _container_ids(cluster, "survivor") == before
+    assert cluster.pod("survivor")["status"]["phase"] == "Running"
+    cluster.delete_pod("survivor")
+
+
+@pytest.mark.slow
+def test_a_plugin_gone_longer_than_the_kubelet_waits_comes_back(cluster: Cluster) -> None:
+    cluster.create_pod(legacy_pod("waiting", {"nvidia.com/gpu": 1}))
+    pod = cluster.wait_running("waiting")
+    specs = claim_specs(cluster, pod)
+    cluster.stop_plugin()
+    # About 30 s without its plugin, the kubelet deletes the node's slices.
+    wait_until("the kubelet to delete the node's slices", lambda: not cluster.slices(), 90,
+               cluster.check)
+    # A pod deleted meanwhile cannot be unprepared: it stays Terminating.
+    cluster.delete_pod("waiting", wait=False)
+    time.sleep(3)
+    assert cluster.pod("waiting")["metadata"].get("deletionTimestamp")
+    assert specs <= spec_names(cluster)
+
+    since = cluster.kubelet_log_size()
+    cluster.start_plugin()
+    cluster.wait_registered(since)
+    wait_until("the slices to be published again", lambda: bool(cluster.slices()), 60,
+               cluster.check)
+    cluster.delete_pod("waiting")
+    wait_until("the claim's CDI spec to be removed", lambda: not specs & spec_names(cluster), 30,
+               cluster.check)
+    assert names.DRIVER in cluster.node.kubelet_log()
