@@ -28,6 +28,7 @@ from dra_gateway.allocator.work import (
     Write,
     unfenced,
 )
+from dra_gateway.allocator.writes import claim_metadata_patch
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import Cluster, Conflict, NotFound, Object
 from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS
@@ -114,16 +115,11 @@ class ClaimReleaser:
                         writes.append((base, current))
                         self.stats.claims_released += 1
                         self.metrics.claims_released.inc()
-                    updated = copy.deepcopy(current)
-                    umeta = updated["metadata"]
-                    umeta["finalizers"] = [f for f in umeta.get("finalizers") or []
-                                           if f != names.FINALIZER]
-                    annotations = dict(umeta.get("annotations") or {})
-                    if annotations.pop(names.ANNOTATION_SHARES, None) is not None:
-                        umeta["annotations"] = annotations
                     base = objects.resource_version(current)
                     self.fence()
-                    current = await self.cluster.update(RESOURCE_CLAIMS, updated, namespace=ns)
+                    current = await self.cluster.patch(RESOURCE_CLAIMS, name, claim_metadata_patch(
+                        current, keep_finalizer=False,
+                        annotations={names.ANNOTATION_SHARES: None}), namespace=ns)
                     writes.append((base, current))
                     log.info("released", extra={"claim": f"{ns}/{name}"})
                     return

@@ -34,6 +34,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from dra_gateway.allocator.writes import claim_metadata_patch
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import Cluster, Conflict, NotFound, Object
 from dra_gateway.kube.resources import PODS, RESOURCE_CLAIMS
@@ -169,14 +170,9 @@ async def _let_go(cluster: Cluster, claim: Object, *, clear: bool) -> bool:
                 updated["status"] = status
                 current = await cluster.update(RESOURCE_CLAIMS, updated, namespace=ns,
                                                subresource="status")
-            updated = copy.deepcopy(current)
-            meta = updated["metadata"]
-            meta["finalizers"] = [f for f in meta.get("finalizers") or ()
-                                  if f != names.FINALIZER]
-            annotations = dict(meta.get("annotations") or {})
-            if annotations.pop(names.ANNOTATION_SHARES, None) is not None:
-                meta["annotations"] = annotations
-            await cluster.update(RESOURCE_CLAIMS, updated, namespace=ns)
+            await cluster.patch(RESOURCE_CLAIMS, name, claim_metadata_patch(
+                current, keep_finalizer=False, annotations={names.ANNOTATION_SHARES: None}),
+                namespace=ns)
             return True
         except Conflict:
             try:

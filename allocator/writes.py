@@ -31,6 +31,28 @@ class Replan(Exception):
     """The world changed under a plan (claim allocated elsewhere, deleted): plan again."""
 
 
+def claim_metadata_patch(claim: Object, *, keep_finalizer: bool,
+                         annotations: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+    """A merge patch of a claim's metadata alone: the gateway's finalizer kept (added) or
+    dropped, `annotations` set (None removes one), fenced by the claim's resourceVersion (a
+    Conflict when it changed meanwhile).
+
+    Never a PUT of the whole claim: that sends its opaque config parameters re-encoded, and the
+    API server, which compares them byte for byte, refuses the "change" of the immutable spec
+    whenever their writer spaced or ordered the JSON otherwise (Python's json.dumps does).
+    """
+    present = list(objects.meta(claim).get("finalizers") or [])
+    if keep_finalizer:
+        finalizers = present if names.FINALIZER in present else [*present, names.FINALIZER]
+    else:
+        finalizers = [f for f in present if f != names.FINALIZER]
+    meta: dict[str, Any] = {"resourceVersion": objects.resource_version(claim),
+                            "finalizers": finalizers}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return {"metadata": meta}
+
+
 async def write_allocation(cluster: Cluster, claim: Object, *, allocation: Mapping[str, Any],
                            annotations: Mapping[str, str], pod: Object, writes: list[Write],
                            stats: Stats, metrics: Metrics, fence: Fence = unfenced) -> None:
@@ -53,16 +75,10 @@ async def write_allocation(cluster: Cluster, claim: Object, *, allocation: Mappi
             have = objects.annotations(current)
             if not objects.has_finalizer(current) or any(have.get(k) != v
                                                          for k, v in annotations.items()):
-                updated = copy.deepcopy(current)
-                umeta = updated["metadata"]
-                umeta["finalizers"] = [*(umeta.get("finalizers") or []), names.FINALIZER] \
-                    if names.FINALIZER not in (umeta.get("finalizers") or []) \
-                    else umeta["finalizers"]
-                if annotations:
-                    umeta["annotations"] = {**(umeta.get("annotations") or {}), **annotations}
                 base = objects.resource_version(current)
                 fence()
-                current = await cluster.update(RESOURCE_CLAIMS, updated, namespace=ns)
+                current = await cluster.patch(RESOURCE_CLAIMS, name, claim_metadata_patch(
+                    current, keep_finalizer=True, annotations=annotations), namespace=ns)
                 writes.append((base, current))
             updated = copy.deepcopy(current)
             # An unallocated claim has no reservations (the API refuses them without an

@@ -66,6 +66,9 @@ ATTR_NUMA_NODE_STANDARD: Final = "resource.kubernetes.io/numaNode"  # KEP-6072, 
 ATTR_NVLINK_ISLAND: Final = "nvlinkIsland"  # the lowest index of the cards NVLink joins
 ATTR_NVLINK_CLIQUE: Final = "nvlinkClique"  # NVLink fabric: "<cluster UUID>.<clique id>"
 ATTR_INDEX: Final = "index"
+# Whether the card's node has HAMi-core's library (the node plugin's --hami-library exists), so
+# that a share enforced by HAMi-core can be; translated hami-core shares select it.
+ATTR_HAMI_CORE: Final = "hamiCore"
 CAPACITY_MEMORY: Final = "memory"
 CAPACITY_CORES: Final = "cores"
 CORES_PER_CARD: Final = 100

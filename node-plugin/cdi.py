@@ -71,9 +71,17 @@ class EnforcementSettings:
     hami_library: str = DEFAULT_HAMI_LIBRARY
     # Bind-mount the HAMi-core library from the host into the container at the same path.
     mount_hami_library: bool = True
+    # Whether that library is on the node (the preparer looks before each prepare): a spec that
+    # bind-mounts a missing file makes every start of the container fail in the runtime.
+    hami_library_present: bool = True
 
 
 DEFAULT_ENFORCEMENT = EnforcementSettings()
+
+
+def hami_library_present(path: str) -> bool:
+    """Whether HAMi-core's library is on this node: a file (a link to one counts)."""
+    return Path(path).is_file()
 
 
 def container_env(cards: Sequence[CardShare], enforcement: Enforcement,

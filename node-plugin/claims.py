@@ -192,7 +192,7 @@ def plan_claim(claim: Mapping[str, Any], *, uid: str, node_name: str,
         modes[_request_name(device.request)] = mode
     if not planned:
         return ClaimPlan(devices=(), cdi_spec=None)
-    cdi_devices = _cdi_devices(planned, modes, enforcement)
+    cdi_devices = _cdi_devices(planned, modes, enforcement, where=where, node_name=node_name)
     spec = build_spec(kind=kind, claim_uid=uid, claim_namespace=str(meta.get("namespace")),
                       claim_name=str(meta.get("name")), devices=cdi_devices)
     return ClaimPlan(devices=tuple(planned), cdi_spec=spec)
@@ -293,16 +293,26 @@ def _card_share(config: GpuShareConfig, info: DeviceInfo, *, limited: Collection
 
 
 def _cdi_devices(planned: Sequence[PlannedDevice], modes: Mapping[str, Enforcement],
-                 enforcement: EnforcementSettings) -> list[CdiDevice]:
+                 enforcement: EnforcementSettings, *, where: str, node_name: str
+                 ) -> list[CdiDevice]:
     """The CDI spec's devices. Containers name requests, so each device's edits describe its
     whole request: every device of one request carries the same environment and the runtime's
-    merge is moot."""
+    merge is moot. ClaimError for a share HAMi-core should enforce on a node without its
+    library: the runtime would fail every start of the container on the missing mount."""
     cdi_devices = []
     for d in planned:
         request = _request_name(d.request)
         group = [p.card for p in planned if _request_name(p.request) == request]
         mode = modes[request]
+        mounts = hami_mounts(mode, enforcement, group)
+        if mounts and not enforcement.hami_library_present:
+            raise ClaimError(
+                f"{where}: request {request!r} asks HAMi-core to enforce its share, but node "
+                f"{node_name} has no HAMi-core library at {enforcement.hami_library}: install "
+                "HAMi-core on this node (the chart's nodePlugin.hamiCore.hostPath names where), "
+                "or ask for the share with enforcement none; the claim stays unprepared and the "
+                "kubelet retries")
         cdi_devices.append(CdiDevice(
             name=d.cdi_name, env=tuple(container_env(group, mode, enforcement)),
-            mounts=hami_mounts(mode, enforcement, group)))
+            mounts=mounts))
     return cdi_devices

@@ -43,6 +43,9 @@ class DeviceOptions:
     consumable_capacity: bool = False
     # Granularity of memory shares: requests are rounded up to a multiple of this.
     memory_step: int = names.MEMORY_STEP
+    # Whether the node has HAMi-core's library (the plugin checks --hami-library): published
+    # as every full card's `hamiCore` attribute.
+    hami_core: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +187,8 @@ def is_shared(gpu: GpuFacts, options: DeviceOptions) -> bool:
 def gpu_device(gpu: GpuFacts, options: DeviceOptions) -> dict[str, Any]:
     name = gpu_device_name(gpu)
     attrs = {names.ATTR_TYPE: {"string": "gpu"}, names.ATTR_UUID: _string(gpu.uuid),
-             **_common_attributes(gpu, name), **_nvlink_attributes(gpu)}
+             **_common_attributes(gpu, name), **_nvlink_attributes(gpu),
+             names.ATTR_HAMI_CORE: {"bool": options.hami_core}}
     device: dict[str, Any] = {"name": name, "attributes": attrs}
     if is_shared(gpu, options) and options.consumable_capacity:
         device["allowMultipleAllocations"] = True

@@ -90,6 +90,8 @@ class PluginSettings:
     device_taints: bool | None = False
     enforcement: cdi.EnforcementSettings = field(default_factory=cdi.EnforcementSettings)
     rediscover_seconds: float = 60.0
+    # How often the HAMi-core library is looked for (installed or removed after the start).
+    hami_check_seconds: float = 30.0
     # How long the health watcher waits before reopening NVML after it failed.
     nvml_retry_seconds: float = 30.0
     # How long a recovered device stays without a fault before its mark lifts (health.py);
@@ -122,7 +124,7 @@ class NodePlugin:
         self.consumable_capacity: bool | None = None
         self._options = replace(settings.devices, consumable_capacity=(
             CONSUMABLE_CAPACITY_FALLBACK if settings.consumable_capacity is None
-            else settings.consumable_capacity))
+            else settings.consumable_capacity), hami_core=self._hami_core_present())
         self.health = Health(driver=settings.driver, on_change=self._health_changed,
                              metrics=self.metrics, recovery_seconds=settings.recovery_seconds)
         self.coexistence = LegacyCoexistence(
@@ -297,6 +299,32 @@ class NodePlugin:
             self._options = replace(self._options, consumable_capacity=enabled)
             self._set_facts(self.facts)  # republish (nothing before the first discovery)
 
+    # HAMi-core --------------------------------------------------------------------------------
+
+    def _hami_core_present(self) -> bool:
+        """Whether a share HAMi-core enforces can be prepared here: its library is on the node
+        (where the plugin does not mount it, the containers' images bring it)."""
+        enforcement = self.settings.enforcement
+        return not enforcement.mount_hami_library or cdi.hami_library_present(
+            enforcement.hami_library)
+
+    def check_hami_core(self) -> None:
+        """Look for the library again; republish when it came or went."""
+        present = self._hami_core_present()
+        if present == self._options.hami_core:
+            return
+        self._options = replace(self._options, hami_core=present)
+        log.info("HAMi-core library %s %s: cards are published with %s=%s",
+                 self.settings.enforcement.hami_library,
+                 "found" if present else "gone", names.ATTR_HAMI_CORE, str(present).lower(),
+                 extra={"hamiCore": present})
+        self._set_facts(self.facts)
+
+    async def _watch_hami_core(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.hami_check_seconds)
+            self.check_hami_core()
+
     def _device_health(self) -> list[DeviceHealthState]:
         """Every device of the node and its health, for the kubelet (DRAResourceHealth)."""
         problems = self.health.problems
@@ -369,6 +397,12 @@ class NodePlugin:
             if self.settings.fault_file is not None:
                 self._spawn(watch_fault_file(self.settings.fault_file, health=self.health,
                                              table=lambda: self._table), "fault-file")
+            if not self._options.hami_core:
+                log.warning("no HAMi-core library at %s on node %s: shares enforced by "
+                            "HAMi-core are not placed here (cards publish %s=false) until it "
+                            "is installed", self.settings.enforcement.hami_library,
+                            self.settings.node_name, names.ATTR_HAMI_CORE)
+            self._spawn(self._watch_hami_core(), "hami-core")
             if self.settings.recovery_seconds > 0:
                 self._spawn(self.health.run_recovery(
                     min(5.0, self.settings.recovery_seconds / 10)), "health-recovery")

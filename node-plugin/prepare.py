@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound
 from dra_gateway.kube.resources import NODES, RESOURCE_CLAIMS
 from dra_gateway.node_plugin import cdi
+from dra_gateway.node_plugin.cdi import hami_library_present
 from dra_gateway.node_plugin.checkpoint import Checkpoint, ClaimEntry
 from dra_gateway.node_plugin.claims import ClaimError, plan_claim
 from dra_gateway.node_plugin.devices import DeviceInfo
@@ -156,7 +157,9 @@ class Preparer:
         plan = plan_claim(claim, uid=ref.uid, node_name=self.node_name,
                           node_labels=await node_labels(),
                           driver=self.driver, kind=self.kind, devices=self._devices(),
-                          enforcement=self._enforcement)
+                          enforcement=replace(self._enforcement,
+                                              hami_library_present=hami_library_present(
+                                                  self._enforcement.hami_library)))
         devices = plan.response_devices(self.kind)
         started = ClaimEntry(uid=ref.uid, namespace=ref.namespace, name=ref.name,
                              state="PrepareStarted", cdi_spec=plan.cdi_spec)

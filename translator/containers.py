@@ -40,6 +40,7 @@ from dra_gateway.translator.evaluation import (
 )
 from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
 from dra_gateway.translator.rules import CompiledRule, RuleSet
+from dra_gateway.translator.selectors import hami_core_selector
 
 __all__ = [
     "ContainerPlan",
@@ -192,6 +193,10 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
           enumerate(rule.constraints))], activation)
     chosen_selectors = rendered_selectors(subject, conditions[:len(rule.selectors)], activation)
     selectors = [text for _, text in chosen_selectors]
+    if rule.class_name == names.GPU_CLASS and outputs.enforcement == "hami-core" and (
+            outputs.memory or outputs.percent or outputs.cores):
+        # A share HAMi-core enforces needs the library on the card's node.
+        selectors.append(hami_core_selector(rule.driver))
     request = {"name": name, "exactly": exactly(rule, outputs, selectors)}
 
     config = gateway_config(subject, outputs, own_warnings) if rule.gateway_class else None

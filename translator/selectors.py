@@ -11,6 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from dra_gateway.kube import names
 from dra_gateway.translator.ruleset import CompiledSelector
 
 
@@ -28,6 +29,15 @@ def selector_values(selector: CompiledSelector, value: Any) -> list[str]:
 def _literal(text: str) -> str:
     # JSON string syntax (with \uXXXX escapes) is valid CEL string syntax.
     return json.dumps(text)
+
+
+def hami_core_selector(driver: str) -> str:
+    """Cards whose node has HAMi-core's library (the node plugin publishes `hamiCore`): a share
+    HAMi-core enforces lands only where it can be enforced, for the allocator and kube-scheduler
+    alike. Guarded: a card without the attribute (another driver's) is simply not selected."""
+    attrs = f"device.attributes[{_literal(driver)}]"
+    return (f"{_literal(names.ATTR_HAMI_CORE)} in {attrs} && "
+            f"{attrs}.{names.ATTR_HAMI_CORE} == true")
 
 
 def render_selector(selector: CompiledSelector, driver: str, values: Sequence[str]) -> str | None:

@@ -30,7 +30,7 @@ from dra_gateway.allocator.planner.cards import (
     wanted_amount,
 )
 from dra_gateway.allocator.planner.demand import Alternative, ClaimDemand, Constraint, memory_for
-from dra_gateway.allocator.planner.devices import NANO, Device
+from dra_gateway.allocator.planner.devices import NANO, Device, qualify
 from dra_gateway.allocator.planner.fragmentation import FULL, Workload, free_milli
 from dra_gateway.allocator.planner.inputs import SearchInputs
 from dra_gateway.allocator.planner.reasons import (
@@ -313,6 +313,19 @@ class NodeSearch:
         return sum(misalignment(self.devices, chosen) for chosen in by_request.values()
                    if len(chosen) > 1)
 
+    def _no_match(self, alt: Alternative) -> str:
+        """Why no device of the node matches a request, with a share HAMi-core enforces on a
+        node without its library named as such."""
+        hami_core = qualify(names.DRIVER, names.ATTR_HAMI_CORE)
+        if any(names.ATTR_HAMI_CORE in e for e in alt.expressions) and not any(
+                d.attributes.get(hami_core) is True for d in self.devices if d.is_gateway_gpu):
+            return (f"HAMi-core enforces its share, and no card of the node has HAMi-core's "
+                    f"library (their {names.ATTR_HAMI_CORE} attribute is not true): install "
+                    "HAMi-core on the node where the node plugin looks for it (the chart's "
+                    "nodePlugin.hamiCore.hostPath)")
+        return (f"no device of class {alt.class_name} matches its selectors and tolerations on "
+                "the node")
+
     def _model(self) -> str:
         for device in self.devices:
             if device.is_gateway_gpu:
@@ -340,8 +353,7 @@ class NodeSearch:
                         return False
             if not candidates:
                 self._fail(claim_i, request_i, f"request {alt.result_name}: "
-                           + (static_reason or f"no device of class {alt.class_name} matches "
-                              "its selectors and tolerations on the node"))
+                           + (static_reason or self._no_match(alt)))
                 continue
             need = len(candidates) if alt.all_devices else alt.count
             fits = {i: c for i in candidates if (c := self.consumption(alt, i)) is not None}

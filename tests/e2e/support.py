@@ -40,6 +40,7 @@ from dra_gateway.devkit.realcluster import (
     log_tail,
     path_of,
 )
+from dra_gateway.devkit.simnode import install_hami_core
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import bytes_of
 
@@ -377,6 +378,7 @@ def _start_components(gateway: Gateway, sockets: Path,
             "--plugins-dir", str(base / "plugins"), "--registry-dir", str(base / "registry"),
             "--cdi-dir", str(base / "cdi"), "--state-dir", str(base / "state"),
             "--fault-file", str(fault_file(gateway, node)),
+            "--hami-library", str(install_hami_core(base / "hami-core")),
             "--recovery-seconds", str(RECOVERY_S)]))
     for name, args in specs:
         component = Component(name, args, logs / f"{name}.log")

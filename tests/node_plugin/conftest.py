@@ -12,7 +12,9 @@ import pytest
 from testkit import EXAMPLES
 
 from dra_gateway.devkit.sim.memory import MemoryCluster
+from dra_gateway.devkit.simnode import install_hami_core
 from dra_gateway.kube.resources import NODES, RESOURCE_CLAIMS
+from dra_gateway.node_plugin import cdi
 from dra_gateway.node_plugin.coexistence import CoexistenceSettings
 from dra_gateway.node_plugin.devices import DeviceOptions
 from dra_gateway.node_plugin.inventory import load_inventory
@@ -53,11 +55,14 @@ async def cluster() -> AsyncIterator[MemoryCluster]:
 def plugin_settings(root: Path, *, poll_seconds: float = 2.0) -> PluginSettings:
     """Settings of a node plugin whose folders all live under `root`; its kubelet pod-resources
     socket is `root/pod-resources/kubelet.sock`, absent unless a test serves it (the plugin then
-    judges legacy devices from the Node's status, which shows none)."""
+    judges legacy devices from the Node's status, which shows none). The node has HAMi-core
+    (simulated under `root`)."""
     return PluginSettings(node_name=NODE, plugins_dir=root / "plugins",
                           registry_dir=root / "registry", cdi_dir=root / "cdi",
                           state_dir=root / "state",
                           devices=DeviceOptions(default_sharing="shared"),
+                          enforcement=cdi.EnforcementSettings(
+                              hami_library=str(install_hami_core(root / "hami-core"))),
                           coexistence=CoexistenceSettings(
                               socket=root / "pod-resources" / "kubelet.sock",
                               poll_seconds=poll_seconds))

@@ -256,3 +256,41 @@ def test_an_unallocated_claim_is_refused(table: dict[str, Any]) -> None:
     del obj["status"]
     with pytest.raises(ClaimError, match=r"is not allocated \(status.allocation is empty\)"):
         _plan(obj, table)
+
+
+def _plan_without_hami_core(obj: dict[str, Any], table: dict[str, Any]) -> Any:
+    return plan_claim(obj, uid=UID, node_name=NODE, node_labels={}, driver=names.DRIVER,
+                      kind=KIND, devices=table,
+                      enforcement=cdi.EnforcementSettings(hami_library_present=False))
+
+
+def test_a_hami_core_share_on_a_node_without_the_library_is_refused_saying_so(
+        table: dict[str, Any]) -> None:
+    # The runtime would fail every start of the container on the missing bind mount.
+    with pytest.raises(ClaimError) as refused:
+        _plan_without_hami_core(claim(devices=["gpu-1"], params={
+            "memory": 8 * GiB, "cores": 30, "enforcement": "hami-core"}), table)
+    message = str(refused.value)
+    assert f"node {NODE} has no HAMi-core library at /usr/local/vgpu/libvgpu.so" in message
+    assert "request 'gpu'" in message
+    assert "nodePlugin.hamiCore.hostPath" in message
+    assert "enforcement none" in message
+
+
+@pytest.mark.parametrize("params", [
+    {"enforcement": "hami-core"},  # a whole card: nothing to enforce, nothing mounted
+    {"memory": 8 * GiB, "enforcement": "mps"},
+    {"memory": 8 * GiB, "enforcement": "none"},
+], ids=["whole card", "mps", "none"])
+def test_what_needs_no_hami_core_prepares_without_the_library(
+        table: dict[str, Any], params: dict[str, Any]) -> None:
+    plan = _plan_without_hami_core(claim(devices=["gpu-1"], params=params), table)
+    assert "mounts" not in plan.cdi_spec["devices"][0]["containerEdits"]
+
+
+def test_the_library_is_present_only_as_a_file(tmp_path: Path) -> None:
+    assert not cdi.hami_library_present(str(tmp_path / "libvgpu.so"))
+    (tmp_path / "libvgpu.so").mkdir()  # what a hostPath mount of a missing file leaves
+    assert not cdi.hami_library_present(str(tmp_path / "libvgpu.so"))
+    (tmp_path / "lib").write_bytes(b"\x7fELF")
+    assert cdi.hami_library_present(str(tmp_path / "lib"))

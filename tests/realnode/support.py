@@ -44,6 +44,7 @@ from dra_gateway.devkit.realnode import (
     node_problems,
     preflight,
 )
+from dra_gateway.devkit.simnode import install_hami_core
 from dra_gateway.kube import names
 
 NODE_SCRIPT = REPO / "hack" / "build-node.sh"
@@ -87,17 +88,20 @@ class Cluster:
     def plugin(self) -> Component:
         return self.gateway.components["node-plugin"]
 
-    def plugin_args(self) -> list[str]:
+    def plugin_args(self, hami_library: Path | None = None) -> list[str]:
         node = self.node
+        hami_library = hami_library or self.hami_library
         return [
             "node-plugin", "serve", "--inventory", str(INVENTORY), "--node-name", NODE,
             "--cluster", "kube", "--kubeconfig", str(self.gateway.work / "node-plugin.kubeconfig"),
             "--plugins-dir", str(node.plugins_dir), "--registry-dir", str(node.registry_dir),
-            "--cdi-dir", str(node.cdi_dir), "--hami-library", str(self.hami_library),
+            "--cdi-dir", str(node.cdi_dir), "--hami-library", str(hami_library),
             "--pod-resources-socket", str(node.pod_resources_socket)]
 
-    def start_plugin(self) -> None:
-        component = Component("node-plugin", self.plugin_args(),
+    def start_plugin(self, *, hami_library: Path | None = None) -> None:
+        """Start the node plugin (with HAMi-core's library looked for at `hami_library`
+        instead of where the node has it)."""
+        component = Component("node-plugin", self.plugin_args(hami_library),
                               self.gateway.work / "logs" / "node-plugin.log")
         self.gateway.components["node-plugin"] = component
         component.start()
@@ -247,11 +251,8 @@ def real_node_cluster(plane_version: str, kubelet_version: str, helm: str, work:
             started = time.monotonic()
             node.start()
             print(f"kubelet {kubelet_version} Ready in {time.monotonic() - started:.1f}s")
-            hami_library = STATE_ROOT / "hami" / "libvgpu.so"
-            hami_library.parent.mkdir(parents=True, exist_ok=True)
-            # The node's HAMi-core: a file where the library is installed (nothing loads it:
-            # these cards are an inventory's, with no CUDA behind them).
-            hami_library.write_bytes(b"\x7fELF stand-in for HAMi-core's libvgpu.so\n")
+            # The node's HAMi-core, as its inventory's GPUs: simulated.
+            hami_library = install_hami_core(STATE_ROOT / "hami-core")
             cluster = Cluster(gateway, node, hami_library)
             _node_plugin_kubeconfig(cluster)
             cluster.start_plugin()

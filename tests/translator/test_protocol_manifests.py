@@ -40,7 +40,9 @@ def manifest(text: str) -> dict[str, Any]:
 
 
 def selectors(plan: Any) -> list[str]:
-    return [s["cel"]["expression"] for s in only_request(plan)["exactly"].get("selectors", [])]
+    """The request's selectors but the one every HAMi-core share gets (its library's)."""
+    return [s["cel"]["expression"] for s in only_request(plan)["exactly"].get("selectors", [])
+            if "hamiCore" not in s["cel"]["expression"]]
 
 
 def gpushare_pod(gpu_mem: Any) -> dict[str, Any]:

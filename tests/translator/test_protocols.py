@@ -165,7 +165,39 @@ def test_hami_type_and_uuid_annotations_become_guarded_selectors(builtin_rules: 
         f'!("productName" in {attrs}) || !({PRODUCT}.lowerAscii().contains("mig"))',
         f'"uuid" in {attrs} && {attrs}.uuid in ["GPU-1", "GPU-2"]',
         f'!("uuid" in {attrs}) || !({attrs}.uuid == "GPU-3")',
+        # HAMi-core enforces the share: only cards whose node has its library.
+        f'"hamiCore" in {attrs} && {attrs}.hamiCore == true',
     ]
+
+
+@pytest.mark.parametrize(("limits", "annotations", "selected"), [
+    ({"nvidia.com/gpumem": 1000}, {}, True),
+    ({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 30}, {}, True),
+    # MPS enforces it instead, and a whole card has nothing to enforce.
+    ({"nvidia.com/gpumem": 1000}, {"nvidia.com/vgpu-mode": "mps"}, False),
+    ({"nvidia.com/gpu": 1}, {}, False),
+], ids=["memory share", "compute share", "mps share", "whole card"])
+def test_a_hami_core_share_selects_cards_whose_node_has_the_library(
+        builtin_rules: RuleSet, limits: dict[str, int], annotations: dict[str, str],
+        selected: bool) -> None:
+    from dra_gateway.kube.cel import compile_selector, device_view
+
+    plan = translate(pod(ctr("main", limits=limits), annotations=annotations), builtin_rules)
+    expressions = [s["cel"]["expression"] for s in
+                   only_request(plan)["exactly"].get("selectors", [])]
+    hami = [e for e in expressions if "hamiCore" in e]
+    assert bool(hami) == selected, expressions
+    if not selected:
+        return
+    compiled = compile_selector(hami[0])
+
+    def card(**attributes: Any) -> Any:
+        return device_view(names.DRIVER, {"name": "gpu-0", "attributes": attributes})
+
+    assert compiled.matches(card(hamiCore={"bool": True})) is True
+    assert compiled.matches(card(hamiCore={"bool": False})) is False
+    # A card published before the attribute existed, or another driver's: not selected, no error.
+    assert compiled.matches(card(uuid={"string": "GPU-1"})) is False
 
 
 def test_selectors_match_devices_and_never_error(builtin_rules: RuleSet) -> None:

@@ -46,7 +46,9 @@ def _slice(node: str, product: str, cards: int = 4, driver: str = names.DRIVER
                          "attributes": {"type": {"string": "gpu"},
                                         "uuid": {"string": f"GPU-{node}-{i}"},
                                         "productName": {"string": product},
-                                        "index": {"int": i}},
+                                        "index": {"int": i},
+                                        # The node has HAMi-core, which the pods' shares ask.
+                                        "hamiCore": {"bool": True}},
                          "capacity": {"memory": {"value": "80Gi"}, "cores": {"value": "100"}},
                      } for i in range(cards)]}}
 

@@ -24,7 +24,7 @@ Client = TestClient[web.Request, web.Application]
 HAMI_LINE = (
     'dra-gateway audit: container "server" (nvidia.com/gpu: 1, nvidia.com/gpucores: 30, '
     "nvidia.com/gpumem: 8000) would get 1 device of class gpu.dra-gateway.io, capacity memory "
-    "8000Mi, cores 30 by rule hami, from ResourceClaimTemplate dra-gateway-df14ccc5a1")
+    "8000Mi, cores 30 by rule hami, from ResourceClaimTemplate dra-gateway-98245090b0")
 
 
 async def _post(client: Client, path: str, pod: dict[str, Any]) -> dict[str, Any]:
@@ -55,7 +55,7 @@ async def test_an_audit_namespace_admits_a_hami_pod_unchanged_saying_what_it_wou
     assert answer["warnings"] == [HAMI_LINE]
     assert answer["auditAnnotations"] == {
         "translation": "audit", "would-translate-by": "hami",
-        "would-use-resource-claim-templates": "dra-gateway-df14ccc5a1"}
+        "would-use-resource-claim-templates": "dra-gateway-98245090b0"}
     # Nothing is made for a pod left as it is.
     assert (await cluster.list(RESOURCE_CLAIM_TEMPLATES, namespace="inference")).items == []
     assert await _metric(

@@ -177,7 +177,10 @@ class Api:
         url = self.server + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        data = None if body is None else json.dumps(body).encode()
+        # Compact, as kubectl sends it: the API server keeps an opaque config's parameters as
+        # the bytes it was sent and compares them byte for byte when the object is written
+        # again, so a claim created with spaced JSON could never be updated by any client.
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         headers = {"Authorization": f"Bearer {self.token}", "Accept": accept}
         if data is not None:
             headers["Content-Type"] = content_type

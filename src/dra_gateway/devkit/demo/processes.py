@@ -32,6 +32,7 @@ from dra_gateway.devkit.demo.common import (
     WEBHOOK_SERVICE,
     DemoError,
 )
+from dra_gateway.devkit.simnode import install_hami_core
 
 LOG_TAIL_LINES = 25
 
@@ -201,6 +202,7 @@ def start_components(children: Children, layout: Layout, webhook_port: int) -> N
                        "--plugins-dir", str(base / "plugins"),
                        "--registry-dir", str(base / "registry"),
                        "--cdi-dir", str(base / "cdi"), "--state-dir", str(base / "state"),
+                       "--hami-library", str(install_hami_core(base / "hami-core")),
                        *kube)
 
 
