@@ -35,6 +35,19 @@ def cluster(request: pytest.FixtureRequest,
 
 
 def pytest_collection_modifyitems(items: list[Any]) -> None:
-    for item in items:
-        if "tests/realnode/" in str(item.fspath).replace("\\", "/"):
-            item.add_marker(pytest.mark.timeout(1800))
+    realnode = [i for i in items if "tests/realnode/" in str(i.fspath).replace("\\", "/")]
+    for item in realnode:
+        item.add_marker(pytest.mark.timeout(1800))
+    # Within each setup, the legacy device plugin's tests last: the node stays Legacy for the
+    # five minutes the kubelet keeps a departed plugin's devices. A stable sort on (setup,
+    # legacy) keeps pytest's grouping by setup, so each cluster is still made once.
+    setups = [s[0] for s in SETUPS]
+
+    def order(item: Any) -> tuple[int, int]:
+        setup = getattr(getattr(item, "callspec", None), "params", {}).get("cluster")
+        position = setups.index(setup[0]) if setup in SETUPS else len(setups)
+        return position, int(item.fspath.basename == "test_legacy.py")
+
+    positions = [items.index(i) for i in realnode]
+    for index, item in zip(positions, sorted(realnode, key=order), strict=True):
+        items[index] = item

@@ -96,7 +96,9 @@ class Cluster:
             "--cluster", "kube", "--kubeconfig", str(self.gateway.work / "node-plugin.kubeconfig"),
             "--plugins-dir", str(node.plugins_dir), "--registry-dir", str(node.registry_dir),
             "--cdi-dir", str(node.cdi_dir), "--hami-library", str(hami_library),
-            "--pod-resources-socket", str(node.pod_resources_socket)]
+            "--pod-resources-socket", str(node.pod_resources_socket),
+            # Legacy devices read every second (the kubelet's API and the Node's status).
+            "--legacy-poll-interval", "1", "--legacy-node-interval", "1"]
 
     def start_plugin(self, *, hami_library: Path | None = None) -> None:
         """Start the node plugin (with HAMi-core's library looked for at `hami_library`

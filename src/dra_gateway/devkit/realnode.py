@@ -15,7 +15,8 @@ which keeps the host's /sys and cgroup mounts, unlike `ip netns exec`):
 Everything it leaves is removed by `stop`, failed or not: pods through the CRI first, then the
 kubelet and containerd, the mounts under its folders, its cgroups, the namespace, and the kernel
 settings the kubelet changes (`vm.overcommit_memory`, `kernel.panic`, `kernel.panic_on_oops`),
-put back as they were. Only one such node runs on a machine at a time (the kubelet's cgroups and
+put back as they were, and the device plugin folder the kubelet always makes at
+/var/lib/kubelet/device-plugins. Only one such node runs on a machine at a time (the kubelet's cgroups and
 kernel settings are global): `start` refuses while another's folders are there.
 """
 
@@ -57,6 +58,9 @@ IMAGE = "dra-gateway.local/busybox:1"
 CNI_BIN = Path("/usr/lib/cni")
 RUNC = Path("/usr/sbin/runc")
 BUSYBOX = Path("/bin/busybox")
+# The kubelet serves device plugins here whatever its --root-dir (k8s.io/kubelet's
+# DevicePluginPath), with its device manager's checkpoint beside.
+DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 # Kernel settings the kubelet writes at start (pkg/kubelet/cm: setupKernelTunables).
 KERNEL_SETTINGS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
 STOP_GRACE_S = 15.0
@@ -251,8 +255,10 @@ class RealNode:
         self.stop()
 
     def start(self, timeout_s: float = 120.0) -> None:
-        if (RUN_ROOT / "containerd.sock").exists() or self._kubelet_cgroups_exist():
-            # A node left by a run that was killed: clear it first (one node per machine).
+        if (RUN_ROOT / "containerd.sock").exists() or self._kubelet_cgroups_exist() or \
+                DEVICE_PLUGINS.exists():
+            # A node left by a run that was killed: clear it first (one node per machine; a
+            # device manager checkpoint of another run would hand out its devices).
             self.cleanup()
         for folder in (STATE_ROOT, RUN_ROOT, self.cdi_dir, self.pod_logs_dir, self.root_dir):
             folder.mkdir(parents=True, exist_ok=True)
@@ -279,8 +285,10 @@ class RealNode:
         self._kill_shims()
         self._unmount_under(STATE_ROOT, RUN_ROOT)
         self._remove_cgroups()
-        for folder in (RUN_ROOT, STATE_ROOT):
+        for folder in (RUN_ROOT, STATE_ROOT, DEVICE_PLUGINS):
             shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            DEVICE_PLUGINS.parent.rmdir()  # only when nothing else is there
         self._restore_kernel_settings()
 
     def check(self) -> None:
