@@ -137,11 +137,21 @@ class _Follower:
         return found
 
 
-async def watch_fault_file(path: Path, *, health: Health,
+def begin_following(path: Path) -> _Follower:
+    """Where this run of the plugin starts reading `path`: its end, or its start once it
+    appears. Taken when called, before the plugin says it started, so that a fault written
+    after the start is never taken for history (blocking, but only a stat and a read)."""
+    follower = _Follower(path)
+    follower.read()  # the first read only notes where the file ends, or that it is missing
+    return follower
+
+
+async def watch_fault_file(follower: _Follower, *, health: Health,
                            table: Callable[[], Mapping[str, DeviceInfo]],
                            poll_seconds: float = 0.5) -> None:
-    """Follow `path` until cancelled, applying each complete line."""
-    follower = _Follower(path)
+    """Follow the file from where `begin_following` left it until cancelled, applying each
+    complete line."""
+    path = follower.path
     while True:
         for line_number, text in await asyncio.to_thread(follower.read):
             try:
@@ -151,4 +161,5 @@ async def watch_fault_file(path: Path, *, health: Health,
         await asyncio.sleep(poll_seconds)
 
 
-__all__ = ["EVENTS", "FaultLineError", "apply_line", "devices_named", "watch_fault_file"]
+__all__ = ["EVENTS", "FaultLineError", "apply_line", "begin_following", "devices_named",
+           "watch_fault_file"]

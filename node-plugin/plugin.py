@@ -43,7 +43,7 @@ from dra_gateway.node_plugin.devices import (
 )
 from dra_gateway.node_plugin.discovery import DiscoveryError
 from dra_gateway.node_plugin.facts import NodeFacts
-from dra_gateway.node_plugin.faultfile import watch_fault_file
+from dra_gateway.node_plugin.faultfile import begin_following, watch_fault_file
 from dra_gateway.node_plugin.health import (
     Health,
     devices_by_card,
@@ -395,7 +395,8 @@ class NodePlugin:
                                        retry_seconds=self.settings.nvml_retry_seconds),
                             "nvml-health")
             if self.settings.fault_file is not None:
-                self._spawn(watch_fault_file(self.settings.fault_file, health=self.health,
+                self._spawn(watch_fault_file(begin_following(self.settings.fault_file),
+                                             health=self.health,
                                              table=lambda: self._table), "fault-file")
             if not self._options.hami_core:
                 log.warning("no HAMi-core library at %s on node %s: shares enforced by "
