@@ -99,6 +99,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     serve.add_argument("--registry-dir", type=Path,
                        default=Path("/var/lib/kubelet/plugins_registry"),
                        help="the kubelet's plugin registry directory (default: %(default)s)")
+    serve.add_argument("--instance", default="",
+                       help="this plugin pod's UID: its sockets carry it, so that a rolling "
+                            "update's new pod registers beside the old one and the kubelet "
+                            "(1.33 and later) switches to it without a gap (default: one fixed "
+                            "pair of sockets)")
     serve.add_argument("--cdi-dir", type=Path, default=Path("/var/run/cdi"),
                        help="where CDI specs are written (default: %(default)s)")
     serve.add_argument("--state-dir", type=Path,

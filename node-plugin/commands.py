@@ -87,7 +87,7 @@ async def _serve(args: argparse.Namespace) -> int:
         return 2
     settings = PluginSettings(
         node_name=args.node_name, driver=args.driver, plugins_dir=args.plugins_dir,
-        registry_dir=args.registry_dir, cdi_dir=args.cdi_dir,
+        registry_dir=args.registry_dir, instance=args.instance, cdi_dir=args.cdi_dir,
         state_dir=args.state_dir or args.plugins_dir / args.driver, devices=_options(args),
         consumable_capacity=args.consumable_capacity,
         device_taints=args.device_taints,

@@ -77,6 +77,9 @@ class PluginSettings:
     driver: str = names.DRIVER
     plugins_dir: Path = DEFAULT_PLUGINS_DIR
     registry_dir: Path = DEFAULT_REGISTRY_DIR
+    # This plugin pod's name among those of a rolling update (its UID): its sockets carry it, so
+    # the kubelet keeps the old pod's until the new one has registered. "": one fixed socket.
+    instance: str = ""
     cdi_dir: Path = Path("/var/run/cdi")
     state_dir: Path = Path("/var/lib/kubelet/plugins/gpu.dra-gateway.io")
     # How devices are published; its `consumable_capacity` is replaced by the mode below.
@@ -145,6 +148,7 @@ class NodePlugin:
         self.server = PluginServer(self.preparer, driver=settings.driver,
                                    plugins_dir=settings.plugins_dir,
                                    registry_dir=settings.registry_dir, health=self.health_feed,
+                                   instance=settings.instance,
                                    on_registration=lambda ok: self.metrics.registered.set(
                                        1 if ok else 0))
         self._background: set[asyncio.Task[Any]] = set()

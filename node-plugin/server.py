@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -57,14 +59,22 @@ MAX_HEALTH_MESSAGE = 1024
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+_INSTANCE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
-def dra_socket_path(plugins_dir: Path, driver: str = names.DRIVER) -> Path:
-    return plugins_dir / driver / "dra.sock"
+def dra_socket_path(plugins_dir: Path, driver: str = names.DRIVER, instance: str = "") -> Path:
+    """The DRA service's socket: one per instance when plugins replace each other in a rolling
+    update (`instance`: the pod's UID), so the old one keeps serving until the new one is
+    registered."""
+    return plugins_dir / driver / (f"dra-{instance}.sock" if instance else "dra.sock")
 
 
-def registration_socket_path(registry_dir: Path, driver: str = names.DRIVER) -> Path:
-    return registry_dir / f"{driver}-reg.sock"
+def registration_socket_path(registry_dir: Path, driver: str = names.DRIVER,
+                             instance: str = "") -> Path:
+    """The registration socket the kubelet watches for: with `instance`, a new pod's socket
+    sits beside the old one's, and the kubelet (1.33 and later) sends its calls to the newest
+    registration while both exist, and keeps the driver registered when the old one goes."""
+    return registry_dir / (f"{driver}-{instance}-reg.sock" if instance else f"{driver}-reg.sock")
 
 
 class _DraService:
@@ -220,11 +230,16 @@ class PluginServer:
                  plugins_dir: Path = DEFAULT_PLUGINS_DIR,
                  registry_dir: Path = DEFAULT_REGISTRY_DIR,
                  health: HealthFeed | None = None,
-                 on_registration: Callable[[bool], None] = lambda registered: None) -> None:
+                 on_registration: Callable[[bool], None] = lambda registered: None,
+                 instance: str = "") -> None:
+        if instance and not _INSTANCE.fullmatch(instance):
+            raise ValueError(f"instance {instance!r} is not a pod UID or another name of at "
+                             "most 63 letters, digits and dashes: give --instance $(POD_UID)")
         # Absolute: the kubelet dials the endpoint it is given from its own working directory,
         # and gRPC reads "unix://<relative path>" as a host name and fails to bind.
-        self.dra_socket = dra_socket_path(plugins_dir.absolute(), driver)
-        self.registration_socket = registration_socket_path(registry_dir.absolute(), driver)
+        self.dra_socket = dra_socket_path(plugins_dir.absolute(), driver, instance)
+        self.registration_socket = registration_socket_path(registry_dir.absolute(), driver,
+                                                            instance)
         for path in (self.dra_socket, self.registration_socket):
             if len(str(path).encode()) > MAX_UNIX_PATH:
                 raise ValueError(f"socket path {path} is longer than {MAX_UNIX_PATH} bytes, the "
@@ -232,11 +247,37 @@ class PluginServer:
         self.registration = RegistrationService(driver=driver, endpoint=self.dra_socket,
                                                 health=health is not None,
                                                 on_status=on_registration)
+        self._driver = driver
         self._preparer = preparer
         self._health = health
         self._servers: list[grpc.aio.Server] = []
 
+    def _remove_stale_sockets(self) -> None:
+        """Sockets of earlier instances of this driver that nobody listens on any more (a pod
+        killed without its SIGTERM): removed, so the kubelet stops trying to register them.
+        A socket that still answers belongs to a live plugin (the old pod of a rolling update)
+        and stays."""
+        driver = self._driver
+        candidates = [*self.registration_socket.parent.glob(f"{driver}-*-reg.sock"),
+                      *self.dra_socket.parent.glob("dra-*.sock")]
+        for path in candidates:
+            if path in (self.registration_socket, self.dra_socket) or not path.is_socket():
+                continue
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.settimeout(1.0)
+                probe.connect(str(path))
+            except ConnectionRefusedError:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                log.info("removed stale socket %s (no plugin listens on it)", path)
+            except OSError:
+                pass
+            finally:
+                probe.close()
+
     async def start(self) -> None:
+        self._remove_stale_sockets()
         dra = grpc.aio.server()
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServiceV1(self._preparer), dra)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(

@@ -1025,11 +1025,13 @@ def test_command_lines_are_those_of_the_components(helm: HelmRunner) -> None:
         "allocator", "--cluster", "kube", "--namespace", NAMESPACE, "--strategy", "default",
         "--workers", "16", "--metrics-address", ":8080"]
     assert container(objects, "DaemonSet", "node-plugin")["args"] == [
-        "node-plugin", "serve", "--nvml", "--node-name", "$(NODE_NAME)", "--cluster", "kube",
+        "node-plugin", "serve", "--nvml", "--node-name", "$(NODE_NAME)",
+        "--instance", "$(POD_UID)", "--cluster", "kube",
         "--plugins-dir", "/var/lib/kubelet/plugins",
         "--registry-dir", "/var/lib/kubelet/plugins_registry", "--cdi-dir", "/var/run/cdi",
         "--state-dir", "/var/lib/dra-gateway", "--sharing", "exclusive",
-        "--recovery-seconds", "600", "--metrics-address", ":8080", "--pod-resources-socket",
+        "--recovery-seconds", "600", "--hami-library", "/usr/local/vgpu/libvgpu.so",
+        "--metrics-address", ":8080", "--pod-resources-socket",
         "/var/lib/kubelet/pod-resources/kubelet.sock", "--legacy-poll-interval", "2",
         "--log-level", "INFO"]
 
@@ -1094,16 +1096,23 @@ def test_node_plugin_mounts_host_directories_at_their_host_paths(helm: HelmRunne
     assert set(host_paths.values()) == {"/var/lib/kubelet/plugins_registry",
                                         "/var/lib/kubelet/plugins", "/var/run/cdi",
                                         "/var/lib/dra-gateway",
-                                        "/var/lib/kubelet/pod-resources"}
+                                        "/var/lib/kubelet/pod-resources",
+                                        # HAMi-core's folder: the plugin looks for the library
+                                        "/usr/local/vgpu"}
     mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
     for name, path in host_paths.items():
         assert mounts[name] == path
+    assert {m["name"]: m.get("readOnly", False) for m in plugin["volumeMounts"]}["hami-core"]
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in (
         plugin["env"])
     assert plugin["securityContext"]["privileged"] is True
     assert spec["priorityClassName"] == "system-cluster-critical"
+    # A rolling update starts the new pod beside the old one, each on sockets of its own UID.
     assert one(objects, "DaemonSet", "node-plugin")["spec"]["updateStrategy"] == {
-        "type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+        "type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    assert {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}} in (
+        plugin["env"])
+    assert plugin["args"][plugin["args"].index("--instance") + 1] == "$(POD_UID)"
 
 
 def test_node_plugin_reads_the_kubelets_pod_resources_read_only_unless_turned_off(

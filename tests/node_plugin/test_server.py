@@ -21,7 +21,7 @@ from dra_gateway.node_plugin import cdi
 from dra_gateway.node_plugin.checkpoint import Checkpoint
 from dra_gateway.node_plugin.inventory import load_inventory
 from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
-from dra_gateway.node_plugin.prepare import ClaimRef
+from dra_gateway.node_plugin.prepare import ClaimRef, Preparer
 from dra_gateway.node_plugin.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -30,6 +30,7 @@ from dra_gateway.node_plugin.proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from dra_gateway.node_plugin.server import PluginServer
 
 from .claimdata import NODE, claim
 from .conftest import allocated, plugin_settings, running_plugin
@@ -336,3 +337,69 @@ async def test_metrics_say_whether_the_kubelet_registered_the_plugin(
             await stub.NotifyRegistrationStatus(pluginregistration_pb2.RegistrationStatus(
                 plugin_registered=False, error="another plugin has the name"))
         assert "dra_gateway_node_plugin_registered 0.0" in await scrape()
+
+
+def _idle_preparer(root: Path, cluster: MemoryCluster) -> Preparer:
+    return Preparer(cluster, node_name=NODE, cdi_dir=root / "cdi", state_dir=root / "state",
+                    devices=dict)
+
+
+async def test_instances_serve_sockets_of_their_own_beside_each_other(
+        root: Path, cluster: MemoryCluster) -> None:
+    """A rolling update's new pod registers beside the old one; neither removes the other's
+    sockets when it starts or stops."""
+    old = PluginServer(_idle_preparer(root, cluster), plugins_dir=root / "plugins",
+                       registry_dir=root / "registry", instance="0b15a1a4-old")
+    new = PluginServer(_idle_preparer(root, cluster), plugins_dir=root / "plugins",
+                       registry_dir=root / "registry", instance="7c9d1e2f-new")
+    await old.start()
+    await new.start()
+    try:
+        assert old.registration_socket.name == f"{names.DRIVER}-0b15a1a4-old-reg.sock"
+        assert new.dra_socket.name == "dra-7c9d1e2f-new.sock"
+        for server in (old, new):
+            socket = server.registration_socket
+            async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+                info = await pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
+                    pluginregistration_pb2.InfoRequest())
+            assert info.endpoint == str(server.dra_socket)
+        await old.stop()
+        assert new.registration_socket.exists()
+        assert new.dra_socket.exists()
+        assert not old.registration_socket.exists()
+    finally:
+        await old.stop()
+        await new.stop()
+
+
+@pytest.mark.parametrize("instance", ["../x", "a" * 64, "-a", "a b"])
+def test_an_instance_that_cannot_name_a_socket_is_refused(root: Path, cluster: MemoryCluster,
+                                                          instance: str) -> None:
+    with pytest.raises(ValueError, match="--instance"):
+        PluginServer(_idle_preparer(root, cluster), plugins_dir=root / "plugins",
+                     registry_dir=root / "registry", instance=instance)
+
+
+async def test_a_starting_instance_removes_the_sockets_of_killed_ones_only(
+        root: Path, cluster: MemoryCluster) -> None:
+    import socket
+
+    registry = root / "registry"
+    registry.mkdir(parents=True)
+    # A pod killed without its SIGTERM: its socket files stay, nobody listens.
+    stale = registry / f"{names.DRIVER}-dead-reg.sock"
+    with socket.socket(socket.AF_UNIX) as dead:
+        dead.bind(str(stale))
+    live = PluginServer(_idle_preparer(root, cluster), plugins_dir=root / "plugins",
+                        registry_dir=registry, instance="live")
+    await live.start()
+    new = PluginServer(_idle_preparer(root, cluster), plugins_dir=root / "plugins",
+                       registry_dir=registry, instance="new")
+    try:
+        await new.start()
+        assert not stale.exists()
+        assert live.registration_socket.exists()  # the old pod of a rolling update, alive
+        assert live.dra_socket.exists()
+    finally:
+        await new.stop()
+        await live.stop()

@@ -88,11 +88,12 @@ class Cluster:
     def plugin(self) -> Component:
         return self.gateway.components["node-plugin"]
 
-    def plugin_args(self, hami_library: Path | None = None) -> list[str]:
+    def plugin_args(self, hami_library: Path | None = None, instance: str = "") -> list[str]:
         node = self.node
         hami_library = hami_library or self.hami_library
         return [
-            "node-plugin", "serve", "--inventory", str(INVENTORY), "--node-name", NODE,
+            "node-plugin", "serve", *(["--instance", instance] if instance else []),
+            "--inventory", str(INVENTORY), "--node-name", NODE,
             "--cluster", "kube", "--kubeconfig", str(self.gateway.work / "node-plugin.kubeconfig"),
             "--plugins-dir", str(node.plugins_dir), "--registry-dir", str(node.registry_dir),
             "--cdi-dir", str(node.cdi_dir), "--hami-library", str(hami_library),
@@ -100,10 +101,11 @@ class Cluster:
             # Legacy devices read every second (the kubelet's API and the Node's status).
             "--legacy-poll-interval", "1", "--legacy-node-interval", "1"]
 
-    def start_plugin(self, *, hami_library: Path | None = None) -> None:
+    def start_plugin(self, *, hami_library: Path | None = None, instance: str = "") -> None:
         """Start the node plugin (with HAMi-core's library looked for at `hami_library`
-        instead of where the node has it)."""
-        component = Component("node-plugin", self.plugin_args(hami_library),
+        instead of where the node has it; on sockets named by `instance`, as the chart's pods
+        run it)."""
+        component = Component("node-plugin", self.plugin_args(hami_library, instance),
                               self.gateway.work / "logs" / "node-plugin.log")
         self.gateway.components["node-plugin"] = component
         component.start()

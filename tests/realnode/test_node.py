@@ -8,10 +8,11 @@ plugin wrote. What the container sees is read from its own output (`env`, `test 
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
-from e2e.support import wait_until
+from e2e.support import Component, wait_until
 
 from dra_gateway.kube import names
 from realnode.support import Cluster, container_env
@@ -164,3 +165,54 @@ def test_a_plugin_gone_longer_than_the_kubelet_waits_comes_back(cluster: Cluster
     wait_until("the claim's CDI spec to be removed", lambda: not specs & spec_names(cluster), 30,
                cluster.check)
     assert names.DRIVER in cluster.node.kubelet_log()
+
+
+def test_a_rolling_update_replaces_the_plugin_without_a_gap(cluster: Cluster) -> None:
+    """As the chart's DaemonSet does it (maxSurge 1): the new pod's plugin registers beside the
+    old one's, each on sockets named by its pod UID (--instance), then the old one stops. The
+    kubelet keeps the driver all along: no slice is deleted, and pods keep being prepared and
+    unprepared."""
+    cluster.stop_plugin()
+    since = cluster.kubelet_log_size()
+    cluster.start_plugin(instance="old-pod-uid")
+    cluster.wait_registered(since)
+    cluster.create_pod(legacy_pod("before", {"nvidia.com/gpu": 1}))
+    before = cluster.wait_running("before")
+    specs = claim_specs(cluster, before)
+    slices = {s["metadata"]["name"] for s in cluster.slices()}
+
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(sum(len(s["spec"].get("devices") or []) for s in cluster.slices()))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    old = cluster.plugin
+    new = Component("node-plugin-new", cluster.plugin_args(instance="new-pod-uid"),
+                    cluster.gateway.work / "logs" / "node-plugin-new.log")
+    try:
+        since = cluster.kubelet_log_size()
+        new.start()
+        cluster.wait_registered(since)
+        old.stop()  # its sockets go with it; the new one's stay
+        time.sleep(3)
+        cluster.create_pod(legacy_pod("after", {"nvidia.com/gpu": 1}))
+        cluster.wait_running("after")
+        cluster.delete_pod("before")
+        wait_until("the old pod's claim to be unprepared (by the new plugin)",
+                   lambda: not specs & spec_names(cluster), 30, cluster.check)
+        cluster.delete_pod("after")
+    finally:
+        stop.set()
+        watcher.join()
+        new.stop()
+        again = cluster.kubelet_log_size()
+        cluster.start_plugin()
+        cluster.wait_registered(again)
+    assert min(seen) == 8, f"the node's devices dropped during the update: {sorted(set(seen))}"
+    assert {s["metadata"]["name"] for s in cluster.slices()} == slices
+    assert "Deleted ResourceSlices" not in cluster.node.kubelet_log()[since:]

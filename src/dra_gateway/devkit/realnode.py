@@ -16,8 +16,9 @@ Everything it leaves is removed by `stop`, failed or not: pods through the CRI f
 kubelet and containerd, the mounts under its folders, its cgroups, the namespace, and the kernel
 settings the kubelet changes (`vm.overcommit_memory`, `kernel.panic`, `kernel.panic_on_oops`),
 put back as they were, and the device plugin folder the kubelet always makes at
-/var/lib/kubelet/device-plugins. Only one such node runs on a machine at a time (the kubelet's cgroups and
-kernel settings are global): `start` refuses while another's folders are there.
+/var/lib/kubelet/device-plugins. Only one such node runs on a machine at a time (the kubelet's
+cgroups, kernel settings and device plugin folder are global): `start` first clears what a run
+that was killed left.
 """
 
 from __future__ import annotations
