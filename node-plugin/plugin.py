@@ -408,6 +408,7 @@ class NodePlugin:
                             "is installed", self.settings.enforcement.hami_library,
                             self.settings.node_name, names.ATTR_HAMI_CORE)
             self._spawn(self._watch_hami_core(), "hami-core")
+            self._spawn(self.server.keep_sockets(), "sockets")
             if self.settings.recovery_seconds > 0:
                 self._spawn(self.health.run_recovery(
                     min(5.0, self.settings.recovery_seconds / 10)), "health-recovery")

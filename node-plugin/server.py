@@ -223,6 +223,15 @@ class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
         return pluginregistration_pb2.RegistrationStatusResponse()
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The socket file at `path` (device, inode), or None when there is none."""
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return None
+    return status.st_dev, status.st_ino
+
+
 class PluginServer:
     """Both sockets; `start()` then `stop()` (or `async with`)."""
 
@@ -251,6 +260,8 @@ class PluginServer:
         self._preparer = preparer
         self._health = health
         self._servers: list[grpc.aio.Server] = []
+        self._by_path: dict[Path, grpc.aio.Server] = {}
+        self._bound: dict[Path, tuple[int, int] | None] = {}  # the socket files served
 
     def _remove_stale_sockets(self) -> None:
         """Sockets of earlier instances of this driver that nobody listens on any more (a pod
@@ -276,8 +287,7 @@ class PluginServer:
             finally:
                 probe.close()
 
-    async def start(self) -> None:
-        self._remove_stale_sockets()
+    def _dra_server(self) -> grpc.aio.Server:
         dra = grpc.aio.server()
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServiceV1(self._preparer), dra)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
@@ -287,11 +297,36 @@ class PluginServer:
                 HealthServiceV1(self._health), dra)
             dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
                 HealthServiceV1alpha1(self._health), dra)
-        await self._serve(dra, self.dra_socket)
+        return dra
+
+    def _registration_server(self) -> grpc.aio.Server:
         registration = grpc.aio.server()
         pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration,
                                                                        registration)
-        await self._serve(registration, self.registration_socket)
+        return registration
+
+    async def start(self) -> None:
+        self._remove_stale_sockets()
+        await self._serve(self._dra_server(), self.dra_socket)
+        await self._serve(self._registration_server(), self.registration_socket)
+
+    async def keep_sockets(self, poll_seconds: float = 2.0) -> None:
+        """Until cancelled: a socket removed under the plugin (by hand, by a cleanup of the
+        kubelet's folders) is served again, so the kubelet registers the plugin again instead
+        of losing the driver for good (it deletes the node's slices 30 s after)."""
+        while True:
+            await asyncio.sleep(poll_seconds)
+            for path, make in ((self.dra_socket, self._dra_server),
+                               (self.registration_socket, self._registration_server)):
+                if self._bound.get(path) == _identity(path):
+                    continue
+                log.warning("socket %s was removed or replaced under the plugin: serving it "
+                            "again", path)
+                old = self._by_path.pop(path, None)
+                if old is not None:
+                    self._servers.remove(old)
+                    await old.stop(0)
+                await self._serve(make(), path)
 
     async def _serve(self, server: grpc.aio.Server, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -305,6 +340,8 @@ class PluginServer:
                           "writable and no other plugin instance is running") from None
         await server.start()
         self._servers.append(server)
+        self._by_path[path] = server
+        self._bound[path] = _identity(path)
         log.info("serving %s", path)
 
     async def stop(self, grace: float = 2.0) -> None:
@@ -312,6 +349,8 @@ class PluginServer:
         for server in reversed(self._servers):
             await server.stop(grace)
         self._servers.clear()
+        self._by_path.clear()
+        self._bound.clear()
         for path in (self.registration_socket, self.dra_socket):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)

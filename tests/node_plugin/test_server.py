@@ -403,3 +403,28 @@ async def test_a_starting_instance_removes_the_sockets_of_killed_ones_only(
     finally:
         await new.stop()
         await live.stop()
+
+
+async def test_sockets_removed_under_the_server_are_served_again(
+        root: Path, cluster: MemoryCluster) -> None:
+    server = PluginServer(_idle_preparer(root, cluster), plugins_dir=root / "plugins",
+                          registry_dir=root / "registry")
+    await server.start()
+    keeper = asyncio.create_task(server.keep_sockets(poll_seconds=0.05))
+    try:
+        for path in (server.registration_socket, server.dra_socket):
+            path.unlink()
+        for _ in range(100):
+            if server.registration_socket.exists() and server.dra_socket.exists():
+                break
+            await asyncio.sleep(0.02)
+        async with grpc.aio.insecure_channel(f"unix://{server.registration_socket}") as channel:
+            info = await pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
+                pluginregistration_pb2.InfoRequest())
+        assert info.endpoint == str(server.dra_socket)
+        assert stat.S_ISSOCK(os.stat(server.dra_socket).st_mode)
+    finally:
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
+        await server.stop()

@@ -216,3 +216,16 @@ def test_a_rolling_update_replaces_the_plugin_without_a_gap(cluster: Cluster) ->
     assert min(seen) == 8, f"the node's devices dropped during the update: {sorted(set(seen))}"
     assert {s["metadata"]["name"] for s in cluster.slices()} == slices
     assert "Deleted ResourceSlices" not in cluster.node.kubelet_log()[since:]
+
+
+def test_sockets_removed_under_the_plugin_are_served_again(cluster: Cluster) -> None:
+    since = cluster.kubelet_log_size()
+    for path in [*cluster.node.registry_dir.glob(f"{names.DRIVER}*-reg.sock"),
+                 *(cluster.node.plugins_dir / names.DRIVER).glob("dra*.sock")]:
+        path.unlink()
+    # The kubelet drops the plugin when its registration socket goes, and registers it again
+    # once the plugin serves it anew.
+    cluster.wait_registered(since, timeout_s=30)
+    cluster.create_pod(legacy_pod("after-removal", {"nvidia.com/gpu": 1}))
+    cluster.wait_running("after-removal")
+    cluster.delete_pod("after-removal")
