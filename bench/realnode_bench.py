@@ -80,7 +80,13 @@ def _pod(name: str, native: bool) -> dict[str, Any]:
 
 def _time_to_running(cluster: Cluster, name: str, native: bool, timeout_s: float) -> float:
     started = time.monotonic()
-    cluster.create_pod(_pod(name, native))
+    created = cluster.create_pod(_pod(name, native))
+    # Who allocates: the gateway's pods wait behind its scheduling gate, the native ones do not.
+    gated = names.SCHEDULING_GATE in {g["name"] for g in created["spec"].get(
+        "schedulingGates") or []}
+    if gated == native:
+        raise SystemExit(f"pod {name}: {'gated' if gated else 'not gated'} by the gateway, "
+                         "so the two paths are not the ones compared")
     deadline = started + timeout_s
     while True:
         status = cluster.pod(name).get("status") or {}
