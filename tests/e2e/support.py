@@ -81,16 +81,23 @@ def _fail_or_skip(reason: str) -> None:
 def build_binaries(version: str) -> Path:
     """The folder of Kubernetes `version`'s binaries, built by the project's script if needed;
     skips (fails in CI) without Go or when the build fails."""
+    return run_build_script(BUILD_SCRIPT, version, f"Kubernetes {version} binaries",
+                            f"the e2e tier builds Kubernetes {version}")
+
+
+def run_build_script(script: Path, version: str, what: str, why: str) -> Path:
+    """The folder `hack/<script> VERSION` prints last, once it built `what` (cached); skips
+    (fails in CI) without Go, saying `why` Go is needed, or when the script fails."""
     if shutil.which("go") is None:
-        _fail_or_skip("go not found on PATH: the e2e tier builds Kubernetes "
-                      f"{version} from the Go module proxy with hack/build-control-plane.sh")
+        _fail_or_skip(f"go not found on PATH: {why} from the Go module proxy with "
+                      f"hack/{script.name}")
     started = time.monotonic()
-    result = subprocess.run(["bash", str(BUILD_SCRIPT), version], capture_output=True,
+    result = subprocess.run(["bash", str(script), version], capture_output=True,
                             text=True, timeout=1800, check=False)
     if result.returncode != 0:
-        _fail_or_skip(f"hack/build-control-plane.sh {version} failed ({result.returncode}):\n"
+        _fail_or_skip(f"hack/{script.name} {version} failed ({result.returncode}):\n"
                       + "\n".join(result.stderr.splitlines()[-30:]))
-    print(f"Kubernetes {version} binaries ready in {time.monotonic() - started:.0f}s")
+    print(f"{what} ready in {time.monotonic() - started:.0f}s")
     return Path(result.stdout.strip().splitlines()[-1])
 
 

@@ -12,8 +12,6 @@ without root, Go or helm, or when a build fails, the tier skips with the reason,
 from __future__ import annotations
 
 import contextlib
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from e2e.support import (
     _fail_or_skip,
     build_binaries,
     install,
+    run_build_script,
     wait_until,
 )
 
@@ -57,17 +56,9 @@ JSON = dict[str, Any]
 
 def build_node(kubelet_version: str) -> Path:
     """The folder of `kubelet_version`'s kubelet with containerd and crictl beside it."""
-    if shutil.which("go") is None:
-        _fail_or_skip("go not found on PATH: the real-node tier builds the kubelet, containerd "
-                      "and crictl from the Go module proxy with hack/build-node.sh")
-    started = time.monotonic()
-    result = subprocess.run(["bash", str(NODE_SCRIPT), kubelet_version], capture_output=True,
-                            text=True, timeout=1800, check=False)
-    if result.returncode != 0:
-        _fail_or_skip(f"hack/build-node.sh {kubelet_version} failed ({result.returncode}):\n"
-                      + "\n".join(result.stderr.splitlines()[-30:]))
-    print(f"node binaries of {kubelet_version} ready in {time.monotonic() - started:.0f}s")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return run_build_script(NODE_SCRIPT, kubelet_version,
+                            f"node binaries of {kubelet_version}",
+                            "the real-node tier builds the kubelet, containerd and crictl")
 
 
 @dataclass
