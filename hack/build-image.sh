@@ -31,6 +31,8 @@ command -v mmdebstrap >/dev/null || {
   command -v apt-get >/dev/null || die "mmdebstrap not found (Debian's package mmdebstrap)"
   log "installing Debian's mmdebstrap"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mmdebstrap >&2 ||
+    { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -q --no-install-recommends mmdebstrap >&2; } ||
     die "apt-get could not install mmdebstrap"
 }
 
