@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from dra_gateway.devkit.realcluster import ApiError, path_of
+from dra_gateway.devkit.simnode import install_hami_core
 from dra_gateway.kube import names
 from e2e.support import (
     NAMESPACE,
@@ -129,6 +130,7 @@ def legacy_node(gateway: Gateway, binary: Path) -> Iterator[FakeKubelet]:
             "--kubeconfig", node_plugin_kubeconfig(gateway, NODE),
             "--plugins-dir", str(base / "plugins"), "--registry-dir", str(base / "registry"),
             "--cdi-dir", str(base / "cdi"), "--state-dir", str(base / "state"),
+            "--hami-library", str(install_hami_core(base / "hami-core")),
             "--pod-resources-socket", str(kubelet.socket), "--legacy-poll-interval", "0.5",
             "--legacy-node-interval", "1"], gateway.work / "logs" / f"node-plugin-{NODE}.log")
         gateway.components[plugin.name] = plugin

@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from dra_gateway.devkit.realcluster import Api, ApiError, path_of
+from dra_gateway.devkit.simnode import install_hami_core
 from dra_gateway.kube import names
 from e2e.support import (
     CHART,
@@ -98,7 +99,8 @@ def _add_node(gateway: Gateway, node: str, index: int, count: int) -> None:
         "--node-name", node, "--cluster", "kube",
         "--kubeconfig", node_plugin_kubeconfig(gateway, node),
         "--plugins-dir", str(base / "plugins"), "--registry-dir", str(base / "registry"),
-        "--cdi-dir", str(base / "cdi"), "--state-dir", str(base / "state")],
+        "--cdi-dir", str(base / "cdi"), "--state-dir", str(base / "state"),
+        "--hami-library", str(install_hami_core(base / "hami-core"))],
         gateway.work / "logs" / f"node-plugin-{node}.log")
     gateway.components[plugin.name] = plugin
     plugin.start()
