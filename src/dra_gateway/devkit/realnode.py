@@ -39,7 +39,6 @@ import yaml
 
 from dra_gateway.devkit import ociarchive
 from dra_gateway.devkit.realcluster import (
-    Api,
     ControlPlane,
     ControlPlaneError,
     Process,
@@ -400,18 +399,12 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
             "featureGates": dict(self.feature_gates),
             "syncFrequency": "5s", "nodeStatusUpdateFrequency": "4s",
-        }
-        if self._kubelet_minor() >= 31:
             # cgroup v1 machines: from 1.35 the kubelet refuses them unless told.
-            config["failCgroupV1"] = False
+            "failCgroupV1": False,
+        }
         path = self.work / "kubelet.yaml"
         path.write_text(yaml.safe_dump(config))
         return path
-
-    def _kubelet_minor(self) -> int:
-        out = _run([str(self.binaries.kubelet), "--version"], timeout=30).stdout
-        # "Kubernetes v1.34.4"
-        return int(out.split("v", 1)[1].split(".")[1])
 
     def start_kubelet(self, timeout_s: float = 90.0) -> None:
         """Start (or start again) the kubelet and wait until its Node is Ready."""
@@ -548,7 +541,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
                     except FileNotFoundError:
                         break
                     except OSError:
-                        # Processes still leaving it: move stragglers to the parent and retry.
+                        # Processes still leaving it: wait a little and retry.
                         time.sleep(0.1)
 
     def _remember_kernel_settings(self) -> None:
@@ -565,7 +558,3 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 def node_problems(node: RealNode) -> str:
     """The tails of the node's logs, for a failure message."""
     return "\n".join(f"--- {name} ---\n{log_tail(path, 25)}" for name, path in node.logs())
-
-
-def pods_on(api: Api, node: str) -> list[dict[str, Any]]:
-    return api.list(path_of("v1", "pods"), fieldSelector=f"spec.nodeName={node}")
