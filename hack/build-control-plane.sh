@@ -2,11 +2,11 @@
 # Build a real Kubernetes control plane from the Go module proxy with the ordinary `go` client,
 # for the end-to-end tier (tests/e2e) and for anyone who wants to run the gateway on one.
 #
-#   hack/build-control-plane.sh [--kubelet] [VERSION ...]   (default: the supported releases below)
+#   hack/build-control-plane.sh [--node] [VERSION ...]   (default: the supported releases below)
 #
 # VERSION is a release (1.37.2) or a pre-release the module proxy serves (1.38.0-beta.0).
-# --kubelet also builds that release's kubelet, from the same wrapper module and with the same
-# version stamp, for the real-node tier (hack/build-node.sh asks for it).
+# --node also builds that release's kubelet, kube-proxy and kubectl, from the same wrapper module
+# and with the same version stamp, for the real-node tier (hack/build-node.sh asks for it).
 #
 # Per Kubernetes version it leaves in ${XDG_CACHE_HOME:-$HOME/.cache}/dra-gateway/kube/<version>/:
 #   kube-apiserver, kube-controller-manager, kube-scheduler   built from k8s.io/kubernetes@v<version>
@@ -165,16 +165,26 @@ EOF
     log "resolving modules of k8s.io/kubernetes@v$version"
     (cd "$src" && GOTOOLCHAIN=$(toolchain_for go.mod) go mod tidy) >&2
   fi
-  if [[ $with_kubelet == 1 ]] && ! grep -q 'cmd/kubelet/app' "$src/tools.go"; then
-    # The kubelet's modules, only when asked for (the versions stay those of the tag's go.mod;
-    # go.sum gains the kubelet's own). 1.38.0-beta.0's kubelet imports
-    # sigs.k8s.io/iptables-wrappers, which the module proxy does not serve: that tidy fails.
+  # The node's packages (kubelet, kube-proxy) and kubectl, only when asked for: the versions
+  # stay those of the tag's go.mod and go.sum gains theirs. 1.38.0-beta.0's kubelet imports
+  # sigs.k8s.io/iptables-wrappers, which the module proxy does not serve: that tidy fails.
+  local node_imports=(k8s.io/kubernetes/cmd/kubelet/app k8s.io/kubernetes/cmd/kube-proxy/app
+                      k8s.io/kubectl/pkg/cmd)
+  local package missing=()
+  if [[ $with_node == 1 ]]; then
+    for package in "${node_imports[@]}"; do
+      grep -q "\"$package\"" "$src/tools.go" || missing+=("$package")
+    done
+  fi
+  if [[ ${#missing[@]} -gt 0 ]]; then
     cp "$src/tools.go" "$src/tools.go.orig"
-    sed -i 's|^\t_ "k8s.io/kubernetes/cmd/kube-scheduler/app"$|&\n\t_ "k8s.io/kubernetes/cmd/kubelet/app"|' "$src/tools.go"
-    log "resolving the kubelet's modules for k8s.io/kubernetes@v$version"
+    for package in "${missing[@]}"; do
+      sed -i "s|^\t_ \"k8s.io/kubernetes/cmd/kube-scheduler/app\"\$|&\n\t_ \"$package\"|" "$src/tools.go"
+    done
+    log "resolving the modules of ${missing[*]} for k8s.io/kubernetes@v$version"
     if ! (cd "$src" && GOTOOLCHAIN=$(toolchain_for go.mod) go mod tidy) >&2; then
       mv -f "$src/tools.go.orig" "$src/tools.go"
-      die "the kubelet of $version cannot be built here: its modules did not resolve (above)"
+      die "the node of $version (kubelet, kube-proxy, kubectl) cannot be built here: its modules did not resolve (above)"
     fi
     rm -f "$src/tools.go.orig"
   fi
@@ -184,7 +194,7 @@ EOF
   ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
   ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
   local components=(kube-apiserver kube-controller-manager kube-scheduler)
-  [[ $with_kubelet == 1 ]] && components+=(kubelet)
+  [[ $with_node == 1 ]] && components+=(kubelet kube-proxy kubectl)
   for component in "${components[@]}"; do
     GOTOOLCHAIN=$toolchain build_into "$src" "$dir/$component" -tags selinux,notest \
       -ldflags "$ldflags" "k8s.io/kubernetes/cmd/$component"
@@ -194,8 +204,8 @@ EOF
   cp -f "$CACHE/_kwok-$KWOK_VERSION/kwok-stages.yaml" "$dir/kwok-stages.yaml"
 }
 
-with_kubelet=0
-if [[ ${1:-} == --kubelet ]]; then with_kubelet=1; shift; fi
+with_node=0
+if [[ ${1:-} == --node ]]; then with_node=1; shift; fi
 versions=("$@")
 [[ ${#versions[@]} -gt 0 ]] || versions=("${VERSIONS_DEFAULT[@]}")
 mkdir -p "$CACHE"

@@ -10,8 +10,8 @@
 # sigs.k8s.io/iptables-wrappers, which the module proxy does not serve, so 1.37.2's kubelet joins the
 # 1.38 control plane (one minor older, as during an upgrade, which Kubernetes' skew policy allows).
 #
-# Per Kubernetes version it builds that release's control plane and kubelet with
-# hack/build-control-plane.sh --kubelet (same cache, same version stamp). Once per machine it leaves
+# Per Kubernetes version it builds that release's control plane, kubelet, kube-proxy and kubectl with
+# hack/build-control-plane.sh --node (same cache, same version stamp). Once per machine it leaves
 # in ${XDG_CACHE_HOME:-$HOME/.cache}/dra-gateway/kube/:
 #   _containerd-<v>/{containerd,containerd-shim-runc-v2,ctr}   github.com/containerd/containerd/v2
 #   _crictl-<v>/crictl                                         sigs.k8s.io/cri-tools
@@ -31,6 +31,7 @@ DEBIAN_PACKAGES=(
   "busybox-static:/bin/busybox"
   "iproute2:/usr/sbin/ip"
   "util-linux:/usr/bin/nsenter"
+  "iptables:/usr/sbin/iptables"
 )
 CACHE=${DRA_GATEWAY_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dra-gateway/kube}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -83,7 +84,7 @@ install_into "$CACHE/_containerd-$CONTAINERD_VERSION" \
   "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION"
 install_into "$CACHE/_crictl-$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
 for version in "${versions[@]}"; do
-  dir=$(bash "$HERE/build-control-plane.sh" --kubelet "$version" | tail -n1)
+  dir=$(bash "$HERE/build-control-plane.sh" --node "$version" | tail -n1)
   ln -sfn "$CACHE/_containerd-$CONTAINERD_VERSION" "$dir/containerd"
   ln -sfn "$CACHE/_crictl-$CRICTL_VERSION" "$dir/crictl"
   echo "$dir"

@@ -130,7 +130,8 @@ async def _serve(args: argparse.Namespace) -> int:
 
                 try:
                     port = await stack.enter_async_context(
-                        serving(plugin.metrics.render, args.metrics_address))
+                        serving(plugin.metrics.render, args.metrics_address,
+                                plugin.readiness))
                 except (ValueError, OSError) as exc:
                     print(f"error: cannot serve metrics: {exc}; pass --metrics-address as "
                           "HOST:PORT with a free port", file=sys.stderr)

@@ -149,9 +149,24 @@ class NodePlugin:
                                    plugins_dir=settings.plugins_dir,
                                    registry_dir=settings.registry_dir, health=self.health_feed,
                                    instance=settings.instance,
-                                   on_registration=lambda ok: self.metrics.registered.set(
-                                       1 if ok else 0))
+                                   on_registration=self._registration_status)
+        self._registered = False
         self._background: set[asyncio.Task[Any]] = set()
+
+    def _registration_status(self, registered: bool) -> None:
+        self._registered = registered
+        self.metrics.registered.set(1 if registered else 0)
+
+    def readiness(self) -> str:
+        """Why the plugin is not ready yet ("" once the kubelet registered it and its slices
+        were published): a rolling update waits for this before it stops the old pod. Later
+        republishing (a fault, a legacy change) keeps it ready."""
+        if not self._registered:
+            return ("the kubelet has not registered the plugin yet (it watches "
+                    f"{self.server.registration_socket.parent})")
+        if not self.publisher.published_once:
+            return "the node's ResourceSlices are not published yet"
+        return ""
 
     def device_table(self) -> Mapping[str, DeviceInfo]:
         """The devices a claim may be prepared on: a device a legacy plugin may hand out is

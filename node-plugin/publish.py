@@ -117,6 +117,7 @@ class Publisher:
         self._dirty = asyncio.Event()
         self._written: set[str] = set()  # resourceVersions of our own writes
         self.synced = asyncio.Event()  # set after each successful reconcile, cleared on change
+        self.published_once = False  # since the first successful reconcile
         self._selector = f"spec.nodeName={node_name},spec.driver={driver}"
 
     @property
@@ -251,6 +252,7 @@ class Publisher:
                 delay = self._retry
                 if not self._dirty.is_set():
                     self.synced.set()
+                    self.published_once = True
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

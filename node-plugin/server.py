@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -59,14 +60,26 @@ MAX_HEALTH_MESSAGE = 1024
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+SHORT_INSTANCE = 12  # the longest instance socket names carry as it is
 _INSTANCE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def socket_tag(instance: str) -> str:
+    """What an instance's socket names carry: the instance itself when it is short, otherwise
+    the first 12 hex digits of its SHA-256. A pod UID has 36 characters, and under a kubelet
+    root such as MicroK8s' (/var/snap/microk8s/common/var/lib/kubelet) the registration socket
+    named by it would pass the 107 bytes a unix socket path may have."""
+    if len(instance) <= SHORT_INSTANCE:
+        return instance
+    return hashlib.sha256(instance.encode()).hexdigest()[:SHORT_INSTANCE]
 
 
 def dra_socket_path(plugins_dir: Path, driver: str = names.DRIVER, instance: str = "") -> Path:
     """The DRA service's socket: one per instance when plugins replace each other in a rolling
     update (`instance`: the pod's UID), so the old one keeps serving until the new one is
     registered."""
-    return plugins_dir / driver / (f"dra-{instance}.sock" if instance else "dra.sock")
+    return plugins_dir / driver / (f"dra-{socket_tag(instance)}.sock" if instance
+                                   else "dra.sock")
 
 
 def registration_socket_path(registry_dir: Path, driver: str = names.DRIVER,
@@ -74,7 +87,8 @@ def registration_socket_path(registry_dir: Path, driver: str = names.DRIVER,
     """The registration socket the kubelet watches for: with `instance`, a new pod's socket
     sits beside the old one's, and the kubelet (1.33 and later) sends its calls to the newest
     registration while both exist, and keeps the driver registered when the old one goes."""
-    return registry_dir / (f"{driver}-{instance}-reg.sock" if instance else f"{driver}-reg.sock")
+    return registry_dir / (f"{driver}-{socket_tag(instance)}-reg.sock" if instance
+                           else f"{driver}-reg.sock")
 
 
 class _DraService:

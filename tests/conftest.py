@@ -13,6 +13,7 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,10 +74,22 @@ async def _no_leftover_tasks() -> AsyncIterator[None]:
         pytest.fail(f"test left {len(leftover)} asyncio task(s) running: {names}")
 
 
+@pytest.fixture(scope="session")
+def gateway_image(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The gateway's image (hack/build-image.sh), built once a session for the tiers that run
+    it on a real node: its OCI archive and its name."""
+    from realnode.support import build_image
+
+    return build_image(tmp_path_factory.mktemp("image"))
+
+
 def pytest_collection_modifyitems(items: list[Any]) -> None:
-    """The real-node tier runs first: the e2e tier's control plane is session-scoped and would
-    otherwise still be running beside the real node's (two cores share both)."""
+    """The real-node tiers run first (the node plugin's, then the chart's): the e2e tier's
+    control plane is session-scoped and would otherwise still be running beside the real node's
+    (two cores share both), and one real node runs on a machine at a time, so each package's
+    node is gone before the next package starts its own."""
     def tier(item: Any) -> int:
-        return 0 if "tests/realnode/" in str(item.fspath).replace("\\", "/") else 1
+        path = str(item.fspath).replace("\\", "/")
+        return 0 if "tests/realnode/" in path else 1 if "tests/realchart/" in path else 2
 
     items.sort(key=tier)

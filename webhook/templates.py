@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -68,21 +69,41 @@ def _defaulted_exactly(request: dict[str, Any]) -> None:
                 amounts[key] = str(parse_quantity(value))
 
 
-def comparable_spec(template: Mapping[str, Any]) -> Any:
-    """A template's `spec` with the API server's defaults applied and quantities canonical."""
-    spec = copy.deepcopy(template.get("spec"))
+def _device_requests(spec: Any) -> list[dict[str, Any]]:
+    """The `exactly` and `firstAvailable` requests of a template's spec, in order."""
     inner = spec.get("spec") if isinstance(spec, dict) else None
     devices = inner.get("devices") if isinstance(inner, dict) else None
     requests = devices.get("requests") if isinstance(devices, dict) else None
+    found = []
     for request in requests if isinstance(requests, list) else ():
         if not isinstance(request, dict):
             continue
         if isinstance(request.get("exactly"), dict):
-            _defaulted_exactly(request["exactly"])
-        for sub in request.get("firstAvailable") or ():
-            if isinstance(sub, dict):
-                _defaulted_exactly(sub)
+            found.append(request["exactly"])
+        found.extend(sub for sub in request.get("firstAvailable") or () if isinstance(sub, dict))
+    return found
+
+
+def comparable_spec(template: Mapping[str, Any]) -> Any:
+    """A template's `spec` with the API server's defaults applied and quantities canonical."""
+    spec = copy.deepcopy(template.get("spec"))
+    for request in _device_requests(spec):
+        _defaulted_exactly(request)
     return spec
+
+
+def _as_the_server_keeps(wanted: Any, stored: Any) -> Any:
+    """The translated spec without the consumable-capacity requests where the stored template
+    has none at all: an API server whose DRAConsumableCapacity gate is off (the default before
+    1.36) drops `capacity` from every request it stores. The share itself is in the gateway's
+    opaque configuration, which the allocator and the node plugin enforce, so only that
+    field's absence is forgiven; any other difference still refuses the pod."""
+    if any("capacity" in request for request in _device_requests(stored)):
+        return wanted
+    kept = copy.deepcopy(wanted)
+    for request in _device_requests(kept):
+        request.pop("capacity", None)
+    return kept
 
 
 def _describe_classes(template: Mapping[str, Any]) -> str:
@@ -111,11 +132,30 @@ def conflict(stored: Mapping[str, Any], wanted: Mapping[str, Any], namespace: st
         return (f"the {where} this pod needs already exists but was not made by dra-gateway "
                 f"(metadata.labels[{names.LABEL_MANAGED_BY!r}] is "
                 f"{label!r}, not {names.MANAGED_BY!r}), so the pod was not admitted; {fix}")
-    if comparable_spec(stored) != comparable_spec(wanted):
+    theirs = comparable_spec(stored)
+    ours = _as_the_server_keeps(comparable_spec(wanted), theirs)
+    if ours != theirs:
         return (f"the {where} this pod needs already exists with another spec than dra-gateway "
-                f"translated the pod to ({_describe_classes(stored)}), so the pod was not "
+                f"translated the pod to ({_describe_classes(stored)}; "
+                f"{_first_difference(theirs, ours, 'spec')}), so the pod was not "
                 f"admitted; {fix}")
     return None
+
+
+def _first_difference(stored: Any, wanted: Any, path: str) -> str:
+    """Where the stored spec first departs from the translated one, for the refusal."""
+    if isinstance(stored, dict) and isinstance(wanted, dict):
+        for key in sorted(set(stored) | set(wanted)):
+            if stored.get(key) != wanted.get(key):
+                return _first_difference(stored.get(key), wanted.get(key), f"{path}.{key}")
+    if isinstance(stored, list) and isinstance(wanted, list) and len(stored) == len(wanted):
+        for index, (left, right) in enumerate(zip(stored, wanted, strict=True)):
+            if left != right:
+                return _first_difference(left, right, f"{path}[{index}]")
+    def text(value: Any) -> str:
+        return "absent" if value is None else json.dumps(value, sort_keys=True)
+
+    return f"{path}: stored {text(stored)}, translated {text(wanted)}"
 
 
 class TemplateMaker:

@@ -233,13 +233,14 @@ class Gateway:
             return False
 
 
-def run_helm(helm: str, work: Path, kubeconfig: Path, *args: str) -> str:
+def run_helm(helm: str, work: Path, kubeconfig: Path, *args: str, timeout_s: float = 120.0
+             ) -> str:
     home = work / "helm-home"
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home),
            "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
            "HELM_DATA_HOME": str(home / "data"), "KUBECONFIG": str(kubeconfig)}
-    result = subprocess.run([helm, *args], capture_output=True, text=True, env=env, timeout=120,
-                            check=False)
+    result = subprocess.run([helm, *args], capture_output=True, text=True, env=env,
+                            timeout=timeout_s, check=False)
     assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stderr}"
     return result.stdout
 

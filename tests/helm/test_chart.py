@@ -1405,6 +1405,13 @@ def test_the_allocator_serves_metrics_and_is_probed_there(helm: HelmRunner) -> N
     assert allocator["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
 
 
+def test_the_node_plugin_is_probed_where_it_serves_metrics(helm: HelmRunner) -> None:
+    plugin = container(helm.render("default"), "DaemonSet", "node-plugin")
+    assert plugin["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert plugin["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert "--metrics-address" in plugin["args"]
+
+
 def test_uninstall_releases_every_claim_with_the_allocators_rights(helm: HelmRunner) -> None:
     from dra_gateway.cli import build_parser
 

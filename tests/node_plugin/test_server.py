@@ -339,6 +339,41 @@ async def test_metrics_say_whether_the_kubelet_registered_the_plugin(
         assert "dra_gateway_node_plugin_registered 0.0" in await scrape()
 
 
+async def test_the_plugin_is_ready_once_the_kubelet_registered_it_and_it_published(
+        root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    """/readyz is the DaemonSet's readiness probe: a rolling update (maxSurge) stops the old
+    pod only once the new one is ready, so ready must mean that the kubelet calls it."""
+    import aiohttp
+
+    from dra_gateway.kube.runtime.serving import serving
+
+    async with running_plugin(root, cluster, h100x8) as plugin, serving(
+            plugin.metrics.render, "127.0.0.1:0", plugin.readiness) as port:
+        async def probe(path: str) -> tuple[int, str]:
+            async with aiohttp.ClientSession() as session, session.get(
+                    f"http://127.0.0.1:{port}{path}") as response:
+                return response.status, await response.text()
+
+        await asyncio.wait_for(plugin.publisher.synced.wait(), 10)
+        status, text = await probe("/readyz")
+        assert status == 503
+        assert "the kubelet has not registered the plugin" in text, text
+        assert await probe("/healthz") == (200, "ok")
+        socket = root / "registry" / f"{names.DRIVER}-reg.sock"
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
+            await stub.NotifyRegistrationStatus(
+                pluginregistration_pb2.RegistrationStatus(plugin_registered=True))
+            assert await probe("/readyz") == (200, "ok")
+            # A republish (a fault's taint) keeps it ready.
+            plugin.health.mark(["gpu-2"], "xid-48")
+            assert await probe("/readyz") == (200, "ok")
+            await stub.NotifyRegistrationStatus(pluginregistration_pb2.RegistrationStatus(
+                plugin_registered=False, error="another plugin has the name"))
+        status, _ = await probe("/readyz")
+        assert status == 503
+
+
 def _idle_preparer(root: Path, cluster: MemoryCluster) -> Preparer:
     return Preparer(cluster, node_name=NODE, cdi_dir=root / "cdi", state_dir=root / "state",
                     devices=dict)
@@ -370,6 +405,25 @@ async def test_instances_serve_sockets_of_their_own_beside_each_other(
     finally:
         await old.stop()
         await new.stop()
+
+
+def test_a_pod_uid_names_sockets_that_fit_under_a_long_kubelet_root(
+        root: Path, cluster: MemoryCluster) -> None:
+    """MicroK8s' kubelet root is 41 characters: a registration socket named by the whole
+    36-character pod UID would pass the unix socket limit, and the plugin could not start.
+    A long instance is carried by a digest; each UID still gets sockets of its own."""
+    microk8s = "/var/snap/microk8s/common/var/lib/kubelet"
+    kubelet = root / ("k" * (len(microk8s) - len(str(root)) - 1))  # as long as MicroK8s'
+    assert len(str(kubelet)) == len(microk8s)
+    uids = ("454fa54d-5cbf-4160-a48a-f05817e3a0d3", "454fa54d-5cbf-4160-a48a-f05817e3a0d4")
+    servers = [PluginServer(_idle_preparer(root, cluster), plugins_dir=kubelet / "plugins",
+                            registry_dir=kubelet / "plugins_registry", instance=uid)
+               for uid in uids]
+    assert len(str(servers[0].registration_socket)) > len(str(kubelet)) + 40
+    assert servers[0].registration_socket != servers[1].registration_socket
+    assert servers[0].dra_socket != servers[1].dra_socket
+    for server in servers:
+        assert len(str(server.registration_socket).encode()) <= 107
 
 
 @pytest.mark.parametrize("instance", ["../x", "a" * 64, "-a", "a b"])

@@ -15,13 +15,7 @@ from typing import Any
 import pytest
 from e2e.support import find_helm
 
-from realnode.support import Cluster, real_node_cluster
-
-# (id, control plane release, kubelet release)
-SETUPS: tuple[tuple[str, str, str], ...] = (
-    ("1.34.4", "1.34.4", "1.34.4"),
-    ("1.38.0-beta.0", "1.38.0-beta.0", "1.37.2"),
-)
+from realnode.support import SETUPS, Cluster, real_node_cluster
 
 
 @pytest.fixture(scope="package", params=SETUPS, ids=[s[0] for s in SETUPS])

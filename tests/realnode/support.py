@@ -12,6 +12,7 @@ without root, Go or helm, or when a build fails, the tier skips with the reason,
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from e2e.support import (
     wait_until,
 )
 
-from dra_gateway.devkit.realcluster import Api, ApiError, path_of
+from dra_gateway.devkit.realcluster import Api, ApiError, ControlPlane, path_of
 from dra_gateway.devkit.realnode import (
     IMAGE,
     STATE_ROOT,
@@ -51,7 +52,28 @@ NODE = "gpu-node-1"
 # Eight H100 80GB cards, each shared by memory and compute (the demo's H100 node).
 INVENTORY = EXAMPLES / "demo" / "gpu-h100-1.yaml"
 WORKLOADS = "inference"
+# (id, control plane release, kubelet release): the oldest supported release, and the newest
+# control plane with the newest kubelet that builds here (hack/build-node.sh says why).
+SETUPS: tuple[tuple[str, str, str], ...] = (
+    ("1.34.4", "1.34.4", "1.34.4"),
+    ("1.38.0-beta.0", "1.38.0-beta.0", "1.37.2"),
+)
 JSON = dict[str, Any]
+
+
+def build_image(folder: Path) -> tuple[Path, str]:
+    """The gateway's image, built by hack/build-image.sh into `folder`: the OCI archive and the
+    image's name."""
+    started = time.monotonic()
+    result = subprocess.run(["bash", str(REPO / "hack" / "build-image.sh"),
+                             str(folder / "dra-gateway.oci.tar")],
+                            capture_output=True, text=True, timeout=900, check=False)
+    if result.returncode != 0:
+        _fail_or_skip(f"hack/build-image.sh failed ({result.returncode}):\n"
+                      + "\n".join(result.stderr.splitlines()[-30:]))
+    print(f"image built in {time.monotonic() - started:.0f}s")
+    archive, name = result.stdout.split()
+    return Path(archive), name
 
 
 def build_node(kubelet_version: str) -> Path:
@@ -62,47 +84,24 @@ def build_node(kubelet_version: str) -> Path:
 
 
 @dataclass
-class Cluster:
-    """The gateway installed on a control plane whose one GPU node is a real kubelet."""
+class NodeClient:
+    """The real node's pods, slices and CDI specs, seen through the API server and the node."""
 
-    gateway: Gateway
+    plane: ControlPlane
     node: RealNode
-    hami_library: Path
 
     @property
     def api(self) -> Api:
-        return self.gateway.api
+        return self.plane.api()
 
-    # The node plugin, as its DaemonSet pod runs it
+    def check(self) -> None:
+        self.plane.check()
+        self.node.check()
 
-    @property
-    def plugin(self) -> Component:
-        return self.gateway.components["node-plugin"]
+    def logs(self) -> str:
+        return node_problems(self.node)
 
-    def plugin_args(self, hami_library: Path | None = None, instance: str = "") -> list[str]:
-        node = self.node
-        hami_library = hami_library or self.hami_library
-        return [
-            "node-plugin", "serve", *(["--instance", instance] if instance else []),
-            "--inventory", str(INVENTORY), "--node-name", NODE,
-            "--cluster", "kube", "--kubeconfig", str(self.gateway.work / "node-plugin.kubeconfig"),
-            "--plugins-dir", str(node.plugins_dir), "--registry-dir", str(node.registry_dir),
-            "--cdi-dir", str(node.cdi_dir), "--hami-library", str(hami_library),
-            "--pod-resources-socket", str(node.pod_resources_socket),
-            # Legacy devices read every second (the kubelet's API and the Node's status).
-            "--legacy-poll-interval", "1", "--legacy-node-interval", "1"]
-
-    def start_plugin(self, *, hami_library: Path | None = None, instance: str = "") -> None:
-        """Start the node plugin (with HAMi-core's library looked for at `hami_library`
-        instead of where the node has it; on sockets named by `instance`, as the chart's pods
-        run it)."""
-        component = Component("node-plugin", self.plugin_args(hami_library, instance),
-                              self.gateway.work / "logs" / "node-plugin.log")
-        self.gateway.components["node-plugin"] = component
-        component.start()
-
-    def stop_plugin(self) -> None:
-        self.plugin.stop()
+    # The kubelet
 
     def wait_registered(self, since: int = 0, timeout_s: float = 60.0) -> None:
         """Until the kubelet logs the plugin's registration (after log offset `since`)."""
@@ -125,13 +124,6 @@ class Cluster:
 
     def cdi_specs(self) -> list[Path]:
         return sorted(self.node.cdi_dir.glob("*.json"))
-
-    def check(self) -> None:
-        self.gateway.check()
-        self.node.check()
-
-    def logs(self) -> str:
-        return self.gateway.logs() + "\n" + node_problems(self.node)
 
     # Pods
 
@@ -216,6 +208,54 @@ class Cluster:
         return found
 
 
+@dataclass
+class Cluster(NodeClient):
+    """The gateway installed on a control plane whose one GPU node is a real kubelet; its
+    webhook and allocator run as processes of the host, its node plugin as the DaemonSet's pod
+    would run it."""
+
+    gateway: Gateway
+    hami_library: Path
+
+    def check(self) -> None:
+        self.gateway.check()
+        self.node.check()
+
+    def logs(self) -> str:
+        return self.gateway.logs() + "\n" + node_problems(self.node)
+
+    # The node plugin, as its DaemonSet pod runs it
+
+    @property
+    def plugin(self) -> Component:
+        return self.gateway.components["node-plugin"]
+
+    def plugin_args(self, hami_library: Path | None = None, instance: str = "") -> list[str]:
+        node = self.node
+        hami_library = hami_library or self.hami_library
+        return [
+            "node-plugin", "serve", *(["--instance", instance] if instance else []),
+            "--inventory", str(INVENTORY), "--node-name", NODE,
+            "--cluster", "kube", "--kubeconfig", str(self.gateway.work / "node-plugin.kubeconfig"),
+            "--plugins-dir", str(node.plugins_dir), "--registry-dir", str(node.registry_dir),
+            "--cdi-dir", str(node.cdi_dir), "--hami-library", str(hami_library),
+            "--pod-resources-socket", str(node.pod_resources_socket),
+            # Legacy devices read every second (the kubelet's API and the Node's status).
+            "--legacy-poll-interval", "1", "--legacy-node-interval", "1"]
+
+    def start_plugin(self, *, hami_library: Path | None = None, instance: str = "") -> None:
+        """Start the node plugin (with HAMi-core's library looked for at `hami_library`
+        instead of where the node has it; on sockets named by `instance`, as the chart's pods
+        run it)."""
+        component = Component("node-plugin", self.plugin_args(hami_library, instance),
+                              self.gateway.work / "logs" / "node-plugin.log")
+        self.gateway.components["node-plugin"] = component
+        component.start()
+
+    def stop_plugin(self) -> None:
+        self.plugin.stop()
+
+
 def container_env(output: str) -> dict[str, str]:
     """The `env` a container printed (lines K=V)."""
     pairs = (line.split("=", 1) for line in output.splitlines() if "=" in line)
@@ -248,7 +288,7 @@ def real_node_cluster(plane_version: str, kubelet_version: str, helm: str, work:
             print(f"kubelet {kubelet_version} Ready in {time.monotonic() - started:.1f}s")
             # The node's HAMi-core, as its inventory's GPUs: simulated.
             hami_library = install_hami_core(STATE_ROOT / "hami-core")
-            cluster = Cluster(gateway, node, hami_library)
+            cluster = Cluster(gateway.plane, node, gateway=gateway, hami_library=hami_library)
             _node_plugin_kubeconfig(cluster)
             cluster.start_plugin()
             cluster.wait_registered()

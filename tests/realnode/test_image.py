@@ -5,33 +5,16 @@ a read-only root file system, no capability."""
 
 from __future__ import annotations
 
-import subprocess
-import time
 from pathlib import Path
 
-import pytest
-from e2e.support import REPO, _fail_or_skip, wait_until
+from e2e.support import wait_until
 
 from realnode.support import WORKLOADS, Cluster
 
 
-@pytest.fixture(scope="session")
-def image(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("image") / "dra-gateway.oci.tar"
-    started = time.monotonic()
-    result = subprocess.run(["bash", str(REPO / "hack" / "build-image.sh"), str(out)],
-                            capture_output=True, text=True, timeout=900, check=False)
-    if result.returncode != 0:
-        _fail_or_skip(f"hack/build-image.sh failed ({result.returncode}):\n"
-                      + "\n".join(result.stderr.splitlines()[-30:]))
-    print(f"image built in {time.monotonic() - started:.0f}s")
-    archive, name = result.stdout.split()
-    return Path(archive), name
-
-
-def test_the_image_runs_the_gateway_as_the_chart_runs_it(cluster: Cluster,
-                                                          image: tuple[Path, str]) -> None:
-    archive, name = image
+def test_the_image_runs_the_gateway_as_the_chart_runs_it(
+        cluster: Cluster, gateway_image: tuple[Path, str]) -> None:
+    archive, name = gateway_image
     cluster.node.import_image(archive)
     cluster.create_pod({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gateway-image"},

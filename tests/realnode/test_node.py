@@ -15,7 +15,7 @@ import pytest
 from e2e.support import Component, wait_until
 
 from dra_gateway.kube import names
-from realnode.support import Cluster, container_env
+from realnode.support import Cluster, NodeClient, container_env
 
 ENV_THEN_SLEEP = 'env; test -f "$LD_PRELOAD" && echo preload-mounted; echo done; sleep 3600'
 
@@ -29,11 +29,11 @@ def legacy_pod(name: str, limits: dict[str, int], containers: int = 1) -> dict[s
     }
 
 
-def spec_names(cluster: Cluster) -> set[str]:
+def spec_names(cluster: NodeClient) -> set[str]:
     return {path.name for path in cluster.cdi_specs()}
 
 
-def claim_specs(cluster: Cluster, pod: dict[str, object]) -> set[str]:
+def claim_specs(cluster: NodeClient, pod: dict[str, object]) -> set[str]:
     """The CDI spec files of the pod's claims (one per claim, named by its UID)."""
     uids = {claim["metadata"]["uid"] for claim in cluster.claims_of(pod)}
     return {name for name in spec_names(cluster) if any(uid in name for uid in uids)}

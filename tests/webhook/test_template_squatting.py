@@ -66,7 +66,9 @@ async def test_a_squatted_template_with_the_gateway_label_refuses_the_pod_and_na
     assert answer["status"]["message"] == (
         f"the ResourceClaimTemplate inference/{name} this pod needs already exists with another "
         f"spec than dra-gateway translated the pod to (spec.spec.devices.requests[0] asks for "
-        f"device class 'gpu.nvidia.com' with allocationMode All), so the pod was not admitted; "
+        f"device class 'gpu.nvidia.com' with allocationMode All; spec.metadata: stored absent, "
+        f'translated {{"labels": {{"app.kubernetes.io/managed-by": "dra-gateway"}}}}), so the '
+        f"pod was not admitted; "
         f"delete it (kubectl delete resourceclaimtemplate -n inference {name}) and create the "
         f"pod again: dra-gateway then creates the template this pod was translated to")
     assert client.app[STATE].metrics.template_creates.labels("conflict")._value.get() == 1
@@ -149,3 +151,27 @@ async def test_a_namespace_deleted_and_made_again_gets_its_templates_again(
     state.policies.change(NAMESPACES, "deleted", {"metadata": {"name": "inference"}}, None)
     await _post(client, "/mutate", review(pod))
     assert await cluster.get(RESOURCE_CLAIM_TEMPLATES, name, namespace="inference")
+
+
+def test_consumable_capacity_dropped_by_the_server_does_not_count_as_another_spec() -> None:
+    """An API server without DRAConsumableCapacity (off before 1.36) stores templates without
+    `capacity`: another webhook replica, or the same one after a restart, must still take the
+    template it made for the next pod of the same share (seen with the chart's two replicas on
+    a real 1.34 node). Any other difference, or another capacity, is still a conflict."""
+    wanted = {"metadata": {"name": "dra-gateway-x",
+                           "labels": {names.LABEL_MANAGED_BY: names.MANAGED_BY}},
+              "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                  "deviceClassName": names.GPU_CLASS,
+                  "capacity": {"requests": {"memory": "8000Mi", "cores": "30"}}}}]}}}}
+    stored = copy.deepcopy(wanted)
+    exactly = stored["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    del exactly["capacity"]
+    assert conflict(stored, wanted, "inference") is None
+    exactly["capacity"] = {"requests": {"memory": "4000Mi", "cores": "30"}}
+    assert conflict(stored, wanted, "inference") is not None
+    del exactly["capacity"]
+    exactly["deviceClassName"] = "gpu.nvidia.com"
+    refusal = conflict(stored, wanted, "inference")
+    assert refusal is not None
+    assert ("exactly.deviceClassName: stored \"gpu.nvidia.com\", translated "
+            f"\"{names.GPU_CLASS}\"") in refusal

@@ -19,6 +19,11 @@ them again (SIGTERM, then SIGKILL, by the process ids it started) however the ca
   may join beside them (`dra_gateway.devkit.realnode`); KWOK leaves its Node alone.
 - The API server listens on `address` (loopback unless a real node, in a network namespace of its
   own, must reach it); its serving certificate names that address, localhost and 127.0.0.1.
+- `in_cluster` makes it the control plane of pods that run on a real node
+  (`dra_gateway.devkit.realnode` with kube-proxy), such as the chart's own: ServiceAccount tokens
+  are mounted, the `kubernetes` Service has endpoints and its names in the serving certificate,
+  the controllers of DaemonSets, endpoints and the root CA ConfigMap run, and webhooks are
+  called at their Service's endpoints.
 
 `Api` is a small synchronous REST client of that API server (JSON over HTTPS with a bearer
 token, the standard library only), enough for tests and the demo to create, read, patch and
@@ -66,7 +71,19 @@ CONTROLLERS = (
     # Fills the rules of the bootstrap roles admin, edit and view (tenants are bound to them).
     "clusterrole-aggregation-controller",
 )
+# And those a cluster whose pods run on real nodes needs (`ControlPlane(in_cluster=True)`): the
+# `kube-root-ca.crt` ConfigMap every ServiceAccount token volume projects, Services' endpoints
+# (the API server calls webhooks at them), DaemonSets and PodDisruptionBudgets.
+IN_CLUSTER_CONTROLLERS = (
+    "root-ca-certificate-publisher-controller", "endpoints-controller",
+    "endpointslice-controller", "daemonset-controller", "disruption-controller",
+)
 ADMIN_USER = "admin"
+# Services' cluster IPs; the first is the `kubernetes` Service's.
+SERVICE_CIDR = "10.0.0.0/24"
+KUBERNETES_SERVICE_IP = "10.0.0.1"
+KUBERNETES_SERVICE_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                            "kubernetes.default.svc.cluster.local")
 GRACE_S = 10.0
 _POLL_S = 0.2
 
@@ -346,6 +363,13 @@ class ControlPlane:
     extra_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
     # The IP address the API server binds and advertises.
     address: str = "127.0.0.1"
+    # Pods on a real node (dra_gateway.devkit.realnode, with kube-proxy) are clients and servers
+    # of this control plane, as in any cluster: the ServiceAccount admission plugin mounts their
+    # tokens, the `kubernetes` Service's endpoints name `address` (which must not be loopback),
+    # and the API server calls webhooks at their Service's endpoints (aggregator routing: the
+    # host has no kube-proxy, only a route to the node's pods). Off, pods get no token and
+    # reach nothing: KWOK's do not run.
+    in_cluster: bool = False
 
     root: Path = field(init=False)
     server: str = field(init=False, default="")
@@ -360,6 +384,8 @@ class ControlPlane:
         else:
             self.root = self.work_dir.resolve()
             self.root.mkdir(parents=True, exist_ok=True)
+        if self.in_cluster and self.address.startswith("127."):
+            raise ControlPlaneError("in_cluster needs an address that pods reach, not loopback")
         for folder in ("logs", "pki", "etcd", "kcm", "scheduler"):
             (self.root / folder).mkdir(exist_ok=True)
         self._processes = _Processes(self.root / "logs")
@@ -431,8 +457,11 @@ class ControlPlane:
         from dra_gateway.certs.generate import make_bundle, write_bundle
 
         pki = self.root / "pki"
-        bundle = make_bundle(dns_names=["localhost"],
-                             ip_addresses=sorted({"127.0.0.1", self.address}))
+        dns_names, addresses = ["localhost"], {"127.0.0.1", self.address}
+        if self.in_cluster:  # pods reach it as the `kubernetes` Service
+            dns_names += KUBERNETES_SERVICE_NAMES
+            addresses.add(KUBERNETES_SERVICE_IP)
+        bundle = make_bundle(dns_names=dns_names, ip_addresses=sorted(addresses))
         write_bundle(bundle, pki)
         key = ec.generate_private_key(ec.SECP256R1())
         _write(pki / "service-account.key", key.private_bytes(
@@ -487,20 +516,26 @@ class ControlPlane:
             "--secure-port", str(port),
             "--tls-cert-file", str(pki / "tls.crt"), "--tls-private-key-file", str(pki / "tls.key"),
             "--cert-dir", str(pki / "apiserver"),
-            "--service-cluster-ip-range", "10.0.0.0/24",
+            "--service-cluster-ip-range", SERVICE_CIDR,
             "--authorization-mode", "RBAC",
             "--token-auth-file", str(pki / "tokens.csv"),
             "--service-account-issuer", self.server,
             "--service-account-key-file", str(pki / "service-account.pub"),
             "--service-account-signing-key-file", str(pki / "service-account.key"),
-            # No kubelet mounts tokens, and no node lifecycle controller lifts the not-ready
-            # taint: KWOK marks nodes Ready.
-            "--disable-admission-plugins", "ServiceAccount,TaintNodesByCondition",
+            # No node lifecycle controller lifts the not-ready taint: KWOK and a real kubelet
+            # mark their nodes Ready.
+            "--disable-admission-plugins", ",".join(
+                ("TaintNodesByCondition",) if self.in_cluster
+                # No kubelet mounts tokens.
+                else ("ServiceAccount", "TaintNodesByCondition")),
             "--allow-privileged=true",
             # 1.36+ refuses a loopback advertise address in the `kubernetes` Service's
-            # endpoints; nothing here dials that Service.
-            "--endpoint-reconciler-type=none",
+            # endpoints; without pods that dial that Service, it has none.
+            *(("--enable-aggregator-routing=true",) if self.in_cluster
+              else ("--endpoint-reconciler-type=none",)),
             "--profiling=false",
+            # Nodes are reached at their IP (`kubectl logs`, `exec`): no DNS names them.
+            "--kubelet-preferred-address-types=InternalIP",
             *_gates(self.feature_gates),
             *self.extra_args.get("kube-apiserver", ()),
         ])
@@ -543,7 +578,9 @@ class ControlPlane:
         process = self._processes.start("kube-controller-manager", [
             str(self.bin_dir / "kube-controller-manager"), "--kubeconfig", str(kubeconfig),
             *flags,
-            "--controllers", ",".join(CONTROLLERS),
+            "--controllers", ",".join(
+                (*CONTROLLERS, *IN_CLUSTER_CONTROLLERS) if self.in_cluster else CONTROLLERS),
+            "--root-ca-file", str(self.ca_file),
             "--leader-elect=false", "--use-service-account-credentials=false",
             "--kube-api-qps", "200", "--kube-api-burst", "400",
             *self.extra_args.get("kube-controller-manager", ()),

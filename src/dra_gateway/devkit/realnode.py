@@ -10,7 +10,11 @@ which keeps the host's /sys and cgroup mounts, unlike `ip netns exec`):
   the kubelet's -998 otherwise), and a busybox image imported with `ctr` as the only image and the
   pod sandbox's (there is no registry);
 - the kubelet of a release, with its own root folder, its cgroups under `CGROUP_ROOT` (cgroupfs
-  driver: the machine has cgroup v1) and its pod logs in a folder of its own.
+  driver: the machine has cgroup v1) and its pod logs in a folder of its own;
+- with `kube_proxy`, that release's kube-proxy (iptables mode, its rules in the namespace only), so
+  that the node's pods reach the API server through the `kubernetes` Service as in any cluster
+  (`ControlPlane(in_cluster=True)`). The host routes the pods' subnet to the node, so the API
+  server reaches webhooks served by the node's pods.
 
 Everything it leaves is removed by `stop`, failed or not: pods through the CRI first, then the
 kubelet and containerd, the mounts under its folders, its cgroups, the namespace, and the kernel
@@ -86,6 +90,8 @@ class NodeBinaries:
     Debian's runc, CNI plugins and busybox."""
 
     kubelet: Path
+    kube_proxy: Path
+    kubectl: Path  # that release's, for tests that drive the node as a user would
     containerd: Path  # folder with containerd, containerd-shim-runc-v2 and ctr
     crictl: Path
 
@@ -93,10 +99,14 @@ class NodeBinaries:
     def of(cls, release_dir: Path) -> NodeBinaries:
         """The binaries hack/build-node.sh leaves for a release; NodeError naming what is
         missing and how to get it."""
-        found = cls(kubelet=release_dir / "kubelet", containerd=release_dir / "containerd",
+        found = cls(kubelet=release_dir / "kubelet", kube_proxy=release_dir / "kube-proxy",
+                    kubectl=release_dir / "kubectl",
+                    containerd=release_dir / "containerd",
                     crictl=release_dir / "crictl" / "crictl")
         wanted = {
             found.kubelet: "hack/build-node.sh",
+            found.kube_proxy: "hack/build-node.sh",
+            found.kubectl: "hack/build-node.sh",
             found.containerd / "containerd": "hack/build-node.sh",
             found.containerd / "containerd-shim-runc-v2": "hack/build-node.sh",
             found.containerd / "ctr": "hack/build-node.sh",
@@ -108,9 +118,9 @@ class NodeBinaries:
             BUSYBOX: "apt-get install busybox-static",
         }
         missing = [f"{path} ({how})" for path, how in wanted.items() if not path.exists()]
-        for tool in ("ip", "nsenter", "mount", "umount"):
+        for tool in ("ip", "nsenter", "mount", "umount", "iptables"):
             if shutil.which(tool) is None:
-                missing.append(f"{tool} (apt-get install iproute2 util-linux)")
+                missing.append(f"{tool} (apt-get install iproute2 util-linux iptables)")
         if missing:
             raise NodeError("a real node needs: " + "; ".join(missing))
         return found
@@ -166,6 +176,12 @@ class NodeNetwork:
             _run([*inside, "link", "set", "lo", "up"])
             # Everything leaves the node towards the host end; nothing is forwarded further.
             _run([*inside, "route", "add", "default", "via", self.host_ip])
+            # The host reaches the pods (the API server calls webhooks they serve) through the
+            # node, which forwards between its end and the pods' bridge (a setting of the
+            # namespace only).
+            _run(["ip", "route", "add", self.pod_subnet, "via", self.node_ip,
+                  "dev", self._host_link])
+            _run([*self.enter(), "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
         except BaseException:
             self.delete()
             raise
@@ -195,11 +211,14 @@ class RealNode:
     labels: Mapping[str, str] = field(default_factory=dict)
     # 3: the kubelet logs "Registered DRA plugin" (with the gRPC service it chose)
     kubelet_verbosity: int = 3
+    # Run kube-proxy beside the kubelet (pods that talk to the API server need it).
+    kube_proxy: bool = False
 
     _processes: _Processes = field(init=False)
     _kernel: dict[str, str] = field(init=False, default_factory=dict)
     _kubelet: Process | None = field(init=False, default=None)
     _containerd: Process | None = field(init=False, default=None)
+    _kube_proxy: Process | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
@@ -268,6 +287,8 @@ class RealNode:
         self._start_containerd(deadline)
         self._import_image()
         self.start_kubelet(timeout_s=max(1.0, deadline - time.monotonic()))
+        if self.kube_proxy:
+            self._start_kube_proxy(deadline)
 
     def stop(self) -> None:
         """Stop everything and leave the machine as it was; never raises."""
@@ -276,7 +297,7 @@ class RealNode:
         with contextlib.suppress(Exception):
             self.remove_all_pods()
         self._processes.stop(STOP_GRACE_S)
-        self._containerd = None
+        self._containerd = self._kube_proxy = None
         self.cleanup()
 
     def cleanup(self) -> None:
@@ -292,8 +313,8 @@ class RealNode:
         self._restore_kernel_settings()
 
     def check(self) -> None:
-        """Raise if containerd or the kubelet exited."""
-        for process in (self._containerd, self._kubelet):
+        """Raise if containerd, the kubelet or kube-proxy exited."""
+        for process in (self._containerd, self._kubelet, self._kube_proxy):
             if process is not None and process.popen.poll() is not None:
                 raise NodeError(f"{process.name} exited with code {process.popen.returncode}",
                                 log=process.log)
@@ -388,7 +409,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
             "address": self.network.node_ip, "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1", "healthzPort": 10248,
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
+            # Only the host reaches the node's address, and the API server calls it without a
+            # client certificate (`kubectl logs`): the kubelet's own API lets anyone in.
+            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
             "authorization": {"mode": "AlwaysAllow"},
             "cgroupDriver": "cgroupfs", "cgroupRoot": f"/{CGROUP_ROOT}", "failSwapOn": False,
             "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
@@ -435,6 +458,35 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
                 process.popen.wait()
         self._kubelet = None
 
+    # kube-proxy
+
+    def _start_kube_proxy(self, deadline: float) -> None:
+        config = self.work / "kube-proxy.yaml"
+        config.write_text(yaml.safe_dump({
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(self.plane.admin_kubeconfig)},
+            "mode": "iptables", "hostnameOverride": self.name,
+            "clusterCIDR": self.network.pod_subnet, "bindAddress": self.network.node_ip,
+            "healthzBindAddress": "127.0.0.1:10256", "metricsBindAddress": "127.0.0.1:10249",
+            # Connection tracking limits and timeouts are the machine's, not the namespace's:
+            # leave them as they are.
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
+                          "tcpCloseWaitTimeout": "0s"},
+            "iptables": {"localhostNodePorts": False},
+        }))
+        process = self._processes.start("kube-proxy", [
+            *self.network.enter(), str(self.binaries.kube_proxy), "--config", str(config),
+            "--v=2"])
+        self._kube_proxy = process
+
+        def serving() -> bool:
+            rules = _run([*self.network.enter(), "iptables", "-t", "nat", "-S", "KUBE-SERVICES"],
+                         check=False).stdout
+            return "default/kubernetes:https" in rules
+
+        self._wait("kube-proxy's rules for the kubernetes Service", deadline, serving,
+                   process=process)
+
     def kubelet_running(self) -> bool:
         return self._kubelet is not None and self._kubelet.running()
 
@@ -450,7 +502,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
         return self.log("kubelet").read_text(errors="replace")
 
     def logs(self) -> Iterator[tuple[str, Path]]:
-        for name in ("containerd", "kubelet"):
+        for name in ("containerd", "kubelet", "kube-proxy"):
             if self.log(name).exists():
                 yield name, self.log(name)
 

@@ -1,0 +1,174 @@
+"""The gateway's chart on a real node: `helm install` of helm/dra-gateway with the gateway's image
+(hack/build-image.sh, imported into the node's containerd, `pullPolicy: Never`) on a control plane
+whose node is a real kubelet with containerd and kube-proxy. Every component runs as the chart's
+own pod: the webhook (its certificate from the chart's bootstrap, called by the API server through
+its Service), the allocator, the node plugin's DaemonSet (through its hostPath mounts) and the
+pre-delete Job of `helm uninstall`. Nothing of the gateway runs on the host.
+
+The control plane is an in-cluster one (`ControlPlane(in_cluster=True)`): ServiceAccount tokens
+are mounted, the `kubernetes` Service has endpoints, and the API server reaches webhooks at their
+Service's endpoints. Users' verbs go through that release's kubectl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from e2e.support import (
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    _fail_or_skip,
+    build_binaries,
+    run_helm,
+    wait_until,
+)
+from realnode.support import INVENTORY, NODE, WORKLOADS, NodeClient, build_node
+
+from dra_gateway.devkit.realcluster import ControlPlane, path_of
+from dra_gateway.devkit.realnode import (
+    STATE_ROOT,
+    NodeBinaries,
+    NodeError,
+    NodeNetwork,
+    RealNode,
+    preflight,
+)
+from dra_gateway.devkit.simnode import install_hami_core
+
+JSON = dict[str, Any]
+# The label NVIDIA's GPU feature discovery puts on GPU nodes; the chart's DaemonSet selects it.
+GPU_NODE_LABEL = "nvidia.com/gpu.present"
+COMPONENTS = ("webhook", "allocator", "node-plugin")
+
+
+@dataclass
+class ChartCluster(NodeClient):
+    """The gateway installed by its chart on a control plane whose one GPU node is real."""
+
+    helm: str
+    kubectl_binary: Path
+    work: Path
+    image: str
+    hami_library: Path
+
+    def values(self, **overrides: Any) -> JSON:
+        """The chart's values for this node: the image, inventory discovery with the demo's H100
+        node, the kubelet's and the runtime's folders; `overrides` merged on top per section."""
+        repository, _, tag = self.image.rpartition(":")
+        values: JSON = {
+            "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+            "nodePlugin": {
+                "discovery": "inventory", "inventory": yaml.safe_load(INVENTORY.read_text()),
+                "kubeletDir": str(self.node.root_dir), "cdiDir": str(self.node.cdi_dir),
+                "stateDir": str(STATE_ROOT / "dra-gateway"),
+                "hamiCore": {"hostPath": str(self.hami_library)},
+            },
+        }
+        for section, settings in overrides.items():
+            values.setdefault(section, {}).update(settings)
+        return values
+
+    def helm_release(self, verb: str, values: Mapping[str, Any], *args: str) -> str:
+        """`helm install` or `helm upgrade` of the chart with `values`, waiting until every
+        Deployment and DaemonSet is ready."""
+        path = self.work / f"values-{verb}.yaml"
+        path.write_text(yaml.safe_dump(dict(values)))
+        try:
+            return self.run_helm(verb, RELEASE, str(CHART), "--namespace", NAMESPACE,
+                                 "--values", str(path), "--wait", "--timeout", "4m", *args)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.pod_states()}\n{self.logs()}") from None
+
+    def run_helm(self, *args: str) -> str:
+        return run_helm(self.helm, self.work, self.plane.admin_kubeconfig, *args,
+                        timeout_s=300)
+
+    def pod_states(self) -> str:
+        """Each pod of the gateway's namespace: phase, and each container's state."""
+        lines = []
+        for pod in self.api.list(path_of("v1", "pods", namespace=NAMESPACE)):
+            status = pod.get("status") or {}
+            states = [f"{c['name']} ready={c.get('ready')} restarts={c.get('restartCount')} "
+                      f"{c.get('state')} last={c.get('lastState')}"
+                      for c in status.get("containerStatuses") or []]
+            lines.append(f"{pod['metadata']['name']}: {status.get('phase')} {states}")
+        return "\n".join(lines)
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> str:
+        """That release's kubectl with the admin's kubeconfig; its standard output."""
+        result = subprocess.run(
+            [str(self.kubectl_binary), "--kubeconfig", str(self.plane.admin_kubeconfig), *args],
+            input=stdin, capture_output=True, text=True, timeout=120, check=False)
+        assert result.returncode == 0, f"kubectl {' '.join(args)} failed:\n{result.stderr}"
+        return result.stdout
+
+    def component_pods(self, component: str) -> list[JSON]:
+        return self.api.list(path_of("v1", "pods", namespace=NAMESPACE),
+                             labelSelector=f"app.kubernetes.io/component={component}")
+
+    def logs(self) -> str:
+        """The node's logs, then each gateway pod's (read from the kubelet's log files)."""
+        parts = [super().logs()]
+        for component in COMPONENTS:
+            for pod in self.component_pods(component):
+                name = pod["metadata"]["name"]
+                parts.append(f"--- {name} ---\n"
+                             + self.node.container_log(NAMESPACE, name, component)[-3000:])
+        return "\n".join(parts)
+
+
+@contextlib.contextmanager
+def chart_cluster(plane_version: str, kubelet_version: str, helm: str, work: Path,
+                  image: tuple[Path, str]) -> Iterator[ChartCluster]:
+    """A control plane and a real node with kube-proxy, the image imported, nothing installed."""
+    why_not = preflight()
+    if why_not:
+        _fail_or_skip(f"no real node on this machine: {why_not}")
+    bin_dir = build_binaries(plane_version)
+    node_dir = build_node(kubelet_version)
+    try:
+        binaries = NodeBinaries.of(node_dir)
+    except NodeError as exc:
+        _fail_or_skip(str(exc))
+    network = NodeNetwork()
+    network.create()
+    plane = ControlPlane(bin_dir, work_dir=work / "kube", startup_timeout_s=180,
+                         address=network.host_ip, in_cluster=True)
+    node = RealNode(NODE, plane, binaries, network, work / "node", kube_proxy=True,
+                    labels={GPU_NODE_LABEL: "true"})
+    try:
+        started = time.monotonic()
+        plane.start()
+        node.start()
+        archive, name = image
+        node.import_image(archive)
+        print(f"Kubernetes {plane.version()}, kubelet {kubelet_version} and the image ready in "
+              f"{time.monotonic() - started:.1f}s")
+        api = plane.api()
+        for namespace in (NAMESPACE, WORKLOADS):
+            api.create(path_of("v1", "namespaces"), {
+                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        # The node's HAMi-core, as its inventory's GPUs: simulated.
+        hami_library = install_hami_core(STATE_ROOT / "hami-core")
+        cluster = ChartCluster(plane, node, helm=helm, kubectl_binary=binaries.kubectl,
+                               work=work, image=name, hami_library=hami_library)
+        wait_until("the kubernetes Service's root CA in the gateway's namespace",
+                   lambda: api.exists(path_of("v1", "configmaps", namespace=NAMESPACE,
+                                              name="kube-root-ca.crt")), 60, cluster.check)
+        yield cluster
+    finally:
+        # The pods' logs outlive the node, for a report.
+        shutil.copytree(node.pod_logs_dir, work / "pod-logs", dirs_exist_ok=True,
+                        ignore_dangling_symlinks=True)
+        node.stop()
+        plane.stop()
+        network.delete()

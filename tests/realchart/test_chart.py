@@ -1,0 +1,156 @@
+"""`helm install`, use, `helm upgrade` and `helm uninstall` of the gateway's chart on a real node.
+
+The tests run in order on one cluster per setup, as a user's first day does: install, a legacy
+HAMi pod created with kubectl, an upgrade while it runs, then the uninstall.
+"""
+
+from __future__ import annotations
+
+import yaml
+from e2e.support import NAMESPACE, RELEASE, wait_until
+from realnode.support import WORKLOADS, container_env
+from realnode.test_node import ENV_THEN_SLEEP, claim_specs, spec_names
+
+from dra_gateway.devkit.realcluster import path_of
+from dra_gateway.devkit.realnode import IMAGE
+from dra_gateway.kube import names
+from realchart.support import COMPONENTS, ChartCluster
+
+# The image's own user (hack/build-image.sh); the node plugin runs as root (the kubelet's
+# folders are root's).
+IMAGE_USER = 65532
+
+
+def _ready(pod: dict[str, object]) -> bool:
+    status = pod.get("status") or {}
+    assert isinstance(status, dict)
+    return status.get("phase") == "Running" and all(
+        c.get("ready") for c in status.get("containerStatuses") or [{}])
+
+
+def test_helm_install_runs_every_component_with_its_probes(chart: ChartCluster) -> None:
+    chart.helm_release("install", chart.values())
+    for component in COMPONENTS:
+        pods = chart.component_pods(component)
+        assert pods, f"no {component} pod"
+        for pod in pods:
+            assert _ready(pod), f"{pod['metadata']['name']}: {pod.get('status')}"
+            [container] = pod["spec"]["containers"]
+            assert container.get("readinessProbe"), container
+            assert container.get("livenessProbe"), container
+            [status] = pod["status"]["containerStatuses"]
+            uid = status["user"]["linux"]["uid"] if "user" in status else None
+            if component != "node-plugin" and uid is not None:
+                assert uid == IMAGE_USER, status
+    chart.wait_registered()
+    devices = [d["name"] for s in chart.slices() for d in s["spec"].get("devices") or []]
+    assert len(devices) == 8, devices
+    # The DaemonSet's pod publishes them.
+    [plugin] = chart.component_pods("node-plugin")
+    assert plugin["spec"]["nodeName"] == chart.node.name
+
+
+def _legacy_pod(name: str) -> str:
+    """A pod written for HAMi: one card, 8000 MiB of its memory and 30% of its compute."""
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": WORKLOADS},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "c0", "image": IMAGE, "imagePullPolicy": "Never",
+            "command": ["sh", "-c", ENV_THEN_SLEEP],
+            "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8000,
+                                     "nvidia.com/gpucores": 30}}}]}})
+
+
+def test_a_legacy_hami_pod_created_with_kubectl_runs_with_its_limits(
+        chart: ChartCluster) -> None:
+    # The API server calls the webhook's pods through its Service (their endpoints).
+    assert "created" in chart.kubectl("create", "-f", "-", stdin=_legacy_pod("hami"))
+    pod = chart.wait_running("hami")
+    assert pod["spec"].get("resourceClaims"), "the webhook did not translate the pod"
+    [claim] = chart.claims_of(pod)
+    assert claim["status"]["allocation"]["devices"]["results"], claim["status"]
+    [uuid] = chart.allocated_uuids(pod)
+    output = chart.container_output("hami", "c0", until="done")
+    env = container_env(output)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == uuid
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "8000m"
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
+    # The DaemonSet's plugin found HAMi-core through its hostPath mount; the runtime mounted it.
+    assert env["LD_PRELOAD"] == str(chart.hami_library)
+    assert "preload-mounted" in output
+    assert claim_specs(chart, pod), [p.name for p in chart.cdi_specs()]
+
+
+def test_helm_upgrade_rolls_every_component_without_losing_a_claim(chart: ChartCluster) -> None:
+    before = {c: {p["metadata"]["uid"] for p in chart.component_pods(c)} for c in COMPONENTS}
+    pod = chart.pod("hami")
+    [claim] = chart.claims_of(pod)
+    since = chart.kubelet_log_size()
+    chart.helm_release("upgrade", chart.values(
+        webhook={"logLevel": "debug"}, nodePlugin={"logLevel": "DEBUG"},
+        allocator={"podAnnotations": {"dra-gateway.io/upgraded": "yes"}}))
+    # `helm upgrade --wait` returns once the new pods are ready; the old ones then terminate.
+    for component in COMPONENTS:
+        def rolled(component: str = component) -> bool:
+            now = {p["metadata"]["uid"] for p in chart.component_pods(component)}
+            return bool(now) and not now & before[component]
+
+        wait_until(f"every {component} pod to be replaced", rolled, 90, chart.check)
+    # The new plugin pod registered beside the old one; the kubelet switched to it.
+    chart.wait_registered(since)
+    # The pod kept running on the same claim and allocation, never restarted.
+    after = chart.pod("hami")
+    assert after["status"]["containerStatuses"] == pod["status"]["containerStatuses"]
+    [same] = chart.claims_of(after)
+    assert same["metadata"]["uid"] == claim["metadata"]["uid"]
+    assert same["status"]["allocation"] == claim["status"]["allocation"]
+    specs = claim_specs(chart, after)
+    assert specs
+    # The new plugin serves the claim the old one prepared: deleting the pod unprepares it.
+    chart.kubectl("delete", "pod", "hami", "--namespace", WORKLOADS, "--wait=false")
+    wait_until("the new plugin to unprepare the claim",
+               lambda: not specs & spec_names(chart), 60, chart.check)
+    chart.delete_pod("hami")
+    # And it prepares new ones.
+    chart.kubectl("create", "-f", "-", stdin=_legacy_pod("hami-after"))
+    chart.wait_running("hami-after")
+
+
+def test_helm_uninstall_leaves_no_gateway_object_and_no_gated_pod(chart: ChartCluster) -> None:
+    running = chart.pod("hami-after")
+    chart.run_helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "4m")
+    api = chart.api
+    # The chart's own objects are gone (the pre-delete Job stays for its report, as designed).
+    instance = f"app.kubernetes.io/instance={RELEASE}"
+    for version, plural in (("apps/v1", "deployments"), ("apps/v1", "daemonsets"),
+                            ("v1", "services"), ("v1", "configmaps"), ("v1", "secrets"),
+                            ("v1", "serviceaccounts"),
+                            ("admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations"),
+                            ("admissionregistration.k8s.io/v1",
+                             "validatingwebhookconfigurations"),
+                            ("rbac.authorization.k8s.io/v1", "clusterroles"),
+                            ("resource.k8s.io/v1", "deviceclasses")):
+        left = [o["metadata"]["name"] for o in api.list(path_of(version, plural),
+                                                         labelSelector=instance)]
+        assert not left, f"{plural} left: {left}"
+    def components_gone() -> bool:
+        pods = api.list(path_of("v1", "pods", namespace=NAMESPACE), labelSelector=instance)
+        return all("batch.kubernetes.io/job-name" in p["metadata"]["labels"] for p in pods)
+
+    wait_until("the gateway's pods to be gone", components_gone, 60, chart.check)
+    # No claim keeps the allocator's finalizer; the running pod keeps its card, and the
+    # uninstall's report (the pre-delete Job's log) names it.
+    for claim in api.list(path_of("resource.k8s.io/v1", "resourceclaims")):
+        assert names.FINALIZER not in (claim["metadata"].get("finalizers") or []), claim
+    assert chart.pod("hami-after")["status"]["phase"] == "Running"
+    report = chart.kubectl("logs", f"job/{RELEASE}-allocator-release", "--namespace", NAMESPACE)
+    assert f"{WORKLOADS}/hami-after on node {chart.node.name}" in report, report
+    # No pod is left behind the gateway's scheduling gate.
+    gated = [p["metadata"]["name"] for p in api.list(path_of("v1", "pods"))
+             if any(g.get("name") == names.SCHEDULING_GATE
+                    for g in p["spec"].get("schedulingGates") or [])]
+    assert not gated, gated
+    # The kubelet deletes the departed plugin's slices (after its 30 s grace).
+    wait_until("the node's ResourceSlices to be deleted", lambda: not chart.slices(), 90,
+               chart.check)
+    assert running["metadata"]["uid"] == chart.pod("hami-after")["metadata"]["uid"]
