@@ -12,6 +12,7 @@ without root, Go or helm, or when a build fails, the tier skips with the reason,
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -23,11 +24,13 @@ import yaml
 from e2e.support import (
     EXAMPLES,
     NAMESPACE,
+    RECOVERY_S,
     REPO,
     Component,
     Gateway,
     _fail_or_skip,
     build_binaries,
+    fault_file,
     install,
     run_build_script,
     wait_until,
@@ -241,7 +244,19 @@ class Cluster(NodeClient):
             "--cdi-dir", str(node.cdi_dir), "--hami-library", str(hami_library),
             "--pod-resources-socket", str(node.pod_resources_socket),
             # Legacy devices read every second (the kubelet's API and the Node's status).
-            "--legacy-poll-interval", "1", "--legacy-node-interval", "1"]
+            "--legacy-poll-interval", "1", "--legacy-node-interval", "1",
+            # Health events as NVML would send them; a degraded card recovers in seconds.
+            "--fault-file", str(self.fault_file), "--recovery-seconds", str(RECOVERY_S)]
+
+    @property
+    def fault_file(self) -> Path:
+        """The file the node plugin follows for health events (one JSON object a line)."""
+        return fault_file(self.gateway, NODE)
+
+    def fault(self, event: Mapping[str, Any]) -> None:
+        """Append a health event for the node plugin, as NVML would report it."""
+        with self.fault_file.open("a") as f:
+            f.write(json.dumps(dict(event)) + "\n")
 
     def start_plugin(self, *, hami_library: Path | None = None, instance: str = "") -> None:
         """Start the node plugin (with HAMi-core's library looked for at `hami_library`
