@@ -233,7 +233,8 @@ class Cluster(NodeClient):
     def plugin(self) -> Component:
         return self.gateway.components["node-plugin"]
 
-    def plugin_args(self, hami_library: Path | None = None, instance: str = "") -> list[str]:
+    def plugin_args(self, hami_library: Path | None = None, instance: str = "",
+                    cdi_dir: Path | None = None) -> list[str]:
         node = self.node
         hami_library = hami_library or self.hami_library
         return [
@@ -241,7 +242,7 @@ class Cluster(NodeClient):
             "--inventory", str(INVENTORY), "--node-name", NODE,
             "--cluster", "kube", "--kubeconfig", str(self.gateway.work / "node-plugin.kubeconfig"),
             "--plugins-dir", str(node.plugins_dir), "--registry-dir", str(node.registry_dir),
-            "--cdi-dir", str(node.cdi_dir), "--hami-library", str(hami_library),
+            "--cdi-dir", str(cdi_dir or node.cdi_dir), "--hami-library", str(hami_library),
             "--pod-resources-socket", str(node.pod_resources_socket),
             # Legacy devices read every second (the kubelet's API and the Node's status).
             "--legacy-poll-interval", "1", "--legacy-node-interval", "1",
@@ -258,11 +259,12 @@ class Cluster(NodeClient):
         with self.fault_file.open("a") as f:
             f.write(json.dumps(dict(event)) + "\n")
 
-    def start_plugin(self, *, hami_library: Path | None = None, instance: str = "") -> None:
+    def start_plugin(self, *, hami_library: Path | None = None, instance: str = "",
+                     cdi_dir: Path | None = None) -> None:
         """Start the node plugin (with HAMi-core's library looked for at `hami_library`
         instead of where the node has it; on sockets named by `instance`, as the chart's pods
-        run it)."""
-        component = Component("node-plugin", self.plugin_args(hami_library, instance),
+        run it; writing CDI specs into `cdi_dir` instead of the runtime's folder)."""
+        component = Component("node-plugin", self.plugin_args(hami_library, instance, cdi_dir),
                               self.gateway.work / "logs" / "node-plugin.log")
         self.gateway.components["node-plugin"] = component
         component.start()

@@ -14,8 +14,9 @@ import time
 import pytest
 from e2e.support import Component, wait_until
 
+from dra_gateway.devkit.realnode import STATE_ROOT
 from dra_gateway.kube import names
-from realnode.support import Cluster, NodeClient, container_env
+from realnode.support import WORKLOADS, Cluster, NodeClient, container_env
 
 ENV_THEN_SLEEP = 'env; test -f "$LD_PRELOAD" && echo preload-mounted; echo done; sleep 3600'
 
@@ -229,3 +230,35 @@ def test_sockets_removed_under_the_plugin_are_served_again(cluster: Cluster) -> 
     cluster.create_pod(legacy_pod("after-removal", {"nvidia.com/gpu": 1}))
     cluster.wait_running("after-removal")
     cluster.delete_pod("after-removal")
+
+
+def test_cdi_specs_written_where_the_runtime_does_not_read_fail_the_container_clearly(
+        cluster: Cluster) -> None:
+    """A plugin whose --cdi-dir (the chart's nodePlugin.cdiDir) is not one of the runtime's CDI
+    folders prepares the claim, and then the runtime cannot resolve its CDI device: the
+    container is never created, and the pod's Events name the device that was not found, so
+    the misconfiguration shows instead of a container without its card."""
+    elsewhere = STATE_ROOT / "cdi-not-read"
+    since = cluster.kubelet_log_size()
+    cluster.stop_plugin()
+    cluster.start_plugin(cdi_dir=elsewhere)
+    try:
+        cluster.wait_registered(since)
+        cluster.create_pod(legacy_pod("unread-cdi", {"nvidia.com/gpu": 1}))
+
+        def refused() -> str:
+            return "\n".join(line for line in cluster.events(WORKLOADS).splitlines()
+                             if line.startswith("unread-cdi:") and "CDI" in line)
+
+        wait_until("the runtime to refuse the container", lambda: bool(refused()), 90,
+                   cluster.check)
+        assert "unresolvable CDI devices" in refused(), refused()
+        assert f"k8s.{names.DRIVER}/claim=" in refused(), refused()
+        assert list(elsewhere.glob("*.json")), "the plugin wrote no spec"
+        assert cluster.pod("unread-cdi")["status"]["phase"] == "Pending"
+        cluster.delete_pod("unread-cdi")
+    finally:
+        since = cluster.kubelet_log_size()
+        cluster.stop_plugin()
+        cluster.start_plugin()
+        cluster.wait_registered(since)
