@@ -21,7 +21,8 @@ import pytest
 
 def build_go_tool(source: Path, out_dir: Path, what: str, package: str = ".") -> Path:
     """`go build` the program in `source` (or `package`, a main package the module in
-    `source` requires) into `out_dir`; skip (fail in CI) without Go."""
+    `source` requires) into `out_dir`, named as `source` (as `package`'s last element when
+    given); skip (fail in CI) without Go."""
     go = shutil.which("go")
     if go is None:
         folder = source.relative_to(Path(__file__).resolve().parent.parent)
@@ -29,7 +30,7 @@ def build_go_tool(source: Path, out_dir: Path, what: str, package: str = ".") ->
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)
-    binary = out_dir / source.name
+    binary = out_dir / (source.name if package == "." else package.rsplit("/", 1)[-1])
     # GOTOOLCHAIN=local: a Go older than go.mod asks for fails with its message instead of
     # fetching another toolchain; -buildvcs=false: the module sits in this repository's git
     # tree and needs no build stamps.

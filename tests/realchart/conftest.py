@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.support import find_helm
+from e2e.support import REPO, find_helm
+from gotools import build_go_tool
 from realnode.support import SETUPS
 
 from realchart.support import ChartCluster, chart_cluster
@@ -24,6 +25,13 @@ def chart(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     with chart_cluster(plane_version, kubelet_version, find_helm(), work,
                        gateway_image) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def prometheus_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Prometheus server of the version tests/helm/promtool pins."""
+    return build_go_tool(REPO / "tests" / "helm" / "promtool", tmp_path_factory.mktemp("prom"),
+                         "Prometheus", "github.com/prometheus/prometheus/cmd/prometheus")
 
 
 def pytest_collection_modifyitems(items: list[Any]) -> None:

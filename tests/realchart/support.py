@@ -88,6 +88,14 @@ class ChartCluster(NodeClient):
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{self.pod_states()}\n{self.logs()}") from None
 
+    def render(self, values: Mapping[str, Any]) -> list[JSON]:
+        """The objects `helm template` renders with `values` for this cluster's release."""
+        path = self.work / "values-template.yaml"
+        path.write_text(yaml.safe_dump(dict(values)))
+        text = self.run_helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                             "--kube-version", self.plane.version(), "--values", str(path))
+        return [o for o in yaml.safe_load_all(text) if isinstance(o, dict)]
+
     def run_helm(self, *args: str) -> str:
         return run_helm(self.helm, self.work, self.plane.admin_kubeconfig, *args,
                         timeout_s=300)

@@ -6,14 +6,20 @@ HAMi pod created with kubectl, an upgrade while it runs, then the uninstall.
 
 from __future__ import annotations
 
+import json
+import re
+import time
+from pathlib import Path
+
 import yaml
-from e2e.support import NAMESPACE, RELEASE, wait_until
+from e2e.support import CHART, NAMESPACE, RELEASE, wait_until
 from realnode.support import WORKLOADS, container_env
 from realnode.test_node import ENV_THEN_SLEEP, claim_specs, spec_names
 
 from dra_gateway.devkit.realcluster import path_of
 from dra_gateway.devkit.realnode import IMAGE
 from dra_gateway.kube import names
+from realchart.prometheus import Prometheus, scrape_job
 from realchart.support import COMPONENTS, ChartCluster
 
 # The image's own user (hack/build-image.sh); the node plugin runs as root (the kubelet's
@@ -79,6 +85,87 @@ def test_a_legacy_hami_pod_created_with_kubectl_runs_with_its_limits(
     assert env["LD_PRELOAD"] == str(chart.hami_library)
     assert "preload-mounted" in output
     assert claim_specs(chart, pod), [p.name for p in chart.cdi_specs()]
+
+
+# Panels that must show data once a legacy pod was translated, allocated and prepared (the
+# others count events this scenario does not cause: refusals, preemptions, quotas, faults).
+PANELS_WITH_DATA = {
+    "Reviews by outcome", "Answer time, 99th percentile", "Translations by rule",
+    "Rules in force", "Leader", "Work queue and waiting pods", "Planning time, 99th percentile",
+    "Allocations", "Published devices", "Claims prepared", "Registered with the kubelet",
+    "Legacy coexistence", "Unhealthy devices"}
+
+
+def _family(series: str) -> str:
+    """The metric family a series name belongs to, as Prometheus' metadata names it."""
+    for suffix in ("_bucket", "_sum", "_count"):
+        if series.endswith(suffix):
+            return series[: -len(suffix)]
+    return series
+
+
+def test_a_real_prometheus_scrapes_every_component_and_evaluates_the_dashboard_and_alerts(
+        chart: ChartCluster, prometheus_binary: Path) -> None:
+    rendered = chart.render(chart.values(monitoring={"podMonitors": True,
+                                                     "prometheusRule": True}))
+    monitors = [o for o in rendered if o["kind"] == "PodMonitor"]
+    assert len(monitors) == len(COMPONENTS)
+    [rule] = [o for o in rendered if o["kind"] == "PrometheusRule"]
+    token = chart.work / "prometheus.token"
+    token.write_text(chart.plane.admin_token)
+    server = Prometheus(prometheus_binary, chart.work / "prometheus",
+                        [scrape_job(m, chart.plane, token) for m in monitors],
+                        rule["spec"]["groups"])
+    server.start()
+    try:
+        pods = {p["metadata"]["name"] for c in COMPONENTS for p in chart.component_pods(c)}
+
+        def all_up() -> bool:
+            server.check()
+            return {t["labels"].get("pod") for t in server.targets()
+                    if t["health"] == "up"} == pods
+
+        wait_until("Prometheus to scrape every gateway pod", all_up, 60, chart.check)
+        board = json.loads((CHART / "dashboards" / "dra-gateway.json").read_text())
+        queries = [(p["title"], t["expr"]) for p in board["panels"]
+                   for t in p.get("targets") or ()]
+        alerts = [(r["alert"], r["expr"]) for g in rule["spec"]["groups"] for r in g["rules"]]
+        # Every family the dashboard and the alerts read is one a scraped pod exports.
+        known = set(server.api("metadata"))
+        for name, expr in [*queries, *alerts]:
+            used = {_family(s) for s in re.findall(r"\bdra_gateway_[a-z_]+", str(expr))}
+            assert used <= known, (name, sorted(used - known))
+        # Every panel's query evaluates there; those this scenario feeds return series.
+        time.sleep(6)  # a few scrapes, so that rates have two samples
+        with_data = {title for title, expr in queries if server.query(
+            expr.replace("$__rate_interval", "1m").replace("$node", ".*"))}
+        assert with_data >= PANELS_WITH_DATA, sorted(PANELS_WITH_DATA - with_data)
+        print(f"panels without data in this scenario: "
+              f"{sorted({t for t, _ in queries} - with_data)}")
+        # The alerts are loaded and evaluated without error, and none fires on a healthy
+        # gateway.
+        states = {r["name"]: r for r in server.rules()}
+        assert set(states) == {name for name, _ in alerts}
+        assert all(r["health"] == "ok" for r in states.values()), states
+        assert not [n for n, r in states.items() if r["state"] != "inactive"], states
+        # A fault: the allocator stopped. Its alert goes pending (firing after its `for`).
+        selector = "app.kubernetes.io/component=allocator"
+        replicas = chart.kubectl("get", "deployment", "-n", NAMESPACE, "-l", selector, "-o",
+                                 "jsonpath={.items[0].spec.replicas}")
+        chart.kubectl("scale", "deployment", "-n", NAMESPACE, "-l", selector, "--replicas=0")
+
+        def no_leader_alert() -> bool:
+            rule = {r["name"]: r for r in server.rules()}["DraGatewayAllocatorNoLeader"]
+            return rule["state"] in ("pending", "firing")
+
+        wait_until("DraGatewayAllocatorNoLeader to fire", no_leader_alert, 60, chart.check)
+        chart.kubectl("scale", "deployment", "-n", NAMESPACE, "-l", selector,
+                      f"--replicas={replicas}")
+        chart.kubectl("rollout", "status", "deployment", "-n", NAMESPACE, "-l", selector,
+                      "--timeout=120s")
+        wait_until("the alert to clear", lambda: not no_leader_alert(), 60, chart.check)
+    finally:
+        server.stop()
 
 
 def test_helm_upgrade_rolls_every_component_without_losing_a_claim(chart: ChartCluster) -> None:

@@ -1,9 +1,13 @@
 //go:build tools
 
-// Package promtool pins Prometheus' promtool for the chart's tests: `go build
-// github.com/prometheus/prometheus/cmd/promtool` in this module builds the version go.mod
-// names, which `promtool check rules` and `promtool test rules` then run against the
-// PrometheusRule the chart renders (tests/helm/test_monitoring.py).
+// Package promtool pins Prometheus for the tests: `go build` of
+// github.com/prometheus/prometheus/cmd/promtool and .../cmd/prometheus in this module builds the
+// version go.mod names. promtool checks and tests the PrometheusRule and the dashboard's queries
+// the chart renders (tests/helm); the server scrapes the chart's own pods on a real node and
+// evaluates the dashboard and the alerts there (tests/realchart).
 package promtool
 
-import _ "github.com/prometheus/prometheus/cmd/promtool"
+import (
+	_ "github.com/prometheus/prometheus/cmd/prometheus"
+	_ "github.com/prometheus/prometheus/cmd/promtool"
+)
