@@ -113,6 +113,8 @@ class Health:
         self._clock = clock
         self._monotonic = monotonic
         self._problems: dict[str, Problem] = {}
+        # Why each device's mark was lifted last, for the Event that says so.
+        self.lifted_because: dict[str, str] = {}
 
     @property
     def problems(self) -> dict[str, Problem]:
@@ -178,6 +180,10 @@ class Health:
             problem = self._problems.pop(device)
             log.info("device %s is healthy again: no fault for %.0fs since %s", device,
                      self.recovery_seconds, problem.reason)
+            self.lifted_because[device] = (
+                f"it came back and had no fault for {self.recovery_seconds:g}s"
+                if problem.severity == FATAL
+                else f"no fault for {self.recovery_seconds:g}s")
             self._metrics.recoveries.inc()
         if lifted:
             self._changed()
@@ -185,9 +191,11 @@ class Health:
 
     def clear(self, reason: str) -> None:
         """Drop every mark of one reason (NVML answering again clears its outage marks)."""
-        before = len(self._problems)
-        self._problems = {d: p for d, p in self._problems.items() if p.reason != reason}
-        if len(self._problems) != before:
+        cleared = [d for d, p in self._problems.items() if p.reason == reason]
+        for device in cleared:
+            del self._problems[device]
+            self.lifted_because[device] = f"{reason} ended"
+        if cleared:
             self._changed()
 
     def _changed(self) -> None:
@@ -219,6 +227,45 @@ class Health:
         while True:
             await asyncio.sleep(interval)
             self.lift_recovered()
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A device turned unhealthy, worse, or healthy again: what its Node's Event says."""
+
+    device: str
+    type: str  # "Warning" or "Normal"
+    reason: str  # the Event's reason
+    message: str
+
+
+def transitions(before: Mapping[str, Problem], after: Mapping[str, Problem], *, tainted: bool,
+                lifted_because: Mapping[str, str]) -> list[Transition]:
+    """What changed between two sets of marks, device by device, in words for operators:
+    what hit the device and what that does to it (its taint's effect, or withheld where the
+    cluster keeps no device taints), or why it is healthy again."""
+    found = []
+    for device, problem in sorted(after.items()):
+        old = before.get(device)
+        if old is not None and old.severity == problem.severity:
+            continue
+        if tainted:
+            effect = EFFECTS[problem.severity]
+            does = (f"tainted {effect}: its pods are evicted and it takes no new ones"
+                    if effect == "NoExecute" else f"tainted {effect}: it takes no new pods")
+        else:
+            does = "withheld from the node's ResourceSlices: it takes no new pods"
+        found.append(Transition(device, "Warning", "DeviceUnhealthy",
+                                f"device {device}: {problem.reason} ({problem.severity} fault) "
+                                f"since {problem.since}; {does}"))
+    for device, problem in sorted(before.items()):
+        if device not in after:
+            why = lifted_because.get(device, "its mark was lifted")
+            found.append(Transition(device, "Normal", "DeviceHealthy",
+                                    f"device {device} is healthy again ({why}); it had "
+                                    f"{problem.reason} ({problem.severity} fault) since "
+                                    f"{problem.since}"))
+    return found
 
 
 async def report_condition(cluster: Cluster, node_name: str, health: Health) -> None:

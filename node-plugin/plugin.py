@@ -42,13 +42,16 @@ from dra_gateway.node_plugin.devices import (
     devices_of,
 )
 from dra_gateway.node_plugin.discovery import DiscoveryError
+from dra_gateway.node_plugin.events import node_event, record
 from dra_gateway.node_plugin.facts import NodeFacts
 from dra_gateway.node_plugin.faultfile import begin_following, watch_fault_file
 from dra_gateway.node_plugin.health import (
     Health,
+    Problem,
     devices_by_card,
     mig_instances,
     report_condition,
+    transitions,
     watch_nvml,
 )
 from dra_gateway.node_plugin.legacy import Card, cards_of
@@ -151,6 +154,7 @@ class NodePlugin:
                                    instance=settings.instance,
                                    on_registration=self._registration_status)
         self._registered = False
+        self._health_reported: dict[str, Problem] = {}  # the marks the last Events told of
         self._background: set[asyncio.Task[Any]] = set()
 
     def _registration_status(self, registered: bool) -> None:
@@ -359,6 +363,14 @@ class NodePlugin:
     def _health_changed(self) -> None:
         self.health_feed.changed()
         self.publisher.set_devices(self.devices())
+        now = self.health.problems
+        for change in transitions(self._health_reported, now, tainted=self.device_taints,
+                                  lifted_because=self.health.lifted_because):
+            event = node_event(self.settings.node_name, type_=change.type, reason=change.reason,
+                               message=change.message, instance=self.settings.node_name)
+            self._spawn(record(self._cluster, event), f"event-{change.device}")
+        self._health_reported = now
+        self.health.lifted_because.clear()
         if not self.device_taints:
             self._spawn(report_condition(self._cluster, self.settings.node_name, self.health),
                         "node-condition")

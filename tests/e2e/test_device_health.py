@@ -156,3 +156,15 @@ def test_a_card_that_falls_off_the_bus_is_drained_and_comes_back(
     if not gateway.device_taints:
         wait_until("the Node to say every device is healthy",
                    lambda: _condition(api).get("status") == "False", PLACE_S, gateway.check)
+    # Operators are told on the Node: what hit the card and what that did, then its recovery.
+    def node_events() -> list[tuple[str, str]]:
+        return [(e["reason"], e["message"]) for e in api.list(
+            path_of("v1", "events", namespace="default"))
+            if e["involvedObject"].get("kind") == "Node"
+            and e["involvedObject"].get("name") == NODE and card in e["message"]]
+
+    wait_until(f"Events on Node {NODE} about {card}", lambda: {r for r, _ in node_events()} >= {
+        "DeviceUnhealthy", "DeviceHealthy"}, PLACE_S, gateway.check)
+    [unhealthy] = [m for r, m in node_events() if r == "DeviceUnhealthy"]
+    assert "xid-79 (fatal fault)" in unhealthy
+    assert ("tainted NoExecute" if gateway.device_taints else "withheld") in unhealthy

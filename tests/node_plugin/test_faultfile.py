@@ -9,10 +9,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 
 from dra_gateway.devkit.sim.memory import MemoryCluster
-from dra_gateway.kube.resources import RESOURCE_SLICES
+from dra_gateway.kube.resources import EVENTS, RESOURCE_SLICES
 from dra_gateway.node_plugin.faultfile import FaultLineError, apply_line
 from dra_gateway.node_plugin.health import Health
 from dra_gateway.node_plugin.inventory import load_inventory
@@ -130,3 +131,38 @@ def test_a_card_named_by_its_uuid_marks_every_device_on_it(mixed: Path) -> None:
     one = Health(driver="d", on_change=lambda: None)
     apply_line(json.dumps({"device": on_card[0], "event": "xid", "code": 48}), one, table)
     assert sorted(one.problems) == [on_card[0]]
+
+
+async def test_a_device_turning_unhealthy_and_healthy_again_is_told_on_its_node(
+        root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
+    """Operators see it where they look (`kubectl describe node`, event exporters): what hit
+    the device and what that does, then that it recovered and why."""
+    faults = root / "faults.jsonl"
+    settings = replace(plugin_settings(root), device_taints=True, fault_file=faults,
+                       recovery_seconds=0.5)
+    async with running_plugin(root, cluster, h100x8, settings):
+        _append(faults, {"device": "gpu-3", "event": "xid", "code": 79},
+                {"device": "gpu-5", "event": "xid", "code": 92})
+        await _until(cluster, {"gpu-3": "NoExecute", "gpu-5": "NoSchedule"})
+        await _until(cluster, {"gpu-3": "NoExecute"})
+        _append(faults, {"device": "gpu-3", "event": "recovered"})
+        await _until(cluster, {})
+        for _ in range(100):
+            events = (await cluster.list(EVENTS, namespace="default")).items
+            if len(events) == 4:
+                break
+            await asyncio.sleep(0.05)
+    told = sorted((e["type"], e["reason"], e["message"].split(";")[0].split(" (")[0])
+                  for e in events)
+    assert told == [
+        ("Normal", "DeviceHealthy", "device gpu-3 is healthy again"),
+        ("Normal", "DeviceHealthy", "device gpu-5 is healthy again"),
+        ("Warning", "DeviceUnhealthy", "device gpu-3: xid-79"),
+        ("Warning", "DeviceUnhealthy", "device gpu-5: xid-92")], told
+    messages = {(e["reason"], e["involvedObject"]["name"], e["message"]) for e in events}
+    assert any("tainted NoExecute: its pods are evicted" in m for _, _, m in messages)
+    assert any("it came back and had no fault for 0.5s" in m for _, _, m in messages)
+    assert any("(no fault for 0.5s)" in m for _, _, m in messages)
+    assert {node for _, node, _ in messages} == {plugin_settings(root).node_name}
+    for event in events:
+        kubernetes_validate.validate(event, "1.34", strict=True)

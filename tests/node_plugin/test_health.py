@@ -319,3 +319,22 @@ async def test_application_xids_on_mig_instances_mark_nothing(
         await asyncio.sleep(0.2)
         assert _reasons(plugin) == {INSTANCES[2]: "xid-48"}
         assert plugin.metrics.xid_events.labels("13")._value.get() == 3
+
+
+def test_transitions_say_what_a_fault_does_where_taints_are_not_kept() -> None:
+    from dra_gateway.node_plugin.health import Problem, transitions
+
+    degraded = Problem("xid-92", "2026-12-06T10:00:00Z", "degraded")
+    fatal = Problem("xid-79", "2026-12-06T10:00:00Z", "fatal")
+    [first] = transitions({}, {"gpu-1": degraded}, tainted=False, lifted_because={})
+    assert (first.type, first.reason) == ("Warning", "DeviceUnhealthy")
+    assert first.message == ("device gpu-1: xid-92 (degraded fault) since 2026-12-06T10:00:00Z; "
+                             "withheld from the node's ResourceSlices: it takes no new pods")
+    # Worse: told again; the same class again: not.
+    [worse] = transitions({"gpu-1": degraded}, {"gpu-1": fatal}, tainted=True, lifted_because={})
+    assert "tainted NoExecute" in worse.message
+    assert transitions({"gpu-1": fatal}, {"gpu-1": fatal}, tainted=True, lifted_because={}) == []
+    [healed] = transitions({"gpu-1": fatal}, {}, tainted=True,
+                           lifted_because={"gpu-1": "nvml-unavailable ended"})
+    assert (healed.type, healed.reason) == ("Normal", "DeviceHealthy")
+    assert healed.message.startswith("device gpu-1 is healthy again (nvml-unavailable ended)")
