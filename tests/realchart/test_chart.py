@@ -10,6 +10,7 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 from e2e.support import CHART, NAMESPACE, RELEASE, wait_until
@@ -94,6 +95,12 @@ PANELS_WITH_DATA = {
     "Rules in force", "Leader", "Work queue and waiting pods", "Planning time, 99th percentile",
     "Allocations", "Published devices", "Claims prepared", "Registered with the kubelet",
     "Legacy coexistence", "Unhealthy devices"}
+
+
+def _containers(pod: dict[str, Any]) -> list[tuple[str, int, str]]:
+    """Each container's ID, restarts and start time: the same ones mean it kept running."""
+    return [(c["containerID"], c["restartCount"], c["state"]["running"]["startedAt"])
+            for c in pod["status"]["containerStatuses"]]
 
 
 def _family(series: str) -> str:
@@ -185,9 +192,12 @@ def test_helm_upgrade_rolls_every_component_without_losing_a_claim(chart: ChartC
         wait_until(f"every {component} pod to be replaced", rolled, 90, chart.check)
     # The new plugin pod registered beside the old one; the kubelet switched to it.
     chart.wait_registered(since)
-    # The pod kept running on the same claim and allocation, never restarted.
+    # The pod kept running on the same claim and allocation, never restarted. (Its device's
+    # health in the status may read Unknown for up to the plugin's 15 s resend: a kubelet 1.37
+    # marks the driver's devices Unknown when the old pod's health stream ends, although the
+    # new pod's is open.)
     after = chart.pod("hami")
-    assert after["status"]["containerStatuses"] == pod["status"]["containerStatuses"]
+    assert _containers(after) == _containers(pod)
     [same] = chart.claims_of(after)
     assert same["metadata"]["uid"] == claim["metadata"]["uid"]
     assert same["status"]["allocation"] == claim["status"]["allocation"]
