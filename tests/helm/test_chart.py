@@ -539,6 +539,8 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
                   ["get", "list", "watch", "create", "update", "patch", "delete"])
         | _grants(CLUSTER, [""], ["nodes"], ["get"])
         | _grants(CLUSTER, [""], ["nodes/status"], ["patch"])
+        # Events on its Node when a device turns unhealthy or healthy again.
+        | _grants(CLUSTER, [""], ["events"], ["create"])
         | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims/driver"],
                   ["associated-node:update", "associated-node:patch"])
     ),
