@@ -26,21 +26,16 @@ from e2e.support import (
     CHART,
     NAMESPACE,
     RELEASE,
-    _fail_or_skip,
-    build_binaries,
     run_helm,
     wait_until,
 )
-from realnode.support import INVENTORY, NODE, WORKLOADS, NodeClient, build_node
+from realnode.support import INVENTORY, NODE, WORKLOADS, NodeClient, node_parts
 
 from dra_gateway.devkit.realcluster import ControlPlane, path_of
 from dra_gateway.devkit.realnode import (
     STATE_ROOT,
-    NodeBinaries,
-    NodeError,
     NodeNetwork,
     RealNode,
-    preflight,
 )
 from dra_gateway.devkit.simnode import install_hami_core
 
@@ -138,15 +133,7 @@ class ChartCluster(NodeClient):
 def chart_cluster(plane_version: str, kubelet_version: str, helm: str, work: Path,
                   image: tuple[Path, str]) -> Iterator[ChartCluster]:
     """A control plane and a real node with kube-proxy, the image imported, nothing installed."""
-    why_not = preflight()
-    if why_not:
-        _fail_or_skip(f"no real node on this machine: {why_not}")
-    bin_dir = build_binaries(plane_version)
-    node_dir = build_node(kubelet_version)
-    try:
-        binaries = NodeBinaries.of(node_dir)
-    except NodeError as exc:
-        _fail_or_skip(str(exc))
+    bin_dir, binaries = node_parts(plane_version, kubelet_version)
     network = NodeNetwork()
     network.create()
     plane = ControlPlane(bin_dir, work_dir=work / "kube", startup_timeout_s=180,

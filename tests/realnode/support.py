@@ -279,18 +279,39 @@ def container_env(output: str) -> dict[str, str]:
     return dict(pairs)
 
 
-@contextlib.contextmanager
-def real_node_cluster(plane_version: str, kubelet_version: str, helm: str, work: Path,
-                      feature_gates: Mapping[str, bool] | None = None) -> Iterator[Cluster]:
+def node_parts(plane_version: str, kubelet_version: str) -> tuple[Path, NodeBinaries]:
+    """The control plane's binaries folder and the node's binaries, built when missing; skips
+    (fails in CI) where no real node can run."""
     why_not = preflight()
     if why_not:
         _fail_or_skip(f"no real node on this machine: {why_not}")
     bin_dir = build_binaries(plane_version)
-    node_dir = build_node(kubelet_version)
     try:
-        binaries = NodeBinaries.of(node_dir)
+        return bin_dir, NodeBinaries.of(build_node(kubelet_version))
     except NodeError as exc:
         _fail_or_skip(str(exc))
+        raise
+
+
+def check_hami_share(cluster: NodeClient, name: str, hami_library: Path) -> JSON:
+    """Pod `name` (one share: 8000 MiB, 30% of a card) runs with HAMi-core's limits in its
+    environment and the library bind-mounted from the node at the same path; the pod."""
+    pod = cluster.wait_running(name)
+    [uuid] = cluster.allocated_uuids(pod)
+    output = cluster.container_output(name, "c0", until="done")
+    env = container_env(output)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == uuid
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "8000m"
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert env["LD_PRELOAD"] == str(hami_library)
+    assert "preload-mounted" in output
+    return pod
+
+
+@contextlib.contextmanager
+def real_node_cluster(plane_version: str, kubelet_version: str, helm: str, work: Path,
+                      feature_gates: Mapping[str, bool] | None = None) -> Iterator[Cluster]:
+    bin_dir, binaries = node_parts(plane_version, kubelet_version)
     gates = dict(feature_gates or {})
     network = NodeNetwork()
     network.create()

@@ -16,7 +16,7 @@ from e2e.support import Component, wait_until
 
 from dra_gateway.devkit.realnode import STATE_ROOT
 from dra_gateway.kube import names
-from realnode.support import WORKLOADS, Cluster, NodeClient, container_env
+from realnode.support import WORKLOADS, Cluster, NodeClient, check_hami_share, container_env
 
 ENV_THEN_SLEEP = 'env; test -f "$LD_PRELOAD" && echo preload-mounted; echo done; sleep 3600'
 
@@ -70,16 +70,8 @@ def test_a_whole_card_is_prepared_and_seen_in_the_container(cluster: Cluster) ->
 def test_a_hami_share_gets_its_limits_and_the_library_mounted(cluster: Cluster) -> None:
     cluster.create_pod(legacy_pod("share", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8000,
                                             "nvidia.com/gpucores": 30}))
-    pod = cluster.wait_running("share")
-    [uuid] = cluster.allocated_uuids(pod)
-    output = cluster.container_output("share", "c0", until="done")
-    env = container_env(output)
-    assert env["NVIDIA_VISIBLE_DEVICES"] == uuid
-    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "8000m"
-    assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
-    assert env["LD_PRELOAD"] == str(cluster.hami_library)
-    # The library is bind-mounted from the node at the same path.
-    assert "preload-mounted" in output
+    # Its limits in the environment; the library bind-mounted from the node at the same path.
+    check_hami_share(cluster, "share", cluster.hami_library)
     cluster.delete_pod("share")
 
 
