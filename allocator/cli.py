@@ -76,6 +76,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     controller.add_argument("--no-preemption", action="store_true",
                             help="never evict pods of lower priority for a pod that fits "
                             "nowhere (kube-scheduler's preemption, for GPU claims)")
+    controller.add_argument("--no-health-eviction", action="store_true",
+                            help="never evict the pods of a device that failed (a fatal fault "
+                            "a node plugin withholds the device for, where the API server keeps "
+                            "no device taints and kube-controller-manager cannot evict)")
     defrag = controller.add_argument_group(
         "defrag", "move the fewest pods to place pods that wait (off by default; "
         "`dra-gateway defrag plan` shows what it would do)")

@@ -46,6 +46,7 @@ from dra_gateway.allocator.allocate import PodAllocator
 from dra_gateway.allocator.defrag import holds as holdfmt
 from dra_gateway.allocator.defrag.mode import DefragMode
 from dra_gateway.allocator.defrag.view import Snapshot
+from dra_gateway.allocator.drain import DrainMode
 from dra_gateway.allocator.events import COMPONENT, EventRecorder
 from dra_gateway.allocator.groups import GROUP_INDEX, HOLDER_INDEX, group_index, holder_index
 from dra_gateway.allocator.index import ClaimIndex
@@ -256,6 +257,13 @@ class Controller:
                                             snapshot=self.snapshot, metrics=self.metrics,
                                             fence=self.fence)
                 tasks.append(asyncio.create_task(preemption.run(), name="preemption"))
+            if self.settings.health_eviction:
+                drain = DrainMode(self.cluster, driver=names.DRIVER,
+                                  interval=self.settings.drain_interval,
+                                  nodes=self.nodes.values, snapshot=self.snapshot,
+                                  metrics=self.metrics, fence=self.fence,
+                                  instance=self.settings.identity)
+                tasks.append(asyncio.create_task(drain.run(), name="health-eviction"))
             for n in range(max(1, self.settings.workers)):
                 worker = run_worker(self.queue, self._sync, stats=self.stats,
                                     metrics=self.metrics)

@@ -83,6 +83,11 @@ class Metrics:
             "Pods of lower priority the allocator preempted (evicted) for a waiting pod, or "
             "tried to, by result (evicted, refused by a PodDisruptionBudget, failed)",
             ("result",), registry=r)
+        self.health_evictions = Counter(
+            "dra_gateway_allocator_health_evictions",
+            "Pods the allocator evicted from devices that failed (fatal faults, where the API "
+            "server keeps no device taints), or tried to, by result (evicted, refused by a "
+            "PodDisruptionBudget, failed)", ("result",), registry=r)
         self.defrag_pods_helped = Counter(
             "dra_gateway_allocator_defrag_pods_helped",
             "Waiting pods placed after the allocator's defrag moved pods for them", registry=r)

@@ -48,7 +48,14 @@ from dra_gateway.allocator.conditions import PREEMPTION_CONDITION, set_quota_con
 from dra_gateway.allocator.defrag import holds as holdfmt
 from dra_gateway.allocator.defrag.act import list_items, write_records
 from dra_gateway.allocator.defrag.view import Inputs, Snapshot, build
-from dra_gateway.allocator.events import COMPONENT, pod_event
+from dra_gateway.allocator.events import COMPONENT
+from dra_gateway.allocator.evictions import (
+    EVICTED,
+    FAILED,
+    GONE,
+    REFUSED,
+    Evictions,
+)
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.planner.defrag.model import Waiter
 from dra_gateway.allocator.planner.plan import plan_pod
@@ -57,19 +64,12 @@ from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.allocator.work import Fence
 from dra_gateway.kube import objects
-from dra_gateway.kube.cluster.port import (
-    ApiError,
-    Cluster,
-    NotFound,
-    Object,
-    TooManyRequests,
-)
-from dra_gateway.kube.resources import CONFIG_MAPS, EVENTS, POD_DISRUPTION_BUDGETS, PODS
+from dra_gateway.kube.cluster.port import ApiError, Cluster, Object
+from dra_gateway.kube.resources import CONFIG_MAPS, POD_DISRUPTION_BUDGETS
 from dra_gateway.kube.runtime.leader import LeadershipLost
 
 log = logging.getLogger(__name__)
 
-DISRUPTION_TARGET = "DisruptionTarget"
 REASON = "PreemptionByDraGateway"
 
 
@@ -172,7 +172,8 @@ class PreemptionMode:
         self.metrics = metrics
         self.fence = fence
         self.clock = clock or (lambda: datetime.now(UTC))
-        self.instance = settings.identity or COMPONENT
+        self.evictions = Evictions(cluster, clock=self.clock, instance=settings.identity,
+                                   fence=fence)
         # Preemptor uid -> its victims not yet gone: not preempted for again while they leave
         # (a victim may take longer than the hold to stop).
         self.leaving: dict[str, set[str]] = {}
@@ -246,8 +247,8 @@ class PreemptionMode:
         goal = (f"to take back the guarantee its namespace lent to cohort "
                 f"{preemption.cohort} and place this pod on node {preemption.node}"
                 if preemption.cohort else f"on node {preemption.node} to place this pod")
-        await self._event(preemptor, "Preempting", "Normal",
-                          f"preempting {victims} ({whose}) {goal}")
+        await self.evictions.event(preemptor, "Preempting",
+                                   f"preempting {victims} ({whose}) {goal}")
         if preemptor is not None:
             await set_quota_condition(
                 self.cluster, preemptor, held=True, reason="Preempting",
@@ -262,25 +263,20 @@ class PreemptionMode:
                    f"{COMPONENT}: preempting to accommodate a higher priority pod "
                    f"{preemption.pod} (priority {preemption.priority}) on node "
                    f"{preemption.node}")
-            try:
-                await self._mark(victim.pod, why)
-                await self._event(pod, "Preempted", "Normal", (
-                    f"Preempted by pod {preemption.pod}: it takes back the guarantee lent to "
+            told = (f"Preempted by pod {preemption.pod}: it takes back the guarantee lent to "
                     f"cohort {preemption.cohort}, which this pod's namespace borrowed"
                     if preemption.cohort else
-                    f"Preempted by pod {preemption.pod} on node {preemption.node}"))
-                namespace, name = victim.pod.split("/", 1)
-                self.fence()
-                await self.cluster.evict(name, namespace=namespace, uid=victim.uid)
-            except NotFound:
-                continue  # gone already: what it held is free
-            except (ApiError, OSError) as exc:
-                result = "refused" if isinstance(exc, TooManyRequests) else "failed"
+                    f"Preempted by pod {preemption.pod} on node {preemption.node}")
+            result, message = await self.evictions.leave(
+                victim.pod, victim.uid, reason=REASON, message=why,
+                told=(pod, "Preempted", told))
+            if result == GONE:
+                continue  # what it held is free
+            if result in (REFUSED, FAILED):
                 self.metrics.preemptions.labels(result).inc()
-                message = exc.message if isinstance(exc, ApiError) else str(exc)
                 said = (f"could not preempt {victim.pod} on node {preemption.node}: {message}; "
                         f"it waits, and preemption is tried again")
-                await self._event(preemptor, "PreemptionRefused", "Warning", said)
+                await self.evictions.event(preemptor, "PreemptionRefused", said, "Warning")
                 if preemptor is not None:
                     await set_quota_condition(self.cluster, preemptor, held=True,
                                               reason="PreemptionRefused",
@@ -289,29 +285,8 @@ class PreemptionMode:
                 log.warning("preemption stopped", extra={
                     "pod": preemption.pod, "victim": victim.pod, "error": message})
                 return result
-            self.metrics.preemptions.labels("evicted").inc()
-        return "evicted"
-
-    async def _mark(self, pod: str, message: str) -> None:
-        namespace, name = pod.split("/", 1)
-        condition = {"type": DISRUPTION_TARGET, "status": "True", "reason": REASON,
-                     "message": message,
-                     "lastTransitionTime": self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")}
-        await self.cluster.patch(PODS, name, {"status": {"conditions": [condition]}},
-                                 namespace=namespace, subresource="status",
-                                 patch_type="strategic")
-
-    async def _event(self, pod: Object | None, reason: str, type_: str, message: str) -> None:
-        if pod is None:
-            return
-        event = pod_event(pod, reason=reason, message=message, type_=type_,
-                          component=COMPONENT, instance=self.instance,
-                          stamp=self.clock().strftime("%Y-%m-%dT%H:%M:%SZ"))
-        try:
-            await self.cluster.create(EVENTS, event, namespace=objects.namespace(pod))
-        except (ApiError, OSError) as exc:
-            log.warning("could not record an event", extra={
-                "pod": "/".join(objects.namespace_name(pod)), "error": str(exc)})
+            self.metrics.preemptions.labels(EVICTED).inc()
+        return EVICTED
 
     async def _drop_spent_holds(self, snapshot: Snapshot) -> None:
         """Drop the holds this allocator's preemptions wrote that have served: their pod is
@@ -347,4 +322,4 @@ class PreemptionMode:
                 "error": exc.message, "kind": CONFIG_MAPS.kind})
 
 
-__all__ = ["DISRUPTION_TARGET", "REASON", "PreemptionMode", "find_preemptions"]
+__all__ = ["REASON", "PreemptionMode", "find_preemptions"]

@@ -132,7 +132,8 @@ async def _main(args: argparse.Namespace) -> int:
                                     defrag_moves_per_pod=args.defrag_moves_per_pod,
                                     defrag_hold=args.defrag_hold,
                                     defrag_window=args.defrag_window,
-                                    preemption=not args.no_preemption),
+                                    preemption=not args.no_preemption,
+                                    health_eviction=not args.no_health_eviction),
                                 metrics=metrics, stop=stop)
     finally:
         settling.cancel()

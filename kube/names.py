@@ -99,7 +99,7 @@ NODE_CUT_OVER_VALUE: Final = "true"
 NODE_MIGRATION_CONDITION: Final = "DraGatewayMigration"
 # The node plugin's word on its devices' health: a taint `<driver>/unhealthy` (value: the
 # reason, effect: the fault's class) where the cluster keeps device taints, else the devices
-# are withheld and this Node condition lists them.
+# are withheld; either way this Node condition lists them (kube/device_health.py).
 NODE_HEALTH_CONDITION: Final = "GpuDevicesUnhealthy"
 UNHEALTHY_TAINT_SUFFIX: Final = "/unhealthy"
 NODE_STATE_LEGACY: Final = "Legacy"

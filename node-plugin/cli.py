@@ -135,6 +135,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        "(a degraded one: since its last fault; a fatal one: since it came back) "
                        "must stay without one before its taint lifts; 0: never, until the "
                        "plugin restarts (default: %(default)s)")
+    serve.add_argument("--admin-check-seconds", type=_positive_seconds, default=10.0,
+                       metavar="SECONDS", help="while a device is out of service, how often "
+                       "the Node's annotations are read for an administrator's clear or keep "
+                       "(dra-gateway devices clear|keep; default: %(default)s)")
     serve.add_argument("--fault-file", type=Path, metavar="FILE",
                        help="with --inventory: follow FILE for health events, one JSON object "
                        'a line, e.g. {"device": "gpu-3", "event": "xid", "code": 79} or '

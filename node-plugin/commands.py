@@ -92,6 +92,7 @@ async def _serve(args: argparse.Namespace) -> int:
         consumable_capacity=args.consumable_capacity,
         device_taints=args.device_taints,
         recovery_seconds=args.recovery_seconds, fault_file=args.fault_file,
+        admin_check_seconds=args.admin_check_seconds,
         enforcement=cdi.EnforcementSettings(hami_library=args.hami_library),
         coexistence=CoexistenceSettings(enabled=args.legacy_coexistence,
                                         socket=args.pod_resources_socket,

@@ -5,16 +5,19 @@ Each fault has a class (`faults.py`): a fatal one taints the device `NoExecute` 
 evicted), a degraded one `NoSchedule` (no new work), an informational one is only counted.
 Where the cluster keeps device taints (DRADeviceTaints), an unhealthy device stays published
 with that taint, so schedulers and the allocator skip it and operators see why. Where it does
-not, the device is withheld from the slice instead, and a Node condition
-(`GpuDevicesUnhealthy`) plus a metric say which devices and why.
+not, the device is withheld from the slice instead (and the allocator evicts the pods of a
+fatal one). Either way the Node condition `GpuDevicesUnhealthy` (its format in
+kube/device_health.py) and a metric say which devices, why, and when each is healthy again.
 
 Recovery (`recovery_seconds`; 0 keeps every mark until the plugin restarts, as NVIDIA's plugins
 do): a degraded device is healthy again once no fault hit it for that long; a fatal one once
 the card showed it came back (NVML sees a lost GPU again, the fault file says `recovered`) and
 then stayed without a fault for that long. An NVML outage marks every device unhealthy ("no
-healthy devices") and is cleared when NVML answers again. An XID that NVML attributes to one
-MIG instance (its GPU-instance and compute-instance ids) marks that instance only; one that is
-not MIG-specific marks every device of the card, as NVIDIA's device plugin does. This module
+healthy devices") and is cleared when NVML answers again. An administrator may clear a
+device's faults or keep its mark through its Node's annotations (`apply_orders`). An XID that
+NVML attributes to one MIG instance (its GPU-instance and compute-instance ids) marks that
+instance only; one that is not MIG-specific marks every device of the card, as NVIDIA's device
+plugin does. This module
 decides; the publisher and the cluster port do the writing.
 """
 
@@ -27,11 +30,17 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import ApiError, Cluster
+from dra_gateway.kube.device_health import (
+    WITHHELD,
+    AdminOrders,
+    DeviceMark,
+    marks_message,
+)
 from dra_gateway.kube.resources import NODES
 from dra_gateway.node_plugin.devices import DeviceInfo
 from dra_gateway.node_plugin.faults import (
@@ -50,6 +59,7 @@ from dra_gateway.node_plugin.nvml import Nvml, NvmlError, XidEvent
 log = logging.getLogger(__name__)
 
 CONDITION_TYPE = names.NODE_HEALTH_CONDITION
+_LONG_AGO = datetime.min.replace(tzinfo=UTC)
 
 
 def taint_key(driver: str) -> str:
@@ -63,6 +73,7 @@ class Problem:
     severity: Severity = "degraded"
     last_fault: float = 0.0  # monotonic seconds of the latest fault on the device
     recovered: float | None = None  # monotonic seconds of the latest sign that it came back
+    last_fault_at: datetime = _LONG_AGO  # the latest fault's wall time
 
 
 def devices_by_card(table: Mapping[str, DeviceInfo]) -> dict[str, list[str]]:
@@ -115,6 +126,9 @@ class Health:
         self._problems: dict[str, Problem] = {}
         # Why each device's mark was lifted last, for the Event that says so.
         self.lifted_because: dict[str, str] = {}
+        # The devices an administrator keeps out of service: their marks never lift by
+        # themselves (`apply_orders`).
+        self.kept: frozenset[str] = frozenset()
 
     @property
     def problems(self) -> dict[str, Problem]:
@@ -129,21 +143,29 @@ class Health:
             log.info("%s on %s is the application's: the device stays healthy", reason,
                      ", ".join(devices))
             return
-        since = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+        wall = self._clock()
+        since = wall.strftime("%Y-%m-%dT%H:%M:%SZ")
         now = self._monotonic()
         changed = False
         for device in devices:
             old = self._problems.get(device)
             if old is None:
-                self._problems[device] = Problem(reason, since, severity, now)
+                self._problems[device] = Problem(reason, since, severity, now,
+                                                 last_fault_at=wall)
                 changed = True
                 log.warning("device %s is unhealthy (%s): %s", device, severity, reason)
             elif worse(severity, old.severity) != old.severity:
-                self._problems[device] = Problem(reason, old.since, severity, now)
+                self._problems[device] = Problem(reason, old.since, severity, now,
+                                                 last_fault_at=wall)
                 changed = True
                 log.warning("device %s is now %s: %s", device, severity, reason)
             else:
-                self._problems[device] = replace(old, last_fault=now, recovered=None)
+                # Its recovery starts over. A device that had come back no longer has a time
+                # to be healthy at; a degraded one's moves later (the condition says "unless a
+                # fault hits it first", and is not rewritten for every fault of a storm).
+                changed = changed or old.recovered is not None
+                self._problems[device] = replace(old, last_fault=now, recovered=None,
+                                                 last_fault_at=wall)
         if changed:
             self._changed()
 
@@ -152,30 +174,35 @@ class Health:
         their marks (of `reason` only, when given) lift after the recovery period without a
         fault (`lift_recovered`)."""
         now = self._monotonic()
+        changed = False
         for device in devices:
             old = self._problems.get(device)
             if old is not None and old.recovered is None and reason in (None, old.reason):
                 self._problems[device] = replace(old, recovered=now)
+                changed = True
                 log.info("device %s came back (%s): healthy again after %.0fs without a fault",
                          device, how, self.recovery_seconds)
+        if changed:
+            self._changed()  # the condition says when it is healthy again
+
+    def _lifts_at(self, device: str, problem: Problem) -> float | None:
+        """Monotonic seconds at which the mark lifts unless a fault comes first; None when
+        nothing lifts it by itself (no recovery period, an NVML outage, a fatal fault with no
+        sign of recovery yet, an administrator keeping it)."""
+        if self.recovery_seconds <= 0 or problem.reason == NVML_UNAVAILABLE \
+                or device in self.kept:
+            return None
+        if problem.severity == FATAL:
+            if problem.recovered is None:
+                return None
+            return max(problem.recovered, problem.last_fault) + self.recovery_seconds
+        return problem.last_fault + self.recovery_seconds
 
     def lift_recovered(self) -> list[str]:
         """Lift the marks of the devices that recovered; the devices lifted."""
-        if self.recovery_seconds <= 0:
-            return []
         now = self._monotonic()
-        lifted = []
-        for device, problem in sorted(self._problems.items()):
-            if problem.reason == NVML_UNAVAILABLE:
-                continue  # lifted when NVML answers (`clear`)
-            if problem.severity == FATAL:
-                if problem.recovered is None:
-                    continue
-                start = max(problem.recovered, problem.last_fault)
-            else:
-                start = problem.last_fault
-            if now - start >= self.recovery_seconds:
-                lifted.append(device)
+        lifted = [device for device, problem in sorted(self._problems.items())
+                  if (at := self._lifts_at(device, problem)) is not None and now >= at]
         for device in lifted:
             problem = self._problems.pop(device)
             log.info("device %s is healthy again: no fault for %.0fs since %s", device,
@@ -198,6 +225,41 @@ class Health:
         if cleared:
             self._changed()
 
+    def apply_orders(self, orders: AdminOrders) -> None:
+        """What an administrator said on the Node: a device whose faults are cleared up to a
+        time at or after its latest fault is healthy again now; a kept device's mark does not
+        lift by itself until it is no longer kept."""
+        cleared = []
+        for device, problem in sorted(self._problems.items()):
+            until = orders.cleared_until(device)
+            if until is not None and until >= problem.last_fault_at:
+                cleared.append((device, until))
+        for device, until in cleared:
+            problem = self._problems.pop(device)
+            log.info("device %s is healthy again: an administrator cleared its faults up to "
+                     "%s (it had %s)", device, until.isoformat(), problem.reason)
+            self.lifted_because[device] = (f"an administrator cleared its faults up to "
+                                           f"{until.strftime('%Y-%m-%dT%H:%M:%SZ')}")
+        kept_changed = (orders.keep & set(self._problems)) != (self.kept & set(self._problems))
+        self.kept = orders.keep
+        if cleared or kept_changed:
+            self._changed()
+
+    def marks(self, *, tainted: bool) -> list[DeviceMark]:
+        """The marks as the Node condition lists them: what was done to each device (tainted
+        with its class's effect, or withheld), and when it is healthy again."""
+        wall, now = self._clock(), self._monotonic()
+        out = []
+        for device, problem in sorted(self._problems.items()):
+            at = self._lifts_at(device, problem)
+            healthy_at = "" if at is None else (
+                wall + timedelta(seconds=max(0.0, at - now))).strftime("%Y-%m-%dT%H:%M:%SZ")
+            out.append(DeviceMark(
+                device, problem.reason, problem.severity,
+                f"tainted {EFFECTS[problem.severity]}" if tainted else WITHHELD,
+                problem.since, healthy_at=healthy_at, kept=device in self.kept))
+        return out
+
     def _changed(self) -> None:
         self._metrics.unhealthy_devices.set(len(self._problems))
         self._on_change()
@@ -210,16 +272,14 @@ class Health:
     def withheld(self) -> frozenset[str]:
         return frozenset(self._problems)
 
-    def condition(self) -> dict[str, Any]:
+    def condition(self, *, tainted: bool) -> dict[str, Any]:
         now = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
         if not self._problems:
             return {"type": CONDITION_TYPE, "status": "False", "reason": "AllDevicesHealthy",
                     "message": f"every {self.driver} device is healthy",
                     "lastHeartbeatTime": now, "lastTransitionTime": now}
-        listed = ", ".join(f"{d} ({p.reason}, {p.severity})"
-                           for d, p in sorted(self._problems.items()))
         return {"type": CONDITION_TYPE, "status": "True", "reason": "DevicesUnhealthy",
-                "message": f"{len(self._problems)} {self.driver} device(s) withheld: {listed}",
+                "message": marks_message(self.driver, self.marks(tainted=tainted)),
                 "lastHeartbeatTime": now, "lastTransitionTime": now}
 
     async def run_recovery(self, interval: float = 1.0) -> None:
@@ -268,10 +328,12 @@ def transitions(before: Mapping[str, Problem], after: Mapping[str, Problem], *, 
     return found
 
 
-async def report_condition(cluster: Cluster, node_name: str, health: Health) -> None:
+async def report_condition(cluster: Cluster, node_name: str, health: Health, *,
+                           tainted: bool) -> None:
     """Patch the Node's condition; a failure is logged, never fatal (the metric still says)."""
+    condition = health.condition(tainted=tainted)
     try:
-        await cluster.patch(NODES, node_name, {"status": {"conditions": [health.condition()]}},
+        await cluster.patch(NODES, node_name, {"status": {"conditions": [condition]}},
                             patch_type="strategic", subresource="status")
     except ApiError as exc:
         log.warning("could not set condition %s on Node %s: %s (%s)", CONDITION_TYPE,

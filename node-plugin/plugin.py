@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dra_gateway.kube import names
+from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.features import (
     BY_PUBLISHED_SLICES,
     detect_consumable_capacity,
@@ -31,7 +31,8 @@ from dra_gateway.kube.cluster.features import (
     slices_show_consumable_capacity,
 )
 from dra_gateway.kube.cluster.port import ApiError, Cluster
-from dra_gateway.kube.resources import RESOURCE_SLICES
+from dra_gateway.kube.device_health import admin_orders
+from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
 from dra_gateway.node_plugin import cdi
 from dra_gateway.node_plugin.coexistence import CoexistenceSettings, LegacyCoexistence
 from dra_gateway.node_plugin.devices import (
@@ -103,6 +104,9 @@ class PluginSettings:
     # How long a recovered device stays without a fault before its mark lifts (health.py);
     # 0: marks stay until the plugin restarts.
     recovery_seconds: float = 600.0
+    # While a device is marked, how often the Node's annotations are read for an
+    # administrator's clear or keep (kube/device_health.py).
+    admin_check_seconds: float = 10.0
     # Health events from a file (faultfile.py), for nodes without NVML.
     fault_file: Path | None = None
     # Consumable-capacity detection: how long one attempt may take, and the first pause
@@ -155,6 +159,8 @@ class NodePlugin:
                                    on_registration=self._registration_status)
         self._registered = False
         self._health_reported: dict[str, Problem] = {}  # the marks the last Events told of
+        self._condition_wanted = asyncio.Event()
+        self._condition_wanted.set()
         self._background: set[asyncio.Task[Any]] = set()
 
     def _registration_status(self, registered: bool) -> None:
@@ -371,9 +377,37 @@ class NodePlugin:
             self._spawn(record(self._cluster, event), f"event-{change.device}")
         self._health_reported = now
         self.health.lifted_because.clear()
-        if not self.device_taints:
-            self._spawn(report_condition(self._cluster, self.settings.node_name, self.health),
-                        "node-condition")
+        self._condition_wanted.set()
+
+    async def _report_condition(self) -> None:
+        """The one writer of the Node's health condition: the latest marks, once per burst of
+        changes, in order (a first write at the start replaces what an earlier run left)."""
+        while True:
+            await self._condition_wanted.wait()
+            self._condition_wanted.clear()
+            await report_condition(self._cluster, self.settings.node_name, self.health,
+                                   tainted=self.device_taints)
+
+    async def _follow_admin_orders(self) -> None:
+        """While a device is marked, read the Node's annotations (a clear, a keep) every
+        `admin_check_seconds`; a healthy node is not read."""
+        told: tuple[str, ...] = ()
+        while True:
+            await asyncio.sleep(self.settings.admin_check_seconds)
+            if not self.health.problems and not self.health.kept:
+                continue
+            try:
+                node = await self._cluster.get(NODES, self.settings.node_name)
+            except ApiError as exc:
+                log.warning("could not read Node %s for its device health annotations: %s",
+                            self.settings.node_name, exc.message)
+                continue
+            orders = admin_orders(objects.annotations(node))
+            if orders.problems != told:
+                for problem in orders.problems:
+                    log.warning("Node %s: %s", self.settings.node_name, problem)
+                told = orders.problems
+            self.health.apply_orders(orders)
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -439,6 +473,8 @@ class NodePlugin:
             if self.settings.recovery_seconds > 0:
                 self._spawn(self.health.run_recovery(
                     min(5.0, self.settings.recovery_seconds / 10)), "health-recovery")
+            self._spawn(self._report_condition(), "node-condition")
+            self._spawn(self._follow_admin_orders(), "device-health-orders")
             if started is not None:
                 started.set()
             await asyncio.Event().wait()

@@ -30,7 +30,7 @@ from typing import Any
 
 from dra_gateway.allocator.defrag import holds as holdfmt
 from dra_gateway.allocator.defrag.view import Snapshot, controller_uid
-from dra_gateway.allocator.events import pod_event
+from dra_gateway.allocator.evictions import Evictions
 from dra_gateway.allocator.legacypods import LegacyPods
 from dra_gateway.allocator.planner.defrag import DefragPlan, Help, Move
 from dra_gateway.kube import objects
@@ -47,7 +47,6 @@ from dra_gateway.kube.cluster.port import (
 from dra_gateway.kube.resources import (
     CONFIG_MAPS,
     DEVICE_CLASSES,
-    EVENTS,
     GPU_QUOTAS,
     GPU_SHARING_POLICIES,
     NAMESPACES,
@@ -167,7 +166,8 @@ class Applier:
         self.namespace = namespace
         self.pace = pace or Pace()
         self.clock = clock or (lambda: datetime.now(UTC))
-        self.instance = instance or COMPONENT
+        self.evictions = Evictions(cluster, clock=self.clock, instance=instance,
+                                   component=COMPONENT)
 
     async def carry_out(self, plan: DefragPlan, pods: Mapping[str, Object]) -> ApplyReport:
         """`pods`: the live pods the plan was made from, by uid (for owners and Events)."""
@@ -223,9 +223,8 @@ class Applier:
             async with gate:
                 if stop.is_set():
                     return MoveOutcome(move, "not started")
-                namespace, name = move.pod.split("/", 1)
                 try:
-                    await self.cluster.evict(name, namespace=namespace, uid=move.uid)
+                    await self.evictions.evict(move.pod, move.uid)
                     return MoveOutcome(move, "evicted")
                 except NotFound:
                     return MoveOutcome(move, "already gone")
@@ -244,26 +243,13 @@ class Applier:
                       pods: Mapping[str, Object]) -> None:
         done = [m.move for m in outcome.moves if m.result == "evicted"]
         for move in done:
-            await self._event(pods.get(move.uid), EVENT_MOVED,
+            await self.evictions.event(pods.get(move.uid), EVENT_MOVED,
                               f"moved by defrag to make room for {help_.pod} (frees "
                               f"{help_.frees})")
         if done:
-            await self._event(pods.get(help_.uid), EVENT_ROOM,
+            await self.evictions.event(pods.get(help_.uid), EVENT_ROOM,
                               f"defrag moved {', '.join(m.pod for m in done)} to free "
                               f"{help_.frees} for this pod")
-
-    async def _event(self, pod: Object | None, reason: str, message: str) -> None:
-        if pod is None:
-            return
-        ns = objects.namespace(pod)
-        event = pod_event(pod, reason=reason, message=message, type_="Normal",
-                          component=COMPONENT, instance=self.instance,
-                          stamp=self.clock().strftime("%Y-%m-%dT%H:%M:%SZ"))
-        try:
-            await self.cluster.create(EVENTS, event, namespace=ns)
-        except (ApiError, OSError) as exc:
-            log.warning("could not record an event", extra={
-                "pod": "/".join(objects.namespace_name(pod)), "error": str(exc)})
 
     async def _wait_placed(self, uid: str, pods: Mapping[str, Object], *,
                            short: bool = False) -> tuple[str, bool]:

@@ -11,7 +11,8 @@ from testkit import eventually
 
 from dra_gateway.allocator.conditions import PREEMPTION_CONDITION, quota_condition
 from dra_gateway.allocator.defrag import holds as holdfmt
-from dra_gateway.allocator.preemption import DISRUPTION_TARGET, REASON
+from dra_gateway.allocator.evictions import DISRUPTION_TARGET
+from dra_gateway.allocator.preemption import REASON
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Object

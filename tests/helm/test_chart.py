@@ -1598,11 +1598,20 @@ def test_the_allocators_defrag_is_off_by_default_and_granted_only_when_on(
     args = container(objects, "Deployment", "allocator")["args"]
     assert "--defrag" not in args
     assert "--no-preemption" not in args  # preemption is on by default
-    # With preemption off too, nothing may evict.
+    # With preemption off, budgets are not read; with the drain of failed devices off too,
+    # nothing may evict.
     result = helm.template({"allocator": {"preemption": {"enabled": False}}})
     assert result.returncode == 0, result.stderr
     objects = parse_render(result.stdout)
     assert "--no-preemption" in container(objects, "Deployment", "allocator")["args"]
+    rules = one(objects, "ClusterRole", "allocator")["rules"]
+    assert {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]} in rules
+    assert not any("poddisruptionbudgets" in rule["resources"] for rule in rules)
+    result = helm.template({"allocator": {"preemption": {"enabled": False},
+                                          "healthEviction": {"enabled": False}}})
+    assert result.returncode == 0, result.stderr
+    objects = parse_render(result.stdout)
+    assert "--no-health-eviction" in container(objects, "Deployment", "allocator")["args"]
     granted = [rule for rule in one(objects, "ClusterRole", "allocator")["rules"]
                if "pods/eviction" in rule["resources"]]
     assert granted == []

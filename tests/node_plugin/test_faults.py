@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
+from dra_gateway.kube.device_health import (
+    CLEAR_ANNOTATION,
+    KEEP_ANNOTATION,
+    DeviceMark,
+    admin_orders,
+    parse_marks,
+)
 from dra_gateway.node_plugin.faults import (
     DEGRADED,
     FATAL,
@@ -118,3 +127,78 @@ def test_without_a_recovery_period_marks_stay_and_an_nvml_outage_lifts_only_when
     assert health.lift_recovered() == []
     health.clear("nvml-unavailable")
     assert health.problems == {}
+
+
+class WallClock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 12, 6, 10, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _walled(recovery: float = 60.0) -> tuple[Health, Clock, WallClock, list[int]]:
+    clock, wall = Clock(), WallClock()
+    changes: list[int] = []
+    health = Health(driver="gpu.dra-gateway.io", on_change=lambda: changes.append(1),
+                    recovery_seconds=recovery, monotonic=clock, clock=wall)
+    return health, clock, wall, changes
+
+
+def _advance(clock: Clock, wall: WallClock, seconds: float) -> None:
+    clock.now += seconds
+    wall.now += timedelta(seconds=seconds)
+
+
+def test_the_condition_says_what_was_done_to_each_device_and_when_it_is_healthy_again() -> None:
+    health, clock, wall, changes = _walled(recovery=60)
+    health.mark(["gpu-0"], "xid-79")
+    _advance(clock, wall, 10)
+    health.mark(["gpu-1"], "xid-92")
+    marks = {m.device: m for m in parse_marks(health.condition(tainted=False)["message"])}
+    # A fatal device has no time until it comes back; a degraded one a minute after its fault.
+    assert marks["gpu-0"] == DeviceMark("gpu-0", "xid-79", "fatal", "withheld",
+                                        "2026-12-06T10:00:00Z")
+    assert marks["gpu-1"].healthy_at == "2026-12-06T10:01:10Z"
+    assert marks["gpu-1"].action == "withheld"
+    before = len(changes)
+    _advance(clock, wall, 5)
+    health.recovered(["gpu-0"], "test")  # the condition is written again: it has a time now
+    assert len(changes) == before + 1
+    (mark,) = [m for m in health.marks(tainted=True) if m.device == "gpu-0"]
+    assert (mark.action, mark.healthy_at) == ("tainted NoExecute", "2026-12-06T10:01:15Z")
+
+
+def test_an_administrator_clears_faults_up_to_a_time_and_a_later_fault_marks_again() -> None:
+    health, clock, wall, changes = _walled(recovery=0)  # nothing lifts by itself
+    health.mark(["gpu-0", "gpu-1"], "xid-79")
+    _advance(clock, wall, 60)
+    health.mark(["gpu-1"], "xid-79")  # gpu-1's latest fault is after the clear below
+    orders = admin_orders({CLEAR_ANNOTATION: "gpu-0=2026-12-06T10:00:30Z,"
+                                             "gpu-1=2026-12-06T10:00:30Z"})
+    health.apply_orders(orders)
+    assert set(health.problems) == {"gpu-1"}
+    assert "cleared its faults up to 2026-12-06T10:00:30Z" in health.lifted_because["gpu-0"]
+    health.apply_orders(orders)  # the same annotation read again changes nothing
+    assert set(health.problems) == {"gpu-1"}
+    _advance(clock, wall, 60)
+    health.mark(["gpu-0"], "xid-79")  # a fault after the clear marks it again
+    health.apply_orders(orders)
+    assert set(health.problems) == {"gpu-0", "gpu-1"}
+    # `*` clears every device; the later of a device's own time and `*` counts.
+    health.apply_orders(admin_orders({CLEAR_ANNOTATION: "*=2026-12-06T11:00:00Z"}))
+    assert health.problems == {}
+    assert len(changes) == 4  # two marks, two clears: reading an order again is no change
+
+
+def test_a_kept_device_does_not_recover_by_itself_until_it_is_no_longer_kept() -> None:
+    health, clock, wall, _ = _walled(recovery=60)
+    health.mark(["gpu-1"], "xid-92")
+    health.apply_orders(admin_orders({KEEP_ANNOTATION: "gpu-1, gpu-7"}))
+    (mark,) = health.marks(tainted=False)
+    assert (mark.kept, mark.healthy_at) == (True, "")
+    assert "kept)" in health.condition(tainted=False)["message"]
+    _advance(clock, wall, 3600)
+    assert health.lift_recovered() == []
+    health.apply_orders(admin_orders({}))
+    assert health.lift_recovered() == ["gpu-1"]

@@ -12,6 +12,7 @@ import pytest
 
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
+from dra_gateway.kube.device_health import parse_marks
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
 from dra_gateway.node_plugin.devices import DeviceOptions
 from dra_gateway.node_plugin.nvml import Nvml, discover_nvml
@@ -131,11 +132,17 @@ async def test_without_taints_the_card_is_withheld_and_the_node_says_why(
         async def condition() -> Any:
             node = await cluster.get(NODES, NODE)
             conditions = node.get("status", {}).get("conditions", [])
-            return [c for c in conditions if c["type"] == "GpuDevicesUnhealthy"]
+            return [c for c in conditions
+                    if c["type"] == "GpuDevicesUnhealthy" and c["status"] == "True"]
 
         (cond,) = await _until(condition, "the node condition")
-        assert cond["status"] == "True"
-        assert cond["message"] == "1 gpu.dra-gateway.io device(s) withheld: gpu-2 (xid-48, fatal)"
+        assert cond["message"].startswith("1 gpu.dra-gateway.io device(s) out of service: "
+                                          "gpu-2 (xid-48, fatal, withheld, since ")
+        # The allocator reads it back (kube/device_health.py): a fatal, withheld device, with
+        # no time to be healthy at (it has not come back).
+        (mark,) = parse_marks(cond["message"])
+        assert (mark.device, mark.reason, mark.severity, mark.withheld, mark.healthy_at) == (
+            "gpu-2", "xid-48", "fatal", True, "")
 
 
 async def test_an_nvml_outage_means_no_healthy_devices_until_it_recovers(

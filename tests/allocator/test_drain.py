@@ -1,0 +1,166 @@
+"""The drain of failed devices on the embedded API (allocator/drain.py): where the API server
+keeps no device taints, a pod on a device its node plugin withholds for a fatal fault is marked
+and evicted through the Eviction API, with an Event naming the device and fault; a degraded
+device, a device published again and a budget's refusal leave the pod running."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+from typing import Any
+
+from testkit import eventually
+
+from dra_gateway.allocator.defrag.view import Snapshot
+from dra_gateway.allocator.drain import (
+    EVENT_REFUSED,
+    EVENT_UNHEALTHY,
+    REASON,
+    failed_devices,
+    victims,
+)
+from dra_gateway.allocator.evictions import DISRUPTION_TARGET
+from dra_gateway.devkit.sim.memory import MemoryCluster
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import Object, TooManyRequests
+from dra_gateway.kube.device_health import DeviceMark, marks_message
+from dra_gateway.kube.resources import EVENTS, NODES, PODS, RESOURCE_SLICES
+
+from .conftest import FAST, World, running_controller, ungated, whole_claim_spec
+
+SETTINGS = dataclasses.replace(FAST, drain_interval=0.05)
+SINCE = "2026-12-06T10:00:00Z"
+
+
+async def _placed(world: World, cluster: MemoryCluster, name: str) -> str:
+    """Place a one-card pod, bind it to node-0 as kube-scheduler would; its device."""
+    await world.gated_pod(name, [whole_claim_spec(1)])
+    await eventually(lambda: ungated(world, name))
+    await cluster.patch(PODS, name, {"spec": {"nodeName": "node-0"}},
+                        namespace=world.pods[name]["metadata"]["namespace"])
+    (claim,) = await world.claims_of(name)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    return str(result["device"])
+
+
+async def _fail(cluster: MemoryCluster, device: str, *, severity: str = "fatal",
+                withhold: bool = True) -> None:
+    """Play the node plugin where device taints are dropped: withhold the device from the
+    slice and list it in the Node's condition."""
+    if withhold:
+        piece = await cluster.get(RESOURCE_SLICES, f"node-0-{names.DRIVER}")
+        devices = [d for d in piece["spec"]["devices"] if d["name"] != device]
+        await cluster.patch(RESOURCE_SLICES, piece["metadata"]["name"],
+                            {"spec": {"devices": devices}}, patch_type="merge")
+    mark = DeviceMark(device, "xid-79" if severity == "fatal" else "xid-94", severity,
+                      "withheld", SINCE)
+    await cluster.patch(NODES, "node-0", {"status": {"conditions": [{
+        "type": names.NODE_HEALTH_CONDITION, "status": "True", "reason": "DevicesUnhealthy",
+        "message": marks_message(names.DRIVER, [mark])}]}}, subresource="status",
+        patch_type="strategic")
+
+
+def _events(cluster: MemoryCluster, reason: str) -> list[Object]:
+    return [e for e in cluster.objects(EVENTS) if e["reason"] == reason]
+
+
+async def test_a_pod_on_a_failed_withheld_device_is_evicted_and_told_why(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=2)
+    marked: list[Object] = []
+    real_evict = memory_cluster.evict
+
+    async def evict(name: str, *, namespace: str, uid: str | None = None) -> None:
+        marked.append(await memory_cluster.get(PODS, name, namespace=namespace))
+        await real_evict(name, namespace=namespace, uid=uid)
+
+    memory_cluster.evict = evict  # type: ignore[method-assign]
+    async with running_controller(memory_cluster, SETTINGS) as controller:
+        device = await _placed(world, memory_cluster, "trainer")
+        other = await _placed(world, memory_cluster, "bystander")
+        await _fail(memory_cluster, device)
+        await eventually(lambda: _gone(memory_cluster, "trainer"))
+        (victim,) = marked
+        (condition,) = [c for c in victim["status"]["conditions"]
+                        if c["type"] == DISRUPTION_TARGET]
+        assert condition["reason"] == REASON
+        assert f"device {device} on node node-0 failed (xid-79, fatal fault since {SINCE})" \
+            in condition["message"]
+        (event,) = _events(memory_cluster, EVENT_UNHEALTHY)
+        assert (event["type"], event["involvedObject"]["name"]) == ("Warning", "trainer")
+        assert device in event["message"]
+        assert controller.metrics.registry.get_sample_value(
+            "dra_gateway_allocator_health_evictions_total", {"result": "evicted"}) == 1
+        # The pod on the healthy card stays.
+        assert other != device
+        assert (await world.pod("bystander"))["metadata"].get("deletionTimestamp") is None
+
+
+async def _gone(cluster: MemoryCluster, name: str) -> bool:
+    return name not in {p["metadata"]["name"] for p in (await cluster.list(PODS)).items}
+
+
+async def test_a_budget_that_refuses_keeps_the_pod_and_is_told_once_then_tried_again(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=1)
+    real_evict = memory_cluster.evict
+    refusals = 0
+
+    async def evict(name: str, *, namespace: str, uid: str | None = None) -> None:
+        nonlocal refusals
+        if refusals < 5:
+            refusals += 1
+            raise TooManyRequests("Cannot evict pod as it would violate the pod's disruption "
+                                  "budget.")
+        await real_evict(name, namespace=namespace, uid=uid)
+
+    memory_cluster.evict = evict  # type: ignore[method-assign]
+    async with running_controller(memory_cluster, SETTINGS) as controller:
+        device = await _placed(world, memory_cluster, "trainer")
+        await _fail(memory_cluster, device)
+        await eventually(lambda: _gone(memory_cluster, "trainer"))
+        (refused,) = _events(memory_cluster, EVENT_REFUSED)  # told once for five refusals
+        assert "disruption budget" in refused["message"]
+        assert len(_events(memory_cluster, EVENT_UNHEALTHY)) == 1
+        sample = controller.metrics.registry.get_sample_value
+        assert sample("dra_gateway_allocator_health_evictions_total",
+                      {"result": "refused"}) == 5
+        assert sample("dra_gateway_allocator_health_evictions_total",
+                      {"result": "evicted"}) == 1
+
+
+def _snapshot(*, published: bool, severity: str = "fatal", action: str = "withheld",
+              phase: str = "Running", reserved: bool = True) -> tuple[Snapshot, Any]:
+    mark = DeviceMark("gpu-1", "xid-79", severity, action, SINCE)
+    node = {"metadata": {"name": "node-0"}, "status": {"conditions": [{
+        "type": names.NODE_HEALTH_CONDITION, "status": "True",
+        "message": marks_message(names.DRIVER, [mark])}]}}
+    devices = [{"name": "gpu-0"}] + ([{"name": "gpu-1"}] if published else [])
+    piece = {"spec": {"driver": names.DRIVER, "nodeName": "node-0",
+                      "pool": {"name": "node-0"}, "devices": devices}}
+    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+           "spec": {"nodeName": "node-0"}, "status": {"phase": phase}}
+    claim = {"metadata": {"name": "c", "namespace": "ns"}, "status": {
+        "allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": names.DRIVER, "pool": "node-0", "device": "gpu-1"}]}},
+        "reservedFor": [{"resource": "pods", "name": "p", "uid": "u1"}] if reserved else []}}
+    snapshot = Snapshot(now=datetime.now(UTC), nodes=[node], slices=[piece], pods=[pod],
+                        claims=[claim])
+    return snapshot, failed_devices([node])
+
+
+def test_who_is_drained() -> None:
+    snapshot, failed = _snapshot(published=False)
+    assert [(v.pod, v.node, v.mark.device) for v in victims(snapshot, names.DRIVER, failed)] == [
+        ("ns/p", "node-0", "gpu-1")]
+    # Not drained: a device its plugin publishes again (a stale condition), a degraded device,
+    # one tainted rather than withheld (kube-controller-manager evicts there), a finished pod,
+    # a claim no pod uses, another driver's devices.
+    for case in ({"published": True}, {"published": False, "severity": "degraded"},
+                 {"published": False, "action": "tainted NoExecute"},
+                 {"published": False, "phase": "Succeeded"},
+                 {"published": False, "reserved": False}):
+        snapshot, failed = _snapshot(**case)
+        assert victims(snapshot, names.DRIVER, failed) == [], case
+    snapshot, failed = _snapshot(published=False)
+    assert victims(snapshot, "other.example.com", failed) == []
