@@ -11,6 +11,7 @@ import pytest
 from dra_gateway import report
 from dra_gateway.cli import main
 from dra_gateway.kube import names
+from dra_gateway.kube.device_health import DeviceMark, marks_message
 from dra_gateway.policy.catalog import Catalog
 from dra_gateway.policy.report import build_report
 
@@ -28,8 +29,12 @@ DRA = {"type": names.NODE_MIGRATION_CONDITION, "status": "True", "reason": names
        "message": "all 4 card(s) published", "lastTransitionTime": "2026-12-01T09:00:00Z"}
 HEALTHY = {"type": "GpuDevicesUnhealthy", "status": "False", "reason": "AllDevicesHealthy"}
 WITHHELD = {"type": "GpuDevicesUnhealthy", "status": "True", "reason": "DevicesUnhealthy",
-            "message": "1 gpu.dra-gateway.io device(s) withheld: gpu-2 (xid-48, fatal)",
-            "lastTransitionTime": "2026-12-01T11:00:00Z"}
+            "message": marks_message(names.DRIVER, [
+                DeviceMark("gpu-2", "xid-48", "fatal", "withheld", "2026-12-01T11:00:00Z",
+                           healthy_at="2026-12-01T11:10:00Z"),
+                DeviceMark("gpu-5", "xid-94", "degraded", "withheld", "2026-12-01T11:01:00Z",
+                           kept=True)]),
+            "lastTransitionTime": "2026-12-01T11:01:00Z"}
 TAINTED = {"spec": {"nodeName": "gpu-a", "driver": names.DRIVER, "devices": [
     {"name": "gpu-0"},
     {"name": "gpu-3", "taints": [{"key": f"{names.DRIVER}/unhealthy", "value": "xid-79",
@@ -37,13 +42,24 @@ TAINTED = {"spec": {"nodeName": "gpu-a", "driver": names.DRIVER, "devices": [
                                  {"key": "example.com/other", "effect": "NoSchedule"}]}]}}
 
 
-def test_unhealthy_devices_are_read_from_taints_and_from_the_nodes_condition() -> None:
+def test_unhealthy_devices_are_read_device_by_device_from_the_nodes_condition() -> None:
+    """Recovering devices say when they are healthy again, kept ones that they are kept; a
+    device tainted by a plugin whose Node lists nothing (an older plugin) has its taint's row."""
     assert report.unhealthy_devices([TAINTED], [_node("gpu-c", WITHHELD), _node("x", HEALTHY)]
                                     ) == [
-        {"node": "gpu-a", "device": "gpu-3", "effect": "NoExecute", "reason": "xid-79",
-         "since": "2026-12-01T12:00:00Z"},
-        {"node": "gpu-c", "device": "-", "effect": "withheld", "reason": WITHHELD["message"],
-         "since": "2026-12-01T11:00:00Z"}]
+        {"node": "gpu-a", "device": "gpu-3", "effect": "tainted NoExecute", "reason": "xid-79",
+         "since": "2026-12-01T12:00:00Z", "healthyAgain": "-"},
+        {"node": "gpu-c", "device": "gpu-2", "effect": "withheld", "reason": "xid-48 (fatal)",
+         "since": "2026-12-01T11:00:00Z", "healthyAgain": "2026-12-01T11:10:00Z"},
+        {"node": "gpu-c", "device": "gpu-5", "effect": "withheld",
+         "reason": "xid-94 (degraded)", "since": "2026-12-01T11:01:00Z", "healthyAgain": "kept"}]
+    # A device the condition lists is not listed again from its taint.
+    tainted = {"type": "GpuDevicesUnhealthy", "status": "True", "message": marks_message(
+        names.DRIVER, [DeviceMark("gpu-3", "xid-79", "fatal", "tainted NoExecute",
+                                  "2026-12-01T12:00:00Z")])}
+    (row,) = report.unhealthy_devices([TAINTED], [_node("gpu-a", tainted)])
+    assert (row["effect"], row["healthyAgain"]) == ("tainted NoExecute",
+                                                    "when the card comes back")
 
 
 def test_each_node_with_the_migration_condition_is_one_row_by_name() -> None:
@@ -80,9 +96,9 @@ def test_the_table_ends_with_a_line_per_node_and_its_state(
         "pods: ml/train (nvidia.com/gpu);\n"
         + " " * 56 + "withheld until those pods end\n")
     assert max(len(line) for line in out.splitlines()) <= 120
-    assert ("UNHEALTHY DEVICES\nNODE                 DEVICE         EFFECT     SINCE"
-            "                 WHY\ngpu-a                gpu-3          NoExecute  "
-            "2026-12-01T12:00:00Z  xid-79\n") in out
+    assert ("UNHEALTHY DEVICES\nNODE                 DEVICE         EFFECT             SINCE"
+            "                 HEALTHY AGAIN            WHY\ngpu-a                gpu-3          "
+            "tainted NoExecute  2026-12-01T12:00:00Z  -                        xid-79\n") in out
 
 
 @pytest.mark.usefixtures("cluster_report")
@@ -92,7 +108,7 @@ def test_json_and_html_carry_the_nodes_too(capsys: pytest.CaptureFixture[str]) -
     assert main(["report", "-o", "html"]) == 0
     page = capsys.readouterr().out
     assert "<td>gpu-b</td><td>CuttingOver</td>" in page
-    assert "<td>gpu-a</td><td>gpu-3</td><td>NoExecute</td>" in page
+    assert "<td>gpu-a</td><td>gpu-3</td><td>tainted NoExecute</td>" in page
     assert page.rstrip().endswith("</table></body></html>")
 
 

@@ -28,13 +28,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     bench_parser = sub.add_parser("bench", help="benchmarks on the embedded default")
     bench = bench_parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    from dra_gateway import defrag, migrate, report
+    from dra_gateway import defrag, devices, migrate, report
     from dra_gateway.devkit import demo
 
     demo.register(sub)
     report.register(sub)
     migrate.register(sub)
     defrag.register(sub)
+    devices.register(sub)
     for module in (devkit_cli, translator_cli, webhook_cli, certs_cli, allocator_cli,
                    node_plugin_cli):
         module.register(sub, bench)

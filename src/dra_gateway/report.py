@@ -110,49 +110,51 @@ def migration_nodes(nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
 
 def unhealthy_devices(slices: Iterable[Mapping[str, Any]],
                       nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
-    """The devices the node plugins took out of service, and why: each device tainted
-    `<driver>/unhealthy` (its effect: NoExecute drains it, NoSchedule keeps new work away),
-    and where the cluster keeps no device taints, the Node condition listing the withheld
-    devices. A device lifts out of here once it recovered (the plugin's --recovery-seconds)."""
-    rows = []
+    """The devices the node plugins took out of service, one row each: what was done to it
+    (tainted with its effect, or withheld where the cluster keeps no device taints), its
+    fault and class, since when, and when it is healthy again by itself (or that an
+    administrator keeps it), from the Nodes' condition (`dra-gateway devices list` shows the
+    same). A device tainted `<driver>/unhealthy` that no condition lists (an older plugin's)
+    has a row from its taint. A device leaves here once it recovered or was cleared."""
+    from dra_gateway.devices import rows as device_rows
+
+    rows = [{"node": r["node"], "device": r["device"], "effect": r["action"],
+             "reason": f"{r['fault']} ({r['class']})", "since": r["since"],
+             "healthyAgain": r["healthyAt"]} for r in device_rows(nodes)]
+    listed = {(r["node"], r["device"]) for r in rows}
     for piece in slices:
         spec = piece.get("spec") or {}
+        node = str(spec.get("nodeName") or "")
         for device in spec.get("devices") or ():
             for taint in device.get("taints") or ():
-                if str(taint.get("key", "")).endswith(names.UNHEALTHY_TAINT_SUFFIX):
-                    rows.append({"node": str(spec.get("nodeName") or ""),
-                                 "device": str(device.get("name", "")),
-                                 "effect": str(taint.get("effect", "")),
+                if str(taint.get("key", "")).endswith(names.UNHEALTHY_TAINT_SUFFIX) and \
+                        (node, str(device.get("name", ""))) not in listed:
+                    rows.append({"node": node, "device": str(device.get("name", "")),
+                                 "effect": f"tainted {taint.get('effect', '')}",
                                  "reason": str(taint.get("value", "")),
-                                 "since": str(taint.get("timeAdded", ""))})
-    for node in nodes:
-        for condition in (node.get("status") or {}).get("conditions") or []:
-            if condition.get("type") == names.NODE_HEALTH_CONDITION and \
-                    condition.get("status") == "True":
-                rows.append({"node": str((node.get("metadata") or {}).get("name", "")),
-                             "device": "-", "effect": "withheld",
-                             "reason": str(condition.get("message", "")),
-                             "since": str(condition.get("lastTransitionTime", ""))})
+                                 "since": str(taint.get("timeAdded", "")),
+                                 "healthyAgain": "-"})
     return sorted(rows, key=lambda row: (row["node"], row["device"]))
 
 
 def unhealthy_table(rows: Iterable[Mapping[str, str]]) -> str:
     from dra_gateway.policy.report import hanging
 
-    lines = ["", "UNHEALTHY DEVICES", f"{'NODE':<20} {'DEVICE':<14} {'EFFECT':<10} "
-             f"{'SINCE':<21} WHY"]
+    lines = ["", "UNHEALTHY DEVICES", f"{'NODE':<20} {'DEVICE':<14} {'EFFECT':<18} "
+             f"{'SINCE':<21} {'HEALTHY AGAIN':<24} WHY"]
     lines += [line for r in rows for line in hanging(
-        f"{r['node']:<20} {r['device']:<14} {r['effect']:<10} {r['since'] or '-':<21} ",
-        r["reason"])] or ["none"]
+        f"{r['node']:<20} {r['device']:<14} {r['effect']:<18} {r['since'] or '-':<21} "
+        f"{r['healthyAgain']:<24} ", r["reason"])] or ["none"]
     return "\n".join(lines) + "\n"
 
 
 def unhealthy_html(rows: Iterable[Mapping[str, str]]) -> str:
     body = "".join(f"<tr><td>{html.escape(r['node'])}</td><td>{html.escape(r['device'])}</td>"
                    f"<td>{html.escape(r['effect'])}</td><td>{html.escape(r['since'])}</td>"
+                   f"<td>{html.escape(r['healthyAgain'])}</td>"
                    f"<td>{html.escape(r['reason'])}</td></tr>" for r in rows)
     return ("<h2>Unhealthy devices</h2><table><tr><th>Node</th><th>Device</th><th>Effect</th>"
-            f"<th>Since</th><th>Why</th></tr>{body}</table>")
+            f"<th>Since</th><th>Healthy again</th><th>Why</th></tr>{body}</table>")
 
 
 def nodes_table(rows: Iterable[Mapping[str, str]]) -> str:

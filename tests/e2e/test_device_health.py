@@ -9,11 +9,14 @@ demo's H100 node, gets a card; then that card falls off the bus (XID 79, fatal):
   taint, kube-controller-manager's device taint eviction deletes the pod, and the Deployment's
   replacement is placed on another card of the node, never the tainted one;
 - before (1.34 and 1.35 by default): the card is withheld from the slice and the Node's
-  condition `GpuDevicesUnhealthy` names it; nothing evicts the running pod (the gateway has no
-  eviction of its own for this yet), and a second replica is placed on another card.
+  condition `GpuDevicesUnhealthy` lists it (fatal, withheld); the gateway's allocator evicts the
+  pod through the Eviction API (allocator/drain.py) with a DisruptionTarget condition and an
+  Event naming the card and fault, and the replacement is placed on another card.
 
-Then the fault file says the card recovered: within the recovery period it is published again,
-untainted. The module leaves no pod, claim or namespace behind, and every card healthy.
+Either way the Node's condition lists the card; once the fault file says it recovered, the
+condition gives the time it will be healthy again; within the recovery period it is published
+again, untainted, and the condition says every device is healthy. The module leaves no pod,
+claim or namespace behind, and every card healthy.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import pytest
 
 from dra_gateway.devkit.realcluster import Api, ApiError, path_of
 from dra_gateway.kube import names
+from dra_gateway.kube.device_health import DeviceMark, node_marks
 from e2e.support import (
     RECOVERY_S,
     Gateway,
@@ -99,6 +103,15 @@ def _condition(api: Api) -> JSON:
                  if c["type"] == "GpuDevicesUnhealthy"), {})
 
 
+def _marks(api: Api) -> list[DeviceMark]:
+    return node_marks(api.get(path_of("v1", "nodes", name=NODE)))
+
+
+def _pod_events(api: Api, pod: str, reason: str) -> list[str]:
+    return [e["message"] for e in api.list(path_of("v1", "events", namespace=NS))
+            if e["involvedObject"].get("name") == pod and e["reason"] == reason]
+
+
 def _fault(gateway: Gateway, event: JSON) -> None:
     with fault_file(gateway, NODE).open("a") as stream:
         stream.write(json.dumps(event) + "\n")
@@ -119,33 +132,32 @@ def test_a_card_that_falls_off_the_bus_is_drained_and_comes_back(
         wait_until(f"{card} to be tainted NoExecute", tainted, PLACE_S, gateway.check)
         (taint,) = _published(api)[card]
         assert (taint["key"], taint["value"]) == (f"{names.DRIVER}/unhealthy", "xid-79")
-
-        def replaced() -> bool:
-            placed = _placed(api)
-            return first not in placed and len(placed) == 1
-
-        wait_until("the evicted trainer's replacement to be placed", replaced, PLACE_S,
-                   gateway.check)
-        (other,) = _placed(api).values()
-        assert other != card
     else:
         wait_until(f"{card} to be withheld", lambda: card not in _published(api), PLACE_S,
                    gateway.check)
-        condition = _condition(api)
-        assert condition["status"] == "True"
-        assert f"{card} (xid-79, fatal)" in condition["message"]
-        api.patch(path_of("apps/v1", "deployments", namespace=NS, name=APP),
-                  {"spec": {"replicas": 2}})
-        wait_until("a second trainer to be placed", lambda: any(
-            name != first for name in _placed(api)), PLACE_S, gateway.check)
-        # Its card is another (the withheld one is not published); nothing evicts the first
-        # in this world.
-        assert card not in _placed(api).values()
-        kept = api.get(path_of("v1", "pods", namespace=NS, name=first))
-        assert not kept["metadata"].get("deletionTimestamp")
+        # The gateway drains it: the pod is told why, then evicted.
+        wait_until(f"an Event on {first} naming {card}", lambda: any(
+            card in m and "xid-79" in m for m in _pod_events(api, first, "UnhealthyDevice")),
+            PLACE_S, gateway.check)
+
+    def replaced() -> bool:
+        placed = _placed(api)
+        return first not in placed and len(placed) == 1
+
+    wait_until("the evicted trainer's replacement to be placed", replaced, PLACE_S,
+               gateway.check)
+    (other,) = _placed(api).values()
+    assert other != card
+    # The Node lists the card, what was done to it, and (once it came back) when it is
+    # healthy again.
+    (mark,) = [m for m in _marks(api) if m.device == card]
+    assert (mark.reason, mark.severity, mark.healthy_at) == ("xid-79", "fatal", "")
+    assert mark.action == ("tainted NoExecute" if gateway.device_taints else "withheld")
 
     _fault(gateway, {"device": card, "event": "recovered"})
     started = time.monotonic()
+    wait_until(f"the Node to say when {card} is healthy again", lambda: any(
+        m.device == card and m.healthy_at for m in _marks(api)), PLACE_S, gateway.check)
 
     def healthy() -> bool:
         return _published(api).get(card) == []
@@ -153,9 +165,8 @@ def test_a_card_that_falls_off_the_bus_is_drained_and_comes_back(
     wait_until(f"{card} to be published again without a taint", healthy, PLACE_S,
                gateway.check)
     assert time.monotonic() - started >= RECOVERY_S - 1
-    if not gateway.device_taints:
-        wait_until("the Node to say every device is healthy",
-                   lambda: _condition(api).get("status") == "False", PLACE_S, gateway.check)
+    wait_until("the Node to say every device is healthy",
+               lambda: _condition(api).get("status") == "False", PLACE_S, gateway.check)
     # Operators are told on the Node: what hit the card and what that did, then its recovery.
     def node_events() -> list[tuple[str, str]]:
         return [(e["reason"], e["message"]) for e in api.list(

@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import copy
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,13 @@ import pytest
 
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
-from dra_gateway.kube.device_health import parse_marks
+from dra_gateway.kube.device_health import (
+    CLEAR_ANNOTATION,
+    KEEP_ANNOTATION,
+    clear_value,
+    node_marks,
+    parse_marks,
+)
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
 from dra_gateway.node_plugin.devices import DeviceOptions
 from dra_gateway.node_plugin.nvml import Nvml, discover_nvml
@@ -26,10 +33,11 @@ UUIDS = [f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd" for i in range(3)]
 
 @contextlib.asynccontextmanager
 async def _running(root: Path, cluster: MemoryCluster, fake: FakeNvml, *,
-                   taints: bool | None) -> AsyncIterator[NodePlugin]:
+                   taints: bool | None, admin_check: float = 10.0) -> AsyncIterator[NodePlugin]:
     settings = PluginSettings(node_name=NODE, plugins_dir=root / "p", registry_dir=root / "r",
                               cdi_dir=root / "c", state_dir=root / "s", device_taints=taints,
-                              devices=DeviceOptions(), nvml_retry_seconds=0.05)
+                              devices=DeviceOptions(), nvml_retry_seconds=0.05,
+                              admin_check_seconds=admin_check)
     module = fake.module()
     plugin = NodePlugin(settings, cluster, discover=lambda: discover_nvml(module),
                         nvml_factory=lambda: Nvml(module))
@@ -345,3 +353,34 @@ def test_transitions_say_what_a_fault_does_where_taints_are_not_kept() -> None:
                            lifted_because={"gpu-1": "nvml-unavailable ended"})
     assert (healed.type, healed.reason) == ("Normal", "DeviceHealthy")
     assert healed.message.startswith("device gpu-1 is healthy again (nvml-unavailable ended)")
+
+
+async def test_an_administrator_clears_a_failed_card_through_its_node_and_keeps_another(
+        root: Path, cluster: MemoryCluster) -> None:
+    """The Node's annotations (written by `dra-gateway devices clear|keep`) are read while a
+    device is marked: a cleared card is published again at once, untainted, and the Node's
+    condition says so; a kept card stays marked."""
+    fake = _fake()
+    async with _running(root, cluster, fake, taints=True, admin_check=0.02) as plugin:
+        await _until(lambda: _async(fake.registered), "XID registration")
+        fake.xid(1, 79)
+        fake.xid(2, 48)
+        await _until(lambda: _async(set(plugin.health.problems) == {"gpu-1", "gpu-2"}),
+                     "two failed cards")
+        now = datetime.now(UTC) + timedelta(seconds=1)
+        await cluster.patch(NODES, NODE, {"metadata": {"annotations": {
+            CLEAR_ANNOTATION: clear_value(None, ["gpu-1"], now),
+            KEEP_ANNOTATION: "gpu-2"}}}, patch_type="merge")
+
+        async def untainted() -> Any:
+            (slice_,) = (await cluster.list(RESOURCE_SLICES)).items
+            return {d["name"] for d in slice_["spec"]["devices"] if "taints" in d} == {"gpu-2"}
+
+        await _until(untainted, "gpu-1 published untainted")
+
+        async def listed() -> Any:
+            node = await cluster.get(NODES, NODE)
+            return {(m.device, m.kept) for m in node_marks(node)} == {("gpu-2", True)}
+
+        await _until(listed, "the condition to list gpu-2 only, kept")
+        assert plugin.health.kept == {"gpu-2"}
