@@ -3,7 +3,8 @@ DRAResourceHealth v1/v1alpha1.
 
 The DRA socket (`<plugins-dir>/<driver>/dra.sock`) serves both DRAPlugin versions from one
 implementation, and the devices' health (`HealthFeed`: the complete list at once, again at every
-change and at least every `HEALTH_RESEND_SECONDS`, within the timeout it tells the kubelet),
+change and at least every `HEALTH_RESEND_SECONDS`, within the timeout it tells the kubelet;
+every `HEALTH_FIRST_RESEND_SECONDS` during a stream's first `HEALTH_FIRST_SECONDS`),
 which a kubelet from 1.36 (1.34 and 1.35 with ResourceHealthStatus on) writes into the status of
 the pods using them; the registration socket (`<registry-dir>/<driver>-reg.sock`) tells the
 kubelet's plugin watcher the driver name, the DRA endpoint and the versions. The DRA socket
@@ -56,6 +57,12 @@ HEALTH_VERSIONS = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 # for a plugin that does not say, is 30 s); the feed resends well within it.
 HEALTH_TIMEOUT_SECONDS = 60
 HEALTH_RESEND_SECONDS = 15.0
+# A kubelet clears a driver's health when a stream of that driver ends (kubelet/cm/dra
+# manager.go: clearDriver), even while another instance's stream is open: in a rolling update
+# the old plugin's stream ends shortly after the new one opened, and the devices read Unknown
+# until the new one sends again. A new stream is therefore resent to often for a while.
+HEALTH_FIRST_RESEND_SECONDS = 2.0
+HEALTH_FIRST_SECONDS = 120.0
 MAX_HEALTH_MESSAGE = 1024
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
@@ -145,9 +152,13 @@ class HealthFeed:
     """The devices' health for every kubelet stream: `changed()` sends the list again."""
 
     def __init__(self, devices: Callable[[], Sequence[DeviceHealthState]], *,
-                 resend_seconds: float = HEALTH_RESEND_SECONDS) -> None:
+                 resend_seconds: float = HEALTH_RESEND_SECONDS,
+                 first_resend_seconds: float = HEALTH_FIRST_RESEND_SECONDS,
+                 first_seconds: float = HEALTH_FIRST_SECONDS) -> None:
         self._devices = devices
         self._resend_seconds = resend_seconds
+        self._first_resend_seconds = first_resend_seconds
+        self._first_seconds = first_seconds
         self._streams: set[asyncio.Event] = set()
 
     def changed(self) -> None:
@@ -155,15 +166,19 @@ class HealthFeed:
             wake.set()
 
     async def stream(self, pb2: ModuleType) -> AsyncIterator[Any]:
-        """Responses of `pb2`'s version: now, at every change, and at least every resend."""
+        """Responses of `pb2`'s version: now, at every change, and at least every resend
+        (more often while the stream is new)."""
         wake = asyncio.Event()
         self._streams.add(wake)
+        opened = time.monotonic()
         try:
             while True:
                 wake.clear()
                 yield self.response(pb2)
+                young = time.monotonic() - opened < self._first_seconds
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), self._resend_seconds)
+                    await asyncio.wait_for(wake.wait(), self._first_resend_seconds if young
+                                           else self._resend_seconds)
         finally:
             self._streams.discard(wake)
 

@@ -482,3 +482,22 @@ async def test_sockets_removed_under_the_server_are_served_again(
         with contextlib.suppress(asyncio.CancelledError):
             await keeper
         await server.stop()
+
+
+async def test_a_new_health_stream_is_resent_to_often_then_at_the_usual_pace() -> None:
+    """A kubelet clears the driver's health when the old plugin's stream ends in a rolling
+    update: the new stream resends soon, so the devices read Unknown only for a moment."""
+    from dra_gateway.node_plugin.proto import dra_health_v1_pb2
+    from dra_gateway.node_plugin.server import HealthFeed
+
+    feed = HealthFeed(list, resend_seconds=60.0, first_resend_seconds=0.02,
+                      first_seconds=0.2)
+    stream = feed.stream(dra_health_v1_pb2)
+    sent = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(0.6):
+            async for _ in stream:
+                sent += 1
+    await stream.aclose()
+    # About ten while young, then none for the remaining 0.4 s (the next is a minute away).
+    assert 5 <= sent <= 12

@@ -185,9 +185,9 @@ def test_helm_upgrade_rolls_every_component_without_losing_a_claim(chart: ChartC
     # The new plugin pod registered beside the old one; the kubelet switched to it.
     chart.wait_registered(since)
     # The pod kept running on the same claim and allocation, never restarted. (Its device's
-    # health in the status may read Unknown for up to the plugin's 15 s resend: a kubelet 1.37
-    # marks the driver's devices Unknown when the old pod's health stream ends, although the
-    # new pod's is open.)
+    # health in the status may read Unknown for a moment: a kubelet 1.37 clears the driver's
+    # health when the old pod's stream ends, although the new pod's is open, until the new
+    # one resends, every 2 s while its stream is new.)
     after = chart.pod("hami")
     assert _containers(after) == _containers(pod)
     [same] = chart.claims_of(after)
