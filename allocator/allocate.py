@@ -281,6 +281,7 @@ class PodAllocator:
             self.metrics.allocation_failures.inc()
             self.unplaceable.failed(key)
             self.pending.set(key.uid, planned.quota_reason or "Unschedulable")
+            self.metrics.group_plans.labels(group.source, "does-not-fit").inc()
             await self._say_group(together, held=True, reason=GROUP_DOES_NOT_FIT,
                                   message=message)
             await self.events.record_failure(pod, message, reason=GROUP_DOES_NOT_FIT)
@@ -302,6 +303,7 @@ class PodAllocator:
                         index + 1:]:
                     self.planning.written(rest.pod, rest_plan)
                 raise
+        self.metrics.group_plans.labels(group.source, "placed").inc()
         await self._say_group(together, held=False, reason=GROUP_PLACED,
                               message=f"pod group {group.label} ({group.why}): its "
                                       f"{group.size} members hold their devices together")

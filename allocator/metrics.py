@@ -83,6 +83,12 @@ class Metrics:
             "Pods of lower priority the allocator preempted (evicted) for a waiting pod, or "
             "tried to, by result (evicted, refused by a PodDisruptionBudget, failed)",
             ("result",), registry=r)
+        self.group_plans = Counter(
+            "dra_gateway_allocator_group_plans",
+            "All-or-nothing plans of pod groups, by the convention that sized the group "
+            "(dra-gateway, podgroup, workload, kueue, leaderworkerset, ...) and result "
+            "(placed: every member holds its devices; does-not-fit: none was placed)",
+            ("source", "result"), registry=r)
         self.health_evictions = Counter(
             "dra_gateway_allocator_health_evictions",
             "Pods the allocator evicted from devices that failed (fatal faults, where the API "

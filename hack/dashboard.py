@@ -116,6 +116,11 @@ ROWS: tuple[tuple[str, tuple[Graph, ...]], ...] = (
               "a PodDisruptionBudget), per result.",
               ((f"sum by (result) (increase(dra_gateway_allocator_preemptions_total[{RATE}]))",
                 "{{result}}"),), "short"),
+        Graph("Pod groups", "All-or-nothing plans of pod groups, by the convention that "
+              "sized them and result: placed together, or none placed (they do not all fit).",
+              ((f"sum by (source, result) (increase("
+                f"dra_gateway_allocator_group_plans_total[{RATE}]))", "{{source}} {{result}}"),),
+              "short"),
         Graph("Defragmentation", "Pods the defrag moved, by result, and waiting pods placed "
               "thanks to it.",
               ((f"sum by (result) (increase(dra_gateway_allocator_defrag_moves_total[{RATE}]))",
@@ -158,6 +163,12 @@ ROWS: tuple[tuple[str, tuple[Graph, ...]], ...] = (
                (f"sum by (node) (increase("
                 f"dra_gateway_node_plugin_device_recoveries_total{{{NODE}}}[{RATE}]))",
                 "{{node}} recovered")), "short"),
+        Graph("Pods evicted from failed devices", "Pods the allocator evicted from devices "
+              "withheld for a fatal fault (where the API server keeps no device taints; "
+              "kube-controller-manager evicts elsewhere), by result.",
+              ((f"sum by (result) (increase("
+                f"dra_gateway_allocator_health_evictions_total[{RATE}]))", "{{result}}"),),
+              "short"),
     )),
 )
 

@@ -52,7 +52,7 @@ async def _said(world: World, name: str) -> Object | None:
 async def test_two_interleaved_groups_one_placed_whole_the_other_holding_nothing(
         world: World, memory_cluster: MemoryCluster) -> None:
     await world.setup(nodes=1, gpus=8)
-    async with running_controller(memory_cluster):
+    async with running_controller(memory_cluster) as controller:
         # Created interleaved: a-0, b-0, a-1, b-1, a-2, b-2; each pod asks for two cards.
         for i in range(3):
             for job in ("a", "b"):
@@ -73,6 +73,15 @@ async def test_two_interleaved_groups_one_placed_whole_the_other_holding_nothing
         await eventually(lambda: all_ungated(world, ["b-0", "b-1", "b-2"]), within=10)
         assert await _held(memory_cluster, "b-") == 6
         assert (await _said(world, "b-0"))["reason"] == "GroupPlaced"
+        # Counted per convention and result: both placed once, b refused at least once.
+        sample = controller.metrics.registry.get_sample_value
+        labels = {"source": "dra-gateway"}
+        assert sample("dra_gateway_allocator_group_plans_total",
+                      {**labels, "result": "placed"}) == 2
+        refused = sample("dra_gateway_allocator_group_plans_total",
+                         {**labels, "result": "does-not-fit"})
+        assert refused is not None
+        assert refused >= 1
 
 
 async def test_an_incomplete_group_holds_nothing_until_its_last_member_arrives(
