@@ -32,8 +32,8 @@ from dra_gateway.allocator.conditions import (
     GATES_REMOVED,
     OTHER_GATES,
     PLACED,
-    quota_condition,
-    set_quota_condition,
+    pod_condition,
+    set_pod_condition,
 )
 from dra_gateway.allocator.events import EventRecorder
 from dra_gateway.allocator.groups import (
@@ -121,13 +121,13 @@ class PodAllocator:
             # Another admission system (Kueue, KAI...) still holds the pod: its devices are
             # allocated once the gateway's gate is the last one, so queued work holds none.
             self.unplaceable.discard(key)
-            await set_quota_condition(
+            await set_pod_condition(
                 self.cluster, pod, held=True, reason=OTHER_GATES, kind=GATES_CONDITION,
                 message=f"waiting for the scheduling gate(s) {', '.join(others)} to be "
                         f"removed: the gateway allocates this pod's devices once its own gate "
                         f"is the last one left")
             return "done"
-        await set_quota_condition(self.cluster, pod, held=False, reason=GATES_REMOVED,
+        await set_pod_condition(self.cluster, pod, held=False, reason=GATES_REMOVED,
                                   kind=GATES_CONDITION,
                                   message="no other scheduling gate holds the pod")
         claims, waiting = claims_for(pod, self.claims.get)
@@ -143,7 +143,7 @@ class PodAllocator:
         group = group_of(pod, self.podgroups) if pending else None
         if isinstance(group, GroupError):
             self.unplaceable.discard(key)
-            await set_quota_condition(self.cluster, pod, held=True, reason=GROUP_INVALID,
+            await set_pod_condition(self.cluster, pod, held=True, reason=GROUP_INVALID,
                                       kind=GROUP_CONDITION, message=invalid_message(group))
             return "done"  # its annotations' change requeues it
         if pending:
@@ -331,7 +331,7 @@ class PodAllocator:
     async def _say_group(self, members: Sequence[Ready], *, held: bool, reason: str,
                          message: str) -> None:
         for ready in members:
-            await set_quota_condition(self.cluster, ready.pod, held=held, reason=reason,
+            await set_pod_condition(self.cluster, ready.pod, held=held, reason=reason,
                                       kind=GROUP_CONDITION, message=message)
 
     async def _not_placed(self, key: PodKey, pod: Object, gateway: list[Object],
@@ -363,7 +363,7 @@ class PodAllocator:
         if quota_reason is not None:
             # Held back by a GPUQuota: the pod says so (condition) and so does an Event.
             self.pending.set(key.uid, quota_reason)
-            await set_quota_condition(self.cluster, pod, held=True,
+            await set_pod_condition(self.cluster, pod, held=True,
                                       reason=quota_reason, message=reason)
             await self.events.record_failure(pod, reason, reason=quota_reason)
             return "retry"
@@ -374,9 +374,9 @@ class PodAllocator:
         return "retry"
 
     async def _clear_quota_condition(self, pod: Object, message: str) -> None:
-        condition = quota_condition(pod)
+        condition = pod_condition(pod)
         if condition is not None and condition.get("status") == "True":
-            await set_quota_condition(self.cluster, pod, held=False, reason=PLACED,
+            await set_pod_condition(self.cluster, pod, held=False, reason=PLACED,
                                       message=message)
 
     async def _ungate(self, key: PodKey, written: dict[str, str]) -> SyncResult:

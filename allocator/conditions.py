@@ -1,4 +1,5 @@
-"""The pod conditions the allocator writes on a gated pod it holds back.
+"""The pod conditions the allocator writes on a gated pod it holds back, all through one
+writer (`set_pod_condition`).
 
 `dra-gateway.io/QuotaExceeded`: True (reason `QuotaExceeded` or `QueuedForQuota`, message in
 ResourceQuota's words) while the allocator holds the pod back for quota; False once the pod is
@@ -7,7 +8,9 @@ while the pod carries scheduling gates of another admission system besides the g
 (Kueue's, KAI's): the allocator allocates its devices only once its own gate is the last one
 left; False (`GatesRemoved`) once they are gone. Written through pods/status with a strategic
 merge patch keyed by the condition type, so the scheduler's own conditions (PodScheduled) are
-left alone, and only when status, reason or message change.
+left alone, and only when status, reason or message change. `dra-gateway.io/Preemption` (a pod
+others are preempted for) and `dra-gateway.io/PodGroup` (a member of a pod group) are written
+the same way.
 Like Events, a condition is advice: a failed write is logged and dropped, and this module must
 never raise into the allocation path nor decide anything about the pod.
 """
@@ -36,21 +39,22 @@ GATES_REMOVED = "GatesRemoved"
 _MAX_MESSAGE = 1024
 
 
-def quota_condition(pod: Object, kind: str = QUOTA_CONDITION) -> Mapping[str, Any] | None:
+def pod_condition(pod: Object, kind: str = QUOTA_CONDITION) -> Mapping[str, Any] | None:
+    """The pod's condition of type `kind`, if it has one."""
     for condition in objects.status(pod).get("conditions") or ():
         if condition.get("type") == kind:
             return condition  # type: ignore[no-any-return]
     return None
 
 
-async def set_quota_condition(cluster: Cluster, pod: Object, *, held: bool, reason: str,
+async def set_pod_condition(cluster: Cluster, pod: Object, *, held: bool, reason: str,
                               message: str, kind: str = QUOTA_CONDITION) -> bool:
     """Write the condition (`kind`) if it differs from the pod's; True when a write was made."""
     status = "True" if held else "False"
     message = message[:_MAX_MESSAGE]
-    current = quota_condition(pod, kind)
+    current = pod_condition(pod, kind)
     if current is None and not held:
-        return False  # never held back for quota: nothing to clear
+        return False  # never held back this way: nothing to clear
     if current is not None and (current.get("status"), current.get("reason"),
                                 current.get("message")) == (status, reason, message):
         return False
@@ -65,11 +69,11 @@ async def set_quota_condition(cluster: Cluster, pod: Object, *, held: bool, reas
         await cluster.patch(PODS, name, {"status": {"conditions": [condition]}}, namespace=ns,
                             patch_type="strategic", subresource="status")
     except (ApiError, OSError, TimeoutError) as err:
-        log.warning("could not write the pod's quota condition", extra={
-            "pod": f"{ns}/{name}", "error": str(err)})
+        log.warning("could not write a pod condition", extra={
+            "pod": f"{ns}/{name}", "condition": kind, "error": str(err)})
         return False
     return True
 
 
 __all__ = ["GATES_CONDITION", "GATES_REMOVED", "OTHER_GATES", "PLACED", "PREEMPTION_CONDITION",
-           "QUOTA_CONDITION", "quota_condition", "set_quota_condition"]
+           "QUOTA_CONDITION", "pod_condition", "set_pod_condition"]

@@ -546,14 +546,6 @@ class Controller:
             if is_gated(pod):
                 self.unplaceable.wake(PodKey(where[0], where[1], uid))
 
-    def outstanding(self) -> set[WorkKey]:
-        """Keys with work left, other than pods waiting for room: empty once caught up.
-
-        Pods that do not fit come back on their backoff for as long as they wait; they are
-        not work the controller owes the cluster, so they are left out.
-        """
-        return {key for key in self.queue.pending() if key not in self.unplaceable}
-
     # Releases -------------------------------------------------------------------------------
 
     def _release_claims(self, keys: Iterable[ClaimKey]) -> None:

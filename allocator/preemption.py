@@ -44,7 +44,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
-from dra_gateway.allocator.conditions import PREEMPTION_CONDITION, set_quota_condition
+from dra_gateway.allocator.conditions import PREEMPTION_CONDITION, set_pod_condition
 from dra_gateway.allocator.defrag import holds as holdfmt
 from dra_gateway.allocator.defrag.act import list_items, write_records
 from dra_gateway.allocator.defrag.view import Inputs, Snapshot, build
@@ -220,7 +220,7 @@ class PreemptionMode:
             pod = inputs.pods.get(uid)
             if pod is not None:
                 self.fence()
-                await set_quota_condition(self.cluster, pod, held=True,
+                await set_pod_condition(self.cluster, pod, held=True,
                                           reason="DisruptionBudget",
                                           kind=PREEMPTION_CONDITION, message=why)
         for preemption in found:
@@ -250,7 +250,7 @@ class PreemptionMode:
         await self.evictions.event(preemptor, "Preempting",
                                    f"preempting {victims} ({whose}) {goal}")
         if preemptor is not None:
-            await set_quota_condition(
+            await set_pod_condition(
                 self.cluster, preemptor, held=True, reason="Preempting",
                 kind=PREEMPTION_CONDITION,
                 message=f"waiting for {victims} ({whose}, preempted for this pod) to leave; "
@@ -278,7 +278,7 @@ class PreemptionMode:
                         f"it waits, and preemption is tried again")
                 await self.evictions.event(preemptor, "PreemptionRefused", said, "Warning")
                 if preemptor is not None:
-                    await set_quota_condition(self.cluster, preemptor, held=True,
+                    await set_pod_condition(self.cluster, preemptor, held=True,
                                               reason="PreemptionRefused",
                                               kind=PREEMPTION_CONDITION, message=said)
                 await self._drop_hold(hold.key)
@@ -300,7 +300,7 @@ class PreemptionMode:
         for uid, hold in snapshot.records.holds.items():
             pod = by_uid.get(uid)
             if hold.preempted and pod is not None and not objects.is_gated(pod):
-                await set_quota_condition(self.cluster, pod, held=False, reason="Placed",
+                await set_pod_condition(self.cluster, pod, held=False, reason="Placed",
                                           kind=PREEMPTION_CONDITION,
                                           message=f"placed on node {hold.node} once the pods "
                                                   "preempted for it had left")

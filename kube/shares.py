@@ -119,17 +119,6 @@ def encode_shares(shares: Iterable[RecordedShare]) -> str:
     return json.dumps([s.to_json() for s in shares], separators=(",", ":"))
 
 
-def decode_shares(raw: str | None) -> list[RecordedShare]:
-    """The entries of an annotation value, in order; anything unreadable is left out."""
-    if not raw:
-        return []
-    try:
-        data = json.loads(raw)
-    except (TypeError, ValueError):
-        return []
-    return _decode_entries(data)
-
-
 def recorded_shares(claim: Mapping[str, Any]) -> list[RecordedShare]:
     """What a claim's allocation records, in order (empty when unallocated or without any).
 
@@ -146,5 +135,5 @@ def shares_by_result(shares: Iterable[RecordedShare]) -> dict[ResultKey, list[Re
     return grouped
 
 
-__all__ = ["RecordedShare", "ResultKey", "allocated_shares", "decode_shares", "encode_shares",
+__all__ = ["RecordedShare", "ResultKey", "allocated_shares", "encode_shares",
            "recorded_shares", "result_key", "share_record", "shares_by_result"]

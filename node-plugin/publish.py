@@ -273,14 +273,3 @@ class Publisher:
             log.info("ResourceSlice %s was deleted: republishing", objects.name(obj))
         self.synced.clear()
         self._dirty.set()
-
-    async def unpublish(self) -> int:
-        """Delete this node's slices (when the plugin is removed for good); returns the count."""
-        listed = await self._cluster.list(RESOURCE_SLICES, field_selector=self._selector)
-        count = 0
-        for obj in listed.items:
-            if self._ours(obj):
-                with contextlib.suppress(NotFound):
-                    await self._cluster.delete(RESOURCE_SLICES, obj["metadata"]["name"])
-                    count += 1
-        return count

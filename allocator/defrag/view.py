@@ -5,18 +5,15 @@
   out devices already promised.
 - Pods that wait: pods carrying the gateway's scheduling gate, not being deleted, whose claims
   all exist, and not already held for; highest priority first, then the longest waiting.
-- Pods placed: bound, live pods on nodes with gateway devices, with their allocated claims.
-  One may move only when a controller re-creates it elsewhere (ReplicaSet, StatefulSet, Job;
-  any controller with `dra-gateway.io/defrag: allow`), it is not annotated
-  `dra-gateway.io/defrag: never`, and neither it nor, after it was moved, its controller's
-  replacement was moved within the window. Its PodDisruptionBudgets are named, with the
-  disruptions each allows now (`status.disruptionsAllowed`): the plan spends them, and the
+- Pods placed: bound, live pods on nodes with gateway devices, with their allocated claims,
+  why each may not move (planner/leaving.py, the rules of who may leave), and their
+  PodDisruptionBudgets, with the disruptions each allows now: the plans spend them, and the
   Eviction API has the last word.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -26,15 +23,13 @@ from dra_gateway.allocator.defrag.holds import Records, parse_time
 from dra_gateway.allocator.legacypods import LegacyPods
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings
 from dra_gateway.allocator.planner.defrag import Resident, Waiter
-from dra_gateway.kube import names, objects
+from dra_gateway.allocator.planner.leaving import controller_of, disruptions_allowed, why_fixed
+from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import Object
 from dra_gateway.kube.groups import group_key
 from dra_gateway.kube.nodeselectors import label_selector_matches
 from dra_gateway.policy.catalog import Catalog
 from dra_gateway.policy.legacyusage import still_counted
-
-# Controllers that make a new pod when one of theirs is evicted.
-RECREATING = frozenset({"ReplicaSet", "StatefulSet", "Job"})
 
 
 @dataclass(slots=True)
@@ -67,50 +62,9 @@ class Inputs:
     pods: dict[str, Object]  # every live pod by uid
 
 
-def _controller(pod: Object) -> Mapping[str, Any] | None:
-    for ref in objects.owner_references(pod):
-        if ref.get("controller"):
-            return ref
-    return None
-
-
 def controller_uid(pod: Object | None) -> str | None:
     """The uid of what controls the pod (its ReplicaSet, StatefulSet...), if anything."""
-    return str((_controller(pod or {}) or {}).get("uid") or "") or None
-
-
-def why_fixed(pod: Object, records: Records, now: datetime, window_seconds: float) -> str | None:
-    """Why a placed pod may not move; None when it may."""
-    word = objects.annotations(pod).get(names.ANNOTATION_DEFRAG, "")
-    if word == "never":
-        return f"annotated {names.ANNOTATION_DEFRAG}: never"
-    owner = _controller(pod)
-    kind = str((owner or {}).get("kind") or "")
-    if word != "allow":
-        if owner is None:
-            return "no controller re-creates it (a bare pod)"
-        if kind == "DaemonSet":
-            return "a DaemonSet's pod comes back on the same node"
-        if kind == "Node":
-            return "a static pod"
-        if kind not in RECREATING:
-            return (f"its controller {kind} {owner.get('name')} is not one dra-gateway knows to "
-                    f"re-create it; annotate the pod {names.ANNOTATION_DEFRAG}: allow if it does")
-    uid = objects.uid(pod)
-    created = parse_time(objects.meta(pod).get("creationTimestamp"))
-    owner_uid = controller_uid(pod)
-    for moved in records.moved:
-        if (now - moved.at).total_seconds() > window_seconds:
-            continue
-        if moved.pod_uid == uid:
-            return f"moved at {moved.at:%H:%M:%S}, within the window"
-        if owner_uid and moved.owner_uid == owner_uid and created is not None \
-                and created >= moved.at:
-            # Which new pod replaced the one moved cannot be told: none of its controller's
-            # pods made since moves again within the window.
-            return (f"made by {kind} {(owner or {}).get('name')} after it lost a pod to a move "
-                    f"at {moved.at:%H:%M:%S}, within the window")
-    return None
+    return str((controller_of(pod) or {}).get("uid") or "") or None
 
 
 def _budgets_of(pod: Object, budgets: Iterable[Object]) -> tuple[str, ...]:
@@ -119,24 +73,6 @@ def _budgets_of(pod: Object, budgets: Iterable[Object]) -> tuple[str, ...]:
     return tuple("/".join(objects.namespace_name(b)) for b in budgets
                  if objects.namespace(b) == ns
                  and label_selector_matches(objects.spec(b).get("selector"), labels))
-
-
-def disruptions_allowed(budget: Object) -> int:
-    """What a PodDisruptionBudget allows now; none while the disruption controller has not
-    seen its latest spec (its status may count a budget that no longer holds)."""
-    status = objects.status(budget)
-    generation = objects.meta(budget).get("generation")
-    if generation is not None and status.get("observedGeneration") != generation:
-        return 0
-    return int(status.get("disruptionsAllowed") or 0)
-
-
-def blocked_by_budget(resident: Resident, budgets: Mapping[str, int]) -> str | None:
-    """Why a pod that may move cannot move now: a budget of its with no disruption left."""
-    for budget in resident.budgets:
-        if budgets.get(budget, 0) <= 0:
-            return f"its PodDisruptionBudget {budget} allows no disruption now"
-    return None
 
 
 def build(snapshot: Snapshot, *, window_seconds: float = 3600.0) -> Inputs:
@@ -204,11 +140,10 @@ def build(snapshot: Snapshot, *, window_seconds: float = 3600.0) -> Inputs:
             continue
         residents.append(Resident(
             pod, tuple(c for c in gateway if objects.is_allocated(c)), objects.pod_priority(pod),
-            why_fixed(pod, snapshot.records, snapshot.now, window_seconds),
+            why_fixed(pod, snapshot.records.moved, snapshot.now, window_seconds),
             _budgets_of(pod, snapshot.budgets)))
     waiters.sort(key=lambda entry: entry[0])
     return Inputs(state, [w for _, w in waiters], residents, budgets, since, live)
 
 
-__all__ = ["RECREATING", "Inputs", "Snapshot", "blocked_by_budget", "build",
-           "controller_uid", "disruptions_allowed", "why_fixed"]
+__all__ = ["Inputs", "Snapshot", "build", "controller_uid"]

@@ -41,6 +41,7 @@ from typing import Any
 
 from dra_gateway.allocator.planner.allocation import PodPlan
 from dra_gateway.allocator.planner.defrag.model import Resident, Waiter
+from dra_gateway.allocator.planner.leaving import preemptible, protected, reclaimable
 from dra_gateway.allocator.planner.ledger import TakenOut
 from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.state import ClusterState
@@ -98,11 +99,8 @@ def plan_preemption(state: ClusterState, waiter: Waiter, residents: Sequence[Res
     peers = state.policies.ledger.cohort_peers(objects.namespace(pod))
     by_node: dict[str, list[Resident]] = {}
     for resident in residents:
-        node = objects.spec(resident.pod).get("nodeName")
-        if resident.claims and resident.priority < waiter.priority and isinstance(node, str) \
-                and not _shared(resident) \
-                and peers.get(objects.namespace(resident.pod), True):
-            by_node.setdefault(node, []).append(resident)
+        if preemptible(resident, waiter.priority, peers):
+            by_node.setdefault(objects.spec(resident.pod)["nodeName"], []).append(resident)
     if not by_node:
         return "no pod of lower priority holds gateway devices"
     # Only nodes with as many devices free or held by candidates alone as the pod asks for
@@ -135,15 +133,11 @@ def plan_reclaim(state: ClusterState, waiter: Waiter, residents: Sequence[Reside
     if not borrowers:
         return "no other namespace of its cohort borrows"
 
-    def protected(resident: Resident) -> bool:
-        return any(budgets.get(b, 0) <= 0 for b in resident.budgets)
-
-    candidates = [r for r in residents if r.claims and objects.namespace(r.pod) in borrowers
-                  and objects.spec(r.pod).get("nodeName") and not _shared(r)]
+    candidates = [r for r in residents if reclaimable(r, borrowers)]
     # Those a budget allows first, then the lowest priority, then the newest.
     candidates.sort(key=lambda r: (str(objects.meta(r.pod).get("creationTimestamp") or ""),
                                    _label(r.pod)), reverse=True)
-    candidates.sort(key=lambda r: (protected(r), r.priority))
+    candidates.sort(key=lambda r: (protected(r, budgets), r.priority))
     taken: dict[str, TakenOut] = {}
     victims: list[Resident] = []
 
@@ -202,12 +196,6 @@ def _marked(victims: Sequence[Resident], budgets: Mapping[str, int]) -> tuple[Vi
     return tuple(marked)
 
 
-def _shared(resident: Resident) -> bool:
-    """A claim of the pod is reserved for another pod too: evicting it frees nothing."""
-    uid = objects.uid(resident.pod)
-    return any(objects.reserved_pod_uids(c) - {uid} for c in resident.claims)
-
-
 def _devices_asked(claims: Sequence[Mapping[str, Any]]) -> int:
     """The devices the claims ask for at the least (each request's count; a prioritized list's
     smallest)."""
@@ -256,13 +244,9 @@ def _on_node(state: ClusterState, waiter: Waiter, node: str, candidates: Sequenc
         placed = plan()
         if placed.node_name is None:
             return None
-
-        def protected(resident: Resident) -> bool:
-            return any(budgets.get(b, 0) <= 0 for b in resident.budgets)
-
         # Reprieve: the protected first, then the highest priority, then the oldest.
         order = sorted(candidates, key=lambda r: (
-            not protected(r), -r.priority,
+            not protected(r, budgets), -r.priority,
             str(objects.meta(r.pod).get("creationTimestamp") or ""), _label(r.pod)))
         victims: list[Resident] = []
         for resident in order:

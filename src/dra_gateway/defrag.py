@@ -168,7 +168,7 @@ def to_dict(plan: DefragPlan, inputs: Inputs, report: ApplyReport | None = None,
             item["placed"] = outcome.placed
             item["isPlaced"] = outcome.is_placed
         helped.append(item)
-    from dra_gateway.allocator.defrag.view import blocked_by_budget
+    from dra_gateway.allocator.planner.leaving import blocked_by_budget
 
     fixed = Counter(r.fixed or blocked_by_budget(r, inputs.budgets) for r in inputs.residents)
     fixed.pop(None, None)

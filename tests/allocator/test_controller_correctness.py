@@ -290,7 +290,9 @@ async def settle(memory: MemoryCluster, controller: Controller) -> None:
         while quiet < 5:
             await asyncio.sleep(0.02)
             now = memory.resource_version
-            quiet = 0 if controller.outstanding() or now != seen else quiet + 1
+            # Work left, other than pods waiting for room on their backoff.
+            owed = {k for k in controller.queue.pending() if k not in controller.unplaceable}
+            quiet = 0 if owed or now != seen else quiet + 1
             seen = now
 
 

@@ -8,7 +8,7 @@ import asyncio
 
 from testkit import eventually
 
-from dra_gateway.allocator.conditions import quota_condition
+from dra_gateway.allocator.conditions import pod_condition
 from dra_gateway.allocator.groups import GROUP_CONDITION
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import Object
@@ -46,7 +46,7 @@ async def _held(memory_cluster: MemoryCluster, prefix: str) -> int:
 
 
 async def _said(world: World, name: str) -> Object | None:
-    return quota_condition(await world.pod(name), GROUP_CONDITION)
+    return pod_condition(await world.pod(name), GROUP_CONDITION)
 
 
 async def test_two_interleaved_groups_one_placed_whole_the_other_holding_nothing(

@@ -9,7 +9,7 @@ import dataclasses
 
 from testkit import eventually
 
-from dra_gateway.allocator.conditions import PREEMPTION_CONDITION, quota_condition
+from dra_gateway.allocator.conditions import PREEMPTION_CONDITION, pod_condition
 from dra_gateway.allocator.defrag import holds as holdfmt
 from dra_gateway.allocator.evictions import DISRUPTION_TARGET
 from dra_gateway.allocator.preemption import REASON
@@ -159,7 +159,7 @@ async def test_victims_a_budget_protects_are_not_evicted(
         assert not await ungated(world, "urgent")
         # It waits, and says for which budget.
         pod = await memory_cluster.get(PODS, "urgent", namespace=NAMESPACE)
-        said = quota_condition(pod, PREEMPTION_CONDITION)
+        said = pod_condition(pod, PREEMPTION_CONDITION)
         assert said is not None, pod.get("status")
         assert said["reason"] == "DisruptionBudget"
         assert f"PodDisruptionBudget {NAMESPACE}/keep" in said["message"]

@@ -11,9 +11,10 @@ import pytest
 
 from dra_gateway.allocator.defrag import holds as holdfmt
 from dra_gateway.allocator.defrag.act import Applier, Pace, read_snapshot, write_records
-from dra_gateway.allocator.defrag.view import Snapshot, build, why_fixed
+from dra_gateway.allocator.defrag.view import Snapshot, build
 from dra_gateway.allocator.planner import PodPlan, plan_pod
 from dra_gateway.allocator.planner.defrag import Limits, plan_defrag
+from dra_gateway.allocator.planner.leaving import why_fixed
 from dra_gateway.cli import main
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
@@ -71,25 +72,25 @@ async def _served(objs: list[dict[str, Any]]) -> MemoryCluster:
 
 def test_who_may_move() -> None:
     records = holdfmt.Records()
-    assert why_fixed(_owned(pod("a")), records, NOW, 3600) is None
-    assert why_fixed(_owned(pod("b"), "StatefulSet"), records, NOW, 3600) is None
-    assert "bare pod" in str(why_fixed(pod("c"), records, NOW, 3600))
-    assert "DaemonSet" in str(why_fixed(_owned(pod("d"), "DaemonSet"), records, NOW, 3600))
+    assert why_fixed(_owned(pod("a")), records.moved, NOW, 3600) is None
+    assert why_fixed(_owned(pod("b"), "StatefulSet"), records.moved, NOW, 3600) is None
+    assert "bare pod" in str(why_fixed(pod("c"), records.moved, NOW, 3600))
+    assert "DaemonSet" in str(why_fixed(_owned(pod("d"), "DaemonSet"), records.moved, NOW, 3600))
     never = _owned(pod("e"))
     never["metadata"]["annotations"] = {names.ANNOTATION_DEFRAG: "never"}
-    assert "never" in str(why_fixed(never, records, NOW, 3600))
+    assert "never" in str(why_fixed(never, records.moved, NOW, 3600))
     custom = _owned(pod("f"), "RayCluster", "ray")
-    assert "dra-gateway.io/defrag: allow" in str(why_fixed(custom, records, NOW, 3600))
+    assert "dra-gateway.io/defrag: allow" in str(why_fixed(custom, records.moved, NOW, 3600))
     custom["metadata"]["annotations"] = {names.ANNOTATION_DEFRAG: "allow"}
-    assert why_fixed(custom, records, NOW, 3600) is None
+    assert why_fixed(custom, records.moved, NOW, 3600) is None
     # Moved ten minutes ago: neither it nor what its ReplicaSet made since moves again.
     moved = holdfmt.Moved("uid-a", "ns/a", "uid-rs", NOW - timedelta(minutes=10), "ns/big")
     records = holdfmt.Records(moved=[moved])
-    assert "moved at" in str(why_fixed(_owned(pod("a")), records, NOW, 3600))
+    assert "moved at" in str(why_fixed(_owned(pod("a")), records.moved, NOW, 3600))
     after = _owned(pod("g"))
     after["metadata"]["creationTimestamp"] = "2026-12-02T08:55:00Z"
-    assert "after it lost a pod" in str(why_fixed(after, records, NOW, 3600))
-    assert why_fixed(after, records, NOW, 300) is None  # the window has passed
+    assert "after it lost a pod" in str(why_fixed(after, records.moved, NOW, 3600))
+    assert why_fixed(after, records.moved, NOW, 300) is None  # the window has passed
 
 
 def test_the_view_finds_the_waiting_pod_the_movable_pods_and_their_budgets() -> None:
@@ -238,7 +239,7 @@ async def test_records_past_their_use_are_dropped_before_new_ones_are_written() 
 
 
 def test_a_budget_with_no_disruption_left_is_named_and_a_stale_one_allows_none() -> None:
-    from dra_gateway.allocator.defrag.view import disruptions_allowed
+    from dra_gateway.allocator.planner.leaving import disruptions_allowed
     from dra_gateway.defrag import to_dict
 
     objs = _objects()

@@ -13,7 +13,6 @@ from dra_gateway.kube import names
 from dra_gateway.kube.shares import (
     RecordedShare,
     allocated_shares,
-    decode_shares,
     encode_shares,
     recorded_shares,
     result_key,
@@ -31,22 +30,31 @@ def test_the_encoding_is_compact_json_in_the_documented_field_order() -> None:
         '"shareID":"s-1","consumedCapacity":{"memory":"8Gi","cores":"30"}}]')
 
 
-def test_what_is_encoded_decodes_to_the_same_records() -> None:
+def _allocation(entries: Any) -> dict[str, Any]:
+    """An allocation whose GpuShareAllocation config holds `entries` as its shares."""
+    return {"devices": {"config": [{"source": "FromClaim", "opaque": {
+        "driver": names.DRIVER, "parameters": {
+            "apiVersion": names.API_VERSION, "kind": names.KIND_GPU_SHARE_ALLOCATION,
+            "shares": entries}}}]}}
+
+
+def test_what_is_encoded_reads_back_as_the_same_records() -> None:
     other = RecordedShare(request="gpu/large", driver=names.DRIVER, pool="node-1",
                           device="gpu-0", share_id=None, consumed_capacity={"memory": "1Gi"})
-    assert decode_shares(encode_shares([SHARE, other])) == [SHARE, other]
+    assert allocated_shares(_allocation(json.loads(encode_shares([SHARE, other])))) == [
+        SHARE, other]
 
 
-@pytest.mark.parametrize("raw", [None, "", "{not json", "{}", "3", '"text"'],
-                         ids=["none", "empty", "malformed", "object", "number", "string"])
-def test_an_unreadable_annotation_counts_as_absent(raw: str | None) -> None:
-    assert decode_shares(raw) == []
+@pytest.mark.parametrize("entries", [None, "", {}, 3, "text"],
+                         ids=["none", "empty", "object", "number", "string"])
+def test_unreadable_shares_count_as_absent(entries: Any) -> None:
+    assert allocated_shares(_allocation(entries)) == []
 
 
 def test_entries_without_a_consumed_capacity_object_are_left_out() -> None:
-    raw = json.dumps([1, "x", {"request": "gpu"}, {"request": "gpu", "consumedCapacity": "8Gi"},
-                      SHARE.to_json()])
-    assert decode_shares(raw) == [SHARE]
+    entries = [1, "x", {"request": "gpu"}, {"request": "gpu", "consumedCapacity": "8Gi"},
+               SHARE.to_json()]
+    assert allocated_shares(_allocation(entries)) == [SHARE]
 
 
 def test_a_claim_without_a_record_in_its_allocation_records_nothing() -> None:

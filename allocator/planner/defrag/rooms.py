@@ -36,6 +36,7 @@ from dra_gateway.allocator.planner.defrag.model import (
     Waiter,
 )
 from dra_gateway.allocator.planner.devices import Device
+from dra_gateway.allocator.planner.leaving import movable
 from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.state import ClusterState, TakenOut
 from dra_gateway.kube import objects
@@ -138,12 +139,8 @@ class RoomMaker:
         """Whether the pod may leave for a pod of `priority`; on the last level of a chain
         only if it would fit somewhere else as the cluster is now."""
         resident = self.residents.get(uid)
-        if resident is None or resident.fixed is not None or uid in self.moved \
-                or uid in self.out:
-            return False
-        if resident.priority > priority:
-            return False
-        if not all(self.budgets.get(b, 0) > 0 for b in resident.budgets):
+        if resident is None or uid in self.moved or uid in self.out \
+                or not movable(resident, priority, self.budgets):
             return False
         return not last or self._placeable(uid, resident)
 
