@@ -24,20 +24,18 @@ without a toleration. Counted in `dra_gateway_allocator_health_evictions_total{r
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from dra_gateway.allocator.defrag.view import Snapshot
-from dra_gateway.allocator.evictions import EVICTED, GONE, Evictions
+from dra_gateway.allocator.evictions import EVICTED, GONE, Evictions, run_rounds
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.work import Fence
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import Cluster, Object
 from dra_gateway.kube.device_health import DeviceMark, node_marks
-from dra_gateway.kube.runtime.leader import LeadershipLost
 
 log = logging.getLogger(__name__)
 
@@ -130,14 +128,11 @@ class DrainMode:
         self._refused: dict[str, str] = {}
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                await self.round()
-            except LeadershipLost:
-                raise  # the term is over: the controller ends it
-            except Exception:  # a bug: say it, and keep draining in later rounds
-                log.exception("draining failed devices failed unexpectedly")
+        async def one_round() -> bool:
+            await self.round()
+            return False  # a failed device is looked at again at the same pace
+
+        await run_rounds("drain", one_round, interval=self.interval)
 
     async def round(self) -> list[tuple[Victim, str]]:
         """One look: the pods tried and how each went. The common case (no failed device)

@@ -1,5 +1,10 @@
-"""How the allocator makes a pod leave, whatever the cause: the one carry-out path of preemption,
-cohort reclaim, defrag and the drain of failed devices.
+"""How the allocator makes a pod leave, whatever the cause: the one carry-out path and the one
+loop of preemption, cohort reclaim, defrag and the drain of failed devices. Who may leave is
+decided in planner/leaving.py.
+
+Each mode runs in rounds (`run_rounds`), on the leader only: a round that found nothing to do
+(or failed) makes the next wait longer, up to the mode's limit; a lost leadership ends the loop;
+any other error is logged and the next round tries again.
 
 Each eviction is, in order: the pod's condition `DisruptionTarget` (True, with the cause's reason
 and a message for `kubectl describe`), as kube-scheduler's preemption and the taint managers set
@@ -11,8 +16,9 @@ elsewhere; this module only carries it out, and says how it went.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from dra_gateway.allocator.events import COMPONENT, pod_event
@@ -27,6 +33,7 @@ from dra_gateway.kube.cluster.port import (
     TooManyRequests,
 )
 from dra_gateway.kube.resources import EVENTS, PODS
+from dra_gateway.kube.runtime.leader import LeadershipLost
 
 log = logging.getLogger(__name__)
 
@@ -106,4 +113,26 @@ class Evictions:
         return EVICTED, ""
 
 
-__all__ = ["DISRUPTION_TARGET", "EVICTED", "FAILED", "GONE", "REFUSED", "Evictions", "Told"]
+async def run_rounds(what: str, one_round: Callable[[], Awaitable[bool]], *, interval: float,
+                     max_backoff: int = 1) -> None:
+    """Run `one_round` every `interval` until cancelled; it returns whether the next round may
+    wait longer (nothing was done, or what was done did not go cleanly), up to `max_backoff`
+    times the interval."""
+    backoff = 1
+    while True:
+        await asyncio.sleep(interval * backoff)
+        try:
+            slower = await one_round()
+        except ApiError as exc:
+            log.warning(f"{what} round failed", extra={"error": exc.message})
+            slower = True
+        except LeadershipLost:
+            raise  # the term is over: the controller ends it
+        except Exception:  # a bug: say it, and keep going in later rounds
+            log.exception(f"{what} round failed unexpectedly")
+            slower = True
+        backoff = min(backoff * 2, max_backoff) if slower else 1
+
+
+__all__ = ["DISRUPTION_TARGET", "EVICTED", "FAILED", "GONE", "REFUSED", "Evictions", "Told",
+           "run_rounds"]

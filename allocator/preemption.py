@@ -55,6 +55,7 @@ from dra_gateway.allocator.evictions import (
     GONE,
     REFUSED,
     Evictions,
+    run_rounds,
 )
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.planner.defrag.model import Waiter
@@ -66,7 +67,6 @@ from dra_gateway.allocator.work import Fence
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import ApiError, Cluster, Object
 from dra_gateway.kube.resources import CONFIG_MAPS, POD_DISRUPTION_BUDGETS
-from dra_gateway.kube.runtime.leader import LeadershipLost
 
 log = logging.getLogger(__name__)
 
@@ -179,22 +179,13 @@ class PreemptionMode:
         self.leaving: dict[str, set[str]] = {}
 
     async def run(self) -> None:
-        backoff = 1
-        while True:
-            await asyncio.sleep(self.settings.preemption_interval * backoff)
-            try:
-                found = await self.round()
-            except ApiError as exc:
-                log.warning("preemption round failed", extra={"error": exc.message})
-                found = []
-            except LeadershipLost:
-                raise  # the term is over: the controller ends it
-            except Exception:  # a bug: say it, and keep preempting in later rounds
-                log.exception("preemption round failed unexpectedly")
-                found = []
-            # A round that looked and found nothing to do waits longer before the next (a
-            # state is built for it); one that preempted, or had nothing to look at, does not.
-            backoff = min(backoff * 2, _MAX_BACKOFF) if found == [] else 1
+        # A round that looked and found nothing to do waits longer before the next (a state is
+        # built for it); one that preempted, or had nothing to look at, does not.
+        async def one_round() -> bool:
+            return await self.round() == []
+
+        await run_rounds("preemption", one_round, interval=self.settings.preemption_interval,
+                         max_backoff=_MAX_BACKOFF)
 
     async def round(self) -> list[Preemption] | None:
         """One look at the waiting pods: the preemptions carried out (or tried), None when no

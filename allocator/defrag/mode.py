@@ -19,11 +19,12 @@ from datetime import UTC, datetime
 
 from dra_gateway.allocator.defrag.act import Applier, Pace, list_items
 from dra_gateway.allocator.defrag.view import Inputs, Snapshot, build
+from dra_gateway.allocator.evictions import run_rounds
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.planner.defrag import DefragPlan, Limits, plan_defrag
 from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.allocator.work import Fence
-from dra_gateway.kube.cluster.port import ApiError, Cluster
+from dra_gateway.kube.cluster.port import Cluster
 from dra_gateway.kube.resources import POD_DISRUPTION_BUDGETS
 
 log = logging.getLogger(__name__)
@@ -41,17 +42,13 @@ class DefragMode:
         self.metrics = metrics
         self.fence = fence
         self.clock = clock or (lambda: datetime.now(UTC))
-        self.backoff = 1
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.defrag_interval * self.backoff)
-            try:
-                clean = await self.round()
-            except ApiError as exc:
-                log.warning("defrag round failed", extra={"error": exc.message})
-                clean = False
-            self.backoff = 1 if clean else min(self.backoff * 2, _MAX_BACKOFF)
+        async def one_round() -> bool:
+            return not await self.round()
+
+        await run_rounds("defrag", one_round, interval=self.settings.defrag_interval,
+                         max_backoff=_MAX_BACKOFF)
 
     async def round(self) -> bool:
         """One look at the waiting pods; False when the plan stopped or left a moved pod

@@ -5,10 +5,12 @@ device, a device published again and a budget's refusal leave the pod running.""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from testkit import eventually
 
 from dra_gateway.allocator.defrag.view import Snapshot
@@ -19,12 +21,13 @@ from dra_gateway.allocator.drain import (
     failed_devices,
     victims,
 )
-from dra_gateway.allocator.evictions import DISRUPTION_TARGET
+from dra_gateway.allocator.evictions import DISRUPTION_TARGET, run_rounds
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
-from dra_gateway.kube.cluster.port import Object, TooManyRequests
+from dra_gateway.kube.cluster.port import ApiError, Object, TooManyRequests
 from dra_gateway.kube.device_health import DeviceMark, marks_message
 from dra_gateway.kube.resources import EVENTS, NODES, PODS, RESOURCE_SLICES
+from dra_gateway.kube.runtime.leader import LeadershipLost
 
 from .conftest import FAST, World, running_controller, ungated, whole_claim_spec
 
@@ -164,3 +167,28 @@ def test_who_is_drained() -> None:
         assert victims(snapshot, names.DRIVER, failed) == [], case
     snapshot, failed = _snapshot(published=False)
     assert victims(snapshot, "other.example.com", failed) == []
+
+
+async def test_the_modes_loop_survives_failures_backs_off_and_ends_with_leadership(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_rounds, the loop of preemption, defrag and the drain: an API error or a bug is
+    logged and the next round comes; a round with nothing to do doubles the pause (up to the
+    limit); a lost leadership ends the loop."""
+    pauses: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    results: list[Any] = [ApiError("etcd timed out"), RuntimeError("a bug"), True, True, False,
+                          True, LeadershipLost("lease taken")]
+
+    async def one_round() -> bool:
+        result = results.pop(0)
+        if isinstance(result, BaseException):
+            raise result
+        return bool(result)
+
+    with pytest.raises(LeadershipLost):
+        await run_rounds("test", one_round, interval=1.0, max_backoff=4)
+    assert pauses == [1.0, 2.0, 4.0, 4.0, 4.0, 1.0, 2.0]
