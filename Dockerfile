@@ -3,13 +3,14 @@
 #   docker build -t dra-gateway:0.1.0 .
 
 # Stage 1: a wheelhouse of the project and its dependencies, so the runtime stage installs
-# offline and carries no build leftovers. The dependencies are the versions CI tested
+# offline and carries no build leftovers. DRA_GATEWAY_PRODUCTION=1 leaves the development kit
+# (simulator, demo, benchmarks) out of the project's wheel (setup.py). The dependencies are the versions CI tested
 # (constraints.txt, the pins of the README's commands; tests/test_image.py keeps it so).
 FROM python:3.11-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY . .
-RUN pip wheel --constraint constraints.txt --wheel-dir /wheels . \
+RUN DRA_GATEWAY_PRODUCTION=1 pip wheel --constraint constraints.txt --wheel-dir /wheels . \
     && cp constraints.txt /wheels/
 
 # Stage 2: the runtime.

@@ -37,8 +37,7 @@ class StrategyOption(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
-             bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     controller = sub.add_parser(
         "allocator", help="run the allocator controller (one active replica through a Lease)"
     )

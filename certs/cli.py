@@ -10,8 +10,7 @@ import argparse
 import sys
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
-             bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this component's subcommands; handlers import their heavy modules themselves."""
     certs = sub.add_parser("certs", help="certificates for the webhooks")
     actions = certs.add_subparsers(dest="certs_command", metavar="ACTION", required=True)

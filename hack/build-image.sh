@@ -5,8 +5,9 @@
 #   sudo hack/build-image.sh [OUT.tar] [NAME]    (default: dist/dra-gateway-image.oci.tar,
 #                                                 dra-gateway.local/dra-gateway:<version>)
 #
-# It follows the Dockerfile's steps: the project's wheels and its dependencies' built with
-# `pip wheel --constraint constraints.txt`, installed offline (`--no-index`) into a root file
+# It follows the Dockerfile's steps: the project's wheels (the production build, without the
+# development kit: setup.py) and its dependencies' built with `pip wheel --constraint
+# constraints.txt`, installed offline (`--no-index`) into a root file
 # system of Debian bookworm with its Python 3.11 (mmdebstrap, from Debian's packages), a system
 # user 65532 for the components, entrypoint `dra-gateway`. Instead of the Dockerfile's python:3.11-slim
 # base (from a registry), the base is Debian's own Python 3.11, and the project goes into a virtual
@@ -41,8 +42,14 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/wheels" "$work/rootfs" "$(dirname "$OUT")"
 
 started=$SECONDS
-log "building the wheelhouse (constraints.txt)"
-"$PYTHON" -m pip wheel -q --constraint "$ROOT/constraints.txt" --wheel-dir "$work/wheels" "$ROOT" >&2
+log "building the wheelhouse (constraints.txt), the development kit left out"
+# From a copy of the tree's files (tracked, and new ones git does not ignore): a build folder
+# left in the checkout by an earlier install would bring its files (the devkit's) along.
+mkdir -p "$work/src"
+(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard |
+  xargs -0 cp --parents --no-dereference -t "$work/src")
+DRA_GATEWAY_PRODUCTION=1 "$PYTHON" -m pip wheel -q --constraint "$ROOT/constraints.txt" \
+  --wheel-dir "$work/wheels" "$work/src" >&2
 
 log "making a $SUITE root file system with Python 3.11 (mmdebstrap)"
 mmdebstrap --quiet --variant=apt --include=python3,python3-venv,ca-certificates \

@@ -74,8 +74,7 @@ def _source(parser: argparse.ArgumentParser) -> None:
                         "answers")
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
-             bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this component's subcommands; handlers import their heavy modules themselves."""
     parser = sub.add_parser("node-plugin", help="GPU discovery, ResourceSlices and the kubelet's "
                             "DRA API for one node")

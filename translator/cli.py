@@ -29,8 +29,7 @@ EXIT_REFUSED = 1
 EXIT_UNREADABLE = 2
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
-             bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this component's subcommands; handlers import their heavy modules themselves."""
     translate = sub.add_parser(
         "translate", help="rewrite manifests' legacy GPU requests into DRA claims",

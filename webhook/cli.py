@@ -39,8 +39,7 @@ def _port(value: str) -> int:
     return int(value)
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
-             bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this component's subcommands; handlers import their heavy modules themselves."""
     serve = sub.add_parser("webhook", help="serve the admission webhooks over TLS")
     serve.add_argument("--listen", type=_listen, default=("0.0.0.0", 8443), metavar="HOST:PORT",

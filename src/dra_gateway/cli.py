@@ -1,7 +1,9 @@
 """The `dra-gateway` command: one entry point, a subcommand per component.
 
 Each component registers its own subcommands from its `cli` module, whose top level stays
-light: heavy imports happen inside the handlers so `dra-gateway --help` is instant.
+light: heavy imports happen inside the handlers so `dra-gateway --help` is instant. The
+development kit's commands (`demo`, `cluster`, `bench`, the embedded `--cluster memory`) are
+there where the kit is installed; the production image leaves it out (setup.py).
 """
 
 from __future__ import annotations
@@ -9,11 +11,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from dra_gateway import __version__
 from dra_gateway.allocator import cli as allocator_cli
 from dra_gateway.certs import cli as certs_cli
-from dra_gateway.devkit import cli as devkit_cli
 from dra_gateway.node_plugin import cli as node_plugin_cli
 from dra_gateway.translator import cli as translator_cli
 from dra_gateway.webhook import cli as webhook_cli
@@ -26,26 +28,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    bench_parser = sub.add_parser("bench", help="benchmarks on the embedded default")
-    bench = bench_parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    devkit = _devkit()
+    if devkit is not None:
+        devkit.register(sub)
     from dra_gateway import defrag, devices, migrate, report
-    from dra_gateway.devkit import demo
 
-    demo.register(sub)
     report.register(sub)
     migrate.register(sub)
     defrag.register(sub)
     devices.register(sub)
-    for module in (devkit_cli, translator_cli, webhook_cli, certs_cli, allocator_cli,
-                   node_plugin_cli):
-        module.register(sub, bench)
+    for module in (translator_cli, webhook_cli, certs_cli, allocator_cli, node_plugin_cli):
+        module.register(sub)
     return parser
+
+
+def _devkit() -> ModuleType | None:
+    """The development kit's commands, where it is installed."""
+    try:
+        from dra_gateway.devkit import cli as devkit_cli
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("dra_gateway.devkit", "dra_gateway.devkit.cli"):
+            raise  # the kit is there and broken: say so
+        return None
+    return devkit_cli
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "cluster", None) == "memory":
-        devkit_cli.offer_memory_cluster()
+        devkit = _devkit()
+        if devkit is None:
+            print("error: --cluster memory is the development kit's embedded cluster, which "
+                  "this installation leaves out; use --cluster kube", file=sys.stderr)
+            return 2
+        devkit.offer_memory_cluster()
     try:
         code: int = args.func(args)
     except KeyboardInterrupt:

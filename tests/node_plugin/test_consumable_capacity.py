@@ -210,8 +210,7 @@ async def test_while_undecided_the_fallback_is_published_and_reported_as_not_det
 def _serve_args(*extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
-    bench = argparse.ArgumentParser().add_subparsers()
-    register(sub, bench)
+    register(sub)
     return parser.parse_args(["node-plugin", "serve", "--inventory", "x.yaml",
                               "--node-name", NODE, *extra])
 

@@ -5,6 +5,8 @@ a read-only root file system, no capability."""
 
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 
 from e2e.support import wait_until
@@ -38,3 +40,28 @@ def test_the_image_runs_the_gateway_as_the_chart_runs_it(
     [status] = pod["status"]["containerStatuses"]
     assert status["user"]["linux"]["uid"] == 65532  # the image's own user, not root
     cluster.delete_pod("gateway-image")
+
+
+def _layer_files(archive: Path) -> list[str]:
+    """The paths of every file in the OCI archive's layers."""
+    found: list[str] = []
+    with tarfile.open(archive) as outer:
+        for member in outer.getmembers():
+            if not member.name.startswith("blobs/") or not member.isfile():
+                continue
+            data = outer.extractfile(member)
+            assert data is not None
+            blob = data.read()
+            if not tarfile.is_tarfile(io.BytesIO(blob)):
+                continue  # the manifest and the config
+            with tarfile.open(fileobj=io.BytesIO(blob)) as layer:
+                found += layer.getnames()
+    return found
+
+
+def test_the_image_holds_the_components_and_no_development_kit(
+        gateway_image: tuple[Path, str]) -> None:
+    archive, _ = gateway_image
+    files = [f for f in _layer_files(archive) if "/site-packages/dra_gateway/" in f]
+    assert any("/dra_gateway/node_plugin/" in f for f in files)
+    assert not [f for f in files if "/dra_gateway/devkit/" in f]

@@ -55,9 +55,14 @@ def _token(text: str) -> str:
 _POLICY_KINDS = ("GPUQuota", "GPUSharingPolicy")
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
-             bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add this component's subcommands; handlers import their heavy modules themselves."""
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the kit's subcommands (`bench`, `demo`, `cluster`); handlers import their heavy
+    modules themselves."""
+    from dra_gateway.devkit import demo
+
+    bench_parser = sub.add_parser("bench", help="benchmarks on the embedded default")
+    bench = bench_parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    demo.register(sub)
     cluster = sub.add_parser("cluster", help="the embedded Kubernetes API (in-memory cluster)")
     commands = cluster.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
     serve = commands.add_parser(
