@@ -204,6 +204,20 @@ class World:
                                  namespace=self._namespace(name), subresource="status")
 
 
+def record_evictions(cluster: MemoryCluster) -> list[Object]:
+    """The pods evicted from now on, each as it was just before its eviction (its
+    DisruptionTarget condition included)."""
+    evicted: list[Object] = []
+    real_evict = cluster.evict
+
+    async def evict(name: str, *, namespace: str, uid: str | None = None) -> None:
+        evicted.append(await cluster.get(PODS, name, namespace=namespace))
+        await real_evict(name, namespace=namespace, uid=uid)
+
+    cluster.evict = evict  # type: ignore[method-assign]
+    return evicted
+
+
 def is_ungated(pod: Object) -> bool:
     gates = (pod.get("spec") or {}).get("schedulingGates") or []
     return all(g.get("name") != names.SCHEDULING_GATE for g in gates)

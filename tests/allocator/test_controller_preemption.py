@@ -24,7 +24,15 @@ from dra_gateway.kube.resources import (
     PODS,
 )
 
-from .conftest import FAST, NAMESPACE, World, running_controller, ungated, whole_claim_spec
+from .conftest import (
+    FAST,
+    NAMESPACE,
+    World,
+    record_evictions,
+    running_controller,
+    ungated,
+    whole_claim_spec,
+)
 
 SETTINGS = dataclasses.replace(FAST, preemption_interval=0.05)
 
@@ -48,14 +56,7 @@ async def _live(memory_cluster: MemoryCluster) -> set[str]:
 async def test_a_pod_for_two_cards_is_placed_after_exactly_two_are_preempted(
         world: World, memory_cluster: MemoryCluster) -> None:
     await world.setup(nodes=1, gpus=8)
-    marked: list[Object] = []
-    real_evict = memory_cluster.evict
-
-    async def evict(name: str, *, namespace: str, uid: str | None = None) -> None:
-        marked.append(await memory_cluster.get(PODS, name, namespace=namespace))
-        await real_evict(name, namespace=namespace, uid=uid)
-
-    memory_cluster.evict = evict  # type: ignore[method-assign]
+    marked = record_evictions(memory_cluster)
     async with running_controller(memory_cluster, SETTINGS) as controller:
         await _fill(world, memory_cluster, 8, priority=10)
         await world.gated_pod("urgent", [whole_claim_spec(2)], priority=1000)

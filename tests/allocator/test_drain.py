@@ -29,7 +29,7 @@ from dra_gateway.kube.device_health import DeviceMark, marks_message
 from dra_gateway.kube.resources import EVENTS, NODES, PODS, RESOURCE_SLICES
 from dra_gateway.kube.runtime.leader import LeadershipLost
 
-from .conftest import FAST, World, running_controller, ungated, whole_claim_spec
+from .conftest import FAST, World, record_evictions, running_controller, ungated, whole_claim_spec
 
 SETTINGS = dataclasses.replace(FAST, drain_interval=0.05)
 SINCE = "2026-12-06T10:00:00Z"
@@ -70,14 +70,7 @@ def _events(cluster: MemoryCluster, reason: str) -> list[Object]:
 async def test_a_pod_on_a_failed_withheld_device_is_evicted_and_told_why(
         world: World, memory_cluster: MemoryCluster) -> None:
     await world.setup(nodes=1, gpus=2)
-    marked: list[Object] = []
-    real_evict = memory_cluster.evict
-
-    async def evict(name: str, *, namespace: str, uid: str | None = None) -> None:
-        marked.append(await memory_cluster.get(PODS, name, namespace=namespace))
-        await real_evict(name, namespace=namespace, uid=uid)
-
-    memory_cluster.evict = evict  # type: ignore[method-assign]
+    marked = record_evictions(memory_cluster)
     async with running_controller(memory_cluster, SETTINGS) as controller:
         device = await _placed(world, memory_cluster, "trainer")
         other = await _placed(world, memory_cluster, "bystander")
