@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dra_gateway.kube import names
+from dra_gateway.kube.nodeselectors import label_selector_matches
 from dra_gateway.policy.models import GPUSharingPolicy, LabelSelector
 
 Tenant = str  # "" for a namespace without isolation
@@ -29,23 +30,10 @@ EVERY_TENANT: Tenant = "\x00every"
 
 
 def selector_matches(selector: LabelSelector, labels: Mapping[str, str]) -> bool:
-    """A metav1.LabelSelector against labels; an empty selector matches every namespace."""
-    for key, value in selector.match_labels.items():
-        if labels.get(key) != value:
-            return False
-    for requirement in selector.match_expressions:
-        present = requirement.key in labels
-        if requirement.operator == "In":
-            ok = present and labels[requirement.key] in requirement.values
-        elif requirement.operator == "NotIn":
-            ok = not present or labels[requirement.key] not in requirement.values
-        elif requirement.operator == "Exists":
-            ok = present
-        else:
-            ok = not present
-        if not ok:
-            return False
-    return True
+    """A policy's namespaceSelector against a namespace's labels (kube.nodeselectors'
+    metav1.LabelSelector matching). The field is never nil here: left out, it is the empty
+    selector, which selects every namespace, as Kubernetes reads an empty LabelSelector."""
+    return label_selector_matches(selector.model_dump(by_alias=True), labels)
 
 
 @dataclass(frozen=True, slots=True)

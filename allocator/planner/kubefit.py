@@ -1,7 +1,9 @@
-"""What a pod asks of a node outside DRA: CPU and memory, taints it tolerates, nodes it accepts.
+"""What a pod asks of a node outside DRA: CPU and memory, taints it tolerates.
 
-Plain functions over pod and node dicts, as kube-scheduler's NodeResourcesFit, TaintToleration
-and NodeAffinity plugins read them. Pure: no I/O, no cluster access.
+Plain functions over pod and node dicts, as kube-scheduler's NodeResourcesFit and
+TaintToleration plugins read them. The nodes a pod accepts (NodeAffinity) are
+`kube.nodeselectors.pod_accepts_node`'s, whether a pod finished `kube.objects.is_finished`'s.
+Pure: no I/O, no cluster access.
 """
 
 from __future__ import annotations
@@ -102,61 +104,3 @@ def node_taints(node: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     if spec.get("unschedulable"):
         taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"})
     return taints
-
-
-def _match_expression(values: Mapping[str, str], expr: Mapping[str, Any]) -> bool:
-    key = expr.get("key", "")
-    operator = expr.get("operator", "")
-    wanted: Sequence[str] = expr.get("values") or []
-    present = key in values
-    if operator == "In":
-        return present and values[key] in wanted
-    if operator == "NotIn":
-        return not present or values[key] not in wanted
-    if operator == "Exists":
-        return present
-    if operator == "DoesNotExist":
-        return not present
-    if operator in ("Gt", "Lt") and present and len(wanted) == 1:
-        try:
-            have, limit = int(values[key]), int(wanted[0])
-        except ValueError:
-            return False
-        return have > limit if operator == "Gt" else have < limit
-    return False
-
-
-def _match_term(name: str, labels: Mapping[str, str], term: Mapping[str, Any]) -> bool:
-    expressions = term.get("matchExpressions") or ()
-    fields = term.get("matchFields") or ()
-    if not expressions and not fields:
-        return False  # an empty term matches nothing (upstream)
-    fields_view = {"metadata.name": name}
-    return all(_match_expression(labels, e) for e in expressions) and all(
-        _match_expression(fields_view, f) for f in fields
-    )
-
-
-def node_selector_matches(
-    name: str, labels: Mapping[str, str], selector: Mapping[str, Any] | None
-) -> bool:
-    """A core/v1 NodeSelector: terms are ORed, expressions within a term ANDed."""
-    if not selector:
-        return True
-    return any(_match_term(name, labels, t) for t in selector.get("nodeSelectorTerms") or ())
-
-
-def pod_accepts_node(pod: Mapping[str, Any], name: str, labels: Mapping[str, str]) -> bool:
-    """spec.nodeSelector and required node affinity of the pod."""
-    spec = pod.get("spec") or {}
-    for key, value in (spec.get("nodeSelector") or {}).items():
-        if labels.get(key) != value:
-            return False
-    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    )
-    return node_selector_matches(name, labels, affinity)
-
-
-def pod_is_finished(pod: Mapping[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")

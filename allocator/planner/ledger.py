@@ -205,7 +205,7 @@ class UsageLedger:
         """Count a pod's CPU and memory on its node once it is bound (spec.nodeName)."""
         uid = objects.uid(obj)
         node = (obj.get("spec") or {}).get("nodeName")
-        if kubefit.pod_is_finished(obj):
+        if objects.is_finished(obj):
             self.remove_pod(uid)
             return
         if not node:

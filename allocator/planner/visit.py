@@ -36,6 +36,7 @@ from dra_gateway.allocator.planner.search import NodeSearch, NodeSearchResult
 from dra_gateway.allocator.planner.settings import BINPACK, DEFAULT, SPREAD
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import names
+from dra_gateway.kube.nodeselectors import pod_accepts_node
 from dra_gateway.policy.sharing import Holder, SharingRules, card_refusal
 
 # A node where a pod fits: its score, its name and the devices found.
@@ -88,8 +89,8 @@ def feasible_nodes(visit: PodVisit, pod: Mapping[str, Any], *, pinned: set[str] 
                                        visit.tolerations) is not None:
             continue
         for member in candidates:
-            if needs_labels and not kubefit.pod_accepts_node(pod, member,
-                                                             state.nodes[member].labels):
+            if needs_labels and not pod_accepts_node(pod, name=member,
+                                                     labels=state.nodes[member].labels):
                 continue
             result, node_score = visit.evaluate(None if identity else group_key, member)
             if result.ok:
@@ -222,8 +223,8 @@ def scan_classes(visit: PodVisit, pod: Mapping[str, Any],
                 if identity:
                     continue
                 break  # members are sorted by name: later ones cannot win
-            if needs_labels and not kubefit.pod_accepts_node(pod, member,
-                                                             state.nodes[member].labels):
+            if needs_labels and not pod_accepts_node(pod, name=member,
+                                                     labels=state.nodes[member].labels):
                 reasons["node(s) didn't match Pod's node affinity/selector"] += 1
                 continue
             best = (node_score, member, result)

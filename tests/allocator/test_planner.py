@@ -318,6 +318,32 @@ def test_node_selector_and_required_affinity_are_honoured() -> None:
     assert place(state, pod("a", affinity=affinity), claim("a")).node_name == "n1"
 
 
+def test_node_affinity_is_read_as_kubernetes_reads_it() -> None:
+    # kube.nodeselectors decides, as the scheduler: "1_6" is a valid label value but no
+    # integer to Go's ParseInt (Python's int() would read 16), and required affinity without
+    # terms admits no node.
+    state = ClusterState(PlannerSettings(default_strategy="first-fit"))
+    state.set_device_class(device_class(names.GPU_CLASS, "gpu"))
+    for name, gpus in (("n1", "1_6"), ("n2", "16")):
+        state.set_node(node(name, labels={"gpus": gpus}))
+        state.set_slice(resource_slice(name, [gpu(0)]))
+    many = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "gpus", "operator": "Gt", "values": ["8"]}]}]}}}
+    assert place(state, pod("m", affinity=many), claim("m")).node_name == "n2"
+    nowhere = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}
+    assert place(state, pod("z", affinity=nowhere), claim("z")).node_name is None
+
+
+def test_kubefit_keeps_no_copy_of_node_selectors_or_finished_pods() -> None:
+    # One home each: kube.nodeselectors (node selectors, a pod's node affinity) and
+    # kube.objects.is_finished.
+    from dra_gateway.allocator.planner import kubefit
+    for copy in ("node_selector_matches", "pod_accepts_node", "pod_is_finished",
+                 "_match_expression", "_match_term"):
+        assert not hasattr(kubefit, copy), copy
+
+
 # --- CPU, memory and other writers -------------------------------------------------------------
 
 

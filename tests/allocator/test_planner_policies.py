@@ -577,9 +577,10 @@ def test_the_ranking_every_namespace_shares_places_a_pod_as_a_pass_over_every_no
         sharing("limited", labels={"limited": "yes"}, maxClaimsPerDevice=limit + 1)],
         namespaces=[namespace("a", isolated="yes"), namespace("b", isolated="yes"),
                     namespace("c", team="red"), namespace("d", limited="yes")])
+    # One term per node (matchFields take exactly one value): every node, by name.
     everywhere = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In",
-                                                "values": [f"n{n}" for n in range(4)]}]}]}}}
+                                                "values": [f"n{n}"]}]} for n in range(4)]}}}
     placed: list[str] = []
     for n, (ns, memory_gib) in enumerate(pods):
         c = share(f"c{n}", ns, memory_gib)

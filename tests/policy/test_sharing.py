@@ -71,3 +71,22 @@ def test_policies_selecting_one_namespace_combine_to_the_strictest() -> None:
 def test_a_namespace_without_the_isolation_label_is_its_own_tenant() -> None:
     rules = _rules("team-c", {}, isolation={"mode": "Label", "labelKey": "team"})
     assert rules.tenant == "namespace=team-c"
+
+
+@pytest.mark.parametrize(("selector", "selected"), [
+    (None, True),  # left out: the empty selector, every namespace
+    ({"matchLabels": {"tier": "gold"}}, True),
+    ({"matchLabels": {"tier": "silver"}}, False),
+    ({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["gold", "silver"]}]},
+     True),
+    ({"matchExpressions": [{"key": "spot", "operator": "DoesNotExist"}]}, True),
+    # Kubernetes refuses NotIn without values and Exists with values (the CRD too): such a
+    # selector selects no namespace, by kube.nodeselectors' one LabelSelector reading.
+    ({"matchExpressions": [{"key": "spot", "operator": "NotIn"}]}, False),
+    ({"matchExpressions": [{"key": "tier", "operator": "Exists", "values": ["gold"]}]}, False),
+])
+def test_a_policys_namespace_selector_is_a_kubernetes_label_selector(
+        selector: dict[str, Any] | None, selected: bool) -> None:
+    policy = parse_sharing(sharing(selector=selector, exclusive=True))
+    rules = combine([policy], "team-a", {"tier": "gold"})
+    assert rules.exclusive is selected

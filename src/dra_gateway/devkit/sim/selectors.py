@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from dra_gateway.kube.cluster.port import BadRequest
+from dra_gateway.kube.nodeselectors import label_selector_matches as _label_selector_matches
 from dra_gateway.kube.resources import PODS, RESOURCE_SLICES, ResourceType
 
 Operator = Literal["=", "!=", "in", "notin", "exists", "!", "gt", "lt"]
@@ -316,33 +317,7 @@ def parse_field_selector(selector: str | None, rt: ResourceType) -> FieldSelecto
 
 def label_selector_matches(selector: Mapping[str, Any] | None,
                            labels: Mapping[str, str] | None) -> bool:
-    """A metav1.LabelSelector (`matchLabels`, `matchExpressions`) against labels.
-
-    None matches everything; an empty selector `{}` also matches everything, as in webhook
-    namespace and object selectors.
-    """
-    if not selector:
-        return True
-    labels = labels or {}
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expression in selector.get("matchExpressions") or []:
-        key = expression.get("key")
-        operator = expression.get("operator")
-        values = expression.get("values") or []
-        present = key in labels
-        if operator == "In":
-            ok = present and labels[key] in values
-        elif operator == "NotIn":
-            ok = not present or labels[key] not in values
-        elif operator == "Exists":
-            ok = present
-        elif operator == "DoesNotExist":
-            ok = not present
-        else:
-            raise BadRequest(f'label selector operator "{operator}" is not one of In, NotIn, '
-                             "Exists, DoesNotExist")
-        if not ok:
-            return False
-    return True
+    """A webhook's metav1.LabelSelector (`namespaceSelector`, `objectSelector`) against labels,
+    by kube.nodeselectors' one implementation. The API server defaults a webhook's missing
+    selector to the empty one, so None matches everything here, as `{}` does."""
+    return _label_selector_matches({} if selector is None else selector, labels or {})
