@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dra_gateway.kube import arguments
+from dra_gateway.kube import arguments, names
 
 
 class StrategyOption(argparse.Action):
@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                             "in-process cluster nothing else can reach (a smoke test only)")
     controller.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, "
                             "the pod's service account, then ~/.kube/config)")
-    controller.add_argument("--namespace", default="dra-gateway",
+    controller.add_argument("--namespace", default=names.GATEWAY_NAMESPACE,
                             type=arguments.namespace,
                             help="namespace of the allocator's Lease (default: %(default)s)")
     controller.add_argument("--strategy", "--policy", action=StrategyOption, default="default",

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dra_gateway.kube import names
+
 
 @dataclass(frozen=True)
 class ControllerSettings:
@@ -47,7 +49,7 @@ class ControllerSettings:
     # cannot hold the planner for long.
     plan_cost_budget: int = 10_000_000
     # The gateway's namespace: the allocator's Lease and defrag's ConfigMap (holds, moves).
-    namespace: str = "dra-gateway"
+    namespace: str = names.GATEWAY_NAMESPACE
     # Defrag holds are let go this long after their deadline at the latest.
     holds_check_interval: float = 15.0
     # The allocator's own defrag (`--defrag`): pods gated longer than `defrag_after` get moves

@@ -19,6 +19,10 @@ AMD_GPU_CLASS: Final = "gpu.amd.com"
 INTEL_GPU_CLASS: Final = "gpu.intel.com"
 GAUDI_CLASS: Final = "gaudi.intel.com"
 
+# The namespace the gateway is installed in unless told otherwise: the components' and the
+# commands' --namespace default (the allocator's Lease, defrag's holds, rule ConfigMaps).
+GATEWAY_NAMESPACE: Final = "dra-gateway"
+
 SCHEDULING_GATE: Final = f"{DOMAIN}/allocation"
 # The Lease through which one allocator replica leads, in the gateway's namespace.
 ALLOCATOR_LEASE: Final = "dra-gateway-allocator"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dra_gateway.kube import arguments
+from dra_gateway.kube import arguments, names
 from dra_gateway.webhook.settings import POD_OPT_OUT_SCOPES
 
 
@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--kubeconfig", metavar="FILE",
                        help="kubeconfig file (default: $KUBECONFIG, the pod's "
                        "service account, then ~/.kube/config)")
-    serve.add_argument("--namespace", type=arguments.namespace, default="dra-gateway",
+    serve.add_argument("--namespace", type=arguments.namespace, default=names.GATEWAY_NAMESPACE,
                        help="the gateway's namespace: rule ConfigMaps are read there "
                        "(default: %(default)s)")
     serve.add_argument("--no-config-maps", action="store_true",

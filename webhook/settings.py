@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra_gateway.kube import names
+
 MAX_BODY_BYTES = 3 * 1024 * 1024  # the API server caps admission requests at 3 MiB as well
 
 MUTATING_CONFIGURATION = "dra-gateway"
@@ -56,7 +58,7 @@ class WebhookSettings:
         GPUQuotas on top of their status, until the allocator has counted it there.
     """
 
-    namespace: str = "dra-gateway"
+    namespace: str = names.GATEWAY_NAMESPACE
     rules_paths: tuple[Path, ...] = ()
     builtin_rules: bool = True
     watch_config_maps: bool = True

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 class LeaseSettings:
     identity: str
     name: str = names.ALLOCATOR_LEASE
-    namespace: str = "dra-gateway"
+    namespace: str = names.GATEWAY_NAMESPACE
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0

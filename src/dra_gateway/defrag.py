@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from dra_gateway.kube import arguments, objects
+from dra_gateway.kube import arguments, names, objects
 
 # `defrag apply`: the moves were made, but a pod helped or a replacement is not placed yet.
 EXIT_INCOMPLETE = 3
@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for parser in (plan, apply):
         parser.add_argument("--kubeconfig", metavar="FILE",
                             help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
-        parser.add_argument("--namespace", default="dra-gateway",
+        parser.add_argument("--namespace", default=names.GATEWAY_NAMESPACE,
                             help="the gateway's namespace, where the holds are kept "
                                  "(default: %(default)s)")
         parser.add_argument("--max-moves", type=_count, default=10,

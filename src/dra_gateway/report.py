@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "amounts; per card who holds which share; free slivers too small for any "
                     "pending request; pending pods by reason. -o html draws the cards.")
     report.add_argument("-o", "--output", choices=("table", "json", "html"), default="table")
-    report.add_argument("--namespace", default="dra-gateway",
+    report.add_argument("--namespace", default=names.GATEWAY_NAMESPACE,
                         help="the gateway's namespace, where defrag's holds are kept "
                              "(default: %(default)s)")
     report.add_argument("--kubeconfig", metavar="FILE",
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     report.set_defaults(func=_run)
 
 
-async def _read(kubeconfig: str | None, namespace: str = "dra-gateway") -> dict[str, Any]:
+async def _read(kubeconfig: str | None, namespace: str = names.GATEWAY_NAMESPACE) -> dict[str, Any]:
     """One read of the cluster for the whole report, the defrag plan's part included."""
     from datetime import UTC, datetime
 

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from dra_gateway.kube import names
+
 if TYPE_CHECKING:
     from dra_gateway.migrate.inventory import Inventory
     from dra_gateway.translator.rules import RuleSet
@@ -66,7 +68,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plan.add_argument("--default-mode", choices=("enabled", "audit"), default="enabled",
                       help="the chart's webhook.translation.default: the mode of namespaces "
                            "without the dra-gateway.io/translation label (default: enabled)")
-    plan.add_argument("--gateway-namespace", default="dra-gateway", metavar="NS",
+    plan.add_argument("--gateway-namespace", default=names.GATEWAY_NAMESPACE, metavar="NS",
                       help="the namespace the gateway is installed in, which its webhooks "
                            "leave out as they leave out kube-system (default: %(default)s)")
     plan.add_argument("--exclude-namespace", action="append", default=[], metavar="NS",

@@ -30,7 +30,7 @@ from dra_gateway.webhook.translation import held_back
 
 Mode = Literal["enabled", "audit", "disabled", "unknown"]
 # The namespaces the chart's webhook configurations always leave out (with the release's own).
-DEFAULT_EXCLUDED = ("kube-system", "dra-gateway")
+DEFAULT_EXCLUDED = ("kube-system", names.GATEWAY_NAMESPACE)
 Status = Literal["translate", "audit", "legacy", "refused", "untranslated", "translated",
                  "unknown-mode"]
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dra_gateway.kube import names
+
 if TYPE_CHECKING:
     pass
 
@@ -24,7 +26,7 @@ NODES: tuple[tuple[str, str], ...] = (
     ("gpu-a100-1", "gpu-a100-1.yaml"),
     ("gpu-h100-1", "gpu-h100-1.yaml"),
 )
-NAMESPACE = "dra-gateway"
+NAMESPACE = names.GATEWAY_NAMESPACE
 WEBHOOK_SERVICE = "dra-gateway-webhook"
 GRACE_S = 5.0
 # What the demo's output fits: a 120-column terminal.
