@@ -161,6 +161,7 @@ class NodePlugin:
         self._health_reported: dict[str, Problem] = {}  # the marks the last Events told of
         self._condition_wanted = asyncio.Event()
         self._condition_wanted.set()
+        self._orders_wanted = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
 
     def _registration_status(self, registered: bool) -> None:
@@ -378,6 +379,7 @@ class NodePlugin:
         self._health_reported = now
         self.health.lifted_because.clear()
         self._condition_wanted.set()
+        self._orders_wanted.set()
 
     async def _report_condition(self) -> None:
         """The one writer of the Node's health condition: the latest marks, once per burst of
@@ -390,10 +392,14 @@ class NodePlugin:
 
     async def _follow_admin_orders(self) -> None:
         """While a device is marked, read the Node's annotations (a clear, a keep) every
-        `admin_check_seconds`; a healthy node is not read."""
+        `admin_check_seconds`, and at once when the marks change (a device kept beforehand
+        stays out from its first fault); a healthy node is not read."""
         told: tuple[str, ...] = ()
         while True:
-            await asyncio.sleep(self.settings.admin_check_seconds)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._orders_wanted.wait(),
+                                       self.settings.admin_check_seconds)
+            self._orders_wanted.clear()
             if not self.health.problems and not self.health.kept:
                 continue
             try:

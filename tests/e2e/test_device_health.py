@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -31,7 +33,12 @@ import pytest
 
 from dra_gateway.devkit.realcluster import Api, ApiError, path_of
 from dra_gateway.kube import names
-from dra_gateway.kube.device_health import DeviceMark, node_marks
+from dra_gateway.kube.device_health import (
+    CLEAR_ANNOTATION,
+    KEEP_ANNOTATION,
+    DeviceMark,
+    node_marks,
+)
 from e2e.support import (
     RECOVERY_S,
     Gateway,
@@ -179,3 +186,50 @@ def test_a_card_that_falls_off_the_bus_is_drained_and_comes_back(
     [unhealthy] = [m for r, m in node_events() if r == "DeviceUnhealthy"]
     assert "xid-79 (fatal fault)" in unhealthy
     assert ("tainted NoExecute" if gateway.device_taints else "withheld") in unhealthy
+
+
+def _devices(gateway: Gateway, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dra_gateway", "devices", *args,
+         "--kubeconfig", str(gateway.plane.admin_kubeconfig)],
+        capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_an_administrator_brings_a_failed_card_back_and_keeps_another_out(
+        gateway: Gateway, api: Api) -> None:
+    """`dra-gateway devices`: a card that fell off the bus and never came back is brought back
+    by `clear` (the node plugin reads its Node's annotation), and a card kept beforehand with
+    `keep` stays out past the recovery that would otherwise bring it back; `list` shows both."""
+    failed, flaky = sorted(_published(api))[:2]
+    try:
+        kept = _devices(gateway, "keep", NODE, flaky)
+        assert kept.returncode == 0, kept.stderr
+        _fault(gateway, {"device": failed, "event": "xid", "code": 79})
+        _fault(gateway, {"device": flaky, "event": "xid", "code": 94})  # degraded
+        wait_until("both cards marked, the kept one as kept", lambda: {
+            (m.device, m.kept) for m in _marks(api)} == {(failed, False), (flaky, True)},
+            PLACE_S, gateway.check)
+        listed = _devices(gateway, "list", NODE, "-o", "json")
+        assert listed.returncode == 0, listed.stderr
+        rows = {r["device"]: r for r in json.loads(listed.stdout)}
+        assert (rows[failed]["fault"], rows[failed]["healthyAt"]) == (
+            "xid-79", "when the card comes back")
+        assert (rows[flaky]["fault"], rows[flaky]["healthyAt"]) == ("xid-94", "kept")
+
+        cleared = _devices(gateway, "clear", NODE, failed)
+        assert cleared.returncode == 0, cleared.stderr
+        wait_until(f"{failed} to be published again without a taint",
+                   lambda: _published(api).get(failed) == [], PLACE_S, gateway.check)
+        # Well past its recovery period, the kept card is still out of service.
+        time.sleep(RECOVERY_S + 2)
+        assert [m.device for m in _marks(api)] == [flaky]
+        assert _devices(gateway, "unkeep", NODE, flaky).returncode == 0
+        wait_until(f"{flaky} to recover once unkept", lambda: _marks(api) == [], PLACE_S,
+                   gateway.check)
+    finally:
+        _fault(gateway, {"device": failed, "event": "recovered"})
+        with contextlib.suppress(ApiError):
+            api.patch(path_of("v1", "nodes", name=NODE), {"metadata": {"annotations": {
+                CLEAR_ANNOTATION: None, KEEP_ANNOTATION: None}}})
+        wait_until("every card healthy again", lambda: _marks(api) == [], PLACE_S,
+                   gateway.check)
