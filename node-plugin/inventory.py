@@ -185,7 +185,9 @@ class GpuEntry(_Model):
         return self
 
 
-class Inventory(_Model):
+class InventoryFile(_Model):
+    """An inventory file: the node's GPUs, for nodes without NVML (or tests)."""
+
     driver_version: str | None = Field(default=None, alias="driverVersion")
     cuda_driver_version: str | None = Field(default=None, alias="cudaDriverVersion")
     sharing: Sharing | None = None
@@ -280,7 +282,7 @@ def parse_inventory(data: Any, *, source: str = "inventory") -> NodeFacts:
     if not isinstance(data, dict):
         raise InventoryError(source, ["(top level): expected a mapping with a `gpus` list"])
     try:
-        inventory = Inventory.model_validate(data)
+        inventory = InventoryFile.model_validate(data)
     except ValidationError as exc:
         errors = []
         for err in exc.errors():

@@ -1,8 +1,8 @@
 """The /validate decision: checks that each look at a pod and say what is wrong with it.
 
-A check is any object with a `name` and a `check(pod) -> Sequence[Violation]` (a `PodCheck`;
+A check is any object with a `name` and a `check(pod) -> Sequence[Refusal]` (a `PodCheck`;
 "policy" is kept for the GPU policies); `Validator` runs
-them in order and refuses the pod with every violation found, so the user fixes them in one go.
+them in order and refuses the pod with every refusal found, so the user fixes them in one go.
 Checks are pure: the facts they need from the cluster (which device classes the pod's claims
 use) are resolved before they run and handed over in `PodUnderReview`. The built-in checks
 keep the gateway's contract consistent (ARCHITECTURE.md, "Contracts between components");
@@ -39,7 +39,9 @@ REFUSED_CODE = 403
 
 
 @dataclass(frozen=True, slots=True)
-class Violation:
+class Refusal:
+    """Why the webhook refuses a pod (a policy's own word on it is policy.admission.Violation)."""
+
     reason: str  # a short CamelCase word, counted in metrics
     message: str
 
@@ -102,7 +104,7 @@ class PodUnderReview:
 class PodCheck(Protocol):
     name: str
 
-    def check(self, review: PodUnderReview) -> Sequence[Violation]:
+    def check(self, review: PodUnderReview) -> Sequence[Refusal]:
         ...
 
 
@@ -120,8 +122,8 @@ class TranslationConsistency:
 
     name = "translation-consistency"
 
-    def check(self, review: PodUnderReview) -> Sequence[Violation]:
-        out: list[Violation] = []
+    def check(self, review: PodUnderReview) -> Sequence[Refusal]:
+        out: list[Refusal] = []
         claims = review.claims()
         annotations = review.metadata.get("annotations")
         if isinstance(annotations, dict) and names.ANNOTATION_TRANSLATED in annotations:
@@ -130,7 +132,7 @@ class TranslationConsistency:
                 and str(c.get("resourceClaimTemplateName") or "").startswith(TEMPLATE_PREFIX)
                 for c in claims)
             if not translated:
-                out.append(Violation("TranslationMissing", (
+                out.append(Refusal("TranslationMissing", (
                     f"{review.display_name} carries the annotation {names.ANNOTATION_TRANSLATED} "
                     f"(metadata.annotations) but no translation behind it: spec.resourceClaims has "
                     f"no claim {CLAIM_NAME!r} from a {TEMPLATE_PREFIX}* ResourceClaimTemplate; "
@@ -140,7 +142,7 @@ class TranslationConsistency:
                           for classes in review.claim_classes)
             unknown = any(classes is None for classes in review.claim_classes)
             if not gateway and not unknown:
-                out.append(Violation("GateWithoutGatewayClaim", (
+                out.append(Refusal("GateWithoutGatewayClaim", (
                     f"{review.display_name} carries the scheduling gate {names.SCHEDULING_GATE} "
                     f"(spec.schedulingGates) but none of its spec.resourceClaims uses a "
                     f"dra-gateway device class ({', '.join(sorted(names.GATEWAY_CLASSES))}), so "
@@ -154,17 +156,17 @@ class GatedGatewayClaims:
 
     name = "gateway-claims-gated"
 
-    def check(self, review: PodUnderReview) -> Sequence[Violation]:
+    def check(self, review: PodUnderReview) -> Sequence[Refusal]:
         if review.gated():
             return ()
-        out: list[Violation] = []
+        out: list[Refusal] = []
         for index, (claim, classes) in enumerate(zip(review.claims(), review.claim_classes,
                                                      strict=True)):
             gateway = sorted((classes or frozenset()) & names.GATEWAY_CLASSES)
             if not gateway:
                 continue
             path, what = _claim_field(index, claim)
-            out.append(Violation("UngatedGatewayClaim", (
+            out.append(Refusal("UngatedGatewayClaim", (
                 f"{review.display_name} uses {what} of device class {gateway[0]} ({path}) without "
                 f"the scheduling gate {names.SCHEDULING_GATE}; add spec.schedulingGates: "
                 f"[{{name: {names.SCHEDULING_GATE}}}] (the dra-gateway mutating webhook adds it "
@@ -177,13 +179,13 @@ class LegacyRequestsTranslated:
 
     name = "legacy-requests-translated"
 
-    def check(self, review: PodUnderReview) -> Sequence[Violation]:
+    def check(self, review: PodUnderReview) -> Sequence[Refusal]:
         if not review.enforce or review.translation.mode != names.TRANSLATION_ENABLED \
                 or review.translation.refusal is not None:
             # Audit mode and a pod's own opt-out keep legacy requests on purpose (`migrate
             # plan` counts them); an unreadable annotation is the one thing to fix.
             return ()
-        out: list[Violation] = []
+        out: list[Refusal] = []
         annotations = review.metadata.get("annotations")
         if isinstance(annotations, dict) and names.ANNOTATION_TRANSLATED in annotations:
             # The gateway translated this pod, then a later mutating webhook added the request.
@@ -220,7 +222,7 @@ class LegacyRequestsTranslated:
                             continue
                         # One violation per resource, at limits when it is in both.
                         reported.add(resource)
-                        out.append(Violation("UntranslatedGpuRequest", (
+                        out.append(Refusal("UntranslatedGpuRequest", (
                             f"{review.display_name}: container {container.get('name')!r} asks "
                             f"for {resource} (spec.{key}[{index}].resources.{part}"
                             f"[{json.dumps(resource)}]) but was not translated to a DRA claim; "
@@ -243,7 +245,7 @@ class GpuPolicies:
 
     name = "gpu-policies"
 
-    def check(self, review: PodUnderReview) -> Sequence[Violation]:
+    def check(self, review: PodUnderReview) -> Sequence[Refusal]:
         catalog = review.policies
         if catalog.empty:
             return ()
@@ -270,7 +272,7 @@ class GpuPolicies:
                                 quotas=catalog.quotas_for(review.namespace),
                                 sharing=catalog.sharing_for(review.namespace), charged=made,
                                 models=review.models, places=places)
-        return [Violation(v.reason, v.message) for v in found]
+        return [Refusal(v.reason, v.message) for v in found]
 
 
 class LegacyGpuQuota:
@@ -279,7 +281,7 @@ class LegacyGpuQuota:
 
     name = "legacy-gpu-quota"
 
-    def check(self, review: PodUnderReview) -> Sequence[Violation]:
+    def check(self, review: PodUnderReview) -> Sequence[Refusal]:
         if not review.legacy_charges:
             return ()
         quotas = review.policies.quotas_for(review.namespace)
@@ -287,7 +289,7 @@ class LegacyGpuQuota:
             return ()
         found = check_legacy(what=review.display_name, charges=review.legacy_charges,
                              quotas=quotas, recent=review.legacy_recent)
-        return [Violation(v.reason, v.message) for v in found]
+        return [Refusal(v.reason, v.message) for v in found]
 
 
 CLAIM_KINDS: Mapping[str, str] = {"resourceclaims": "ResourceClaim",
@@ -376,7 +378,7 @@ def check_claim(review: ClaimUnderReview) -> Verdict:
                             over_usage=review.kind == "ResourceClaim", models=review.models)
     if not found:
         return Verdict(None, (), ())
-    violations = tuple(Violation(v.reason, v.message) for v in found)
+    violations = tuple(Refusal(v.reason, v.message) for v in found)
     return Verdict(Denial(REFUSED_CODE, violations[0].reason,
                            "; ".join(v.message for v in violations)),
                    violations, tuple(GpuPolicies.name for _ in violations))
@@ -388,9 +390,9 @@ class TranslationAnnotation:
 
     name = "translation-annotation"
 
-    def check(self, review: PodUnderReview) -> Sequence[Violation]:
+    def check(self, review: PodUnderReview) -> Sequence[Refusal]:
         refusal = review.translation.refusal
-        return (Violation("InvalidTranslationAnnotation", refusal),) if refusal else ()
+        return (Refusal("InvalidTranslationAnnotation", refusal),) if refusal else ()
 
 
 DEFAULT_CHECKS: tuple[PodCheck, ...] = (
@@ -401,7 +403,7 @@ DEFAULT_CHECKS: tuple[PodCheck, ...] = (
 @dataclass(frozen=True, slots=True)
 class Verdict:
     denial: Denial | None
-    violations: tuple[Violation, ...]
+    violations: tuple[Refusal, ...]
     checks: tuple[str, ...]  # the name of the check that found each violation
 
 
@@ -410,7 +412,7 @@ class Validator:
         self.checks = tuple(checks)
 
     def check(self, review: PodUnderReview) -> Verdict:
-        violations: list[Violation] = []
+        violations: list[Refusal] = []
         by: list[str] = []
         for pod_check in self.checks:
             found = pod_check.check(review)

@@ -15,7 +15,7 @@ from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import by_kind
 from dra_gateway.migrate.dumps import read_dumps
-from dra_gateway.migrate.inventory import Inventory
+from dra_gateway.migrate.inventory import ClusterObjects
 from dra_gateway.migrate.live import RESOURCE_QUOTAS, WORKLOAD_TYPES, read_cluster
 from dra_gateway.migrate.plan import MigrationPlan, WorkloadPlan, build_plan
 from dra_gateway.migrate.render import render_html, render_table
@@ -291,7 +291,7 @@ async def test_the_live_cluster_gives_the_plan_its_dump_gives(tmp_path: Path) ->
     await memory.close()
     dumped = read_dumps([str(write_dump(tmp_path / "dump.yaml", scenario()))])
 
-    def plan_of(inventory: Inventory) -> dict[str, Any]:
+    def plan_of(inventory: ClusterObjects) -> dict[str, Any]:
         return build_plan(inventory, rules_in_force(inventory.rule_config_maps)).to_dict()
 
     assert plan_of(live) == plan_of(dumped)

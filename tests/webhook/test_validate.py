@@ -18,7 +18,7 @@ from dra_gateway.webhook.settings import WebhookSettings
 from dra_gateway.webhook.validation import (
     DEFAULT_CHECKS,
     PodUnderReview,
-    Violation,
+    Refusal,
 )
 
 from .conftest import ClientFactory, deadline_refusal, decoded_patch, hami_pod, plain_pod, review
@@ -183,9 +183,9 @@ async def test_a_native_gateway_claim_gets_the_gate_from_mutate(
 class _NoMoreThanOneContainer:
     name = "one-container"
 
-    def check(self, review: PodUnderReview) -> Sequence[Violation]:
+    def check(self, review: PodUnderReview) -> Sequence[Refusal]:
         if len(review.spec.get("containers") or ()) > 1:
-            return [Violation("TooManyContainers", f"{review.display_name}: one container only")]
+            return [Refusal("TooManyContainers", f"{review.display_name}: one container only")]
         return ()
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from dra_gateway.kube import names
 
 if TYPE_CHECKING:
-    from dra_gateway.migrate.inventory import Inventory
+    from dra_gateway.migrate.inventory import ClusterObjects
     from dra_gateway.translator.rules import RuleSet
 
 _SOURCE_HELP = ("manifests to read instead of a live cluster (kubectl get ... -o yaml: a List "
@@ -132,7 +132,7 @@ def _handle(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
     return handler
 
 
-def _inventory(args: argparse.Namespace) -> Inventory:
+def _inventory(args: argparse.Namespace) -> ClusterObjects:
     from dra_gateway.migrate.dumps import read_dumps
 
     if args.filename:
@@ -142,7 +142,7 @@ def _inventory(args: argparse.Namespace) -> Inventory:
     return asyncio.run(_read_live(args.kubeconfig))
 
 
-async def _read_live(kubeconfig: str | None) -> Inventory:
+async def _read_live(kubeconfig: str | None) -> ClusterObjects:
     from dra_gateway.kube.cluster.connect import connect
     from dra_gateway.migrate.live import read_cluster
 
@@ -153,13 +153,13 @@ async def _read_live(kubeconfig: str | None) -> Inventory:
         await cluster.close()
 
 
-def _rules(inventory: Inventory, files: list[str]) -> RuleSet:
+def _rules(inventory: ClusterObjects, files: list[str]) -> RuleSet:
     from dra_gateway.migrate.rules import rules_in_force
 
     return rules_in_force(inventory.rule_config_maps, files=files)
 
 
-def _rule_sources(inventory: Inventory, files: list[str]) -> list[str]:
+def _rule_sources(inventory: ClusterObjects, files: list[str]) -> list[str]:
     from dra_gateway.kube import objects
 
     return ["built-in", *files, *(f"ConfigMap {'/'.join(objects.namespace_name(cm))}"
@@ -222,14 +222,14 @@ async def _node(args: argparse.Namespace) -> int:
     from dra_gateway.kube.cluster.connect import connect
     from dra_gateway.kube.cluster.port import NotFound
     from dra_gateway.kube.resources import CONFIG_MAPS
-    from dra_gateway.migrate.inventory import Inventory
+    from dra_gateway.migrate.inventory import ClusterObjects
     from dra_gateway.migrate.node import cut_over
 
     cluster = await connect("kube", args.kubeconfig, verify=())
     try:
         listed = await cluster.list(
             CONFIG_MAPS, label_selector=f"{names.RULES_LABEL}={names.RULES_LABEL_VALUE}")
-        rules = _rules(Inventory(rule_config_maps=list(listed.items)), args.rules)
+        rules = _rules(ClusterObjects(rule_config_maps=list(listed.items)), args.rules)
         try:
             result = await cut_over(cluster, args.node, rules, dry_run=args.dry_run)
         except NotFound:

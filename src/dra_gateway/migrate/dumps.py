@@ -1,7 +1,8 @@
-"""Reading a cluster offline: files of manifests (`kubectl get ... -o yaml`) into an `Inventory`.
+"""Reading a cluster offline: files of manifests (`kubectl get ... -o yaml`) into a
+`ClusterObjects`.
 
 A file holds a `List` (what kubectl writes for several objects) or several YAML documents;
-each object is filed by kind (`Inventory.add`). Everything that could make the plan wrong or
+each object is filed by kind (`ClusterObjects.add`). Everything that could make the plan wrong or
 crash it is refused here with one line naming the file, the document (and item) and the fix:
 `DumpError`. Objects of kinds migrate does not read are counted in the inventory's notes.
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from dra_gateway.migrate.inventory import WORKLOAD_KINDS, Inventory, Object
+from dra_gateway.migrate.inventory import WORKLOAD_KINDS, ClusterObjects, Object
 from dra_gateway.translator.manifests import pod_specs
 from dra_gateway.translator.pods import pod_shape_problem
 
@@ -29,9 +30,9 @@ class DumpError(ValueError):
     """A manifest file migrate cannot read; the message names the file, document and fix."""
 
 
-def read_dumps(paths: Sequence[str]) -> Inventory:
+def read_dumps(paths: Sequence[str]) -> ClusterObjects:
     """The objects of every file in `paths` ("-" is standard input), in order."""
-    inventory = Inventory()
+    inventory = ClusterObjects()
     ignored: dict[str, int] = {}
     for path in paths:
         for where, obj in _objects(path, _text(path)):

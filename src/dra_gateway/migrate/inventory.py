@@ -1,7 +1,7 @@
 """What `dra-gateway migrate` knows of a cluster: its objects, sorted by kind, wherever they came
 from (manifest files or a live API).
 
-`Inventory` is plain data: the readers (`dumps.py`, `live.py`) fill it and the plan, quota and
+`ClusterObjects` is plain data: the readers (`dumps.py`, `live.py`) fill it and the plan, quota and
 node logic read it. It must not read files or talk to a cluster itself.
 """
 
@@ -21,7 +21,7 @@ WORKLOAD_KINDS: Final = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet",
 
 
 @dataclass
-class Inventory:
+class ClusterObjects:
     """The objects migrate reads, each list in the order found."""
 
     namespaces: list[Object] = field(default_factory=list)

@@ -1,4 +1,4 @@
-"""Reading a live cluster through the cluster port into an `Inventory`.
+"""Reading a live cluster through the cluster port into a `ClusterObjects`.
 
 The kinds the project's core does not name (ResourceQuotas, the workloads) are typed here; a
 type the API does not serve (the GPUQuota CRD not installed yet, an API server without apps/v1
@@ -22,7 +22,7 @@ from dra_gateway.kube.resources import (
     PODS,
     ResourceType,
 )
-from dra_gateway.migrate.inventory import Inventory, Object
+from dra_gateway.migrate.inventory import ClusterObjects, Object
 
 RESOURCE_QUOTAS: Final = ResourceType("", "v1", "resourcequotas", "ResourceQuota",
                                       namespaced=True, has_status=True)
@@ -38,9 +38,9 @@ WORKLOAD_TYPES: Final = (
 )
 
 
-async def read_cluster(cluster: Cluster) -> Inventory:
+async def read_cluster(cluster: Cluster) -> ClusterObjects:
     """Every object migrate reads, across all namespaces."""
-    inventory = Inventory()
+    inventory = ClusterObjects()
     missing: list[str] = []
 
     async def items(rt: ResourceType, label_selector: str | None = None) -> list[Object]:

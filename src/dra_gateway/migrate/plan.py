@@ -1,6 +1,6 @@
 """`migrate plan`: what the cluster's move to the gateway looks like before anything changes.
 
-From an `Inventory` and the rules in force it says, per namespace, its translation mode (label
+From a `ClusterObjects` and the rules in force it says, per namespace, its translation mode (label
 `dra-gateway.io/translation`, else the chart's default); per workload (pods grouped by their
 controller), each container's legacy requests, the rule that translates them and the DRA request
 it would get, computed by the real translator (`translate` then `explain`), or why it stays
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from dra_gateway.kube import names, objects
-from dra_gateway.migrate.inventory import WORKLOAD_KINDS, Inventory, Object, namespace_of
+from dra_gateway.migrate.inventory import WORKLOAD_KINDS, ClusterObjects, Object, namespace_of
 from dra_gateway.migrate.node import NodeState, node_state, pod_legacy_requests
 from dra_gateway.migrate.quotas import QuotaMigration, migrate_quotas
 from dra_gateway.migrate.usage import usage_by_world
@@ -159,7 +159,7 @@ def _mode(value: str) -> Mode:
     return "unknown"
 
 
-def build_plan(inventory: Inventory, rules: RuleSet, *, default_mode: str = "enabled",
+def build_plan(inventory: ClusterObjects, rules: RuleSet, *, default_mode: str = "enabled",
                rule_sources: Sequence[str] = (), source: str = "",
                excluded: Collection[str] = DEFAULT_EXCLUDED,
                pod_opt_out: str = "labelled") -> MigrationPlan:
@@ -249,7 +249,7 @@ def _template_pod(workload: Object) -> Object | None:
     return None
 
 
-def _workloads(inventory: Inventory, rules: RuleSet,
+def _workloads(inventory: ClusterObjects, rules: RuleSet,
                modes: Mapping[str, NamespacePlan]) -> tuple[WorkloadPlan, ...]:
     known = {(namespace_of(w), str(w.get("kind")), objects.name(w)): w
              for w in inventory.workloads}
@@ -379,7 +379,7 @@ def _would(outcome: str, refusal: str, containers: Sequence[ContainerMigration])
 # Nodes ----------------------------------------------------------------------------------------
 
 
-def _nodes(inventory: Inventory, rules: RuleSet) -> tuple[NodeState, ...]:
+def _nodes(inventory: ClusterObjects, rules: RuleSet) -> tuple[NodeState, ...]:
     by_node: dict[str, list[Object]] = {}
     for pod in inventory.pods:
         node = objects.spec(pod).get("nodeName")

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from dra_gateway.kube import objects, yamltext
-from dra_gateway.migrate.inventory import Inventory
+from dra_gateway.migrate.inventory import ClusterObjects
 from dra_gateway.migrate.rules import router
 from dra_gateway.policy.legacyquotas import QuotaConversion, convert_resource_quota
 from dra_gateway.translator.rules import RuleSet
@@ -39,7 +39,7 @@ class QuotaMigration:
         }
 
 
-def migrate_quotas(inventory: Inventory, rules: RuleSet) -> QuotaMigration:
+def migrate_quotas(inventory: ClusterObjects, rules: RuleSet) -> QuotaMigration:
     route = router(rules)
     existing = {objects.namespace_name(q): q for q in inventory.gpu_quotas}
     conversions: list[QuotaConversion] = []
