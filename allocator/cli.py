@@ -11,7 +11,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.kube import arguments, names
+
+# The flags' defaults are the settings' own: one home for each.
+_DEFAULTS = ControllerSettings()
 
 
 class StrategyOption(argparse.Action):
@@ -49,12 +53,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     controller.add_argument("--namespace", default=names.GATEWAY_NAMESPACE,
                             type=arguments.namespace,
                             help="namespace of the allocator's Lease (default: %(default)s)")
-    controller.add_argument("--strategy", "--policy", action=StrategyOption, default="default",
-                            metavar="STRATEGY",
+    controller.add_argument("--strategy", "--policy", action=StrategyOption,
+                            default=_DEFAULTS.strategy, metavar="STRATEGY",
                             help="cluster-wide packing strategy: default (fragmentation-aware), "
                             "binpack, spread or first-fit (default: %(default)s; --policy is "
                             "its deprecated name)")
-    controller.add_argument("--workers", type=_positive_int, default=16, metavar="N",
+    controller.add_argument("--workers", type=_positive_int, default=_DEFAULTS.workers, metavar="N",
                             help="pods handled at once; planning itself is one at a time, the "
                             "rest waits on the API (default: %(default)s)")
     controller.add_argument("--identity", help="holder identity in the Lease (default: host name "
@@ -85,22 +89,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     defrag.add_argument("--defrag", action="store_true",
                         help="plan and carry out moves for pods gated longer than "
                         "--defrag-after")
-    defrag.add_argument("--defrag-after", type=arguments.duration, default=300.0,
+    defrag.add_argument("--defrag-after", type=arguments.duration, default=_DEFAULTS.defrag_after,
                         metavar="DURATION", help="how long a pod waits before moves are made "
-                        "for it (default: 5m)")
-    defrag.add_argument("--defrag-interval", type=arguments.duration, default=30.0,
+                        "for it (default: %(default)gs)")
+    defrag.add_argument("--defrag-interval", type=arguments.duration,
+                        default=_DEFAULTS.defrag_interval,
                         metavar="DURATION", help="how often waiting pods are looked at "
-                        "(default: 30s)")
-    defrag.add_argument("--defrag-moves-per-hour", type=_positive_int, default=10, metavar="N",
+                        "(default: %(default)gs)")
+    defrag.add_argument("--defrag-moves-per-hour", type=_positive_int,
+                        default=_DEFAULTS.defrag_moves_per_hour, metavar="N",
                         help="moves in any hour, all pods together (default: %(default)s)")
-    defrag.add_argument("--defrag-moves-per-pod", type=_positive_int, default=4, metavar="N",
+    defrag.add_argument("--defrag-moves-per-pod", type=_positive_int,
+                        default=_DEFAULTS.defrag_moves_per_pod, metavar="N",
                         help="moves to place one waiting pod (default: %(default)s)")
-    defrag.add_argument("--defrag-hold", type=arguments.duration, default=600.0,
+    defrag.add_argument("--defrag-hold", type=arguments.duration, default=_DEFAULTS.defrag_hold,
                         metavar="DURATION", help="how long freed devices wait for their pod "
-                        "(default: 10m)")
-    defrag.add_argument("--defrag-window", type=arguments.duration, default=3600.0,
+                        "(default: %(default)gs)")
+    defrag.add_argument("--defrag-window", type=arguments.duration,
+                        default=_DEFAULTS.defrag_window,
                         metavar="DURATION", help="a pod moved is not moved again within it "
-                        "(default: 1h)")
+                        "(default: %(default)gs)")
     controller.set_defaults(func=_run_controller)
 
 

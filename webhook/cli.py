@@ -10,7 +10,10 @@ import argparse
 import sys
 
 from dra_gateway.kube import arguments, names
-from dra_gateway.webhook.settings import POD_OPT_OUT_SCOPES
+from dra_gateway.webhook.settings import POD_OPT_OUT_SCOPES, WebhookSettings
+
+# The flags' defaults are the settings' own: one home for each.
+_DEFAULTS = WebhookSettings()
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -84,21 +87,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--no-enforce", action="store_true",
                        help="let pods whose legacy GPU requests escaped translation through "
                        "/validate")
-    serve.add_argument("--review-deadline", type=float, default=4.0, metavar="SECONDS",
+    serve.add_argument("--review-deadline", type=float, default=_DEFAULTS.review_deadline,
+                       metavar="SECONDS",
                        help="most seconds one review may take, API reads included; keep it "
                        "below the webhook configurations' timeoutSeconds (default: %(default)s)")
-    serve.add_argument("--pod-opt-out", choices=POD_OPT_OUT_SCOPES, default="labelled",
+    serve.add_argument("--pod-opt-out", choices=POD_OPT_OUT_SCOPES,
+                       default=_DEFAULTS.pod_opt_out,
                        help="where a pod's own annotation dra-gateway.io/translation: disabled "
                        "(or audit) keeps it legacy in an enabled namespace: labelled (default: "
                        "only in namespaces labelled dra-gateway.io/pod-opt-out=allowed, read "
                        "through the policies' watch of Namespaces; elsewhere it is refused) or "
                        "everywhere")
-    serve.add_argument("--gated-event-after", type=arguments.duration, default=120.0,
+    serve.add_argument("--gated-event-after", type=arguments.duration,
+                       default=_DEFAULTS.gated_event_after,
                        metavar="DURATION",
                        help="post a Warning Event AllocatorUnavailable on each pod still gated by "
                        "dra-gateway.io/allocation after this long while the allocator's Lease "
                        "has had no valid holder for as long, once per pod and outage (e.g. 90s, "
-                       "2m; 0: off, and neither the Lease nor pods are watched; default: 2m)")
+                       "2m; 0: off, and neither the Lease nor pods are watched; default: "
+                       "%(default)gs)")
     serve.add_argument("--workers", type=int, default=1, metavar="N",
                        help="server processes sharing the port (SO_REUSEPORT; default: 1)")
     serve.add_argument("--log-level", default="info", type=str.lower,
