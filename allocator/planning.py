@@ -82,18 +82,9 @@ class Planning:
         plans still being written hold their room again (`pod_of`: a pod by uid, None when the
         mirror no longer has it)."""
         self.state = state = self._new_state(consumable_capacity)
-        if mirrors.catalog is not None:
-            state.set_policies(mirrors.catalog)
-        for obj in mirrors.classes:
-            state.set_device_class(obj)
-        for obj in mirrors.nodes:
-            state.set_node(obj)
-        for obj in mirrors.slices:
-            state.set_slice(obj)
-        for obj in mirrors.claims:
-            state.set_claim(obj)
+        state.load(catalog=mirrors.catalog, classes=mirrors.classes, nodes=mirrors.nodes,
+                   slices=mirrors.slices, claims=mirrors.claims, pods=mirrors.pods)
         for obj in mirrors.pods:
-            state.set_pod(obj)
             state.set_legacy_pod(objects.uid(obj), objects.namespace(obj), legacy_charges(obj))
             # Placed-but-unbound pods, and plans still being written, hold capacity too.
             self.refresh_placement(obj)

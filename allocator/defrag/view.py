@@ -78,19 +78,11 @@ def _budgets_of(pod: Object, budgets: Iterable[Object]) -> tuple[str, ...]:
 def build(snapshot: Snapshot, *, window_seconds: float = 3600.0) -> Inputs:
     state = ClusterState(PlannerSettings(default_strategy=snapshot.strategy,
                                          consumable_capacity=snapshot.consumable_capacity))
-    for obj in snapshot.classes:
-        state.set_device_class(obj)
-    for obj in snapshot.nodes:
-        state.set_node(obj)
-    for obj in snapshot.slices:
-        state.set_slice(obj)
-    if snapshot.catalog is not None:
-        state.set_policies(snapshot.catalog)
     live = {objects.uid(p): p for p in snapshot.pods
             if not objects.is_finished(p) and not objects.is_deleting(p)}
+    state.load(catalog=snapshot.catalog, classes=snapshot.classes, nodes=snapshot.nodes,
+               slices=snapshot.slices, claims=snapshot.claims, pods=live.values())
     card_memory = state.smallest_card_memory()
-    for pod in live.values():
-        state.set_pod(pod)
     if snapshot.legacy is not None:
         # A pod a legacy plugin serves counts against its namespace's quotas here too, being
         # deleted included until its grace period is over (as the allocator counts it).
@@ -98,8 +90,6 @@ def build(snapshot: Snapshot, *, window_seconds: float = 3600.0) -> Inputs:
             if still_counted(pod, snapshot.now):
                 state.set_legacy_pod(objects.uid(pod), objects.namespace(pod),
                                      snapshot.legacy.charges(pod, card_memory=card_memory))
-    for claim in snapshot.claims:
-        state.set_claim(claim)
     by_name = {objects.namespace_name(c): c for c in snapshot.claims}
 
     def lookup(namespace: str, name: str) -> Object | None:

@@ -24,7 +24,7 @@ It must not do I/O, log, or look at the clock: callers decide when objects chang
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dra_gateway.allocator.planner.caches import Compiled, NodeClasses
@@ -207,6 +207,29 @@ class ClusterState:
     def remove_node(self, name: str) -> None:
         if self.inventory.remove_node(name):
             self.node_classes.dirty.add(name)
+
+    # --- filled at once -------------------------------------------------------------------------
+
+    def load(self, *, catalog: Catalog | None = None,
+             classes: Iterable[Mapping[str, Any]] = (), nodes: Iterable[Mapping[str, Any]] = (),
+             slices: Iterable[Mapping[str, Any]] = (), claims: Iterable[Mapping[str, Any]] = (),
+             pods: Iterable[Mapping[str, Any]] = ()) -> None:
+        """Fill the state from a cluster's objects, in the one order every reader of a cluster
+        uses (the allocator's rebuild, defrag's and preemption's view, the benches): the GPU
+        policies, then what the cluster has (device classes, nodes, slices), then who holds
+        it (claims, pods)."""
+        if catalog is not None:
+            self.set_policies(catalog)
+        for obj in classes:
+            self.set_device_class(obj)
+        for obj in nodes:
+            self.set_node(obj)
+        for obj in slices:
+            self.set_slice(obj)
+        for obj in claims:
+            self.set_claim(obj)
+        for obj in pods:
+            self.set_pod(obj)
 
 
 __all__ = ["ClaimRecord", "ClusterState", "DeviceClassInfo", "DeviceUsage", "NodeInfo",
