@@ -71,7 +71,9 @@ JSON = dict[str, Any]
 
 
 def _fail_or_skip(reason: str) -> None:
-    import pytest  # here, so that bench/e2e_bench.py imports this module without pytest
+    # Here, so that the end-to-end benchmark (dra_gateway.devkit.bench.e2e) imports this module
+    # without pytest.
+    import pytest
 
     if os.environ.get("CI") == "true":
         pytest.fail(reason)

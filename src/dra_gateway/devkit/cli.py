@@ -3,7 +3,7 @@
 `dra-gateway cluster serve` runs the embedded default: an in-memory cluster served as the
 Kubernetes API on loopback, with a kubeconfig written for the other components.
 `dra-gateway bench cluster` measures the simulator's HTTP hop, `dra-gateway bench allocator`
-replays a trace through the planner (`allocator_bench`). `offer_memory_cluster` lets every
+replays a trace through the planner (`bench.allocator`). `offer_memory_cluster` lets every
 component's `--cluster memory` reach the simulator without production code importing it.
 """
 
@@ -189,15 +189,15 @@ def offer_memory_cluster() -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from dra_gateway.devkit import allocator_bench
+    from dra_gateway.devkit.bench import allocator
 
-    return allocator_bench.main(args)
+    return allocator.main(args)
 
 
 def _run_topology_bench(args: argparse.Namespace) -> int:
-    from dra_gateway.devkit import topology_bench
+    from dra_gateway.devkit.bench import topology
 
-    return topology_bench.main(args)
+    return topology.main(args)
 
 
 def _bench(args: argparse.Namespace) -> int:

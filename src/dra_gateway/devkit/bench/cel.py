@@ -1,6 +1,7 @@
 """Cost of `Selector.matches` against the same check written in plain Python, side by side.
 
-Run: `python bench/cel_bench.py [--devices N] [--rounds R]`. Prints microseconds per match for:
+Run: `python -m dra_gateway.devkit.bench.cel [--devices N] [--rounds R]`. Prints microseconds
+per match for:
 
 - cold:   a fresh DeviceView (builds the engine context, evaluates, caches the verdict);
 - engine: the engine context already built, verdict cache emptied (pure evaluation);

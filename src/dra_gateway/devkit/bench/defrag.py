@@ -1,6 +1,6 @@
 """`dra-gateway bench allocator --defrag-moves P`: what moving placed pods wins on a trace.
 
-Each seed's replay (`allocator_bench`) runs to its end; then, on the state it left:
+Each seed's replay (`trace.Replay`) runs to its end; then, on the state it left:
 
 1. **retry**: every pod that did not fit is planned once more, in arrival order, moving
    nothing (what a scheduler that retries pending pods gains);
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_gateway.allocator.planner.defrag import Limits, Resident, Waiter, plan_defrag
-from dra_gateway.devkit import allocator_bench as bench
+from dra_gateway.devkit.bench import trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,7 @@ class DefragRun:
     seconds: float  # the defrag planner's wall time
 
 
-def defragment(replay: bench._Replay, percent: float, limits: Limits | None = None,
+def defragment(replay: trace.Replay, percent: float, limits: Limits | None = None,
                ) -> DefragRun:
     """Retry, then defrag, on the state a finished replay (`keep=True`) left."""
     total = replay.total_gpus
@@ -89,16 +89,16 @@ def _allocated(claims: Sequence[Mapping[str, Any]],
 
 def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: float,
         seeds: Sequence[int], percent: float) -> dict[str, dict[str, float]]:
-    trace = bench.load_trace(nodes_path, pods_path)
-    pods, cluster, translator, workload = (trace.pods, trace.cluster, trace.translator,
-                                           trace.workload)
+    loaded = trace.load_trace(nodes_path, pods_path)
+    pods, cluster, translator, workload = (loaded.pods, loaded.cluster, loaded.translator,
+                                           loaded.workload)
     results: dict[str, dict[str, float]] = {}
     for strategy in strategies:
         runs = []
         for seed in seeds:
-            replay = bench._Replay(cluster, translator, strategy=strategy, workload=workload,
+            replay = trace.Replay(cluster, translator, strategy=strategy, workload=workload,
                                    catalog=None, namespaces=False, keep=True)
-            for n, trace_pod in enumerate(bench.sample(pods, cluster.total_gpus, load, seed)):
+            for n, trace_pod in enumerate(trace.sample(pods, cluster.total_gpus, load, seed)):
                 replay.place(n, trace_pod)
             runs.append(defragment(replay, percent))
         results[strategy] = {

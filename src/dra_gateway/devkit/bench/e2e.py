@@ -1,7 +1,7 @@
 """End-to-end placement throughput on a real control plane: the gateway's path against DRA
 written natively, side by side, one run, one cluster.
 
-    .venv/bin/python bench/e2e_bench.py [--version 1.37.2] [--pods 500] [--workers 4]
+    .venv/bin/python -m dra_gateway.devkit.bench.e2e [--version 1.37.2] [--pods 500] [--workers 4]
         [--paths gateway,native] [--gpu-nodes N] [--timeout 900] [--keep]
 
 It installs the gateway as the e2e tier does (tests/e2e/support.py `install`: the Helm chart in
@@ -57,7 +57,7 @@ plugin's own code (`devices_of`, `build_slices`) and published by the bench, one
 every simulated node, as a node plugin serving many nodes would: KWOK nodes have no kubelet to
 call a plugin, and the pods' path never calls one. For example, 50 nodes and 2,000 pods:
 
-    .venv/bin/python bench/e2e_bench.py --gpu-nodes 50 --pods 2000 --paths gateway
+    .venv/bin/python -m dra_gateway.devkit.bench.e2e --gpu-nodes 50 --pods 2000 --paths gateway
 """
 
 from __future__ import annotations
@@ -81,11 +81,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+# The repository root (src/dra_gateway/devkit/bench/ is four levels down): the tiers' helpers
+# under tests/ are not installed.
+REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO / "tests"))
 
 import yaml  # noqa: E402
-from e2e.support import EXAMPLES, GPU_NODES, install  # noqa: E402
+from e2e.support import (  # type: ignore[import-not-found]  # noqa: E402
+    EXAMPLES,
+    GPU_NODES,
+    install,
+)
 
 from dra_gateway.devkit.realcluster import Api, cache_dir, missing_binaries, path_of  # noqa: E402
 from dra_gateway.kube import names  # noqa: E402

@@ -1,6 +1,6 @@
 """`dra-gateway bench allocator --groups`: multi-pod jobs with and without group awareness.
 
-Each seed's sample of the trace (`allocator_bench.sample`) is replayed twice side by side, pod
+Each seed's sample of the trace (`trace.sample`) is replayed twice side by side, pod
 by pod. Its multi-card pods (two cards or more) are dealt, in arrival order, to jobs: up to
 `OPEN_JOBS` jobs are open at once, each of a size drawn from 2 to 16 (the seed's own draw); a pod
 joins one open job at random, or opens a new one while fewer are open, and a job closes once
@@ -31,7 +31,7 @@ from typing import Any
 from dra_gateway.allocator.planner.groups import plan_group, plan_models
 from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.settings import PlannerSettings
-from dra_gateway.devkit import allocator_bench as bench
+from dra_gateway.devkit.bench import trace
 
 OPEN_JOBS = 4
 SIZES = (2, 16)
@@ -53,7 +53,7 @@ class _Run:
     mixed: int = 0  # jobs placed whole on cards of more than one model
 
 
-def deal_jobs(pods: Sequence[bench.TracePod], seed: int) -> dict[int, int]:
+def deal_jobs(pods: Sequence[trace.TracePod], seed: int) -> dict[int, int]:
     """Which job each multi-card pod (by position) belongs to (see the module)."""
     rng = random.Random(seed + 20_000)
     job_of: dict[int, int] = {}
@@ -78,8 +78,8 @@ def deal_jobs(pods: Sequence[bench.TracePod], seed: int) -> dict[int, int]:
     return {n: job for n, job in job_of.items() if len(members[job]) > 1}
 
 
-def _replay(cluster: bench.Cluster, translator: bench.Translator,
-            pods: Sequence[bench.TracePod], jobs: Mapping[int, int], *, strategy: str,
+def _replay(cluster: trace.Cluster, translator: trace.Translator,
+            pods: Sequence[trace.TracePod], jobs: Mapping[int, int], *, strategy: str,
             workload: Any, groups: bool) -> _Run:
     run = _Run(groups=groups)
     state = cluster.state(PlannerSettings(default_strategy=strategy))
@@ -95,7 +95,7 @@ def _replay(cluster: bench.Cluster, translator: bench.Translator,
         job = jobs.get(n)
         meta = {**translated["metadata"], "name": f"p{n}", "uid": f"pod-{n}"}
         pod = {**translated, "metadata": meta}
-        claims = bench.claims_for(pod, templates)
+        claims = trace.claims_for(pod, templates)
         if groups and job is not None:
             waiting.setdefault(job, []).append((n, pod, claims))
             if len(waiting[job]) < size[job]:
@@ -143,13 +143,13 @@ def _time(run: _Run, elapsed: float, claims: int) -> None:
 
 def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: float,
         seeds: Sequence[int]) -> dict[str, dict[str, float]]:
-    trace = bench.load_trace(nodes_path, pods_path)
-    cluster, translator, workload = trace.cluster, trace.translator, trace.workload
+    loaded = trace.load_trace(nodes_path, pods_path)
+    cluster, translator, workload = loaded.cluster, loaded.translator, loaded.workload
     results: dict[str, dict[str, float]] = {}
     for strategy in strategies:
         runs: dict[bool, list[_Run]] = {False: [], True: []}
         for seed in seeds:
-            sampled = bench.sample(trace.pods, cluster.total_gpus, load, seed)
+            sampled = trace.sample(loaded.pods, cluster.total_gpus, load, seed)
             jobs = deal_jobs(sampled, seed)
             order = (False, True) if seed % 2 == 0 else (True, False)  # side by side
             for groups in order:
@@ -169,7 +169,7 @@ def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: f
                                           / (cluster.total_gpus * len(done)), 2),
                 "claims_per_second": round(sum(r.claims for r in done) / seconds, 1)
                 if seconds else 0.0,
-                "p99_ms": round(bench._percentile(
+                "p99_ms": round(trace.percentile(
                     [ms for r in done for ms in r.per_claim_ms], 0.99), 3),
             }
     return results

@@ -1,7 +1,7 @@
 """`dra-gateway bench allocator --preemption P`: what preemption does once a trace fills the
 cluster.
 
-Each seed is replayed (`allocator_bench`) twice side by side, pod by pod, every pod of priority
+Each seed is replayed (`trace.Replay`) twice side by side, pod by pod, every pod of priority
 0, to the end of its sample. Then P% more pods (10 by default), drawn from the same trace with
 another seed, arrive one at a time with priority 100, in both replays side by side:
 
@@ -28,7 +28,7 @@ from typing import Any
 from dra_gateway.allocator.planner.defrag import Resident, Waiter
 from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.preemption import Preemption, plan_preemption
-from dra_gateway.devkit import allocator_bench as bench
+from dra_gateway.devkit.bench import trace
 from dra_gateway.kube import objects
 
 HIGH = 100
@@ -47,7 +47,7 @@ class _Arrivals:
     search_ms: list[float] = field(default_factory=list)
 
 
-def _residents(replay: bench._Replay) -> list[Resident]:
+def _residents(replay: trace.Replay) -> list[Resident]:
     out = []
     for pod, claims, plan, _ in replay.kept:
         if plan.node_name is None or not claims:
@@ -59,7 +59,7 @@ def _residents(replay: bench._Replay) -> list[Resident]:
     return out
 
 
-def _arrive(replay: bench._Replay, arrivals: _Arrivals, residents: list[Resident],
+def _arrive(replay: trace.Replay, arrivals: _Arrivals, residents: list[Resident],
             pod: Mapping[str, Any], claims: Sequence[Mapping[str, Any]]) -> None:
     state = replay.state
     start = time.thread_time()
@@ -88,25 +88,25 @@ def _arrive(replay: bench._Replay, arrivals: _Arrivals, residents: list[Resident
         arrivals.placed += 1
 
 
-def _seed(cluster: bench.Cluster, translator: bench.Translator, pods: Sequence[bench.TracePod],
+def _seed(cluster: trace.Cluster, translator: trace.Translator, pods: Sequence[trace.TracePod],
           *, strategy: str, load: float, seed: int, percent: float,
           workload: Any) -> tuple[_Arrivals, _Arrivals, int]:
-    replays = [bench._Replay(cluster, translator, strategy=strategy, workload=workload,
+    replays = [trace.Replay(cluster, translator, strategy=strategy, workload=workload,
                              catalog=None, namespaces=False, keep=True) for _ in range(2)]
-    sampled = bench.sample(pods, cluster.total_gpus, load, seed)
+    sampled = trace.sample(pods, cluster.total_gpus, load, seed)
     for n, trace_pod in enumerate(sampled):
         for one in replays[n % 2:] + replays[:n % 2]:
             one.place(n, trace_pod)
     residents = [_residents(one) for one in replays]
     off, on = _Arrivals(preempt=False), _Arrivals(preempt=True)
     count = max(1, round(len(sampled) * percent / 100))
-    high = bench.sample(pods, cluster.total_gpus, load, seed + 10_000)[:count]
+    high = trace.sample(pods, cluster.total_gpus, load, seed + 10_000)[:count]
     for n, trace_pod in enumerate(high):
         translated, templates = translator.translate(trace_pod)
         pod = {**translated,
                "metadata": {**translated["metadata"], "name": f"high{n}", "uid": f"high-{n}"},
                "spec": {**translated["spec"], "priority": HIGH}}
-        claims = bench.claims_for(pod, templates)
+        claims = trace.claims_for(pod, templates)
         pairs = [(replays[0], off, residents[0]), (replays[1], on, residents[1])]
         for replay, arrivals, placed in pairs[n % 2:] + pairs[:n % 2]:
             _arrive(replay, arrivals, placed, pod, claims)
@@ -115,9 +115,9 @@ def _seed(cluster: bench.Cluster, translator: bench.Translator, pods: Sequence[b
 
 def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: float,
         seeds: Sequence[int], percent: float) -> dict[str, dict[str, float]]:
-    trace = bench.load_trace(nodes_path, pods_path)
-    pods, cluster, translator, workload = (trace.pods, trace.cluster, trace.translator,
-                                           trace.workload)
+    loaded = trace.load_trace(nodes_path, pods_path)
+    pods, cluster, translator, workload = (loaded.pods, loaded.cluster, loaded.translator,
+                                           loaded.workload)
     results: dict[str, dict[str, float]] = {}
     for strategy in strategies:
         offs: list[_Arrivals] = []
@@ -137,7 +137,7 @@ def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: f
             return sum(a.claims for a in runs) / seconds if seconds else 0.0
 
         def p99(runs: Sequence[_Arrivals]) -> float:
-            return bench._percentile([ms for a in runs for ms in a.per_claim_ms], 0.99)
+            return trace.percentile([ms for a in runs for ms in a.per_claim_ms], 0.99)
 
         per_claim_off = statistics.fmean([ms for a in offs for ms in a.per_claim_ms] or [0.0])
         per_claim_on = statistics.fmean([ms for a in ons for ms in a.per_claim_ms] or [0.0])
@@ -148,8 +148,8 @@ def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: f
             "preemptions": len(victims),
             "victims_mean": round(statistics.fmean(victims), 2) if victims else 0.0,
             "victims_max": max(victims, default=0),
-            "search_p50_ms": round(bench._percentile(search, 0.50), 2) if search else 0.0,
-            "search_p99_ms": round(bench._percentile(search, 0.99), 2) if search else 0.0,
+            "search_p50_ms": round(trace.percentile(search, 0.50), 2) if search else 0.0,
+            "search_p99_ms": round(trace.percentile(search, 0.99), 2) if search else 0.0,
             "claims_per_s_off": round(claims_per_s(offs), 1),
             "claims_per_s_on": round(claims_per_s(ons), 1),
             "p99_ms_off": round(p99(offs), 3),

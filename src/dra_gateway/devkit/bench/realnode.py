@@ -1,7 +1,7 @@
 """A pod's time from create to Running on a real node: translated by the gateway against the same
 pod written for DRA natively, side by side, one run, one cluster.
 
-    sudo .venv/bin/python bench/realnode_bench.py [--version 1.34.4] [--kubelet 1.34.4]
+    sudo .venv/bin/python -m dra_gateway.devkit.bench.realnode [--version 1.34.4] [--kubelet 1.34.4]
         [--pods 10] [--keep]
 
 It starts what the real-node tier starts (tests/realnode/support.py: a real control plane, a real
@@ -37,11 +37,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+# The repository root (src/dra_gateway/devkit/bench/ is four levels down): the tiers' helpers
+# under tests/ are not installed.
+REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO / "tests"))
 
-from e2e.support import find_helm  # noqa: E402
-from realnode.support import NODE, WORKLOADS, Cluster, real_node_cluster  # noqa: E402
+from e2e.support import find_helm  # type: ignore[import-not-found]  # noqa: E402
+from realnode.support import (  # type: ignore[import-not-found]  # noqa: E402
+    NODE,
+    WORKLOADS,
+    Cluster,
+    real_node_cluster,
+)
 
 from dra_gateway.devkit.realcluster import path_of  # noqa: E402
 from dra_gateway.devkit.realnode import preflight  # noqa: E402

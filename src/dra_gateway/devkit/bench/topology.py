@@ -32,14 +32,13 @@ from typing import Any
 
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
 from dra_gateway.allocator.planner.topology import topology_key
-from dra_gateway.devkit import allocator_bench as bench
+from dra_gateway.devkit.bench import trace
 from dra_gateway.kube import names
 
 SIZES = ((1, 0.5), (2, 0.3), (4, 0.2))
 CONFIGS = (("topology", "default", True), ("no topology", "default", False),
            ("first-fit", "first-fit", False))
-DEFAULT_INVENTORY = Path(__file__).resolve().parent.parent / "examples" / "inventory" / \
-    "pcie8.yaml"
+DEFAULT_INVENTORY = Path(__file__).resolve().parents[2] / "examples" / "inventory" / "pcie8.yaml"
 
 
 @dataclass(slots=True)
@@ -102,7 +101,7 @@ def _aligned(state: ClusterState, plan: PodPlan) -> tuple[bool, bool, bool]:
 
 
 def _replay(objects: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]],
-            stream: Sequence[tuple[int, float]], translator: bench.Translator, *,
+            stream: Sequence[tuple[int, float]], translator: trace.Translator, *,
             strategy: str, topology: bool) -> tuple[_Tally, ClusterState]:
     classes, nodes, slices = objects
     state = ClusterState(PlannerSettings(default_strategy=strategy, topology=topology))
@@ -118,11 +117,11 @@ def _replay(objects: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict
         while running and running[0][0] <= tick:
             _, _, pod, plan = heapq.heappop(running)
             state.forget(pod, plan)
-        legacy = bench.TracePod(f"p{size}", 1000, 1024, size, 1000, ())
+        legacy = trace.TracePod(f"p{size}", 1000, 1024, size, 1000, ())
         translated, templates = translator.translate(legacy)
         pod = {**translated, "metadata": {**translated["metadata"], "name": f"p{tick}",
                                           "uid": f"pod-{tick}"}}
-        plan = plan_pod(state, pod, bench.claims_for(pod, templates))
+        plan = plan_pod(state, pod, trace.claims_for(pod, templates))
         if plan.node_name is None:
             tally.dropped += 1
             continue
@@ -141,7 +140,7 @@ def _replay(objects: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict
 def run(inventory: Path, *, nodes: int, pods: int, load: float,
         seeds: Sequence[int]) -> dict[str, dict[str, float]]:
     classes, node_objs, slices, cards = _cluster(inventory, nodes)
-    translator = bench.Translator()
+    translator = trace.Translator()
     tallies: dict[str, list[_Tally]] = {label: [] for label, _, _ in CONFIGS}
     for seed in seeds:
         stream = _stream(seed, pods, cards, load)
@@ -190,10 +189,10 @@ def main(args: argparse.Namespace) -> int:
               "above 0 and at most 1.5, e.g. 0.9", file=sys.stderr)
         return 2
     try:
-        seeds = bench.parse_seeds(args.seeds)
+        seeds = trace.parse_seeds(args.seeds)
         inventory = Path(args.inventory) if args.inventory else DEFAULT_INVENTORY
         results = run(inventory, nodes=args.nodes, pods=args.pods, load=args.load, seeds=seeds)
-    except (bench.TraceError, InventoryError, OSError) as exc:
+    except (trace.TraceError, InventoryError, OSError) as exc:
         print(f"dra-gateway bench topology: {exc}", file=sys.stderr)
         return 2
     if args.output == "json":

@@ -1,5 +1,5 @@
-"""`dra-gateway bench allocator`: replay an openb-format trace through the planner, per packing
-strategy.
+"""The trace library of the allocator benchmarks: an openb-format trace read, replayed through
+the planner.
 
 The replay follows the FGD paper's simulator (Weng et al., USENIX ATC'23;
 `../shared/data/openb/README.md`): every pod of the list plus seeded random copies until the
@@ -8,41 +8,32 @@ a pod is placed only where its CPU and memory fit and on the GPU models its `gpu
 Each trace pod goes the way a real one would: a pod with legacy requests (`nvidia.com/gpu: N`
 for whole cards; HAMi's `gpucores` + `gpumem-percentage` for shares, so memory is the share
 times the card's memory; `gpu_spec` as HAMi's `nvidia.com/use-gputype`) is translated by the
-built-in rules, its claim is made from the template as the claim controller would, and the
-nodes publish slices as the node plugin builds them; `plan_pod` places it and the plan is
-assumed. Nothing is faked: the figures are those of the code the allocator runs.
+built-in rules (`Translator`), its claim is made from the template as the claim controller
+would (`claims_for`), and the nodes publish slices as the node plugin builds them (`Cluster`);
+`plan_pod` places it and the plan is assumed (`Replay`). Nothing is faked: the figures are
+those of the code the allocator runs.
 
-Reported per strategy: GPU allocation ratio (allocated GPU share over all GPUs, mean over seeds),
-unallocated GPUs, claims placed per second of planning time, and p50/p99 planning time per
-claim. Times are the planning thread's CPU time (one core; other processes on a shared
-machine still slow it, through the caches and the host); the JSON output adds wall-clock
-figures (`wall_*`) measured alongside.
-With `--gpu-policies` each replay runs twice, side by side pod by pod (each pod is placed in
-both before the next, first in each in turn): without policies and with 200 GPUQuotas and 50
-GPUSharingPolicies (`gpu_policies`) over 200 namespaces the trace pods are dealt into (the
-same namespaces in both runs), so their cost is a ratio measured at the same moments on the
-same noisy machine.
-This module does I/O (reads the CSVs, prints); the planner it drives does none.
+Here: reading the CSVs (`read_nodes`, `read_pods`, `load_trace`), the workload (`sample`,
+`trace_workload`), the generated GPU policies (`gpu_policies`, `policy_objects`), the replay
+primitives (`Replay`, `replay`, `side_by_side`, `RunResult`) and what the results share
+(`parse_seeds`, `percentile`). The entry points (`allocator`, `topology`, `webhook`) and the
+allocator's variants (`groups`, `preemption`, `defrag`) build on it; it imports none of them.
+This module reads files; the planner it drives does no I/O.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import gc
-import json
 import random
-import statistics
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dra_gateway.allocator.planner import (
-    STRATEGIES,
     ClusterState,
     PlannerSettings,
     PodPlan,
@@ -64,7 +55,7 @@ MODEL_MEMORY_GIB: dict[str, int] = {
 _DEFAULT_MEMORY_GIB = 16
 _GIB = 1 << 30
 _MIB = 1 << 20
-_FULL = 1000  # a whole card, in thousandths (the trace's gpu_milli)
+FULL = 1000  # a whole card, in thousandths (the trace's gpu_milli)
 
 
 class TraceError(ValueError):
@@ -169,19 +160,6 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds:
         raise TraceError(f"--seeds {text!r}: no seed given")
     return seeds
-
-
-def parse_scales(text: str | None) -> list[int]:
-    """--scale: one factor (8) or several to compare in one run (1,8)."""
-    if not text:
-        return []
-    try:
-        scales = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        scales = []
-    if not scales or any(n < 1 for n in scales):
-        raise TraceError(f"--scale {text!r}: give whole factors of at least 1, e.g. 8 or 1,8")
-    return scales
 
 
 def sample(pods: Sequence[TracePod], total_gpus: int, load: float, seed: int) -> list[TracePod]:
@@ -394,7 +372,7 @@ def policy_objects(total_gpus: int, *, quotas: int = NAMESPACES, sharing: int = 
     return namespaces, quota_objects, policies
 
 
-class _Replay:
+class Replay:
     """One configuration's replay of a trace, a pod at a time."""
 
     def __init__(self, cluster: Cluster, translator: Translator, *, strategy: str,
@@ -453,7 +431,7 @@ class _Replay:
             # What the pod asks of each card: whole cards, or its share in whole percents (the
             # trace's gpu_milli for every openb trace).
             share = (10 * share_percent(trace_pod)
-                     if trace_pod.num_gpu == 1 and trace_pod.gpu_milli < _FULL else _FULL)
+                     if trace_pod.num_gpu == 1 and trace_pod.gpu_milli < FULL else FULL)
             for allocation in plan.allocations.values():
                 for result in (allocation.get("devices") or {}).get("results") or ():
                     self.cards.setdefault((plan.node_name, result["pool"], result["device"]),
@@ -486,7 +464,7 @@ def side_by_side(cluster: Cluster, translator: Translator, pods: Sequence[TraceP
     # As a long-running allocator would after its initial sync (and periodically after): move
     # what is loaded out of the cyclic collector's way, so full collections stay short.
     settle()
-    replays = [_Replay(cluster, translator, strategy=strategy, workload=workload,
+    replays = [Replay(cluster, translator, strategy=strategy, workload=workload,
                        catalog=catalog, namespaces=namespaces, losses=losses)
                for catalog in catalogs]
     for n, trace_pod in enumerate(sample(pods, cluster.total_gpus, load, seed)):
@@ -513,33 +491,11 @@ def trace_workload(pods: Sequence[TracePod]) -> Workload:
     return Workload.from_counts(counts.items())
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def scaled(nodes: Sequence[TraceNode], pods: Sequence[TracePod],
-           factor: int) -> tuple[list[TraceNode], list[TracePod]]:
-    """The cluster and its pods `factor` times over: each node and each pod copied under new
-    names, so the replay keeps the trace's mix and load on a cluster `factor` times larger."""
-    if factor == 1:
-        return list(nodes), list(pods)
-    return ([replace(n, name=f"{n.name}-x{k}") for k in range(factor) for n in nodes],
-            [replace(p, name=f"{p.name}-x{k}") for k in range(factor) for p in pods])
-
-
-def resident_mib() -> float:
-    """This process's resident memory now, in MiB (Linux; 0 where /proc is absent)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,259 +514,3 @@ def load_trace(nodes_path: Path, pods_path: Path) -> Trace:
     return Trace(pods, Cluster(read_nodes(nodes_path)), Translator(), trace_workload(pods))
 
 
-def run(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: float,
-        seeds: Sequence[int], gpu_policies_too: bool = False,
-        scales: Sequence[int] = (), losses: bool = False) -> dict[str, dict[str, Any]]:
-    """Per configuration, the summary of its replays (`_summary`); with `losses`, also where
-    the unallocated share lies at their end (`losses_of`)."""
-    if scales:
-        return run_scales(nodes_path, pods_path, strategies=strategies, load=load, seeds=seeds,
-                          scales=scales)
-    trace = load_trace(nodes_path, pods_path)
-    pods, cluster, translator, workload = (trace.pods, trace.cluster, trace.translator,
-                                           trace.workload)
-    results: dict[str, dict[str, Any]] = {}
-    catalog = gpu_policies(cluster.total_gpus) if gpu_policies_too else None
-    for strategy in strategies:
-        configurations: dict[str, list[RunResult]] = {strategy: []}
-        catalogs: list[Catalog | None] = [None]
-        if catalog is not None:
-            configurations[f"{strategy}+policies"] = []
-            catalogs.append(catalog)
-        for seed in seeds:
-            # Side by side, pod by pod: both configurations see the same machine load.
-            results_ = side_by_side(cluster, translator, pods, strategy=strategy, load=load,
-                                    seed=seed, workload=workload, catalogs=catalogs,
-                                    namespaces=catalog is not None, losses=losses)
-            for runs_, result in zip(configurations.values(), results_, strict=True):
-                runs_.append(result)
-        for label, runs in configurations.items():
-            results[label] = dict(_summary(runs))
-            if losses:
-                results[label]["losses"] = losses_of(runs, cluster.total_gpus)
-        if catalog is not None:
-            base = results[strategy]["claims_per_second"]
-            results[f"{strategy}+policies"]["claims_per_second_ratio"] = round(
-                results[f"{strategy}+policies"]["claims_per_second"] / base, 3) if base else 0.0
-    return results
-
-
-def run_scales(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], load: float,
-               seeds: Sequence[int], scales: Sequence[int]) -> dict[str, dict[str, Any]]:
-    """Per strategy and scale, the replay of the trace multiplied (`scaled`), with the
-    resident memory the replay's state added to the process, and claims/s as a ratio of the
-    first scale's (in one run, on one machine)."""
-    base_nodes = read_nodes(nodes_path)
-    base_pods = read_pods(pods_path)
-    translator = Translator()
-    workload = trace_workload(base_pods)
-    results: dict[str, dict[str, Any]] = {}
-    for strategy in strategies:
-        first: float | None = None
-        for factor in scales:
-            nodes, pods = scaled(base_nodes, base_pods, factor)
-            runs = []
-            peak = 0.0
-            for seed in seeds:
-                gc.collect()
-                before = resident_mib()
-                cluster = Cluster(nodes)
-                runs.append(replay(cluster, translator, pods, strategy=strategy, load=load,
-                                   seed=seed, workload=workload))
-                peak = max(peak, resident_mib() - before)
-                del cluster
-            label = f"{strategy} x{factor}"
-            results[label] = _summary(runs)
-            results[label].update(scale=factor, nodes=len(nodes),
-                                  cards=sum(n.gpus for n in nodes),
-                                  state_mib=round(peak, 1))
-            rate = results[label]["claims_per_second"]
-            first = rate if first is None else first
-            results[label]["claims_per_second_vs_first_scale"] = (
-                round(rate / first, 3) if first else 0.0)
-    return results
-
-
-def _summary(runs: Sequence[RunResult]) -> dict[str, float]:
-    timings = [t for r in runs for t in r.per_claim_ms]
-    seconds = sum(r.seconds for r in runs)
-    walls = [t for r in runs for t in r.wall_per_claim_ms]
-    wall = sum(r.wall_seconds for r in runs)
-    claims = sum(r.claims for r in runs)
-    return {
-        "allocation_ratio": round(statistics.fmean(r.ratio for r in runs), 2),
-        "unallocated_gpus": round(statistics.fmean(r.unallocated for r in runs), 1),
-        "claims_per_second": round(claims / seconds, 1) if seconds else 0.0,
-        "p50_ms": round(_percentile(timings, 0.50), 3),
-        "p99_ms": round(_percentile(timings, 0.99), 3),
-        "max_ms": round(max(timings, default=0.0), 3),
-        "wall_claims_per_second": round(claims / wall, 1) if wall else 0.0,
-        "wall_p99_ms": round(_percentile(walls, 0.99), 3),
-        "placed_pods": round(statistics.fmean(r.placed_pods for r in runs), 1),
-        "failed_pods": round(statistics.fmean(r.failed_pods for r in runs), 1),
-    }
-
-
-def losses_of(runs: Sequence[RunResult], total_gpus: int, *, rows: int = 12,
-              ) -> list[dict[str, Any]]:
-    """Where the unallocated GPU share lies at the end of the replays: per content of a card
-    (the shares it holds, largest first; "" for a card nothing was placed on), the cards that
-    end so and their free share in GPUs, both a mean over the runs, largest first; the rest
-    summed in a last row "other"."""
-    free: Counter[tuple[int, ...]] = Counter()
-    cards: Counter[tuple[int, ...]] = Counter()
-    for run_ in runs:
-        held = run_.cards or {}
-        for shares in held.values():
-            left = _FULL - sum(shares)
-            if left > 0:
-                content = tuple(sorted(shares, reverse=True))
-                free[content] += left
-                cards[content] += 1
-        untouched = total_gpus - len(held)
-        if untouched > 0:
-            free[()] += untouched * _FULL
-            cards[()] += untouched
-    count = len(runs) or 1
-    total = sum(free.values()) or 1
-    out: list[dict[str, Any]] = []
-    ordered = free.most_common()
-    for content, left in ordered[:rows]:
-        out.append({"holds": "+".join(map(str, content)), "cards": round(cards[content] / count, 1),
-                    "unallocated_gpus": round(left / _FULL / count, 1),
-                    "share_of_unallocated": round(100 * left / total, 1)})
-    rest = ordered[rows:]
-    if rest:
-        left = sum(v for _, v in rest)
-        out.append({"holds": "other", "cards": round(sum(cards[c] for c, _ in rest) / count, 1),
-                    "unallocated_gpus": round(left / _FULL / count, 1),
-                    "share_of_unallocated": round(100 * left / total, 1)})
-    return out
-
-
-def _losses_table(results: Mapping[str, Mapping[str, Any]]) -> str:
-    lines: list[str] = []
-    for label, r in results.items():
-        if "losses" not in r:
-            continue
-        lines += ["", f"{label}: where the unallocated share lies (card holds, in thousandths)",
-                  f"{'holds':<24} {'cards':>8} {'unalloc GPUs':>12} {'% of unalloc':>12}"]
-        lines += [f"{row['holds'] or '(nothing)':<24} {row['cards']:>8.1f} "
-                  f"{row['unallocated_gpus']:>12.1f} {row['share_of_unallocated']:>12.1f}"
-                  for row in r["losses"]]
-    return "\n".join(lines)
-
-
-def _table(results: Mapping[str, Mapping[str, Any]], seeds: Sequence[int]) -> str:
-    width = max([10, *(len(p) for p in results)])
-    header = (f"{'policy':<{width}} {'GPU alloc %':>11} {'unalloc GPUs':>12} {'claims/s':>9} "
-              f"{'p50 ms':>7} {'p99 ms':>7}")
-    lines = [header, "-" * len(header)]
-    for label, r in results.items():
-        ratio = r.get("claims_per_second_ratio")
-        lines.append(f"{label:<{width}} {r['allocation_ratio']:>11.2f} "
-                     f"{r['unallocated_gpus']:>12.1f} {r['claims_per_second']:>9.0f} "
-                     f"{r['p50_ms']:>7.3f} {r['p99_ms']:>7.3f}"
-                     + (f"  ({ratio:.3f} x without)" if ratio is not None else ""))
-    lines.append(f"(mean over {len(seeds)} seed(s): {','.join(map(str, seeds))})")
-    scaled_rows = [(label, r) for label, r in results.items() if "scale" in r]
-    if scaled_rows:
-        lines.append(f"{'':<{width}} {'nodes':>7} {'cards':>7} {'state MiB':>10} "
-                     f"{'claims/s vs first scale':>24}")
-        lines += [f"{label:<{width}} {r['nodes']:>7.0f} {r['cards']:>7.0f} "
-                  f"{r['state_mib']:>10.1f} {r['claims_per_second_vs_first_scale']:>24.3f}"
-                  for label, r in scaled_rows]
-    return "\n".join(lines)
-
-
-def main(args: argparse.Namespace) -> int:
-    strategies = list(args.strategies or STRATEGIES)
-    unknown = [s for s in strategies if s not in STRATEGIES]
-    if unknown:
-        # Named as the user typed it: --strategy, or its deprecated alias --policy.
-        flag = getattr(args, "strategy_option", None) or "--strategy"
-        print(f"dra-gateway bench allocator: {flag} {unknown[0]!r} is not a {flag[2:]}; use "
-              f"one of {', '.join(STRATEGIES)}", file=sys.stderr)
-        return 2
-    if not args.load > 0:
-        print("dra-gateway bench allocator: --load must be above 0, e.g. 1.3", file=sys.stderr)
-        return 2
-    percent = getattr(args, "defrag_moves", None)
-    if percent is not None and not 0 <= percent <= 100:
-        print("dra-gateway bench allocator: --defrag-moves is a percentage of the pods placed, "
-              "from 0 to 100, e.g. 5", file=sys.stderr)
-        return 2
-    if percent is not None and getattr(args, "gpu_policies", False):
-        print("dra-gateway bench allocator: --defrag-moves and --gpu-policies measure different "
-              "things; run them one at a time", file=sys.stderr)
-        return 2
-    if getattr(args, "scale", None) and (percent is not None
-                                         or getattr(args, "gpu_policies", False)):
-        print("dra-gateway bench allocator: --scale measures the planner alone; run it without "
-              "--defrag-moves and --gpu-policies", file=sys.stderr)
-        return 2
-    preemption = getattr(args, "preemption", None)
-    if preemption is not None and not 0 < preemption <= 100:
-        print("dra-gateway bench allocator: --preemption is a percentage of the pods replayed, "
-              "above 0 and at most 100, e.g. 10", file=sys.stderr)
-        return 2
-    if preemption is not None and (percent is not None or getattr(args, "gpu_policies", False)
-                                   or getattr(args, "scale", None)):
-        print("dra-gateway bench allocator: --preemption measures preemption alone; run it "
-              "without --defrag-moves, --gpu-policies and --scale", file=sys.stderr)
-        return 2
-    groups = getattr(args, "groups", False)
-    if groups and (preemption is not None or percent is not None
-                   or getattr(args, "gpu_policies", False) or getattr(args, "scale", None)):
-        print("dra-gateway bench allocator: --groups measures pod groups alone; run it "
-              "without --preemption, --defrag-moves, --gpu-policies and --scale",
-              file=sys.stderr)
-        return 2
-    losses = getattr(args, "losses", False)
-    if losses and (percent is not None or getattr(args, "scale", None)):
-        print("dra-gateway bench allocator: --losses reports the plain replays; run it without "
-              "--defrag-moves and --scale", file=sys.stderr)
-        return 2
-    try:
-        seeds = parse_seeds(args.seeds)
-        if groups:
-            from dra_gateway.devkit import groups_bench
-
-            results = groups_bench.run(Path(args.nodes), Path(args.pods), strategies=strategies,
-                                       load=args.load, seeds=seeds)
-        elif preemption is not None:
-            from dra_gateway.devkit import preemption_bench
-
-            results = preemption_bench.run(Path(args.nodes), Path(args.pods),
-                                           strategies=strategies, load=args.load, seeds=seeds,
-                                           percent=preemption)
-        elif percent is not None:
-            from dra_gateway.devkit import defrag_bench
-
-            results = defrag_bench.run(Path(args.nodes), Path(args.pods), strategies=strategies,
-                                       load=args.load, seeds=seeds, percent=percent)
-        else:
-            results = run(Path(args.nodes), Path(args.pods), strategies=strategies,
-                          load=args.load, seeds=seeds,
-                          gpu_policies_too=getattr(args, "gpu_policies", False),
-                          scales=parse_scales(getattr(args, "scale", None)), losses=losses)
-    except TraceError as exc:
-        print(f"dra-gateway bench allocator: {exc}", file=sys.stderr)
-        return 2
-    if groups and args.output != "json":
-        from dra_gateway.devkit import groups_bench
-
-        print(groups_bench.table(results, seeds))
-    elif preemption is not None and args.output != "json":
-        from dra_gateway.devkit import preemption_bench
-
-        print(preemption_bench.table(results, seeds, preemption))
-    elif percent is not None and args.output != "json":
-        from dra_gateway.devkit import defrag_bench
-
-        print(defrag_bench.table(results, seeds, percent))
-    elif args.output == "json":
-        print(json.dumps({"policies": results, "seeds": seeds, "load": args.load}, indent=2))
-    else:
-        print(_table(results, seeds) + ("\n" + _losses_table(results) if losses else ""))
-    return 0

@@ -5,7 +5,7 @@ so translation walks the pod, hits the shape cache and builds the patch. "cold" 
 before every call: every CEL expression of the rule runs and the template is hashed again.
 The baseline, copy.deepcopy of the pod, is about the least any webhook does with a pod.
 
-    .venv/bin/python bench/translator_bench.py [--iterations N] [--json]
+    .venv/bin/python -m dra_gateway.devkit.bench.translator [--iterations N] [--json]
 """
 
 from __future__ import annotations

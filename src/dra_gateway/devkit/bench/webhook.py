@@ -1,6 +1,6 @@
 """Webhook throughput and latency against a bare aiohttp TLS handler, side by side, one run.
 
-    .venv/bin/python bench/webhook_bench.py [--requests 3000] [--connections 8]
+    .venv/bin/python -m dra_gateway.devkit.bench.webhook [--requests 3000] [--connections 8]
         [--server-core 1] [--client-core 0]
 
 Both servers run, one after the other, in a separate process pinned to one core
@@ -16,7 +16,7 @@ wall-clock figures, it also reports reviews per server CPU-second (from /proc), 
 dedicated core would sustain. Goal: at least 0.85x the bare throughput and p99 under 1 ms with
 one connection.
 
-    .venv/bin/python bench/webhook_bench.py --mode validate [--status-writes 20]
+    .venv/bin/python -m dra_gateway.devkit.bench.webhook --mode validate [--status-writes 20]
 
 `--mode validate` measures /validate instead, the webhook against itself: pods at CREATE (the
 HAMi pod above as /mutate left it, in a namespace that has a GPUQuota and a sharing policy)
@@ -177,13 +177,14 @@ def _bare_server(tls_dir: str, port: int, core: int) -> None:
 
 def _webhook_server(tls_dir: str, port: int, core: int) -> None:
     _pin(core)
-    from dra_gateway.devkit.cli import offer_memory_cluster
+    from dra_gateway.devkit.sim.memory import MemoryCluster
+    from dra_gateway.kube.cluster.connect import offer_memory
     from dra_gateway.webhook.server import ServeOptions, serve
     from dra_gateway.webhook.settings import WebhookSettings
 
     settings = WebhookSettings(tls_dir=Path(tls_dir), reconcile_webhooks=False)
     options = ServeOptions(host="127.0.0.1", port=port, cluster="memory")
-    offer_memory_cluster()
+    offer_memory(MemoryCluster)  # `--cluster memory`: a fresh simulator
     # Warnings and errors only: the benchmark measures serving, not log volume.
     from dra_gateway.webhook import logs
 
@@ -245,9 +246,9 @@ def _policy_server(tls_dir: str, port: int, core: int, templates: list[dict[str,
     """The webhook over an in-memory cluster holding the pod's templates, and the generated
     GPU policies when `policies`; `status_writes` GPUQuota status writes every 2 s."""
     _pin(core)
-    from dra_gateway.devkit.allocator_bench import policy_objects
-    from dra_gateway.devkit.cli import offer_memory_cluster
+    from dra_gateway.devkit.bench.trace import policy_objects
     from dra_gateway.devkit.sim.memory import MemoryCluster
+    from dra_gateway.kube.cluster.connect import offer_memory
     from dra_gateway.kube.resources import (
         DEVICE_CLASSES,
         GPU_QUOTAS,
@@ -301,7 +302,7 @@ def _policy_server(tls_dir: str, port: int, core: int, templates: list[dict[str,
         writer = asyncio.create_task(write_status()) if quotas and status_writes else None
         settings = WebhookSettings(tls_dir=Path(tls_dir), reconcile_webhooks=False)
         try:
-            offer_memory_cluster()
+            offer_memory(MemoryCluster)
             await serve(settings, ServeOptions(host="127.0.0.1", port=port, cluster="memory"),
                         cluster=cluster)
         finally:

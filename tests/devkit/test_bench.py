@@ -1,4 +1,5 @@
-"""The trace benchmark: openb files in, per-policy figures out, through the real planner."""
+"""The trace benchmarks (`dra_gateway.devkit.bench`): openb files in, per-policy figures out,
+through the real planner."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from dra_gateway.allocator.planner import PlannerSettings, plan_pod
 from dra_gateway.cli import main as cli_main
-from dra_gateway.devkit import allocator_bench as bench
+from dra_gateway.devkit.bench import allocator, trace
 
 DATA = Path(__file__).parent / "data"
 NODES = DATA / "openb_nodes_tiny.csv"
@@ -29,7 +30,7 @@ def _args(**overrides: object) -> argparse.Namespace:
 def test_json_output_has_every_policy_with_the_agreed_fields(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert bench.main(_args()) == 0
+    assert allocator.main(_args()) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["policies"]) == {"default", "binpack", "spread", "first-fit"}
     for figures in out["policies"].values():
@@ -57,20 +58,20 @@ def test_a_larger_sample_replays_with_every_policy_above_a_sane_ratio(
 ) -> None:
     args = _args(nodes=str(DATA / "openb_nodes_small.csv"),
                  pods=str(DATA / "openb_pods_small.csv"), seeds="42")
-    assert bench.main(args) == 0
+    assert allocator.main(args) == 0
     ratios = {name: f["allocation_ratio"]
               for name, f in json.loads(capsys.readouterr().out)["policies"].items()}
     assert all(r > 80 for r in ratios.values()), ratios
 
 
 def test_gpu_spec_restricts_the_models_a_pod_may_use() -> None:
-    cluster = bench.Cluster(bench.read_nodes(NODES))
-    translator = bench.Translator()
+    cluster = trace.Cluster(trace.read_nodes(NODES))
+    translator = trace.Translator()
     state = cluster.state(PlannerSettings(default_strategy="first-fit"))
-    trace_pod = bench.TracePod("x", 1000, 1024, 1, 250, ("V100M32",))
+    trace_pod = trace.TracePod("x", 1000, 1024, 1, 250, ("V100M32",))
     pod, templates = translator.translate(trace_pod)
     pod = {**pod, "metadata": {**pod["metadata"], "uid": "u"}}
-    claims = bench.claims_for(pod, templates)
+    claims = trace.claims_for(pod, templates)
     assert len(claims) == 1
     kubernetes_validate.validate(claims[0], "1.34", strict=True)
     plan = plan_pod(state, pod, claims)
@@ -80,17 +81,17 @@ def test_gpu_spec_restricts_the_models_a_pod_may_use() -> None:
 
 
 def test_the_sample_reaches_the_load_and_keeps_every_pod() -> None:
-    pods = bench.read_pods(PODS)
-    sample = bench.sample(pods, total_gpus=7, load=1.3, seed=1)
+    pods = trace.read_pods(PODS)
+    sample = trace.sample(pods, total_gpus=7, load=1.3, seed=1)
     assert sum(p.gpu_share for p in sample) >= 1.3 * 7
     assert {p.name for p in pods} <= {p.name for p in sample}
-    assert bench.sample(pods, 7, 1.3, 1) == sample
+    assert trace.sample(pods, 7, 1.3, 1) == sample
 
 
 def test_seeds_are_ranges_or_lists() -> None:
-    assert bench.parse_seeds("42-44,50") == [42, 43, 44, 50]
-    with pytest.raises(bench.TraceError, match="--seeds 'x': write a range such as 42-51"):
-        bench.parse_seeds("x")
+    assert trace.parse_seeds("42-44,50") == [42, 43, 44, 50]
+    with pytest.raises(trace.TraceError, match="--seeds 'x': write a range such as 42-51"):
+        trace.parse_seeds("x")
 
 
 def test_a_file_without_the_openb_columns_is_refused_by_name(
@@ -98,7 +99,7 @@ def test_a_file_without_the_openb_columns_is_refused_by_name(
 ) -> None:
     broken = tmp_path / "nodes.csv"
     broken.write_text("name,cpu\nn1,1\n")
-    assert bench.main(_args(nodes=str(broken))) == 2
+    assert allocator.main(_args(nodes=str(broken))) == 2
     err = capsys.readouterr().err
     assert "nodes.csv: missing column(s) sn, cpu_milli, memory_mib, gpu" in err
 
@@ -106,7 +107,7 @@ def test_a_file_without_the_openb_columns_is_refused_by_name(
 def test_an_unknown_policy_is_refused_with_the_choices(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert bench.main(_args(strategies=["best"], strategy_option="--policy")) == 2
+    assert allocator.main(_args(strategies=["best"], strategy_option="--policy")) == 2
     assert "--policy 'best' is not a policy; use one of default, binpack, spread, first-fit" in \
         capsys.readouterr().err
 
@@ -136,16 +137,16 @@ def test_policy_is_a_deprecated_name_of_strategy_that_still_works(
 def test_configurations_replayed_side_by_side_place_as_each_replayed_alone() -> None:
     # Pod by pod, first in each in turn: no state passes between the replays, so each places
     # exactly what it places alone (only the times are shared with the other).
-    nodes = bench.read_nodes(DATA / "openb_nodes_small.csv")
-    pods = bench.read_pods(DATA / "openb_pods_small.csv")
-    cluster = bench.Cluster(nodes)
-    translator = bench.Translator()
-    workload = bench.trace_workload(pods)
-    catalog = bench.gpu_policies(cluster.total_gpus)
-    together = bench.side_by_side(cluster, translator, pods, strategy="default", load=1.3,
+    nodes = trace.read_nodes(DATA / "openb_nodes_small.csv")
+    pods = trace.read_pods(DATA / "openb_pods_small.csv")
+    cluster = trace.Cluster(nodes)
+    translator = trace.Translator()
+    workload = trace.trace_workload(pods)
+    catalog = trace.gpu_policies(cluster.total_gpus)
+    together = trace.side_by_side(cluster, translator, pods, strategy="default", load=1.3,
                                   seed=42, workload=workload, catalogs=[None, catalog],
                                   namespaces=True)
-    alone = [bench.replay(cluster, translator, pods, strategy="default", load=1.3, seed=42,
+    alone = [trace.replay(cluster, translator, pods, strategy="default", load=1.3, seed=42,
                           workload=workload, catalog=c, namespaces=True)
              for c in (None, catalog)]
     for paired, single in zip(together, alone, strict=True):
@@ -209,8 +210,8 @@ def test_preemption_reports_high_priority_arrivals_with_and_without_it(
     assert "--preemption is a percentage" in capsys.readouterr().err
 
 
-def _run_holding(cards: dict[tuple[str, str, str], list[int]]) -> bench.RunResult:
-    return bench.RunResult(ratio=0.0, unallocated=0.0, claims=0, seconds=0.0, per_claim_ms=[],
+def _run_holding(cards: dict[tuple[str, str, str], list[int]]) -> trace.RunResult:
+    return trace.RunResult(ratio=0.0, unallocated=0.0, claims=0, seconds=0.0, per_claim_ms=[],
                            wall_seconds=0.0, wall_per_claim_ms=[], placed_pods=0,
                            failed_pods=0, cards=cards)
 
@@ -222,14 +223,14 @@ def test_losses_sum_each_card_content_over_runs_largest_first() -> None:
                            ("n2", "n2", "gpu-0"): [470, 470]})
     # Five cards: the first run left one untouched, the second two; a full card loses nothing.
     # Free thousandths: untouched 3000, beside a lone 810 3 x 190, 470+470 2 x 60, 650+320 30.
-    rows = bench.losses_of([first, second], total_gpus=5)
+    rows = allocator.losses_of([first, second], total_gpus=5)
     assert rows == [
         {"holds": "", "cards": 1.5, "unallocated_gpus": 1.5, "share_of_unallocated": 80.6},
         {"holds": "810", "cards": 1.5, "unallocated_gpus": 0.3, "share_of_unallocated": 15.3},
         {"holds": "470+470", "cards": 1.0, "unallocated_gpus": 0.1, "share_of_unallocated": 3.2},
         {"holds": "650+320", "cards": 0.5, "unallocated_gpus": 0.0, "share_of_unallocated": 0.8},
     ]
-    assert bench.losses_of([first, second], total_gpus=5, rows=2)[-1] == {
+    assert allocator.losses_of([first, second], total_gpus=5, rows=2)[-1] == {
         "holds": "other", "cards": 1.5, "unallocated_gpus": 0.1, "share_of_unallocated": 4.0}
 
 
@@ -239,7 +240,7 @@ def test_losses_account_for_every_unallocated_gpu_of_the_replays(
     args = _args(nodes=str(DATA / "openb_nodes_small.csv"),
                  pods=str(DATA / "openb_pods_small.csv"), seeds="42-43",
                  strategies=["default", "first-fit"], losses=True)
-    assert bench.main(args) == 0
+    assert allocator.main(args) == 0
     for figures in json.loads(capsys.readouterr().out)["policies"].values():
         rows = figures["losses"]
         # Each row is rounded to a tenth of a GPU.
@@ -261,7 +262,7 @@ def test_losses_print_a_table_after_the_figures(capsys: pytest.CaptureFixture[st
 
 
 def test_losses_are_refused_with_scale(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(_args(losses=True, scale="1,2")) == 2
+    assert allocator.main(_args(losses=True, scale="1,2")) == 2
     assert "--losses reports the plain replays" in capsys.readouterr().err
 
 
@@ -286,10 +287,10 @@ def test_groups_replay_jobs_with_and_without_all_or_nothing(
 
 
 def test_jobs_are_dealt_from_multi_card_pods_with_two_to_sixteen_members() -> None:
-    from dra_gateway.devkit.groups_bench import deal_jobs
+    from dra_gateway.devkit.bench.groups import deal_jobs
 
-    pods = bench.read_pods(DATA / "openb_pods_small.csv")
-    sampled = bench.sample(pods, 200, 3.0, 5)
+    pods = trace.read_pods(DATA / "openb_pods_small.csv")
+    sampled = trace.sample(pods, 200, 3.0, 5)
     jobs = deal_jobs(sampled, 5)
     assert jobs == deal_jobs(sampled, 5)  # the seed's own draw
     assert jobs

@@ -1,0 +1,13 @@
+"""The benchmarks, in one package.
+
+- `trace`: the trace library (an openb trace read, the simulated cluster, the translated pods and
+  their claims, the replay primitives); it imports no other module of the package.
+- `groups`, `preemption`, `defrag`: the variants of `dra-gateway bench allocator` (`--groups`,
+  `--preemption`, `--defrag-moves`), on the trace library.
+- Entry points: `allocator` (`dra-gateway bench allocator`, which dispatches to the variants),
+  `topology` (`dra-gateway bench topology`), and the benchmarks run as modules,
+  `.venv/bin/python -m dra_gateway.devkit.bench.NAME`: `cel`, `translator`, `webhook`, `e2e`
+  and `realnode` (the last two with the end-to-end and real-node tiers' helpers under tests/).
+
+`.importlinter` holds them to these layers: entry points above variants above the trace library.
+"""
