@@ -105,12 +105,7 @@ def _replay(objects: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict
             strategy: str, topology: bool) -> tuple[_Tally, ClusterState]:
     classes, nodes, slices = objects
     state = ClusterState(PlannerSettings(default_strategy=strategy, topology=topology))
-    for obj in classes:
-        state.set_device_class(obj)
-    for obj in nodes:
-        state.set_node(obj)
-    for obj in slices:
-        state.set_slice(obj)
+    state.load(classes=classes, nodes=nodes, slices=slices)
     tally = _Tally()
     running: list[tuple[float, int, dict[str, Any], PodPlan]] = []
     for tick, (size, run_time) in enumerate(stream):

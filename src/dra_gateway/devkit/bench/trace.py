@@ -212,12 +212,7 @@ class Cluster:
 
     def state(self, settings: PlannerSettings) -> ClusterState:
         state = ClusterState(settings)
-        for obj in self.classes:
-            state.set_device_class(obj)
-        for obj in self.nodes:
-            state.set_node(obj)
-        for obj in self.slices:
-            state.set_slice(obj)
+        state.load(classes=self.classes, nodes=self.nodes, slices=self.slices)
         return state
 
 
