@@ -11,7 +11,7 @@ import kubernetes_validate
 from testkit import eventually
 
 from dra_gateway.allocator.controller import ControllerSettings
-from dra_gateway.devkit.sim.controlplane import ControlPlane
+from dra_gateway.devkit.sim.controlplane import SimulatedControllers
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import ApiError, Forbidden
@@ -63,7 +63,7 @@ async def test_every_allocation_carries_a_timestamp_so_a_1_36_scheduler_can_bind
     before = datetime.now(UTC).replace(microsecond=0)
     # The stand-in scheduler fills a missing allocationTimestamp as kube-scheduler does from
     # 1.36, and the API refuses that change: without the field the pod would never bind.
-    async with running_controller(memory_cluster), ControlPlane(
+    async with running_controller(memory_cluster), SimulatedControllers(
             memory_cluster, retry_delay=0.05, binding_conditions=True).running():
         await world.gated_pod("bind", [share_claim_spec(memory_gib=8), whole_claim_spec()])
         await eventually(lambda: ungated(world, "bind"))
@@ -97,7 +97,7 @@ async def test_the_allocation_reserves_the_claim_for_its_pod_so_binding_writes_n
         return await original_update(rt, obj, **kw)
 
     memory_cluster.update = update  # type: ignore[method-assign,assignment]
-    async with running_controller(memory_cluster), ControlPlane(
+    async with running_controller(memory_cluster), SimulatedControllers(
             memory_cluster, retry_delay=0.05).running():
         await world.gated_pod("reserved", [share_claim_spec(memory_gib=8), whole_claim_spec()])
         await eventually(lambda: ungated(world, "reserved"))

@@ -289,9 +289,9 @@ async def _serve_async(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
 
-    from dra_gateway.devkit.sim.controlplane import ControlPlane
+    from dra_gateway.devkit.sim.controlplane import SimulatedControllers
 
-    control_plane = None if args.no_control_plane else ControlPlane(cluster)
+    control_plane = None if args.no_control_plane else SimulatedControllers(cluster)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 from testkit import eventually
 
-from dra_gateway.devkit.sim.controlplane import ControlPlane, claim_generate_name
+from dra_gateway.devkit.sim.controlplane import SimulatedControllers, claim_generate_name
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import NotFound
 from dra_gateway.kube.resources import NODES, PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
@@ -47,7 +47,7 @@ async def cluster() -> AsyncIterator[MemoryCluster]:
         "spec": {"metadata": {"labels": {"from": "template"}},
                  "spec": {"devices": {"requests": [
                      {"name": "gpu", "exactly": {"deviceClassName": "gpu.dra-gateway.io"}}]}}}})
-    async with ControlPlane(memory, retry_delay=0.05).running():
+    async with SimulatedControllers(memory, retry_delay=0.05).running():
         yield memory
     await memory.close()
 
@@ -151,7 +151,7 @@ async def test_without_binding_conditions_a_claim_without_a_timestamp_binds_as_i
     await memory.create(NODES, {"metadata": {"name": "node-a"}})
     await memory.create(RESOURCE_CLAIMS, shared_claim())
     await allocate(memory, "shared", "node-a", stamped=False)
-    async with ControlPlane(memory, retry_delay=0.05, binding_conditions=False).running():
+    async with SimulatedControllers(memory, retry_delay=0.05, binding_conditions=False).running():
         await memory.create(PODS, pod("web-0", claim="shared"))
         assert await eventually(lambda: node_of(memory, "web-0")) == "node-a"
     claim = await memory.get(RESOURCE_CLAIMS, "shared", namespace=NS)

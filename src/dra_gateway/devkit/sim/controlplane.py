@@ -72,7 +72,7 @@ def claim_generate_name(pod_name: str, claim_name: str) -> str:
     return base + "-"
 
 
-class ControlPlane:
+class SimulatedControllers:
     """The ResourceClaim controller and a minimal scheduler over one `Cluster`.
 
     Run `await control_plane.run()` in a task (cancel it to stop) or use `running()`.
@@ -94,7 +94,7 @@ class ControlPlane:
         self._retries: set[asyncio.TimerHandle] = set()
 
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[ControlPlane]:
+    async def running(self) -> AsyncIterator[SimulatedControllers]:
         task = asyncio.create_task(self.run(), name="dra-gateway control plane")
         try:
             yield self
