@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 from e2e.support import wait_until
 
-from realnode.support import Cluster
-from realnode.test_node import legacy_pod
+from dra_gateway.kube import names
+from realnode.support import WORKLOADS, Cluster
+from realnode.test_node import claim_specs, legacy_pod, spec_names
 
 # An XID outside the application and fatal tables: degraded (the card takes no new work and
 # its pods keep running; a fatal one would have them evicted).
 DEGRADED_XID = 94
+FATAL_XID = 79  # the GPU has fallen off the bus
 
 
 def _kubelet_minor(cluster: Cluster) -> int:
@@ -70,3 +72,40 @@ def test_a_pod_status_shows_its_card_unhealthy_and_healthy_again(cluster: Cluste
     wait_until(f"the pod's status to show {device} healthy again",
                lambda: _health(cluster, "health", device) == "Healthy", 60, cluster.check)
     cluster.delete_pod("health")
+
+
+def test_a_pod_on_a_card_that_falls_off_the_bus_is_evicted_and_its_claim_unprepared(
+        cluster: Cluster) -> None:
+    """A fatal fault under the real kubelet: the pod is evicted, its containers stopped and
+    its claim unprepared (its CDI spec removed). On 1.34 the API server drops device taints and
+    the gateway's allocator evicts it (allocator/drain.py); from 1.36 the card is tainted
+    NoExecute and kube-controller-manager does. Then the card recovers."""
+    cluster.create_pod(legacy_pod("fatal", {"nvidia.com/gpu": 1}))
+    pod = cluster.wait_running("fatal")
+    device = _device(cluster, pod)
+    specs = claim_specs(cluster, pod)
+    assert specs
+    cluster.fault({"device": device, "event": "xid", "code": FATAL_XID})
+    try:
+        wait_until("the pod on the failed card to be evicted and gone",
+                   lambda: not cluster.api.exists(f"/api/v1/namespaces/{WORKLOADS}/pods/fatal"),
+                   90, cluster.check)
+        wait_until("its claim to be unprepared (its CDI spec removed)",
+                   lambda: not specs & spec_names(cluster), 60, cluster.check)
+        tainted = any(t.get("key") == f"{names.DRIVER}/unhealthy"
+                      for s in cluster.slices() for d in s["spec"].get("devices") or ()
+                      if d["name"] == device for t in d.get("taints") or ())
+        said = cluster.events(WORKLOADS)
+        if tainted:
+            assert "fatal: DeviceTaintManagerEviction" in said, said
+        else:
+            assert f"fatal: UnhealthyDevice: device {device} on node" in said, said
+    finally:
+        cluster.fault({"device": device, "event": "recovered"})
+
+        def healthy() -> bool:
+            devices = {d["name"]: d for s in cluster.slices()
+                       for d in s["spec"].get("devices") or ()}
+            return device in devices and not devices[device].get("taints")
+
+        wait_until(f"{device} to be published healthy again", healthy, 60, cluster.check)
