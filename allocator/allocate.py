@@ -72,9 +72,9 @@ from dra_gateway.allocator.writes import (
     still_allocated,
     write_allocation,
 )
+from dra_gateway.gpu.groups import GroupError, PodGroup, PodGroupLookup, group_of
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import Cluster, Conflict, Invalid, NotFound, Object
-from dra_gateway.kube.groups import GroupError, PodGroup, PodGroupLookup, group_of
 from dra_gateway.kube.objects import (
     controller_owner_uid,
     has_finalizer,
@@ -105,7 +105,7 @@ class PodAllocator:
         self.stats = stats
         self.metrics = metrics
         self.fence = fence  # called before each write: a former leader must not allocate
-        self.podgroups = podgroups  # the objects sizing pod groups (kube.groups.PodGroupLookup)
+        self.podgroups = podgroups  # the objects sizing pod groups (gpu.groups.PodGroupLookup)
         # One placement of a pod group at a time (group key -> lock), so that two members'
         # syncs never plan the same group twice.
         self._group_locks: dict[tuple[str, str, str], tuple[asyncio.Lock, int]] = {}

@@ -69,6 +69,7 @@ from dra_gateway.allocator.work import (
     unfenced,
 )
 from dra_gateway.allocator.workers import run_worker
+from dra_gateway.gpu.groups import PODGROUP_TYPES
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.features import (
     detect_consumable_capacity,
@@ -76,7 +77,6 @@ from dra_gateway.kube.cluster.features import (
 )
 from dra_gateway.kube.cluster.port import ApiError, Cluster, Object
 from dra_gateway.kube.device_taints import TaintRules
-from dra_gateway.kube.groups import PODGROUP_TYPES
 from dra_gateway.kube.objects import has_finalizer, is_allocated, is_finished, is_gated
 from dra_gateway.kube.resources import (
     CONFIG_MAPS,
@@ -153,7 +153,7 @@ class Controller:
         self.pods = Informer(cluster, PODS, self._on_pod, field_selector=LIVE_PODS_SELECTOR,
                              watch_timeout=timeout,
                              indexers={GROUP_INDEX: group_index, HOLDER_INDEX: holder_index})
-        # The objects sizing the groups pods name (kube/groups.py: upstream's PodGroups and
+        # The objects sizing the groups pods name (gpu/groups.py: upstream's PodGroups and
         # Workloads, Volcano's and the coscheduling plugin's PodGroups, JobSets, Kubeflow's
         # jobs), per version served. Where a type is not served its mirror stays empty and
         # lists again now and then.

@@ -1,7 +1,7 @@
 """Pod groups as the allocator sees them: which members a group has in the pods' mirror, which
 hold devices, and what a waiting member says.
 
-A group (kube.groups: the gateway's annotations, Kueue's pod groups, LeaderWorkerSet) needs
+A group (gpu.groups: the gateway's annotations, Kueue's pod groups, LeaderWorkerSet) needs
 `size` members allocated together. Members that hold devices already (ungated, or every gateway
 claim allocated) count toward it; while fewer than `size` do, the gated members whose claims
 all exist are planned together (planner.groups, `PodAllocator`) once enough of them have
@@ -15,9 +15,9 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
 from dra_gateway.allocator.claims import ClaimLookup, claims_for
+from dra_gateway.gpu.groups import GroupError, PodGroup, group_key, holder_key
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import Object
-from dra_gateway.kube.groups import GroupError, PodGroup, group_key, holder_key
 
 GROUP_INDEX = "pod-group"
 HOLDER_INDEX = "pod-group-holder"  # by the object sizing the group (a PodGroup, a Workload)

@@ -86,7 +86,7 @@ def share_parameters(configs: Iterable[Mapping[str, Any]], request: str, *,
         if not isinstance(params, Mapping):
             raise ValueError(f"config for request {request}: parameters must be a JSON object")
         if params.get("kind") == names.KIND_GPU_SHARE_ALLOCATION:
-            continue  # the allocator's record of the shares (kube.shares), not a request's
+            continue  # the allocator's record of the shares (gpu.shares), not a request's
         merged.update(params)
     return merged
 

@@ -81,7 +81,7 @@ GPU_QUOTAS = ResourceType("dra-gateway.io", "v1alpha1", "gpuquotas", "GPUQuota",
 GPU_SHARING_POLICIES = ResourceType("dra-gateway.io", "v1alpha1", "gpusharingpolicies",
                                     "GPUSharingPolicy", namespaced=False, has_status=True)
 
-# Other schedulers' pod groups, read for their minimum members (kube/groups.py): Volcano's and
+# Other schedulers' pod groups, read for their minimum members (gpu/groups.py): Volcano's and
 # the coscheduling plugin's (scheduler-plugins). Served only where those are installed.
 VOLCANO_POD_GROUPS = ResourceType("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup",
                                   namespaced=True, has_status=True)

@@ -9,7 +9,7 @@ bytes or `memoryPercent` of the card); a card with none of these is whole. Only 
 the share names are limits (see `_limited`): the others are consumed for accounting only.
 
 The share record is the allocator's, in `status.allocation` (which tenants cannot write), read
-with dra_gateway.kube.shares: entries are matched to results by request, driver, pool and
+with dra_gateway.gpu.shares: entries are matched to results by request, driver, pool and
 device, in order, and a missing or malformed record counts as absent. The annotation
 `dra-gateway.io/shares` is never read: anyone who may update the claim may edit it. Which
 GpuShareConfig applies to a request is dra_gateway.kube.models.share_parameters, the same
@@ -25,18 +25,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dra_gateway.kube import names, objects
-from dra_gateway.kube.memory_percent import share_bytes
-from dra_gateway.kube.models import Enforcement, GpuShareConfig, share_parameters
-from dra_gateway.kube.nodeselectors import node_selector_matches
-from dra_gateway.kube.quantity import QuantityError, bytes_of, parse_quantity
-from dra_gateway.kube.shares import (
+from dra_gateway.gpu.memory_percent import share_bytes
+from dra_gateway.gpu.shares import (
     RecordedShare,
     ResultKey,
     recorded_shares,
     result_key,
     shares_by_result,
 )
+from dra_gateway.kube import names, objects
+from dra_gateway.kube.models import Enforcement, GpuShareConfig, share_parameters
+from dra_gateway.kube.nodeselectors import node_selector_matches
+from dra_gateway.kube.quantity import QuantityError, bytes_of, parse_quantity
 from dra_gateway.node_plugin.cdi import (
     DEFAULT_ENFORCEMENT,
     CardShare,

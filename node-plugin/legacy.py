@@ -20,7 +20,7 @@ Node's status decides: a legacy GPU name with a non-zero amount (allocatable or 
 containers may still hold its devices, so every card is withheld; no legacy name at all means
 `DRA`. Without the Node either, every card is withheld.
 
-Which resource names are legacy GPU names is the core's list (`kube/legacy_resources.py`), which
+Which resource names are legacy GPU names is the core's list (`gpu/legacy_resources.py`), which
 policy's quota conversion reads too.
 
 This module is pure: facts and the kubelet's answers in, a `Verdict` out. It reads no socket,
@@ -33,8 +33,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dra_gateway.gpu.legacy_resources import is_legacy_gpu_resource
 from dra_gateway.kube import names
-from dra_gateway.kube.legacy_resources import is_legacy_gpu_resource
 from dra_gateway.kube.quantity import Quantity, QuantityError
 from dra_gateway.node_plugin.devices import DeviceInfo
 from dra_gateway.node_plugin.facts import NodeFacts

@@ -9,7 +9,7 @@ key became, and what has no equivalent and why (a percentage of a card's memory,
 count of cards another driver allocates): nothing is dropped without a word.
 
 What a name counts and in what unit are the protocols' facts, one row per name in the core's
-table (`kube/legacy_resources.py`), turned here into GPUQuota terms (`KNOWN_NAMES`, derived:
+table (`gpu/legacy_resources.py`), turned here into GPUQuota terms (`KNOWN_NAMES`, derived:
 a new name needs no line here). The caller may pass what the translation rules in force say
 about a name (`Route`: the rule, its class and its unit), so a site that reads gpushare memory
 in MiB gets its quota in MiB too, and a name the rules send to another driver's class is
@@ -25,13 +25,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from dra_gateway.kube import names
-from dra_gateway.kube.legacy_resources import (
+from dra_gateway.gpu.legacy_resources import (
     LEGACY_RESOURCES,
     UNITS,
     LegacyResource,
     legacy_resource,
 )
+from dra_gateway.kube import names
 from dra_gateway.kube.quantity import (
     Quantity,
     QuantityError,
@@ -97,7 +97,7 @@ def _in_gpu_quota_terms(resource: LegacyResource) -> LegacyName:
 
 
 # Protocol facts in GPUQuota terms, for every name of the core's table
-# (kube.legacy_resources, reference "Legacy and vendor GPU request protocols"), keyed as it is
+# (gpu.legacy_resources, reference "Legacy and vendor GPU request protocols"), keyed as it is
 # there: a name ending in "*" is a prefix.
 KNOWN_NAMES: Final[Mapping[str, LegacyName]] = {
     resource.name: _in_gpu_quota_terms(resource) for resource in LEGACY_RESOURCES}

@@ -27,9 +27,9 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from dra_gateway.gpu.legacy_resources import is_legacy_gpu_resource
+from dra_gateway.gpu.memory_percent import share_bytes_in_whole_mib
 from dra_gateway.kube import names
-from dra_gateway.kube.legacy_resources import is_legacy_gpu_resource
-from dra_gateway.kube.memory_percent import share_bytes_in_whole_mib
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
 from dra_gateway.policy.amounts import DeviceCharge, RequestShape, requests_of
 from dra_gateway.policy.legacyquotas import legacy_name

@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_gateway.gpu.memory_percent import share_bytes_in_whole_mib
 from dra_gateway.kube import names
 from dra_gateway.kube.cel import CelError, Selector, compile_selector, device_view
-from dra_gateway.kube.memory_percent import share_bytes_in_whole_mib
 from dra_gateway.policy.amounts import (
     FIELDS,
     Amounts,

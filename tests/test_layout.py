@@ -14,7 +14,7 @@ from pathlib import Path
 
 from testkit import REPOSITORY
 
-COMPONENT_FOLDERS = frozenset({"kube", "translator", "allocator", "webhook", "node_plugin",
+COMPONENT_FOLDERS = frozenset({"kube", "gpu", "translator", "allocator", "webhook", "node_plugin",
                                "node-plugin", "certs", "policy"})
 SKIPPED = frozenset({".venv", ".git", "build", "dist", ".mypy_cache", ".ruff_cache", "src"})
 

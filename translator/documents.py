@@ -4,7 +4,7 @@ A rules document (`apiVersion: dra-gateway.io/v1alpha1`, `kind: TranslationRules
 that say which legacy container resources they translate, how to compute the DRA device request
 from them with CEL, and which device class serves it, plus `overrides` of rules defined
 elsewhere. These pydantic models exist for loading only: they check shapes, names and units
-(a unit is a key of the core's `UNITS`, `kube/legacy_resources.py`). They must not compile
+(a unit is a key of the core's `UNITS`, `gpu/legacy_resources.py`). They must not compile
 CEL, read files or be used on the admission path (`ruleset.py` holds what that path reads);
 `loading.py` turns them into a `RuleSet`.
 """
@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 # The units a resource's value may be in are the core's, re-exported for the rules' readers.
-from dra_gateway.kube.legacy_resources import UNITS as UNITS
+from dra_gateway.gpu.legacy_resources import UNITS as UNITS
 
 # Variables every rule expression sees. `r` maps each resource the rule declares to its whole
 # value (times its unit), 0 when the container does not ask for it.

@@ -17,9 +17,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal
 
+from dra_gateway.gpu.groups import describe as describe_group
 from dra_gateway.kube import names
 from dra_gateway.kube.cel import Expression
-from dra_gateway.kube.groups import describe as describe_group
 from dra_gateway.kube.quantity import Quantity
 from dra_gateway.translator.compiling import DEVICE_OUTPUTS
 from dra_gateway.translator.containers import (
@@ -107,7 +107,7 @@ class PodExplanation:
     template: str = ""  # the ResourceClaimTemplate's name
     gated: bool = False  # whether the patch adds the scheduling gate
     refusal: str = ""
-    group: str = ""  # the pod group it belongs to and why (kube.groups.describe), if any
+    group: str = ""  # the pod group it belongs to and why (gpu.groups.describe), if any
     containers: tuple[ContainerExplanation, ...] = ()
     warnings: tuple[str, ...] = ()  # every warning of the plan, as the webhook returns them
 

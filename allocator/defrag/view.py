@@ -24,9 +24,9 @@ from dra_gateway.allocator.legacypods import LegacyPods
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings
 from dra_gateway.allocator.planner.defrag import Resident, Waiter
 from dra_gateway.allocator.planner.leaving import controller_of, disruptions_allowed, why_fixed
+from dra_gateway.gpu.groups import group_key
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import Object
-from dra_gateway.kube.groups import group_key
 from dra_gateway.kube.nodeselectors import label_selector_matches
 from dra_gateway.policy.catalog import Catalog
 from dra_gateway.policy.legacyusage import still_counted

@@ -17,10 +17,10 @@ from dra_gateway.allocator.planner.demand import ClaimDemand, memory_for
 from dra_gateway.allocator.planner.devices import NANO
 from dra_gateway.allocator.planner.search import NodeSearchResult, Pick
 from dra_gateway.allocator.planner.state import ClusterState
+from dra_gateway.gpu.shares import RecordedShare, encode_shares, share_record
 from dra_gateway.kube import names, objects
 from dra_gateway.kube.api_rules import allocation_problems
 from dra_gateway.kube.models import config_applies
-from dra_gateway.kube.shares import RecordedShare, encode_shares, share_record
 from dra_gateway.policy.amounts import DeviceCharge
 from dra_gateway.policy.quotas import Exceeded
 
@@ -103,7 +103,7 @@ def build_plan(state: ClusterState, node: str,
                 config.append({"source": "FromClass", "requests": list(requests),
                                "opaque": dict(class_config["opaque"])})
         config.extend(claim_configs(demand, resolved_memory))
-        # The shares' record goes where only status writers reach (kube.shares); the
+        # The shares' record goes where only status writers reach (gpu.shares); the
         # annotation below repeats it for people and is never read back.
         record = share_record(recorded)
         if record is not None:

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_gateway.allocator.planner.devices import MIB_NANOS, NANO
+from dra_gateway.gpu.memory_percent import share_bytes_in_whole_mib
 from dra_gateway.kube import names
 from dra_gateway.kube.api_rules import capacity_problems
 from dra_gateway.kube.cel.devices import IDENTITY_ATTRIBUTES, may_read_identity
-from dra_gateway.kube.memory_percent import share_bytes_in_whole_mib
 from dra_gateway.kube.models import share_parameters
 from dra_gateway.kube.quantity import parse_quantity
 
@@ -187,7 +187,7 @@ def memory_for(share: Share, card_memory_bytes: int) -> int | None:
     """Bytes of card memory a share asks on a card of `card_memory_bytes`, or None if unset.
 
     Relative memory is resolved per candidate card and rounded down to whole MiB, so that what
-    the node plugin enforces never exceeds the percentage (`kube/memory_percent.py`).
+    the node plugin enforces never exceeds the percentage (`gpu/memory_percent.py`).
     """
     if share.memory is not None:
         return share.memory

@@ -2,7 +2,7 @@
 
 `UsageLedger` records what is consumed on each device, from every allocated claim whatever its
 writer (results with `consumedCapacity`, results without it as exclusive use, and in the
-fallback world the shares the allocator recorded in the allocation, kube.shares; never the
+fallback world the shares the allocator recorded in the allocation, gpu.shares; never the
 annotation), plus plans assumed but not yet written; the CPU and memory requested on each node
 by the pods bound or planned there; and, through the quota counting hook, each claim's quota
 charges in the policies' `QuotaLedger`, beside the charges of the pods a legacy device plugin
@@ -23,9 +23,9 @@ from dra_gateway.allocator.planner import kubefit
 from dra_gateway.allocator.planner.inventory import Inventory
 from dra_gateway.allocator.planner.memokeys import CardFact
 from dra_gateway.allocator.planner.policies import PlannerPolicies
+from dra_gateway.gpu.shares import allocated_shares, result_key, shares_by_result
 from dra_gateway.kube import objects
 from dra_gateway.kube.quantity import QuantityError, parse_quantity
-from dra_gateway.kube.shares import allocated_shares, result_key, shares_by_result
 from dra_gateway.policy.amounts import DeviceCharge, charges_of
 from dra_gateway.policy.legacyusage import LEGACY_CLAIM_PREFIX
 
@@ -277,7 +277,7 @@ class UsageLedger:
             self._touch(device.node)
 
     def _uses_of(self, allocation: Mapping[str, Any]) -> dict[tuple[str, str, str], Use]:
-        # The allocation's own record, never the annotation a tenant may edit (kube.shares).
+        # The allocation's own record, never the annotation a tenant may edit (gpu.shares).
         recorded = shares_by_result(allocated_shares(allocation))
         devices = self._devices
         uses: dict[tuple[str, str, str], Use] = {}

@@ -31,7 +31,7 @@ class PlannerSettings:
     names one. `consumable_capacity` says whether the API server keeps
     the DRAConsumableCapacity fields (`shareID`, `consumedCapacity`, `capacity.requests`,
     `allowMultipleAllocations`); when it does not, shares of gateway devices are recorded in the
-    allocation's gateway config instead (`kube/shares.py`; ARCHITECTURE.md, "Kubernetes versions
+    allocation's gateway config instead (`gpu/shares.py`; ARCHITECTURE.md, "Kubernetes versions
     and feature gates").
     """
 

@@ -11,8 +11,7 @@ from testkit import eventually
 from dra_gateway.allocator.conditions import pod_condition
 from dra_gateway.allocator.groups import GROUP_CONDITION
 from dra_gateway.devkit.sim.memory import MemoryCluster
-from dra_gateway.kube.cluster.port import Object
-from dra_gateway.kube.groups import (
+from dra_gateway.gpu.groups import (
     DOMAIN_ANNOTATION,
     GROUP_ANNOTATION,
     GROUP_SIZE_ANNOTATION,
@@ -22,6 +21,7 @@ from dra_gateway.kube.groups import (
     MODELS_ANNOTATION,
     VOLCANO_GROUP_ANNOTATION,
 )
+from dra_gateway.kube.cluster.port import Object
 from dra_gateway.kube.resources import (
     EVENTS,
     JOBSETS,

@@ -12,9 +12,9 @@ from testkit import eventually
 
 from dra_gateway.allocator.controller import ControllerSettings
 from dra_gateway.devkit.sim.memory import MemoryCluster
+from dra_gateway.gpu.shares import recorded_shares
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import RESOURCE_CLAIMS
-from dra_gateway.kube.shares import recorded_shares
 
 from .conftest import (
     FAST,

@@ -519,7 +519,7 @@ def holdings(claim: Mapping[str, Any], published: Mapping[tuple[str, str, str], 
     the allocator's GpuShareAllocation record in the allocation (the fallback form; the
     `dra-gateway.io/shares` annotation is for people and not trusted, as in the gateway), else
     the whole device."""
-    from dra_gateway.kube.shares import allocated_shares, result_key
+    from dra_gateway.gpu.shares import allocated_shares, result_key
 
     allocation = (claim.get("status") or {}).get("allocation") or {}
     recorded = {share.key: share for share in allocated_shares(allocation)}

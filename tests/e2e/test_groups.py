@@ -22,8 +22,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from dra_gateway.gpu.groups import KUEUE_COUNT_ANNOTATION, KUEUE_GROUP_LABEL
 from dra_gateway.kube import names
-from dra_gateway.kube.groups import KUEUE_COUNT_ANNOTATION, KUEUE_GROUP_LABEL
 from e2e.support import Gateway, placed_on_its_node, pod_devices, pods, wait_until
 from e2e.test_preemption import (
     CARDS,

@@ -1,5 +1,5 @@
 """Pod groups declared through upstream's Workload API, on a real 1.37.2 control plane with the
-GenericWorkload gate on and scheduling.k8s.io/v1beta1 served (kube/groups.py).
+GenericWorkload gate on and scheduling.k8s.io/v1beta1 served (gpu/groups.py).
 
 A PodGroup (`scheduling.k8s.io/v1beta1`) asks for a gang of two; its two workers, each asking
 for three cards by their legacy name and naming it in `spec.schedulingGroup.podGroupName`, are

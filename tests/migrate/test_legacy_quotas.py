@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dra_gateway.kube.legacy_resources import LEGACY_RESOURCES
+from dra_gateway.gpu.legacy_resources import LEGACY_RESOURCES
 from dra_gateway.kube.quantity import parse_quantity
 from dra_gateway.policy.legacyquotas import (
     KNOWN_NAMES,
@@ -156,7 +156,7 @@ def test_a_name_only_a_disabled_rule_reads_is_not_counted() -> None:
 
 
 def test_every_legacy_name_of_the_core_has_its_gpu_quota_facts() -> None:
-    # One list of names (kube.legacy_resources): a name added there needs its facts here.
+    # One list of names (gpu.legacy_resources): a name added there needs its facts here.
     assert set(KNOWN_NAMES) == {r.name for r in LEGACY_RESOURCES}
     for entry in LEGACY_RESOURCES:
         probe = entry.name.replace("*", "1g.10gb")

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dra_gateway.gpu.legacy_resources import is_legacy_gpu_resource
 from dra_gateway.kube import names
-from dra_gateway.kube.legacy_resources import is_legacy_gpu_resource
 from dra_gateway.node_plugin.devices import DeviceOptions, device_table
 from dra_gateway.node_plugin.inventory import load_inventory
 from dra_gateway.node_plugin.legacy import (

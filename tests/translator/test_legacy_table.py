@@ -1,4 +1,4 @@
-"""The built-in rules and the core's table of legacy names (`kube/legacy_resources.py`) agree.
+"""The built-in rules and the core's table of legacy names (`gpu/legacy_resources.py`) agree.
 
 A protocol's names and units live in one table that the node plugin and the quota conversion
 read; its translation lives in a rule of `translator/builtin/`. Each test here says, when they
@@ -12,17 +12,17 @@ from dataclasses import dataclass
 
 import yaml
 
-from dra_gateway.kube import names
-from dra_gateway.kube.legacy_resources import (
+from dra_gateway.gpu.legacy_resources import (
     LEGACY_RESOURCES,
     UNITS,
     is_legacy_gpu_resource,
     legacy_resource,
 )
+from dra_gateway.kube import names
 from dra_gateway.translator.documents import RuleSpec
 from dra_gateway.translator.loading import builtin_sources
 
-_TABLE = "kube/legacy_resources.py"
+_TABLE = "gpu/legacy_resources.py"
 _ROW = ('LegacyResource("{name}", "gpu", "<who hands it out>", '
         '"<devices|memory|cores|memory-percent|priority>", "{unit}")')
 

@@ -14,8 +14,8 @@ from dra_gateway.allocator.planner.defrag.model import Placement
 from dra_gateway.allocator.planner.demand import ClaimDemand
 from dra_gateway.allocator.planner.devices import Device
 from dra_gateway.allocator.planner.state import ClusterState
+from dra_gateway.gpu.memory_percent import share_fraction
 from dra_gateway.kube import names, objects
-from dra_gateway.kube.memory_percent import share_fraction
 
 DeviceKey = tuple[str, str, str]
 

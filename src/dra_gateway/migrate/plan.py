@@ -86,7 +86,7 @@ class WorkloadPlan:
     refusal: str = ""  # why a rule refuses its pods, whatever the namespace's mode
     containers: tuple[ContainerMigration, ...] = ()
     warnings: tuple[str, ...] = ()
-    group: str = ""  # the pod group its pods belong to and why (kube.groups.describe)
+    group: str = ""  # the pod group its pods belong to and why (gpu.groups.describe)
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,8 +105,8 @@ def human_bytes(amount: int | None) -> str:
 def claim_devices(claim: Mapping[str, Any], slices: Mapping[tuple[str, str, str], Any]
                   ) -> list[dict[str, Any]]:
     """Each allocated device with its node and the share of it the claim holds."""
+    from dra_gateway.gpu.shares import recorded_shares, result_key
     from dra_gateway.kube import names
-    from dra_gateway.kube.shares import recorded_shares, result_key
 
     allocation = (claim.get("status") or {}).get("allocation") or {}
     recorded = recorded_shares(claim)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dra_gateway.kube.memory_percent import share_bytes, share_bytes_in_whole_mib, share_fraction
+from dra_gateway.gpu.memory_percent import share_bytes, share_bytes_in_whole_mib, share_fraction
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_gateway.kube.legacy_resources import (
+from dra_gateway.gpu.legacy_resources import (
     LEGACY_RESOURCES,
     is_legacy_gpu_resource,
     legacy_resource,
@@ -68,7 +68,7 @@ _REFERENCE_FILE = Path(__file__).resolve().parent / "data" / "vendor-resource-na
 @pytest.mark.parametrize(("name", "kind"), sorted({**REFERENCE, **OLDER}.items()))
 def test_every_name_of_the_reference_is_listed_with_its_kind(name: str, kind: str) -> None:
     entry = legacy_resource(name)
-    assert entry is not None, f"{name} is missing from kube/legacy_resources.py"
+    assert entry is not None, f"{name} is missing from gpu/legacy_resources.py"
     assert entry.kind == kind
     assert is_legacy_gpu_resource(name) is (kind == "gpu")
 

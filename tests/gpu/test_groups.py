@@ -1,4 +1,4 @@
-"""Which pod group a pod belongs to (kube/groups.py): the gateway's annotations, Kueue's pod
+"""Which pod group a pod belongs to (gpu/groups.py): the gateway's annotations, Kueue's pod
 groups, LeaderWorkerSet; a group named without a usable size says what to fix."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dra_gateway.kube.groups import GroupError, PodGroup, group_key, group_of, holder_key
+from dra_gateway.gpu.groups import GroupError, PodGroup, group_key, group_of, holder_key
 
 
 def pod(labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from dra_gateway.kube import names
-from dra_gateway.kube.shares import (
+from dra_gateway.gpu.shares import (
     RecordedShare,
     allocated_shares,
     encode_shares,
@@ -19,6 +18,7 @@ from dra_gateway.kube.shares import (
     share_record,
     shares_by_result,
 )
+from dra_gateway.kube import names
 
 SHARE = RecordedShare(request="gpu", driver=names.DRIVER, pool="node-1", device="gpu-0",
                       share_id="s-1", consumed_capacity={"memory": "8Gi", "cores": "30"})
