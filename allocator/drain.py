@@ -149,16 +149,17 @@ class DrainMode:
 
     async def _evict(self, victim: Victim, pod: Object | None) -> str:
         why = victim.why()
-        # The Event that says why is written once; a pod whose eviction was refused before is
-        # only tried again.
-        told = None if pod is None or victim.uid in self._refused else (
-            pod, EVENT_UNHEALTHY, why)
-        log.warning("evicting a pod from a failed device", extra={
-            "pod": victim.pod, "node": victim.node, "device": victim.mark.device,
-            "fault": victim.mark.reason})
+        # The condition and the Event that say why are written once; a pod whose eviction was
+        # refused before is only tried again.
+        again = victim.uid in self._refused
+        told = None if pod is None or again else (pod, EVENT_UNHEALTHY, why)
+        if not again:
+            log.warning("evicting a pod from a failed device", extra={
+                "pod": victim.pod, "node": victim.node, "device": victim.mark.device,
+                "fault": victim.mark.reason})
         result, message = await self.evictions.leave(
-            victim.pod, victim.uid, reason=REASON, message=f"dra-gateway: {why}", told=told,
-            told_type="Warning")
+            victim.pod, victim.uid, reason=None if again else REASON,
+            message=f"dra-gateway: {why}", told=told, told_type="Warning")
         if result != GONE:
             self.metrics.health_evictions.labels(result).inc()
         if result not in (EVICTED, GONE) and self._refused.get(victim.uid) != message:

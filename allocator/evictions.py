@@ -92,13 +92,14 @@ class Evictions:
         self.fence()
         await self.cluster.evict(name, namespace=namespace, uid=uid)
 
-    async def leave(self, pod: str, uid: str, *, reason: str, message: str,
+    async def leave(self, pod: str, uid: str, *, reason: str | None, message: str,
                     told: Told | None = None, told_type: str = "Normal") -> tuple[str, str]:
-        """Mark, write the Event `told` (the pod object, its reason and message), then evict,
-        saying how it went: (EVICTED, ""), (GONE, ""), or (REFUSED or FAILED, the API's
-        message)."""
+        """Mark (unless `reason` is None: marked already), write the Event `told` (the pod
+        object, its reason and message), then evict, saying how it went: (EVICTED, ""),
+        (GONE, ""), or (REFUSED or FAILED, the API's message)."""
         try:
-            await self.mark(pod, reason, message)
+            if reason is not None:
+                await self.mark(pod, reason, message)
             if told is not None:
                 await self.event(*told, type_=told_type)
             await self.evict(pod, uid)

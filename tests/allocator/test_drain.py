@@ -111,10 +111,22 @@ async def test_a_budget_that_refuses_keeps_the_pod_and_is_told_once_then_tried_a
         await real_evict(name, namespace=namespace, uid=uid)
 
     memory_cluster.evict = evict  # type: ignore[method-assign]
+    real_patch = memory_cluster.patch
+    marks = 0
+
+    async def patch(rt: Any, name: str, body: Any, **kwargs: Any) -> Any:
+        nonlocal marks
+        if rt == PODS and kwargs.get("subresource") == "status" and DISRUPTION_TARGET in str(
+                body):
+            marks += 1
+        return await real_patch(rt, name, body, **kwargs)
+
+    memory_cluster.patch = patch  # type: ignore[method-assign]
     async with running_controller(memory_cluster, SETTINGS) as controller:
         device = await _placed(world, memory_cluster, "trainer")
         await _fail(memory_cluster, device)
         await eventually(lambda: _gone(memory_cluster, "trainer"))
+        assert marks == 1  # marked once, not at every try
         (refused,) = _events(memory_cluster, EVENT_REFUSED)  # told once for five refusals
         assert "disruption budget" in refused["message"]
         assert len(_events(memory_cluster, EVENT_UNHEALTHY)) == 1
