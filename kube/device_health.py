@@ -159,7 +159,10 @@ def clear_value(current: str | None, devices: Iterable[str], at: datetime) -> st
     for item in filter(None, (p.strip() for p in (current or "").split(","))):
         device, _, when = item.partition("=")
         items[device.strip()] = when.strip()
-    stamp = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # To the microsecond: a fault in the same second before the clear is cleared too.
+    at = at.astimezone(UTC)
+    stamp = at.strftime("%Y-%m-%dT%H:%M:%S") + (f".{at.microsecond:06d}" if at.microsecond
+                                                   else "") + "Z"
     for device in devices:
         items[device] = stamp
     return ",".join(f"{d}={t}" for d, t in sorted(items.items()))

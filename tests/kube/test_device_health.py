@@ -75,5 +75,9 @@ def test_the_annotation_values_a_command_writes() -> None:
     assert clear_value("gpu-2=2026-12-06T10:00:00Z", ["gpu-1"], at) == (
         "gpu-1=2026-12-06T11:00:05Z,gpu-2=2026-12-06T10:00:00Z")
     assert clear_value(None, ["*"], at) == "*=2026-12-06T11:00:05Z"
+    precise = at.replace(microsecond=900_000)
+    written = clear_value(None, ["gpu-1"], precise)
+    assert written == "gpu-1=2026-12-06T11:00:05.900000Z"
+    assert admin_orders({CLEAR_ANNOTATION: written}).cleared_until("gpu-1") == precise
     assert keep_value("gpu-3", add=["gpu-1"]) == "gpu-1,gpu-3"
     assert keep_value("gpu-1,gpu-3", remove=["gpu-1"]) == "gpu-3"

@@ -11,6 +11,7 @@ from dra_gateway.kube.device_health import (
     KEEP_ANNOTATION,
     DeviceMark,
     admin_orders,
+    clear_value,
     parse_marks,
 )
 from dra_gateway.node_plugin.faults import (
@@ -202,3 +203,14 @@ def test_a_kept_device_does_not_recover_by_itself_until_it_is_no_longer_kept() -
     assert health.lift_recovered() == []
     health.apply_orders(admin_orders({}))
     assert health.lift_recovered() == ["gpu-1"]
+
+
+def test_a_clear_in_the_same_second_as_the_fault_clears_it() -> None:
+    """The clear annotation keeps the sub-second: a clear 0.6 s after a fault of the same
+    second forgets that fault (truncated to the second, it would not)."""
+    health, _, wall, _ = _walled(recovery=0)
+    wall.now = datetime(2026, 12, 6, 10, 0, 5, 300_000, tzinfo=UTC)
+    health.mark(["gpu-0"], "xid-79")
+    at = datetime(2026, 12, 6, 10, 0, 5, 900_000, tzinfo=UTC)
+    health.apply_orders(admin_orders({CLEAR_ANNOTATION: clear_value(None, ["gpu-0"], at)}))
+    assert health.problems == {}
