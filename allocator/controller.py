@@ -236,9 +236,9 @@ class Controller:
             # them (an older chart's) still works, and a member planned before its PodGroup is
             # seen waits and is planned again once it is (`_on_podgroup`).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*(
-                    i.synced.wait() for i in (*self.podgroups.values(),
-                                              self.taint_rule_mirror))), timeout=10.0)
+                async with asyncio.timeout(10.0):
+                    await asyncio.gather(*(i.synced.wait() for i in (*self.podgroups.values(),
+                                                                     self.taint_rule_mirror)))
             self.planning.set_policies(self.policy_mirror.catalog())
             # Pods listed before the DeviceClasses and slices were charged without them.
             self._recharge_legacy_pods()
@@ -246,7 +246,8 @@ class Controller:
             # a waiting pod; an allocator without the RBAC for them still works, without.
             tasks.append(asyncio.create_task(self.records.run(), name="informer-defrag"))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.records.synced.wait(), timeout=10.0)
+                async with asyncio.timeout(10.0):
+                    await self.records.synced.wait()
             tasks.append(asyncio.create_task(self._expire_holds(), name="defrag-holds"))
             if self.settings.defrag:
                 mode = DefragMode(self.cluster, self.settings, snapshot=self.snapshot,

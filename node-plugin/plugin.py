@@ -397,8 +397,8 @@ class NodePlugin:
         told: tuple[str, ...] = ()
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._orders_wanted.wait(),
-                                       self.settings.admin_check_seconds)
+                async with asyncio.timeout(self.settings.admin_check_seconds):
+                    await self._orders_wanted.wait()
             self._orders_wanted.clear()
             if not self.health.problems and not self.health.kept:
                 continue

@@ -177,8 +177,9 @@ class HealthFeed:
                 yield self.response(pb2)
                 young = time.monotonic() - opened < self._first_seconds
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), self._first_resend_seconds if young
-                                           else self._resend_seconds)
+                    async with asyncio.timeout(self._first_resend_seconds if young
+                                               else self._resend_seconds):
+                        await wake.wait()
         finally:
             self._streams.discard(wake)
 
