@@ -43,11 +43,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dra_gateway.allocator.allocate import PodAllocator
-from dra_gateway.allocator.defrag import holds as holdfmt
-from dra_gateway.allocator.defrag.mode import DefragMode
-from dra_gateway.allocator.defrag.view import Snapshot
-from dra_gateway.allocator.drain import DrainMode
 from dra_gateway.allocator.events import COMPONENT, EventRecorder
+from dra_gateway.allocator.eviction import holds as holdfmt
+from dra_gateway.allocator.eviction.defrag import DefragMode
+from dra_gateway.allocator.eviction.drain import DrainMode
+from dra_gateway.allocator.eviction.inputs import Snapshot
+from dra_gateway.allocator.eviction.preemption import PreemptionMode
 from dra_gateway.allocator.groups import GROUP_INDEX, HOLDER_INDEX, group_index, holder_index
 from dra_gateway.allocator.index import ClaimIndex
 from dra_gateway.allocator.invalidclaims import InvalidClaims
@@ -55,7 +56,6 @@ from dra_gateway.allocator.legacypods import LegacyPods
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
 from dra_gateway.allocator.planner import ClusterState
 from dra_gateway.allocator.planning import MirrorContents, Planning
-from dra_gateway.allocator.preemption import PreemptionMode
 from dra_gateway.allocator.quotastatus import QuotaStatusWriter
 from dra_gateway.allocator.release import ClaimReleaser
 from dra_gateway.allocator.settings import ControllerSettings
@@ -192,7 +192,7 @@ class Controller:
                                       releaser=self.releaser, stats=self.stats,
                                       metrics=self.metrics, fence=fence,
                                       podgroups=self._podgroup)
-        # Defrag's ConfigMap: devices held for pods, pods moved (allocator/defrag/holds.py).
+        # Defrag's ConfigMap: devices held for pods, pods moved (allocator/eviction/holds.py).
         self.records = Informer(cluster, CONFIG_MAPS, self._on_records,
                                 namespace=self.settings.namespace,
                                 field_selector=f"metadata.name={holdfmt.CONFIG_MAP}",

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_gateway.allocator.claims import ClaimLookup
-from dra_gateway.allocator.defrag.holds import Hold
+from dra_gateway.allocator.eviction.holds import Hold
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, PodPlan, plan_pod
 from dra_gateway.allocator.planner.groups import GroupPlan, Member, group_model, plan_group
 from dra_gateway.allocator.settings import ControllerSettings

@@ -66,13 +66,13 @@ class ControllerSettings:
     defrag_hold: float = 600.0
     defrag_wait: float = 120.0
     defrag_window: float = 3600.0
-    # Preemption (allocator/preemption.py; `--no-preemption` turns it off): every
+    # Preemption (allocator/eviction/preemption.py; `--no-preemption` turns it off): every
     # `preemption_interval`, a gated pod that fits nowhere may have pods of lower priority
     # evicted for it; the devices they free are held for it `preemption_hold`.
     preemption: bool = True
     preemption_interval: float = 2.0
     preemption_hold: float = 300.0
-    # The drain of failed devices (allocator/drain.py; `--no-health-eviction` turns it off):
+    # The drain of failed devices (allocator/eviction/drain.py; `--no-health-eviction` turns it off):
     # every `drain_interval`, the pods on a device a node plugin withholds for a fatal fault
     # are evicted (only where the API server keeps no device taints is any device withheld).
     health_eviction: bool = True

@@ -13,6 +13,7 @@ cluster port (the pure translator and planner import it).
 # No `from __future__ import annotations`: it would shadow the accessor `annotations` below.
 import re
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from dra_gateway.kube import names
@@ -153,6 +154,23 @@ def other_gates(pod: RawObject) -> list[str]:
 def waits_for_gateway(pod: RawObject) -> bool:
     """The gateway's gate is the last one left: the pod waits for the gateway alone."""
     return is_gated(pod) and not other_gates(pod)
+
+
+def parse_time(value: Any) -> datetime | None:
+    """A metav1.Time or MicroTime (RFC 3339) as written in an object or a record, or None when
+    unset or unreadable (a time without a zone is read as UTC)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def stamp(moment: datetime) -> str:
+    """A metav1.Time: UTC, to the second."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from dra_gateway.kube import names, objects
@@ -35,22 +35,6 @@ DEFAULT_LEASE_DURATION_S = 15.0
 _MAX_NAME = 253  # Event names are DNS subdomains
 _DIGEST = 16
 ABSENT = "absent"  # the outage key while no Lease exists
-
-
-def parse_time(text: str) -> datetime | None:
-    """A metav1.Time or MicroTime (RFC 3339), or None when unset or unreadable."""
-    if not text:
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
-def stamp(moment: datetime) -> str:
-    """The API's timestamp format, in UTC to the second."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def span(seconds: float) -> str:
@@ -124,19 +108,19 @@ def vacancy(lease: LeaseRecord, now: datetime) -> Vacancy | None:
     """None while the Lease has a valid holder."""
     if not lease.exists:
         return Vacancy(lease.observed_at, ABSENT,
-                       f"does not exist (missing since {stamp(lease.observed_at)})")
-    renewed = parse_time(lease.renew_time)
+                       f"does not exist (missing since {objects.stamp(lease.observed_at)})")
+    renewed = objects.parse_time(lease.renew_time)
     outage = lease.renew_time or "unset"
     if not lease.holder:
         since = renewed or lease.observed_at
-        return Vacancy(since, outage, f"has had no holder since {stamp(since)}")
+        return Vacancy(since, outage, f"has had no holder since {objects.stamp(since)}")
     duration = lease.duration_s if lease.duration_s and lease.duration_s > 0 \
         else DEFAULT_LEASE_DURATION_S
     expires = (renewed or lease.observed_at) + timedelta(seconds=duration)
     if expires > now:
         return None
-    renewal = f"last renewed {stamp(renewed)}, " if renewed else ""
-    return Vacancy(expires, outage, f"expired at {stamp(expires)} ({renewal}held for "
+    renewal = f"last renewed {objects.stamp(renewed)}, " if renewed else ""
+    return Vacancy(expires, outage, f"expired at {objects.stamp(expires)} ({renewal}held for "
                    f"{duration:g}s by {lease.holder})")
 
 
@@ -155,7 +139,7 @@ def gated_pod(pod: Mapping[str, Any]) -> GatedPod | None:
     if not objects.is_gated(pod) or objects.is_deleting(pod):
         return None
     meta = objects.meta(pod)
-    created = parse_time(str(meta.get("creationTimestamp") or ""))
+    created = objects.parse_time(str(meta.get("creationTimestamp") or ""))
     namespace, name = objects.namespace_name(pod)
     uid = objects.uid(pod)
     if created is None or not (namespace and name and uid):
@@ -217,7 +201,7 @@ def _message(lease: LeaseRecord, vacant: Vacancy, vacant_s: float) -> str:
 def event_object(due: DueEvent, *, now: datetime, instance: str) -> dict[str, Any]:
     """The core/v1 Warning Event of `due` (kubectl describe pod shows it)."""
     pod = due.pod
-    moment = stamp(now)
+    moment = objects.stamp(now)
     return {
         "apiVersion": "v1",
         "kind": "Event",

@@ -24,7 +24,7 @@ evicted is written here, with its test (tests/allocator/test_leaving.py).
 packing, at the gateway's own initiative, so a pod may opt out; preemption acts for a pod of
 higher priority, as kube-scheduler does, and kube-scheduler knows no such opt-out. A pod is
 kept from preemption the Kubernetes way, by its PriorityClass and its PodDisruptionBudget. The
-drain of failed devices (allocator/drain.py) follows none of these: its pods cannot run where
+drain of failed devices (allocator/eviction/drain.py) follows none of these: its pods cannot run where
 they are; the Eviction API still applies their budgets.
 
 Pure: plain values in, verdicts out.
@@ -33,14 +33,33 @@ Pure: plain values in, verdicts out.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from dra_gateway.allocator.defrag.holds import parse_time
 from dra_gateway.kube import names, objects
 
-if TYPE_CHECKING:  # the planner's defrag package imports this module
-    from dra_gateway.allocator.planner.defrag.model import Resident
+
+@dataclass(frozen=True, slots=True)
+class Resident:
+    """A placed pod: bound, or planned and assumed, with its allocated claims."""
+
+    pod: Mapping[str, Any]
+    claims: tuple[Mapping[str, Any], ...]
+    priority: int = 0
+    fixed: str | None = None  # why it may not move; None: it may
+    budgets: tuple[str, ...] = ()  # the PodDisruptionBudgets that select it
+
+
+@dataclass(frozen=True, slots=True)
+class Waiter:
+    """A pod waiting for devices, with its claims (not allocated)."""
+
+    pod: Mapping[str, Any]
+    claims: tuple[Mapping[str, Any], ...]
+    priority: int = 0
+
+
 
 # Controllers that make a new pod when one of theirs is evicted.
 RECREATING = frozenset({"ReplicaSet", "StatefulSet", "Job"})
@@ -131,7 +150,7 @@ def why_fixed(pod: Mapping[str, Any], moved: Iterable[MovedRecord], now: datetim
             return (f"its controller {kind} {owner.get('name')} is not one dra-gateway knows to "
                     f"re-create it; annotate the pod {names.ANNOTATION_DEFRAG}: allow if it does")
     uid = objects.uid(pod)
-    created = parse_time(objects.meta(pod).get("creationTimestamp"))
+    created = objects.parse_time(objects.meta(pod).get("creationTimestamp"))
     owner_uid = str((owner or {}).get("uid") or "") or None
     for record in moved:
         if (now - record.at).total_seconds() > window_seconds:

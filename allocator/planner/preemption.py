@@ -40,8 +40,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_gateway.allocator.planner.allocation import PodPlan
-from dra_gateway.allocator.planner.defrag.model import Resident, Waiter
-from dra_gateway.allocator.planner.leaving import preemptible, protected, reclaimable
+from dra_gateway.allocator.planner.leaving import (
+    Resident,
+    Waiter,
+    preemptible,
+    protected,
+    reclaimable,
+)
 from dra_gateway.allocator.planner.ledger import TakenOut
 from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.state import ClusterState

@@ -1,11 +1,11 @@
 """`dra-gateway defrag plan|apply`: the fewest moves that let waiting pods be placed, shown or
 carried out on a live cluster.
 
-`plan` reads the cluster (`allocator.defrag.act.read_snapshot`), builds the planner's inputs
-(`allocator.defrag.view`) and prints what the planner (`allocator.planner.defrag`) would do:
+`plan` reads the cluster (`allocator.eviction.store.read_snapshot`), builds the planner's inputs
+(`allocator.eviction.inputs`) and prints what the planner (`allocator.planner.defrag`) would do:
 per waiting pod, where it goes and which pods move from where to where, what the moves free,
 the pods that could not be helped and why, and how many pods may not move and why. `apply`
-makes the same plan and carries it out (`allocator.defrag.act.Applier`): holds first, then
+makes the same plan and carries it out (`allocator.eviction.moves.Applier`): holds first, then
 evictions through the Eviction API, then a wait for each re-placement. Its exit code: 0 when
 every pod helped and every moved pod's replacement is placed, 3 when the moves were made but one
 of them was not placed within --wait (it may still be), 1 when the plan stopped (a refused
@@ -30,8 +30,8 @@ from dra_gateway.kube import arguments, names, objects
 EXIT_INCOMPLETE = 3
 
 if TYPE_CHECKING:
-    from dra_gateway.allocator.defrag.act import ApplyReport
-    from dra_gateway.allocator.defrag.view import Inputs
+    from dra_gateway.allocator.eviction.inputs import Inputs
+    from dra_gateway.allocator.eviction.moves import ApplyReport
     from dra_gateway.allocator.planner.defrag import DefragPlan
 
 
@@ -98,8 +98,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _main(args: argparse.Namespace, where: str) -> int:
-    from dra_gateway.allocator.defrag.act import Applier, Pace, read_snapshot
-    from dra_gateway.allocator.defrag.view import build
+    from dra_gateway.allocator.eviction.inputs import build
+    from dra_gateway.allocator.eviction.moves import Applier, Pace
+    from dra_gateway.allocator.eviction.store import read_snapshot
     from dra_gateway.allocator.planner.defrag import Limits, plan_defrag
     from dra_gateway.kube.cluster.connect import DRA_GROUPS, connect
 

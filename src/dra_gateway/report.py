@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from dra_gateway.kube import names
 
 if TYPE_CHECKING:
-    from dra_gateway.allocator.defrag.view import Snapshot
+    from dra_gateway.allocator.eviction.inputs import Snapshot
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,7 +42,7 @@ async def _read(kubeconfig: str | None, namespace: str = names.GATEWAY_NAMESPACE
     """One read of the cluster for the whole report, the defrag plan's part included."""
     from datetime import UTC, datetime
 
-    from dra_gateway.allocator.defrag.act import list_items, read_snapshot
+    from dra_gateway.allocator.eviction.store import list_items, read_snapshot
     from dra_gateway.kube.cluster.connect import DRA_GROUPS, connect
     from dra_gateway.kube.resources import EVENTS, RESOURCE_CLAIM_TEMPLATES
     from dra_gateway.policy.catalog import Catalog
@@ -68,7 +68,7 @@ async def _read(kubeconfig: str | None, namespace: str = names.GATEWAY_NAMESPACE
 
 def _defrag(snapshot: Snapshot) -> dict[str, Any]:
     """The moves `dra-gateway defrag plan` would make now (its defaults), changing nothing."""
-    from dra_gateway.allocator.defrag.view import build
+    from dra_gateway.allocator.eviction.inputs import build
     from dra_gateway.allocator.planner.defrag import Limits, plan_defrag
     from dra_gateway.defrag import to_dict
 

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 from testkit import eventually
 
-from dra_gateway.allocator.defrag import holds as holdfmt
-from dra_gateway.allocator.defrag.act import write_records
+from dra_gateway.allocator.eviction import holds as holdfmt
+from dra_gateway.allocator.eviction.store import write_records
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import CONFIG_MAPS, PODS

@@ -1,4 +1,4 @@
-"""Preemption on the embedded API (allocator/preemption.py): a pod of higher priority that fits
+"""Preemption on the embedded API (allocator/eviction/preemption.py): a pod of higher priority that fits
 nowhere gets its cards from the fewest pods of lower priority, evicted with a DisruptionTarget
 condition and Events; a pod whose policy is Never, or of equal priority, preempts nothing."""
 
@@ -10,9 +10,9 @@ import dataclasses
 from testkit import eventually
 
 from dra_gateway.allocator.conditions import PREEMPTION_CONDITION, pod_condition
-from dra_gateway.allocator.defrag import holds as holdfmt
-from dra_gateway.allocator.evictions import DISRUPTION_TARGET
-from dra_gateway.allocator.preemption import REASON
+from dra_gateway.allocator.eviction import holds as holdfmt
+from dra_gateway.allocator.eviction.evict import DISRUPTION_TARGET
+from dra_gateway.allocator.eviction.preemption import REASON
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Object

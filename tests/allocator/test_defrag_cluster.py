@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from dra_gateway.allocator.defrag import holds as holdfmt
-from dra_gateway.allocator.defrag.act import Applier, Pace, read_snapshot, write_records
-from dra_gateway.allocator.defrag.view import Snapshot, build
+from dra_gateway.allocator.eviction import holds as holdfmt
+from dra_gateway.allocator.eviction.inputs import Snapshot, build
+from dra_gateway.allocator.eviction.moves import Applier, Pace
+from dra_gateway.allocator.eviction.store import read_snapshot, write_records
 from dra_gateway.allocator.planner import PodPlan, plan_pod
 from dra_gateway.allocator.planner.defrag import Limits, plan_defrag
 from dra_gateway.allocator.planner.leaving import why_fixed

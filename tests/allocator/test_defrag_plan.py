@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dra_gateway.allocator.planner import ClusterState, PodPlan
-from dra_gateway.allocator.planner.defrag import Limits, Resident, Waiter, plan_defrag
+from dra_gateway.allocator.planner.defrag import Limits, plan_defrag
+from dra_gateway.allocator.planner.leaving import Resident, Waiter
 
 from .planner_support import claim, cluster, gpu, node, place, pod, resource_slice
 

@@ -1,4 +1,4 @@
-"""The drain of failed devices on the embedded API (allocator/drain.py): where the API server
+"""The drain of failed devices on the embedded API (allocator/eviction/drain.py): where the API server
 keeps no device taints, a pod on a device its node plugin withholds for a fatal fault is marked
 and evicted through the Eviction API, with an Event naming the device and fault; a degraded
 device, a device published again and a budget's refusal leave the pod running."""
@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 from testkit import eventually
 
-from dra_gateway.allocator.defrag.view import Snapshot
-from dra_gateway.allocator.drain import (
+from dra_gateway.allocator.eviction.drain import (
     EVENT_REFUSED,
     EVENT_UNHEALTHY,
     REASON,
     failed_devices,
     victims,
 )
-from dra_gateway.allocator.evictions import DISRUPTION_TARGET, run_rounds
+from dra_gateway.allocator.eviction.evict import DISRUPTION_TARGET, run_rounds
+from dra_gateway.allocator.eviction.inputs import Snapshot
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import ApiError, Object, TooManyRequests

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from dra_gateway.allocator.planner.defrag.model import Resident
 from dra_gateway.allocator.planner.leaving import (
+    Resident,
     blocked_by_budget,
     disruptions_allowed,
     movable,

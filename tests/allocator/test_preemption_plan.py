@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dra_gateway.allocator.planner import ClusterState, PodPlan
-from dra_gateway.allocator.planner.defrag import Resident, Waiter
+from dra_gateway.allocator.planner.leaving import Resident, Waiter
 from dra_gateway.allocator.planner.preemption import Preemption, plan_preemption
 
 from .planner_support import claim, cluster, gpu, place, pod
@@ -155,8 +155,8 @@ def test_a_pod_sharing_its_claim_with_another_is_no_victim() -> None:
 
 
 def test_a_pod_whose_victims_are_still_leaving_is_not_preempted_for_again() -> None:
-    from dra_gateway.allocator.defrag.view import Inputs
-    from dra_gateway.allocator.preemption import find_preemptions
+    from dra_gateway.allocator.eviction.inputs import Inputs
+    from dra_gateway.allocator.eviction.preemption import find_preemptions
 
     state, residents = _full_node([0, 0])
     waiter = _waiter("hi", 1, 10)
@@ -171,8 +171,8 @@ def test_a_pod_whose_victims_are_still_leaving_is_not_preempted_for_again() -> N
 
 
 def test_a_budget_that_forbids_every_victim_leaves_the_pod_waiting_naming_it() -> None:
-    from dra_gateway.allocator.defrag.view import Inputs
-    from dra_gateway.allocator.preemption import find_preemptions
+    from dra_gateway.allocator.eviction.inputs import Inputs
+    from dra_gateway.allocator.eviction.preemption import find_preemptions
 
     state, residents = _full_node([0, 0])
     residents = [Resident(r.pod, r.claims, 0, budgets=("ns/keep",)) for r in residents]

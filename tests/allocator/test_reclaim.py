@@ -1,6 +1,6 @@
 """Borrowed GPU quota in the planner: pods borrow a cohort's unused guarantees, claims placed on
 borrowed quota are marked, and a lender takes its guarantee back by preempting borrowed pods
-(allocator/planner/preemption.py `plan_reclaim`, allocator/preemption.py `find_preemptions`)."""
+(allocator/planner/preemption.py `plan_reclaim`, allocator/eviction/preemption.py `find_preemptions`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dra_gateway.allocator.defrag.view import Inputs
+from dra_gateway.allocator.eviction.inputs import Inputs
+from dra_gateway.allocator.eviction.preemption import find_preemptions
 from dra_gateway.allocator.planner import ClusterState, PodPlan, plan_pod
-from dra_gateway.allocator.planner.defrag import Resident, Waiter
+from dra_gateway.allocator.planner.leaving import Resident, Waiter
 from dra_gateway.allocator.planner.preemption import Preemption, plan_preemption, plan_reclaim
-from dra_gateway.allocator.preemption import find_preemptions
 from dra_gateway.kube import names
 from dra_gateway.policy.catalog import Catalog
 

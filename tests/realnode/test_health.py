@@ -78,7 +78,7 @@ def test_a_pod_on_a_card_that_falls_off_the_bus_is_evicted_and_its_claim_unprepa
         cluster: Cluster) -> None:
     """A fatal fault under the real kubelet: the pod is evicted, its containers stopped and
     its claim unprepared (its CDI spec removed). On 1.34 the API server drops device taints and
-    the gateway's allocator evicts it (allocator/drain.py); from 1.36 the card is tainted
+    the gateway's allocator evicts it (allocator/eviction/drain.py); from 1.36 the card is tainted
     NoExecute and kube-controller-manager does. Then the card recovers."""
     cluster.create_pod(legacy_pod("fatal", {"nvidia.com/gpu": 1}))
     pod = cluster.wait_running("fatal")

@@ -44,10 +44,9 @@ from dra_gateway.allocator.planner.defrag.model import (
     Move,
     NotHelped,
     Placement,
-    Resident,
-    Waiter,
 )
 from dra_gateway.allocator.planner.defrag.rooms import RoomMaker
+from dra_gateway.allocator.planner.leaving import Resident, Waiter
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.kube import objects
 
@@ -85,5 +84,4 @@ def _shape(state: ClusterState, waiter: Waiter) -> tuple[object, ...]:
             repr(spec.get("tolerations")))
 
 
-__all__ = ["DefragPlan", "Help", "Limits", "Move", "NotHelped", "Placement", "Resident",
-           "Waiter", "plan_defrag"]
+__all__ = ["DefragPlan", "Help", "Limits", "Move", "NotHelped", "Placement", "plan_defrag"]

@@ -1,33 +1,13 @@
-"""What the defrag planner takes and gives: the pods placed and waiting, the limits, and the
-plan (the pods helped, each with where it goes and the moves made for it). Plain values."""
+"""What the defrag planner takes and gives besides the pods placed and waiting (`Resident`,
+`Waiter`: planner/leaving.py): the limits, and the plan (the pods helped, each with where it
+goes and the moves made for it). Plain values."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from dra_gateway.allocator.planner.allocation import PodPlan
-
-
-@dataclass(frozen=True, slots=True)
-class Resident:
-    """A placed pod: bound, or planned and assumed, with its allocated claims."""
-
-    pod: Mapping[str, Any]
-    claims: tuple[Mapping[str, Any], ...]
-    priority: int = 0
-    fixed: str | None = None  # why it may not move; None: it may
-    budgets: tuple[str, ...] = ()  # the PodDisruptionBudgets that select it
-
-
-@dataclass(frozen=True, slots=True)
-class Waiter:
-    """A pod waiting for devices, with its claims (not allocated)."""
-
-    pod: Mapping[str, Any]
-    claims: tuple[Mapping[str, Any], ...]
-    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)

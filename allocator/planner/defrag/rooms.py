@@ -32,11 +32,9 @@ from dra_gateway.allocator.planner.defrag.model import (
     Limits,
     Move,
     Placement,
-    Resident,
-    Waiter,
 )
 from dra_gateway.allocator.planner.devices import Device
-from dra_gateway.allocator.planner.leaving import movable
+from dra_gateway.allocator.planner.leaving import Resident, Waiter, movable
 from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.state import ClusterState, TakenOut
 from dra_gateway.kube import objects

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_gateway.allocator.planner.defrag import Limits, Resident, Waiter, plan_defrag
+from dra_gateway.allocator.planner.defrag import Limits, plan_defrag
+from dra_gateway.allocator.planner.leaving import Resident, Waiter
 from dra_gateway.devkit.bench import trace
 
 

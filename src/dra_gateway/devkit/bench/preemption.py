@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dra_gateway.allocator.planner.defrag import Resident, Waiter
+from dra_gateway.allocator.planner.leaving import Resident, Waiter
 from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.preemption import Preemption, plan_preemption
 from dra_gateway.devkit.bench import trace

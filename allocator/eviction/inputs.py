@@ -19,11 +19,16 @@ from datetime import datetime
 from typing import Any
 
 from dra_gateway.allocator.claims import claims_for
-from dra_gateway.allocator.defrag.holds import Records, parse_time
+from dra_gateway.allocator.eviction.holds import Records
 from dra_gateway.allocator.legacypods import LegacyPods
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings
-from dra_gateway.allocator.planner.defrag import Resident, Waiter
-from dra_gateway.allocator.planner.leaving import controller_of, disruptions_allowed, why_fixed
+from dra_gateway.allocator.planner.leaving import (
+    Resident,
+    Waiter,
+    controller_of,
+    disruptions_allowed,
+    why_fixed,
+)
 from dra_gateway.gpu.groups import group_key
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import Object
@@ -119,7 +124,7 @@ def build(snapshot: Snapshot, *, window_seconds: float = 3600.0) -> Inputs:
             unallocated = [c for c in gateway if not objects.is_allocated(c)]
             if missing or not unallocated:
                 continue
-            created = parse_time(objects.meta(pod).get("creationTimestamp")) or snapshot.now
+            created = objects.parse_time(objects.meta(pod).get("creationTimestamp")) or snapshot.now
             since[uid] = created
             priority = objects.pod_priority(pod)
             waiters.append(((-priority, created, objects.namespace_name(pod)),

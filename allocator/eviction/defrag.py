@@ -5,7 +5,7 @@ waiting first, at most `defrag_waiters_per_round`; planned in a thread) are give
 the planner with the mirrors' view of the cluster (`Controller.snapshot`) and the
 PodDisruptionBudgets read then, with at most the moves left in the hour (`defrag_moves_per_hour`,
 counted from the moves recorded in the ConfigMap); the pods that moves can place are then
-carried out as `dra-gateway defrag apply` does (`act.Applier`). A plan that stops (a budget
+carried out as `dra-gateway defrag apply` does (`moves.Applier`). A plan that stops (a budget
 refuses an eviction) or leaves a moved pod unplaced doubles the pause before the next, up to
 sixteen times; a clean one resets it. Moves and pods helped are counted in the metrics.
 """
@@ -17,9 +17,10 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from dra_gateway.allocator.defrag.act import Applier, Pace, list_items
-from dra_gateway.allocator.defrag.view import Inputs, Snapshot, build
-from dra_gateway.allocator.evictions import run_rounds
+from dra_gateway.allocator.eviction.evict import run_rounds
+from dra_gateway.allocator.eviction.inputs import Inputs, Snapshot, build
+from dra_gateway.allocator.eviction.moves import Applier, Pace
+from dra_gateway.allocator.eviction.store import list_items
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.planner.defrag import DefragPlan, Limits, plan_defrag
 from dra_gateway.allocator.settings import ControllerSettings

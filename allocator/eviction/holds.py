@@ -18,27 +18,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from dra_gateway.allocator.planner.allocation import PodPlan
+from dra_gateway.kube import objects
 
 CONFIG_MAP = "dra-gateway-defrag"
 HOLD = "hold."
 MOVED = "moved."
-
-
-def _time(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +51,7 @@ class Hold:
 
     def value(self) -> str:
         body: dict[str, Any] = {"pod": self.pod, "node": self.node,
-                                "allocations": self.allocations, "until": _time(self.until),
+                                "allocations": self.allocations, "until": objects.stamp(self.until),
                                 "moves": list(self.moves)}
         if self.preempted:
             body["preempted"] = True
@@ -83,7 +71,7 @@ class Moved:
         return MOVED + self.pod_uid
 
     def value(self) -> str:
-        return json.dumps({"pod": self.pod, "owner": self.owner_uid, "at": _time(self.at),
+        return json.dumps({"pod": self.pod, "owner": self.owner_uid, "at": objects.stamp(self.at),
                            "for": self.for_pod}, sort_keys=True)
 
 
@@ -114,7 +102,7 @@ def read(config_map: Mapping[str, Any] | None) -> Records:
             if not isinstance(body, dict):
                 raise ValueError("not a JSON object")
             if key.startswith(HOLD):
-                until = parse_time(body.get("until"))
+                until = objects.parse_time(body.get("until"))
                 allocations = body.get("allocations")
                 if until is None or not isinstance(allocations, dict) or not body.get("node"):
                     raise ValueError("needs node, allocations and until (RFC 3339, UTC)")
@@ -123,7 +111,7 @@ def read(config_map: Mapping[str, Any] | None) -> Records:
                     until, tuple(str(m) for m in body.get("moves") or ()),
                     preempted=body.get("preempted") is True)
             elif key.startswith(MOVED):
-                at = parse_time(body.get("at"))
+                at = objects.parse_time(body.get("at"))
                 if at is None:
                     raise ValueError("needs at (RFC 3339, UTC)")
                 records.moved.append(Moved(key[len(MOVED):], str(body.get("pod", "")),
@@ -136,4 +124,4 @@ def read(config_map: Mapping[str, Any] | None) -> Records:
     return records
 
 
-__all__ = ["CONFIG_MAP", "Hold", "Moved", "Records", "parse_time", "read"]
+__all__ = ["CONFIG_MAP", "Hold", "Moved", "Records", "read"]

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from dra_gateway.allocator.defrag.view import Snapshot
-from dra_gateway.allocator.evictions import EVICTED, GONE, Evictions, run_rounds
+from dra_gateway.allocator.eviction.evict import EVICTED, GONE, Evictions, run_rounds
+from dra_gateway.allocator.eviction.inputs import Snapshot
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.work import Fence
 from dra_gateway.kube import objects

@@ -8,7 +8,7 @@ default; `--no-preemption` turns it off).
 Every `preemption_interval` (up to eight times longer after rounds that found nothing to do), on
 the leader, when a gated pod outranks a pod bound to a node: the mirrors' view of the cluster
 (`Controller.snapshot`) and the PodDisruptionBudgets read then are built into a state of their
-own (`defrag.view.build`); each gated pod that fits nowhere as the cluster is, highest priority
+own (`inputs.build`); each gated pod that fits nowhere as the cluster is, highest priority
 first, is given to the planner (`planner.preemption`), which names the fewest pods of strictly
 lower priority to remove and where the pod then goes. A pod whose GPUQuota lent its guarantee
 to a cohort (`spec.min`, `spec.cohort`), and that waits within that guarantee, takes it back
@@ -45,11 +45,9 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from dra_gateway.allocator.conditions import PREEMPTION_CONDITION, set_pod_condition
-from dra_gateway.allocator.defrag import holds as holdfmt
-from dra_gateway.allocator.defrag.act import list_items, write_records
-from dra_gateway.allocator.defrag.view import Inputs, Snapshot, build
 from dra_gateway.allocator.events import COMPONENT
-from dra_gateway.allocator.evictions import (
+from dra_gateway.allocator.eviction import holds as holdfmt
+from dra_gateway.allocator.eviction.evict import (
     EVICTED,
     FAILED,
     GONE,
@@ -57,8 +55,10 @@ from dra_gateway.allocator.evictions import (
     Evictions,
     run_rounds,
 )
+from dra_gateway.allocator.eviction.inputs import Inputs, Snapshot, build
+from dra_gateway.allocator.eviction.store import list_items, write_records
 from dra_gateway.allocator.metrics import Metrics
-from dra_gateway.allocator.planner.defrag.model import Waiter
+from dra_gateway.allocator.planner.leaving import Waiter
 from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.preemption import Preemption, plan_preemption, plan_reclaim
 from dra_gateway.allocator.planner.state import ClusterState
@@ -126,7 +126,7 @@ def find_preemptions(inputs: Inputs, leaving: Mapping[str, set[str]] | None = No
     budgets = dict(inputs.budgets)
     lowest = min((r.priority for r in residents if r.claims), default=None)
     found: list[Preemption] = []
-    for waiter in inputs.waiters:  # highest priority, then oldest, first (view.build)
+    for waiter in inputs.waiters:  # highest priority, then oldest, first (inputs.build)
         reclaims = _may_reclaim(state, waiter)
         if not reclaims and (lowest is None or waiter.priority <= lowest):
             continue
