@@ -22,9 +22,10 @@ from typing import Any
 
 import yaml
 
-from dra_gateway.devkit.realcluster import ApiError, path_of
+from dra_gateway.devkit.realcluster import path_of
 from dra_gateway.devkit.simnode import install_hami_core
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError
 from e2e.support import (
     NAMESPACE,
     Component,

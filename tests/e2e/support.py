@@ -34,7 +34,6 @@ import yaml
 
 from dra_gateway.devkit.realcluster import (
     Api,
-    ApiError,
     ControlPlane,
     free_port,
     log_tail,
@@ -42,6 +41,7 @@ from dra_gateway.devkit.realcluster import (
 )
 from dra_gateway.devkit.simnode import install_hami_core
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError
 from dra_gateway.kube.quantity import bytes_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -446,7 +446,7 @@ def _ready(gateway: Gateway, nodes: Sequence[str]) -> bool:
         lease = api.get(path_of("coordination.k8s.io/v1", "leases", namespace=NAMESPACE,
                                 name="dra-gateway-allocator"))
     except ApiError as exc:
-        if exc.status == 404:
+        if exc.code == 404:
             return False
         raise
     return bool((lease.get("spec") or {}).get("holderIdentity"))

@@ -24,7 +24,7 @@ import kubernetes_validate
 import pytest
 
 from dra_gateway.allocator.planner import ClusterState, PlannerSettings, plan_pod
-from dra_gateway.devkit.realcluster import Api, ApiError, path_of
+from dra_gateway.devkit.realcluster import Api, path_of
 from dra_gateway.kube import names
 from dra_gateway.kube.api_rules import (
     allocation_problems,
@@ -33,6 +33,7 @@ from dra_gateway.kube.api_rules import (
     slice_problems,
     version_problem,
 )
+from dra_gateway.kube.cluster.port import ApiError
 from dra_gateway.node_plugin.deviceclasses import device_classes
 from dra_gateway.node_plugin.devices import DeviceOptions, devices_of
 from dra_gateway.node_plugin.facts import GpuFacts, NodeFacts
@@ -68,7 +69,7 @@ def _refusal(call: Any) -> str | None:
     try:
         call()
     except ApiError as exc:
-        if exc.status not in (400, 422):
+        if exc.code not in (400, 422):
             raise
         return exc.message
     return None

@@ -31,8 +31,9 @@ from typing import Any
 
 import pytest
 
-from dra_gateway.devkit.realcluster import Api, ApiError, path_of
+from dra_gateway.devkit.realcluster import Api, path_of
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError
 from dra_gateway.kube.device_health import (
     CLEAR_ANNOTATION,
     KEEP_ANNOTATION,

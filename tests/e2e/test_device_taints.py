@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 
-from dra_gateway.devkit.realcluster import Api, ApiError, path_of
+from dra_gateway.devkit.realcluster import Api, path_of
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError
 from e2e.support import (
     Gateway,
     namespace_state,
@@ -56,7 +57,7 @@ def api(gateway: Gateway) -> Iterator[Api]:
     try:
         api.list(path_of(RESOURCE, "devicetaintrules"))
     except ApiError as exc:
-        if exc.status == 404:
+        if exc.code == 404:
             pytest.skip(f"Kubernetes {gateway.version} does not serve DeviceTaintRules "
                         f"({RESOURCE}, from 1.37)")
         raise
@@ -103,7 +104,7 @@ def _get(api: Api, name: str) -> JSON | None:
     try:
         return api.get(path_of("v1", "pods", namespace=NS, name=name))
     except ApiError as exc:
-        if exc.status == 404:
+        if exc.code == 404:
             return None
         raise
 

@@ -32,8 +32,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_gateway.devkit.realcluster import Api, ApiError, path_of
+from dra_gateway.devkit.realcluster import Api, path_of
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError
 from dra_gateway.webhook.config import pod_webhook_names
 from dra_gateway.webhook.settings import MUTATING_WEBHOOK, VALIDATING_WEBHOOK
 from e2e.support import (
@@ -133,7 +134,7 @@ def _namespace(api: Api, name: str) -> None:
         api.create(path_of("v1", "namespaces"), {"apiVersion": "v1", "kind": "Namespace",
                                                  "metadata": {"name": name}})
     except ApiError as exc:
-        if exc.status != 409:
+        if exc.code != 409:
             raise
 
 
@@ -202,7 +203,7 @@ def _delete_all(gateway: Gateway) -> None:
             api.delete(path_of("v1", "pods", namespace=LIFECYCLE_NAMESPACE,
                                name=pod["metadata"]["name"]), grace_period_s=0)
         except ApiError as exc:
-            if exc.status != 404:
+            if exc.code != 404:
                 raise
 
     def released() -> bool:

@@ -33,8 +33,9 @@ from typing import Any
 
 import pytest
 
-from dra_gateway.devkit.realcluster import Api, ApiError, path_of
+from dra_gateway.devkit.realcluster import Api, path_of
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError
 from e2e.support import (
     Gateway,
     cards,
@@ -202,11 +203,11 @@ def test_the_chart_installs_the_crds_and_the_api_server_enforces_their_schemas(
         bad_admission = _quota("bad", SCHEMA_NS, memory="8Gi")
         bad_admission["spec"]["admission"] = "Sometimes"
         refused = _refused(api, _quota_path(SCHEMA_NS), bad_admission)
-        assert refused.status == 422, refused
+        assert refused.code == 422, refused
         assert 'spec.admission: Unsupported value: "Sometimes": supported values: "Queue", ' \
             '"Refuse"' in refused.message, refused.message
         refused = _refused(api, _quota_path(SCHEMA_NS), _quota("bad", SCHEMA_NS, cores=-5))
-        assert refused.status == 422, refused
+        assert refused.code == 422, refused
         assert "spec.hard.cores: Invalid value: -5: spec.hard.cores in body should be greater " \
             "than or equal to 0" in refused.message, refused.message
         refused = _refused(api, _quota_path(SCHEMA_NS), _quota("bad", SCHEMA_NS, gpus=2),
@@ -214,7 +215,7 @@ def test_the_chart_installs_the_crds_and_the_api_server_enforces_their_schemas(
         assert 'unknown field "spec.hard.gpus"' in refused.message, refused.message
         refused = _refused(api, path_of(GROUP, "gpusharingpolicies"),
                            _sharing("bad", "none", isolation={"mode": "Label"}))
-        assert refused.status == 422, refused
+        assert refused.code == 422, refused
         assert "labelKey is required with mode Label and only read with it" in \
             refused.message, refused.message
 
@@ -382,7 +383,7 @@ def test_validate_refuses_at_creation_what_the_policies_can_never_admit(
                                  lambda: api.create(pods_path, _share_pod("share",
                                                                           EXCLUSIVE_NS)),
                                  delete_pod)
-        assert refused.status == 403, refused
+        assert refused.code == 403, refused
         assert refused.message == (
             'admission webhook "validate.dra-gateway.io" denied the request: pod '
             "policy-exclusive/share: request 'main' asks for a share of a GPU, but "
@@ -406,7 +407,7 @@ def test_validate_refuses_at_creation_what_the_policies_can_never_admit(
             path = path_of(RESOURCE, plural, namespace=EXCLUSIVE_NS)
             refused = _refused(api, path, _native_share(kind, "shared"))
             spec = "spec" if kind == "ResourceClaim" else "spec.spec"
-            assert refused.status == 403, refused
+            assert refused.code == 403, refused
             assert refused.message == (
                 f'admission webhook "claims.dra-gateway.io" denied the request: {kind} '
                 f"policy-exclusive/shared: request 'gpu' ({spec}.devices.requests[0]) asks for "
@@ -446,7 +447,7 @@ def test_validate_refuses_at_creation_a_pod_that_could_run_only_on_forbidden_mod
         refused = _until_refused(gateway, "a pod asking for H100s only",
                                  lambda: api.create(pods_path, _model_pod("h100", "H100")),
                                  delete_pod)
-        assert refused.status == 403, refused
+        assert refused.code == 403, refused
         found = re.search(r"ResourceClaimTemplate (\S+):", refused.message)
         assert found is not None, refused.message
         assert refused.message == (

@@ -35,8 +35,9 @@ from typing import Any
 
 import pytest
 
-from dra_gateway.devkit.realcluster import Api, ApiError, path_of
+from dra_gateway.devkit.realcluster import Api, path_of
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError
 from e2e.support import (
     NAMESPACE,
     Gateway,
@@ -391,7 +392,7 @@ def test_a_lender_takes_back_its_guarantee_from_a_borrower_of_its_cohort(
     with _scene(gateway, LENDER_NS) as api, _scene(gateway, BORROWER_NS):
         with pytest.raises(ApiError) as refused:
             api.create(_quota_path(LENDER_NS), _cohort_quota(LENDER_NS, hard=2, min_=3))
-        assert refused.value.status == 422, refused.value
+        assert refused.value.code == 422, refused.value
         assert "min.devices must be at most hard.devices" in str(refused.value), refused.value
         for ns in (LENDER_NS, BORROWER_NS):
             api.create(_quota_path(ns), _cohort_quota(ns))

@@ -37,8 +37,9 @@ from typing import Any
 import pytest
 from gotools import build_go_tool
 
-from dra_gateway.devkit.realcluster import Api, ApiError, path_of
+from dra_gateway.devkit.realcluster import Api, path_of
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError
 from e2e.legacynode import NODE, UUIDS, condition, gpu_pod, legacy_node, published_uuids
 from e2e.support import REPO, Gateway, over_capacity, pods, wait_until
 
@@ -254,11 +255,11 @@ def test_one_gpuquota_counts_legacy_and_translated_pods_and_opt_outs_need_the_gr
         grant = {names.POD_OPT_OUT_LABEL: names.POD_OPT_OUT_ALLOWED}
         refused = _refused(tenant.patch, path_of("v1", "namespaces", name=UNGRANTED_NS),
                            {"metadata": {"labels": grant}})
-        assert refused.status == 403, refused
+        assert refused.code == 403, refused
         assert f"system:serviceaccount:{QUOTA_NS}:{TENANT}" in refused.message, refused.message
         refused = _refused(tenant.create, _pod_path(UNGRANTED_NS),
                            _opted_out("opted-out", UNGRANTED_NS))
-        assert refused.status == 403, refused
+        assert refused.code == 403, refused
         assert "does not let its pods opt out of translation" in refused.message, \
             refused.message
         assert f"kubectl label namespace {UNGRANTED_NS} dra-gateway.io/pod-opt-out=allowed" \
@@ -297,7 +298,7 @@ def test_one_gpuquota_counts_legacy_and_translated_pods_and_opt_outs_need_the_gr
                _dry_run(tenant, _opted_out("legacy-0")), admitted=False, check=within_quota)
         for name in ("legacy-0", "legacy-1"):
             refused = _refused(tenant.create, _pod_path(QUOTA_NS), _opted_out(name))
-            assert refused.status == 403, refused
+            assert refused.code == 403, refused
             assert refused.message == (
                 f'admission webhook "enabled.validate.dra-gateway.io" denied the request: pod '
                 f"{QUOTA_NS}/{name} keeps its legacy GPU requests, which a legacy device plugin "
@@ -338,11 +339,11 @@ def test_one_gpuquota_counts_legacy_and_translated_pods_and_opt_outs_need_the_gr
         _until("/validate to refuse a second legacy pod",
                _dry_run(tenant, _opted_out("legacy-1")), admitted=False, check=within_quota)
         refused = _refused(tenant.create, _pod_path(QUOTA_NS), _opted_out("legacy-1"))
-        assert refused.status == 403, refused
+        assert refused.code == 403, refused
         assert f"GPUQuota {QUOTA_NS}/{QUOTA}" in refused.message, refused.message
         assert "keeps its legacy GPU requests" in refused.message, refused.message
         refused = _refused(tenant.create, _pod_path(QUOTA_NS), _translated("t-3"))
-        assert refused.status == 403, refused
+        assert refused.code == 403, refused
         assert f"pod {QUOTA_NS}/t-3: exceeded quota {QUOTA}: requested devices=1, used " \
             "devices=2, limited devices=2" in refused.message, refused.message
 

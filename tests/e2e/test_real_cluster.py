@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_gateway.devkit.realcluster import Api, ApiError, path_of
+from dra_gateway.devkit.realcluster import Api, path_of
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError
 from e2e.support import (
     EXAMPLES,
     Gateway,
@@ -420,7 +421,7 @@ def test_with_the_webhook_down_gpu_pods_are_refused_and_others_created(
         with pytest.raises(ApiError) as refused:
             api.create(path_of("v1", "pods", namespace="default"),
                        _plain_pod("gpu-while-down", {"nvidia.com/gpu": "1"}))
-        assert refused.value.status >= 400
+        assert refused.value.code >= 400
         message = refused.value.message
         assert "mutate.dra-gateway.io" in message, message
         assert "failed calling webhook" in message, message

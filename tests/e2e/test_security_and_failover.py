@@ -34,8 +34,9 @@ from typing import Any
 
 import pytest
 
-from dra_gateway.devkit.realcluster import Api, ApiError, free_port, path_of
+from dra_gateway.devkit.realcluster import Api, free_port, path_of
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError
 from e2e.conftest import SETUPS
 from e2e.support import (
     GATED_EVENT_AFTER_S,
@@ -186,7 +187,7 @@ def test_a_tenant_cannot_remove_the_gate_or_write_an_allocation_the_allocator_ca
     ungate = {"spec": {"schedulingGates": [g for g in pod["spec"]["schedulingGates"]
                                            if g.get("name") != GATE]}}
     refused = _refusal(tenant, pod_path, ungate)
-    assert refused.status == 403, refused
+    assert refused.code == 403, refused
     assert "only the dra-gateway allocator removes the scheduling gate" in refused.message, \
         refused.message
     assert "system:serviceaccount:tenant:tenant may not" in refused.message, refused.message
@@ -205,7 +206,7 @@ def test_a_tenant_cannot_remove_the_gate_or_write_an_allocation_the_allocator_ca
             {"key": "metadata.name", "operator": "In", "values": [card.node]}]}]}}
     status_path = claim_path + "/status"
     refused = _refusal(tenant, status_path, {"status": {"allocation": allocation}})
-    if refused.status == 422 and "resourceclaims/binding" in refused.message:
+    if refused.code == 422 and "resourceclaims/binding" in refused.message:
         # From 1.36 the API server itself asks for resourceclaims/binding to write an
         # allocation (DRAResourceClaimGranularStatusAuthorization). Grant the tenant that too:
         # the policy must still refuse.
@@ -215,11 +216,11 @@ def test_a_tenant_cannot_remove_the_gate_or_write_an_allocation_the_allocator_ca
         def policy_refuses() -> bool:
             nonlocal refused
             refused = _refusal(tenant, status_path, {"status": {"allocation": allocation}})
-            return refused.status == 403
+            return refused.code == 403
 
         wait_until("the policy to refuse the tenant's allocation", policy_refuses, 15,
                    gateway.check)
-    assert refused.status == 403, refused
+    assert refused.code == 403, refused
     assert "only the dra-gateway allocator writes the allocation" in refused.message, \
         refused.message
     assert "claim-allocation" in refused.message, refused.message
@@ -285,7 +286,7 @@ def _refused(api: Api, method: str, path: str, body: Any = None,
 
 def _by_policy(refused: ApiError, policy: str, *words: str) -> None:
     """`refused` is the chart's policy `policy` denying, with `words` in its message."""
-    assert refused.status == 403, refused
+    assert refused.code == 403, refused
     assert f"ValidatingAdmissionPolicy '{RELEASE}-{policy}'" in refused.message, refused.message
     for word in words:
         assert word in refused.message, refused.message
@@ -312,8 +313,8 @@ def test_each_node_plugin_writes_only_its_own_nodes_slices(gateway: Gateway) -> 
     _by_policy(_refused(plugin, "DELETE", theirs_path), SLICES_POLICY, denied)
     # Moving the other node's slice to its own node is refused too (spec.nodeName is immutable).
     moved = _refused(plugin, "PATCH", theirs_path, {"spec": {"nodeName": own}})
-    assert moved.status in (403, 422), moved
-    print(f"a node plugin moving another node's slice to its own: {moved.status} "
+    assert moved.code in (403, 422), moved
+    print(f"a node plugin moving another node's slice to its own: {moved.code} "
           f"{moved.message}")
     # A slice of no node (all nodes, or a node selector) is no node plugin's to write.
     everywhere = _new_slice(own)

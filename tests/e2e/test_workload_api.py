@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from dra_gateway.devkit.realcluster import ApiError
+from dra_gateway.kube.cluster.port import ApiError
 from e2e.support import (
     Gateway,
     build_binaries,

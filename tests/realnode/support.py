@@ -36,7 +36,7 @@ from e2e.support import (
     wait_until,
 )
 
-from dra_gateway.devkit.realcluster import Api, ApiError, ControlPlane, path_of
+from dra_gateway.devkit.realcluster import Api, ControlPlane, path_of
 from dra_gateway.devkit.realnode import (
     IMAGE,
     STATE_ROOT,
@@ -49,6 +49,7 @@ from dra_gateway.devkit.realnode import (
 )
 from dra_gateway.devkit.simnode import install_hami_core
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError
 
 NODE_SCRIPT = REPO / "hack" / "build-node.sh"
 NODE = "gpu-node-1"

@@ -27,7 +27,8 @@ them again (SIGTERM, then SIGKILL, by the process ids it started) however the ca
 
 `Api` is a small synchronous REST client of that API server (JSON over HTTPS with a bearer
 token, the standard library only), enough for tests and the demo to create, read, patch and
-delete objects. This module decides nothing about the gateway; it only runs Kubernetes.
+delete objects; an error answer raises the cluster port's `ApiError` (`code`: the HTTP status).
+This module decides nothing about the gateway; it only runs Kubernetes.
 
 The small client that drives the control plane lives with it.
 """
@@ -54,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from dra_gateway.kube.cluster.port import ApiError
 
 # What the build script leaves in each version's folder.
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -131,15 +134,16 @@ def log_tail(path: Path, lines: int = 30) -> str:
 
 # The REST client -------------------------------------------------------------------------------
 
-class ApiError(Exception):
-    """The API server answered with an error status."""
-
-    def __init__(self, status: int, body: JSON | None, method: str, path: str) -> None:
-        self.status = status
-        self.body = body or {}
-        self.reason = str(self.body.get("reason") or "")
-        self.message = str(self.body.get("message") or f"HTTP {status}")
-        super().__init__(f"{method} {path}: {status} {self.reason}: {self.message}")
+def _api_error(code: int, body: JSON | None, method: str, path: str) -> ApiError:
+    """The cluster port's error for an error answer: `code` the HTTP status, `reason` and
+    `message` from the Status the API server sent (`status`, when it sent one); the request is
+    in a note, so a traceback shows what was asked."""
+    body = body or {}
+    reason = str(body.get("reason") or "")
+    error = ApiError(str(body.get("message") or f"HTTP {code}"), code=code, reason=reason,
+                     status=body if body.get("kind") == "Status" else None)
+    error.add_note(f"{method} {path}: {code} {reason}".rstrip())
+    return error
 
 
 _CORE_KINDS_WITHOUT_GROUP = "v1"
@@ -216,8 +220,8 @@ class Api:
                 parsed = json.loads(raw) if raw else None
             except ValueError:
                 parsed = {"message": raw.decode(errors="replace")}
-            raise ApiError(exc.code, parsed if isinstance(parsed, dict) else None, method,
-                           path) from None
+            raise _api_error(exc.code, parsed if isinstance(parsed, dict) else None, method,
+                             path) from None
         if not raw:
             return {}
         try:
@@ -258,7 +262,7 @@ class Api:
         try:
             self.get(path)
         except ApiError as exc:
-            if exc.status == 404:
+            if exc.code == 404:
                 return False
             raise
         return True
