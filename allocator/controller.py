@@ -6,7 +6,8 @@ feeds them into the planner's `ClusterState`, and works through a queue of pods 
 - a pod carrying the gateway's scheduling gate is planned, its claims written and its gate
   removed by `allocate.PodAllocator` once every claim it names exists;
 - a claim carrying the finalizer is handed to `release.ClaimReleaser` once a pod that owned
-  or used it is gone or finished (`index.ClaimIndex` knows which pods those are).
+  or used it is gone or finished (`index.py`'s indexes of the pods' and claims' mirrors
+  know which pods those are).
 
 Every write is optimistic (resourceVersion) and a conflict rereads and retries: an allocation
 found already set is accepted as it is, since the API allows it only to be cleared. Every write
@@ -16,12 +17,13 @@ anywhere but in the API: a new leader rebuilds everything from a list.
 
 What stays in this class: building the parts and running them for one term, the API's feature
 mode (consumable capacity: native shares, or shares recorded in annotations), and the informer
-handlers, which keep the planner state, the claim index and the queue in step with the mirrors,
-atomically between two awaits. Around it: `process.py` (flags, signals, leadership terms),
+handlers, which keep the planner state and the queue in step with the mirrors, atomically
+between two awaits. Around it: `process.py` (flags, signals, leadership terms),
 `settings.py`, `work.py` (keys, what a sync answers), `workers.py` (a worker: a key's sync, its
 failures, its requeue), `planning.py` (the planner state, changed between plans, and the plans
 that run in a thread or are being written), `allocate.py` (a gated pod: plan, write, ungate),
-`mirrorwrites.py` (our own writes into the mirrors), `index.py` (which pods use which claims),
+`mirrorwrites.py` (our own writes into the mirrors), `index.py` (which pods use which claims:
+the mirrors' indexes),
 `claims.py` (a pod's claims from the mirror), `writes.py` (a claim's allocation, the gate's
 removal), `release.py`, `unplaceable.py` (when a pod that did not fit is planned again),
 `events.py` (Warning Events), `invalidclaims.py` (others' claims the API refuses from 1.38,
@@ -50,7 +52,13 @@ from dra_gateway.allocator.eviction.drain import DrainMode
 from dra_gateway.allocator.eviction.inputs import Snapshot
 from dra_gateway.allocator.eviction.preemption import PreemptionMode
 from dra_gateway.allocator.groups import GROUP_INDEX, HOLDER_INDEX, group_index, holder_index
-from dra_gateway.allocator.index import ClaimIndex
+from dra_gateway.allocator.index import (
+    CLAIM_INDEXERS,
+    POD_INDEXERS,
+    claims_of,
+    pod_by_uid,
+    users_of,
+)
 from dra_gateway.allocator.invalidclaims import InvalidClaims
 from dra_gateway.allocator.legacypods import LegacyPods
 from dra_gateway.allocator.metrics import Metrics, PendingPods, Stats
@@ -138,7 +146,8 @@ class Controller:
                                                    order=self._work_order)
         self.consumable_capacity: bool | None = self.settings.consumable_capacity
         timeout = self.settings.watch_timeout
-        self.claims = Informer(cluster, RESOURCE_CLAIMS, self._on_claim, watch_timeout=timeout)
+        self.claims = Informer(cluster, RESOURCE_CLAIMS, self._on_claim, watch_timeout=timeout,
+                               indexers=CLAIM_INDEXERS)
         self.slices = Informer(cluster, RESOURCE_SLICES, self._on_slice, watch_timeout=timeout)
         # An administrator's device taints (served from 1.37): added to the slices' devices
         # before the planner sees them, as kube-scheduler adds them.
@@ -152,7 +161,8 @@ class Controller:
         self.nodes = Informer(cluster, NODES, self._on_node, watch_timeout=timeout)
         self.pods = Informer(cluster, PODS, self._on_pod, field_selector=LIVE_PODS_SELECTOR,
                              watch_timeout=timeout,
-                             indexers={GROUP_INDEX: group_index, HOLDER_INDEX: holder_index})
+                             indexers={GROUP_INDEX: group_index, HOLDER_INDEX: holder_index,
+                                       **POD_INDEXERS})
         # The objects sizing the groups pods name (gpu/groups.py: upstream's PodGroups and
         # Workloads, Volcano's and the coscheduling plugin's PodGroups, JobSets, Kubeflow's
         # jobs), per version served. Where a type is not served its mirror stays empty and
@@ -176,7 +186,6 @@ class Controller:
         self.pending = PendingPods(self.metrics.pending_pods)
         self.legacy = LegacyPods()
         self._card_memory = 0  # the smallest card's memory the legacy charges were made with
-        self.index = ClaimIndex()
         self.unplaceable = Unplaceable(self.queue,
                                        debounce=self.settings.retry_unplaceable_after,
                                        retry_interval=self.settings.unplaceable_retry_interval)
@@ -184,7 +193,7 @@ class Controller:
                                     interval=self.settings.event_interval)
         self.invalid_claims = InvalidClaims(self.events, self.metrics.invalid_claims)
         self.releaser = ClaimReleaser(cluster, claims=self.claims, pods=self.pods,
-                                      index=self.index, unplaceable=self.unplaceable,
+                                      unplaceable=self.unplaceable,
                                       stats=self.stats, metrics=self.metrics, fence=fence)
         self.allocator = PodAllocator(cluster, pods=self.pods, claims=self.claims,
                                       planning=self.planning, unplaceable=self.unplaceable,
@@ -422,16 +431,14 @@ class Controller:
             self.events.forget(uid)
             self.pending.drop(uid)
             self.unplaceable.discard(PodKey(ns, name, uid))
-            held = self.index.claims_of(uid)
-            self.index.remove_pod(uid)
-            self._release_claims(held)
+            # Gone from the mirror: the claims it named are read from its last stored state.
+            self._release_claims(claims_of(self.claims, uid, old))
             self.unplaceable.capacity_changed()
             return
         if not is_gated(obj):
             self.planning.drop_hold(obj)  # placed: the hold, if any, has served
         self.planning.set_pod(obj)
         self._set_legacy_pod(obj)
-        self.index.set_pod(obj)
         self.planning.refresh_placement(obj)
         key = PodKey(ns, name, uid)
         if is_gated(obj) and not objects.is_deleting(obj):
@@ -439,7 +446,7 @@ class Controller:
         else:
             self.unplaceable.discard(key)
         if is_finished(obj):
-            self._release_claims(self.index.claims_of(uid))
+            self._release_claims(claims_of(self.claims, uid, obj))
 
     def _podgroup(self, source: str, namespace: str, name: str) -> Object | None:
         """The object sizing a group (a PodGroup, a Workload), from the first version served
@@ -520,11 +527,9 @@ class Controller:
     def _on_claim(self, change: Change, obj: Object, old: Object | None) -> None:
         key = ClaimKey(*objects.namespace_name(obj))
         if change == "deleted":
-            self.index.remove_claim(key)
             self.planning.remove_claim(objects.uid(obj))
             self.invalid_claims.gone(objects.uid(obj))
         else:
-            self.index.set_claim(obj)
             self.planning.set_claim(obj)
             self.invalid_claims.seen(obj)
             if has_finalizer(obj):
@@ -536,16 +541,10 @@ class Controller:
             self.quota_status.changed()
         # Gated pods waiting for this claim (to appear, or to be planned again), and the
         # CPU and memory of unbound pods placed through it.
-        for uid in self.index.users_of(obj):
-            where = self.index.pod_location(uid)
-            if where is None:
-                continue
-            pod = self.pods.get(*where)
-            if pod is None:
-                continue
+        for pod in users_of(self.pods, obj):
             self.planning.refresh_placement(pod)
             if is_gated(pod):
-                self.unplaceable.wake(PodKey(where[0], where[1], uid))
+                self.unplaceable.wake(self._pod_key(pod))
 
     # Releases -------------------------------------------------------------------------------
 
@@ -559,9 +558,8 @@ class Controller:
     # Helpers ---------------------------------------------------------------------------------
 
     def _pod_of(self, uid: str) -> Object | None:
-        """A pod by uid, from the pods' mirror through the claim index."""
-        where = self.index.pod_location(uid)
-        return self.pods.get(*where) if where else None
+        """A pod by uid, from the pods' mirror (its uid index)."""
+        return pod_by_uid(self.pods, uid)
 
     @staticmethod
     def _pod_key(pod: Object) -> PodKey:

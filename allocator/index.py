@@ -1,95 +1,107 @@
-"""Which pods use which claims, kept from the informers' events for the allocator controller.
+"""Which pods use which claims: indexes of the allocator's pod and claim mirrors, and lookups.
 
-Two relations, each kept in both directions:
+Three relations, each an index an informer keeps with its store (updated before the handler
+hears of the change, rebuilt with every relist), so that none is kept by hand:
 
-- by name: the claims a pod names in `spec.resourceClaims` or its claim statuses, and where
-  each pod uid lives (namespace, name), so that a claim's change can wake its pods;
-- by claim: the pods that own a claim (controller reference) or are in its `reservedFor`, so
-  that a pod's end can queue the claims it held even when the pod never named them.
+- `POD_UID` (pods): a pod under its uid, so that a uid (an owner reference, a `reservedFor`
+  entry, a plan being written) finds the pod;
+- `CLAIM_NAMED` (pods): a pod under each claim it names in `spec.resourceClaims` or its claim
+  statuses (a `ClaimKey` in the pod's namespace), so that a claim's change wakes its pods;
+- `HELD_BY` (claims): a claim under the uid of the pod that owns it (controller reference)
+  and of each pod in its `reservedFor`, so that a pod's end queues the claims it held even
+  when it never named them. The claim names a pod gone from the pods' mirror until the claim
+  itself changes, so the relation outlives the pod, as the claims' mirror keeps it.
 
-Plain bookkeeping on the event loop: it must not read the API, the informers' stores or the
-planner state, and it takes no decisions.
+A deleted pod has left the pods' mirror and its indexes: the claims it named are read from
+its last stored state, which the informer hands to the handler as `old`.
+
+This module reads the mirrors it is given; it writes nothing and takes no decisions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Mapping
 
 from dra_gateway.allocator.work import ClaimKey
 from dra_gateway.kube import objects
-from dra_gateway.kube.objects import RawObject
+from dra_gateway.kube.cluster.port import Object
+from dra_gateway.kube.runtime.informer import IndexFunc, Informer
+
+POD_UID = "pod-uid"
+CLAIM_NAMED = "claim-named"
+HELD_BY = "held-by-pod"
 
 
-class ClaimIndex:
-    def __init__(self) -> None:
-        self._pod_location: dict[str, tuple[str, str]] = {}  # pod uid -> (namespace, name)
-        self._named_by: dict[ClaimKey, set[str]] = {}  # claim -> uids of pods naming it
-        self._names_of: dict[str, set[ClaimKey]] = {}  # pod uid -> claims it names
-        self._held_by: dict[ClaimKey, set[str]] = {}  # claim -> uids of owner and reserved pods
-        self._holds: dict[str, set[ClaimKey]] = {}  # pod uid -> claims it owns or reserves
-
-    # Pods ----------------------------------------------------------------------------------
-
-    def set_pod(self, pod: RawObject) -> None:
-        """Record where a pod lives and the claims it names (replacing what it named before)."""
-        uid = objects.uid(pod)
-        ns, name = objects.namespace_name(pod)
-        self._pod_location[uid] = (ns, name)
-        refs = {ClaimKey(ns, claim) for claim in objects.claim_names_of(pod)}
-        before = self._names_of.get(uid, set())
-        if refs == before:
-            return
-        self._unlink(self._named_by, uid, before - refs)
-        for ref in refs - before:
-            self._named_by.setdefault(ref, set()).add(uid)
-        self._names_of[uid] = refs
-
-    def remove_pod(self, uid: str) -> None:
-        """Forget a deleted pod's location and names; its holds go with the claims' changes."""
-        self._pod_location.pop(uid, None)
-        self._unlink(self._named_by, uid, self._names_of.pop(uid, set()))
-
-    def pod_location(self, uid: str) -> tuple[str, str] | None:
-        """(namespace, name) of a pod seen alive, or None."""
-        return self._pod_location.get(uid)
-
-    def claims_of(self, pod_uid: str) -> set[ClaimKey]:
-        """The claims a pod names, owns or is reserved in."""
-        return self._names_of.get(pod_uid, set()) | self._holds.get(pod_uid, set())
-
-    # Claims --------------------------------------------------------------------------------
-
-    def set_claim(self, claim: RawObject) -> None:
-        """Record the pods that own a claim or are in its reservedFor (replacing the old ones)."""
-        key = ClaimKey(*objects.namespace_name(claim))
-        self.remove_claim(key)
-        pods = objects.owner_and_reserved(claim)
-        if pods:
-            self._held_by[key] = pods
-            for uid in pods:
-                self._holds.setdefault(uid, set()).add(key)
-
-    def remove_claim(self, key: ClaimKey) -> None:
-        for uid in self._held_by.pop(key, set()):
-            keys = self._holds.get(uid)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self._holds[uid]
-
-    def users_of(self, claim: RawObject) -> set[str]:
-        """Uids of the pods that name, own or reserve a claim (as the object says now)."""
-        key = ClaimKey(*objects.namespace_name(claim))
-        return set(self._named_by.get(key, set())) | objects.owner_and_reserved(claim)
-
-    @staticmethod
-    def _unlink(index: dict[ClaimKey, set[str]], uid: str, keys: Iterable[ClaimKey]) -> None:
-        for key in keys:
-            users = index.get(key)
-            if users is not None:
-                users.discard(uid)
-                if not users:
-                    del index[key]
+def pod_uid(pod: Object) -> Iterable[Hashable]:
+    """The pods' mirror's index: a pod under its uid."""
+    return (objects.uid(pod),)
 
 
-__all__ = ["ClaimIndex"]
+def claims_named(pod: Object) -> Iterable[Hashable]:
+    """The pods' mirror's index: a pod under each claim it names."""
+    return names_of(pod)
+
+
+def held_by(claim: Object) -> Iterable[Hashable]:
+    """The claims' mirror's index: a claim under the uids of its owner and reserved pods."""
+    return objects.owner_and_reserved(claim)
+
+
+POD_INDEXERS: Mapping[str, IndexFunc] = {POD_UID: pod_uid, CLAIM_NAMED: claims_named}
+CLAIM_INDEXERS: Mapping[str, IndexFunc] = {HELD_BY: held_by}
+
+
+def names_of(pod: Object) -> set[ClaimKey]:
+    """The claims a pod names (in its own namespace)."""
+    ns = objects.namespace(pod)
+    return {ClaimKey(ns, claim) for claim in objects.claim_names_of(pod)}
+
+
+def pod_by_uid(pods: Informer, uid: str) -> Object | None:
+    """The pod with this uid in the pods' mirror, or None."""
+    found = pods.by_index(POD_UID, uid)
+    return found[0] if found else None
+
+
+def pods_naming(pods: Informer, key: ClaimKey) -> list[Object]:
+    """The pods in the mirror that name a claim."""
+    return pods.by_index(CLAIM_NAMED, key)
+
+
+def users_of(pods: Informer, claim: Object) -> list[Object]:
+    """The pods in the mirror that name, own or reserve a claim (owner and reservedFor as the
+    object given says now), each once."""
+    found = {objects.uid(pod): pod
+             for pod in pods_naming(pods, ClaimKey(*objects.namespace_name(claim)))}
+    for uid in objects.owner_and_reserved(claim):
+        if uid not in found:
+            pod = pod_by_uid(pods, uid)
+            if pod is not None:
+                found[uid] = pod
+    return list(found.values())
+
+
+def claims_of(claims: Informer, uid: str, pod: Object | None) -> set[ClaimKey]:
+    """The claims a pod names, owns or is reserved in: those its state `pod` names (the last
+    stored one for a deleted pod; None when unknown) and those in the claims' mirror that name
+    the uid as their owner or in their reservedFor."""
+    named = names_of(pod) if pod is not None and objects.uid(pod) == uid else set()
+    return named | {ClaimKey(*objects.namespace_name(claim))
+                    for claim in claims.by_index(HELD_BY, uid)}
+
+
+__all__ = [
+    "CLAIM_INDEXERS",
+    "CLAIM_NAMED",
+    "HELD_BY",
+    "POD_INDEXERS",
+    "POD_UID",
+    "claims_named",
+    "claims_of",
+    "held_by",
+    "names_of",
+    "pod_by_uid",
+    "pod_uid",
+    "pods_naming",
+    "users_of",
+]

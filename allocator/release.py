@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 
-from dra_gateway.allocator.index import ClaimIndex
+from dra_gateway.allocator.index import pods_naming
 from dra_gateway.allocator.metrics import Metrics, Stats
 from dra_gateway.allocator.mirrorwrites import observe_writes
 from dra_gateway.allocator.unplaceable import Unplaceable
@@ -38,12 +38,11 @@ log = logging.getLogger(__name__)
 
 class ClaimReleaser:
     def __init__(self, cluster: Cluster, *, claims: Informer, pods: Informer,
-                 index: ClaimIndex, unplaceable: Unplaceable, stats: Stats, metrics: Metrics,
+                 unplaceable: Unplaceable, stats: Stats, metrics: Metrics,
                  fence: Fence = unfenced) -> None:
         self.cluster = cluster
         self.claims = claims
         self.pods = pods
-        self.index = index
         self.stats = stats
         self.metrics = metrics
         self.unplaceable = unplaceable  # the pods waiting for room, told when a release wrote
@@ -61,10 +60,11 @@ class ClaimReleaser:
     async def in_use(self, claim: Object) -> bool:
         """Is any pod that owns or uses the claim still there and not finished?"""
         ns = objects.namespace(claim)
-        candidates: dict[str, str | None] = {}  # uid -> name when known
-        for uid in self.index.users_of(claim):
-            where = self.index.pod_location(uid)
-            candidates[uid] = where[1] if where else None
+        # uid -> name when known: the pods in the mirror that name the claim, then the claim's
+        # own references (the pods' mirror may not have those pods, or no longer).
+        candidates: dict[str, str | None] = {
+            objects.uid(pod): objects.name(pod)
+            for pod in pods_naming(self.pods, ClaimKey(*objects.namespace_name(claim)))}
         for reserved in objects.status(claim).get("reservedFor") or []:
             if reserved.get("resource") == "pods" and reserved.get("uid"):
                 candidates[str(reserved["uid"])] = str(reserved.get("name") or "") or None
