@@ -1,6 +1,6 @@
 """The planner's speed-ups change nothing: on random clusters, pods and sharing policies, it
-places every pod where the plain reference (reference_planner.py: every node searched afresh,
-no node classes, memo or rankings) does, on the same devices.
+places every pod where the plain reference (`dra_gateway.devkit.reference_planner`: every node
+searched afresh, no node classes, memo or rankings) does, on the same devices.
 
 Each example replays one history on two states: each pod is planned by both, the two plans are
 compared, and the planner's plan is assumed in both (so they stay the same cluster); between
@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dra_gateway.allocator.planner import STRATEGIES, ClusterState, PodPlan, plan_pod
+from dra_gateway.devkit.reference_planner import reference_plan
 from dra_gateway.policy.catalog import Catalog
 
 from .planner_support import claim, cluster, gpu, share_config
-from .reference_planner import reference_plan
 
 GI = 1 << 30
 NAMESPACES = ("a", "b", "c", "d")

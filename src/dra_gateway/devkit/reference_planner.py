@@ -6,8 +6,12 @@ search (`NodeSearch`) run afresh on that one node under the namespace's own shar
 packing strategy's score; the lowest (score, node name) wins. No node classes, no memoised
 searches, no rankings, no "planned as an equivalent namespace" rules: whatever those speed-ups
 decide must come out the same (tests/allocator/test_reference_planner.py compares them plan by
-plan). Quotas are out of its scope (their walk is the planner's own), so is the learned
-workload's observation, which both make through the same `_pod_visit`.
+plan on random clusters; `python -m dra_gateway.devkit.bench.speedlayer` on the openb trace,
+and times both). Quotas are out of its scope (their walk is the planner's own), so is the
+learned workload's observation, which both make through the same `_pod_visit`.
+
+It lives in the development kit, apart from production code (an import-linter contract: no
+component imports `dra_gateway.devkit`), so that the tests and the benchmarks share it.
 """
 
 from __future__ import annotations
