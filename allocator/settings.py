@@ -72,7 +72,7 @@ class ControllerSettings:
     preemption: bool = True
     preemption_interval: float = 2.0
     preemption_hold: float = 300.0
-    # The drain of failed devices (allocator/eviction/drain.py; `--no-health-eviction` turns it off):
+    # The drain of failed devices (eviction/drain.py; `--no-health-eviction` turns it off):
     # every `drain_interval`, the pods on a device a node plugin withholds for a fatal fault
     # are evicted (only where the API server keeps no device taints is any device withheld).
     health_eviction: bool = True

@@ -24,8 +24,8 @@ evicted is written here, with its test (tests/allocator/test_leaving.py).
 packing, at the gateway's own initiative, so a pod may opt out; preemption acts for a pod of
 higher priority, as kube-scheduler does, and kube-scheduler knows no such opt-out. A pod is
 kept from preemption the Kubernetes way, by its PriorityClass and its PodDisruptionBudget. The
-drain of failed devices (allocator/eviction/drain.py) follows none of these: its pods cannot run where
-they are; the Eviction API still applies their budgets.
+drain of failed devices (allocator/eviction/drain.py) follows none of these: its pods cannot
+run where they are; the Eviction API still applies their budgets.
 
 Pure: plain values in, verdicts out.
 """

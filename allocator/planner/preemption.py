@@ -47,9 +47,9 @@ from dra_gateway.allocator.planner.leaving import (
     protected,
     reclaimable,
 )
-from dra_gateway.allocator.planner.ledger import TakenOut
 from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.state import ClusterState
+from dra_gateway.allocator.planner.trial import Trial
 from dra_gateway.kube import objects
 
 __all__ = ["MAX_RECLAIMED", "NODES_TRIED", "Preemption", "Victim", "plan_preemption",
@@ -143,12 +143,8 @@ def plan_reclaim(state: ClusterState, waiter: Waiter, residents: Sequence[Reside
     candidates.sort(key=lambda r: (str(objects.meta(r.pod).get("creationTimestamp") or ""),
                                    _label(r.pod)), reverse=True)
     candidates.sort(key=lambda r: (protected(r, budgets), r.priority))
-    taken: dict[str, TakenOut] = {}
-    victims: list[Resident] = []
-
-    def take_out(resident: Resident) -> None:
-        uid = objects.uid(resident.pod)
-        taken[uid] = state.take_out(uid, [objects.uid(c) for c in resident.claims])
+    by_uid = {objects.uid(r.pod): r for r in candidates}
+    trial = _trial(state, candidates)
 
     def plan() -> PodPlan | None:
         """Its plan, when it is placed within its guarantee."""
@@ -159,11 +155,12 @@ def plan_reclaim(state: ClusterState, waiter: Waiter, residents: Sequence[Reside
 
     try:
         placed: PodPlan | None = None
+        taken: list[str] = []
         for resident in candidates[:MAX_RECLAIMED]:
             if not ledger.cohort_peers(namespace).get(objects.namespace(resident.pod)):
                 continue  # its namespace no longer borrows: what it holds is its own
-            take_out(resident)
-            victims.append(resident)
+            trial.take_out(objects.uid(resident.pod))
+            taken.append(objects.uid(resident.pod))
             placed = plan()
             if placed is not None:
                 break
@@ -171,20 +168,19 @@ def plan_reclaim(state: ClusterState, waiter: Waiter, residents: Sequence[Reside
             return ("the pods borrowing from its cohort do not free room for it within its "
                     "guarantee")
         # Reprieve: the highest priority, then the oldest, back first.
-        for resident in reversed(list(victims)):
-            state.put_back(taken.pop(objects.uid(resident.pod)))
-            again = plan()
-            if again is not None:
-                placed = again
-                victims.remove(resident)
-            else:
-                take_out(resident)
+        placed, leaving = trial.reprieve(reversed(taken), plan, placed)
+        victims = [by_uid[uid] for uid in taken if uid in set(leaving)]
         return Preemption(_label(pod), objects.uid(pod), waiter.priority,
                           placed.node_name or "", placed, _marked(victims, budgets),
                           cohort=",".join(cohorts))
     finally:
-        for entry in taken.values():
-            state.put_back(entry)
+        trial.undo()
+
+
+def _trial(state: ClusterState, residents: Sequence[Resident]) -> Trial:
+    """A trial on `state` that takes out any of `residents` by pod uid."""
+    claims = {objects.uid(r.pod): [objects.uid(c) for c in r.claims] for r in residents}
+    return Trial(lambda uid: state.take_out(uid, claims[uid]), state.put_back)
 
 
 def _marked(victims: Sequence[Resident], budgets: Mapping[str, int]) -> tuple[Victim, ...]:
@@ -234,37 +230,24 @@ def _freeable(state: ClusterState, node: str, candidates: Sequence[Resident]) ->
 
 def _on_node(state: ClusterState, waiter: Waiter, node: str, candidates: Sequence[Resident],
              budgets: Mapping[str, int]) -> Preemption | None:
-    taken: dict[str, TakenOut] = {}
+    def plan() -> PodPlan | None:
+        found = plan_pod(state, waiter.pod, list(waiter.claims), nodes=(node,))
+        return found if found.node_name is not None else None
 
-    def take_out(resident: Resident) -> None:
-        uid = objects.uid(resident.pod)
-        taken[uid] = state.take_out(uid, [objects.uid(c) for c in resident.claims])
-
-    def plan() -> PodPlan:
-        return plan_pod(state, waiter.pod, list(waiter.claims), nodes=(node,))
-
+    trial = _trial(state, candidates)
     for resident in candidates:
-        take_out(resident)
+        trial.take_out(objects.uid(resident.pod))
     try:
         placed = plan()
-        if placed.node_name is None:
+        if placed is None:
             return None
         # Reprieve: the protected first, then the highest priority, then the oldest.
         order = sorted(candidates, key=lambda r: (
             not protected(r, budgets), -r.priority,
             str(objects.meta(r.pod).get("creationTimestamp") or ""), _label(r.pod)))
-        victims: list[Resident] = []
-        for resident in order:
-            uid = objects.uid(resident.pod)
-            state.put_back(taken.pop(uid))
-            again = plan()
-            if again.node_name is not None:
-                placed = again
-                continue
-            take_out(resident)
-            victims.append(resident)
+        by_uid = {objects.uid(r.pod): r for r in order}
+        placed, leaving = trial.reprieve(by_uid, plan, placed)
         return Preemption(_label(waiter.pod), objects.uid(waiter.pod), waiter.priority, node,
-                          placed, _marked(victims, budgets))
+                          placed, _marked([by_uid[uid] for uid in leaving], budgets))
     finally:
-        for entry in taken.values():
-            state.put_back(entry)
+        trial.undo()

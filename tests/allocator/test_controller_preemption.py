@@ -1,5 +1,5 @@
-"""Preemption on the embedded API (allocator/eviction/preemption.py): a pod of higher priority that fits
-nowhere gets its cards from the fewest pods of lower priority, evicted with a DisruptionTarget
+"""Preemption on the embedded API (allocator/eviction/preemption.py): a pod of higher priority that
+fits nowhere gets its cards from the fewest pods of lower priority, evicted with a DisruptionTarget
 condition and Events; a pod whose policy is Never, or of equal priority, preempts nothing."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The drain of failed devices on the embedded API (allocator/eviction/drain.py): where the API server
-keeps no device taints, a pod on a device its node plugin withholds for a fatal fault is marked
-and evicted through the Eviction API, with an Event naming the device and fault; a degraded
+"""The drain of failed devices on the embedded API (allocator/eviction/drain.py): where the API
+server keeps no device taints, a pod on a device its node plugin withholds for a fatal fault is
+marked and evicted through the Eviction API, with an Event naming the device and fault; a degraded
 device, a device published again and a budget's refusal leave the pod running."""
 
 from __future__ import annotations

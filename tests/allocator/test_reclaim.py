@@ -1,6 +1,7 @@
 """Borrowed GPU quota in the planner: pods borrow a cohort's unused guarantees, claims placed on
 borrowed quota are marked, and a lender takes its guarantee back by preempting borrowed pods
-(allocator/planner/preemption.py `plan_reclaim`, allocator/eviction/preemption.py `find_preemptions`)."""
+(allocator/planner/preemption.py `plan_reclaim`, allocator/eviction/preemption.py
+`find_preemptions`)."""
 
 from __future__ import annotations
 

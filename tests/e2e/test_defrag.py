@@ -66,7 +66,7 @@ WAITING = "wide"
 # 60% of a card's memory and compute: no two shares fit on one card.
 SHARE = {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "60",
          "nvidia.com/gpucores": "60"}
-RECORDS = "dra-gateway-defrag"  # allocator/defrag/holds.py CONFIG_MAP
+RECORDS = "dra-gateway-defrag"  # allocator/eviction/holds.py CONFIG_MAP
 JSON = dict[str, Any]
 
 

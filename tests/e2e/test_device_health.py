@@ -10,8 +10,8 @@ demo's H100 node, gets a card; then that card falls off the bus (XID 79, fatal):
   replacement is placed on another card of the node, never the tainted one;
 - before (1.34 and 1.35 by default): the card is withheld from the slice and the Node's
   condition `GpuDevicesUnhealthy` lists it (fatal, withheld); the gateway's allocator evicts the
-  pod through the Eviction API (allocator/drain.py) with a DisruptionTarget condition and an
-  Event naming the card and fault, and the replacement is placed on another card.
+  pod through the Eviction API (allocator/eviction/drain.py) with a DisruptionTarget condition
+  and an Event naming the card and fault, and the replacement is placed on another card.
 
 Either way the Node's condition lists the card; once the fault file says it recovered, the
 condition gives the time it will be healthy again; within the recovery period it is published

@@ -1,5 +1,5 @@
-"""The allocator's preemption for GPU claims on a real control plane (allocator/preemption.py,
-on by default in the chart).
+"""The allocator's preemption for GPU claims on a real control plane
+(allocator/eviction/preemption.py, on by default in the chart).
 
 Eight one-card pods of the PriorityClass `e2e-low` (value 10) fill the demo's eight-card H100
 node, `gpu-h100-1`; every pod here is pinned to that node by its hostname, so the A100 node's
@@ -63,7 +63,7 @@ EVICT_NS = "preempt-evict"
 WAIT_NS = "preempt-wait"
 QUEUE_NS = "queued-elsewhere"
 KUEUE = "kueue.x-k8s.io/admission"
-RECORDS = "dra-gateway-defrag"  # allocator/defrag/holds.py CONFIG_MAP: preemption's holds
+RECORDS = "dra-gateway-defrag"  # allocator/eviction/holds.py CONFIG_MAP: preemption's holds
 ROUNDS_S = 6.0  # three of the allocator's preemption rounds (preemption_interval 2 s)
 
 

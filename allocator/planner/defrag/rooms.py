@@ -37,6 +37,7 @@ from dra_gateway.allocator.planner.devices import Device
 from dra_gateway.allocator.planner.leaving import Resident, Waiter, movable
 from dra_gateway.allocator.planner.plan import plan_pod
 from dra_gateway.allocator.planner.state import ClusterState, TakenOut
+from dra_gateway.allocator.planner.trial import Trial
 from dra_gateway.kube import objects
 
 
@@ -233,21 +234,22 @@ class RoomMaker:
                priority: int, node: str, victims: list[str], cap: int, *, depth: int,
                avoid: frozenset[str]) -> _Room | None:
         state = self.state
-        taken = {v: self._take_out(v) for v in victims}
-        plan = plan_pod(state, pod, claims, nodes=(node,))
-        if plan.node_name is None:
-            for v in taken:
-                self._put_back(taken[v])
+
+        def on_node() -> PodPlan | None:
+            found = plan_pod(state, pod, claims, nodes=(node,))
+            return found if found.node_name is not None else None
+
+        trial = Trial(self._take_out, self._put_back)
+        for v in victims:
+            trial.take_out(v)
+        placed = on_node()
+        if placed is None:
+            trial.undo()
             return None
         # Put back, smallest holders first, every pod the waiter can do without.
-        for v in sorted(victims, key=lambda v: (self._weight(v), v)):
-            self._put_back(taken[v])
-            again = plan_pod(state, pod, claims, nodes=(node,))
-            if again.node_name is None:
-                taken[v] = self._take_out(v)
-            else:
-                del taken[v]
-                plan = again
+        plan, leaving = trial.reprieve(sorted(victims, key=lambda v: (self._weight(v), v)),
+                                       on_node, placed)
+        taken = {v: trial.out[v] for v in victims if v in leaving}
         room = _Room(plan, [], [("taken", out) for out in taken.values()])
         state.assume(pod, plan)
         room.log.append(("assumed", (pod, plan)))
