@@ -140,9 +140,10 @@ def memo_rules(rules: SharingRules | None, summary: HolderSummary,
     where a held card is another tenant's (or isolated from it), its tenant if it holds cards
     there too, else only that every held card is barred (tenants without cards on the node
     search it alike; reasons name the tenant when reported); its maxClaimsPerDevice where a
-    card (with the pod's own shares) would reach it. A pod without shares (whole cards only)
-    depends on neither."""
-    if rules is None or summary is NO_HOLDERS or not own_shares:
+    card with the pod's own shares would reach it, on a node of no held card too (two shares
+    of the pod cannot share a card under a limit of one). A pod without shares (whole cards
+    only) depends on neither."""
+    if rules is None or not own_shares:
         return None
     ours = rules.tenant
     tenant: str | None = None

@@ -25,7 +25,7 @@ from dra_gateway.allocator.planner.cards import card_product
 from dra_gateway.allocator.planner.demand import ClaimDemand
 from dra_gateway.allocator.planner.fragmentation import Workload
 from dra_gateway.allocator.planner.inputs import NodeClassKey, PodInputs, SearchInputs
-from dra_gateway.allocator.planner.memokeys import NO_HOLDERS, memo_rules
+from dra_gateway.allocator.planner.memokeys import memo_rules
 from dra_gateway.allocator.planner.reasons import (
     RULES_PLACEHOLDER,
     TENANT_PLACEHOLDER,
@@ -171,8 +171,7 @@ class PodVisit:
             # Isolation cannot change the search there: as on a node of no isolated holder.
             usage = group_key.usage if neutral is None else neutral
             memo_key = (group_key.static, usage, self.search,
-                        None if summary is NO_HOLDERS
-                        else memo_rules(rules, summary, self.own_shares))
+                        memo_rules(rules, summary, self.own_shares))
         classes = state.node_classes
         if memo_key is not None:
             result = classes.memo.get(memo_key)
