@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dra_gateway.kube import names
 
@@ -90,3 +90,17 @@ def share_parameters(configs: Iterable[Mapping[str, Any]], request: str, *,
         merged.update(params)
     return merged
 
+
+
+def read_share_config(configs: Iterable[Mapping[str, Any]], request: str, *,
+                      driver: str = names.DRIVER) -> GpuShareConfig:
+    """The GpuShareConfig that applies to `request` (`share_parameters`), validated: what the
+    planner sizes a share by and the node plugin enforces, read one way. Raises ValueError
+    naming the request and each field that is wrong."""
+    merged = share_parameters(configs, request, driver=driver)
+    try:
+        return GpuShareConfig.model_validate(merged)
+    except ValidationError as exc:
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(document)'}: {e['msg']}"
+                           for e in exc.errors())
+        raise ValueError(f"GpuShareConfig for request {request} is invalid: {detail}") from None

@@ -12,8 +12,8 @@ The share record is the allocator's, in `status.allocation` (which tenants canno
 with dra_gateway.gpu.shares: entries are matched to results by request, driver, pool and
 device, in order, and a missing or malformed record counts as absent. The annotation
 `dra-gateway.io/shares` is never read: anyone who may update the claim may edit it. Which
-GpuShareConfig applies to a request is dra_gateway.kube.models.share_parameters, the same
-function the planner sizes shares with.
+GpuShareConfig applies to a request, and whether it is valid, is
+dra_gateway.kube.models.read_share_config, the same function the planner sizes shares with.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from pydantic import ValidationError
 
 from dra_gateway.gpu.memory_percent import share_bytes
 from dra_gateway.gpu.shares import (
@@ -34,7 +32,7 @@ from dra_gateway.gpu.shares import (
     shares_by_result,
 )
 from dra_gateway.kube import names, objects
-from dra_gateway.kube.models import Enforcement, GpuShareConfig, share_parameters
+from dra_gateway.kube.models import Enforcement, GpuShareConfig, read_share_config
 from dra_gateway.kube.nodeselectors import node_selector_matches
 from dra_gateway.kube.quantity import QuantityError, bytes_of, parse_quantity
 from dra_gateway.node_plugin.cdi import (
@@ -100,16 +98,9 @@ def _share_config(claim: Mapping[str, Any], request: str, driver: str,
                 if (c.get("opaque") or {}).get("driver") == driver]
     try:
         # Class configs first, then the claim's: later entries win, key by key.
-        merged = share_parameters(ours, request, driver=driver)
+        return read_share_config(ours, request, driver=driver)
     except ValueError as exc:
         raise ClaimError(f"{where}: {exc}") from None
-    try:
-        return GpuShareConfig.model_validate(merged)
-    except ValidationError as exc:
-        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(document)'}: {e['msg']}"
-                           for e in exc.errors())
-        raise ClaimError(f"{where}: GpuShareConfig for request {request} is invalid: "
-                         f"{detail}") from None
 
 
 def _requested_capacity(claim: Mapping[str, Any], request: str) -> Collection[str]:

@@ -17,7 +17,7 @@ from dra_gateway.gpu.memory_percent import share_bytes_in_whole_mib
 from dra_gateway.kube import names
 from dra_gateway.kube.api_rules import capacity_problems
 from dra_gateway.kube.cel.devices import IDENTITY_ATTRIBUTES, may_read_identity
-from dra_gateway.kube.models import share_parameters
+from dra_gateway.kube.models import read_share_config
 from dra_gateway.kube.quantity import parse_quantity
 
 
@@ -78,24 +78,15 @@ class ClaimDemand:
 
 
 def _share_config(configs: Sequence[Mapping[str, Any]], result_name: str) -> Share:
-    """The share of a card the GpuShareConfig for a request asks (`share_parameters`).
-
-    The configs that apply are merged key by key, later entries winning, exactly as the node
-    plugin merges them before it enforces the share; a document of another kind is no share.
-    """
+    """The share of a card the GpuShareConfig for a request asks, read as the node plugin reads
+    it (`read_share_config`: the configs that apply merged key by key, later entries winning,
+    then validated), so that a claim the plugin would refuse is refused here, naming why."""
     try:
-        params = share_parameters(configs, result_name)
+        config = read_share_config(configs, result_name)
     except ValueError as exc:
         raise ValueError(f"spec.devices.config: {exc}") from exc
-    if params.get("kind", names.KIND_GPU_SHARE_CONFIG) != names.KIND_GPU_SHARE_CONFIG:
-        return Share()
-    return Share(
-        memory=int(params["memory"]) if params.get("memory") is not None else None,
-        memory_percent=(
-            int(params["memoryPercent"]) if params.get("memoryPercent") is not None else None
-        ),
-        cores=int(params["cores"]) if params.get("cores") is not None else None,
-    )
+    return Share(memory=config.memory, memory_percent=config.memory_percent,
+                 cores=config.cores)
 
 
 def share_strategy(configs: Sequence[Mapping[str, Any]]) -> str | None:

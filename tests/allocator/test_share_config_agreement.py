@@ -87,3 +87,25 @@ def test_planner_and_node_plugin_agree_on_a_share_set_by_two_configs(native: boo
         (recorded,) = json.loads(plan.annotations["uid-c"][names.ANNOTATION_SHARES])
         consumed = recorded["consumedCapacity"]
     assert consumed == {"memory": "8Gi", "cores": "30"}
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"cores": 150}, "cores"),
+    ({"memoryPercent": 0}, "memoryPercent"),
+    ({"memory": 8 * GI, "memoryPercent": 50}, "set memory or memoryPercent, not both"),
+    ({"cores": 30, "enforcment": "hami-core"}, "enforcment"),
+    ({"cores": 30, "kind": "GpuShare"}, "kind"),
+], ids=["cores-over-100", "percent-zero", "both-memory-forms", "misspelt-field", "other-kind"])
+def test_a_share_the_node_plugin_would_refuse_is_not_placed_and_says_why(
+        params: dict[str, Any], field: str) -> None:
+    """The planner reads the document as the node plugin does (`read_share_config`): a claim
+    whose container could never start is reported unallocatable, naming the field, instead of
+    being given devices."""
+    claim = _claim()
+    claim["spec"]["devices"]["config"] = [_config(**params)]
+    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"},
+           "spec": {"containers": [{"name": "main", "image": "x"}]}}
+    plan = plan_pod(_world(native=True), pod, [claim])
+    assert plan.node_name is None
+    assert "spec.devices.config: GpuShareConfig for request gpu is invalid" in plan.reason
+    assert field in plan.reason
