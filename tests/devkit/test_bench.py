@@ -65,7 +65,7 @@ def test_a_larger_sample_replays_with_every_policy_above_a_sane_ratio(
 
 
 def test_gpu_spec_restricts_the_models_a_pod_may_use() -> None:
-    cluster = trace.Cluster(trace.read_nodes(NODES))
+    cluster = trace.TraceCluster(trace.read_nodes(NODES))
     translator = trace.Translator()
     state = cluster.state(PlannerSettings(default_strategy="first-fit"))
     trace_pod = trace.TracePod("x", 1000, 1024, 1, 250, ("V100M32",))
@@ -139,7 +139,7 @@ def test_configurations_replayed_side_by_side_place_as_each_replayed_alone() -> 
     # exactly what it places alone (only the times are shared with the other).
     nodes = trace.read_nodes(DATA / "openb_nodes_small.csv")
     pods = trace.read_pods(DATA / "openb_pods_small.csv")
-    cluster = trace.Cluster(nodes)
+    cluster = trace.TraceCluster(nodes)
     translator = trace.Translator()
     workload = trace.trace_workload(pods)
     catalog = trace.gpu_policies(cluster.total_gpus)

@@ -43,8 +43,8 @@ from typing import Any
 from dra_gateway.allocator.planner import STRATEGIES
 from dra_gateway.devkit.bench.trace import (
     FULL,
-    Cluster,
     RunResult,
+    TraceCluster,
     TraceError,
     TraceNode,
     TracePod,
@@ -153,7 +153,7 @@ def run_scales(nodes_path: Path, pods_path: Path, *, strategies: Sequence[str], 
             for seed in seeds:
                 gc.collect()
                 before = resident_mib()
-                cluster = Cluster(nodes)
+                cluster = TraceCluster(nodes)
                 runs.append(replay(cluster, translator, pods, strategy=strategy, load=load,
                                    seed=seed, workload=workload))
                 peak = max(peak, resident_mib() - before)

@@ -78,7 +78,7 @@ def deal_jobs(pods: Sequence[trace.TracePod], seed: int) -> dict[int, int]:
     return {n: job for n, job in job_of.items() if len(members[job]) > 1}
 
 
-def _replay(cluster: trace.Cluster, translator: trace.Translator,
+def _replay(cluster: trace.TraceCluster, translator: trace.Translator,
             pods: Sequence[trace.TracePod], jobs: Mapping[int, int], *, strategy: str,
             workload: Any, groups: bool) -> _Run:
     run = _Run(groups=groups)

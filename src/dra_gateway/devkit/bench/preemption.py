@@ -88,7 +88,7 @@ def _arrive(replay: trace.Replay, arrivals: _Arrivals, residents: list[Resident]
         arrivals.placed += 1
 
 
-def _seed(cluster: trace.Cluster, translator: trace.Translator, pods: Sequence[trace.TracePod],
+def _seed(cluster: trace.TraceCluster, translator: trace.Translator, pods: Sequence[trace.TracePod],
           *, strategy: str, load: float, seed: int, percent: float,
           workload: Any) -> tuple[_Arrivals, _Arrivals, int]:
     replays = [trace.Replay(cluster, translator, strategy=strategy, workload=workload,

@@ -9,7 +9,7 @@ The speed layer is what `plan_pod` adds to the plain search: node classes, the s
 memoised per class (`memokeys.py`, `caches.py`) and the rankings walked best first. The
 reference (`dra_gateway.devkit.reference_planner`) has none of it: every node in name order,
 the device search run afresh on each. Both get the same pod sequence on identical states: the
-trace library's cluster (`trace.Cluster`: the first `--node-count` nodes of the list, their
+trace library's cluster (`trace.TraceCluster`: the first `--node-count` nodes of the list, their
 slices as the node plugin publishes them) and its workload (`trace.sample`: every pod of the
 list plus seeded copies up to `--load` times the cards, shuffled; cut where the requests reach
 `--load` times the cards of the nodes taken, so that part of the cluster gets the load the
@@ -53,7 +53,7 @@ from dra_gateway.allocator.planner import (
     plan_pod,
 )
 from dra_gateway.devkit.bench.trace import (
-    Cluster,
+    TraceCluster,
     TraceError,
     TracePod,
     Translator,
@@ -116,7 +116,7 @@ def pod_sequence(pods: Sequence[TracePod], total_gpus: int, *, load: float, seed
     return sequence if pod_count is None else sequence[:pod_count]
 
 
-def run_one(planner: str, cluster: Cluster, translator: Translator,
+def run_one(planner: str, cluster: TraceCluster, translator: Translator,
             sequence: Sequence[TracePod], *, strategy: str, workload: Workload, seed: int,
             repetition: int) -> Run:
     """Plan `sequence` on a fresh state with one planner, assuming each plan as the allocator
@@ -158,7 +158,7 @@ def measure(nodes_path: Path, pods_path: Path, *, node_count: int | None = None,
     if node_count is not None:
         nodes = nodes[:node_count]
     pods = read_pods(pods_path)
-    cluster = Cluster(nodes)
+    cluster = TraceCluster(nodes)
     translator = Translator()
     workload = trace_workload(pods)
     runs: list[Run] = []

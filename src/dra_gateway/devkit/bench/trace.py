@@ -9,7 +9,7 @@ Each trace pod goes the way a real one would: a pod with legacy requests (`nvidi
 for whole cards; HAMi's `gpucores` + `gpumem-percentage` for shares, so memory is the share
 times the card's memory; `gpu_spec` as HAMi's `nvidia.com/use-gputype`) is translated by the
 built-in rules (`Translator`), its claim is made from the template as the claim controller
-would (`claims_for`), and the nodes publish slices as the node plugin builds them (`Cluster`);
+would (`claims_for`), and the nodes publish slices as the node plugin builds them (`TraceCluster`);
 `plan_pod` places it and the plan is assumed (`Replay`). Nothing is faked: the figures are
 those of the code the allocator runs.
 
@@ -178,7 +178,7 @@ def sample(pods: Sequence[TracePod], total_gpus: int, load: float, seed: int) ->
     return out
 
 
-class Cluster:
+class TraceCluster:
     """The simulated cluster's objects, built once and fed to a fresh state per replay."""
 
     def __init__(self, nodes: Sequence[TraceNode]) -> None:
@@ -370,7 +370,7 @@ def policy_objects(total_gpus: int, *, quotas: int = NAMESPACES, sharing: int = 
 class Replay:
     """One configuration's replay of a trace, a pod at a time."""
 
-    def __init__(self, cluster: Cluster, translator: Translator, *, strategy: str,
+    def __init__(self, cluster: TraceCluster, translator: Translator, *, strategy: str,
                  workload: Workload, catalog: Catalog | None, namespaces: bool,
                  keep: bool = False, losses: bool = False) -> None:
         self.translator = translator
@@ -441,14 +441,14 @@ class Replay:
                          placed_pods=self.placed, failed_pods=self.failed, cards=self.cards)
 
 
-def replay(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *,
+def replay(cluster: TraceCluster, translator: Translator, pods: Sequence[TracePod], *,
            strategy: str, load: float, seed: int, workload: Workload,
            catalog: Catalog | None = None, namespaces: bool = False) -> RunResult:
     return side_by_side(cluster, translator, pods, strategy=strategy, load=load, seed=seed,
                         workload=workload, catalogs=[catalog], namespaces=namespaces)[0]
 
 
-def side_by_side(cluster: Cluster, translator: Translator, pods: Sequence[TracePod], *,
+def side_by_side(cluster: TraceCluster, translator: Translator, pods: Sequence[TracePod], *,
                  strategy: str, load: float, seed: int, workload: Workload,
                  catalogs: Sequence[Catalog | None], namespaces: bool = False,
                  losses: bool = False) -> list[RunResult]:
@@ -499,13 +499,13 @@ class Trace:
     beside them (the translator, FGD's target workload)."""
 
     pods: list[TracePod]
-    cluster: Cluster
+    cluster: TraceCluster
     translator: Translator
     workload: Workload
 
 
 def load_trace(nodes_path: Path, pods_path: Path) -> Trace:
     pods = read_pods(pods_path)
-    return Trace(pods, Cluster(read_nodes(nodes_path)), Translator(), trace_workload(pods))
+    return Trace(pods, TraceCluster(read_nodes(nodes_path)), Translator(), trace_workload(pods))
 
 
