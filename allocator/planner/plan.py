@@ -269,7 +269,7 @@ def _first_plan(visit: PodVisit, pod: Mapping[str, Any], claims: _PodClaims, pod
     spec = pod.get("spec") or {}
     needs_labels = bool(spec.get("nodeSelector") or spec.get("affinity"))
     pinned = claims.pinned
-    if pinned is not None or needs_labels or identity:
+    if pinned is not None or needs_labels or identity or not state.settings.rankings:
         plan = scan_classes(visit, pod, claims.to_plan, pod_label, pinned=pinned,
                             needs_labels=needs_labels, identity=identity, charges=charges)
         return plan, lambda: feasible_nodes(

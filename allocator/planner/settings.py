@@ -48,6 +48,13 @@ class PlannerSettings:
     # innermost first: a pod group's members go to the nodes its members already use, then to
     # nodes of the same value of each label in turn, then anywhere (planner/groups.py).
     group_domains: tuple[str, ...] = ()
+    # The speed layer's parts, on in production; turned off only to measure what each buys
+    # (`python -m dra_gateway.devkit.bench.speedlayer`). Plans are the same either way
+    # (tests/allocator/test_reference_planner.py). `memo`: a node class's search for a claim
+    # shape is kept and reused; `rankings`: a pod signature's feasible classes are ranked once
+    # and walked best first, instead of every class being searched for every pod.
+    memo: bool = True
+    rankings: bool = True
 
     def __post_init__(self) -> None:
         if self.default_strategy not in STRATEGIES:

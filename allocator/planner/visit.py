@@ -173,6 +173,8 @@ class PodVisit:
             memo_key = (group_key.static, usage, self.search,
                         memo_rules(rules, summary, self.own_shares))
         classes = state.node_classes
+        if not state.settings.memo:
+            memo_key = None
         if memo_key is not None:
             result = classes.memo.get(memo_key)
             if result is None:

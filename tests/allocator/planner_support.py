@@ -138,11 +138,11 @@ def claim(name: str = "c", *, requests: list[dict[str, Any]] | None = None,
 
 
 def cluster(nodes: dict[str, list[dict[str, Any]]], *, strategy: str = "first-fit",
-            consumable_capacity: bool = True, topology: bool = True,
-            **node_args: Any) -> ClusterState:
+            consumable_capacity: bool = True, topology: bool = True, memo: bool = True,
+            rankings: bool = True, **node_args: Any) -> ClusterState:
     state = ClusterState(PlannerSettings(default_strategy=strategy,
                                          consumable_capacity=consumable_capacity,
-                                         topology=topology))
+                                         topology=topology, memo=memo, rankings=rankings))
     state.set_device_class(device_class(names.GPU_CLASS, "gpu"))
     state.set_device_class(device_class(names.MIG_CLASS, "mig"))
     for name, devices in nodes.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -106,15 +107,19 @@ def _where(plan: PodPlan) -> tuple[str | None, list[list[tuple[str, str]]]]:
     return plan.node_name, devices
 
 
-def _state(layout: list[list[tuple[str, int]]], strategy: str) -> ClusterState:
+def _state(layout: list[list[tuple[str, int]]], strategy: str, **layer: bool) -> ClusterState:
     state = cluster({f"n{n}": [gpu(i, product=product, memory_gib=memory)
                                for i, (product, memory) in enumerate(cards)]
-                     for n, cards in enumerate(layout)}, strategy=strategy, cpu="40")
+                     for n, cards in enumerate(layout)}, strategy=strategy, cpu="40", **layer)
     for n in range(len(layout)):
         state.nodes[f"n{n}"].labels["zone"] = "east" if n % 2 else "west"
     return state
 
 
+# The planner as it runs, and with each part of its speed layer off (what the speed-layer
+# bench measures them by): every one must plan as the reference does.
+@pytest.mark.parametrize("layer", [{}, {"memo": False}, {"rankings": False}],
+                         ids=["as-run", "no-memo", "no-rankings"])
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layout=layouts, strategy=st.sampled_from(STRATEGIES),
        steps=st.lists(step, min_size=4, max_size=40))
@@ -126,9 +131,9 @@ def _state(layout: list[list[tuple[str, int]]], strategy: str) -> ClusterState:
                 ("policy", [("a", {"maxClaimsPerDevice": 1})]),
                 ("pod", ("a", [("share", 1, 1), ("share", 1, 1)], None, "10m"))])
 def test_the_planner_places_every_pod_as_the_reference_does(
-        layout: list[list[tuple[str, int]]], strategy: str,
+        layer: dict[str, bool], layout: list[list[tuple[str, int]]], strategy: str,
         steps: list[tuple[str, Any]]) -> None:
-    fast, plain = _state(layout, strategy), _state(layout, strategy)
+    fast, plain = _state(layout, strategy, **layer), _state(layout, strategy)
     placed: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
     for n, (kind, arg) in enumerate(steps):
         if kind == "policy":
@@ -155,3 +160,18 @@ def test_the_planner_places_every_pod_as_the_reference_does(
                 fast.assume(pod, plan)
                 plain.assume(pod, plan)
                 placed.append((pod, claims))
+
+
+@pytest.mark.parametrize(("layer", "kept"), [({}, {"memo", "rankings"}),
+                                             ({"memo": False}, {"rankings"}),
+                                             ({"rankings": False}, {"memo"})])
+def test_each_part_of_the_speed_layer_can_be_turned_off(layer: dict[str, bool],
+                                                         kept: set[str]) -> None:
+    """What the bench turns off is off: nothing is memoised or ranked by a part that is."""
+    state = _state([[("T4", 16)], [("T4", 16)], [("A100", 80)]], "default", **layer)
+    for n in range(4):
+        pod = _pod(f"p{n}", "a", None, "10m")
+        plan = plan_pod(state, pod, [_claim(f"p{n}-c", "a", ("share", 1, 1))])
+        assert plan.node_name is not None, plan.reason
+        state.assume(pod, plan)
+    assert {part for part in ("memo", "rankings") if len(getattr(state, part))} == kept

@@ -74,3 +74,20 @@ def test_bad_options_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> 
     assert "--strategy 'nope' is not a strategy" in capsys.readouterr().err
     assert speedlayer.main([*SLICE, "--repeat", "0"]) == 2
     assert "--repeat must be at least 1" in capsys.readouterr().err
+
+
+def test_each_part_of_the_speed_layer_is_timed_off_and_plans_the_same(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert speedlayer.main([*SLICE, "--repeat", "3", "--variants",
+                            "no-memo,no-rankings,reference", "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["variants"] == ["real", "no-memo", "no-rankings", "reference"]
+    for name in out["variants"]:
+        assert out[name]["seconds"] > 0
+    assert out["real"]["times_real"] == 1.0
+    assert out["agree"] is True
+    # The order rotates: each repetition another planner goes first.
+    assert [run["first"] for run in out["runs"]] == ["real", "no-memo", "no-rankings"]
+    assert speedlayer.main([*SLICE, "--variants", "no-cache"]) == 2
+    assert "--variants: 'no-cache' is not a planner" in capsys.readouterr().err

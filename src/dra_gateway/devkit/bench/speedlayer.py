@@ -3,12 +3,14 @@ openb trace.
 
 Run: `python -m dra_gateway.devkit.bench.speedlayer --nodes openb_node_list_gpu_node.csv
 --pods openb_pod_list_default.csv [--node-count N] [--pod-count M] [--strategy S] [--load L]
-[--seeds 42] [--repeat R] [-o json]`.
+[--seeds 42] [--repeat R] [--variants real,no-memo,no-rankings,reference] [-o json]`.
 
 The speed layer is what `plan_pod` adds to the plain search: node classes, the searches
 memoised per class (`memokeys.py`, `caches.py`) and the rankings walked best first. The
 reference (`dra_gateway.devkit.reference_planner`) has none of it: every node in name order,
-the device search run afresh on each. Both get the same pod sequence on identical states: the
+the device search run afresh on each. `no-memo` and `no-rankings` are `plan_pod` with one part
+turned off (`PlannerSettings.memo`, `.rankings`), to see what each part buys on its own.
+All get the same pod sequence on identical states: the
 trace library's cluster (`trace.TraceCluster`: the first `--node-count` nodes of the list, their
 slices as the node plugin publishes them) and its workload (`trace.sample`: every pod of the
 list plus seeded copies up to `--load` times the cards, shuffled; cut where the requests reach
@@ -16,11 +18,11 @@ list plus seeded copies up to `--load` times the cards, shuffled; cut where the 
 whole does; then the first `--pod-count` of them), each pod translated and its claims made as
 in `dra-gateway bench allocator`. Each
 planner plans every pod and its own plan is assumed into its own state, as the allocator
-does. The two runs are one after the other, not interleaved (their states differ in what the
-caches hold), and their order alternates across repetitions (`--repeat`, 2 by default: one
-each way) and seeds, so that neither always runs on the warmer or the cooler machine; before
-the first, both plan the first 100 pods untimed, so that what the process keeps for all
-states is not charged to the planner that happens to go first.
+does. The runs are one after the other, not interleaved (their states differ in what the
+caches hold), and their order rotates by one across repetitions (`--repeat`, 2 by default:
+with two planners, one each way) and seeds, so that none always runs on the warmer or the
+cooler machine; before the first, each plans the first 100 pods untimed, so that what the
+process keeps for all states is not charged to the planner that happens to go first.
 
 Reported: pods planned (and placed), the time of each planner (the planning thread's CPU time
 of `plan` + `assume`, summed over repetitions and seeds; wall-clock beside it), the ratio
@@ -72,8 +74,16 @@ Where = tuple[str | None, tuple[tuple[str, tuple[tuple[str, str], ...]], ...]]
 
 PLANNERS: dict[str, Planner] = {
     "real": plan_pod,
+    "no-memo": plan_pod,
+    "no-rankings": plan_pod,
     "reference": reference_plan,
 }
+# The speed layer's parts each variant turns off (`PlannerSettings.memo`, `.rankings`).
+LAYERS: dict[str, dict[str, bool]] = {
+    "no-memo": {"memo": False},
+    "no-rankings": {"rankings": False},
+}
+BASELINE = "real"
 SHOWN = 10  # disagreements printed (all are counted)
 WARMUP = 100  # pods each planner plans, untimed, before the first timed run
 
@@ -122,7 +132,10 @@ def run_one(planner: str, cluster: TraceCluster, translator: Translator,
     """Plan `sequence` on a fresh state with one planner, assuming each plan as the allocator
     does; timed as `bench allocator` times it (the pod and its claims built outside)."""
     plan_of = PLANNERS[planner]
-    state = cluster.state(PlannerSettings(default_strategy=strategy))
+    layer = LAYERS.get(planner, {})
+    state = cluster.state(PlannerSettings(default_strategy=strategy,
+                                          memo=layer.get("memo", True),
+                                          rankings=layer.get("rankings", True)))
     state.set_workload(workload)
     run = Run(planner, seed, repetition)
     settle()
@@ -151,9 +164,12 @@ def run_one(planner: str, cluster: TraceCluster, translator: Translator,
 def measure(nodes_path: Path, pods_path: Path, *, node_count: int | None = None,
             pod_count: int | None = None, strategy: str = "default", load: float = 1.3,
             seeds: Sequence[int] = (42,), repeat: int = 2,
+            variants: Sequence[str] = (BASELINE, "reference"),
             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The figures, and the disagreements (each: seed, repetition, planner, pod, the first
-    `plan_pod` run's placement of it and that planner's)."""
+    `plan_pod` run's placement of it and that planner's). `variants` are planned in turn, the
+    order rotating by one at each repetition; the real planner is always among them."""
+    names = [BASELINE, *(v for v in variants if v != BASELINE)]
     nodes = read_nodes(nodes_path)
     if node_count is not None:
         nodes = nodes[:node_count]
@@ -161,7 +177,7 @@ def measure(nodes_path: Path, pods_path: Path, *, node_count: int | None = None,
     cluster = TraceCluster(nodes)
     translator = Translator()
     workload = trace_workload(pods)
-    runs: list[Run] = []
+    runs: list[list[Run]] = []  # per repetition, in the order run
     disagreements: list[dict[str, Any]] = []
     planned = placed = 0
     turn = 0
@@ -173,65 +189,60 @@ def measure(nodes_path: Path, pods_path: Path, *, node_count: int | None = None,
         if turn == 0:
             # Untimed, what the process keeps once for all states (compiled selectors and
             # the like) is filled, so that it is not charged to whichever planner goes first.
-            for name in PLANNERS:
+            for name in names:
                 run_one(name, cluster, translator, sequence[:WARMUP], strategy=strategy,
                         workload=workload, seed=seed, repetition=-1)
         baseline: Run | None = None
         for repetition in range(repeat):
-            order = ("real", "reference") if turn % 2 == 0 else ("reference", "real")
+            shift = turn % len(names)
+            order = names[shift:] + names[:shift]
             turn += 1
-            pair = {name: run_one(name, cluster, translator, sequence, strategy=strategy,
-                                  workload=workload, seed=seed, repetition=repetition)
-                    for name in order}
-            runs += [pair[name] for name in order]
+            done = [run_one(name, cluster, translator, sequence, strategy=strategy,
+                            workload=workload, seed=seed, repetition=repetition)
+                    for name in order]
+            runs.append(done)
             if baseline is None:
-                baseline = pair["real"]
+                baseline = next(r for r in done if r.planner == BASELINE)
                 planned += len(sequence)
                 placed += baseline.placed
-            for name in order:
-                other = pair[name]
+            for other in done:
                 if other is baseline:
                     continue
                 for n, (expected, got) in enumerate(zip(baseline.plans, other.plans,
                                                         strict=True)):
                     if expected != got:
                         disagreements.append({
-                            "seed": seed, "repetition": repetition, "planner": name,
+                            "seed": seed, "repetition": repetition, "planner": other.planner,
                             "pod": f"p{n}", "trace_pod": sequence[n].name,
                             "plan_pod": _shown(expected), "got": _shown(got)})
-    real = [r for r in runs if r.planner == "real"]
-    ref = [r for r in runs if r.planner == "reference"]
-    real_s, ref_s = sum(r.seconds for r in real), sum(r.seconds for r in ref)
-    real_wall, ref_wall = sum(r.wall_seconds for r in real), sum(r.wall_seconds for r in ref)
     per_pod = planned * repeat or 1
+    totals = {name: (sum(r.seconds for rs in runs for r in rs if r.planner == name),
+                     sum(r.wall_seconds for rs in runs for r in rs if r.planner == name))
+              for name in names}
+    real_s, real_wall = totals[BASELINE]
     figures: dict[str, Any] = {
         "nodes": len(nodes), "cards": cluster.total_gpus, "strategy": strategy, "load": load,
-        "seeds": list(seeds), "repeat": repeat,
+        "seeds": list(seeds), "repeat": repeat, "variants": names,
         "pods": planned, "pods_placed": placed,
-        "real": {"seconds": round(real_s, 3), "wall_seconds": round(real_wall, 3),
-                 "ms_per_pod": round(1000 * real_s / per_pod, 3)},
-        "reference": {"seconds": round(ref_s, 3), "wall_seconds": round(ref_wall, 3),
-                      "ms_per_pod": round(1000 * ref_s / per_pod, 3)},
-        "ratio": round(ref_s / real_s, 2) if real_s else 0.0,
-        "wall_ratio": round(ref_wall / real_wall, 2) if real_wall else 0.0,
-        "runs": [{"seed": a.seed, "repetition": a.repetition, "first": first.planner,
-                  "real_seconds": round(a.seconds, 3), "reference_seconds": round(b.seconds, 3),
-                  "ratio": round(b.seconds / a.seconds, 2) if a.seconds else 0.0}
-                 for first, a, b in _pairs(runs)],
+        **{name: {"seconds": round(cpu, 3), "wall_seconds": round(wall, 3),
+                  "ms_per_pod": round(1000 * cpu / per_pod, 3),
+                  "times_real": round(cpu / real_s, 2) if real_s else 0.0}
+           for name, (cpu, wall) in totals.items()},
+        "runs": [{"seed": done[0].seed, "repetition": done[0].repetition,
+                  "first": done[0].planner, "order": [r.planner for r in done],
+                  **{f"{r.planner}_seconds": round(r.seconds, 3) for r in done}}
+                 for done in runs],
         "agree": not disagreements,
         "disagreements": len(disagreements),
     }
+    if "reference" in totals:
+        ref_s, ref_wall = totals["reference"]
+        figures["ratio"] = round(ref_s / real_s, 2) if real_s else 0.0
+        figures["wall_ratio"] = round(ref_wall / real_wall, 2) if real_wall else 0.0
+        for run in figures["runs"]:
+            real = run[f"{BASELINE}_seconds"]
+            run["ratio"] = round(run["reference_seconds"] / real, 2) if real else 0.0
     return figures, disagreements
-
-
-def _pairs(runs: Sequence[Run]) -> list[tuple[Run, Run, Run]]:
-    """Per repetition: the run that went first, then the real and the reference run."""
-    out = []
-    for i in range(0, len(runs), 2):
-        first, second = runs[i], runs[i + 1]
-        real, ref = (first, second) if first.planner == "real" else (second, first)
-        out.append((first, real, ref))
-    return out
 
 
 def _shown(place: Where) -> str:
@@ -248,16 +259,17 @@ def table(figures: Mapping[str, Any]) -> str:
         f"{figures['nodes']} nodes ({figures['cards']} cards), strategy {figures['strategy']}, "
         f"{figures['pods']} pods planned ({figures['pods_placed']} placed), seeds "
         f"{','.join(map(str, figures['seeds']))}, {figures['repeat']} repetition(s) each",
-        f"{'planner':<10} {'CPU s':>9} {'wall s':>9} {'ms/pod':>9}",
+        f"{'planner':<12} {'CPU s':>9} {'wall s':>9} {'ms/pod':>9} {'x real':>7}",
     ]
-    for name in ("real", "reference"):
+    for name in figures["variants"]:
         r = figures[name]
-        lines.append(f"{name:<10} {r['seconds']:>9.3f} {r['wall_seconds']:>9.3f} "
-                     f"{r['ms_per_pod']:>9.3f}")
-    lines.append(f"reference / real: {figures['ratio']:.2f}x CPU, "
-                 f"{figures['wall_ratio']:.2f}x wall (per repetition: "
-                 + ", ".join(f"{run['ratio']:.2f}x ({run['first']} first)"
-                             for run in figures["runs"]) + ")")
+        lines.append(f"{name:<12} {r['seconds']:>9.3f} {r['wall_seconds']:>9.3f} "
+                     f"{r['ms_per_pod']:>9.3f} {r['times_real']:>7.2f}")
+    if "ratio" in figures:
+        lines.append(f"reference / real: {figures['ratio']:.2f}x CPU, "
+                     f"{figures['wall_ratio']:.2f}x wall (per repetition: "
+                     + ", ".join(f"{run['ratio']:.2f}x ({run['first']} first)"
+                                 for run in figures["runs"]) + ")")
     lines.append("plans: every one agreed (node and devices)" if figures["agree"] else
                  f"plans: {figures['disagreements']} DISAGREED (see stderr)")
     return "\n".join(lines)
@@ -282,12 +294,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2,
                         help="runs of each planner per seed, the order alternating "
                              "(default: %(default)s)")
+    parser.add_argument("--variants", default=f"{BASELINE},reference",
+                        help="planners to time against the real one, comma-separated: "
+                             f"{', '.join(PLANNERS)} (default: %(default)s)")
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = parser.parse_args(argv)
     prog = "dra_gateway.devkit.bench.speedlayer"
     if args.strategy not in STRATEGIES:
         print(f"{prog}: --strategy {args.strategy!r} is not a strategy; use one of "
               f"{', '.join(STRATEGIES)}", file=sys.stderr)
+        return 2
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in PLANNERS]
+    if unknown:
+        print(f"{prog}: --variants: {', '.join(map(repr, unknown))} is not a planner; use "
+              f"{', '.join(PLANNERS)}", file=sys.stderr)
         return 2
     for flag, value in (("--node-count", args.node_count), ("--pod-count", args.pod_count),
                         ("--repeat", args.repeat)):
@@ -301,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures, disagreements = measure(
             Path(args.nodes), Path(args.pods), node_count=args.node_count,
             pod_count=args.pod_count, strategy=args.strategy, load=args.load,
-            seeds=parse_seeds(args.seeds), repeat=args.repeat)
+            seeds=parse_seeds(args.seeds), repeat=args.repeat, variants=variants)
     except TraceError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
