@@ -29,10 +29,16 @@ def _positive_seconds(value: str) -> float:
     except ValueError:
         seconds = 0.0
     if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a positive number of seconds; to stop asking the kubelet, use "
-            "--no-legacy-coexistence")
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of seconds")
     return seconds
+
+
+def _legacy_seconds(value: str) -> float:
+    try:
+        return _positive_seconds(value)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{exc}; to stop asking the kubelet, use --no-legacy-coexistence") from None
 
 
 def _recovery_seconds(value: str) -> float:
@@ -117,11 +123,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--pod-resources-socket", type=Path,
                        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
                        help="the kubelet's pod-resources socket (default: %(default)s)")
-    serve.add_argument("--legacy-poll-interval", type=_positive_seconds, default=2.0,
+    serve.add_argument("--legacy-poll-interval", type=_legacy_seconds, default=2.0,
                        metavar="SECONDS", help="how often the pod-resources API is asked; "
                        "withheld cards come back this long after their last legacy holder "
                        "ends (default: %(default)s)")
-    serve.add_argument("--legacy-node-interval", type=_positive_seconds, default=30.0,
+    serve.add_argument("--legacy-node-interval", type=_legacy_seconds, default=30.0,
                        metavar="SECONDS", help="how often the Node's status.allocatable is "
                        "read for legacy GPU names no device plugin lists (Koordinator's, HAMi's "
                        "memory), and to see a legacy plugin's amount drop to zero "

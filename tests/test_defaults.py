@@ -64,6 +64,7 @@ def test_the_node_plugins_flags_and_values_default_to_its_settings() -> None:
     coexistence = CoexistenceSettings()
     assert flags.recovery_seconds == settings.recovery_seconds \
         == VALUES["nodePlugin"]["recoverySeconds"]
-    assert flags.admin_check_seconds == settings.admin_check_seconds
+    assert flags.admin_check_seconds == settings.admin_check_seconds \
+        == VALUES["nodePlugin"]["adminCheckSeconds"]
     assert flags.legacy_poll_interval == coexistence.poll_seconds
     assert flags.legacy_node_interval == coexistence.node_seconds

@@ -1033,7 +1033,8 @@ def test_command_lines_are_those_of_the_components(helm: HelmRunner) -> None:
         "--plugins-dir", "/var/lib/kubelet/plugins",
         "--registry-dir", "/var/lib/kubelet/plugins_registry", "--cdi-dir", "/var/run/cdi",
         "--state-dir", "/var/lib/dra-gateway", "--sharing", "exclusive",
-        "--recovery-seconds", "600", "--hami-library", "/usr/local/vgpu/libvgpu.so",
+        "--recovery-seconds", "600", "--admin-check-seconds", "10",
+        "--hami-library", "/usr/local/vgpu/libvgpu.so",
         "--metrics-address", ":8080", "--pod-resources-socket",
         "/var/lib/kubelet/pod-resources/kubelet.sock", "--legacy-poll-interval", "2",
         "--log-level", "INFO"]

@@ -120,6 +120,19 @@ def test_a_legacy_poll_interval_that_is_not_a_positive_time_names_the_off_switch
             ) in capsys.readouterr().err
 
 
+def test_an_admin_check_interval_that_is_not_a_positive_time_is_refused_by_name(
+        h100x8: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its message does not send the user to the legacy switch, which has nothing to do
+    with it."""
+    with pytest.raises(SystemExit) as exited:
+        main(["node-plugin", "serve", "--inventory", str(h100x8), "--node-name", "n",
+              "--admin-check-seconds", "0"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --admin-check-seconds: '0' is not a positive number of seconds" in err
+    assert "to stop asking the kubelet" not in err
+
+
 def test_serve_asks_the_kubelets_pod_resources_socket_every_two_seconds_by_default(
         h100x8: Path) -> None:
     from dra_gateway.cli import build_parser
