@@ -268,11 +268,9 @@ class Controller:
                                             fence=self.fence)
                 tasks.append(asyncio.create_task(preemption.run(), name="preemption"))
             if self.settings.health_eviction:
-                drain = DrainMode(self.cluster, driver=names.DRIVER,
-                                  interval=self.settings.drain_interval,
-                                  nodes=self.nodes.values, snapshot=self.snapshot,
+                drain = DrainMode(self.cluster, self.settings, snapshot=self.snapshot,
                                   metrics=self.metrics, fence=self.fence,
-                                  instance=self.settings.identity)
+                                  nodes=self.nodes.values)
                 tasks.append(asyncio.create_task(drain.run(), name="health-eviction"))
             for n in range(max(1, self.settings.workers)):
                 worker = run_worker(self.queue, self._sync, stats=self.stats,

@@ -14,42 +14,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from datetime import UTC, datetime
 
-from dra_gateway.allocator.eviction.evict import run_rounds
-from dra_gateway.allocator.eviction.inputs import Inputs, Snapshot, build
+from dra_gateway.allocator.eviction.inputs import Inputs, build
+from dra_gateway.allocator.eviction.mode import EvictionMode
 from dra_gateway.allocator.eviction.moves import Applier, Pace
 from dra_gateway.allocator.eviction.store import list_items
-from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.planner.defrag import DefragPlan, Limits, plan_defrag
-from dra_gateway.allocator.settings import ControllerSettings
-from dra_gateway.allocator.work import Fence
-from dra_gateway.kube.cluster.port import Cluster
 from dra_gateway.kube.resources import POD_DISRUPTION_BUDGETS
 
 log = logging.getLogger(__name__)
 
-_MAX_BACKOFF = 16
+class DefragMode(EvictionMode):
+    name = "defrag"
+    max_backoff = 16
 
+    @property
+    def interval(self) -> float:
+        return self.settings.defrag_interval
 
-class DefragMode:
-    def __init__(self, cluster: Cluster, settings: ControllerSettings, *,
-                 snapshot: Callable[[], Snapshot], metrics: Metrics, fence: Fence,
-                 clock: Callable[[], datetime] | None = None) -> None:
-        self.cluster = cluster
-        self.settings = settings
-        self.snapshot = snapshot
-        self.metrics = metrics
-        self.fence = fence
-        self.clock = clock or (lambda: datetime.now(UTC))
-
-    async def run(self) -> None:
-        async def one_round() -> bool:
-            return not await self.round()
-
-        await run_rounds("defrag", one_round, interval=self.settings.defrag_interval,
-                         max_backoff=_MAX_BACKOFF)
+    async def one_round(self) -> bool:
+        return not await self.round()
 
     async def round(self) -> bool:
         """One look at the waiting pods; False when the plan stopped or left a moved pod

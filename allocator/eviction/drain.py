@@ -27,13 +27,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
-from dra_gateway.allocator.eviction.evict import EVICTED, GONE, Evictions, run_rounds
+from dra_gateway.allocator.eviction.evict import EVICTED, GONE, Evictions
 from dra_gateway.allocator.eviction.inputs import Snapshot
+from dra_gateway.allocator.eviction.mode import EvictionMode
 from dra_gateway.allocator.metrics import Metrics
+from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.allocator.work import Fence
-from dra_gateway.kube import objects
+from dra_gateway.kube import names, objects
 from dra_gateway.kube.cluster.port import Cluster, Object
 from dra_gateway.kube.device_health import DeviceMark, node_marks
 
@@ -110,29 +112,31 @@ def victims(snapshot: Snapshot, driver: str,
     return sorted(found.values(), key=lambda v: (v.node, v.mark.device, v.pod))
 
 
-class DrainMode:
+class DrainMode(EvictionMode):
     """Evicts the pods of failed, withheld devices; on the leader only."""
 
-    def __init__(self, cluster: Cluster, *, driver: str, interval: float,
-                 nodes: Callable[[], Iterable[Object]], snapshot: Callable[[], Snapshot],
-                 metrics: Metrics, fence: Fence, instance: str = "",
+    name = "drain"
+
+    def __init__(self, cluster: Cluster, settings: ControllerSettings, *,
+                 snapshot: Callable[[], Snapshot], metrics: Metrics, fence: Fence,
+                 nodes: Callable[[], Iterable[Object]], driver: str = names.DRIVER,
                  clock: Callable[[], datetime] | None = None) -> None:
-        self.driver = driver
-        self.interval = interval
+        super().__init__(cluster, settings, snapshot=snapshot, metrics=metrics, fence=fence,
+                         clock=clock)
         self.nodes = nodes
-        self.snapshot = snapshot
-        self.metrics = metrics
-        self.evictions = Evictions(cluster, clock=clock or (lambda: datetime.now(UTC)),
-                                   instance=instance, fence=fence)
+        self.driver = driver
+        self.evictions = Evictions(cluster, clock=self.clock, instance=settings.identity,
+                                   fence=fence)
         # Pod uid -> the last refusal told in an Event (told again only when it changes).
         self._refused: dict[str, str] = {}
 
-    async def run(self) -> None:
-        async def one_round() -> bool:
-            await self.round()
-            return False  # a failed device is looked at again at the same pace
+    @property
+    def interval(self) -> float:
+        return self.settings.drain_interval
 
-        await run_rounds("drain", one_round, interval=self.interval)
+    async def one_round(self) -> bool:
+        await self.round()
+        return False  # a failed device is looked at again at the same pace
 
     async def round(self) -> list[tuple[Victim, str]]:
         """One look: the pods tried and how each went. The common case (no failed device)

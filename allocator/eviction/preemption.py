@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from dra_gateway.allocator.conditions import PREEMPTION_CONDITION, set_pod_condition
 from dra_gateway.allocator.events import COMPONENT
@@ -53,9 +53,9 @@ from dra_gateway.allocator.eviction.evict import (
     GONE,
     REFUSED,
     Evictions,
-    run_rounds,
 )
 from dra_gateway.allocator.eviction.inputs import Inputs, Snapshot, build
+from dra_gateway.allocator.eviction.mode import EvictionMode
 from dra_gateway.allocator.eviction.store import list_items, write_records
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.planner.leaving import Waiter
@@ -71,9 +71,6 @@ from dra_gateway.kube.resources import CONFIG_MAPS, POD_DISRUPTION_BUDGETS
 log = logging.getLogger(__name__)
 
 REASON = "PreemptionByDraGateway"
-
-
-_MAX_BACKOFF = 8
 
 
 def _outranked(pods: Sequence[Object]) -> bool:
@@ -162,30 +159,29 @@ def find_preemptions(inputs: Inputs, leaving: Mapping[str, set[str]] | None = No
     return found
 
 
-class PreemptionMode:
+class PreemptionMode(EvictionMode):
+    name = "preemption"
+    max_backoff = 8
+
     def __init__(self, cluster: Cluster, settings: ControllerSettings, *,
                  snapshot: Callable[[], Snapshot], metrics: Metrics, fence: Fence,
                  clock: Callable[[], datetime] | None = None) -> None:
-        self.cluster = cluster
-        self.settings = settings
-        self.snapshot = snapshot
-        self.metrics = metrics
-        self.fence = fence
-        self.clock = clock or (lambda: datetime.now(UTC))
+        super().__init__(cluster, settings, snapshot=snapshot, metrics=metrics, fence=fence,
+                         clock=clock)
         self.evictions = Evictions(cluster, clock=self.clock, instance=settings.identity,
                                    fence=fence)
         # Preemptor uid -> its victims not yet gone: not preempted for again while they leave
         # (a victim may take longer than the hold to stop).
         self.leaving: dict[str, set[str]] = {}
 
-    async def run(self) -> None:
+    @property
+    def interval(self) -> float:
+        return self.settings.preemption_interval
+
+    async def one_round(self) -> bool:
         # A round that looked and found nothing to do waits longer before the next (a state is
         # built for it); one that preempted, or had nothing to look at, does not.
-        async def one_round() -> bool:
-            return await self.round() == []
-
-        await run_rounds("preemption", one_round, interval=self.settings.preemption_interval,
-                         max_backoff=_MAX_BACKOFF)
+        return await self.round() == []
 
     async def round(self) -> list[Preemption] | None:
         """One look at the waiting pods: the preemptions carried out (or tried), None when no
