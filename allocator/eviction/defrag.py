@@ -24,6 +24,7 @@ from dra_gateway.kube.resources import POD_DISRUPTION_BUDGETS
 
 log = logging.getLogger(__name__)
 
+
 class DefragMode(EvictionMode):
     name = "defrag"
     max_backoff = 16

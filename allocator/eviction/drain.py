@@ -12,7 +12,7 @@ node publishes now (a plugin that restarted and publishes it again is believed):
 
 - the pod gets `DisruptionTarget` (reason `DeviceFailureByDraGateway`) and a Warning Event
   `UnhealthyDevice` naming the device, its node, the fault and since when, then is evicted
-  through the Eviction API (`evictions.py`), so its PodDisruptionBudgets are honoured;
+  through the Eviction API (`evict.py`), so its PodDisruptionBudgets are honoured;
 - a budget that refuses (or any failure) leaves the pod running: a Warning Event
   `EvictionRefused` says why (once per reason), and the next round tries again;
 - its controller's replacement is placed as any pod is, never on a withheld device.
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from dra_gateway.allocator.eviction.evict import EVICTED, GONE, Evictions
+from dra_gateway.allocator.eviction.evict import EVICTED, GONE
 from dra_gateway.allocator.eviction.inputs import Snapshot
 from dra_gateway.allocator.eviction.mode import EvictionMode
 from dra_gateway.allocator.metrics import Metrics
@@ -125,8 +125,6 @@ class DrainMode(EvictionMode):
                          clock=clock)
         self.nodes = nodes
         self.driver = driver
-        self.evictions = Evictions(cluster, clock=self.clock, instance=settings.identity,
-                                   fence=fence)
         # Pod uid -> the last refusal told in an Event (told again only when it changes).
         self._refused: dict[str, str] = {}
 

@@ -10,7 +10,7 @@ gateway's namespace:
 
 Only the gateway's service account and cluster admins may write in the gateway's namespace (a
 tenant could otherwise hold devices with an annotation on a pod of their own). Pure: it reads
-and writes the ConfigMap's data as values; `act.py` talks to the API.
+and writes the ConfigMap's data as values; `store.py` talks to the API.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from dra_gateway.allocator.eviction.evict import run_rounds
+from dra_gateway.allocator.eviction.evict import Evictions, run_rounds
 from dra_gateway.allocator.eviction.inputs import Snapshot
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.allocator.settings import ControllerSettings
@@ -17,7 +17,8 @@ from dra_gateway.kube.cluster.port import Cluster
 
 class EvictionMode(ABC):
     """One mode: the cluster (through the port), the allocator's settings, the mirrors' view
-    (`snapshot`), the metrics, the leader's fence (every write checks it) and a clock.
+    (`snapshot`), the metrics, the leader's fence (every write checks it), a clock, and the
+    carry-out path of its evictions (`evictions`).
 
     A subclass names itself (`name`, in the logs), says how often it looks (`interval`) and
     how far a fruitless round pushes the next (`max_backoff`, in intervals), and does one round
@@ -35,6 +36,8 @@ class EvictionMode(ABC):
         self.metrics = metrics
         self.fence = fence
         self.clock = clock or (lambda: datetime.now(UTC))
+        self.evictions = Evictions(cluster, clock=self.clock, instance=settings.identity,
+                                   fence=fence)
 
     @property
     @abstractmethod

@@ -52,7 +52,6 @@ from dra_gateway.allocator.eviction.evict import (
     FAILED,
     GONE,
     REFUSED,
-    Evictions,
 )
 from dra_gateway.allocator.eviction.inputs import Inputs, Snapshot, build
 from dra_gateway.allocator.eviction.mode import EvictionMode
@@ -168,8 +167,6 @@ class PreemptionMode(EvictionMode):
                  clock: Callable[[], datetime] | None = None) -> None:
         super().__init__(cluster, settings, snapshot=snapshot, metrics=metrics, fence=fence,
                          clock=clock)
-        self.evictions = Evictions(cluster, clock=self.clock, instance=settings.identity,
-                                   fence=fence)
         # Preemptor uid -> its victims not yet gone: not preempted for again while they leave
         # (a victim may take longer than the hold to stop).
         self.leaving: dict[str, set[str]] = {}
