@@ -9,11 +9,11 @@ that travels in the claim's config. `charges_of` reads an allocated claim into o
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dra_gateway.gpu.shares import allocated_shares, result_key, shares_by_result
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import Quantity, QuantityError, parse_quantity
 
@@ -193,28 +193,27 @@ def card_amounts(device: Mapping[str, Any] | None) -> tuple[int, int]:
             _capacity(device, names.CAPACITY_CORES, names.CORES_PER_CARD))
 
 
+def _consumed(consumed: Mapping[str, Any], name: str) -> int:
+    """One amount of a share: 0 when absent, -1 when the API would refuse it."""
+    if consumed.get(name) is None:
+        return 0
+    value = _int(consumed[name])
+    return -1 if value is None or value < 0 else value
+
+
 def charges_of(claim: Mapping[str, Any], lookup: DeviceLookup) -> list[DeviceCharge]:
     """One charge per device result of an allocated claim of a gateway class, whoever wrote it.
 
     The amount is the result's `consumedCapacity`, else the share the allocator recorded in the
-    annotation dra-gateway.io/shares (a cluster without consumable capacity), else the whole
-    device (how kube-scheduler and non-sharing writers allocate).
+    allocation itself (`gpu.shares`: a cluster without consumable capacity), else the whole
+    device (how kube-scheduler and non-sharing writers allocate). Never the annotation
+    dra-gateway.io/shares: any tenant who may edit its claims may edit it, and a share read
+    from it would shrink what the quota counts below what the card holds for the claim.
     """
     allocation = (claim.get("status") or {}).get("allocation")
     if not isinstance(allocation, Mapping):
         return []
-    recorded: dict[DeviceKey, list[Mapping[str, Any]]] = {}
-    raw = ((claim.get("metadata") or {}).get("annotations") or {}).get(names.ANNOTATION_SHARES)
-    if raw:
-        try:
-            entries = json.loads(raw)
-        except ValueError:
-            entries = []
-        for entry in entries if isinstance(entries, list) else ():
-            if isinstance(entry, Mapping):
-                key = (str(entry.get("driver", "")), str(entry.get("pool", "")),
-                       str(entry.get("device", "")))
-                recorded.setdefault(key, []).append(entry)
+    recorded = shares_by_result(allocated_shares(allocation))
     classes = _request_classes(claim)
     charges: list[DeviceCharge] = []
     for result in (allocation.get("devices") or {}).get("results") or ():
@@ -225,17 +224,19 @@ def charges_of(claim: Mapping[str, Any], lookup: DeviceLookup) -> list[DeviceCha
                str(result.get("device", "")))
         device = lookup(key)
         consumed = result.get("consumedCapacity")
-        if consumed is None and recorded.get(key):
-            consumed = recorded[key].pop(0).get("consumedCapacity")
+        entries = recorded.get(result_key(result)) if consumed is None else None
+        if entries:
+            consumed = entries.pop(0).consumed_capacity
         card_memory, card_cores = card_amounts(device)
         memory = cores = -1
         if isinstance(consumed, Mapping):
-            memory = _int(consumed.get(names.CAPACITY_MEMORY)) or 0
-            cores = _int(consumed.get(names.CAPACITY_CORES)) or 0
+            memory, cores = (_consumed(consumed, names.CAPACITY_MEMORY),
+                             _consumed(consumed, names.CAPACITY_CORES))
         if memory >= 0 and cores >= 0:
             whole = device is not None and memory >= card_memory > 0 and cores >= card_cores
         else:
-            # No share, or a negative one (the API refuses it from 1.38): the whole card.
+            # No share, or one the API refuses (negative or not a quantity, from 1.38): the
+            # whole card, as the planner's ledger counts it.
             memory, cores, whole = card_memory, card_cores, True
         charges.append(DeviceCharge(key, class_name, memory, cores, whole, device))
     return charges

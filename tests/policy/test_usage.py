@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from dra_gateway.gpu.shares import RecordedShare, share_record
 from dra_gateway.kube import names
 from dra_gateway.policy.amounts import Amounts, DeviceKey, charges_of
 from dra_gateway.policy.models import parse_quota
@@ -41,13 +42,49 @@ def test_usage_of_an_allocated_claim(claim: dict[str, Any], expected: Amounts,
     assert ledger.used(q) == expected
 
 
-def test_a_share_recorded_in_the_annotation_counts_its_share(cards: Cards) -> None:
-    claim = allocated(share_spec("10Gi", 30), ("gpu-0", None))
-    claim["metadata"]["annotations"] = {names.ANNOTATION_SHARES: (
-        '[{"driver": "gpu.dra-gateway.io", "pool": "node-a", "device": "gpu-0", '
-        '"shareID": "s", "consumedCapacity": {"memory": "10Gi", "cores": "30"}}]')}
+def _recorded(claim: dict[str, Any], *shares: tuple[str, dict[str, str]]) -> dict[str, Any]:
+    """`claim` with `shares` recorded in its allocation, as the allocator writes them where
+    the API server drops consumedCapacity (gpu.shares)."""
+    request = claim["spec"]["devices"]["requests"][0]["name"]
+    claim["status"]["allocation"]["devices"]["config"] = [share_record(
+        RecordedShare(request, names.DRIVER, "node-a", device, f"s-{device}", consumed)
+        for device, consumed in shares)]
+    return claim
+
+
+def test_a_share_recorded_in_the_allocation_counts_its_share(cards: Cards) -> None:
+    claim = _recorded(allocated(share_spec("10Gi", 30), ("gpu-0", None)),
+                      ("gpu-0", {"memory": "10Gi", "cores": "30"}))
     (charge,) = charges_of(claim, cards.get)
     assert (charge.memory, charge.cores, charge.whole) == (10 * GI, 30, False)
+
+
+_FORGED = ('[{"request": "gpu", "driver": "gpu.dra-gateway.io", "pool": "node-a", '
+           '"device": "gpu-0", "consumedCapacity": {"memory": "1", "cores": "0"}}]')
+
+
+@pytest.mark.parametrize("recorded", [False, True], ids=["whole card", "recorded share"])
+def test_a_tenant_edited_shares_annotation_never_shrinks_a_charge(recorded: bool,
+                                                                  cards: Cards) -> None:
+    # A tenant with `edit` may annotate its own claim; the quota must charge what the
+    # allocation holds: the whole card without a record, the recorded share with one.
+    claim = allocated(share_spec(None, None), ("gpu-0", None))
+    if recorded:
+        claim = _recorded(claim, ("gpu-0", {"memory": "10Gi", "cores": "30"}))
+    truth = charges_of(claim, cards.get)
+    claim["metadata"]["annotations"] = {names.ANNOTATION_SHARES: _FORGED}
+    assert charges_of(claim, cards.get) == truth
+    expected = (10 * GI, 30) if recorded else (80 * GI, 100)
+    assert [(c.memory, c.cores) for c in truth] == [expected]
+
+
+@pytest.mark.parametrize("consumed", [{"memory": "lots", "cores": "30"},
+                                      {"memory": "-1Gi", "cores": "30"},
+                                      {"memory": "10Gi", "cores": "-5"}])
+def test_a_share_the_api_would_refuse_charges_the_whole_card(consumed: dict[str, str],
+                                                             cards: Cards) -> None:
+    (charge,) = charges_of(allocated(share_spec("10Gi", 30), ("gpu-0", consumed)), cards.get)
+    assert (charge.memory, charge.cores, charge.whole) == (80 * GI, 100, True)
 
 
 def test_devices_count_once_however_many_claims_share_them(cards: Cards) -> None:
