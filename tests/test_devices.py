@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -28,9 +28,13 @@ MARKS = [DeviceMark("gpu-2", "xid-79", "fatal", "withheld", "2026-12-06T10:00:00
                     healthy_at="2026-12-06T10:11:00Z")]
 
 
+# The cluster's clock, ten minutes behind the machine the command runs on.
+BEHIND = timedelta(minutes=10)
+
+
 @pytest.fixture
 def cluster(monkeypatch: pytest.MonkeyPatch) -> MemoryCluster:
-    memory = MemoryCluster()
+    memory = MemoryCluster(clock=lambda: datetime.now(UTC) - BEHIND)
 
     async def seed() -> None:
         await memory.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {
@@ -72,7 +76,7 @@ def test_list_shows_each_device_its_fault_and_when_it_is_back(
 
 def test_clear_writes_a_time_the_plugin_forgets_faults_up_to(
         cluster: MemoryCluster, capsys: pytest.CaptureFixture[str]) -> None:
-    before = datetime.now(UTC).replace(microsecond=0)
+    before = (datetime.now(UTC) - BEHIND).replace(microsecond=0)
     assert main(["devices", "clear", "gpu-a", "gpu-2"]) == 0
     assert "gpu-2" in capsys.readouterr().out
     orders = admin_orders(_annotations(cluster, "gpu-a"))
@@ -86,6 +90,21 @@ def test_clear_writes_a_time_the_plugin_forgets_faults_up_to(
     assert main(["devices", "clear", "gpu-b"]) == 2
     assert "--all" in capsys.readouterr().err
     assert CLEAR_ANNOTATION not in _annotations(cluster, "gpu-b")
+
+
+def test_clear_writes_the_clusters_time_not_the_operators(
+        cluster: MemoryCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """The node plugin compares the clear with its own clock's fault times: a laptop ten
+    minutes ahead of the cluster must not clear the faults of the next ten minutes. The time
+    is the API server's, rounded up within its second, so a fault of the same second before
+    the clear is cleared."""
+    before = datetime.now(UTC) - BEHIND
+    assert main(["devices", "clear", "gpu-a", "gpu-2"]) == 0
+    after = datetime.now(UTC) - BEHIND
+    until = admin_orders(_annotations(cluster, "gpu-a")).cleared_until("gpu-2")
+    assert until is not None
+    assert before <= until <= after + timedelta(seconds=1)
+    assert until.strftime("%Y-%m-%dT%H:%M:%S.%fZ") in capsys.readouterr().out
 
 
 def test_keep_and_unkeep_edit_the_list_and_an_unknown_node_is_named(

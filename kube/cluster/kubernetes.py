@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -311,6 +313,25 @@ class KubernetesCluster:
         if uid:
             body["deleteOptions"] = {"preconditions": {"uid": uid}}
         await self._call("POST", _object_path(PODS, name, namespace, "eviction"), body=body)
+
+    async def server_time(self) -> datetime:
+        # GET /version: answered to every client (system:public-info-viewer), reads nothing.
+        response = await self._send("GET", "/version")
+        try:
+            if response.status >= 400:
+                raise _error(response.status, await response.read(), "GET", "/version")
+            date = response.headers.get("Date")
+        finally:
+            response.release()
+        try:
+            served = parsedate_to_datetime(date) if date else None
+        except (TypeError, ValueError):
+            served = None
+        if served is None:
+            raise ApiError(f"the Kubernetes API at {self.host} answered GET /version without a "
+                           f"readable Date header ({date!r}): its time cannot be read; a proxy "
+                           "in between may drop the header")
+        return served.astimezone(UTC) if served.tzinfo else served.replace(tzinfo=UTC)
 
     async def close(self) -> None:
         if self._session is not None:

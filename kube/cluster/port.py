@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from dra_gateway.kube.resources import ResourceType
@@ -182,6 +183,13 @@ class Cluster(Protocol):
         """Evict a pod through the Eviction API (policy/v1): PodDisruptionBudgets decide, a
         refusal raises TooManyRequests. `uid` is a precondition: another pod of the same name
         raises Conflict."""
+        ...
+
+    async def server_time(self) -> datetime:
+        """The API server's clock, as the `Date` header of its answer to a cheap request: UTC,
+        truncated to the second (an HTTP date carries no fraction). A time that decides an
+        outcome on the cluster (a clear, a hold) is the cluster's, never the caller's machine's:
+        `kube.cluster.clock` reads a finer one from this."""
         ...
 
     async def close(self) -> None:

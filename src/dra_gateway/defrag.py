@@ -21,7 +21,6 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from dra_gateway.kube import arguments, names, objects
@@ -102,12 +101,15 @@ async def _main(args: argparse.Namespace, where: str) -> int:
     from dra_gateway.allocator.eviction.moves import Applier, Pace
     from dra_gateway.allocator.eviction.store import read_snapshot
     from dra_gateway.allocator.planner.defrag import Limits, plan_defrag
+    from dra_gateway.kube.cluster.clock import read_clock
     from dra_gateway.kube.cluster.connect import DRA_GROUPS, connect
 
     cluster = await connect("kube", args.kubeconfig, verify=DRA_GROUPS)
     try:
-        snapshot = await read_snapshot(cluster, namespace=args.namespace,
-                                       now=datetime.now(UTC))
+        # The cluster's time, not this machine's: the allocator reads the holds' expiry and the
+        # moves' times with its own clock.
+        clock = await read_clock(cluster)
+        snapshot = await read_snapshot(cluster, namespace=args.namespace, now=clock.now())
         inputs = build(snapshot, window_seconds=args.window)
         if args.only:
             wanted = set(args.only)
@@ -126,7 +128,7 @@ async def _main(args: argparse.Namespace, where: str) -> int:
         if args.defrag == "apply":
             applier = Applier(cluster, namespace=args.namespace, pace=Pace(
                 in_flight=max(1, args.in_flight), hold_seconds=args.hold,
-                wait_seconds=args.wait, window_seconds=args.window))
+                wait_seconds=args.wait, window_seconds=args.window), clock=clock.now)
             report = await applier.carry_out(plan, inputs.pods)
     finally:
         await cluster.close()

@@ -23,7 +23,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dra_gateway.kube.device_health import (
@@ -180,15 +180,23 @@ def _run_clear(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     devices = [EVERY_DEVICE] if args.all else list(args.device)
-    now = datetime.now(UTC)
+
+    async def clear(cluster: Cluster) -> datetime:
+        from dra_gateway.kube.cluster.clock import read_clock
+
+        # The cluster's time, not this machine's: the node plugin compares it with its own
+        # clock's fault times. The latest it can be, so that no fault before the clear stays.
+        now = (await read_clock(cluster)).latest()
+        await _annotate(cluster, args.node, CLEAR_ANNOTATION,
+                        lambda old: clear_value(old, devices, now))
+        return now
 
     def run() -> int:
-        asyncio.run(_with_cluster(args.kubeconfig, lambda c: _annotate(
-            c, args.node, CLEAR_ANNOTATION, lambda old: clear_value(old, devices, now))))
+        now = asyncio.run(_with_cluster(args.kubeconfig, clear))
         what = "every device" if args.all else ", ".join(devices)
         print(f"node/{args.node} annotated: the faults of {what} up to "
-              f"{now.strftime('%Y-%m-%dT%H:%M:%SZ')} are cleared; its node plugin brings "
-              f"them back within its --admin-check-seconds")
+              f"{now.strftime('%Y-%m-%dT%H:%M:%S.%fZ')} (the cluster's time) are cleared; its "
+              f"node plugin brings them back within its --admin-check-seconds")
         return 0
 
     return _guarded(run)

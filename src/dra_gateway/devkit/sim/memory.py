@@ -363,6 +363,10 @@ class MemoryCluster:
                                        "The object might have been deleted and then recreated")
         self._delete(PODS, key)
 
+    async def server_time(self) -> datetime:
+        """The `clock`, to the second, as an API server's Date header gives it."""
+        return self._clock().astimezone(UTC).replace(microsecond=0)
+
     async def close(self) -> None:
         """End every open watch normally; the stored objects stay readable."""
         for watch in self._watches:
