@@ -13,8 +13,9 @@ node publishes now (a plugin that restarted and publishes it again is believed):
 - the pod gets `DisruptionTarget` (reason `DeviceFailureByDraGateway`) and a Warning Event
   `UnhealthyDevice` naming the device, its node, the fault and since when, then is evicted
   through the Eviction API (`evict.py`), so its PodDisruptionBudgets are honoured;
-- a budget that refuses (or any failure) leaves the pod running: a Warning Event
-  `EvictionRefused` says why (once per reason), and the next round tries again;
+- a budget that refuses (or any failure) leaves the pod running, its `DisruptionTarget` set
+  False again (`evict.py`): a Warning Event `EvictionRefused` says why (once per reason), and
+  the next round tries again, marking it again first;
 - its controller's replacement is placed as any pod is, never on a withheld device.
 
 Pods that tolerate the taint cannot be told apart here (such an API server drops tolerations
@@ -151,8 +152,8 @@ class DrainMode(EvictionMode):
 
     async def _evict(self, victim: Victim, pod: Object | None) -> str:
         why = victim.why()
-        # The condition and the Event that say why are written once; a pod whose eviction was
-        # refused before is only tried again.
+        # The Event that says why is written once; a pod whose eviction was refused before is
+        # marked again (the refusal took the mark back) and tried again.
         again = victim.uid in self._refused
         told = None if pod is None or again else (pod, EVENT_UNHEALTHY, why)
         if not again:
@@ -160,7 +161,7 @@ class DrainMode(EvictionMode):
                 "pod": victim.pod, "node": victim.node, "device": victim.mark.device,
                 "fault": victim.mark.reason})
         result, message = await self.evictions.leave(
-            victim.pod, victim.uid, reason=None if again else REASON,
+            victim.pod, victim.uid, reason=REASON,
             message=f"dra-gateway: {why}", told=told, told_type="Warning")
         if result != GONE:
             self.metrics.health_evictions.labels(result).inc()

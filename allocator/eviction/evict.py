@@ -8,10 +8,16 @@ any other error is logged and the next round tries again.
 
 Each eviction is, in order: the pod's condition `DisruptionTarget` (True, with the cause's reason
 and a message for `kubectl describe`), as kube-scheduler's preemption and the taint managers set
-it; an Event on the pod; then the Eviction API with the pod's uid as a precondition, so its
-PodDisruptionBudgets are honoured and a pod of the same name made since is never touched. Every
-write is fenced: a replica that no longer leads evicts nothing. Who leaves and why is decided
-elsewhere; this module only carries it out, and says how it went.
+it before they delete, so that a Job's podFailurePolicy sees it on the pod that is deleted; an
+Event on the pod; then the Eviction API with the pod's uid as a precondition, so its
+PodDisruptionBudgets are honoured and a pod of the same name made since is never touched. An
+eviction the API does not carry out (a budget, an admission policy, any failure) takes the
+condition back: it is set False (reason `EvictionRefused`), so that a pod that stays never
+carries a disruption it did not have, and a later crash of it is not read as one. Writing the
+condition only once the eviction is accepted was rejected: the pod is being deleted by then,
+and the condition may land after the podFailurePolicy has judged it. Every write is fenced: a
+replica that no longer leads evicts nothing. Who leaves and why is decided elsewhere; this
+module only carries it out, and says how it went.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from dra_gateway.kube.runtime.leader import LeadershipLost
 log = logging.getLogger(__name__)
 
 DISRUPTION_TARGET = "DisruptionTarget"
+# The reason of a DisruptionTarget set False again: the eviction it announced did not happen.
+NOT_EVICTED = "EvictionRefused"
 # An Event to write on the pod as it is evicted: the pod object, the Event's reason, its message.
 Told = tuple[Object | None, str, str]
 # The results of `evict`, as the metrics count them.
@@ -75,10 +83,11 @@ class Evictions:
             log.warning("could not record an event", extra={
                 "pod": "/".join(objects.namespace_name(pod)), "error": str(exc)})
 
-    async def mark(self, pod: str, reason: str, message: str) -> None:
-        """Set `DisruptionTarget` on the pod ("namespace/name"); raises the API's errors."""
+    async def mark(self, pod: str, reason: str, message: str, *, status: str = "True") -> None:
+        """Set `DisruptionTarget` on the pod ("namespace/name"), True unless `status` says
+        otherwise; raises the API's errors."""
         namespace, name = pod.split("/", 1)
-        condition = {"type": DISRUPTION_TARGET, "status": "True", "reason": reason,
+        condition = {"type": DISRUPTION_TARGET, "status": status, "reason": reason,
                      "message": message, "lastTransitionTime": self._stamp()}
         self.fence()
         await self.cluster.patch(PODS, name, {"status": {"conditions": [condition]}},
@@ -94,24 +103,47 @@ class Evictions:
 
     async def leave(self, pod: str, uid: str, *, reason: str | None, message: str,
                     told: Told | None = None, told_type: str = "Normal") -> tuple[str, str]:
-        """Mark (unless `reason` is None: marked already), write the Event `told` (the pod
-        object, its reason and message), then evict, saying how it went: (EVICTED, ""),
-        (GONE, ""), or (REFUSED or FAILED, the API's message)."""
+        """Mark (unless `reason` is None), write the Event `told` (the pod object, its reason
+        and message), then evict, saying how it went: (EVICTED, ""), (GONE, ""), or (REFUSED
+        or FAILED, the API's message). A mark whose eviction did not happen is taken back."""
+        marked = False
         try:
             if reason is not None:
                 await self.mark(pod, reason, message)
+                marked = True
             if told is not None:
                 await self.event(*told, type_=told_type)
             await self.evict(pod, uid)
-        except (NotFound, Conflict):
-            return GONE, ""  # gone, or another pod has the name now
+        except NotFound:
+            return GONE, ""
+        except Conflict:
+            # Another pod has the name now: the mark, written by name, may be on it.
+            if marked:
+                await self._unmark(pod, "the pod it was written for is gone")
+            return GONE, ""
         except TooManyRequests as exc:
+            if marked:
+                await self._unmark(pod, exc.message)
             return REFUSED, exc.message
-        except ApiError as exc:
-            return FAILED, exc.message
-        except OSError as exc:
-            return FAILED, str(exc)
+        except (ApiError, OSError) as exc:
+            said = exc.message if isinstance(exc, ApiError) else str(exc)
+            if marked:
+                await self._unmark(pod, said)
+            return FAILED, said
         return EVICTED, ""
+
+    async def _unmark(self, pod: str, why: str) -> None:
+        """Set the pod's `DisruptionTarget` False: the eviction it announced did not happen.
+        A failure is logged only (the caller reports the eviction's own failure)."""
+        try:
+            await self.mark(pod, NOT_EVICTED,
+                            f"{self.component}: the eviction was not carried out ({why}); "
+                            "the pod stays", status="False")
+        except (NotFound, Conflict):
+            pass  # gone meanwhile: nothing carries the condition
+        except (ApiError, OSError) as exc:
+            log.warning("could not take back a DisruptionTarget condition after an eviction "
+                        "that did not happen", extra={"pod": pod, "error": str(exc)})
 
 
 async def run_rounds(what: str, one_round: Callable[[], Awaitable[bool]], *, interval: float,
@@ -135,5 +167,5 @@ async def run_rounds(what: str, one_round: Callable[[], Awaitable[bool]], *, int
         backoff = min(backoff * 2, max_backoff) if slower else 1
 
 
-__all__ = ["DISRUPTION_TARGET", "EVICTED", "FAILED", "GONE", "REFUSED", "Evictions", "Told",
-           "run_rounds"]
+__all__ = ["DISRUPTION_TARGET", "EVICTED", "FAILED", "GONE", "NOT_EVICTED", "REFUSED",
+           "Evictions", "Told", "run_rounds"]
