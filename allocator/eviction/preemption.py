@@ -26,12 +26,15 @@ out, victim by victim:
    so its PodDisruptionBudgets are honoured; the pod gets an Event `Preempting` naming them,
    and its condition `dra-gateway.io/Preemption` says what it waits for (False, `Placed`,
    once it is placed);
-3. a budget that refuses an eviction (or any failure) stops that preemption: the victims
-   evicted stay evicted, the hold is dropped, and the pod gets a Warning Event
-   `PreemptionRefused` saying which victim and why; the next round looks again, with the
-   budgets read again (a preemption whose victims a budget protects now is not tried: the
-   planner chooses other victims, or another node, where it can; where it cannot, the pod's
-   condition `dra-gateway.io/Preemption` (reason `DisruptionBudget`) names the budgets).
+3. a budget or an admission policy that refuses an eviction (or any failure) stops that
+   preemption: the victims evicted stay evicted (and the pod is not preempted for again
+   until they have left), the victim refused keeps no `DisruptionTarget` (evict.py), the
+   hold is dropped, and the pod gets a Warning Event `PreemptionRefused` saying which victim
+   and why; the next round looks again, after the backoff of a round that did not go cleanly
+   (`evict.run_rounds`), with the budgets read again (a preemption whose victims a budget
+   protects now is not tried: the planner chooses other victims, or another node, where it
+   can; where it cannot, the pod's condition `dra-gateway.io/Preemption` (reason
+   `DisruptionBudget`) names the budgets).
 
 Counted in `dra_gateway_allocator_preemptions_total{result}` (evicted, refused, failed) and
 logged. This module talks to Kubernetes only through the cluster port.
@@ -168,8 +171,11 @@ class PreemptionMode(EvictionMode):
         super().__init__(cluster, settings, snapshot=snapshot, metrics=metrics, fence=fence,
                          clock=clock)
         # Preemptor uid -> its victims not yet gone: not preempted for again while they leave
-        # (a victim may take longer than the hold to stop).
+        # (a victim may take longer than the hold to stop). Only victims actually evicted:
+        # a preemption that stops leaves the others in place, and the pod is planned again.
         self.leaving: dict[str, set[str]] = {}
+        # The last round's carry-out stopped at a refused or failed eviction.
+        self.stopped = False
 
     @property
     def interval(self) -> float:
@@ -177,12 +183,17 @@ class PreemptionMode(EvictionMode):
 
     async def one_round(self) -> bool:
         # A round that looked and found nothing to do waits longer before the next (a state is
-        # built for it); one that preempted, or had nothing to look at, does not.
-        return await self.round() == []
+        # built for it), and so does one whose preemption was refused or failed (it is tried
+        # again, not at every interval); one that preempted, or had nothing to look at, does
+        # not.
+        found = await self.round()
+        return found == [] or self.stopped
 
     async def round(self) -> list[Preemption] | None:
         """One look at the waiting pods: the preemptions carried out (or tried), None when no
-        gated pod outranks a placed one (nothing to look at)."""
+        gated pod outranks a placed one (nothing to look at). `stopped` says whether an
+        eviction was refused or failed."""
+        self.stopped = False
         snapshot = self.snapshot()
         live = {objects.uid(p) for p in snapshot.pods}
         self.leaving = {uid: victims & live for uid, victims in self.leaving.items()
@@ -208,12 +219,13 @@ class PreemptionMode(EvictionMode):
                                           reason="DisruptionBudget",
                                           kind=PREEMPTION_CONDITION, message=why)
         for preemption in found:
-            self.leaving[preemption.uid] = {v.uid for v in preemption.victims}
-            await self.carry_out(preemption, inputs.pods)
+            result = await self.carry_out(preemption, inputs.pods)
+            self.stopped = self.stopped or result in (REFUSED, FAILED)
         return found
 
     async def carry_out(self, preemption: Preemption, pods: Mapping[str, Object]) -> str:
-        """Hold, then evict each victim; the result (evicted, refused, failed)."""
+        """Hold, then evict each victim; the result (evicted, refused, failed). The victims
+        evicted are `leaving` until they are gone."""
         victims = ", ".join(v.pod for v in preemption.victims)
         # Who the victims are to the pod: of lower priority, or borrowing its guarantee.
         whose = (f"borrowing from cohort {preemption.cohort}" if preemption.cohort
@@ -239,6 +251,8 @@ class PreemptionMode(EvictionMode):
                 kind=PREEMPTION_CONDITION,
                 message=f"waiting for {victims} ({whose}, preempted for this pod) to leave; "
                         f"its devices on node {preemption.node} are held for it")
+        evicted: set[str] = set()
+        self.leaving.pop(preemption.uid, None)
         for victim in preemption.victims:
             pod = pods.get(victim.uid)
             why = (f"{COMPONENT}: preempting to take back the quota its cohort "
@@ -256,6 +270,11 @@ class PreemptionMode(EvictionMode):
                 told=(pod, "Preempted", told))
             if result == GONE:
                 continue  # what it held is free
+            if result == EVICTED:
+                # Not preempted for again while they leave; recorded as each goes, so that a
+                # preemption that stops later keeps only these.
+                evicted.add(victim.uid)
+                self.leaving[preemption.uid] = set(evicted)
             if result in (REFUSED, FAILED):
                 self.metrics.preemptions.labels(result).inc()
                 said = (f"could not preempt {victim.pod} on node {preemption.node}: {message}; "

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from testkit import eventually
 
@@ -15,7 +17,7 @@ from dra_gateway.allocator.eviction.evict import DISRUPTION_TARGET
 from dra_gateway.allocator.eviction.preemption import REASON
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
-from dra_gateway.kube.cluster.port import Object
+from dra_gateway.kube.cluster.port import Forbidden, Object
 from dra_gateway.kube.resources import (
     CONFIG_MAPS,
     EVENTS,
@@ -164,3 +166,42 @@ async def test_victims_a_budget_protects_are_not_evicted(
         assert said is not None, pod.get("status")
         assert said["reason"] == "DisruptionBudget"
         assert f"PodDisruptionBudget {NAMESPACE}/keep" in said["message"]
+
+
+async def test_a_preemption_an_admission_policy_refused_is_tried_again_once_it_allows(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=2)
+    real_evict = memory_cluster.evict
+    denying = [True]  # a ValidatingAdmissionPolicy that denies evictions, until deleted
+
+    async def evict(name: str, *, namespace: str, uid: str | None = None) -> None:
+        if denying[0]:
+            raise Forbidden("pods \"x\" is forbidden: ValidatingAdmissionPolicy 'no-evictions' "
+                            "denied request")
+        await real_evict(name, namespace=namespace, uid=uid)
+
+    memory_cluster.evict = evict  # type: ignore[method-assign]
+    async with running_controller(memory_cluster, SETTINGS) as controller:
+        await _fill(world, memory_cluster, 2, priority=10)
+        await world.gated_pod("urgent", [whole_claim_spec(1)], priority=1000)
+
+        async def refused() -> Mapping[str, Any] | None:
+            pod = await memory_cluster.get(PODS, "urgent", namespace=NAMESPACE)
+            said = pod_condition(pod, PREEMPTION_CONDITION)
+            return said if said is not None and said["reason"] == "PreemptionRefused" else None
+
+        said = await eventually(refused)
+        assert "ValidatingAdmissionPolicy" in said["message"]
+        assert "preemption is tried again" in said["message"]
+        # The victim it tried stays, and carries no disruption that did not happen.
+        for name in ("low-0", "low-1"):
+            pod = await memory_cluster.get(PODS, name, namespace=NAMESPACE)
+            target = pod_condition(pod, DISRUPTION_TARGET)
+            assert target is None or target["status"] == "False", target
+        denying[0] = False  # the policy is deleted
+        await eventually(lambda: ungated(world, "urgent"))
+        assert len(await _live(memory_cluster)) == 2  # one preempted, for good this time
+        sample = controller.metrics.registry.get_sample_value
+        assert (sample("dra_gateway_allocator_preemptions_total", {"result": "failed"})
+                or 0) >= 1
+        assert sample("dra_gateway_allocator_preemptions_total", {"result": "evicted"}) == 1
