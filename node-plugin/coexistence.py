@@ -9,8 +9,11 @@ answer it withholds every card: publishing first and asking after would offer ca
 holds.
 
 The Node's status.allocatable and status.capacity are read beside (see `legacy`: the capacity
-counts a legacy plugin's Unhealthy devices). When the socket cannot be read the Node's status
-decides alone, and the plugin logs why once per distinct failure rather than every poll. It
+counts a legacy plugin's Unhealthy devices). A failed read of the Node keeps the status last
+read, and is tried again at the next poll: forgetting it would make a legacy plugin whose cards
+are all Unhealthy (or names no plugin serves) look absent, and every card would be published
+beside it. When the socket cannot be read the Node's status decides alone, and the plugin logs
+why once per distinct failure rather than every poll. It
 never stops the plugin: every failure is a verdict that withholds enough. It decides nothing
 itself and writes nothing but the Node's condition.
 """
@@ -135,8 +138,11 @@ class LegacyCoexistence:
         if self._node_read_at is None or self._node_allocatable is None or (
                 now - self._node_read_at >= self.settings.node_seconds):
             status = await self._read_node()
-            self._node_allocatable, self._node_capacity = status or (None, None)
-            self._node_read_at = now
+            if status is not None:
+                self._node_allocatable, self._node_capacity = status
+                self._node_read_at = now
+            # Else the last status read stands (none before the first read: every card held
+            # back where the kubelet cannot say either), and the next poll reads again.
         self._asked = True
         before = self.verdict
         self.refresh()

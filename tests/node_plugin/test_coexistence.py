@@ -501,3 +501,43 @@ async def test_a_verdict_back_to_the_one_written_is_written_again_after_a_write_
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_a_failed_read_of_the_node_keeps_its_last_status(
+        cluster: MemoryCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    # NVIDIA's plugin after XIDs on every card: the kubelet offers none, only the Node's
+    # capacity still counts them. A Node that cannot be read for a moment must not make the
+    # legacy plugin look absent: every card would be published beside it.
+    node = await cluster.get(NODES, NODE)
+    node["status"] = {"capacity": {"nvidia.com/gpu": "1"},
+                      "allocatable": {"nvidia.com/gpu": "0"}}
+    await cluster.update(NODES, node, subresource="status")
+    kubelet = _Kubelet()
+    kubelet.view = KubeletView(allocatable={"nvidia.com/gpu": ()})
+    coexistence = LegacyCoexistence(
+        CoexistenceSettings(poll_seconds=600, node_seconds=0.0), cluster, node_name=NODE,
+        cards=lambda: (Card(index=0, uuid=CARD_0, devices=("gpu-0",)),),
+        on_change=lambda: None, client=kubelet)  # type: ignore[arg-type]
+    verdict = await coexistence.check()
+    assert verdict is not None
+    assert verdict.state == names.NODE_STATE_LEGACY
+    get = cluster.get
+
+    async def failing_get(rt: Any, name: str, **kwargs: Any) -> Any:
+        if rt is NODES:
+            raise ApiError("the server was unable to return a response in the time allotted",
+                           code=504, reason="Timeout")
+        return await get(rt, name, **kwargs)
+    monkeypatch.setattr(cluster, "get", failing_get)
+    for _ in range(3):
+        verdict = await coexistence.check()
+        assert verdict is not None
+        assert (verdict.state, verdict.withheld) == (names.NODE_STATE_LEGACY,
+                                                     frozenset({"gpu-0"}))
+    monkeypatch.setattr(cluster, "get", get)
+    node = await cluster.get(NODES, NODE)
+    node["status"] = {"capacity": {"nvidia.com/gpu": "0"}, "allocatable": {"nvidia.com/gpu": "0"}}
+    await cluster.update(NODES, node, subresource="status")
+    verdict = await coexistence.check()
+    assert verdict is not None
+    assert verdict.state == names.NODE_STATE_DRA
