@@ -2,6 +2,11 @@
 does to it) and one that is healthy again (and why), where `kubectl describe node` and event
 exporters show them. Node Events live in the `default` namespace and name the Node as the
 kubelet's own do. Events are advice: a failed write is logged, never raised.
+
+The plugin writes Events in `default` only, and only about its own Node: `record` writes
+nothing else (a caller that asks for another namespace or object is a bug, and is refused), so
+the chart can grant `events: create` in `default` alone and an admission policy can hold the
+plugin to its Node.
 """
 
 from __future__ import annotations
@@ -36,8 +41,17 @@ def node_event(node: str, *, type_: str, reason: str, message: str, instance: st
     }
 
 
-async def record(cluster: Cluster, event: Object) -> None:
-    """Write the Event; a refusal is logged (the chart grants `events: create`)."""
+async def record(cluster: Cluster, event: Object, *, node: str) -> None:
+    """Write the Event about Node `node` (the plugin's own); a refusal is logged (the chart
+    grants `events: create` in `default`). An Event in another namespace, or about another
+    object, is refused with ValueError before anything is sent."""
+    metadata = event.get("metadata") or {}
+    involved = event.get("involvedObject") or {}
+    if metadata.get("namespace") != NAMESPACE or involved.get("kind") != "Node" or (
+            involved.get("name") != node) or involved.get("namespace"):
+        raise ValueError(f"the node plugin records Events about its Node {node} in namespace "
+                         f"{NAMESPACE} only, not about {involved.get('kind')} "
+                         f"{involved.get('name')} in namespace {metadata.get('namespace')}")
     try:
         await cluster.create(EVENTS, event, namespace=NAMESPACE)
     except ApiError as exc:

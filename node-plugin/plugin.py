@@ -375,7 +375,8 @@ class NodePlugin:
                                   lifted_because=self.health.lifted_because):
             event = node_event(self.settings.node_name, type_=change.type, reason=change.reason,
                                message=change.message, instance=self.settings.node_name)
-            self._spawn(record(self._cluster, event), f"event-{change.device}")
+            self._spawn(record(self._cluster, event, node=self.settings.node_name),
+                        f"event-{change.device}")
         self._health_reported = now
         self.health.lifted_because.clear()
         self._condition_wanted.set()
