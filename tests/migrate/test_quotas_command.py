@@ -9,13 +9,25 @@ import pytest
 import yaml
 
 from dra_gateway.cli import main
+from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
+from dra_gateway.kube.resources import CONFIG_MAPS
 from dra_gateway.migrate.dumps import read_dumps
+from dra_gateway.migrate.live import RESOURCE_QUOTAS, read_cluster
 from dra_gateway.migrate.quotas import migrate_quotas, render_yaml
 from dra_gateway.migrate.rules import rules_in_force
 from dra_gateway.policy.legacyquotas import SOURCE_ANNOTATION
 
-from .conftest import assert_valid_gpu_quota, resource_quota, rules_config_map, write_dump
+from .conftest import (
+    assert_valid_gpu_quota,
+    resource_quota,
+    rules_config_map,
+    write_dump,
+)
+
+# A tenant's ConfigMap with the rules label: it would make gpushare memory MiB, not GiB.
+TENANT_OVERRIDE = {"apiVersion": names.API_VERSION, "kind": "TranslationRules",
+                   "overrides": [{"rule": "gpushare", "units": {"aliyun.com/gpu-mem": "Mi"}}]}
 
 
 def _gpu_quota(ns: str, name: str, hard: dict[str, object]) -> dict[str, object]:
@@ -111,8 +123,44 @@ def test_a_broken_rule_configmap_is_named_and_exits_2(
               "rules": [{"name": "x", "resources": {"a.com/x": {"unit": "Gb"}},
                          "device": {"className": "x.example.com", "count": "1"}}]}
     dump = write_dump(tmp_path / "dump.yaml", [rules_config_map("site", "gw", broken)])
-    assert main(["migrate", "quotas", "-f", str(dump)]) == 2
+    assert main(["migrate", "quotas", "-f", str(dump), "--gateway-namespace", "gw"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dra-gateway migrate quotas: the rules in force do not load: ")
     assert "ConfigMap gw/site" in err
     assert 'unknown unit "Gb"' in err
+
+
+async def test_a_tenants_rule_configmap_does_not_change_the_quotas_of_a_live_cluster(
+        ) -> None:
+    """The webhook reads rule ConfigMaps in its own namespace only: a tenant's labelled
+    ConfigMap must not change the GPUQuotas an administrator is told to apply."""
+    memory = MemoryCluster()
+    await memory.create(CONFIG_MAPS, rules_config_map("mine", "team-a", TENANT_OVERRIDE))
+    await memory.create(RESOURCE_QUOTAS,
+                        resource_quota("share", "team-a", {"aliyun.com/gpu-mem": 2}))
+    inventory = await read_cluster(memory)
+    assert inventory.rule_config_maps == []
+    (conversion,) = migrate_quotas(inventory, rules_in_force(())).conversions
+    assert conversion.gpu_quota is not None
+    assert conversion.gpu_quota["spec"]["hard"] == {"memory": "2Gi"}
+    # Installed in team-a, the gateway's webhook reads it: so does migrate.
+    inventory = await read_cluster(memory, gateway_namespace="team-a")
+    (conversion,) = migrate_quotas(inventory, rules_in_force(
+        inventory.rule_config_maps, namespace="team-a")).conversions
+    assert conversion.gpu_quota is not None
+    assert conversion.gpu_quota["spec"]["hard"] == {"memory": "2Mi"}
+
+
+def test_a_tenants_rule_configmap_in_a_dump_is_left_out_and_said_to_be(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dump = write_dump(tmp_path / "dump.yaml", [
+        rules_config_map("mine", "team-a", TENANT_OVERRIDE),
+        resource_quota("share", "team-a", {"aliyun.com/gpu-mem": 2})])
+    assert main(["migrate", "quotas", "-f", str(dump), "-o", "json"]) == 0
+    out, err = capsys.readouterr()
+    (quota,) = json.loads(out)["gpuQuotas"]
+    assert quota["spec"]["hard"] == {"memory": "2Gi"}
+    assert err.splitlines() == [
+        "warning: ConfigMap team-a/mine carries dra-gateway.io/rules=true but is not in the "
+        "gateway's namespace dra-gateway: the webhook does not read it, so neither does this "
+        "command (a different namespace: --gateway-namespace)"]

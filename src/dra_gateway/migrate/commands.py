@@ -47,6 +47,14 @@ def _sources(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rules", metavar="PATH", action="append", default=[],
                         help="rules files or folders the webhook reads (its --rules), besides "
                              "the built-in rules and the rule ConfigMaps found; repeatable")
+    _gateway_namespace(parser)
+
+
+def _gateway_namespace(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gateway-namespace", default=names.GATEWAY_NAMESPACE, metavar="NS",
+                        help="the namespace the gateway is installed in: its webhooks read rule "
+                             "ConfigMaps there only, and leave it out as they leave out "
+                             "kube-system (default: %(default)s)")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -68,9 +76,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plan.add_argument("--default-mode", choices=("enabled", "audit"), default="enabled",
                       help="the chart's webhook.translation.default: the mode of namespaces "
                            "without the dra-gateway.io/translation label (default: enabled)")
-    plan.add_argument("--gateway-namespace", default=names.GATEWAY_NAMESPACE, metavar="NS",
-                      help="the namespace the gateway is installed in, which its webhooks "
-                           "leave out as they leave out kube-system (default: %(default)s)")
     plan.add_argument("--exclude-namespace", action="append", default=[], metavar="NS",
                       help="a namespace of the chart's webhook.excludeNamespaces (repeatable)")
     plan.set_defaults(func=_run_plan)
@@ -95,6 +100,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _kubeconfig(node)
     node.add_argument("--rules", metavar="PATH", action="append", default=[],
                       help="rules files or folders the webhook reads, as for plan")
+    _gateway_namespace(node)
     node.add_argument("--dry-run", action="store_true",
                       help="only say what it would do: the node is not labelled")
     node.add_argument("-o", "--output", choices=("text", "json"), default="text")
@@ -139,32 +145,41 @@ def _inventory(args: argparse.Namespace) -> ClusterObjects:
         if args.kubeconfig:
             raise _Failure("give either -f FILE (offline) or --kubeconfig (live), not both")
         return read_dumps(args.filename)
-    return asyncio.run(_read_live(args.kubeconfig))
+    return asyncio.run(_read_live(args.kubeconfig, args.gateway_namespace))
 
 
-async def _read_live(kubeconfig: str | None) -> ClusterObjects:
+async def _read_live(kubeconfig: str | None, gateway_namespace: str) -> ClusterObjects:
     from dra_gateway.kube.cluster.connect import connect
     from dra_gateway.migrate.live import read_cluster
 
     cluster = await connect("kube", kubeconfig, verify=())
     try:
-        return await read_cluster(cluster)
+        return await read_cluster(cluster, gateway_namespace=gateway_namespace)
     finally:
         await cluster.close()
 
 
-def _rules(inventory: ClusterObjects, files: list[str]) -> RuleSet:
-    from dra_gateway.migrate.rules import rules_in_force
+def _rules(inventory: ClusterObjects, args: argparse.Namespace) -> RuleSet:
+    """The rules in force, as the webhook of `--gateway-namespace` loads them; a labelled
+    ConfigMap elsewhere (in a dump) is said to be left out."""
+    from dra_gateway.migrate.rules import foreign_config_maps, rules_in_force
 
-    return rules_in_force(inventory.rule_config_maps, files=files)
+    for name in foreign_config_maps(inventory.rule_config_maps, args.gateway_namespace):
+        print(f"warning: ConfigMap {name} carries {names.RULES_LABEL}={names.RULES_LABEL_VALUE} "
+              f"but is not in the gateway's namespace {args.gateway_namespace}: the webhook does "
+              "not read it, so neither does this command (a different namespace: "
+              "--gateway-namespace)", file=sys.stderr)
+    return rules_in_force(inventory.rule_config_maps, namespace=args.gateway_namespace,
+                          files=args.rules)
 
 
-def _rule_sources(inventory: ClusterObjects, files: list[str]) -> list[str]:
+def _rule_sources(inventory: ClusterObjects, args: argparse.Namespace) -> list[str]:
     from dra_gateway.kube import objects
+    from dra_gateway.migrate.rules import gateway_config_maps
 
-    return ["built-in", *files, *(f"ConfigMap {'/'.join(objects.namespace_name(cm))}"
-                                  for cm in sorted(inventory.rule_config_maps,
-                                                   key=objects.namespace_name))]
+    return ["built-in", *args.rules, *(
+        f"ConfigMap {'/'.join(objects.namespace_name(cm))}"
+        for cm in gateway_config_maps(inventory.rule_config_maps, args.gateway_namespace))]
 
 
 def _source(args: argparse.Namespace) -> str:
@@ -175,6 +190,8 @@ def _source(args: argparse.Namespace) -> str:
     if args.kubeconfig:
         parts.append(f"--kubeconfig {shlex.quote(args.kubeconfig)}")
     parts.extend(f"--rules {shlex.quote(r)}" for r in args.rules)
+    if args.gateway_namespace != names.GATEWAY_NAMESPACE:
+        parts.append(f"--gateway-namespace {shlex.quote(args.gateway_namespace)}")
     return " ".join(parts)
 
 
@@ -184,8 +201,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     from dra_gateway.migrate.render import render_html, render_table
 
     inventory = _inventory(args)
-    plan = build_plan(inventory, _rules(inventory, args.rules), default_mode=args.default_mode,
-                      rule_sources=_rule_sources(inventory, args.rules), source=_source(args),
+    plan = build_plan(inventory, _rules(inventory, args), default_mode=args.default_mode,
+                      rule_sources=_rule_sources(inventory, args), source=_source(args),
                       excluded=("kube-system", args.gateway_namespace,
                                 *args.exclude_namespace))
     if args.output == "json":
@@ -202,7 +219,7 @@ def _run_quotas(args: argparse.Namespace) -> int:
     from dra_gateway.migrate.quotas import migrate_quotas, render_yaml
 
     inventory = _inventory(args)
-    migration = migrate_quotas(inventory, _rules(inventory, args.rules))
+    migration = migrate_quotas(inventory, _rules(inventory, args))
     for warning in migration.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if args.output == "json":
@@ -228,8 +245,9 @@ async def _node(args: argparse.Namespace) -> int:
     cluster = await connect("kube", args.kubeconfig, verify=())
     try:
         listed = await cluster.list(
-            CONFIG_MAPS, label_selector=f"{names.RULES_LABEL}={names.RULES_LABEL_VALUE}")
-        rules = _rules(ClusterObjects(rule_config_maps=list(listed.items)), args.rules)
+            CONFIG_MAPS, namespace=args.gateway_namespace,
+            label_selector=f"{names.RULES_LABEL}={names.RULES_LABEL_VALUE}")
+        rules = _rules(ClusterObjects(rule_config_maps=list(listed.items)), args)
         try:
             result = await cut_over(cluster, args.node, rules, dry_run=args.dry_run)
         except NotFound:

@@ -38,14 +38,17 @@ WORKLOAD_TYPES: Final = (
 )
 
 
-async def read_cluster(cluster: Cluster) -> ClusterObjects:
-    """Every object migrate reads, across all namespaces."""
+async def read_cluster(cluster: Cluster, *,
+                       gateway_namespace: str = names.GATEWAY_NAMESPACE) -> ClusterObjects:
+    """Every object migrate reads, across all namespaces; the rule ConfigMaps of the gateway's
+    namespace only, the one the webhook reads them from."""
     inventory = ClusterObjects()
     missing: list[str] = []
 
-    async def items(rt: ResourceType, label_selector: str | None = None) -> list[Object]:
+    async def items(rt: ResourceType, label_selector: str | None = None,
+                    namespace: str | None = None) -> list[Object]:
         try:
-            listed = await cluster.list(rt, label_selector=label_selector)
+            listed = await cluster.list(rt, namespace=namespace, label_selector=label_selector)
         except NotFound:
             missing.append(f"{rt.plural}.{rt.group}" if rt.group else rt.plural)
             return []
@@ -55,7 +58,8 @@ async def read_cluster(cluster: Cluster) -> ClusterObjects:
     for rt in (NAMESPACES, PODS, NODES, RESOURCE_QUOTAS, GPU_QUOTAS, *WORKLOAD_TYPES):
         for obj in await items(rt):
             inventory.add(obj)
-    for obj in await items(CONFIG_MAPS, f"{names.RULES_LABEL}={names.RULES_LABEL_VALUE}"):
+    for obj in await items(CONFIG_MAPS, f"{names.RULES_LABEL}={names.RULES_LABEL_VALUE}",
+                           gateway_namespace):
         inventory.add(obj)
     if missing:
         inventory.notes.append(f"the API does not serve {', '.join(missing)}: those objects are "

@@ -1,6 +1,8 @@
 """The translation rules in force for a plan: the built-in rules, `--rules` files and the rule
-ConfigMaps (label `dra-gateway.io/rules: "true"`) found in the cluster or the dumps, loaded as
-the webhook loads them (`webhook/rulestore.py`: files first, then ConfigMaps by name).
+ConfigMaps (label `dra-gateway.io/rules: "true"`) of the gateway's namespace found in the cluster
+or the dumps, loaded as the webhook loads them (`webhook/rulestore.py`: files first, then the
+ConfigMaps of its own namespace by name). A labelled ConfigMap in any other namespace is a
+tenant's, which the webhook never reads: it must not change what migrate prints either.
 
 Also what those rules do with a legacy name, in the terms the quota conversion reads
 (`policy.legacyquotas.Route`). It must not read files other than `--rules`, or a cluster.
@@ -10,15 +12,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from dra_gateway.kube import objects
+from dra_gateway.kube import names, objects
 from dra_gateway.migrate.inventory import Object
 from dra_gateway.policy.legacyquotas import Route, legacy_name
 from dra_gateway.translator.rules import RuleSet, Source, load_rules
 
 
-def rules_in_force(config_maps: Sequence[Object], *, files: Sequence[str] = ()) -> RuleSet:
-    """The rule set; `RulesError` names the ConfigMap or file and field of every problem."""
-    ordered = sorted(config_maps, key=objects.namespace_name)
+def gateway_config_maps(config_maps: Sequence[Object], namespace: str) -> list[Object]:
+    """The rule ConfigMaps the webhook reads: those of the gateway's `namespace`, by name."""
+    return sorted((cm for cm in config_maps if objects.namespace(cm) == namespace),
+                  key=objects.namespace_name)
+
+
+def foreign_config_maps(config_maps: Sequence[Object], namespace: str) -> list[str]:
+    """`NAMESPACE/NAME` of the labelled ConfigMaps outside the gateway's namespace: not read."""
+    return sorted("/".join(objects.namespace_name(cm)) for cm in config_maps
+                  if objects.namespace(cm) != namespace)
+
+
+def rules_in_force(config_maps: Sequence[Object], *, namespace: str = names.GATEWAY_NAMESPACE,
+                   files: Sequence[str] = ()) -> RuleSet:
+    """The rule set with the ConfigMaps of the gateway's `namespace` (others are left out);
+    `RulesError` names the ConfigMap or file and field of every problem."""
+    ordered = gateway_config_maps(config_maps, namespace)
     sources: list[Source] = [*files]
     for cm in ordered:
         data = cm.get("data")
