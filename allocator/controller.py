@@ -246,8 +246,7 @@ class Controller:
             # seen waits and is planned again once it is (`_on_podgroup`).
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(10.0):
-                    await asyncio.gather(*(i.synced.wait() for i in (*self.podgroups.values(),
-                                                                     self.taint_rule_mirror)))
+                    await asyncio.gather(*(i.synced.wait() for i in self.podgroups.values()))
             self.planning.set_policies(self.policy_mirror.catalog())
             # Pods listed before the DeviceClasses and slices were charged without them.
             self._recharge_legacy_pods()
@@ -290,7 +289,10 @@ class Controller:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _all_synced(self) -> None:
-        for informer in self.informers:
+        # The DeviceTaintRules too, without a deadline: planning before they are known gives
+        # out devices an administrator took out of service. Where the API does not serve them
+        # the mirror is synced (empty) by the first list's 404.
+        for informer in (*self.informers, self.taint_rule_mirror):
             await informer.synced.wait()
 
     async def _detect(self) -> None:

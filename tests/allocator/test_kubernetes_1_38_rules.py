@@ -8,16 +8,20 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from testkit import eventually
 
+from dra_gateway.allocator.controller import Controller
 from dra_gateway.allocator.invalidclaims import InvalidClaims
 from dra_gateway.allocator.metrics import Metrics
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
-from dra_gateway.kube.resources import DEVICE_TAINT_RULES, EVENTS, RESOURCE_CLAIMS
+from dra_gateway.kube.cluster.port import ObjectList
+from dra_gateway.kube.resources import DEVICE_TAINT_RULES, EVENTS, RESOURCE_CLAIMS, ResourceType
 from dra_gateway.policy.amounts import charges_of
 
 from .conftest import (
+    FAST,
     NAMESPACE,
     World,
     is_ungated,
@@ -222,3 +226,40 @@ async def test_a_toleration_without_an_effect_tolerates_a_no_execute_rule_as_1_3
         result = claim["status"]["allocation"]["devices"]["results"][0]
         assert (result["device"], result["tolerations"]) == ("gpu-0", [toleration])
         assert not is_ungated(await world.pod("plain"))
+
+
+class _SlowTaintRules(MemoryCluster):
+    """An API server that answers the list of DeviceTaintRules only once `served` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.served = asyncio.Event()
+
+    async def list(self, rt: ResourceType, **kwargs: Any) -> ObjectList:
+        if rt == DEVICE_TAINT_RULES:
+            await self.served.wait()
+        return await super().list(rt, **kwargs)
+
+
+@pytest.mark.slow
+async def test_the_allocator_plans_nothing_before_it_knows_the_device_taint_rules() -> None:
+    """On start the allocator waits for the DeviceTaintRules as for its other mirrors, however
+    long their list takes: planning without them gives out a device taken out of service (it
+    once gave them 10 s, then planned)."""
+    memory = _SlowTaintRules()
+    world = World(memory)
+    await world.setup(nodes=1, gpus=2)
+    await memory.create(DEVICE_TAINT_RULES, _taint_rule("gpu-0-out", "gpu-0", "NoSchedule"))
+    await world.gated_pod("first", [whole_claim_spec()])
+    controller = Controller(memory, FAST)
+    task = asyncio.create_task(controller.run(), name="controller")
+    try:
+        await asyncio.sleep(10.5)
+        assert not controller.ready.is_set()
+        assert not is_ungated(await world.pod("first"))
+        memory.served.set()
+        await eventually(lambda: ungated(world, "first"))
+        assert [_device_of(c) for c in await world.claims_of("first")] == ["gpu-1"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
