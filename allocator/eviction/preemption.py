@@ -15,8 +15,12 @@ to a cohort (`spec.min`, `spec.cohort`), and that waits within that guarantee, t
 first: the planner names the fewest pods of the cohort's borrowing namespaces to remove,
 whatever their priority (`plan_reclaim`); rounds run while a gated pod's namespace is in a
 cohort, as they do while a gated pod outranks a placed one. A preemption found is assumed in that
-state (its devices taken, its victims gone) before the next pod is looked at, and then carried
-out, victim by victim:
+state (its devices taken, its victims gone) before the next pod is looked at. Planning takes
+time and the cluster moves on meanwhile, so each is checked again against the mirrors just
+before it is carried out (`stale`): the pod still waits (there, gated, not being placed), it
+still fits nowhere as the cluster is now, and it fits on the planned node once its victims
+have left; a preemption that no longer stands is dropped, nobody evicted, and the next round
+plans again. Then it is carried out, victim by victim:
 
 1. the devices it frees are held for the pod first (a `hold.` record in the ConfigMap
    `dra-gateway-defrag`, as defrag holds them): no newcomer takes them, the pod is planned on
@@ -25,7 +29,8 @@ out, victim by victim:
    Event `Preempted` naming the pod it makes room for, and is evicted through the Eviction API,
    so its PodDisruptionBudgets are honoured; the pod gets an Event `Preempting` naming them,
    and its condition `dra-gateway.io/Preemption` says what it waits for (False, `Placed`,
-   once it is placed);
+   once it is placed); before each eviction the pod is read again from the API, and one that
+   no longer waits (gone, being deleted, placed) stops the preemption there;
 3. a budget or an admission policy that refuses an eviction (or any failure) stops that
    preemption: the victims evicted stay evicted (and the pod is not preempted for again
    until they have left), the victim refused keeps no `DisruptionTarget` (evict.py), the
@@ -47,6 +52,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
+from dra_gateway.allocator.claims import claims_for
 from dra_gateway.allocator.conditions import PREEMPTION_CONDITION, set_pod_condition
 from dra_gateway.allocator.events import COMPONENT
 from dra_gateway.allocator.eviction import holds as holdfmt
@@ -67,12 +73,14 @@ from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.allocator.settings import ControllerSettings
 from dra_gateway.allocator.work import Fence
 from dra_gateway.kube import objects
-from dra_gateway.kube.cluster.port import ApiError, Cluster, Object
-from dra_gateway.kube.resources import CONFIG_MAPS, POD_DISRUPTION_BUDGETS
+from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound, Object
+from dra_gateway.kube.resources import CONFIG_MAPS, POD_DISRUPTION_BUDGETS, PODS
 
 log = logging.getLogger(__name__)
 
 REASON = "PreemptionByDraGateway"
+# What `carry_out` answers for a preemption stopped because its pod no longer waits.
+ABANDONED = "abandoned"
 
 
 def _outranked(pods: Sequence[Object]) -> bool:
@@ -110,6 +118,50 @@ def _in_cohorts(snapshot: Snapshot) -> bool:
     return bool(lending) and any(
         objects.namespace(p) in lending and objects.waits_for_gateway(p)
         and not objects.is_deleting(p) for p in snapshot.pods)
+
+
+def no_longer_waits(pod: Object | None, uid: str) -> str | None:
+    """Why the pod a preemption is for no longer waits for it (gone, being deleted, placed),
+    or None while it does. Pure."""
+    if pod is None or objects.uid(pod) != uid:
+        return "it is gone"
+    if objects.is_deleting(pod):
+        return "it is being deleted"
+    node = objects.spec(pod).get("nodeName")
+    if node:
+        return f"it is bound to node {node}"
+    if not objects.is_gated(pod):
+        return "it was placed (the gateway's gate is gone)"
+    return None
+
+
+def stale(snapshot: Snapshot, preemption: Preemption) -> str | None:
+    """Why a preemption planned earlier no longer stands on the cluster as `snapshot` shows it
+    now, or None where it does: its pod still waits for devices (gated, its claims not
+    allocated, not held for), it fits nowhere without the preemption, and it fits on the
+    planned node once the victims still there have left. Pure; builds a state of its own."""
+    inputs = build(snapshot)
+    waiter = next((w for w in inputs.waiters if objects.uid(w.pod) == preemption.uid), None)
+    if waiter is None:
+        pod = next((p for p in snapshot.pods if objects.uid(p) == preemption.uid), None)
+        return no_longer_waits(pod, preemption.uid) or (
+            "it no longer waits for devices (allocated, or held for)")
+    state = inputs.state
+    if plan_pod(state, waiter.pod, list(waiter.claims)).node_name is not None:
+        return "it fits now without preempting anybody"
+    by_uid = {objects.uid(p): p for p in snapshot.pods}
+    by_name = {objects.namespace_name(c): c for c in snapshot.claims}
+    for victim in preemption.victims:
+        pod = by_uid.get(victim.uid)
+        if pod is None:
+            continue  # gone: what it held is free already
+        claims, _ = claims_for(pod, lambda ns, name: by_name.get((ns, name)))
+        state.take_out(victim.uid, [objects.uid(c) for c in claims])
+    if plan_pod(state, waiter.pod, list(waiter.claims),
+                nodes=(preemption.node,)).node_name is None:
+        return (f"it would no longer fit on node {preemption.node} once "
+                f"{', '.join(v.pod for v in preemption.victims)} left")
+    return None
 
 
 def find_preemptions(inputs: Inputs, leaving: Mapping[str, set[str]] | None = None,
@@ -174,6 +226,7 @@ class PreemptionMode(EvictionMode):
         # (a victim may take longer than the hold to stop). Only victims actually evicted:
         # a preemption that stops leaves the others in place, and the pod is planned again.
         self.leaving: dict[str, set[str]] = {}
+        self._written: dict[str, holdfmt.Hold] = {}  # holds written this round, by pod uid
         # The last round's carry-out stopped at a refused or failed eviction.
         self.stopped = False
 
@@ -190,9 +243,9 @@ class PreemptionMode(EvictionMode):
         return found == [] or self.stopped
 
     async def round(self) -> list[Preemption] | None:
-        """One look at the waiting pods: the preemptions carried out (or tried), None when no
-        gated pod outranks a placed one (nothing to look at). `stopped` says whether an
-        eviction was refused or failed."""
+        """One look at the waiting pods: the preemptions found (carried out, tried, or dropped
+        as no longer standing), None when no gated pod outranks a placed one (nothing to look
+        at). `stopped` says whether an eviction was refused or failed."""
         self.stopped = False
         snapshot = self.snapshot()
         live = {objects.uid(p) for p in snapshot.pods}
@@ -219,13 +272,25 @@ class PreemptionMode(EvictionMode):
                                           reason="DisruptionBudget",
                                           kind=PREEMPTION_CONDITION, message=why)
         for preemption in found:
+            # The holds this round wrote count as the mirror would show them.
+            fresh = self.snapshot()
+            fresh.records = holdfmt.Records({**fresh.records.holds, **self._written},
+                                            list(fresh.records.moved))
+            moved_on: str | None = await asyncio.to_thread(stale, fresh, preemption)
+            if moved_on is not None:
+                log.info("a preemption no longer stands: nobody is evicted for it", extra={
+                    "pod": preemption.pod, "victims": [v.pod for v in preemption.victims],
+                    "why": moved_on})
+                continue
             result = await self.carry_out(preemption, inputs.pods)
             self.stopped = self.stopped or result in (REFUSED, FAILED)
+        self._written.clear()
         return found
 
     async def carry_out(self, preemption: Preemption, pods: Mapping[str, Object]) -> str:
-        """Hold, then evict each victim; the result (evicted, refused, failed). The victims
-        evicted are `leaving` until they are gone."""
+        """Hold, then evict each victim while the pod still waits; the result (evicted,
+        refused, failed, or abandoned: the pod no longer waits). The victims evicted are
+        `leaving` until they are gone."""
         victims = ", ".join(v.pod for v in preemption.victims)
         # Who the victims are to the pod: of lower priority, or borrowing its guarantee.
         whose = (f"borrowing from cohort {preemption.cohort}" if preemption.cohort
@@ -239,6 +304,7 @@ class PreemptionMode(EvictionMode):
                             self.clock() + timedelta(seconds=self.settings.preemption_hold),
                             tuple(v.pod for v in preemption.victims), preempted=True)
         await write_records(self.cluster, self.settings.namespace, {hold.key: hold.value()})
+        self._written[preemption.uid] = hold
         preemptor = pods.get(preemption.uid)
         goal = (f"to take back the guarantee its namespace lent to cohort "
                 f"{preemption.cohort} and place this pod on node {preemption.node}"
@@ -254,6 +320,14 @@ class PreemptionMode(EvictionMode):
         evicted: set[str] = set()
         self.leaving.pop(preemption.uid, None)
         for victim in preemption.victims:
+            gone = await self._no_longer_waits(preemption)
+            if gone is not None:
+                # Placed, deleted or being deleted meanwhile: the rest of the victims stay. A
+                # hold left behind is dropped by the next round (`_drop_spent_holds`).
+                log.info("preemption stopped: its pod no longer waits", extra={
+                    "pod": preemption.pod, "why": gone,
+                    "evicted": sorted(v.pod for v in preemption.victims if v.uid in evicted)})
+                return ABANDONED
             pod = pods.get(victim.uid)
             why = (f"{COMPONENT}: preempting to take back the quota its cohort "
                    f"{preemption.cohort} lent: pod {preemption.pod} runs within its "
@@ -285,11 +359,21 @@ class PreemptionMode(EvictionMode):
                                               reason="PreemptionRefused",
                                               kind=PREEMPTION_CONDITION, message=said)
                 await self._drop_hold(hold.key)
+                self._written.pop(preemption.uid, None)
                 log.warning("preemption stopped", extra={
                     "pod": preemption.pod, "victim": victim.pod, "error": message})
                 return result
             self.metrics.preemptions.labels(EVICTED).inc()
         return EVICTED
+
+    async def _no_longer_waits(self, preemption: Preemption) -> str | None:
+        """Why the preemption's pod no longer waits, read from the API now, or None."""
+        namespace, name = preemption.pod.split("/", 1)
+        try:
+            pod: Object | None = await self.cluster.get(PODS, name, namespace=namespace)
+        except NotFound:
+            pod = None
+        return no_longer_waits(pod, preemption.uid)
 
     async def _drop_spent_holds(self, snapshot: Snapshot) -> None:
         """Drop the holds this allocator's preemptions wrote that have served: their pod is
@@ -325,4 +409,5 @@ class PreemptionMode(EvictionMode):
                 "error": exc.message, "kind": CONFIG_MAPS.kind})
 
 
-__all__ = ["REASON", "PreemptionMode", "find_preemptions"]
+__all__ = ["ABANDONED", "REASON", "PreemptionMode", "find_preemptions", "no_longer_waits",
+           "stale"]

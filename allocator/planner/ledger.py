@@ -317,12 +317,21 @@ class UsageLedger:
     # --- plans --------------------------------------------------------------------------------
 
     def assume(self, pod: Mapping[str, Any], plan: Any) -> None:
-        """Reserve a plan's devices, CPU and memory before it is written."""
+        """Reserve a plan's devices, CPU and memory before it is written.
+
+        A claim the API shows allocated keeps that record: an assumption (a plan being
+        written, a hold read late, a placement refreshed) never stands in for it, and so
+        `forget` never erases it. Replacing it was rejected: until the assumption was
+        forgotten the claim's real devices looked free, and after, all of them did (the claim
+        counted nowhere), which let a second pod be given them."""
         if plan.node_name is None:
             return
         namespace = objects.namespace(pod)
         charges: Mapping[str, tuple[DeviceCharge, ...]] = getattr(plan, "charges", None) or {}
         for uid, allocation in plan.allocations.items():
+            held = self.claims.get(uid)
+            if held is not None and not held.assumed:
+                continue  # what the API shows wins
             uses = self._uses_of(allocation)
             self._put_claim(uid, ClaimRecord(uses, assumed=True, namespace=namespace,
                                              charges=charges.get(uid, ())))
@@ -333,7 +342,8 @@ class UsageLedger:
             self._put_pod(uid, PodRecord(plan.node_name, cpu, memory, assumed=True))
 
     def forget(self, pod: Mapping[str, Any], plan: Any) -> None:
-        """Undo `assume` when the write failed; records that came from the API stay."""
+        """Undo `assume` (the write failed, landed, or the hold is over); records that came
+        from the API stay, whatever was assumed over them since."""
         for uid in plan.allocations:
             record = self.claims.get(uid)
             if record is not None and record.assumed:

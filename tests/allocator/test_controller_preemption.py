@@ -12,9 +12,11 @@ from typing import Any
 from testkit import eventually
 
 from dra_gateway.allocator.conditions import PREEMPTION_CONDITION, pod_condition
+from dra_gateway.allocator.controller import Controller
 from dra_gateway.allocator.eviction import holds as holdfmt
 from dra_gateway.allocator.eviction.evict import DISRUPTION_TARGET
-from dra_gateway.allocator.eviction.preemption import REASON
+from dra_gateway.allocator.eviction.inputs import Snapshot
+from dra_gateway.allocator.eviction.preemption import REASON, PreemptionMode
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Forbidden, Object
@@ -205,3 +207,58 @@ async def test_a_preemption_an_admission_policy_refused_is_tried_again_once_it_a
         assert (sample("dra_gateway_allocator_preemptions_total", {"result": "failed"})
                 or 0) >= 1
         assert sample("dra_gateway_allocator_preemptions_total", {"result": "evicted"}) == 1
+
+
+def _mode(memory_cluster: MemoryCluster, controller: Controller,
+          first: Snapshot | None = None) -> PreemptionMode:
+    """A preemption mode run by hand; its first look at the cluster is `first` (a view taken
+    before the cluster moved on) where given, the mirrors' after."""
+    views = [first] if first is not None else []
+
+    def snapshot() -> Snapshot:
+        return views.pop() if views else controller.snapshot()
+
+    return PreemptionMode(memory_cluster, controller.settings, snapshot=snapshot,
+                          metrics=controller.metrics, fence=lambda: None)
+
+
+async def test_a_preemption_planned_before_its_pod_was_placed_evicts_nobody(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=2)
+    evicted = record_evictions(memory_cluster)
+    manual = dataclasses.replace(SETTINGS, preemption=False)
+    async with running_controller(memory_cluster, manual) as controller:
+        await _fill(world, memory_cluster, 2, priority=10)
+        await world.gated_pod("urgent", [whole_claim_spec(1)], priority=1000)
+        await asyncio.sleep(0.2)
+        before = controller.snapshot()  # urgent fits nowhere: one of low-* would be preempted
+        # Meanwhile low-0 finishes and urgent is placed on its card.
+        await memory_cluster.delete(PODS, "low-0", namespace=NAMESPACE)
+        await eventually(lambda: ungated(world, "urgent"))
+        (found,) = await _mode(memory_cluster, controller, before).round() or []
+        assert [v.pod for v in found.victims] == [f"{NAMESPACE}/low-1"]  # as planned then
+        assert evicted == []
+        assert "low-1" in await _live(memory_cluster)
+
+
+async def test_a_preemption_stops_once_its_pod_is_gone(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=2)
+    real_evict = memory_cluster.evict
+    evicted: list[str] = []
+
+    async def evict(name: str, *, namespace: str, uid: str | None = None) -> None:
+        evicted.append(name)
+        await real_evict(name, namespace=namespace, uid=uid)
+        # The pod preempted for is deleted as its first victim leaves.
+        await memory_cluster.delete(PODS, "urgent", namespace=NAMESPACE)
+
+    memory_cluster.evict = evict  # type: ignore[method-assign]
+    manual = dataclasses.replace(SETTINGS, preemption=False)
+    async with running_controller(memory_cluster, manual) as controller:
+        await _fill(world, memory_cluster, 2, priority=10)
+        await world.gated_pod("urgent", [whole_claim_spec(2)], priority=1000)
+        await asyncio.sleep(0.2)
+        (found,) = await _mode(memory_cluster, controller).round() or []
+        assert len(found.victims) == 2
+        assert len(evicted) == 1, "the second victim was evicted for a pod that is gone"
