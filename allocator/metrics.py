@@ -102,6 +102,16 @@ class Metrics:
             "Gated pods the allocator could not place, by reason (QuotaExceeded, "
             "QueuedForQuota, Unschedulable)", ("reason",), registry=r)
 
+    def end_term(self) -> None:
+        """Leadership ended: the gauges only a leader keeps say nothing any more. A replica
+        that lost the Lease must not go on exposing its last pending pods, quota usage and
+        invalid claims (their alerts would fire from it for ever); the next term sets them
+        afresh from the API."""
+        for gauge in (self.pending_pods, self.quota_used, self.quota_hard, self.quota_borrowed):
+            gauge.clear()
+        self.invalid_claims.set(0)
+        self.queue_depth.set(0)
+
     def render(self) -> bytes:
         """The text exposition format, for a /metrics endpoint."""
         return generate_latest(self.registry)

@@ -50,6 +50,7 @@ async def run_allocator(cluster: Cluster, *, namespace: str, identity: str,
                              fence=elector.check_leading).run()
         finally:
             metrics.leader.set(0)
+            metrics.end_term()
 
     campaign = asyncio.ensure_future(elector.run(lead))
     if stop is None:
