@@ -62,7 +62,8 @@ class Planning:
         self._planning = asyncio.Lock()  # one plan at a time, as when plans ran on the loop
         # Changes to the planner state made while a plan runs in its thread, in order.
         self._held_changes: list[Callable[[], None]] | None = None
-        # Defrag holds in the state (pod uid -> hold), and pods that have used theirs.
+        # Defrag holds in the state (pod uid -> hold), and pods whose hold has served (used,
+        # placed or gone), kept while the records still name it, so it is not taken again.
         self.holds: dict[str, Hold] = {}
         self._used_holds: set[str] = set()
 
@@ -165,8 +166,9 @@ class Planning:
     def set_holds(self, holds: Mapping[str, Hold],
                   pod_of: Callable[[str, Hold], Object | None]) -> list[str]:
         """Hold in the state the devices of the holds in force (pod uid -> hold) and let go of
-        the others; a hold its pod has used, or whose pod is no longer gated, is not taken
-        again. Returns the uids of the pods newly held for (to plan them again)."""
+        the others; a hold its pod has used, whose pod is no longer gated, or whose pod was
+        seen gone, is not taken again. Returns the uids of the pods newly held for (to plan
+        them again)."""
         added: list[str] = []
         for uid, old in list(self.holds.items()):
             if holds.get(uid) != old:
@@ -185,9 +187,13 @@ class Planning:
         return added
 
     def drop_hold(self, pod: Object) -> None:
-        """The pod is gone or placed: its hold, if any, frees its devices."""
-        hold = self.holds.pop(objects.uid(pod), None)
+        """The pod is gone or placed: its hold, if any, frees its devices, for good (the
+        records keep it until it expires or its writer drops it; a gone pod's hold would
+        otherwise be taken again at every look at them, its pod being unknown then)."""
+        uid = objects.uid(pod)
+        hold = self.holds.pop(uid, None)
         if hold is not None:
+            self._used_holds.add(uid)
             self._change(self.state.forget, pod, hold.plan())
 
     # The plans being written ---------------------------------------------------------------

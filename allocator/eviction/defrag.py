@@ -7,7 +7,10 @@ PodDisruptionBudgets read then, with at most the moves left in the hour (`defrag
 counted from the moves recorded in the ConfigMap); the pods that moves can place are then
 carried out as `dra-gateway defrag apply` does (`moves.Applier`). A plan that stops (a budget
 refuses an eviction) or leaves a moved pod unplaced doubles the pause before the next, up to
-sixteen times; a clean one resets it. Moves and pods helped are counted in the metrics.
+sixteen times; a clean one resets it. Moves and pods helped are counted in the metrics. Every
+eviction and record write passes the leader's fence, as preemption's do: a plan is carried out
+over minutes (it waits for each pod helped), and a replica that lost its Lease meanwhile stops
+at its next write.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ class DefragMode(EvictionMode):
             "moves": [f"{m.pod} ({m.source.node} -> {m.target.node})" for m in plan.moves],
             "for": [h.pod for h in plan.helped]})
         applier = Applier(self.cluster, namespace=settings.namespace, clock=self.clock,
-                          instance=settings.identity, pace=Pace(
+                          instance=settings.identity, fence=self.fence, pace=Pace(
                               in_flight=settings.defrag_in_flight,
                               hold_seconds=settings.defrag_hold,
                               wait_seconds=settings.defrag_wait,

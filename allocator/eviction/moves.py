@@ -12,7 +12,10 @@
    (the allocator goes on placing them as usual).
 
 Every move is a Normal Event on the pod moved and one on the pod it made room for. Nothing here
-chooses moves (the planner does); each re-placement is the allocator's, checked as usual.
+chooses moves (the planner does); each re-placement is the allocator's, checked as usual. Every
+eviction and every write of the records passes the `fence` first: the allocator's defrag gives
+its leader's (a replica that no longer leads moves nothing and writes no record, however long
+a plan takes to carry out); `dra-gateway defrag apply`, run by hand, has none.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dra_gateway.allocator.eviction.store import (
     write_records,
 )
 from dra_gateway.allocator.planner.defrag import DefragPlan, Help, Move
+from dra_gateway.allocator.work import Fence, unfenced
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import (
     ApiError,
@@ -106,13 +110,15 @@ class Applier:
     """Carries plans out on one cluster; `clock` gives the time written in records."""
 
     def __init__(self, cluster: Cluster, *, namespace: str, pace: Pace | None = None,
-                 clock: Callable[[], datetime] | None = None, instance: str = "") -> None:
+                 clock: Callable[[], datetime] | None = None, instance: str = "",
+                 fence: Fence = unfenced) -> None:
         self.cluster = cluster
         self.namespace = namespace
         self.pace = pace or Pace()
         self.clock = clock or (lambda: datetime.now(UTC))
+        self.fence = fence
         self.evictions = Evictions(cluster, clock=self.clock, instance=instance,
-                                   component=COMPONENT)
+                                   component=COMPONENT, fence=fence)
 
     async def carry_out(self, plan: DefragPlan, pods: Mapping[str, Object]) -> ApplyReport:
         """`pods`: the live pods the plan was made from, by uid (for owners and Events)."""
@@ -121,6 +127,7 @@ class Applier:
             # Records past their use go first, so the ConfigMap stays the size of the moves
             # under way and of the window.
             records, _ = await read_records(self.cluster, self.namespace)
+            self.fence()
             await drop_records(self.cluster, self.namespace,
                                records.stale_keys(self.clock(), self.pace.window_seconds))
         for help_ in plan.helped:
@@ -158,6 +165,7 @@ class Applier:
             owner = controller_uid(pods.get(move.uid))
             moved = holdfmt.Moved(move.uid, move.pod, owner, now, help_.pod)
             data[moved.key] = moved.value()
+        self.fence()
         await write_records(self.cluster, self.namespace, data)
 
     async def _evict(self, help_: Help, pods: Mapping[str, Object]) -> list[MoveOutcome]:

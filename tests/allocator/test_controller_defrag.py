@@ -7,15 +7,26 @@ import asyncio
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from testkit import eventually
 
 from dra_gateway.allocator.eviction import holds as holdfmt
+from dra_gateway.allocator.eviction.defrag import DefragMode
 from dra_gateway.allocator.eviction.store import write_records
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.resources import CONFIG_MAPS, PODS
+from dra_gateway.kube.runtime.leader import LeadershipLost
 
-from .conftest import FAST, World, is_ungated, running_controller, ungated, whole_claim_spec
+from .conftest import (
+    FAST,
+    World,
+    is_ungated,
+    record_evictions,
+    running_controller,
+    ungated,
+    whole_claim_spec,
+)
 
 NAMESPACE = "dra-gateway"
 
@@ -113,3 +124,37 @@ async def _records(cluster: MemoryCluster) -> holdfmt.Records | None:
     records = holdfmt.read(config_map)
     return records if records.moved else None
 
+
+
+async def test_a_defrag_round_whose_leader_lost_its_lease_moves_nothing_and_writes_nothing(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=2)
+    evicted = record_evictions(memory_cluster)
+    settings = replace(FAST, namespace=NAMESPACE, strategy="spread", defrag_after=0.0,
+                       defrag_wait=1.0)
+    async with running_controller(memory_cluster, settings) as controller:
+        for name in ("a", "b"):
+            await world.gated_pod(name, [_share(30)])
+            await eventually(lambda name=name: ungated(world, name))
+            await memory_cluster.patch(PODS, name, {"metadata": {"ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs-uid",
+                "controller": True}]}, "spec": {"nodeName": "node-0"}},
+                namespace=world.pods[name]["metadata"]["namespace"])
+        await world.add_node("node-1", gpus=1)
+        await world.gated_pod("big", [whole_claim_spec(count=2)])
+        await asyncio.sleep(0.2)
+        checks = 0
+
+        def fence() -> None:
+            # The Lease is lost once the round has planned and begun to carry its plan out.
+            nonlocal checks
+            checks += 1
+            if checks > 1:
+                raise LeadershipLost("a standby took the Lease")
+
+        mode = DefragMode(memory_cluster, settings, snapshot=controller.snapshot,
+                          metrics=controller.metrics, fence=fence)
+        with pytest.raises(LeadershipLost):
+            await mode.round()
+        assert evicted == []
+        assert memory_cluster.objects(CONFIG_MAPS) == [], "a fenced replica wrote records"

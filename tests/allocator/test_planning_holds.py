@@ -1,10 +1,11 @@
 """Holds in the allocator's planner state (allocator/planning.py, over planner/ledger.py): devices
 freed for a pod are held for it, and a hold never costs the cluster what the API shows taken: a
-hold read late over a claim already allocated leaves that allocation counted once it is let go."""
+hold read late over a claim already allocated leaves that allocation counted once it is let go,
+and a hold whose pod is gone is not taken again at the next look at the records."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dra_gateway.allocator.eviction.holds import Hold
@@ -76,3 +77,19 @@ def test_a_hold_read_late_over_an_allocated_claim_never_frees_its_device() -> No
     planning.set_holds({}, lambda uid, h: None)
     assert not _fits(planning, "q"), "the claim's card looks free: it would be given twice"
 
+
+def test_a_hold_whose_pod_is_gone_is_not_taken_again() -> None:
+    planning = _planning()
+    waiting = _gated("p")
+    hold = Hold("uid-p", "ns/p", "n1", {"uid-p": _allocation("gpu-0")},
+                datetime.now(UTC) + timedelta(minutes=5))
+    alive: dict[str, Object] = {"uid-p": waiting}
+    assert planning.set_holds({"uid-p": hold}, lambda uid, h: alive.get(uid)) == ["uid-p"]
+    assert not _fits(planning, "q")
+    del alive["uid-p"]  # deleted: the pods' mirror no longer has it
+    planning.drop_hold(waiting)
+    assert _fits(planning, "q")
+    # The records still hold it until it expires; the next look must not take it again.
+    assert planning.set_holds({"uid-p": hold}, lambda uid, h: alive.get(uid)) == []
+    assert planning.holds == {}
+    assert _fits(planning, "q")
