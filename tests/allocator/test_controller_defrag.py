@@ -85,7 +85,7 @@ async def test_the_allocators_defrag_moves_shares_for_a_pod_that_waits(
         # neither a scheduler nor a ReplicaSet controller here).
         for name in ("a", "b"):
             await world.gated_pod(name, [_share(30)])
-            await eventually(lambda name=name: ungated(world, name))
+            await eventually(lambda name=name: ungated(world, name))  # type: ignore[misc]
             await memory_cluster.patch(PODS, name, {"metadata": {"ownerReferences": [{
                 "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs-uid",
                 "controller": True}]}, "spec": {"nodeName": "node-0"}},
@@ -135,7 +135,7 @@ async def test_a_defrag_round_whose_leader_lost_its_lease_moves_nothing_and_writ
     async with running_controller(memory_cluster, settings) as controller:
         for name in ("a", "b"):
             await world.gated_pod(name, [_share(30)])
-            await eventually(lambda name=name: ungated(world, name))
+            await eventually(lambda name=name: ungated(world, name))  # type: ignore[misc]
             await memory_cluster.patch(PODS, name, {"metadata": {"ownerReferences": [{
                 "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs-uid",
                 "controller": True}]}, "spec": {"nodeName": "node-0"}},
