@@ -9,16 +9,18 @@ not, the device is withheld from the slice instead (and the allocator evicts the
 fatal one). Either way the Node condition `GpuDevicesUnhealthy` (its format in
 kube/device_health.py) and a metric say which devices, why, and when each is healthy again.
 
-Recovery (`recovery_seconds`; 0 keeps every mark until the plugin restarts, as NVIDIA's plugins
-do): a degraded device is healthy again once no fault hit it for that long; a fatal one once
+Recovery (`recovery_seconds`; 0 keeps every mark until an administrator clears it): a
+degraded device is healthy again once no fault hit it for that long; a fatal one once
 the card showed it came back (NVML sees a lost GPU again, the fault file says `recovered`) and
 then stayed without a fault for that long. An NVML outage marks every device unhealthy ("no
 healthy devices") and is cleared when NVML answers again. An administrator may clear a
 device's faults or keep its mark through its Node's annotations (`apply_orders`). An XID that
 NVML attributes to one MIG instance (its GPU-instance and compute-instance ids) marks that
 instance only; one that is not MIG-specific marks every device of the card, as NVIDIA's device
-plugin does. This module
-decides; the publisher and the cluster port do the writing.
+plugin does. Marks outlive the plugin: `saved()` is what `healthstate.py` keeps, `restore()`
+takes it back at start, so a card out of service stays out across a restart until it recovers
+by these rules or is cleared (NVIDIA's plugins forget, and publish a failed card again). This
+module decides; the publisher and the cluster port do the writing.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from dra_gateway.node_plugin.faults import (
     severity_of,
     worse,
 )
+from dra_gateway.node_plugin.healthstate import SavedHealth, SavedMark
 from dra_gateway.node_plugin.metrics import Metrics
 from dra_gateway.node_plugin.nvml import Nvml, NvmlError, XidEvent
 
@@ -260,6 +263,34 @@ class Health:
                 problem.since, healthy_at=healthy_at, kept=device in self.kept))
         return out
 
+    def saved(self) -> SavedHealth:
+        """The marks and the kept devices in wall-clock times, for `healthstate.save`."""
+        wall, now = self._clock(), self._monotonic()
+
+        def at(monotonic: float) -> datetime:
+            return wall - timedelta(seconds=max(0.0, now - monotonic))
+
+        return SavedHealth(tuple(
+            SavedMark(device, p.reason, p.severity, p.since, p.last_fault_at,
+                      None if p.recovered is None else at(p.recovered))
+            for device, p in sorted(self._problems.items())), self.kept)
+
+    def restore(self, saved: SavedHealth) -> None:
+        """Take back what an earlier run saved (or the Node's condition said): each mark with
+        its recovery where it stood, the kept devices. Replaces the marks; `on_change` is not
+        called (the caller knows what it restored and says so once)."""
+        wall, now = self._clock(), self._monotonic()
+
+        def at(when: datetime) -> float:
+            return now - max(0.0, (wall - when).total_seconds())
+
+        self._problems = {m.device: Problem(
+            m.reason, m.since, m.severity, at(m.last_fault_at),
+            None if m.recovered_at is None else at(m.recovered_at),
+            last_fault_at=m.last_fault_at) for m in saved.marks}
+        self.kept = saved.kept
+        self._metrics.unhealthy_devices.set(len(self._problems))
+
     def _changed(self) -> None:
         self._metrics.unhealthy_devices.set(len(self._problems))
         self._on_change()
@@ -329,8 +360,10 @@ def transitions(before: Mapping[str, Problem], after: Mapping[str, Problem], *, 
 
 
 async def report_condition(cluster: Cluster, node_name: str, health: Health, *,
-                           tainted: bool) -> None:
-    """Patch the Node's condition; a failure is logged, never fatal (the metric still says)."""
+                           tainted: bool) -> bool:
+    """Patch the Node's condition; False when it was not written (logged, never raised: the
+    caller tries again, since where the cluster keeps no device taints the allocator's drain
+    reads only this condition)."""
     condition = health.condition(tainted=tainted)
     try:
         await cluster.patch(NODES, node_name, {"status": {"conditions": [condition]}},
@@ -338,6 +371,12 @@ async def report_condition(cluster: Cluster, node_name: str, health: Health, *,
     except ApiError as exc:
         log.warning("could not set condition %s on Node %s: %s (%s)", CONDITION_TYPE,
                     node_name, exc.message, exc.reason)
+        return False
+    except (OSError, TimeoutError) as exc:
+        log.warning("could not set condition %s on Node %s: %r", CONDITION_TYPE, node_name,
+                    exc)
+        return False
+    return True
 
 
 async def watch_nvml(*, health: Health, nvml_factory: Callable[[], Nvml],

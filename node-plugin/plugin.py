@@ -1,10 +1,13 @@
 """The running node plugin: discovery, publishing, health, the kubelet's sockets, together.
 
-`NodePlugin.run()` repairs the checkpoint, starts the DRA and registration sockets, settles the
-consumable-capacity mode, publishes the node's slices and watches health until cancelled. It
-must never crash-loop a node: a failed NVML discovery publishes an empty pool ("no healthy
-devices"), logs why, and tries again; a failed API call is retried by the publisher. Settings
-come in explicitly, nothing is global.
+`NodePlugin.run()` starts the DRA and registration sockets, takes the state directory's fence
+(`fence.py`: one instance on a node writes slices, conditions and the checkpoint, the other of
+a rolling update waits), repairs the checkpoint, restores the health marks an earlier run left
+(`healthstate.py`: the state file, else the Node's condition; and the administrator's keep and
+clear, read once), settles the consumable-capacity mode, publishes the node's slices and
+watches health until cancelled. It must never crash-loop a node: a failed NVML discovery
+publishes an empty pool ("no healthy devices"), logs why, and tries again; a failed API call
+is retried by the publisher. Settings come in explicitly, nothing is global.
 
 Consumable capacity is decided as the allocator decides it (`kube.cluster.features`: a dry-run
 probe slice read back), unless forced: the two must never disagree, or shares take whole
@@ -30,10 +33,10 @@ from dra_gateway.kube.cluster.features import (
     detect_device_taints,
     slices_show_consumable_capacity,
 )
-from dra_gateway.kube.cluster.port import ApiError, Cluster
+from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound
 from dra_gateway.kube.device_health import admin_orders
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
-from dra_gateway.node_plugin import cdi
+from dra_gateway.node_plugin import cdi, healthstate
 from dra_gateway.node_plugin.coexistence import CoexistenceSettings, LegacyCoexistence
 from dra_gateway.node_plugin.devices import (
     CONSUMABLE_CAPACITY_FALLBACK,
@@ -46,6 +49,8 @@ from dra_gateway.node_plugin.discovery import DiscoveryError
 from dra_gateway.node_plugin.events import node_event, record
 from dra_gateway.node_plugin.facts import NodeFacts
 from dra_gateway.node_plugin.faultfile import begin_following, watch_fault_file
+from dra_gateway.node_plugin.faults import NVML_UNAVAILABLE
+from dra_gateway.node_plugin.fence import FENCE_FILE, StateFence
 from dra_gateway.node_plugin.health import (
     Health,
     Problem,
@@ -102,8 +107,14 @@ class PluginSettings:
     # How long the health watcher waits before reopening NVML after it failed.
     nvml_retry_seconds: float = 30.0
     # How long a recovered device stays without a fault before its mark lifts (health.py);
-    # 0: marks stay until the plugin restarts.
+    # 0: marks stay until an administrator clears them (they outlive restarts either way).
     recovery_seconds: float = 600.0
+    # The first pause before writing the Node's health condition again after a failed write,
+    # and before reading the Node again at start (doubling up to `max_retry_seconds`).
+    retry_seconds: float = 1.0
+    max_retry_seconds: float = 30.0
+    # How often an instance waiting for the state directory's fence (fence.py) tries it.
+    fence_poll_seconds: float = 0.5
     # While a device is marked, how often the Node's annotations are read for an
     # administrator's clear or keep (kube/device_health.py).
     admin_check_seconds: float = 10.0
@@ -157,11 +168,19 @@ class NodePlugin:
                                    registry_dir=settings.registry_dir, health=self.health_feed,
                                    instance=settings.instance,
                                    on_registration=self._registration_status)
+        self.fence = StateFence(settings.state_dir / FENCE_FILE,
+                                holder=settings.instance or "")
+        self._health_file = settings.state_dir / healthstate.HEALTH_FILE
+        # Until this instance holds the fence and restored the marks, it tells the kubelet
+        # nothing of the devices' health (Unknown) rather than "healthy".
+        self._restored = False
+        self.preparer.hold()
         self._registered = False
         self._health_reported: dict[str, Problem] = {}  # the marks the last Events told of
         self._condition_wanted = asyncio.Event()
         self._condition_wanted.set()
         self._orders_wanted = asyncio.Event()
+        self._orders_told: tuple[str, ...] = ()
         self._background: set[asyncio.Task[Any]] = set()
 
     def _registration_status(self, registered: bool) -> None:
@@ -175,6 +194,10 @@ class NodePlugin:
         if not self._registered:
             return ("the kubelet has not registered the plugin yet (it watches "
                     f"{self.server.registration_socket.parent})")
+        if not self.fence.held:
+            # The new pod of a rolling update: ready, so that the old pod, which publishes
+            # until it stops, is stopped and hands the fence over.
+            return ""
         if not self.publisher.published_once:
             return "the node's ResourceSlices are not published yet"
         return ""
@@ -356,7 +379,10 @@ class NodePlugin:
             self.check_hami_core()
 
     def _device_health(self) -> list[DeviceHealthState]:
-        """Every device of the node and its health, for the kubelet (DRAResourceHealth)."""
+        """Every device of the node and its health, for the kubelet (DRAResourceHealth);
+        nothing before the marks of an earlier run are restored."""
+        if not self._restored:
+            return []
         problems = self.health.problems
         states = []
         for name in sorted(self._table):
@@ -379,23 +405,102 @@ class NodePlugin:
                         f"event-{change.device}")
         self._health_reported = now
         self.health.lifted_because.clear()
+        self._save_health()
         self._condition_wanted.set()
         self._orders_wanted.set()
 
+    def _save_health(self) -> None:
+        """Persist the marks (healthstate.py), before the condition is written: the file is
+        never older than the condition. Only the fence's holder writes it."""
+        if not self.fence.held or not self._restored:
+            return
+        try:
+            healthstate.save(self._health_file, self.health.saved())
+        except OSError as exc:
+            log.error("could not save the device health marks to %s: %s; the Node's condition "
+                      "keeps them meanwhile", self._health_file, exc)
+
+    async def restore_health(self) -> None:
+        """Take back the marks of an earlier run before anything is published: from the state
+        file, else from the Node's condition (read until it answers: without either, the first
+        condition written would say every device is healthy); then the administrator's keep
+        and clear on the Node, read once whether or not anything is marked."""
+        saved = healthstate.load(self._health_file)
+        node = await self._read_node(until_read=saved is None)
+        if saved is None and node is not None:
+            saved = healthstate.from_node(node, recovery_seconds=self.settings.recovery_seconds)
+        if saved is not None:
+            if self._nvml_factory is None:
+                # Only NVML answering again clears an outage's marks: without NVML, none.
+                saved = replace(saved, marks=tuple(
+                    m for m in saved.marks if m.reason != NVML_UNAVAILABLE))
+            self.health.restore(saved)
+            if saved.marks or saved.kept:
+                log.warning("restored %d device mark(s) from %s: %s%s", len(saved.marks),
+                            saved.source, ", ".join(f"{m.device} ({m.reason}, {m.severity}, "
+                                                    f"since {m.since})" for m in saved.marks)
+                            or "none", f"; kept: {', '.join(sorted(saved.kept))}"
+                            if saved.kept else "")
+        self._health_reported = self.health.problems
+        self._restored = True
+        self.publisher.set_devices(self.devices())
+        self.health_feed.changed()
+        self._save_health()
+        if node is not None:
+            self._apply_orders(node)
+
+    async def _read_node(self, *, until_read: bool) -> Mapping[str, Any] | None:
+        """This plugin's Node ({} when there is none); None when it could not be read and
+        `until_read` is false."""
+        delay = self.settings.retry_seconds
+        while True:
+            try:
+                return await self._cluster.get(NODES, self.settings.node_name)
+            except NotFound:
+                return {}
+            except ApiError as exc:
+                why = f"{exc.message} ({exc.reason})"
+            except (OSError, TimeoutError) as exc:
+                why = repr(exc)
+            if not until_read:
+                log.warning("could not read Node %s for its device health annotations: %s",
+                            self.settings.node_name, why)
+                return None
+            log.warning("could not read Node %s for the device marks of an earlier run: %s; "
+                        "publishing nothing until it answers (retrying in %.0fs)",
+                        self.settings.node_name, why, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.settings.max_retry_seconds)
+
+    def _apply_orders(self, node: Mapping[str, Any]) -> None:
+        orders = admin_orders(objects.annotations(node))
+        if orders.problems != self._orders_told:
+            for problem in orders.problems:
+                log.warning("Node %s: %s", self.settings.node_name, problem)
+            self._orders_told = orders.problems
+        self.health.apply_orders(orders)
+
     async def _report_condition(self) -> None:
         """The one writer of the Node's health condition: the latest marks, once per burst of
-        changes, in order (a first write at the start replaces what an earlier run left)."""
+        changes, in order, a failed write tried again with backoff until one lands (where the
+        cluster keeps no device taints the allocator drains by this condition alone). The
+        first write at the start carries the marks restored from an earlier run."""
+        delay = self.settings.retry_seconds
         while True:
             await self._condition_wanted.wait()
             self._condition_wanted.clear()
-            await report_condition(self._cluster, self.settings.node_name, self.health,
-                                   tainted=self.device_taints)
+            if await report_condition(self._cluster, self.settings.node_name, self.health,
+                                      tainted=self.device_taints):
+                delay = self.settings.retry_seconds
+                continue
+            self._condition_wanted.set()  # the latest marks, whatever changed meanwhile
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.settings.max_retry_seconds)
 
     async def _follow_admin_orders(self) -> None:
         """While a device is marked, read the Node's annotations (a clear, a keep) every
         `admin_check_seconds`, and at once when the marks change (a device kept beforehand
         stays out from its first fault); a healthy node is not read."""
-        told: tuple[str, ...] = ()
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.admin_check_seconds):
@@ -403,18 +508,9 @@ class NodePlugin:
             self._orders_wanted.clear()
             if not self.health.problems and not self.health.kept:
                 continue
-            try:
-                node = await self._cluster.get(NODES, self.settings.node_name)
-            except ApiError as exc:
-                log.warning("could not read Node %s for its device health annotations: %s",
-                            self.settings.node_name, exc.message)
-                continue
-            orders = admin_orders(objects.annotations(node))
-            if orders.problems != told:
-                for problem in orders.problems:
-                    log.warning("Node %s: %s", self.settings.node_name, problem)
-                told = orders.problems
-            self.health.apply_orders(orders)
+            node = await self._read_node(until_read=False)
+            if node is not None:
+                self._apply_orders(node)
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -440,10 +536,14 @@ class NodePlugin:
 
     async def run(self, *, started: asyncio.Event | None = None) -> None:
         """Serve until cancelled."""
-        self.preparer.recover()
         ok = await self.discover_once()
+        # The sockets first: the kubelet registers this instance while an older one (a
+        # rolling update's) still holds the fence, and the update can go on.
         await self.server.start()
         try:
+            await self.fence.acquire(self.settings.fence_poll_seconds)
+            self.preparer.recover()  # the checkpoint as the fence's last holder left it
+            await self.restore_health()
             # Before the first publish, so that it already has the mode the allocator sees.
             await self.settle_consumable_capacity()
             if self.settings.device_taints is None:
@@ -492,3 +592,4 @@ class NodePlugin:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await self.server.stop()
+            self.fence.release()

@@ -6,11 +6,17 @@ is `UnprepareStarted` -> remove the spec -> drop the entry. Both are idempotent 
 claim answers from the checkpoint, an unknown one unprepares as a no-op), failures are per
 claim, and `recover()` at start-up repairs whatever a crash left between two states. The gRPC
 layer only converts messages; the kubelet's retry does the rest.
+
+A preparer on `hold()` (a node plugin waiting for the state directory's fence, `fence.py`,
+while the previous instance still writes the checkpoint) answers every claim with an error
+after `HOLD_SECONDS` instead of writing from a checkpoint it read before the other's last
+change; `recover()` reads the checkpoint again and lets the calls through.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,6 +36,9 @@ from dra_gateway.node_plugin.metrics import Metrics
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.json"
+# How long a call waits for a preparer on hold before its claims are answered with an error
+# (the kubelet tries again): a rolling update hands over within seconds.
+HOLD_SECONDS = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +70,30 @@ class Preparer:
         self._metrics = metrics or Metrics()
         # One claim at a time: the checkpoint file is rewritten whole on every change.
         self._lock = asyncio.Lock()
+        self._open = asyncio.Event()
+        self._open.set()
+
+    def hold(self) -> None:
+        """Write nothing until `recover()`: another instance may still own the checkpoint."""
+        self._open.clear()
+
+    async def _wait_open(self) -> str:
+        """"" once calls may go on; else why not, as each claim's error."""
+        if self._open.is_set():
+            return ""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(HOLD_SECONDS):
+                await self._open.wait()
+        if self._open.is_set():
+            return ""
+        return (f"another instance of the node plugin still runs on node {self.node_name} "
+                "(a rolling update): this one takes over once it stops; try again")
 
     def recover(self) -> list[str]:
-        """Finish or roll back what a crash interrupted; returns a line per repair."""
+        """Read the checkpoint again (another instance may have written it since this one
+        started), finish or roll back what a crash interrupted, and let calls through; returns
+        a line per repair."""
+        self.checkpoint = Checkpoint(self.checkpoint.path)
         repairs: list[str] = []
         for entry in self.checkpoint.entries():
             ref = f"{entry.namespace}/{entry.name} ({entry.uid})"
@@ -87,11 +117,17 @@ class Preparer:
                 repairs.append(f"rewrote the missing CDI spec of {ref}")
         for line in repairs:
             log.info("checkpoint: %s", line)
+        self._open.set()
         return repairs
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         out: dict[str, PrepareResult] = {}
         fetched: list[dict[str, str]] = []
+        if held := await self._wait_open():
+            self._metrics.prepares.labels("error").inc(len(claims))
+            log.warning("prepare deferred: %s", held)
+            return {ref.uid: PrepareResult(error=f"ResourceClaim {ref.namespace}/{ref.name}: "
+                                                 f"{held}") for ref in claims}
 
         async def node_labels() -> dict[str, str]:
             # Read once per call, and only for a claim not prepared yet: a kubelet restarting
@@ -176,6 +212,11 @@ class Preparer:
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID to error ("" on success)."""
         out: dict[str, str] = {}
+        if held := await self._wait_open():
+            self._metrics.unprepares.labels("error").inc(len(claims))
+            log.warning("unprepare deferred: %s", held)
+            return {ref.uid: f"ResourceClaim {ref.namespace}/{ref.name}: {held}"
+                    for ref in claims}
         for ref in claims:
             async with self._lock:
                 try:

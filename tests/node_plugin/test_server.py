@@ -168,6 +168,7 @@ async def test_a_crash_between_checkpoint_states_is_repaired_on_restart(
     # Prepare dies after PrepareStarted is on disk, before the CDI spec is written.
     plugin = NodePlugin(plugin_settings(root), cluster, discover=lambda: load_inventory(h100x8))
     await plugin.discover_once()
+    plugin.preparer.recover()  # as run() does once this instance holds the state's fence
     # As run() does before any card may be prepared: ask what legacy pods hold (nothing here).
     await plugin.coexistence.check()
     with monkeypatch.context() as patch:
@@ -277,6 +278,7 @@ async def test_an_unreadable_node_fails_only_the_claims_that_need_it(
     fresh = await allocated(flaky, claim(devices=["gpu-6"], name="fresh"))
     plugin = NodePlugin(plugin_settings(root), flaky, discover=lambda: load_inventory(h100x8))
     await plugin.discover_once()
+    plugin.preparer.recover()  # as run() does once this instance holds the state's fence
     results = await plugin.preparer.prepare([
         ClaimRef("ml", done["metadata"]["name"], done["metadata"]["uid"]),
         ClaimRef("ml", "fresh", fresh["metadata"]["uid"])])
