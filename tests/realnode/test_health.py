@@ -9,12 +9,14 @@ The fault is driven as NVML would report it, through the plugin's --fault-file.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from e2e.support import wait_until
 
 from dra_gateway.kube import names
+from dra_gateway.kube.device_health import node_marks
 from realnode.support import WORKLOADS, Cluster
 from realnode.test_node import claim_specs, legacy_pod, spec_names
 
@@ -22,6 +24,8 @@ from realnode.test_node import claim_specs, legacy_pod, spec_names
 # its pods keep running; a fatal one would have them evicted).
 DEGRADED_XID = 94
 FATAL_XID = 79  # the GPU has fallen off the bus
+# Fatal, and the card still enumerates: nothing but an administrator says it is back.
+STILL_ENUMERATES_XID = 48
 
 
 def _kubelet_minor(cluster: Cluster) -> int:
@@ -100,6 +104,44 @@ def test_a_pod_on_a_card_that_falls_off_the_bus_is_evicted_and_its_claim_unprepa
             assert "fatal: DeviceTaintManagerEviction" in said, said
         else:
             assert f"fatal: UnhealthyDevice: device {device} on node" in said, said
+    finally:
+        cluster.fault({"device": device, "event": "recovered"})
+
+        def healthy() -> bool:
+            devices = {d["name"]: d for s in cluster.slices()
+                       for d in s["spec"].get("devices") or ()}
+            return device in devices and not devices[device].get("taints")
+
+        wait_until(f"{device} to be published healthy again", healthy, 60, cluster.check)
+
+
+def test_a_card_with_a_fatal_fault_stays_out_of_service_when_the_plugin_restarts(
+        cluster: Cluster) -> None:
+    """XID 48 gives no sign of recovery: a restarted plugin (a helm upgrade, a changed
+    inventory, a deleted pod) must not publish the card again, untainted, nor tell the Node
+    that every device is healthy. The marks live in the plugin's state directory and the
+    Node's condition (node-plugin/healthstate.py)."""
+    device = sorted(d["name"] for s in cluster.slices() for d in s["spec"].get("devices") or ())[-1]
+
+    def out_of_service() -> bool:
+        devices = {d["name"]: d for s in cluster.slices() for d in s["spec"].get("devices") or ()}
+        node = cluster.api.get(f"/api/v1/nodes/{cluster.node.name}")
+        marked = any(m.device == device for m in node_marks(node))
+        withheld_or_tainted = device not in devices or any(
+            t.get("effect") == "NoExecute" for t in devices[device].get("taints") or ())
+        return marked and withheld_or_tainted
+
+    cluster.fault({"device": device, "event": "xid", "code": STILL_ENUMERATES_XID})
+    try:
+        wait_until(f"{device} out of service", out_of_service, 60, cluster.check)
+        since = cluster.kubelet_log_size()
+        cluster.stop_plugin()
+        cluster.start_plugin()
+        cluster.wait_registered(since)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            assert out_of_service(), f"{device} came back after the plugin restarted"
+            time.sleep(1)
     finally:
         cluster.fault({"device": device, "event": "recovered"})
 
