@@ -80,6 +80,7 @@ def _read_device_classes(args: argparse.Namespace) -> ExtendedResources | None:
     import yaml
 
     from dra_gateway.translator.extended import ExtendedResources, device_class_objects
+    from dra_gateway.translator.yamlinput import InputTooLarge
 
     objects: list[dict[str, Any]] = []
     for filename in args.device_classes:
@@ -89,6 +90,9 @@ def _read_device_classes(args: argparse.Namespace) -> ExtendedResources | None:
         except OSError as exc:
             print(f"error: cannot read --device-classes {source}: {exc.strerror or exc}",
                   file=sys.stderr)
+            return None
+        except InputTooLarge as exc:
+            print(f"error: --device-classes {exc}", file=sys.stderr)
             return None
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             print(f"error: --device-classes {source} is not valid YAML or JSON: "
@@ -161,17 +165,25 @@ def _not_manifests(documents: list[Any]) -> str | None:
 
 
 def _read_stream(name: str, stdin: TextIO) -> list[Any]:
+    """The documents of file `name` (`-`: standard input), read by the one bounded loader;
+    `InputTooLarge` past its size, `yaml.YAMLError` (`ExpansionError`) for what YAML refuses."""
     import json
 
-    import yaml
+    from dra_gateway.translator import yamlinput
 
+    limit = yamlinput.MAX_INPUT_BYTES
     if name == "-":
         # Decoded strictly as files are: a text stdin may decode with surrogateescape, and the
         # YAML parser would then blame an "unacceptable character" of its own making.
         raw = getattr(stdin, "buffer", None)
-        text = raw.read().decode("utf-8") if raw is not None else stdin.read()
+        data = raw.read(limit + 1) if raw is not None else stdin.read(limit + 1)
+        yamlinput.check_size(data, "standard input")
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
     else:
-        text = Path(name).read_text(encoding="utf-8")
+        with Path(name).open("rb") as file:
+            data = file.read(limit + 1)
+        yamlinput.check_size(data, name)
+        text = data.decode("utf-8")
     stripped = text.lstrip()
     if stripped.startswith(("[", "{")):
         try:
@@ -180,25 +192,7 @@ def _read_stream(name: str, stdin: TextIO) -> list[Any]:
             pass  # YAML flow style also starts with a bracket; let the YAML parser decide.
         else:
             return data if isinstance(data, list) else [data]
-    return [doc for doc in yaml.load_all(text, Loader=_manifest_loader()) if doc is not None]
-
-
-def _manifest_loader() -> type[Any]:
-    """PyYAML's safe loader, reading unquoted dates as the strings Kubernetes sees.
-
-    The API server's YAML decoding keeps `2024-01-01` a string; PyYAML would make it a date,
-    which JSON output cannot hold and YAML output would not write back as it was read.
-    """
-    import yaml
-
-    class ManifestLoader(yaml.SafeLoader):
-        pass
-
-    ManifestLoader.yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers
-                if tag != "tag:yaml.org,2002:timestamp"]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-    return ManifestLoader
+    return yamlinput.load_all(text)
 
 
 def _run_translate(args: argparse.Namespace) -> int:
@@ -209,6 +203,7 @@ def _run_translate(args: argparse.Namespace) -> int:
     from dra_gateway.kube import yamltext
     from dra_gateway.translator.manifests import rewrite_manifests
     from dra_gateway.translator.rules import RulesError, load_rules
+    from dra_gateway.translator.yamlinput import ExpansionError, InputTooLarge
 
     try:
         ruleset = load_rules(*args.rules, builtin=not args.no_builtin_rules)
@@ -237,6 +232,14 @@ def _run_translate(args: argparse.Namespace) -> int:
             read = _read_stream(filename, sys.stdin)
         except OSError as exc:
             print(f"error: cannot read {source}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_UNREADABLE
+        except InputTooLarge as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_UNREADABLE
+        except ExpansionError as exc:
+            mark = exc.problem_mark
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            print(f"error: {source} is refused{where}: {exc.problem}", file=sys.stderr)
             return EXIT_UNREADABLE
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             mark = getattr(exc, "problem_mark", None)

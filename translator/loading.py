@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from dra_gateway.translator import yamlinput
 from dra_gateway.translator.compiling import RuleEntry, check_overlaps, compile_rule
 from dra_gateway.translator.documents import OverrideSpec, RulesDocument, RuleSpec
 from dra_gateway.translator.errors import Problems, RulesError, format_path, pydantic_message
@@ -72,7 +73,10 @@ def _parse_texts(texts: list[tuple[str, str]], problems: Problems) -> list[tuple
     out: list[tuple[str, Any]] = []
     for name, text in texts:
         try:
-            docs = [d for d in yaml.safe_load_all(text) if d is not None]
+            docs = yamlinput.load_all(text)
+        except yamlinput.ExpansionError as exc:
+            problems.add(name, "", f"refused ({_yaml_problem(exc, text)})")
+            continue
         except yaml.YAMLError as exc:
             problems.add(name, "", f"not valid YAML ({_yaml_problem(exc, text)})")
             continue
@@ -97,7 +101,13 @@ def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
 
 def _read_text(path: Path, problems: Problems) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        with path.open("rb") as file:
+            data = file.read(yamlinput.MAX_INPUT_BYTES + 1)
+        yamlinput.check_size(data, str(path))
+        return data.decode("utf-8")
+    except yamlinput.InputTooLarge as exc:
+        problems.add(str(path), "", str(exc))
+        return ""
     except OSError as exc:
         problems.add(str(path), "", f"cannot be read: {exc.strerror or exc}")
         return ""

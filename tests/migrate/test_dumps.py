@@ -155,3 +155,14 @@ def test_any_damaged_dump_is_refused_by_name_or_planned_never_a_crash(
     render_html(plan)
     json.dumps(plan.to_dict())
     render_yaml(migrate_quotas(inventory, rules))
+
+
+@pytest.mark.timeout(20)
+def test_an_alias_bomb_in_a_dump_is_refused(tmp_path: Path) -> None:
+    lines = ['a0: &a0 ["l", "l", "l", "l", "l", "l", "l", "l", "l", "l"]'] + [
+        f"a{n}: &a{n} [" + ", ".join([f"*a{n - 1}"] * 10) + "]" for n in range(1, 10)]
+    dump = tmp_path / "dump.yaml"
+    dump.write_text("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: x\n  labels:\n"
+                    + "".join(f"    {line}\n" for line in lines))
+    with pytest.raises(DumpError, match="aliases expand to more than 100000 nodes"):
+        read_dumps([str(dump)])

@@ -396,3 +396,58 @@ def test_the_site_overrides_example_translates_the_example_pods_it_enables(
     (request,) = template["spec"]["spec"]["devices"]["requests"]
     assert request["exactly"]["deviceClassName"] == "neuron.aws.com"
     assert request["exactly"]["count"] == 2
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    """A pod whose env is a billion laughs: a few hundred bytes, 10**levels values expanded."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for n in range(1, levels + 1):
+        lines.append(f"a{n}: &a{n} [" + ", ".join([f"*a{n - 1}"] * 10) + "]")
+    return ("apiVersion: v1\nkind: Pod\nmetadata:\n  name: bomb\nanchors:\n"
+            + "".join(f"  {line}\n" for line in lines)
+            + f"spec:\n  containers:\n  - name: c\n    image: x\n    args: *a{levels}\n")
+
+
+@pytest.mark.timeout(20)
+def test_an_alias_bomb_is_refused_naming_the_file(capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_alias_bomb())
+    code, out, err = run(capsys, "translate", "-f", str(bomb))
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: {bomb} is refused at line ")
+    assert "aliases expand to more than 100000 nodes" in err
+    # Rules files and --device-classes go through the same loader.
+    code, out, err = run(capsys, "rules", "check", str(bomb))
+    assert code == 1
+    assert "aliases expand to more than 100000 nodes" in out
+    code, _, err = run(capsys, "translate", "-f", str(tmp_path), "--device-classes", str(bomb))
+    assert code == 2
+    assert "aliases expand" in err
+
+
+def test_a_few_aliases_still_load_and_a_recursive_one_is_refused(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(_alias_bomb(levels=2))  # 100 values from 12 written: fine
+    code, out, err = run(capsys, "translate", "-f", str(shared))
+    assert code == 0, err
+    assert "- lol" in out
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("apiVersion: v1\nkind: Pod\nmetadata: &m\n  name: x\n  self: *m\n")
+    code, _, err = run(capsys, "translate", "-f", str(loop))
+    assert code == 2
+    assert err == (f"error: {loop} is refused at line 5: alias *m is inside the node it "
+                   "names: a structure without end\n")
+
+
+def test_input_past_the_size_cap_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from dra_gateway.translator import yamlinput
+
+    monkeypatch.setattr(yamlinput, "MAX_INPUT_BYTES", 10)
+    big = tmp_path / "big.yaml"
+    big.write_text("apiVersion: v1\nkind: Pod\n")
+    code, _, err = run(capsys, "translate", "-f", str(big))
+    assert code == 2
+    assert err == f"error: {big} is larger than 0 MiB: refused; split it into several files\n"

@@ -21,6 +21,7 @@ import yaml
 from dra_gateway.migrate.inventory import WORKLOAD_KINDS, ClusterObjects, Object
 from dra_gateway.translator.manifests import pod_specs
 from dra_gateway.translator.pods import pod_shape_problem
+from dra_gateway.translator.yamlinput import ManifestLoader
 
 # Kinds of cluster-scoped objects: every other kind migrate reads lives in a namespace.
 _CLUSTER_SCOPED = ("Namespace", "Node")
@@ -69,7 +70,8 @@ def _text(path: str) -> str:
 
 def _objects(path: str, text: str) -> Iterator[tuple[str, Any]]:
     """(how messages name it, object) for each object; a List's items are objects of their own."""
-    documents = yaml.safe_load_all(text)
+    # The translator's bounded loader: an alias bomb in a dump is refused, not expanded.
+    documents = yaml.load_all(text, Loader=ManifestLoader)
     index = 0
     while True:
         try:
