@@ -271,20 +271,22 @@ class PreemptionMode(EvictionMode):
                 await set_pod_condition(self.cluster, pod, held=True,
                                           reason="DisruptionBudget",
                                           kind=PREEMPTION_CONDITION, message=why)
-        for preemption in found:
-            # The holds this round wrote count as the mirror would show them.
-            fresh = self.snapshot()
-            fresh.records = holdfmt.Records({**fresh.records.holds, **self._written},
-                                            list(fresh.records.moved))
-            moved_on: str | None = await asyncio.to_thread(stale, fresh, preemption)
-            if moved_on is not None:
-                log.info("a preemption no longer stands: nobody is evicted for it", extra={
-                    "pod": preemption.pod, "victims": [v.pod for v in preemption.victims],
-                    "why": moved_on})
-                continue
-            result = await self.carry_out(preemption, inputs.pods)
-            self.stopped = self.stopped or result in (REFUSED, FAILED)
-        self._written.clear()
+        try:
+            for preemption in found:
+                # The holds this round wrote count as the mirror would show them.
+                fresh = self.snapshot()
+                fresh.records = holdfmt.Records({**fresh.records.holds, **self._written},
+                                                list(fresh.records.moved))
+                moved_on: str | None = await asyncio.to_thread(stale, fresh, preemption)
+                if moved_on is not None:
+                    log.info("a preemption no longer stands: nobody is evicted for it", extra={
+                        "pod": preemption.pod, "victims": [v.pod for v in preemption.victims],
+                        "why": moved_on})
+                    continue
+                result = await self.carry_out(preemption, inputs.pods)
+                self.stopped = self.stopped or result in (REFUSED, FAILED)
+        finally:
+            self._written.clear()
         return found
 
     async def carry_out(self, preemption: Preemption, pods: Mapping[str, Object]) -> str:
