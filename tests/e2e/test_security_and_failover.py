@@ -25,6 +25,7 @@ Runs after test_real_cluster.py on the same installation (one per conftest.SETUP
 from __future__ import annotations
 
 import contextlib
+import copy
 import signal
 import ssl
 import time
@@ -32,6 +33,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+import jsonpatch
 import pytest
 
 from dra_gateway.devkit.realcluster import Api, free_port, path_of
@@ -226,8 +228,11 @@ def test_a_tenant_cannot_remove_the_gate_or_write_an_allocation_the_allocator_ca
     assert "claim-allocation" in refused.message, refused.message
     assert not (api.get(claim_path).get("status") or {}).get("allocation")
 
-    # The allocator's own token passes both policies (dry run: nothing changes).
-    written = _dry_run_patch(allocator, status_path, {"status": {"allocation": allocation}})
+    # The allocator's own token passes both policies (dry run: nothing changes), writing the
+    # allocation as allocator/writes.py does: a status update, the one verb its role grants.
+    current = api.get(claim_path)
+    current["status"] = {**(current.get("status") or {}), "allocation": allocation}
+    written = allocator.request("PUT", status_path, current, query={"dryRun": "All"})
     assert written["status"]["allocation"]["devices"]["results"][0]["device"] == card.device
     ungated = _dry_run_patch(allocator, pod_path, ungate)
     assert not _gated(ungated)
@@ -292,6 +297,13 @@ def _by_policy(refused: ApiError, policy: str, *words: str) -> None:
         assert word in refused.message, refused.message
 
 
+def _labelled(published: JSON) -> JSON:
+    """The slice as published, with one label more: an update."""
+    updated = copy.deepcopy(published)
+    updated["metadata"]["labels"] = {**(updated["metadata"].get("labels") or {}), "e2e": "policy"}
+    return updated
+
+
 def test_each_node_plugin_writes_only_its_own_nodes_slices(gateway: Gateway) -> None:
     api = gateway.api
     (own, _), (other, _) = GPU_NODES
@@ -302,17 +314,20 @@ def test_each_node_plugin_writes_only_its_own_nodes_slices(gateway: Gateway) -> 
     mine = _published_slice(api, own)
     theirs_path = path_of("resource.k8s.io/v1", "resourceslices", name=theirs["metadata"]["name"])
     mine_path = path_of("resource.k8s.io/v1", "resourceslices", name=mine["metadata"]["name"])
-    label = {"metadata": {"labels": {"e2e": "policy"}}}
     denied = f"the dra-gateway node plugin on node {own} may not write ResourceSlices of " \
              f"node '{other}'"
 
     # ... the policy only its own node's: create, update and delete of the other node's refused.
     _by_policy(_refused(plugin, "POST", SLICES, _new_slice(other), "application/json"),
                SLICES_POLICY, denied)
-    _by_policy(_refused(plugin, "PATCH", theirs_path, label), SLICES_POLICY, denied)
+    # Updates as node-plugin/publish.py sends them (PUT: the role grants no patch).
+    _by_policy(_refused(plugin, "PUT", theirs_path, _labelled(theirs), "application/json"),
+               SLICES_POLICY, denied)
     _by_policy(_refused(plugin, "DELETE", theirs_path), SLICES_POLICY, denied)
     # Moving the other node's slice to its own node is refused too (spec.nodeName is immutable).
-    moved = _refused(plugin, "PATCH", theirs_path, {"spec": {"nodeName": own}})
+    moved_slice = _labelled(theirs)
+    moved_slice["spec"]["nodeName"] = own
+    moved = _refused(plugin, "PUT", theirs_path, moved_slice, "application/json")
     assert moved.code in (403, 422), moved
     print(f"a node plugin moving another node's slice to its own: {moved.code} "
           f"{moved.message}")
@@ -326,7 +341,8 @@ def test_each_node_plugin_writes_only_its_own_nodes_slices(gateway: Gateway) -> 
     # Its own node's: allowed (dry run: nothing changes).
     created = _dry_run(plugin, "POST", SLICES, _new_slice(own), "application/json")
     assert created["spec"]["nodeName"] == own
-    assert _dry_run(plugin, "PATCH", mine_path, label)["metadata"]["labels"]["e2e"] == "policy"
+    assert _dry_run(plugin, "PUT", mine_path, _labelled(mine), "application/json")[
+        "metadata"]["labels"]["e2e"] == "policy"
     _dry_run(plugin, "DELETE", mine_path)
 
     # A token of the same account bound to no pod names no node: refused, even for a slice
@@ -402,10 +418,11 @@ def test_the_webhook_changes_only_ca_bundle_and_match_conditions_of_its_configur
         ca = base64.b64decode(first["clientConfig"]["caBundle"])
         rotated = base64.b64encode(ca + ca).decode()
         conditions = [{"name": "gpu-pods", "expression": "object.spec.containers.size() > 0"}]
-        written = _dry_run(webhook, "PATCH", path, [
+        # Sent as webhook/config.py sends it: an update (PUT), the one write its role grants.
+        written = _dry_run(webhook, "PUT", path, jsonpatch.apply_patch(stored, [
             {"op": "replace", "path": "/webhooks/0/clientConfig/caBundle", "value": rotated},
-            {"op": "replace", "path": "/webhooks/0/matchConditions", "value": conditions}],
-            json_patch)
+            {"op": "replace", "path": "/webhooks/0/matchConditions", "value": conditions}]),
+            "application/json")
         assert written["webhooks"][0]["clientConfig"]["caBundle"] == rotated, plural
         assert written["webhooks"][0]["matchConditions"] == conditions, plural
 
@@ -427,7 +444,8 @@ def test_the_webhook_changes_only_ca_bundle_and_match_conditions_of_its_configur
         }
         assert "url" in first["clientConfig"]  # the e2e install points them at a URL
         for what, patch in changes.items():
-            refused = _refused(webhook, "PATCH", path, patch, json_patch)
+            refused = _refused(webhook, "PUT", path, jsonpatch.apply_patch(stored, patch),
+                               "application/json")
             _by_policy(refused, WEBHOOK_POLICY, "the dra-gateway webhook may change only "
                        "clientConfig.caBundle and matchConditions")
             # The policy binds the webhook only: an administrator may (dry run).

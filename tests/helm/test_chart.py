@@ -297,6 +297,12 @@ def test_object_names_are_unique_per_kind_and_namespace(helm: HelmRunner) -> Non
         assert [k for k, n in keys.items() if n > 1] == [], combination
 
 
+# The one pair of objects outside the release namespace: the node plugin's right to record
+# Events about its Node where Node Events live.
+IN_DEFAULT = {("Role", "node-plugin/events-role.yaml"),
+              ("RoleBinding", "node-plugin/events-rolebinding.yaml")}
+
+
 def test_namespaced_objects_live_in_the_release_namespace(helm: HelmRunner) -> None:
     cluster_wide = {"ClusterRole", "ClusterRoleBinding", "DeviceClass",
                     "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
@@ -304,8 +310,9 @@ def test_namespaced_objects_live_in_the_release_namespace(helm: HelmRunner) -> N
     for combination in COMBINATIONS:
         for r in helm.render(combination):
             namespace = r.obj["metadata"].get("namespace")
-            assert namespace == (None if r.kind in cluster_wide else NAMESPACE), (r.source,
-                                                                                   combination)
+            expected = (None if r.kind in cluster_wide else
+                        "default" if (r.kind, r.source) in IN_DEFAULT else NAMESPACE)
+            assert namespace == expected, (r.source, combination)
 
 
 def _key_lines(node: yaml.Node, path: str = "") -> Iterator[tuple[str, int]]:
@@ -458,12 +465,15 @@ def test_validation_refuses_a_combination_that_cannot_work(
 
 
 # RBAC -----------------------------------------------------------------------------------------
+# What each component's code sends through the cluster port (kube/cluster/port.py; its informers
+# list and watch), verb for verb: a grant no code uses is a finding here, and the e2e tier's
+# test_least_privilege.py reads the same rights back from a real API server.
 
 Grant = tuple[str, str, str, str, str]  # (scope, apiGroup, resource, verb, resourceName or "*")
 
 NS = "Role"
 CLUSTER = "ClusterRole"
-EVENTS_CREATE = {(CLUSTER, g, "events", "create", "*") for g in ("", "events.k8s.io")}
+EVENTS_CREATE = {(CLUSTER, "", "events", "create", "*")}
 
 
 def _grants(scope: str, groups: list[str], resources: list[str], verbs: list[str],
@@ -474,7 +484,7 @@ def _grants(scope: str, groups: list[str], resources: list[str], verbs: list[str
 
 EXPECTED_RBAC: dict[str, set[Grant]] = {
     "webhook": (
-        _grants(NS, [""], ["configmaps"], ["get", "list", "watch"])
+        _grants(NS, [""], ["configmaps"], ["list", "watch"])  # an informer of rules
         | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaimtemplates"], ["get", "create"])
         | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims"], ["get"])
         | _grants(CLUSTER, ["resource.k8s.io"], ["deviceclasses"], ["list", "watch"])
@@ -488,31 +498,32 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
         | _grants(NS, ["coordination.k8s.io"], ["leases"], ["list", "watch"],
                   [names.ALLOCATOR_LEASE])
         | _grants(CLUSTER, [""], ["pods"], ["list", "watch"])
+        # Its own two configurations, read and updated by name (webhook/config.py).
         | _grants(CLUSTER, ["admissionregistration.k8s.io"],
                   ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
-                  ["get", "list", "watch"])
-        | _grants(CLUSTER, ["admissionregistration.k8s.io"],
-                  ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
-                  ["update", "patch"], [RELEASE])
+                  ["get", "update"], [RELEASE])
         | EVENTS_CREATE
     ),
     "allocator": (
-        # Patch only (the gate's removal is a JSON patch); which change a
-        # ValidatingAdmissionPolicy narrows further.
+        # Patch only (the gate's removal is a JSON patch); which change the
+        # ValidatingAdmissionPolicy allocator-pod-writes narrows further.
         _grants(CLUSTER, [""], ["pods"], ["get", "list", "watch", "patch"])
-        | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims", "resourceclaims/status"],
-                  ["get", "list", "watch", "update", "patch"])
-        | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims/binding"], ["update", "patch"])
+        # Its finalizer and shares annotation by patch; the allocation by a status update,
+        # which 1.36 authorises on resourceclaims/binding as well.
+        | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims"],
+                  ["get", "list", "watch", "patch"])
+        | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims/status",
+                                                 "resourceclaims/binding"], ["update"])
         | _grants(CLUSTER, ["resource.k8s.io"], ["resourceslices", "deviceclasses"],
-                  ["get", "list", "watch"])
+                  ["list", "watch"])
         # An administrator's device taints, added to the slices' devices (from 1.37).
         | _grants(CLUSTER, ["resource.k8s.io"], ["devicetaintrules"], ["list", "watch"])
-        | _grants(CLUSTER, [""], ["nodes"], ["get", "list", "watch"])
-        | _grants(CLUSTER, ["", "events.k8s.io"], ["events"], ["create", "patch"])
+        | _grants(CLUSTER, [""], ["nodes"], ["list", "watch"])
+        | _grants(CLUSTER, [""], ["events"], ["create", "patch"])
         | _grants(CLUSTER, [""], ["pods/status"], ["patch"])
         | _grants(CLUSTER, ["dra-gateway.io"], ["gpuquotas", "gpusharingpolicies"],
                   ["list", "watch"])
-        | _grants(CLUSTER, ["dra-gateway.io"], ["gpuquotas/status"], ["update", "patch"])
+        | _grants(CLUSTER, ["dra-gateway.io"], ["gpuquotas/status"], ["patch"])
         | _grants(CLUSTER, [""], ["namespaces"], ["list", "watch"])
         # Volcano's and the coscheduling plugin's PodGroups, for their minMember.
         | _grants(CLUSTER, ["scheduling.volcano.sh", "scheduling.x-k8s.io"], ["podgroups"],
@@ -527,22 +538,21 @@ EXPECTED_RBAC: dict[str, set[Grant]] = {
         # Defrag's holds and moves (dra-gateway-defrag), read; written with
         # allocator.defrag.enabled or allocator.preemption.enabled (on by default: it holds
         # the devices it frees there), which also evict and read PodDisruptionBudgets.
-        | _grants(NS, [""], ["configmaps"], ["get", "list", "watch"])
+        | _grants(NS, [""], ["configmaps"], ["get", "list", "watch"], ["dra-gateway-defrag"])
         | _grants(NS, [""], ["configmaps"], ["create"])
-        | _grants(NS, [""], ["configmaps"], ["patch", "update"], ["dra-gateway-defrag"])
+        | _grants(NS, [""], ["configmaps"], ["patch"], ["dra-gateway-defrag"])
         | _grants(CLUSTER, [""], ["pods/eviction"], ["create"])
         | _grants(CLUSTER, ["policy"], ["poddisruptionbudgets"], ["list"])
     ),
     "node-plugin": (
         _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims"], ["get"])
         | _grants(CLUSTER, ["resource.k8s.io"], ["resourceslices"],
-                  ["get", "list", "watch", "create", "update", "patch", "delete"])
+                  ["list", "watch", "create", "update", "delete"])
         | _grants(CLUSTER, [""], ["nodes"], ["get"])
         | _grants(CLUSTER, [""], ["nodes/status"], ["patch"])
-        # Events on its Node when a device turns unhealthy or healthy again.
-        | _grants(CLUSTER, [""], ["events"], ["create"])
-        | _grants(CLUSTER, ["resource.k8s.io"], ["resourceclaims/driver"],
-                  ["associated-node:update", "associated-node:patch"])
+        # Events on its Node when a device turns unhealthy or healthy again, in namespace
+        # default only (the Role node-plugin-events there).
+        | _grants(NS, [""], ["events"], ["create"])
     ),
 }
 
@@ -594,12 +604,14 @@ def test_each_role_is_bound_to_its_own_components_service_account(helm: HelmRunn
     accounts = {component_of(r.obj): r.name for r in by_kind(objects, "ServiceAccount")}
     assert set(accounts) == set(EXPECTED_RBAC)
     bindings = by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding")
-    bound = {(r.obj["roleRef"]["kind"], r.obj["roleRef"]["name"]) for r in bindings}
-    roles = {(r.kind, r.name) for r in by_kind(objects, NS) + by_kind(objects, CLUSTER)}
+    bound = {(r.obj["roleRef"]["kind"], r.obj["metadata"].get("namespace"),
+              r.obj["roleRef"]["name"]) for r in bindings}
+    roles = {(r.kind, r.obj["metadata"].get("namespace"), r.name)
+             for r in by_kind(objects, NS) + by_kind(objects, CLUSTER)}
     assert bound == roles
     for r in bindings:
         component = component_of(r.obj)
-        assert r.obj["roleRef"]["name"] == accounts[component]
+        assert r.obj["roleRef"]["name"] in (accounts[component], f"{accounts[component]}-events")
         assert r.obj["subjects"] == [{"kind": "ServiceAccount", "name": accounts[component],
                                       "namespace": NAMESPACE}]
     for kind, component in (("Deployment", "webhook"), ("Deployment", "allocator"),
@@ -1347,7 +1359,7 @@ def test_notes_say_how_to_check_the_install(helm: HelmRunner) -> None:
 def test_notes_say_where_the_uninstall_names_the_pods_still_on_gateway_claims(
         helm: HelmRunner) -> None:
     notes = _notes(helm, {})
-    job = one(helm.render("default"), "Job", "allocator")["metadata"]["name"]
+    job = one(helm.render("default"), "Job", "allocator-release")["metadata"]["name"]
     assert "On `helm uninstall`, a pre-delete Job first lets go of the gateway's claims" in notes
     assert f"kubectl -n {NAMESPACE} logs job/{job}\n" in notes + "\n"
     assert "logs job/" not in _notes(helm, {"allocator": {"releaseOnUninstall": False}})
@@ -1420,7 +1432,7 @@ def test_uninstall_releases_every_claim_with_the_allocators_rights(helm: HelmRun
     from dra_gateway.cli import build_parser
 
     objects = helm.render("default")
-    job = one(objects, "Job", "allocator")
+    job = one(objects, "Job", "allocator-release")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     # Its log is the uninstall's report: kept after success, until its TTL runs out.
     assert job["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == \
@@ -1435,6 +1447,27 @@ def test_uninstall_releases_every_claim_with_the_allocators_rights(helm: HelmRun
     assert release["securityContext"]["readOnlyRootFilesystem"] is True
 
 
+def _selects(selector: Object, labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+
+def test_the_release_jobs_pod_is_no_allocator_replica(helm: HelmRunner) -> None:
+    # Counted by the allocator's PodDisruptionBudget (a pod that ends, making the budget's
+    # minAvailable meet a replica that is not one), scraped by its PodMonitor (no metrics
+    # port) and matched by its Deployment's selector, it was taken for the allocator.
+    objects = helm.render("monitoring")
+    labels = one(objects, "Job", "allocator-release")["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "allocator-release"
+    selectors = {
+        "PodDisruptionBudget": one(objects, "PodDisruptionBudget", "allocator")["spec"]["selector"],
+        "PodMonitor": one(objects, "PodMonitor", "allocator")["spec"]["selector"],
+        "Deployment": one(objects, "Deployment", "allocator")["spec"]["selector"]}
+    for kind, selector in selectors.items():
+        assert not _selects(selector, labels), kind
+        pod = one(objects, "Deployment", "allocator")["spec"]["template"]["metadata"]["labels"]
+        assert _selects(selector, pod), kind  # the allocator's own pods still are
+
+
 def _policies(objects: list[Rendered]) -> dict[str, Object]:
     return {r.name.removeprefix(f"{RELEASE}-"): r.obj
             for r in by_kind(objects, "ValidatingAdmissionPolicy")}
@@ -1443,7 +1476,8 @@ def _policies(objects: list[Rendered]) -> dict[str, Object]:
 def test_every_admission_policy_is_bound_to_deny(helm: HelmRunner) -> None:
     objects = helm.render("default")
     policies = _policies(objects)
-    assert sorted(policies) == ["allocation-gate", "claim-allocation", "node-plugin-slices",
+    assert sorted(policies) == ["allocation-gate", "allocator-pod-writes", "claim-allocation",
+                                "node-plugin-events", "node-plugin-slices",
                                 "node-plugin-status", "webhook-configurations"]
     bindings = {r.obj["spec"]["policyName"]: r.obj["spec"]
                 for r in by_kind(objects, "ValidatingAdmissionPolicyBinding")}
@@ -1494,6 +1528,135 @@ def test_only_the_allocator_removes_the_allocation_gate(helm: HelmRunner) -> Non
     assert removal(_sa("webhook")) is False
     assert removal(_sa("allocator")) is True
     assert removal("alice", after=True) is None  # the gate stays: not this policy's business
+
+
+def _running_pod() -> Object:
+    """A gated pod as the API server holds it: the webhook's gate after another system's,
+    labels, an owner, tolerations, and a status with the scheduler's condition."""
+    return {
+        "metadata": {"name": "p", "namespace": "kube-system", "labels": {"app": "x"},
+                     "annotations": {"a": "b"}, "finalizers": ["example.com/keep"],
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "ReplicationController",
+                                          "name": "rc", "uid": "1", "controller": True}]},
+        "spec": {"containers": [{"name": "c", "image": "cuda:1"}],
+                 "initContainers": [{"name": "i", "image": "init:1"}],
+                 "schedulingGates": [{"name": "kueue.x-k8s.io/admission"},
+                                     {"name": names.SCHEDULING_GATE}],
+                 "tolerations": [{"key": "gpu", "operator": "Exists"}],
+                 "terminationGracePeriodSeconds": 30,
+                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+        "status": {"phase": "Pending",
+                   "conditions": [{"type": "PodScheduled", "status": "False",
+                                   "reason": "SchedulingGated"}],
+                   "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu"}]}}
+
+
+def test_the_allocator_only_removes_its_gate_and_writes_its_own_pod_conditions(
+        helm: HelmRunner) -> None:
+    import copy
+
+    policy = _policies(helm.render("default"))["allocator-pod-writes"]
+
+    def write(change: Any, *, subresource: str = "",
+              user: str = _sa("allocator")) -> bool | None:
+        old = _running_pod()
+        new = copy.deepcopy(old)
+        change(new)
+        return _admitted(policy, {"object": new, "oldObject": old, "request": {
+            "subResource": subresource, "userInfo": {"username": user}}})
+
+    def ungate(pod: Object) -> None:  # allocator/writes.py remove_gate
+        del pod["spec"]["schedulingGates"][1]
+
+    def condition(kind: str, reason: str = "QuotaExceeded", status: str = "True") -> Any:
+        def write_it(pod: Object) -> None:  # allocator/conditions.py, eviction/evict.py
+            pod["status"]["conditions"].append({"type": kind, "status": status,
+                                                "reason": reason, "message": "m"})
+        return write_it
+
+    assert write(ungate) is True
+    assert write(lambda pod: None) is True  # nothing changed
+    for kind in ("QuotaExceeded", "WaitingForGates", "Preemption", "PodGroup"):
+        assert write(condition(f"{names.DOMAIN}/{kind}"), subresource="status") is True, kind
+    for reason, status in (("PreemptionByDraGateway", "True"),
+                           ("DeviceFailureByDraGateway", "True"), ("EvictionRefused", "False")):
+        assert write(condition("DisruptionTarget", reason, status), subresource="status") is True
+
+    def image(pod: Object) -> None:
+        pod["spec"]["containers"][0]["image"] = "attacker/miner:1"
+
+    def init_image(pod: Object) -> None:
+        pod["spec"]["initContainers"][0]["image"] = "attacker/miner:1"
+
+    def other_gate(pod: Object) -> None:
+        del pod["spec"]["schedulingGates"][0]
+
+    def add_gate(pod: Object) -> None:
+        pod["spec"]["schedulingGates"].append({"name": "example.com/hold"})
+
+    def tolerate(pod: Object) -> None:
+        pod["spec"]["tolerations"].append({"operator": "Exists"})
+
+    def deadline(pod: Object) -> None:
+        pod["spec"]["activeDeadlineSeconds"] = 1
+
+    def grace(pod: Object) -> None:
+        pod["spec"]["terminationGracePeriodSeconds"] = 0
+
+    def node_selector(pod: Object) -> None:
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "elsewhere"}
+
+    def affinity(pod: Object) -> None:
+        pod["spec"]["affinity"] = {"nodeAffinity": {}}
+
+    def label(pod: Object) -> None:
+        pod["metadata"]["labels"]["app"] = "y"
+
+    def annotate(pod: Object) -> None:
+        pod["metadata"]["annotations"]["a"] = "c"
+
+    def owner(pod: Object) -> None:
+        del pod["metadata"]["ownerReferences"]
+
+    def finalize(pod: Object) -> None:
+        pod["metadata"]["finalizers"] = []
+
+    for change in (image, init_image, other_gate, add_gate, tolerate, deadline, grace,
+                   node_selector, affinity, label, annotate, owner, finalize):
+        assert write(change) is False, change.__name__
+        assert write(change, user="alice") is None, change.__name__  # not this policy's
+
+    def scheduled(pod: Object) -> None:
+        pod["status"]["conditions"][0]["status"] = "True"
+
+    def phase(pod: Object) -> None:
+        pod["status"]["phase"] = "Failed"
+
+    def claims(pod: Object) -> None:
+        pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"] = "someone-elses"
+
+    for change in (scheduled, phase, claims, condition("Ready"),
+                   condition("DisruptionTarget", "PreemptionByScheduler"), label):
+        assert write(change, subresource="status") is False, change
+
+
+def test_each_node_plugin_records_events_about_its_own_node_only(helm: HelmRunner) -> None:
+    policy = _policies(helm.render("default"))["node-plugin-events"]
+
+    def event(node: str, *, kind: str = "Node", extra: Object | None = None,
+              user: str = _sa("node-plugin")) -> bool | None:
+        obj = {"metadata": {"name": f"{node}.1", "namespace": "default"},
+               "involvedObject": {"apiVersion": "v1", "kind": kind, "name": node}}
+        bound = {"authentication.kubernetes.io/node-name": ["node-a"]}
+        return _admitted(policy, {"object": obj, "oldObject": None, "request": {
+            "operation": "CREATE",
+            "userInfo": {"username": user, "extra": bound if extra is None else extra}}})
+
+    assert event("node-a") is True
+    assert event("node-b") is False
+    assert event("node-a", kind="Pod") is False
+    assert event("node-a", extra={}) is False  # a token bound to no pod
+    assert event("node-b", user="system:serviceaccount:kube-system:other") is None
 
 
 def _claim(device_class: str, *, allocated: bool) -> Object:
@@ -1631,7 +1794,7 @@ def test_the_allocators_defrag_is_off_by_default_and_granted_only_when_on(
     assert {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]} in rules
     role = one(objects, "Role", "allocator")["rules"]
     assert {"apiGroups": [""], "resources": ["configmaps"],
-            "resourceNames": ["dra-gateway-defrag"], "verbs": ["patch", "update"]} in role
+            "resourceNames": ["dra-gateway-defrag"], "verbs": ["patch"]} in role
     refused = helm.template({"allocator": {"defrag": {"after": "soon"}}})
     assert refused.returncode != 0
     assert "/allocator/defrag/after" in refused.stderr
