@@ -1562,8 +1562,10 @@ def test_the_allocator_only_removes_its_gate_and_writes_its_own_pod_conditions(
         old = _running_pod()
         new = copy.deepcopy(old)
         change(new)
-        return _admitted(policy, {"object": new, "oldObject": old, "request": {
-            "subResource": subresource, "userInfo": {"username": user}}})
+        request: Object = {"userInfo": {"username": user}}
+        if subresource:  # the API server sends no subResource for the pod itself
+            request["subResource"] = subresource
+        return _admitted(policy, {"object": new, "oldObject": old, "request": request})
 
     def ungate(pod: Object) -> None:  # allocator/writes.py remove_gate
         del pod["spec"]["schedulingGates"][1]
