@@ -1477,7 +1477,7 @@ def test_every_admission_policy_is_bound_to_deny(helm: HelmRunner) -> None:
     objects = helm.render("default")
     policies = _policies(objects)
     assert sorted(policies) == ["allocation-gate", "allocator-pod-writes", "claim-allocation",
-                                "node-plugin-events", "node-plugin-slices",
+                                "claim-finalizer", "node-plugin-events", "node-plugin-slices",
                                 "node-plugin-status", "webhook-configurations"]
     bindings = {r.obj["spec"]["policyName"]: r.obj["spec"]
                 for r in by_kind(objects, "ValidatingAdmissionPolicyBinding")}
@@ -1687,6 +1687,28 @@ def test_only_the_allocator_writes_allocations_of_gateway_classes(helm: HelmRunn
     assert write("alice", before=True, after=False) is False  # nor clear one
     assert write("alice", before=True, after=True) is None  # reservedFor only
     assert write("alice", "gpu.nvidia.com") is None  # another driver's class
+
+
+def test_only_the_allocator_takes_its_finalizer_off_a_claim(helm: HelmRunner) -> None:
+    policy = _policies(helm.render("default"))["claim-finalizer"]
+
+    def write(user: str, before: list[str], after: list[str],
+              groups: tuple[str, ...] = ()) -> bool | None:
+        claim = _claim(names.GPU_CLASS, allocated=True)
+        old = {**claim, "metadata": {**claim["metadata"], "finalizers": before}}
+        new = {**claim, "metadata": {**claim["metadata"], "finalizers": after}}
+        return _admitted(policy, {"object": new, "oldObject": old, "request": {
+            "userInfo": {"username": user, "groups": list(groups)}}})
+
+    gateway = [names.FINALIZER]
+    # A tenant with `edit` taking it off, to delete the claim under its running pod.
+    assert write("alice", gateway, []) is False
+    assert write("alice", ["example.com/keep", *gateway], ["example.com/keep"]) is False
+    assert write(_sa("webhook"), gateway, []) is False
+    assert write(_sa("allocator"), gateway, []) is True  # its release
+    assert write("admin", gateway, [], groups=("system:masters",)) is True
+    assert write("alice", gateway, [*gateway, "example.com/keep"]) is None  # kept
+    assert write("alice", [], ["example.com/keep"]) is None
 
 
 def _slice(node: str) -> Object:
