@@ -26,6 +26,16 @@ class Stats:
     started: float = field(default_factory=time.monotonic)
 
 
+# A quota's namespace is `quota_namespace`, never `namespace`: Prometheus' Kubernetes
+# discovery, as the Prometheus Operator configures it from the chart's PodMonitors, gives every
+# scraped series the scraped pod's `namespace` (with `pod`, `container`, `endpoint`, `job`,
+# `instance`, and `node` from the chart's relabeling). A metric's own label of one of those names
+# is renamed `exported_namespace` on the way in, and every tenant's quota then reads as being in
+# the gateway's namespace. honorLabels was rejected: it would drop the pod's own namespace from
+# every other series the component exports.
+QUOTA_LABELS = ("quota_namespace", "quota", "resource")
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -66,14 +76,14 @@ class Metrics:
         self.quota_used = Gauge(
             "dra_gateway_allocator_quota_used",
             "GPUQuota usage counted by the allocator (memory in bytes, cores in percent of a "
-            "card, devices, claims)", ("namespace", "quota", "resource"), registry=r)
+            "card, devices, claims)", QUOTA_LABELS, registry=r)
         self.quota_hard = Gauge(
             "dra_gateway_allocator_quota_hard", "GPUQuota spec.hard, per limited resource",
-            ("namespace", "quota", "resource"), registry=r)
+            QUOTA_LABELS, registry=r)
         self.quota_borrowed = Gauge(
             "dra_gateway_allocator_quota_borrowed",
             "GPUQuota usage past spec.min, borrowed from its cohort, per guaranteed resource",
-            ("namespace", "quota", "resource"), registry=r)
+            QUOTA_LABELS, registry=r)
         self.defrag_moves = Counter(
             "dra_gateway_allocator_defrag_moves",
             "Pods the allocator's defrag moved (evicted) or tried to, by result (evicted, "

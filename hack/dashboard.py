@@ -33,6 +33,9 @@ UID = "dra-gateway"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 RATE = "$__rate_interval"
 NODE = 'node=~"$node"'
+# A GPUQuota's labels: its namespace is `quota_namespace`, as the allocator exports it (the
+# scraped pod's own `namespace` is the gateway's).
+QUOTA = "quota_namespace, quota, resource"
 
 
 @dataclass(frozen=True)
@@ -49,14 +52,15 @@ class Graph:
 ROWS: tuple[tuple[str, tuple[Graph, ...]], ...] = (
     ("Admission", (
         Graph("Reviews by outcome", "AdmissionReviews the webhook answered, per second.",
-              ((f"sum by (endpoint, outcome) (rate(dra_gateway_webhook_reviews_total[{RATE}]))",
-                "{{endpoint}} {{outcome}}"),), "reqps"),
+              ((f"sum by (webhook_endpoint, outcome) (rate("
+                f"dra_gateway_webhook_reviews_total[{RATE}]))",
+                "{{webhook_endpoint}} {{outcome}}"),), "reqps"),
         Graph("Answer time, 99th percentile", "How long the webhook took to answer the API "
               "server (its timeout is 10 s; the alert fires above monitoring.alerts."
               "webhookLatencySeconds).",
-              ((f"histogram_quantile(0.99, sum by (le, endpoint) (rate("
+              ((f"histogram_quantile(0.99, sum by (le, webhook_endpoint) (rate("
                 f"dra_gateway_webhook_request_duration_seconds_bucket[{RATE}])))",
-                "{{endpoint}}"),), "s"),
+                "{{webhook_endpoint}}"),), "s"),
         Graph("Refusals and errors", "Pods refused (by reason), bad requests and internal "
               "errors, per second.",
               ((f"sum by (reason) (rate(dra_gateway_webhook_refusals_total[{RATE}]))",
@@ -87,7 +91,7 @@ ROWS: tuple[tuple[str, tuple[Graph, ...]], ...] = (
         Graph("Work queue and waiting pods", "Keys in the allocator's queue, and gated pods "
               "it could not place yet, by reason.",
               (("sum(dra_gateway_allocator_queue_depth)", "queue"),
-               ("sum by (reason) (dra_gateway_allocator_pending_pods)", "waiting: {{reason}}")),
+               ("max by (reason) (dra_gateway_allocator_pending_pods)", "waiting: {{reason}}")),
               "short"),
         Graph("Planning time, 99th percentile", "Time to plan one pod's claims.",
               ((f"histogram_quantile(0.99, sum by (le) (rate("
@@ -104,12 +108,12 @@ ROWS: tuple[tuple[str, tuple[Graph, ...]], ...] = (
     )),
     ("Quotas and cohorts", (
         Graph("Quota used of hard", "Each GPUQuota's usage as a share of its spec.hard.",
-              (("max by (namespace, quota, resource) (dra_gateway_allocator_quota_used) / "
-                "max by (namespace, quota, resource) (dra_gateway_allocator_quota_hard > 0)",
-                "{{namespace}}/{{quota}} {{resource}}"),), "percentunit"),
+              ((f"max by ({QUOTA}) (dra_gateway_allocator_quota_used) / "
+                f"max by ({QUOTA}) (dra_gateway_allocator_quota_hard > 0)",
+                "{{quota_namespace}}/{{quota}} {{resource}}"),), "percentunit"),
         Graph("Borrowed from the cohort", "Usage past spec.min, lent by the quota's cohort.",
-              (("max by (namespace, quota, resource) (dra_gateway_allocator_quota_borrowed)",
-                "{{namespace}}/{{quota}} {{resource}}"),), "short"),
+              ((f"max by ({QUOTA}) (dra_gateway_allocator_quota_borrowed)",
+                "{{quota_namespace}}/{{quota}} {{resource}}"),), "short"),
     )),
     ("Preemption, groups and defragmentation", (
         Graph("Preemptions", "Pods of lower priority evicted for waiting pods (or refused by "
@@ -130,7 +134,7 @@ ROWS: tuple[tuple[str, tuple[Graph, ...]], ...] = (
     )),
     ("Cards and shares per node", (
         Graph("Published devices", "Devices each node plugin publishes in its ResourceSlices.",
-              ((f"sum by (node) (dra_gateway_node_plugin_published_devices{{{NODE}}})",
+              ((f"max by (node) (dra_gateway_node_plugin_published_devices{{{NODE}}})",
                 "{{node}}"),), "short"),
         Graph("Claims prepared", "NodePrepareResources and NodeUnprepareResources the kubelet "
               "called, per result.",
@@ -146,14 +150,14 @@ ROWS: tuple[tuple[str, tuple[Graph, ...]], ...] = (
               "short"),
         Graph("Legacy coexistence", "Cards a legacy GPU device plugin holds, and devices "
               "withheld from DRA for it.",
-              ((f"sum by (node) (dra_gateway_node_plugin_legacy_held_cards{{{NODE}}})",
+              ((f"max by (node) (dra_gateway_node_plugin_legacy_held_cards{{{NODE}}})",
                 "held {{node}}"),
-               (f"sum by (node) (dra_gateway_node_plugin_legacy_withheld_devices{{{NODE}}})",
+               (f"max by (node) (dra_gateway_node_plugin_legacy_withheld_devices{{{NODE}}})",
                 "withheld {{node}}")), "short"),
     )),
     ("Health", (
         Graph("Unhealthy devices", "Devices marked by a fault (tainted or withheld).",
-              ((f"sum by (node) (dra_gateway_node_plugin_unhealthy_devices{{{NODE}}})",
+              ((f"max by (node) (dra_gateway_node_plugin_unhealthy_devices{{{NODE}}})",
                 "{{node}}"),), "short"),
         Graph("XID events and recoveries", "XIDs NVML (or the fault file) reported, by code, "
               "and devices that recovered.",

@@ -18,6 +18,10 @@ _LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1,
                     2.5, 5.0)
 
 ENDPOINTS = ("mutate", "validate", "validate-rules")
+# The label naming the endpoint that answered. Not `endpoint`: the Prometheus Operator gives
+# every series scraped through a PodMonitor an `endpoint` label of its own (the scraped port's
+# name), which would rename this one `exported_endpoint`.
+ENDPOINT = "webhook_endpoint"
 
 
 class Metrics:
@@ -27,14 +31,14 @@ class Metrics:
         self.latency = Histogram(
             "dra_gateway_webhook_request_duration_seconds",
             "Time to answer an admission review, by endpoint.",
-            ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
+            [ENDPOINT], buckets=_LATENCY_BUCKETS, registry=r)
         self.reviews = Counter(
             "dra_gateway_webhook_reviews_total",
             "Admission reviews answered, by endpoint and outcome (allowed, patched, refused, "
-            "error).", ["endpoint", "outcome"], registry=r)
+            "error).", [ENDPOINT, "outcome"], registry=r)
         self.bad_requests = Counter(
             "dra_gateway_webhook_bad_requests_total",
-            "Requests answered with HTTP 400, by endpoint.", ["endpoint"], registry=r)
+            "Requests answered with HTTP 400, by endpoint.", [ENDPOINT], registry=r)
         self.translations = Counter(
             "dra_gateway_webhook_translations_total",
             "Pods translated, by rule applied.", ["rule"], registry=r)
@@ -50,7 +54,7 @@ class Metrics:
             registry=r)
         self.refusals = Counter(
             "dra_gateway_webhook_refusals_total",
-            "Pods refused, by endpoint and reason.", ["endpoint", "reason"], registry=r)
+            "Pods refused, by endpoint and reason.", [ENDPOINT, "reason"], registry=r)
         self.rule_reloads = Counter(
             "dra_gateway_webhook_rule_reloads_total",
             "Rule sets loaded and put in force, by the kind of source that changed.",
@@ -93,7 +97,7 @@ class Metrics:
             ["resource", "device_class"], registry=r)
         self.internal_errors = Counter(
             "dra_gateway_webhook_internal_errors_total",
-            "Reviews refused because of an unexpected error in a decision.", ["endpoint"],
+            "Reviews refused because of an unexpected error in a decision.", [ENDPOINT],
             registry=r)
         self.gated_pod_events = Counter(
             "dra_gateway_webhook_allocator_unavailable_events_total",

@@ -84,7 +84,7 @@ async def test_a_pod_past_the_quota_waits_with_its_condition_and_is_placed_when_
         registry = controller.metrics.registry
         assert registry.get_sample_value("dra_gateway_allocator_pending_pods",
                                          {"reason": "QuotaExceeded"}) == 1
-        labels = {"namespace": NAMESPACE, "quota": "team-a-gpu", "resource": "memory"}
+        labels = {"quota_namespace": NAMESPACE, "quota": "team-a-gpu", "resource": "memory"}
         assert registry.get_sample_value("dra_gateway_allocator_quota_used", labels) == 40 << 30
         assert registry.get_sample_value("dra_gateway_allocator_quota_hard", labels) == 40 << 30
 

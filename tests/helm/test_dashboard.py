@@ -19,7 +19,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 from prometheus_client import CollectorRegistry
 
 from .test_chart import CHART, HelmRunner, helm, parse_render
-from .test_monitoring import promtool
+from .test_monitoring import SCRAPE_LABELS, labels_named, promtool
 
 __all__ = ["helm", "promtool"]  # the fixtures, imported for this module's tests
 
@@ -86,6 +86,17 @@ def test_every_query_reads_series_the_gateway_exports() -> None:
         used = set(re.findall(r"\bdra_gateway_[a-z_]+", query))
         assert used, (title, query)
         assert used <= exported, (title, sorted(used - exported))
+
+
+def test_no_panel_groups_by_or_names_a_label_the_scrape_sets() -> None:
+    """`namespace`, `pod`, `endpoint`... of a scraped series are the gateway pod's: a panel by
+    one of them shows the gateway's pods where it promised tenants' quotas or webhook endpoints
+    (the metrics say those as `quota_namespace` and `webhook_endpoint`)."""
+    board = _board()
+    for panel in board["panels"]:
+        for target in panel.get("targets") or ():
+            text = f"{target['expr']} {target.get('legendFormat', '')}"
+            assert not labels_named(text) & SCRAPE_LABELS, (panel["title"], text)
 
 
 def test_every_query_parses_as_promql(promtool: Path, tmp_path: Path) -> None:

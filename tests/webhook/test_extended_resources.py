@@ -96,7 +96,7 @@ async def test_a_declared_name_is_left_to_kube_scheduler_with_a_warning_and_a_me
         'device_class="gpu.nvidia.com",resource="nvidia.com/gpu"} 2.0',
         'dra_gateway_webhook_device_class_extended_resources{device_class="gpu.nvidia.com",'
         'resource="nvidia.com/gpu"} 1.0',
-        'dra_gateway_webhook_reviews_total{endpoint="mutate",outcome="allowed"} 2.0',
+        'dra_gateway_webhook_reviews_total{outcome="allowed",webhook_endpoint="mutate"} 2.0',
     ):
         assert line in text, line
     # The watch says what it saw; the first admission of the kind logs at INFO, later ones at

@@ -58,14 +58,15 @@ async def test_metrics_count_latency_translations_refusals_and_reloads(client: C
     assert resp.headers["Content-Type"].startswith("text/plain")
     text = await resp.text()
     for line in (
-        'dra_gateway_webhook_request_duration_seconds_count{endpoint="mutate"} 2.0',
-        'dra_gateway_webhook_request_duration_seconds_count{endpoint="validate"} 1.0',
-        'dra_gateway_webhook_translations_total{rule="hami"} 1.0',
-        'dra_gateway_webhook_refusals_total{endpoint="validate",reason="UntranslatedGpuRequest"} '
+        'dra_gateway_webhook_request_duration_seconds_count{webhook_endpoint="mutate"} 2.0',
+        'dra_gateway_webhook_request_duration_seconds_count{webhook_endpoint="validate"} '
         '1.0',
-        'dra_gateway_webhook_reviews_total{endpoint="mutate",outcome="patched"} 1.0',
-        'dra_gateway_webhook_reviews_total{endpoint="mutate",outcome="allowed"} 1.0',
-        'dra_gateway_webhook_bad_requests_total{endpoint="mutate"} 1.0',
+        'dra_gateway_webhook_translations_total{rule="hami"} 1.0',
+        'dra_gateway_webhook_refusals_total{reason="UntranslatedGpuRequest",'
+        'webhook_endpoint="validate"} 1.0',
+        'dra_gateway_webhook_reviews_total{outcome="patched",webhook_endpoint="mutate"} 1.0',
+        'dra_gateway_webhook_reviews_total{outcome="allowed",webhook_endpoint="mutate"} 1.0',
+        'dra_gateway_webhook_bad_requests_total{webhook_endpoint="mutate"} 1.0',
         'dra_gateway_webhook_rule_reloads_total{source="file"} 1.0',
     ):
         assert line in text, line

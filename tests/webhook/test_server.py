@@ -80,7 +80,8 @@ async def test_the_server_answers_reviews_over_tls_with_keep_alive(running: Runn
         assert len(peers) == 1  # one keep-alive connection served all three
         async with session.get(running.url + "/metrics") as resp:
             text = await resp.text()
-    assert 'dra_gateway_webhook_request_duration_seconds_count{endpoint="mutate"} 3.0' in text
+    assert ('dra_gateway_webhook_request_duration_seconds_count{webhook_endpoint="mutate"} '
+            '3.0') in text
     assert 'dra_gateway_webhook_translations_total{rule="hami"} 3.0' in text
 
 
@@ -261,8 +262,8 @@ async def test_client_certificates_guard_admission_while_probes_answer_on_their_
                 async with session.get(f"http://127.0.0.1:{probe_port}{path}") as resp:
                     assert (resp.status, await resp.text()) == (200, expected)
             async with session.get(f"http://127.0.0.1:{probe_port}/metrics") as resp:
-                assert 'dra_gateway_webhook_request_duration_seconds_count{endpoint="mutate"} ' \
-                    '1.0' in await resp.text()
+                assert ('dra_gateway_webhook_request_duration_seconds_count'
+                        '{webhook_endpoint="mutate"} 1.0') in await resp.text()
             async with session.post(f"http://127.0.0.1:{probe_port}/mutate") as resp:
                 assert resp.status in (404, 405)  # admission is never served in plain HTTP
     finally:

@@ -343,8 +343,15 @@ seccompProfile:
 {{- end }}
 
 {{/*
-The alert rule groups of the PrometheusRule (templates/monitoring/prometheusrule.yaml), kept
-here so that tests render them alone as a rules file for promtool.
+The alert rule groups of the PrometheusRule (templates/prometheusrule.yaml), kept here so that
+tests render them alone as a rules file for promtool.
+
+Each expression aggregates before it compares, by what the alert is about (the cluster, a
+reason, a quota, a node): the series arrive per scraped pod, and the webhook runs several
+replicas, the allocator standbys (the gauges only a leader keeps are absent or 0 there, and two
+leaders' overlap at a handover is possible), the node plugin a second pod on a node while it
+rolls. A gauge each replica reports for the whole (a leader's counts, a node's devices) is
+taken with `max`, never summed; the rates of counters, each replica counting its own, are summed.
 */}}
 {{- define "dra-gateway.alertGroups" -}}
 {{- $a := .Values.monitoring.alerts -}}
@@ -375,7 +382,7 @@ here so that tests render them alone as a rules file for promtool.
         summary: The dra-gateway webhook's 99th percentile answer takes longer than {{ $a.webhookLatencySeconds }}s.
         description: Slow admission delays every pod creation; the API server times the webhook out at its timeoutSeconds.
     - alert: DraGatewayPodsGated
-      expr: sum by (reason) (dra_gateway_allocator_pending_pods) > 0
+      expr: max by (reason) (dra_gateway_allocator_pending_pods) > 0
       for: {{ $a.gatedFor }}
       labels:
         severity: warning
@@ -383,22 +390,22 @@ here so that tests render them alone as a rules file for promtool.
         summary: GPU pods have waited for devices longer than {{ $a.gatedFor }} ({{ "{{" }} $labels.reason {{ "}}" }}).
         description: "{{ "{{" }} $value {{ "}}" }} pod(s) wait; `dra-gateway report` says why each one waits."
     - alert: DraGatewayQuotaExhausted
-      expr: dra_gateway_allocator_quota_used >= on (namespace, quota, resource) dra_gateway_allocator_quota_hard
+      expr: max by (quota_namespace, quota, resource) (dra_gateway_allocator_quota_used) >= max by (quota_namespace, quota, resource) (dra_gateway_allocator_quota_hard)
       for: 15m
       labels:
         severity: info
       annotations:
-        summary: GPUQuota {{ "{{" }} $labels.namespace {{ "}}" }}/{{ "{{" }} $labels.quota {{ "}}" }} has used all its {{ "{{" }} $labels.resource {{ "}}" }}.
-        description: New GPU pods of that namespace wait until some of its pods end or the quota grows.
+        summary: GPUQuota {{ "{{" }} $labels.quota_namespace {{ "}}" }}/{{ "{{" }} $labels.quota {{ "}}" }} has used all its {{ "{{" }} $labels.resource {{ "}}" }}.
+        description: New GPU pods of namespace {{ "{{" }} $labels.quota_namespace {{ "}}" }} wait until some of its pods end or the quota grows.
     - alert: DraGatewayPreemptionBurst
-      expr: sum(increase(dra_gateway_allocator_preemptions_total[10m])) > {{ $a.preemptionsPer10m }}
+      expr: sum(increase(dra_gateway_allocator_preemptions_total{result="evicted"}[10m])) > {{ $a.preemptionsPer10m }}
       labels:
         severity: warning
       annotations:
         summary: The allocator preempted more than {{ $a.preemptionsPer10m }} pods in 10 minutes.
         description: High-priority GPU pods are displacing others at a high rate; check the PriorityClasses and quotas.
     - alert: DraGatewayUnhealthyDevices
-      expr: sum by (node) (dra_gateway_node_plugin_unhealthy_devices) > 0
+      expr: max by (node) (dra_gateway_node_plugin_unhealthy_devices) > 0
       for: 1m
       labels:
         severity: warning
