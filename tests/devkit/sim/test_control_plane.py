@@ -114,6 +114,10 @@ async def test_a_gated_pod_waits_and_binds_where_its_claim_is_allocated(
     await asyncio.sleep(0.2)
     still = await cluster.get(PODS, "web-0", namespace=NS)
     assert "nodeName" not in still["spec"]  # the gate holds it
+    # As the API server marks a gated pod on create: kubectl's STATUS reads SchedulingGated.
+    assert still["status"]["conditions"] == [{
+        "type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+        "message": "Scheduling is blocked due to non-empty scheduling gates"}]
     await cluster.patch(PODS, "web-0", {"spec": {"schedulingGates": None}}, namespace=NS)
 
     async def bound() -> Any:
@@ -125,8 +129,23 @@ async def test_a_gated_pod_waits_and_binds_where_its_claim_is_allocated(
     assert claim["status"]["reservedFor"] == [
         {"resource": "pods", "name": "web-0", "uid": made["metadata"]["uid"]}]
     assert claim["status"]["allocation"]["allocationTimestamp"] == STAMP  # kept as written
-    scheduled = await cluster.get(PODS, "web-0", namespace=NS)
-    assert scheduled["status"]["conditions"] == [{"type": "PodScheduled", "status": "True"}]
+
+    async def running() -> Any:
+        got = await cluster.get(PODS, "web-0", namespace=NS)
+        ready = {c["type"]: c["status"] for c in got["status"].get("conditions") or []}
+        return got if ready.get("Ready") == "True" else None
+
+    # Once bound, the pod runs, as the kubelet (or KWOK) makes it.
+    scheduled = await eventually(running)
+    assert scheduled["status"]["phase"] == "Running"
+    assert {c["type"]: (c["status"], c.get("reason")) for c in
+            scheduled["status"]["conditions"]} == {
+        "PodScheduled": ("True", None), "PodReadyToStartContainers": ("True", None),
+        "Initialized": ("True", None), "ContainersReady": ("True", None),
+        "Ready": ("True", None)}
+    assert [(c["name"], c["ready"], list(c["state"])) for c in
+            scheduled["status"]["containerStatuses"]] == [
+        (c["name"], True, ["running"]) for c in scheduled["spec"]["containers"]]
 
 
 async def test_a_claim_allocated_without_a_timestamp_never_lets_its_pod_bind_as_from_1_36(

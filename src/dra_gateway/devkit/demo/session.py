@@ -342,18 +342,38 @@ def _write_report(report: DemoReport, code: int, root: Path, *, remove: bool,
 SERVE_READY = "demo: serving the embedded cluster until Ctrl-C"
 
 
+def command_name(*, executable: str | None = None, cwd: Path | None = None) -> str:
+    """How the user's shell runs this installation's `dra-gateway`: the bare name where PATH
+    finds it, else the script's path beside the interpreter (`.venv/bin/dra-gateway` after the
+    README's install, whose venv is not activated), else `python -m dra_gateway`."""
+    bin_dir = Path(executable or sys.executable).parent
+    script = bin_dir / "dra-gateway"
+    found = shutil.which("dra-gateway")
+    if found is not None and Path(found).resolve() == script.resolve():
+        return "dra-gateway"
+    if not script.exists():
+        return f"{executable or sys.executable} -m dra_gateway"
+    here = (cwd or Path.cwd()).resolve()
+    absolute = bin_dir.resolve() / "dra-gateway"
+    with contextlib.suppress(ValueError):
+        return str(absolute.relative_to(here))
+    return str(absolute)
+
+
 def _serve(layout: Layout, children: Children) -> None:
     """Keep the cluster and its components running for the user to explore, until Ctrl-C or
     SIGTERM (or a component ends on its own, which is said)."""
     kubeconfig = layout.kubeconfig
+    command = command_name()
     lines = [f"{SERVE_READY}; its kubeconfig is {kubeconfig}. Try, in another shell:",
              f"  export KUBECONFIG={kubeconfig}",
              "  kubectl get pods,resourceclaims -A",
              "  kubectl get resourceslices",
              "  kubectl get gpuquotas -A",
-             "  dra-gateway report",
-             "  dra-gateway migrate plan",
-             "  dra-gateway defrag plan",
+             "  kubectl get pods -A -o wide",
+             f"  {command} report",
+             f"  {command} migrate plan",
+             f"  {command} defrag plan",
              f"Each component's log is in {layout.logs}."]
     print("\n" + "\n".join(lines), file=sys.stderr, flush=True)
     try:

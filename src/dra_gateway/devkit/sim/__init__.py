@@ -5,7 +5,8 @@
 `errors`, applies patches through `patching`, checks writes through `validation` and filters
 watches through `watching`; `selectors` parses label and field selectors); `server` serves any
 cluster over loopback HTTP as the Kubernetes API, calling registered webhooks through
-`admission`; `controlplane` stands in for the claim controller and scheduler the embedded default
+`admission`, with `openapi` (its OpenAPI v3 documents), `tables` (kubectl get's columns) and
+`crds` with `structural` (the chart's CRDs, their schemas enforced); `controlplane` stands in for the claim controller and scheduler the embedded default
 lacks; `manifests` reads seed files; `bench` measures what the HTTP hop costs.
 
 Production code (the components, `dra_gateway.kube.cluster`) must not import this package: an

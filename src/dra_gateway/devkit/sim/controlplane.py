@@ -19,7 +19,9 @@ Deliberate simplifications (each is the upstream behaviour the project does not 
   without that field never lets its pod bind, as on a real cluster. `binding_conditions=False`
   plays 1.34 and 1.35, where the field is left alone;
 - binding patches `spec.nodeName` (the in-memory cluster allows it; a real API server requires
-  the `binding` subresource) and marks the pod `PodScheduled`; nothing plays the kubelet;
+  the `binding` subresource) and marks the pod `PodScheduled`; then, playing the kubelet as
+  KWOK does, the pod runs: phase Running, its containers started and ready (a pod a client
+  finished meanwhile stays finished). Nothing runs a container, and nothing ends a pod;
 - claims are never deallocated here (upstream only deallocates claims carrying the reserved
   `resource.kubernetes.io/delete-protection` finalizer, which the gateway does not use).
 """
@@ -36,9 +38,11 @@ from typing import Any
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import (
     ApiError,
+    BadRequest,
     Cluster,
     Conflict,
     Expired,
+    Invalid,
     NotFound,
     Object,
 )
@@ -344,11 +348,49 @@ class SimulatedControllers:
         node_name = node["metadata"]["name"]
         await self.cluster.patch(PODS, meta["name"], {"spec": {"nodeName": node_name}},
                                  namespace=namespace)
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         await self.cluster.patch(
             PODS, meta["name"],
-            {"status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}},
+            {"status": {"conditions": [{"type": "PodScheduled", "status": "True",
+                                        "lastTransitionTime": now,
+                                        "reason": None, "message": None}]}},
             namespace=namespace, subresource="status", patch_type="strategic")
         log.info("control plane: bound pod %s/%s to %s", namespace, meta["name"], node_name)
+        await self._start(pod, node, now)
+
+    async def _start(self, pod: Object, node: Object, now: str) -> None:
+        """Play the kubelet, as KWOK does: a bound pod runs, its containers ready. Only a pod
+        still Pending: one a client marked finished meanwhile stays as it was written."""
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        addresses = (node.get("status") or {}).get("addresses") or []
+        host_ip = next((a.get("address") for a in addresses if a.get("type") == "InternalIP"),
+                       None)
+        status: dict[str, Any] = {
+            "phase": "Running", "startTime": now,
+            "containerStatuses": [
+                {"name": c.get("name"), "image": c.get("image", ""), "imageID": "",
+                 "ready": True, "started": True, "restartCount": 0,
+                 "state": {"running": {"startedAt": now}}}
+                for c in spec.get("containers") or []]}
+        if host_ip:
+            status["hostIP"] = host_ip
+            status["hostIPs"] = [{"ip": host_ip}]
+        patch = [{"op": "test", "path": "/status/phase", "value": "Pending"},
+                 *({"op": "add", "path": f"/status/{key}", "value": value}
+                   for key, value in status.items())]
+        try:
+            await self.cluster.patch(PODS, meta["name"], patch, namespace=meta["namespace"],
+                                     subresource="status", patch_type="json")
+        except (Invalid, BadRequest):
+            return  # no longer Pending: finished or failed meanwhile
+        # Merged by type: the conditions others wrote (the allocator's) stay.
+        await self.cluster.patch(
+            PODS, meta["name"],
+            {"status": {"conditions": [{"type": kind, "status": "True",
+                                        "lastTransitionTime": now}
+                                       for kind in ("PodReadyToStartContainers", "Initialized",
+                                                    "ContainersReady", "Ready")]}},
+            namespace=meta["namespace"], subresource="status", patch_type="strategic")
 
     async def _reconcile_claim(self, namespace: str, name: str) -> None:
         """Drop pods that are gone, replaced or done from the claim's reservedFor."""

@@ -49,7 +49,8 @@ class FieldError:
     """One cause of an Invalid response, worded like apimachinery's field.Error."""
 
     field: str
-    kind: Literal["Invalid", "Forbidden", "Required", "Duplicate", "NotSupported"]
+    kind: Literal["Invalid", "Forbidden", "Required", "Duplicate", "NotSupported", "TooLong",
+                  "TooMany"]
     detail: str
     value: Any = None
 
@@ -58,13 +59,22 @@ class FieldError:
             return f"{self.field}: Invalid value: {render(self.value)}: {self.detail}"
         if self.kind == "Required":
             return f"{self.field}: Required value" + (f": {self.detail}" if self.detail else "")
+        if self.kind == "NotSupported":
+            return f"{self.field}: Unsupported value: {render(self.value)}: {self.detail}"
+        if self.kind == "Duplicate":
+            return f"{self.field}: Duplicate value: {render(self.value)}"
+        if self.kind == "TooLong":
+            return f"{self.field}: Too long: {self.detail}"
+        if self.kind == "TooMany":
+            return f"{self.field}: Too many: {render(self.value)}: {self.detail}"
         return f"{self.field}: {self.kind}: {self.detail}"
 
     @property
     def reason(self) -> str:
         return {"Invalid": "FieldValueInvalid", "Forbidden": "FieldValueForbidden",
                 "Required": "FieldValueRequired", "Duplicate": "FieldValueDuplicate",
-                "NotSupported": "FieldValueNotSupported"}[self.kind]
+                "NotSupported": "FieldValueNotSupported", "TooLong": "FieldValueTooLong",
+                "TooMany": "FieldValueTooMany"}[self.kind]
 
 
 def render(value: Any) -> str:

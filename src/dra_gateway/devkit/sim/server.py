@@ -2,8 +2,13 @@
 
 This is the embedded default's API server: components, kubectl-like tools and the official
 Python clients talk to it exactly as they talk to a real cluster (paths, verbs, watch streams,
-`metav1.Status` errors, discovery). It translates HTTP to `Cluster` calls and back and holds no
-state of its own; semantics (versions, conflicts, validation) belong to the cluster behind it.
+`metav1.Status` errors, discovery, the OpenAPI v3 documents of `openapi`, Tables for
+`kubectl get` from `tables`, a simplified server-side apply). It translates HTTP to `Cluster`
+calls and back and holds no state of its own; semantics (versions, conflicts, validation) belong
+to the cluster behind it, except what the API server does while decoding a request and in its
+registry, before storage: unknown fields under `fieldValidation`, and the gateway's CRD schemas
+(`crds`, `structural`: pruning, defaults, validation and CEL rules) on every write of those
+kinds over HTTP (the in-memory cluster called directly, the tests' fake, stays lenient).
 It must not be exposed beyond loopback without a token: it has no authorization.
 
 The REST surface stays one table of paths and verbs: split by verb, it would be scattered.
@@ -18,7 +23,7 @@ import hmac
 import logging
 import os
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +32,15 @@ import orjson
 import yaml
 from aiohttp import web
 
+from dra_gateway.devkit.sim import crds, openapi, structural, tables
 from dra_gateway.devkit.sim.admission import Admission, AdmissionRequest
-from dra_gateway.devkit.sim.patching import apply_patch, copy_object
+from dra_gateway.devkit.sim.errors import invalid
+from dra_gateway.devkit.sim.patching import (
+    apply_patch,
+    copy_object,
+    strategic_merge_patch,
+)
+from dra_gateway.devkit.sim.patching import merge_patch as merge_patch_of
 from dra_gateway.kube import objects
 from dra_gateway.kube.cluster.port import (
     ApiError,
@@ -55,6 +67,14 @@ _PATCH_TYPES: dict[str, PatchType] = {
     "application/strategic-merge-patch+json": "strategic",
 }
 _VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+# The short names upstream's discovery gives the built-in kinds served here.
+_SHORT_NAMES: dict[ResourceType, tuple[str, ...]] = {
+    rt: names for rt in ALL for (group, plural), names in {
+        ("", "pods"): ("po",), ("", "nodes"): ("no",), ("", "namespaces"): ("ns",),
+        ("", "configmaps"): ("cm",), ("", "events"): ("ev",),
+        ("policy", "poddisruptionbudgets"): ("pdb",),
+    }.items() if (rt.group, rt.plural) == (group, plural)}
+_FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
 _BY_PATH: dict[tuple[str, str, str], ResourceType] = {
     (rt.group, rt.version, rt.plural): rt for rt in ALL
 }
@@ -99,8 +119,16 @@ def _resource_list(group: str, version: str) -> dict[str, Any] | None:
     for rt in ALL:
         if rt.group != group or rt.version != version:
             continue
-        resources.append({"name": rt.plural, "singularName": rt.kind.lower(),
-                          "namespaced": rt.namespaced, "kind": rt.kind, "verbs": _VERBS})
+        resource = {"name": rt.plural, "singularName": rt.kind.lower(),
+                    "namespaced": rt.namespaced, "kind": rt.kind, "verbs": _VERBS}
+        definition = crds.definition(rt)
+        if definition is not None:
+            resource.update(singularName=definition.singular,
+                            shortNames=list(definition.short_names),
+                            categories=list(definition.categories))
+        elif rt in _SHORT_NAMES:
+            resource["shortNames"] = list(_SHORT_NAMES[rt])
+        resources.append(resource)
         if rt.has_status:
             resources.append({"name": f"{rt.plural}/status", "singularName": "",
                               "namespaced": rt.namespaced, "kind": rt.kind,
@@ -156,7 +184,8 @@ async def _body(request: web.Request) -> Any:
         raise BadRequest("the request has no body: send the object as JSON")
     content_type = request.content_type
     try:
-        if content_type in ("application/yaml", "application/x-yaml"):
+        if content_type in ("application/yaml", "application/x-yaml",
+                            "application/apply-patch+yaml"):
             return yaml.safe_load(raw)
         return orjson.loads(raw)
     except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
@@ -175,6 +204,69 @@ def _dry_run(query: Mapping[str, str]) -> bool:
     if value != "All":
         raise BadRequest(f'unsupported dryRun value "{value}": the only supported value is "All"')
     return True
+
+
+def _field_validation(query: Mapping[str, str]) -> str:
+    value = query.get("fieldValidation") or "Ignore"
+    if value not in _FIELD_VALIDATION:
+        raise BadRequest(f'fieldValidation "{value}" is not supported: use one of '
+                         + ", ".join(_FIELD_VALIDATION))
+    return value
+
+
+def _unknown_fields(rt: ResourceType, obj: Object) -> list[str]:
+    definition = crds.definition(rt)
+    if definition is not None:
+        return structural.unknown_fields(definition.schema, obj, custom=True)
+    described = openapi.schema_of(rt)
+    if described is None:
+        return []
+    schema, components = described
+    return structural.unknown_fields(schema, obj, resolve=openapi.resolver(components))
+
+
+def _decoded(rt: ResourceType, obj: Object, old: Object | None, query: Mapping[str, str],
+             warnings: list[str], subresource: str | None) -> Object:
+    """The object as the API server decodes a write: unknown fields refused (Strict), warned
+    about (Warn) or dropped (custom resources, whose schema prunes them; a built-in kind's
+    decoding into Go types drops them, which the simulator leaves to the components' own
+    checks); a custom resource's defaults filled in."""
+    mode = _field_validation(query)
+    if mode != "Ignore":
+        known = set(_unknown_fields(rt, old)) if old is not None else set()
+        unknown = [f for f in _unknown_fields(rt, obj) if f not in known]
+        if unknown and mode == "Strict":
+            listed = ", ".join(f'unknown field "{f}"' for f in unknown)
+            raise BadRequest(f'{rt.kind} in version "{rt.version}" cannot be handled as a '
+                             f"{rt.kind}: strict decoding error: {listed}")
+        warnings.extend(f'unknown field "{f}"' for f in unknown)
+    definition = crds.definition(rt)
+    if definition is None:
+        return obj
+    decoded: Object = structural.default(definition.schema,
+                                         structural.prune(definition.schema, obj))
+    if subresource is None and old is not None and "status" in old:
+        decoded["status"] = old["status"]  # the main resource leaves status alone
+    return decoded
+
+
+def _validated(rt: ResourceType, obj: Object, old: Object | None,
+               subresource: str | None) -> None:
+    """Refuse a custom resource its CRD's schema or rules refuse (Invalid, as upstream)."""
+    definition = crds.definition(rt)
+    if definition is None:
+        return
+    errors = structural.validate(definition.schema, obj, old, status=subresource == "status")
+    if errors:
+        raise invalid(rt, str(objects.meta(obj).get("name") or ""), errors)
+
+
+def _warned(response: web.Response, warnings: list[str]) -> web.Response:
+    """The response with a `Warning` header per warning, as kubectl prints them."""
+    for warning in warnings:
+        escaped = warning.replace("\\", "\\\\").replace('"', '\\"')
+        response.headers.add("Warning", f'299 - "{escaped}"')
+    return response
 
 
 class _Handler:
@@ -241,6 +333,10 @@ class _Handler:
                 listed = await self.cluster.list(
                     rt, namespace=target.namespace, label_selector=query.get("labelSelector"),
                     field_selector=query.get("fieldSelector"))
+                if tables.wants_table(request.headers.get("Accept", "")):
+                    return _json(tables.table(
+                        rt, listed.items, resource_version=listed.resource_version,
+                        include_object=query.get("includeObject", "Metadata")))
                 return _json({"apiVersion": rt.api_version, "kind": rt.list_kind,
                               "metadata": {"resourceVersion": listed.resource_version},
                               "items": listed.items})
@@ -248,24 +344,23 @@ class _Handler:
                 if rt.namespaced and target.namespace is None:
                     raise BadRequest(f"create {rt.plural} under /namespaces/<namespace>/"
                                      f"{rt.plural}: the type is namespaced")
-                dry_run = _dry_run(query)
                 obj = await _body(request)
                 if not isinstance(obj, dict):
                     raise BadRequest(f"the body must be a {rt.kind} object")
-                admission = self.app[ADMISSION_KEY]
-                if admission is not None and await admission.wants(rt, "CREATE"):
-                    obj = await self._admit_create(admission, rt, obj, target.namespace,
-                                                   dry_run)
-                created = await self.cluster.create(rt, obj, namespace=target.namespace,
-                                                    dry_run=dry_run)
-                return _json(created, status=201)
+                warnings: list[str] = []
+                created = await self._create(rt, obj, target.namespace, query, warnings)
+                return _warned(_json(created, status=201), warnings)
             raise ApiError(f"{method} is not supported on the {rt.plural} collection",
                            code=405, reason="MethodNotAllowed")
         if rt.namespaced and target.namespace is None:
             raise NotFound(f"the server could not find the requested resource: {rt.plural} are "
                            "namespaced; use /namespaces/<namespace>/" + rt.plural + "/" + name)
         if method == "GET":
-            return _json(await self.cluster.get(rt, name, namespace=target.namespace))
+            got = await self.cluster.get(rt, name, namespace=target.namespace)
+            if tables.wants_table(request.headers.get("Accept", "")):
+                return _json(tables.table(rt, [got], resource_version=objects.resource_version(
+                    got), include_object=query.get("includeObject", "Metadata")))
+            return _json(got)
         if method in ("PUT", "PATCH", "DELETE") and "dryRun" in query:
             raise BadRequest(f"dryRun is supported on create only, not on {method}")
         if method == "PUT":
@@ -276,32 +371,42 @@ class _Handler:
             if in_body != name:
                 raise BadRequest(f"the name of the object ({in_body}) does not match the name "
                                  f"on the URL ({name})")
+            warnings = []
+            old = await self.cluster.get(rt, name, namespace=target.namespace)
+            obj = _decoded(rt, obj, old, query, warnings, target.subresource)
             admission = self.app[ADMISSION_KEY]
             if (admission is not None and target.subresource is None
                     and await admission.wants(rt, "UPDATE")):
-                old = await self.cluster.get(rt, name, namespace=target.namespace)
                 obj = await admission.admit(AdmissionRequest(
                     rt, "UPDATE", target.namespace, name, obj, old, False)) or obj
-            return _json(await self.cluster.update(rt, obj, namespace=target.namespace,
-                                                   subresource=target.subresource))
+            _validated(rt, obj, old, target.subresource)
+            return _warned(_json(await self.cluster.update(
+                rt, obj, namespace=target.namespace, subresource=target.subresource)), warnings)
         if method == "PATCH":
             content_type = request.content_type
             if content_type == "application/apply-patch+yaml":
-                raise ApiError("server-side apply (application/apply-patch+yaml) is not "
-                               "supported by this API server: send a merge patch "
-                               "(application/merge-patch+json) or a JSON patch instead",
-                               code=415, reason="UnsupportedMediaType")
+                return await self._apply(request, target, name)
             patch_type = _PATCH_TYPES.get(content_type)
             if patch_type is None:
                 raise ApiError(f'the patch content type "{content_type}" is not supported: use '
-                               + ", ".join(_PATCH_TYPES), code=415,
-                               reason="UnsupportedMediaType")
+                               + ", ".join([*_PATCH_TYPES, "application/apply-patch+yaml"]),
+                               code=415, reason="UnsupportedMediaType")
+            if patch_type == "strategic" and crds.definition(rt) is not None:
+                raise ApiError(f'the body of the request was in an unknown format - accepted '
+                               f'media types include: {", ".join(openapi._CUSTOM_PATCH_TYPES)}',
+                               code=415, reason="UnsupportedMediaType")
             patch = await _body(request)
             admission = self.app[ADMISSION_KEY]
-            if (admission is not None and target.subresource is None
-                    and await admission.wants(rt, "UPDATE")):
-                return _json(await self._admit_patch(admission, rt, name, patch, patch_type,
-                                                     target.namespace))
+            wants = (admission is not None and target.subresource is None
+                     and await admission.wants(rt, "UPDATE"))
+            if (wants or crds.definition(rt) is not None
+                    or _field_validation(query) != "Ignore"):
+                warnings = []
+                patched = await self._patch(rt, name, target.namespace, target.subresource,
+                                            lambda current: apply_patch(
+                                                current, copy_object(patch), patch_type),
+                                            query, warnings, admission if wants else None)
+                return _warned(_json(patched), warnings)
             return _json(await self.cluster.patch(rt, name, patch, namespace=target.namespace,
                                                   patch_type=patch_type,
                                                   subresource=target.subresource))
@@ -340,25 +445,85 @@ class _Handler:
             rt, "CREATE", namespace, str(meta.get("name") or ""), obj, None, dry_run))
         return admitted if admitted is not None else obj
 
-    async def _admit_patch(self, admission: Admission, rt: ResourceType, name: str,
-                           patch: Any, patch_type: PatchType,
-                           namespace: str | None) -> Object:
-        """Patch, admit the patched object, store it if nothing changed meanwhile."""
+    async def _create(self, rt: ResourceType, obj: Object, namespace: str | None,
+                      query: Mapping[str, str], warnings: list[str]) -> Object:
+        """A create as the API server handles it: decoding (unknown fields, a custom
+        resource's pruning and defaults), mutating admission, validation, storage."""
+        dry_run = _dry_run(query)
+        obj = _decoded(rt, obj, None, query, warnings, None)
+        admission = self.app[ADMISSION_KEY]
+        if admission is not None and await admission.wants(rt, "CREATE"):
+            obj = await self._admit_create(admission, rt, obj, namespace, dry_run)
+        _validated(rt, obj, None, None)
+        return await self.cluster.create(rt, obj, namespace=namespace, dry_run=dry_run)
+
+    async def _patch(self, rt: ResourceType, name: str, namespace: str | None,
+                     subresource: str | None, change: Callable[[Object], Object],
+                     query: Mapping[str, str], warnings: list[str],
+                     admission: Admission | None) -> Object:
+        """Patch, decode, admit and validate the patched object, store it if nothing changed
+        meanwhile."""
         for _ in range(_PATCH_ATTEMPTS):
             current = await self.cluster.get(rt, name, namespace=namespace)
-            patched = apply_patch(copy_object(current), copy_object(patch), patch_type)
+            patched = change(copy_object(current))
             patched.setdefault("metadata", {})["resourceVersion"] = (
                 objects.resource_version(patched) or current["metadata"]["resourceVersion"])
-            admitted = await admission.admit(AdmissionRequest(
-                rt, "UPDATE", namespace, name, patched, current, False)) or patched
+            found: list[str] = []
+            patched = _decoded(rt, patched, current, query, found, subresource)
+            if admission is not None:
+                patched = await admission.admit(AdmissionRequest(
+                    rt, "UPDATE", namespace, name, patched, current, False)) or patched
+            _validated(rt, patched, current, subresource)
             try:
-                return await self.cluster.update(rt, admitted, namespace=namespace)
+                stored = await self.cluster.update(rt, patched, namespace=namespace,
+                                                   subresource=subresource)
             except Conflict:
                 if (patched.get("metadata") or {}).get("resourceVersion") != \
                         current["metadata"]["resourceVersion"]:
                     raise  # the patch itself carried a stale resourceVersion
+                continue
+            warnings.extend(found)
+            return stored
         raise Conflict(f"the patch of {rt.plural} \"{name}\" kept conflicting with other "
                        "writers; retry it")
+
+    async def _apply(self, request: web.Request, target: _Target,
+                     name: str) -> web.Response:
+        """Server-side apply, simplified: the applied configuration is created, or merged
+        into the live object (by the lists' merge keys for built-in kinds, as a merge patch
+        for custom resources). There are no managed fields: a field left out of the applied
+        configuration is kept, not removed, and no conflict between managers is reported."""
+        rt = target.rt
+        applied = await _body(request)
+        if not isinstance(applied, dict):
+            raise BadRequest(f"the applied configuration must be a {rt.kind} object")
+        if objects.meta(applied).get("name") not in (None, name):
+            raise BadRequest(f"the name of the object ({objects.meta(applied).get('name')}) "
+                             f"does not match the name on the URL ({name})")
+        applied.setdefault("metadata", {})["name"] = name
+        applied["metadata"].pop("managedFields", None)
+        query = request.query
+        warnings: list[str] = []
+        try:
+            await self.cluster.get(rt, name, namespace=target.namespace)
+        except NotFound:
+            if target.subresource is not None:
+                raise
+            created = await self._create(rt, applied, target.namespace, query, warnings)
+            return _warned(_json(created, status=201), warnings)
+        merge = merge_patch_of if crds.definition(rt) is not None else strategic_merge_patch
+        admission = self.app[ADMISSION_KEY]
+        wants = (admission is not None and target.subresource is None
+                 and await admission.wants(rt, "UPDATE"))
+
+        def change(current: Object) -> Object:
+            result: Object = merge(current, copy_object(applied))
+            result["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            return result
+
+        patched = await self._patch(rt, name, target.namespace, target.subresource, change,
+                                    query, warnings, admission if wants else None)
+        return _warned(_json(patched), warnings)
 
     async def _delete_precondition(self, request: web.Request) -> str | None:
         raw = await request.read()
@@ -382,6 +547,19 @@ class _Handler:
     def _discovery(self, request: web.Request, segments: list[str]) -> web.Response | None:
         if segments == ["version"]:
             return _json(KUBERNETES_VERSION)
+        if segments[:2] == ["openapi", "v3"]:
+            if len(segments) == 2:
+                return web.Response(body=openapi.index(), content_type="application/json")
+            rest = segments[2:]
+            doc = None
+            if len(rest) == 2 and rest[0] == "api":
+                doc = openapi.document("", rest[1])
+            elif len(rest) == 3 and rest[0] == "apis":
+                doc = openapi.document(rest[1], rest[2])
+            if doc is None:
+                raise NotFound(f"the server could not find the requested resource (GET "
+                               f"{request.path})")
+            return web.Response(body=doc, content_type="application/json")
         if segments == ["api"]:
             return _json({"kind": "APIVersions", "versions": ["v1"],
                           "serverAddressByClientCIDRs": [
@@ -424,6 +602,8 @@ class _Handler:
             target.rt, namespace=target.namespace, resource_version=query.get("resourceVersion"),
             label_selector=query.get("labelSelector"), field_selector=query.get("fieldSelector"),
             timeout_seconds=timeout)
+        as_table = tables.wants_table(request.headers.get("Accept", ""))
+        include = query.get("includeObject", "Metadata")
         response = web.StreamResponse(headers={"Content-Type": "application/json",
                                                "Cache-Control": "no-cache"})
         response.enable_chunked_encoding()
@@ -455,8 +635,12 @@ class _Handler:
                         break
                     if event is None:
                         break
+                    shown = event.object
+                    if as_table and event.type != "BOOKMARK":
+                        shown = tables.table(target.rt, [shown], include_object=include,
+                                             resource_version=objects.resource_version(shown))
                     await response.write(orjson.dumps(
-                        {"type": event.type, "object": event.object}) + b"\n")
+                        {"type": event.type, "object": shown}) + b"\n")
             await response.write_eof()
         except ConnectionResetError:
             pass  # the client went away: the watch just ends

@@ -1,7 +1,7 @@
 """What the API server checks and resets on a write, for the handful of rules the components
 depend on: object names (RFC 1123), immutable fields and the ResourceClaim `reservedFor` rules,
 scheduling gates that may only be removed, finalizers on an object being deleted, and the status
-a new object starts with.
+a new object starts with (a gated pod's PodScheduled condition says SchedulingGated).
 
 Each check returns the `FieldError`s it found (empty when the write is valid) for the store to
 raise as one Invalid; nothing here raises or stores anything.
@@ -89,6 +89,12 @@ def prepare_create_status(rt: ResourceType, obj: Object) -> None:
     """Drop client-set status where the API server does (pods start Pending, claims empty)."""
     if rt is PODS:
         obj["status"] = {"phase": "Pending"}
+        if (obj.get("spec") or {}).get("schedulingGates"):
+            # As the API server's pod strategy does on create (applySchedulingGatedCondition):
+            # kubectl's STATUS column reads SchedulingGated from it.
+            obj["status"]["conditions"] = [{
+                "type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+                "message": "Scheduling is blocked due to non-empty scheduling gates"}]
     elif rt is RESOURCE_CLAIMS:
         obj.pop("status", None)
     elif rt is NAMESPACES:
