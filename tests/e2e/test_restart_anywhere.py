@@ -482,6 +482,12 @@ class Scenario:
                               f" {h.memory // MIB}Mi {h.cores}c"
                               for h in holdings(c, self.published))
                   for c in self.claims() if (c.get("status") or {}).get("allocation")]
+        # The preemption holds: a hold whose victims never left keeps its pod from being
+        # preempted for again until it expires.
+        with contextlib.suppress(ApiError):
+            records = api.get(path_of("v1", "configmaps", namespace=NAMESPACE, name=RECORDS))
+            lines += [f"{key}: {value}" for key, value in sorted(
+                (records.get("data") or {}).items()) if key.startswith("hold.")]
         return "\n".join(lines)
 
     # Invariants --------------------------------------------------------------------------------
