@@ -4,7 +4,9 @@ Light imports only; each handler imports the translator when it runs. Exit codes
 `translate`: 0 when every document was translated or left alone, 1 when any was refused (each
 refusal on stderr, naming document, container and resource), 2 when the input or the rules
 cannot be read. `rules check`: 0 when the files load, 1 when they do not (every error printed
-with its path), 2 when a `--device-classes` file cannot be read.
+with its path), 2 when a `--device-classes` file cannot be read. A file holding ConfigMaps
+(`kubectl get configmap NAME -o yaml`) is checked as the webhook loads a rules ConfigMap, key by
+key, each error naming the ConfigMap and its key.
 
 Both take `--device-classes FILE`: the cluster's DeviceClasses (`kubectl get deviceclasses -o
 yaml`), whose `spec.extendedResourceName` makes kube-scheduler serve a legacy name itself.
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     from dra_gateway.translator.extended import ExtendedResources
     from dra_gateway.translator.manifests import ManifestResult
-    from dra_gateway.translator.rules import RuleSet
+    from dra_gateway.translator.rules import RuleSet, Source
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -58,8 +60,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check = commands.add_parser(
         "check", help="validate rule files and print every error with its path",
         description="Load the built-in rules and the given files or folders as the gateway "
-                    "would, and report every problem with its file and field path.")
-    check.add_argument("paths", nargs="+", metavar="PATH", help="rule file or folder")
+                    "would, and report every problem with its file and field path. A file of "
+                    "ConfigMaps (kubectl get configmap NAME -o yaml) is checked key by key, as "
+                    "the webhook loads a rules ConfigMap.")
+    check.add_argument("paths", nargs="+", metavar="PATH",
+                       help="rule file or folder, or a file of rules ConfigMaps")
     check.add_argument("--no-builtin-rules", action="store_true",
                        help="check the files on their own, without the built-in rules")
     _device_classes_argument(check)
@@ -118,7 +123,8 @@ def _run_check(args: argparse.Namespace) -> int:
     if extended is None:
         return EXIT_UNREADABLE
     try:
-        ruleset = load_rules(*args.paths, builtin=not args.no_builtin_rules)
+        sources = [source for path in args.paths for source in _rule_sources(path)]
+        ruleset = load_rules(*sources, builtin=not args.no_builtin_rules)
     except RulesError as exc:
         print(f"{exc.summary}:", file=sys.stdout)
         for error in exc.errors:
@@ -129,6 +135,25 @@ def _run_check(args: argparse.Namespace) -> int:
     for line in report(ruleset, extended):
         print(f"note: {line}")
     return EXIT_OK
+
+
+def _rule_sources(path: str) -> list[Source]:
+    """What `rules check` loads for `path`: the rules ConfigMaps a file holds, each as the
+    webhook loads it (`config_map_sources`: every data key a rules document, named in each
+    error), or else the file or folder itself, left to the loader to read and report on."""
+    import yaml
+
+    from dra_gateway.translator.rules import config_map_sources
+    from dra_gateway.translator.yamlinput import InputTooLarge
+
+    if path == "-" or Path(path).is_dir():
+        return [path]
+    try:
+        documents = _read_stream(path, sys.stdin)
+    except (OSError, InputTooLarge, yaml.YAMLError, UnicodeDecodeError):
+        return [path]  # the loader says what is wrong with it, as for any rules file
+    found = config_map_sources(documents, path)
+    return [path] if found is None else found
 
 
 _MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")

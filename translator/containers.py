@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final, Literal, NamedTuple
 
 from dra_gateway.kube import names
@@ -113,31 +113,40 @@ def is_sidecar(key: str, container: Mapping[str, Any]) -> bool:
     return key == "initContainers" and container.get("restartPolicy") == "Always"
 
 
+class _BadAmount(Exception):
+    """What is wrong with one resource's amount; a container's are refused together."""
+
+
 def _scaled_value(resource: str, *, subject: Subject, limit: Any, request: Any,
                   factor: int) -> int:
     """A legacy resource's value times its unit, as a non-negative whole number (limits win,
-    as upstream). A fractional resource may have a fraction; the product is rounded down."""
+    as upstream). A fractional resource may have a fraction; the product is rounded down.
+    Raises `_BadAmount` saying what is wrong with it."""
     raw = limit if limit is not None else request
-    one = replace(subject, resources=(resource,))
     if resource not in subject.rule.suffixed:
         suffix = mistaken_suffix(str(raw))
         if suffix is not None:
-            raise one.refuse(mistaken_unit_message(resource, str(raw), factor))
+            raise _BadAmount(mistaken_unit_message(resource, str(raw), factor))
     try:
         quantity = Quantity.parse(str(raw))
         if limit is not None and request is not None and \
                 Quantity.parse(str(request)) != quantity:
-            raise one.refuse(f"{resource} has limit {limit} but request {request}; extended "
+            raise _BadAmount(f"{resource} has limit {limit} but request {request}; extended "
                              "resources need equal values (or set only the limit)")
     except QuantityError as exc:
-        raise one.refuse(f"{resource}: {exc}") from None
+        raise _BadAmount(f"{resource}: {exc}") from None
     if quantity.sign() < 0:
-        raise one.refuse(f"{resource} is {raw}, a negative amount")
+        raise _BadAmount(f"{resource} is {raw}, a negative amount")
     if resource in subject.rule.fractional:
-        return math.floor(quantity.as_fraction() * factor)
-    if not quantity.is_integer():
-        raise one.refuse(f"{resource} is {raw}, not a whole number; ask for whole units")
-    return quantity.value() * factor
+        scaled = math.floor(quantity.as_fraction() * factor)
+    elif not quantity.is_integer():
+        raise _BadAmount(f"{resource} is {raw}, not a whole number; ask for whole units")
+    else:
+        scaled = quantity.value() * factor
+    if scaled > _INT64_MAX:
+        # Expressions compute in CEL's 64-bit integers; no device has that much anyway.
+        raise _BadAmount(f"{resource} is {raw}, more than any device offers")
+    return scaled
 
 
 def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
@@ -288,21 +297,25 @@ def _activation(subject: Subject, *, found: Found, context: PodContext) -> dict[
     r = dict.fromkeys(rule.exact, 0)
     wildcard = ""
     pattern_names = []
+    problems: list[tuple[str, str]] = []
     for resource in subject.resources:
-        scaled = _scaled_value(resource, subject=subject, limit=limits.get(resource),
-                               request=requests.get(resource),
-                               factor=rule.exact.get(resource, rule.pattern_factor))
-        if scaled > _INT64_MAX:
-            # Expressions compute in CEL's 64-bit integers; no device has that much anyway.
-            raise refuse(f"{resource} is {limits.get(resource, requests.get(resource))}, "
-                          "more than any device offers", container=container,
-                          resource=resource, rule=rule.name)
+        try:
+            scaled = _scaled_value(resource, subject=subject, limit=limits.get(resource),
+                                   request=requests.get(resource),
+                                   factor=rule.exact.get(resource, rule.pattern_factor))
+        except _BadAmount as bad:
+            # Every bad amount of the container is said at once, not only the first.
+            problems.append((resource, str(bad)))
+            continue
         if resource in rule.exact:
             r[resource] = scaled
         else:
             pattern_names.append(resource)
             r[f"{rule.pattern}*"] = scaled
             wildcard = resource[len(rule.pattern or ""):]
+    if problems:
+        raise refuse(_together([problem for _, problem in problems]), container=container,
+                     resource=", ".join(resource for resource, _ in problems), rule=rule.name)
     if rule.pattern is not None:
         r.setdefault(f"{rule.pattern}*", 0)
     if len(pattern_names) > 1:
@@ -324,3 +337,7 @@ def _activation(subject: Subject, *, found: Found, context: PodContext) -> dict[
     }
 
 
+def _together(problems: list[str]) -> str:
+    """Problems of one container as one refusal's text, counted when there are several."""
+    return problems[0] if len(problems) == 1 else (
+        f"{len(problems)} problems: " + "; ".join(problems))

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, Final, Literal
+import types
+from collections.abc import Sequence
+from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -243,3 +245,53 @@ class RulesDocument(_Model):
     metadata: dict[str, Any] = Field(default_factory=dict)
     rules: list[Any] = Field(default_factory=list)
     overrides: list[Any] = Field(default_factory=list)
+
+
+def field_names_at(model: type[BaseModel], loc: Sequence[int | str]) -> list[str]:
+    """The field names (as a document writes them: aliases) of the model at `loc` inside
+    `model`, as a validation error locates a field; [] where `loc` leads to no model. For the
+    did-you-mean of an unknown field."""
+    current: Any = model
+    for part in loc:
+        current = _inner(current, part)
+        if current is None:
+            return []
+    current = _model_of(current)
+    if current is None:
+        return []
+    return [info.alias or name for name, info in current.model_fields.items()]
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The model `annotation` is (`Model`, `Model | None`, `Annotated[Model, ...]`), or None."""
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        found = [a for a in get_args(annotation) if a is not type(None)]
+        return _model_of(found[0]) if len(found) == 1 else None
+    if origin is Annotated:
+        return _model_of(get_args(annotation)[0])
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _inner(annotation: Any, part: int | str) -> Any:
+    """The type at `part` of a value of type `annotation`: a model's field, a list's item, a
+    mapping's value; None where there is none."""
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        found = [a for a in get_args(annotation) if a is not type(None)]
+        return _inner(found[0], part) if len(found) == 1 else None
+    if origin is Annotated:
+        return _inner(get_args(annotation)[0], part)
+    model = _model_of(annotation)
+    if model is not None:
+        for name, info in model.model_fields.items():
+            if part in (name, info.alias):
+                return info.annotation
+        return None
+    if origin is list and isinstance(part, int):
+        return get_args(annotation)[0]
+    if origin is dict and isinstance(part, str):
+        return get_args(annotation)[1]
+    return None

@@ -9,6 +9,7 @@ it must not decide what is an error (the models, the compiler and the translatio
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -99,12 +100,18 @@ def format_path(loc: Iterable[int | str]) -> str:
     return out
 
 
-def pydantic_message(error: Mapping[str, Any]) -> str:
+def pydantic_message(error: Mapping[str, Any], fields: Sequence[str] = ()) -> str:
+    """A pydantic error in the rules' words; `fields`: the valid field names where the error
+    is, for the did-you-mean of an unknown field."""
     kind = error.get("type", "")
     if kind == "missing":
         return "required"
     if kind == "extra_forbidden":
-        return "unknown field"
+        loc = error.get("loc") or ()
+        given = loc[-1] if loc else None
+        close = difflib.get_close_matches(given, fields, n=1, cutoff=0.6) \
+            if isinstance(given, str) else []
+        return f"unknown field; did you mean {close[0]}?" if close else "unknown field"
     if kind == "literal_error":
         expected = error.get("ctx", {}).get("expected", "")
         return f"must be {expected}, not {json.dumps(error.get('input'), default=str)}"

@@ -146,6 +146,8 @@ def explain(pod: Mapping[str, Any], rules: RuleSet, *,
                          namespace=metadata.get("namespace") or "", extended=None)
     untranslated = {(u.container, u.resource): f"only rule {u.rule} reads it, and it is "
                     "disabled (the warning says how to enable it)" for u in plan.untranslated}
+    # A name that looks like a typo is explained as its warning says it (one home: typos.py).
+    untranslated.update({(u.container, u.resource): u.reason for u in plan.unknown})
     out = []
     for key, index, container in _containers(spec):
         out.append(_container(key, index, container, rules=rules, context=context,
@@ -186,7 +188,8 @@ def _container(key: str, index: int, container: Mapping[str, Any], *, rules: Rul
         return tuple(out)
 
     if translation is None:
-        disabled = [r for r in _resource_names(container) if (name, r) in untranslated]
+        disabled = [r for r in _resource_names(container) if (name, r) in untranslated
+                    and rules.disabled_rule(r) is not None]
         why = ("asks for no GPU resource an enabled rule reads" if not disabled else
                f"{', '.join(disabled)} only disabled rules read")
         return ContainerExplanation(name=name, kind=kind, outcome="no-gpu", why=why,

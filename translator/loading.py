@@ -21,7 +21,12 @@ from pydantic import BaseModel, ValidationError
 
 from dra_gateway.translator import yamlinput
 from dra_gateway.translator.compiling import RuleEntry, check_overlaps, compile_rule
-from dra_gateway.translator.documents import OverrideSpec, RulesDocument, RuleSpec
+from dra_gateway.translator.documents import (
+    OverrideSpec,
+    RulesDocument,
+    RuleSpec,
+    field_names_at,
+)
 from dra_gateway.translator.errors import Problems, RulesError, format_path, pydantic_message
 from dra_gateway.translator.ruleset import CompiledRule, RuleSet
 
@@ -126,6 +131,47 @@ def builtin_sources() -> list[tuple[str, str]]:
     return out
 
 
+def config_map_label(namespace: str, name: str) -> str:
+    """How messages name a rules ConfigMap: the webhook's and `rules check`'s alike."""
+    return f"ConfigMap {namespace}/{name}" if namespace else f"ConfigMap {name}"
+
+
+def config_map_sources(documents: list[Any], origin: str) -> list[Source] | None:
+    """The ConfigMaps among `documents` (those of file `origin`; the items of a `kind: List`,
+    as `kubectl get configmaps -o yaml` writes them, included), each a source as the webhook
+    loads a rules ConfigMap: every data key a rules document, named by the ConfigMap and the
+    key. None when there is no ConfigMap among them (a file of rules documents); `RulesError`
+    for a ConfigMap whose data is not a mapping, or a document of another kind beside them."""
+    items: list[tuple[int, Any]] = []
+    for number, document in enumerate(documents, 1):
+        if isinstance(document, dict) and document.get("kind") == "List" \
+                and isinstance(document.get("items"), list):
+            items.extend((number, item) for item in document["items"])
+        else:
+            items.append((number, document))
+    if not any(isinstance(item, dict) and item.get("kind") == "ConfigMap" for _, item in items):
+        return None
+    problems = Problems()
+    sources: list[Source] = []
+    for number, item in items:
+        kind = item.get("kind") if isinstance(item, dict) else None
+        if kind != "ConfigMap":
+            what = f"a {kind}" if isinstance(kind, str) and kind else "no Kubernetes object"
+            problems.add(origin, "", f"document {number} is {what} beside ConfigMaps; keep rules "
+                         "ConfigMaps and TranslationRules documents in separate files")
+            continue
+        meta = item.get("metadata") if isinstance(item.get("metadata"), dict) else {}
+        label = config_map_label(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        data = item.get("data")
+        if data is not None and not isinstance(data, dict):
+            problems.add(label, "data", "not a mapping of keys to rules documents")
+            continue
+        sources.append((label, {str(k): str(v) for k, v in (data or {}).items()}))
+    if problems.errors:
+        raise RulesError(problems.errors, problems.counts())
+    return sources
+
+
 def load_rules(*sources: Source, builtin: bool = True) -> RuleSet:
     """Load rules: the built-in files first (unless `builtin=False`), then each source in order.
 
@@ -150,7 +196,8 @@ def load_rules(*sources: Source, builtin: bool = True) -> RuleSet:
             document = RulesDocument.model_validate(data)
         except ValidationError as exc:
             for error in exc.errors():
-                problems.add(name, format_path(error["loc"]), pydantic_message(error))
+                problems.add(name, format_path(error["loc"]), pydantic_message(
+                    error, field_names_at(RulesDocument, error["loc"][:-1])))
             continue
         documents.append(_ValidDocument(
             name, _validated(name, "rules", document.rules, RuleSpec, problems),
@@ -166,8 +213,8 @@ def _validated(source: str, key: str, items: list[Any], model: type[_M],
             out.append((i, model.model_validate(item)))
         except ValidationError as exc:
             for error in exc.errors():
-                problems.add(source, format_path((key, i, *error["loc"])),
-                             pydantic_message(error))
+                problems.add(source, format_path((key, i, *error["loc"])), pydantic_message(
+                    error, field_names_at(model, error["loc"][:-1])))
     return out
 
 

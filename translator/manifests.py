@@ -10,9 +10,7 @@ writing files is the CLI's business. The input documents are not modified.
 from __future__ import annotations
 
 import copy
-import difflib
-import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,34 +100,6 @@ def describe(document: Any, index: int) -> str:
     return f"document #{index + 1}"
 
 
-def near_misses(pod: Mapping[str, Any], rules: RuleSet) -> list[str]:
-    """What a container asks for under a name no rule reads but close to one a rule does
-    (`nvidia.com/gpus` for `nvidia.com/gpu`): a typo the scheduler would leave pending forever,
-    since no node offers that name."""
-    known = sorted(rules.legacy_resource_names())
-    raw_spec = pod.get("spec")
-    spec: Mapping[str, Any] = raw_spec if isinstance(raw_spec, Mapping) else {}
-    out: list[str] = []
-    for key in ("initContainers", "containers"):
-        containers = spec.get(key)
-        for container in containers if isinstance(containers, list) else ():
-            resources = container.get("resources") if isinstance(container, Mapping) else None
-            names_: set[str] = set()
-            for part in ("limits", "requests"):
-                amounts = resources.get(part) if isinstance(resources, Mapping) else None
-                names_.update(str(n) for n in amounts or () if isinstance(amounts, Mapping))
-            for name in sorted(names_):
-                if "/" not in name or rules.is_legacy(name) or name.startswith("requests.") \
-                        or (rules.disabled_resources and rules.disabled_rule(name)):
-                    continue  # read by a rule (a disabled one says so itself)
-                close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
-                if close:
-                    out.append(f"container {json.dumps(container.get('name'))}: {name} is "
-                               f"read by no rule (did you mean {close[0]}?): the pod keeps "
-                               f"it, and waits for a node that offers it")
-    return out
-
-
 def rewrite_manifests(documents: Iterable[Any], rules: RuleSet, *,
                       extended: ExtendedResources | None = None) -> ManifestResult:
     """Translate every pod spec of every document; refused documents come back unchanged.
@@ -169,7 +139,6 @@ def rewrite_manifests(documents: Iterable[Any], rules: RuleSet, *,
             plan = translate(view, rules, extended=extended)
             result.pods.append(PodTranslation(where, view, plan))
             result.warnings.extend(f"{where}: {w}" for w in plan.warnings)
-            result.warnings.extend(f"{where}: {w}" for w in near_misses(view, rules))
             if plan.refusal is not None:
                 result.refusals.append(f"{where}: {plan.refusal.message}")
                 refused = True

@@ -26,7 +26,13 @@ from dra_gateway.translator.documents import (
     RuleSpec,
 )
 from dra_gateway.translator.errors import RulesError, format_path
-from dra_gateway.translator.loading import Source, builtin_sources, load_rules
+from dra_gateway.translator.loading import (
+    Source,
+    builtin_sources,
+    config_map_label,
+    config_map_sources,
+    load_rules,
+)
 from dra_gateway.translator.ruleset import CompiledRule, CompiledSelector, RuleSet
 from dra_gateway.translator.selectors import render_selector, selector_values
 
@@ -43,6 +49,8 @@ __all__ = [
     "RulesError",
     "Source",
     "builtin_sources",
+    "config_map_label",
+    "config_map_sources",
     "format_path",
     "load_rules",
     "render_selector",

@@ -102,6 +102,11 @@ class RuleSet:
     # Sorted pod annotation and nodeSelector keys some rule reads: part of the shape key.
     annotation_order: tuple[str, ...] = ()
     node_selector_order: tuple[str, ...] = ()
+    # The domains of the resource names the enabled rules read (`nvidia.com`, `volcano.sh`):
+    # a name under one that no rule reads is likely a typo (`typos.py`).
+    vendor_domains: frozenset[str] = frozenset()
+    # What `typos.misspelt` found per resource name, owned here as `cache` is.
+    spellings: dict[str, str | None] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return (f"RuleSet(rules={list(self.rule_names)}, disabled={list(self.disabled)}, "
@@ -122,6 +127,9 @@ class RuleSet:
                                        if name.endswith("*"))
         self.annotation_order = tuple(sorted(self.annotation_keys()))
         self.node_selector_order = tuple(sorted(self.node_selector_keys()))
+        self.vendor_domains = frozenset(
+            name.split("/", 1)[0] for name in (*self.by_resource, *(p for p, _ in prefixes))
+            if "/" in name)
 
     @property
     def rule_names(self) -> tuple[str, ...]:

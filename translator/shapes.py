@@ -144,11 +144,19 @@ def _translate_container(item: Found, *, context: PodContext,
 
 
 def _first_refusal(containers: Sequence[ContainerTranslation]) -> tuple[int, Refusal] | None:
-    """The first refused container's position and refusal: the pod's refusal."""
-    for position, container in enumerate(containers):
-        if isinstance(container.result, Refusal):
-            return position, container.result
-    return None
+    """The first refused container's position, and the pod's refusal: that container's, or,
+    when several are refused, every one of them in one message (the author fixes them all at
+    once), counted; it names the first container and its rule."""
+    refused = [(position, c.result) for position, c in enumerate(containers)
+               if isinstance(c.result, Refusal)]
+    if not refused:
+        return None
+    position, first = refused[0]
+    if len(refused) == 1:
+        return position, first
+    message = (f"{len(refused)} containers are refused: "
+               + "; ".join(refusal.message for _, refusal in refused))
+    return position, replace(first, message=message)
 
 
 def _planning_warnings(containers: Iterable[ContainerTranslation]) -> tuple[str, ...]:

@@ -35,6 +35,7 @@ from dra_gateway.translator.shapes import (
     ShapePlan,
     plan_shape,
 )
+from dra_gateway.translator.typos import UnknownResource, misspelt
 
 __all__ = [
     "CLAIM_NAME",
@@ -89,6 +90,8 @@ class TranslationPlan:
     # Known legacy GPU resources left in the pod because their rule is disabled (each also
     # has a warning): nothing is dropped without a word.
     untranslated: list[Untranslated] = field(default_factory=list)
+    # Names no rule reads that look like typos of one (each also has a warning, `typos.py`).
+    unknown: list[UnknownResource] = field(default_factory=list)
     # What each container asking for legacy resources became, by where it sits in the pod
     # ("containers" or "initContainers", its index); empty for a pod translated before.
     containers: dict[tuple[str, int], ContainerTranslation] = field(default_factory=dict)
@@ -142,9 +145,12 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
     plan = TranslationPlan()
     if own_claims_gated:
         plan.held_patch = _gate(spec)
-    found, untranslated = _legacy_requests(spec, rules)
+    found, untranslated, unknown = _legacy_requests(spec, rules, extended)
     if untranslated:
         _warn_untranslated(untranslated, plan)
+    if unknown:
+        plan.unknown.extend(unknown)
+        plan.warnings.extend(item.warning for item in unknown)
     if not found:
         _add_gate(spec, plan, needed=own_claims_gated)
         return plan
@@ -203,12 +209,16 @@ def _translated_before(spec: Mapping[str, Any], namespace: str, annotation: Any,
     return plan
 
 
-def _legacy_requests(spec: Mapping[str, Any],
-                     rules: RuleSet) -> tuple[list[Found], list[Untranslated]]:
-    """The containers asking for legacy resources, in the pod's order, and the known legacy
-    names they keep because the rule that reads them is disabled."""
+def _legacy_requests(spec: Mapping[str, Any], rules: RuleSet,
+                     extended: ExtendedResources | None
+                     ) -> tuple[list[Found], list[Untranslated], list[UnknownResource]]:
+    """The containers asking for legacy resources, in the pod's order; the known legacy names
+    they keep because the rule that reads them is disabled; and the names they keep that look
+    like typos of a legacy name (not those a DeviceClass declares: kube-scheduler serves
+    them)."""
     found: list[Found] = []
     untranslated: list[Untranslated] = []
+    unknown: list[UnknownResource] = []
     is_legacy = rules.is_legacy
     disabled_rule = rules.disabled_rule if rules.disabled_resources else None
     for key in ("initContainers", "containers"):
@@ -222,12 +232,20 @@ def _legacy_requests(spec: Mapping[str, Any],
             in_requests = tuple(n for n in requests if is_legacy(n))
             if in_limits or in_requests:
                 found.append(Found(key, index, container, in_limits, in_requests))
-            if disabled_rule is not None:
-                for name in dict.fromkeys((*limits, *requests)):
-                    rule = disabled_rule(name)
-                    if rule is not None and not is_legacy(name):
-                        untranslated.append(Untranslated(container.get("name", ""), name, rule))
-    return found, untranslated
+            if len(in_limits) + len(in_requests) == len(limits) + len(requests):
+                continue  # every name it asks for is a legacy one
+            for name in dict.fromkeys((*limits, *requests)):
+                if is_legacy(name):
+                    continue
+                rule = disabled_rule(name) if disabled_rule is not None else None
+                if rule is not None:
+                    untranslated.append(Untranslated(container.get("name", ""), name, rule))
+                    continue
+                suggestion = misspelt(name, rules)
+                if suggestion is not None and not (extended and extended.classes_of(name)):
+                    unknown.append(UnknownResource(str(container.get("name", "")), name,
+                                                   suggestion))
+    return found, untranslated, unknown
 
 
 def _warn_untranslated(untranslated: list[Untranslated], plan: TranslationPlan) -> None:

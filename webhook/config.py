@@ -3,11 +3,12 @@
 Every pod creation in the cluster passes through the API server's webhook dispatch, so the
 configurations send the gateway only what it can act on: one `matchConditions` CEL expression,
 derived from the loaded rules, ORs together "a container or init container asks for a resource a
-rule translates", "the pod carries an annotation a rule reads", "the pod has resource claims"
-(their class is only known by reading them) and "the pod carries the gateway's gate or
-annotation". With `failurePolicy: Fail` for exactly those pods, a webhook outage stops GPU pods
-and nothing else. The namespaceSelector leaves out kube-system and the gateway's own namespace
-(a webhook that admits its own replacement pods can deadlock).
+rule translates, or any name under the domains of the enabled rules' names" (a typo there is
+warned about, translator/typos.py), "the pod carries an annotation a rule reads", "the pod has
+resource claims" (their class is only known by reading them) and "the pod carries the
+gateway's gate or annotation". With `failurePolicy: Fail` for exactly those pods, a webhook
+outage stops GPU pods and nothing else. The namespaceSelector leaves out kube-system and the
+gateway's own namespace (a webhook that admits its own replacement pods can deadlock).
 
 Each pod webhook is written once per translation mode of a namespace (ARCHITECTURE.md, "Moving
 a live cluster"): `mutate.dra-gateway.io` for namespaces without the label
@@ -96,11 +97,18 @@ def _key_test(var: str, exact: frozenset[str], prefixes: frozenset[str]) -> str:
 
 def match_expression(rules: RuleSet) -> str:
     """The CEL expression selecting the pods the gateway must see: those asking for a legacy
-    name some rule reads, enabled or not (a disabled rule's name gets a warning)."""
+    name some rule reads, enabled or not (a disabled rule's name gets a warning), or any name
+    under the domains of the enabled rules' names (a typo gets a warning)."""
     disabled = rules.disabled_resources
-    key = _key_test("k", rules.legacy_resource_names() | {
-        n for n in disabled if not n.endswith("*")}, rules.legacy_resource_prefixes() | {
-        n[:-1] for n in disabled if n.endswith("*")})
+    # Any name under a domain the rules read, too: one no rule reads is likely a typo, which
+    # the webhook warns about (translator/typos.py) instead of leaving the pod to wait for ever.
+    # The domains cover most exact names, which are written only where they fall outside them.
+    domains = {f"{domain}/" for domain in rules.vendor_domains}
+    exact = {n for n in rules.legacy_resource_names() | {
+        n for n in disabled if not n.endswith("*")} if not n.startswith(tuple(domains))}
+    prefixes = {p for p in rules.legacy_resource_prefixes() | {
+        n[:-1] for n in disabled if n.endswith("*")} if not p.startswith(tuple(domains))}
+    key = _key_test("k", frozenset(exact), frozenset(prefixes | domains))
     # The name test appears once: an API server refuses a condition over 10,240 characters, and
     # the built-in rules read about 150 names (written four times, for limits and requests of
     # containers and init containers, it passed the limit).

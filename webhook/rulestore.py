@@ -36,7 +36,13 @@ from typing import Any
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import ApiError, Cluster, Object
 from dra_gateway.kube.resources import CONFIG_MAPS, EVENTS
-from dra_gateway.translator.rules import RulesError, RuleSet, Source, load_rules
+from dra_gateway.translator.rules import (
+    RulesError,
+    RuleSet,
+    Source,
+    config_map_label,
+    load_rules,
+)
 from dra_gateway.webhook.metrics import Metrics
 from dra_gateway.webhook.mirroring import mirror
 from dra_gateway.webhook.settings import WebhookSettings
@@ -118,7 +124,7 @@ class RuleStore:
         # such as rules.yaml, and a conflict is reported at one ConfigMap about another.
         ns = self._settings.namespace
         sources: list[Source] = [*self._settings.rules_paths,
-                                 *((f"ConfigMap {ns}/{name}", config_maps[name])
+                                 *((config_map_label(ns, name), config_maps[name])
                                    for name in sorted(config_maps))]
         return load_rules(*sources, builtin=self._settings.builtin_rules)
 

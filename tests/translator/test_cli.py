@@ -15,6 +15,7 @@ from testkit import EXAMPLES
 from dra_gateway.cli import main
 from dra_gateway.kube import names
 from dra_gateway.translator.manifests import pod_specs
+from dra_gateway.translator.rules import load_rules
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -175,7 +176,8 @@ def test_broken_extra_rules_exit_2(capsys: pytest.CaptureFixture[str], tmp_path:
     code, _, err = run(capsys, "translate", "-f", str(EXAMPLES / "pods" / "hami.yaml"),
                        "--rules", str(rules))
     assert code == 2
-    assert err == f"error: 1 document failed to load: {rules}: rulez: unknown field\n"
+    assert err == (f"error: 1 document failed to load: {rules}: rulez: unknown field; did you "
+                   "mean rules?\n")
 
 
 def test_rules_check_reports_every_error_with_its_path(capsys: pytest.CaptureFixture[str],
@@ -375,9 +377,8 @@ def test_a_name_close_to_a_legacy_one_is_warned_about(capsys: pytest.CaptureFixt
     source.write_text(yaml.safe_dump(pod))
     code, _, err = run(capsys, "translate", "-f", str(source))
     assert code == 0
-    assert err == ('warning: Pod a/p: container "main": nvidia.com/gpus is read by no rule '
-                   "(did you mean nvidia.com/gpu?): the pod keeps it, and waits for a node "
-                   "that offers it\n")
+    assert err == ('warning: Pod a/p: container "main": nvidia.com/gpus: no dra-gateway rule '
+                   "reads it; did you mean nvidia.com/gpu?\n")
 
 
 def test_the_site_overrides_example_translates_the_example_pods_it_enables(
@@ -451,3 +452,100 @@ def test_input_past_the_size_cap_is_refused(capsys: pytest.CaptureFixture[str], 
     code, _, err = run(capsys, "translate", "-f", str(big))
     assert code == 2
     assert err == f"error: {big} is larger than 0 MiB: refused; split it into several files\n"
+
+
+def test_translate_and_its_explanation_name_a_typo_and_what_was_meant(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"},
+           **gpu_template({"nvidia.com/gpu-typo": "1"})}
+    source = tmp_path / "in.yaml"
+    source.write_text(yaml.safe_dump(pod))
+    said = ('container "main": nvidia.com/gpu-typo: no dra-gateway rule reads it; did you mean '
+            "nvidia.com/gpu?")
+    code, _, err = run(capsys, "translate", "-f", str(source))
+    assert (code, err) == (0, f"warning: Pod a/p: {said}\n")
+    code, out, err = run(capsys, "translate", "--explain", "-f", str(source))
+    assert (code, err) == (0, f"warning: Pod a/p: {said}\n")
+    assert out.splitlines()[-2:] == [
+        "    left nvidia.com/gpu-typo: no dra-gateway rule reads it; did you mean "
+        "nvidia.com/gpu?",
+        f"  warning: {said}"]
+
+
+def test_translate_reports_every_bad_amount_of_a_pod_at_once(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"},
+           "spec": {"containers": [
+               {"name": "a", "image": "x", "resources": {"limits": {
+                   "nvidia.com/gpu": "1.5", "nvidia.com/gpumem": "-3"}}},
+               {"name": "b", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "x"}}}]}}
+    source = tmp_path / "in.yaml"
+    source.write_text(yaml.safe_dump(pod))
+    code, _, err = run(capsys, "translate", "-f", str(source))
+    assert code == 1
+    assert err == (
+        'refused: Pod a/p: 2 containers are refused: container "a": 2 problems: nvidia.com/gpu '
+        "is 1.5, not a whole number; ask for whole units; nvidia.com/gpumem is -3, a negative "
+        'amount (rule hami); container "b": nvidia.com/gpu: invalid quantity "x": a quantity '
+        'starts with a number, e.g. "40Gi" or "500m" (rule nvidia-gpu)\n')
+
+
+_RULES_DOCUMENT = """\
+apiVersion: dra-gateway.io/v1alpha1
+kind: TranslationRules
+rules:
+  - name: site-fpga
+    precedance: 10
+    resources: {example.com/fpga: {}}
+    device: {className: fpga.example.com}
+"""
+
+
+def _config_map(name: str, data: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "dra-gateway",
+                         "labels": {names.RULES_LABEL: names.RULES_LABEL_VALUE}},
+            "data": data}
+
+
+def test_rules_check_checks_a_config_map_key_by_key_as_the_webhook_loads_it(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    good = _RULES_DOCUMENT.replace("precedance", "precedence")
+    config_map = tmp_path / "cm.yaml"
+    config_map.write_text(yaml.safe_dump(_config_map("site-rules", {
+        "good.yaml": good, "typo.yaml": _RULES_DOCUMENT.replace("site-fpga", "other"),
+        "override.yaml": "apiVersion: dra-gateway.io/v1alpha1\nkind: TranslationRules\n"
+                         "overrides:\n  - rule: nvidia-gpu\n    enabeld: false\n"})))
+    code, out, _ = run(capsys, "rules", "check", str(config_map))
+    assert code == 1
+    assert out == (
+        "1 rule and 1 override failed to load:\n"
+        "  ConfigMap dra-gateway/site-rules key override.yaml: overrides[0].enabeld: unknown "
+        "field; did you mean enabled?\n"
+        "  ConfigMap dra-gateway/site-rules key typo.yaml: rules[0].precedance: unknown field; "
+        "did you mean precedence?\n")
+    # As `kubectl get configmaps -o yaml` writes them: a List.
+    listed = tmp_path / "list.yaml"
+    listed.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [
+        _config_map("a", {"rules.yaml": good}),
+        _config_map("b", {"rules.yaml": good.replace("site-fpga", "other-fpga").replace(
+            "example.com/fpga", "example.com/fpga2")})]}))
+    builtin = load_rules()
+    code, out, _ = run(capsys, "rules", "check", str(listed))
+    assert (code, out.splitlines()[0]) == (
+        0, f"ok: {len(builtin.rules) + 2} rules enabled, {len(builtin.disabled)} disabled")
+
+
+def test_rules_check_names_what_is_no_rules_config_map_beside_config_maps(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text(yaml.safe_dump_all([
+        _config_map("a", {}), {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}},
+        {**_config_map("b", {}), "data": ["not", "a", "mapping"]}]))
+    code, out, _ = run(capsys, "rules", "check", str(mixed))
+    assert code == 1
+    assert out == (
+        "2 documents failed to load:\n"
+        f"  {mixed}: document 2 is a Secret beside ConfigMaps; keep rules ConfigMaps and "
+        "TranslationRules documents in separate files\n"
+        "  ConfigMap dra-gateway/b: data: not a mapping of keys to rules documents\n")
