@@ -2,9 +2,10 @@
 gateway's namespace:
 
 - `hold.<pod uid>`: the devices freed for a waiting pod (its claims' allocations as the plan
-  made them), the node, the pods moved (or, `preempted`, evicted) for it, and until when the
-  hold lasts. The allocator counts a hold as taken, so no newcomer (a moved pod's replacement
-  included) gets those devices, and gives them to the pod first when it plans it;
+  made them), the node, the pods moved (or, `preempted`, evicted) for it (and, for a
+  preemption, their uids), and until when the hold lasts. The allocator counts a hold as
+  taken, so no newcomer (a moved pod's replacement included) gets those devices, and gives
+  them to the pod first when it plans it;
 - `moved.<pod uid>`: a pod moved, its controller, when and for whom: a pod is not moved twice
   in a window, nor the replacement its controller made after the move.
 
@@ -38,8 +39,11 @@ class Hold:
     until: datetime
     moves: tuple[str, ...] = ()
     # Written by a preemption (the pods in `moves` were evicted for good, not moved): dropped
-    # by the preemption rounds once it has served.
+    # by the preemption rounds once it has served, or once they see its evictions never came.
     preempted: bool = False
+    # The uids of the pods in `moves`, where the writer recorded them (a preemption does): a
+    # pod its controller made again under the same name is not one of them.
+    victims: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -55,6 +59,8 @@ class Hold:
                                 "moves": list(self.moves)}
         if self.preempted:
             body["preempted"] = True
+        if self.victims:
+            body["victims"] = list(self.victims)
         return json.dumps(body, sort_keys=True)
 
 
@@ -109,7 +115,8 @@ def read(config_map: Mapping[str, Any] | None) -> Records:
                 records.holds[key[len(HOLD):]] = Hold(
                     key[len(HOLD):], str(body.get("pod", "")), str(body["node"]), allocations,
                     until, tuple(str(m) for m in body.get("moves") or ()),
-                    preempted=body.get("preempted") is True)
+                    preempted=body.get("preempted") is True,
+                    victims=tuple(str(v) for v in body.get("victims") or ()))
             elif key.startswith(MOVED):
                 at = objects.parse_time(body.get("at"))
                 if at is None:

@@ -23,8 +23,9 @@ have left; a preemption that no longer stands is dropped, nobody evicted, and th
 plans again. Then it is carried out, victim by victim:
 
 1. the devices it frees are held for the pod first (a `hold.` record in the ConfigMap
-   `dra-gateway-defrag`, as defrag holds them): no newcomer takes them, the pod is planned on
-   them first; a later round drops the hold once its pod is placed or gone;
+   `dra-gateway-defrag`, as defrag holds them, naming the victims and their uids): no newcomer
+   takes them, the pod is planned on them first; a later round drops the hold once its pod is
+   placed or gone, or its time is over;
 2. each victim gets the condition `DisruptionTarget` (reason `PreemptionByDraGateway`) and an
    Event `Preempted` naming the pod it makes room for, and is evicted through the Eviction API,
    so its PodDisruptionBudgets are honoured; the pod gets an Event `Preempting` naming them,
@@ -40,6 +41,20 @@ plans again. Then it is carried out, victim by victim:
    protects now is not tried: the planner chooses other victims, or another node, where it
    can; where it cannot, the pod's condition `dra-gateway.io/Preemption` (reason
    `DisruptionBudget`) names the budgets).
+
+A hold outlives the allocator that wrote it, and the evictions after it may not: a leader killed
+between the hold and its first eviction (or between two evictions) leaves a hold that keeps its
+pod from being planned, for victims that never leave. So a round judges each preemption hold that
+no preemption of its own has under way (`never_carried_out`) by its victims as the cluster shows
+them: while one is leaving (being deleted, or gone with a claim not yet released) the hold
+stands (what it frees stays held for the pod); once none is, and one is still there, its
+evictions are not coming, and the hold is dropped (fenced), so the pod is planned afresh, in
+the same round: the victims gone have freed their devices, and only as many more leave as are
+still needed. A hold past its time whose victims are still being deleted makes them `leaving`,
+as this process's own evictions are, so a new leader does not preempt others for the pod while
+they go. A `DisruptionTarget` without a deletion does not count as leaving: the Eviction API
+deletes the pod in the request that accepts it, so such a mark is one whose eviction never came
+(or was refused).
 
 Counted in `dra_gateway_allocator_preemptions_total{result}` (evicted, refused, failed) and
 logged. This module talks to Kubernetes only through the cluster port.
@@ -135,6 +150,42 @@ def no_longer_waits(pod: Object | None, uid: str) -> str | None:
     return None
 
 
+def victims_of(hold: holdfmt.Hold, pods: Sequence[Object],
+               claims: Sequence[Object] = ()) -> tuple[set[str], list[str]]:
+    """The victims of a preemption's hold as `pods` and `claims` show them: the uids of those
+    leaving (being deleted, or gone with a claim still allocated to them: their devices are
+    not free yet), and the names of those still there (live, not being deleted). Victims gone
+    for good or finished are neither. By uid where the hold recorded them, by name otherwise
+    (a hold written before it did; a victim gone is then gone). Pure."""
+    if hold.victims:
+        wanted = set(hold.victims)
+        mine = [p for p in pods if objects.uid(p) in wanted]
+    else:
+        names = set(hold.moves)
+        mine = [p for p in pods if "/".join(objects.namespace_name(p)) in names]
+    leaving = {objects.uid(p) for p in mine if objects.is_deleting(p)}
+    gone = set(hold.victims) - {objects.uid(p) for p in mine}
+    leaving |= {uid for c in claims if objects.is_allocated(c)
+                for uid in objects.owner_and_reserved(c) & gone}
+    there = sorted("/".join(objects.namespace_name(p)) for p in mine
+                   if not objects.is_deleting(p) and not objects.is_finished(p))
+    return leaving, there
+
+
+def never_carried_out(hold: holdfmt.Hold, pods: Sequence[Object],
+                      claims: Sequence[Object] = ()) -> str | None:
+    """Why a preemption's hold no preemption of this allocator has under way is spent although
+    its pod still waits, or None where it may still serve: none of its victims is leaving and
+    some are still there, so the evictions it was written for are not coming (the allocator
+    that wrote it stopped before them). Pure."""
+    leaving, there = victims_of(hold, pods, claims)
+    if leaving or not there:
+        return None  # its victims are on their way out, or gone: it serves its pod
+    left = [v for v in hold.moves if v not in there]
+    return (f"its victims {', '.join(there)} were never evicted"
+            + (f" ({', '.join(left)} left)" if left else ""))
+
+
 def stale(snapshot: Snapshot, preemption: Preemption) -> str | None:
     """Why a preemption planned earlier no longer stands on the cluster as `snapshot` shows it
     now, or None where it does: its pod still waits for devices (gated, its claims not
@@ -223,8 +274,10 @@ class PreemptionMode(EvictionMode):
         super().__init__(cluster, settings, snapshot=snapshot, metrics=metrics, fence=fence,
                          clock=clock)
         # Preemptor uid -> its victims not yet gone: not preempted for again while they leave
-        # (a victim may take longer than the hold to stop). Only victims actually evicted:
-        # a preemption that stops leaves the others in place, and the pod is planned again.
+        # (a victim may take longer than the hold to stop). Only victims actually evicted (or
+        # found gone): a preemption that stops leaves the others in place, and the pod is
+        # planned again. A hold whose pod is here has its evictions under way in this process
+        # (the mirrors may not show them yet): it is not judged by its victims.
         self.leaving: dict[str, set[str]] = {}
         self._written: dict[str, holdfmt.Hold] = {}  # holds written this round, by pod uid
         # The last round's carry-out stopped at a refused or failed eviction.
@@ -251,7 +304,10 @@ class PreemptionMode(EvictionMode):
         live = {objects.uid(p) for p in snapshot.pods}
         self.leaving = {uid: victims & live for uid, victims in self.leaving.items()
                         if victims & live}
-        await self._drop_spent_holds(snapshot)
+        unserved = await self._drop_spent_holds(snapshot)
+        if unserved:
+            # Planned afresh in this round: the mirror may still show the holds just dropped.
+            snapshot.records = self._without(snapshot.records, unserved)
         if not _outranked(snapshot.pods) and not _in_cohorts(snapshot):
             return None  # the common case: a state is built only when one may preempt
         snapshot.budgets = await list_items(self.cluster, POD_DISRUPTION_BUDGETS)
@@ -275,7 +331,8 @@ class PreemptionMode(EvictionMode):
             for preemption in found:
                 # The holds this round wrote count as the mirror would show them.
                 fresh = self.snapshot()
-                fresh.records = holdfmt.Records({**fresh.records.holds, **self._written},
+                held = self._without(fresh.records, unserved).holds
+                fresh.records = holdfmt.Records({**held, **self._written},
                                                 list(fresh.records.moved))
                 moved_on: str | None = await asyncio.to_thread(stale, fresh, preemption)
                 if moved_on is not None:
@@ -304,7 +361,8 @@ class PreemptionMode(EvictionMode):
         hold = holdfmt.Hold(preemption.uid, preemption.pod, preemption.node,
                             preemption.plan.allocations,
                             self.clock() + timedelta(seconds=self.settings.preemption_hold),
-                            tuple(v.pod for v in preemption.victims), preempted=True)
+                            tuple(v.pod for v in preemption.victims), preempted=True,
+                            victims=tuple(v.uid for v in preemption.victims))
         await write_records(self.cluster, self.settings.namespace, {hold.key: hold.value()})
         self._written[preemption.uid] = hold
         preemptor = pods.get(preemption.uid)
@@ -345,7 +403,10 @@ class PreemptionMode(EvictionMode):
                 victim.pod, victim.uid, reason=REASON, message=why,
                 told=(pod, "Preempted", told))
             if result == GONE:
-                continue  # what it held is free
+                # What it held is free; the mirrors may show it a while yet.
+                evicted.add(victim.uid)
+                self.leaving[preemption.uid] = set(evicted)
+                continue
             if result == EVICTED:
                 # Not preempted for again while they leave; recorded as each goes, so that a
                 # preemption that stops later keeps only these.
@@ -377,14 +438,31 @@ class PreemptionMode(EvictionMode):
             pod = None
         return no_longer_waits(pod, preemption.uid)
 
-    async def _drop_spent_holds(self, snapshot: Snapshot) -> None:
-        """Drop the holds this allocator's preemptions wrote that have served: their pod is
-        placed (its gate gone) or gone, or their time is over. Defrag's own holds are left to
-        defrag."""
+    async def _drop_spent_holds(self, snapshot: Snapshot) -> set[str]:
+        """Drop the holds of preemptions that have served: their pod is placed (its gate gone)
+        or gone, or their time is over; and those whose evictions never came (a leader
+        stopped between the hold and them: `never_carried_out`), which no preemption of this
+        process has under way. Defrag's own holds are left to defrag. Returns the pod uids of
+        the latter dropped: their pods are to be planned again."""
         gated = {objects.uid(p) for p in snapshot.pods if objects.is_gated(p)
                  and not objects.is_deleting(p)}
-        spent = [hold.key for uid, hold in snapshot.records.holds.items()
-                 if hold.preempted and (uid not in gated or hold.until <= snapshot.now)]
+        spent: list[str] = []
+        unserved: dict[str, str] = {}
+        for uid, hold in snapshot.records.holds.items():
+            if not hold.preempted:
+                continue
+            if uid not in gated or hold.until <= snapshot.now:
+                spent.append(hold.key)
+                leaving, _ = victims_of(hold, snapshot.pods, snapshot.claims)
+                if leaving and uid in gated:
+                    # Its time is over before its victims are: not preempted for again while
+                    # they leave, whoever evicted them.
+                    self.leaving[uid] = self.leaving.get(uid, set()) | leaving
+            elif uid not in self.leaving:
+                why = never_carried_out(hold, snapshot.pods, snapshot.claims)
+                if why is not None:
+                    spent.append(hold.key)
+                    unserved[uid] = why
         by_uid = {objects.uid(p): p for p in snapshot.pods}
         for uid, hold in snapshot.records.holds.items():
             pod = by_uid.get(uid)
@@ -393,14 +471,29 @@ class PreemptionMode(EvictionMode):
                                           kind=PREEMPTION_CONDITION,
                                           message=f"placed on node {hold.node} once the pods "
                                                   "preempted for it had left")
-        if spent:
-            self.fence()
-            try:
-                await write_records(self.cluster, self.settings.namespace,
-                                    dict.fromkeys(spent))
-            except ApiError as exc:
-                log.warning("could not drop the holds of preemptions that have served", extra={
-                    "holds": spent, "error": exc.message})
+        if not spent:
+            return set()
+        self.fence()
+        try:
+            await write_records(self.cluster, self.settings.namespace, dict.fromkeys(spent))
+        except ApiError as exc:
+            log.warning("could not drop the holds of preemptions that have served", extra={
+                "holds": spent, "error": exc.message})
+            return set()
+        for uid, why in unserved.items():
+            log.info("a preemption's hold was dropped: its evictions never came; its pod is "
+                     "planned again", extra={"pod": snapshot.records.holds[uid].pod,
+                                             "node": snapshot.records.holds[uid].node,
+                                             "why": why})
+        return set(unserved)
+
+    @staticmethod
+    def _without(records: holdfmt.Records, uids: set[str]) -> holdfmt.Records:
+        """`records` less the holds of `uids` (dropped, and maybe still in the mirror)."""
+        if not uids:
+            return records
+        return holdfmt.Records({u: h for u, h in records.holds.items() if u not in uids},
+                               list(records.moved), list(records.problems))
 
     async def _drop_hold(self, key: str) -> None:
         try:
@@ -411,5 +504,5 @@ class PreemptionMode(EvictionMode):
                 "error": exc.message, "kind": CONFIG_MAPS.kind})
 
 
-__all__ = ["ABANDONED", "REASON", "PreemptionMode", "find_preemptions", "no_longer_waits",
-           "stale"]
+__all__ = ["ABANDONED", "REASON", "PreemptionMode", "find_preemptions", "never_carried_out",
+           "no_longer_waits", "stale", "victims_of"]

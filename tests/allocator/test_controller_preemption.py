@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from testkit import eventually
 
 from dra_gateway.allocator.conditions import PREEMPTION_CONDITION, pod_condition
@@ -16,7 +18,11 @@ from dra_gateway.allocator.controller import Controller
 from dra_gateway.allocator.eviction import holds as holdfmt
 from dra_gateway.allocator.eviction.evict import DISRUPTION_TARGET
 from dra_gateway.allocator.eviction.inputs import Snapshot
-from dra_gateway.allocator.eviction.preemption import REASON, PreemptionMode
+from dra_gateway.allocator.eviction.preemption import (
+    REASON,
+    PreemptionMode,
+    never_carried_out,
+)
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Forbidden, Object
@@ -262,3 +268,103 @@ async def test_a_preemption_stops_once_its_pod_is_gone(
         (found,) = await _mode(memory_cluster, controller).round() or []
         assert len(found.victims) == 2
         assert len(evicted) == 1, "the second victim was evicted for a pod that is gone"
+
+
+class _Killed(BaseException):
+    """The allocator's process killed: nothing after it runs, nothing catches it."""
+
+
+async def _kill_after(mode: PreemptionMode, evictions: int) -> None:
+    """Run a round of `mode` whose process is killed after its first `evictions` evictions
+    (the hold written, and whatever came before the next eviction)."""
+    real_leave = mode.evictions.leave
+    done = [0]
+
+    async def leave(*args: Any, **kwargs: Any) -> tuple[str, str]:
+        if done[0] == evictions:
+            raise _Killed
+        done[0] += 1
+        return await real_leave(*args, **kwargs)
+
+    mode.evictions.leave = leave  # type: ignore[method-assign]
+    with pytest.raises(_Killed):
+        await mode.round()
+
+
+async def _held_in_mirror(controller: Controller, world: World, name: str) -> bool:
+    uid = (await world.pod(name))["metadata"]["uid"]
+    return uid in controller.snapshot().records.holds
+
+
+async def test_a_hold_whose_leader_was_killed_before_evicting_is_replanned_by_the_next(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=8)
+    evicted = record_evictions(memory_cluster)
+    manual = dataclasses.replace(SETTINGS, preemption=False)
+    async with running_controller(memory_cluster, manual) as controller:
+        await _fill(world, memory_cluster, 8, priority=10)
+        await world.gated_pod("urgent", [whole_claim_spec(2)], priority=1000)
+        await asyncio.sleep(0.2)
+        await _kill_after(_mode(memory_cluster, controller), evictions=0)
+        assert evicted == []
+        await eventually(lambda: _held_in_mirror(controller, world, "urgent"))
+        # The next leader's preemption, with the records as the killed one left them: the
+        # hold (300 s) no longer keeps the pod from being preempted for.
+        successor = _mode(memory_cluster, controller)
+        found = await successor.round() or []
+        assert [len(f.victims) for f in found] == [2], "the hold kept its pod from a preemption"
+        assert len(evicted) == 2
+        await eventually(lambda: ungated(world, "urgent"))
+        assert len(await _live(memory_cluster)) == 1 + 6  # exactly two preempted, once
+
+
+async def test_a_leader_killed_between_two_evictions_leaves_only_the_rest_still_needed(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    await world.setup(nodes=1, gpus=8)
+    evicted = record_evictions(memory_cluster)
+    manual = dataclasses.replace(SETTINGS, preemption=False)
+    async with running_controller(memory_cluster, manual) as controller:
+        await _fill(world, memory_cluster, 8, priority=10)
+        await world.gated_pod("urgent", [whole_claim_spec(2)], priority=1000)
+        await asyncio.sleep(0.2)
+        await _kill_after(_mode(memory_cluster, controller), evictions=1)
+        assert len(evicted) == 1
+        await eventually(lambda: _held_in_mirror(controller, world, "urgent"))
+        successor = _mode(memory_cluster, controller)
+
+        async def placed_after_a_round() -> Object | None:
+            await successor.round()
+            return await ungated(world, "urgent")
+
+        await eventually(placed_after_a_round, interval=0.05)
+        # The victim evicted before the kill counts: one more leaves, not two.
+        assert len(evicted) == 2
+        assert len(await _live(memory_cluster)) == 1 + 6
+
+
+def _victim(name: str, uid: str, **meta: Any) -> Object:
+    return {"metadata": {"name": name, "namespace": NAMESPACE, "uid": uid, **meta},
+            "spec": {"nodeName": "node-0"}, "status": {"phase": "Running"}}
+
+
+def test_a_hold_stands_while_a_victim_leaves_and_is_spent_once_none_does() -> None:
+    hold = holdfmt.Hold("uid-urgent", f"{NAMESPACE}/urgent", "node-0", {}, datetime.now(UTC),
+                        (f"{NAMESPACE}/low-0", f"{NAMESPACE}/low-1"), preempted=True,
+                        victims=("uid-0", "uid-1"))
+    deleting = _victim("low-0", "uid-0", deletionTimestamp="2025-01-01T00:00:00Z")
+    staying = _victim("low-1", "uid-1")
+    assert never_carried_out(hold, [deleting, staying]) is None
+    # Gone, but a claim still allocated to it: its devices are not free yet.
+    claim = {"metadata": {"name": "c", "namespace": NAMESPACE, "uid": "uid-c"},
+             "status": {"allocation": {"devices": {"results": []}},
+                        "reservedFor": [{"resource": "pods", "name": "low-0", "uid": "uid-0"}]}}
+    assert never_carried_out(hold, [staying], [claim]) is None
+    assert never_carried_out(hold, [staying]) == (
+        f"its victims {NAMESPACE}/low-1 were never evicted ({NAMESPACE}/low-0 left)")
+    # A DisruptionTarget whose eviction never came is no deletion.
+    marked = dict(staying, status={"phase": "Running", "conditions": [
+        {"type": DISRUPTION_TARGET, "status": "True", "reason": REASON}]})
+    assert never_carried_out(hold, [_victim("low-0", "uid-0"), marked]) == (
+        f"its victims {NAMESPACE}/low-0, {NAMESPACE}/low-1 were never evicted")
+    # A pod of a victim's name made again by its controller is not the victim.
+    assert never_carried_out(hold, [_victim("low-0", "uid-new")]) is None
