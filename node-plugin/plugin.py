@@ -35,6 +35,7 @@ from dra_gateway.kube.cluster.features import (
 )
 from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound
 from dra_gateway.kube.device_health import admin_orders
+from dra_gateway.kube.node_setup import NodeSetup
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
 from dra_gateway.node_plugin import cdi, healthstate
 from dra_gateway.node_plugin.coexistence import CoexistenceSettings, LegacyCoexistence
@@ -76,6 +77,7 @@ from dra_gateway.node_plugin.server import (
     HealthFeed,
     PluginServer,
 )
+from dra_gateway.node_plugin.setupreport import find_setup, report_setup
 
 log = logging.getLogger(__name__)
 
@@ -378,6 +380,23 @@ class NodePlugin:
             await asyncio.sleep(self.settings.hami_check_seconds)
             self.check_hami_core()
 
+    async def _report_setup(self) -> None:
+        """Say on the Node what the plugin found there (setupreport.py): at the start, then
+        whenever it changes, looked at as often as HAMi-core's library; a failed write is tried
+        again with backoff."""
+        written: NodeSetup | None = None
+        delay = self.settings.retry_seconds
+        while True:
+            found = await asyncio.to_thread(find_setup, self.settings.cdi_dir,
+                                            self.settings.enforcement)
+            if found == written:
+                await asyncio.sleep(self.settings.hami_check_seconds)
+            elif await report_setup(self._cluster, self.settings.node_name, found):
+                written, delay = found, self.settings.retry_seconds
+            else:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.max_retry_seconds)
+
     def _device_health(self) -> list[DeviceHealthState]:
         """Every device of the node and its health, for the kubelet (DRAResourceHealth);
         nothing before the marks of an earlier run are restored."""
@@ -576,6 +595,7 @@ class NodePlugin:
                             "is installed", self.settings.enforcement.hami_library,
                             self.settings.node_name, names.ATTR_HAMI_CORE)
             self._spawn(self._watch_hami_core(), "hami-core")
+            self._spawn(self._report_setup(), "node-setup")
             self._spawn(self.server.keep_sockets(), "sockets")
             if self.settings.recovery_seconds > 0:
                 self._spawn(self.health.run_recovery(

@@ -98,3 +98,30 @@ def slices_show_consumable_capacity(slices: Iterable[Object]) -> bool | None:
             if device.get("allowMultipleAllocations") is True:
                 return True
     return False if seen_device else None
+
+
+def partitionable_probe_slice(driver: str = names.DRIVER, node_name: str | None = None) -> Object:
+    """A probe slice with a counter set and no devices: what the dry-run probe of partitionable
+    devices sends (from 1.35 a slice's counter sets may not sit beside its devices)."""
+    probe = probe_slice(driver, node_name)
+    spec = probe["spec"]
+    del spec["devices"]
+    spec["sharedCounters"] = [{"name": "probe",
+                               "counters": {names.CAPACITY_MEMORY: {"value": "1Gi"}}}]
+    return probe
+
+
+async def detect_partitionable_devices(cluster: Cluster, *, driver: str = names.DRIVER,
+                                       node_name: str | None = None) -> bool | None:
+    """Does the API server keep a slice's `sharedCounters` (DRAPartitionableDevices: alpha and
+    off in 1.34, beta and on from 1.36)? None when the dry-run probe was refused. No component
+    acts on it yet (the node plugin publishes MIG instances as devices of their own); `dra-gateway
+    preflight` reports it."""
+    try:
+        echoed = await cluster.create(RESOURCE_SLICES, partitionable_probe_slice(driver, node_name),
+                                      dry_run=True)
+    except ApiError as err:
+        log.info("dry-run probe of partitionable devices refused",
+                 extra={"code": err.code, "reason": err.reason, "error": err.message})
+        return None
+    return bool((echoed.get("spec") or {}).get("sharedCounters"))

@@ -37,6 +37,7 @@ from dra_gateway.kube.cluster.port import (
     Object,
     ObjectList,
     PatchType,
+    ServedVersions,
     WatchEvent,
 )
 from dra_gateway.kube.resources import PODS, ResourceType
@@ -332,6 +333,21 @@ class KubernetesCluster:
                            f"readable Date header ({date!r}): its time cannot be read; a proxy "
                            "in between may drop the header")
         return served.astimezone(UTC) if served.tzinfo else served.replace(tzinfo=UTC)
+
+    async def server_version(self) -> Object:
+        version: Object = await self._call("GET", "/version")
+        return version
+
+    async def served_versions(self) -> ServedVersions:
+        core = await self._call("GET", "/api")
+        served: ServedVersions = {"": [str(v) for v in core.get("versions") or ()]}
+        listed = await self._call("GET", "/apis")
+        for group in listed.get("groups") or ():
+            if isinstance(group, dict):
+                served[str(group.get("name"))] = [str(v.get("version"))
+                                                  for v in group.get("versions") or ()
+                                                  if isinstance(v, dict)]
+        return served
 
     async def close(self) -> None:
         if self._session is not None:

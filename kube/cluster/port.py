@@ -11,13 +11,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from dra_gateway.kube.resources import ResourceType
 
 Object = dict[str, Any]
 PatchType = Literal["json", "merge", "strategic"]
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
+# The API group versions a server serves: group ("" for the core group) to its versions.
+ServedVersions = dict[str, list[str]]
 
 
 class ApiError(Exception):
@@ -193,4 +195,20 @@ class Cluster(Protocol):
         ...
 
     async def close(self) -> None:
+        ...
+
+
+@runtime_checkable
+class Discovery(Protocol):
+    """What an API server says about itself, for commands that check a cluster for a person
+    (`dra-gateway preflight`). Apart from `Cluster`, which every component and stand-in
+    implements: a cluster without it is one whose version and groups are not known."""
+
+    async def server_version(self) -> Object:
+        """GET /version: `gitVersion`, `major`, `minor`, ... (readable by every client)."""
+        ...
+
+    async def served_versions(self) -> ServedVersions:
+        """The API group versions served (GET /api, /apis): group ("" for the core group) to
+        its versions, the preferred first."""
         ...

@@ -31,12 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
     devkit = _devkit()
     if devkit is not None:
         devkit.register(sub)
-    from dra_gateway import defrag, devices, migrate, report, smoke
+    from dra_gateway import defrag, devices, migrate, preflight, report, smoke
 
     report.register(sub)
     migrate.register(sub)
     defrag.register(sub)
     devices.register(sub)
+    preflight.register(sub)
     smoke.register(sub)
     for module in (translator_cli, webhook_cli, certs_cli, allocator_cli, node_plugin_cli):
         module.register(sub)

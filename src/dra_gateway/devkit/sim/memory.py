@@ -59,9 +59,10 @@ from dra_gateway.kube.cluster.port import (
     Object,
     ObjectList,
     PatchType,
+    ServedVersions,
     WatchEvent,
 )
-from dra_gateway.kube.resources import PODS, ResourceType, by_kind
+from dra_gateway.kube.resources import ALL, PODS, ResourceType, by_kind
 
 Key = tuple[str, str]  # (namespace or "", name)
 
@@ -366,6 +367,21 @@ class MemoryCluster:
     async def server_time(self) -> datetime:
         """The `clock`, to the second, as an API server's Date header gives it."""
         return self._clock().astimezone(UTC).replace(microsecond=0)
+
+    async def server_version(self) -> Object:
+        """The version the simulator's HTTP front serves at /version."""
+        from dra_gateway.devkit.sim.server import KUBERNETES_VERSION
+
+        return dict(KUBERNETES_VERSION)
+
+    async def served_versions(self) -> ServedVersions:
+        """The group versions of the types the project names (kube/resources.py)."""
+        served: ServedVersions = {}
+        for rt in ALL:
+            versions = served.setdefault(rt.group, [])
+            if rt.version not in versions:
+                versions.append(rt.version)
+        return served
 
     async def close(self) -> None:
         """End every open watch normally; the stored objects stay readable."""
