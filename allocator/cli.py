@@ -7,7 +7,6 @@ Light imports only; each handler imports its module when it runs.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,8 +32,7 @@ class StrategyOption(argparse.Action):
                  values: str | Sequence[Any] | None,
                  option_string: str | None = None) -> None:
         if option_string == "--policy":
-            print(f"{parser.prog}: --policy is deprecated, use --strategy (same values)",
-                  file=sys.stderr)
+            arguments.warn("--policy is deprecated, use --strategy (same values)")
         namespace.strategy_option = option_string
         if self.append:
             values = [*(getattr(namespace, self.dest) or ()), values]
@@ -43,26 +41,27 @@ class StrategyOption(argparse.Action):
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     controller = sub.add_parser(
-        "allocator", help="run the allocator controller (one active replica through a Lease)"
-    )
+        "allocator", help="run the allocator controller (one active replica through a Lease)",
+        description="Run the allocator: allocate the claims of gated pods, then remove the "
+                    "gate; release what owning pods left; preempt and defragment where allowed.")
     controller.add_argument("--cluster", choices=("kube", "memory"), default="kube",
                             help="kube: the kubeconfig's cluster (default); memory: an empty "
                             "in-process cluster nothing else can reach (a smoke test only)")
-    controller.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, "
-                            "the pod's service account, then ~/.kube/config)")
-    controller.add_argument("--namespace", default=names.GATEWAY_NAMESPACE,
-                            type=arguments.namespace,
-                            help="namespace of the allocator's Lease (default: %(default)s)")
+    arguments.kubeconfig_option(controller)
+    arguments.namespace_option(controller, default=names.GATEWAY_NAMESPACE,
+                               help="the gateway's namespace, where the allocator's Lease is "
+                               "(default: %(default)s)")
     controller.add_argument("--strategy", "--policy", action=StrategyOption,
                             default=_DEFAULTS.strategy, metavar="STRATEGY",
                             help="cluster-wide packing strategy: default (fragmentation-aware), "
                             "binpack, spread or first-fit (default: %(default)s; --policy is "
                             "its deprecated name)")
-    controller.add_argument("--workers", type=_positive_int, default=_DEFAULTS.workers, metavar="N",
+    controller.add_argument("--workers", type=_positive_int, default=_DEFAULTS.workers,
+                            metavar="COUNT",
                             help="pods handled at once; planning itself is one at a time, the "
                             "rest waits on the API (default: %(default)s)")
-    controller.add_argument("--identity", help="holder identity in the Lease (default: host name "
-                            "and process id)")
+    controller.add_argument("--identity", metavar="NAME", help="holder identity in the Lease "
+                            "(default: host name and process id)")
     controller.add_argument("--metrics-address", metavar="HOST:PORT",
                             help="serve /metrics, /healthz and /readyz there, e.g. :8080 "
                             "(default: off)")
@@ -90,25 +89,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         help="plan and carry out moves for pods gated longer than "
                         "--defrag-after")
     defrag.add_argument("--defrag-after", type=arguments.duration, default=_DEFAULTS.defrag_after,
-                        metavar="DURATION", help="how long a pod waits before moves are made "
-                        "for it (default: %(default)gs)")
+                        metavar="DURATION", help=arguments.duration_help(
+                            "how long a pod waits before moves are made for it",
+                            _DEFAULTS.defrag_after))
     defrag.add_argument("--defrag-interval", type=arguments.duration,
                         default=_DEFAULTS.defrag_interval,
-                        metavar="DURATION", help="how often waiting pods are looked at "
-                        "(default: %(default)gs)")
+                        metavar="DURATION", help=arguments.duration_help(
+                            "how often waiting pods are looked at", _DEFAULTS.defrag_interval))
     defrag.add_argument("--defrag-moves-per-hour", type=_positive_int,
-                        default=_DEFAULTS.defrag_moves_per_hour, metavar="N",
+                        default=_DEFAULTS.defrag_moves_per_hour, metavar="COUNT",
                         help="moves in any hour, all pods together (default: %(default)s)")
     defrag.add_argument("--defrag-moves-per-pod", type=_positive_int,
-                        default=_DEFAULTS.defrag_moves_per_pod, metavar="N",
+                        default=_DEFAULTS.defrag_moves_per_pod, metavar="COUNT",
                         help="moves to place one waiting pod (default: %(default)s)")
     defrag.add_argument("--defrag-hold", type=arguments.duration, default=_DEFAULTS.defrag_hold,
-                        metavar="DURATION", help="how long freed devices wait for their pod "
-                        "(default: %(default)gs)")
+                        metavar="DURATION", help=arguments.duration_help(
+                            "how long freed devices wait for their pod", _DEFAULTS.defrag_hold))
     defrag.add_argument("--defrag-window", type=arguments.duration,
                         default=_DEFAULTS.defrag_window,
-                        metavar="DURATION", help="a pod moved is not moved again within it "
-                        "(default: %(default)gs)")
+                        metavar="DURATION", help=arguments.duration_help(
+                            "a pod moved is not moved again within it", _DEFAULTS.defrag_window))
     controller.set_defaults(func=_run_controller)
 
 
@@ -132,7 +132,6 @@ def _run_controller(args: argparse.Namespace) -> int:
 
 def _release_all(args: argparse.Namespace) -> int:
     import asyncio
-    import sys
 
     from dra_gateway.allocator.uninstall import release_all
     from dra_gateway.kube.cluster.connect import ClusterConfigError, connect
@@ -153,5 +152,4 @@ def _release_all(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(run())
     except (ClusterConfigError, ApiError) as exc:
-        print(f"allocator --release-all: {exc}", file=sys.stderr)
-        return 1
+        return arguments.error(f"{exc}", 1)

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from dra_gateway.kube import arguments
+
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -23,34 +25,12 @@ def _dns_subdomain(what: str, longest: int) -> Callable[[str], str]:
     return check
 
 
-def _positive_seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of seconds")
-    return seconds
-
-
-def _legacy_seconds(value: str) -> float:
-    try:
-        return _positive_seconds(value)
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(
-            f"{exc}; to stop asking the kubelet, use --no-legacy-coexistence") from None
-
-
-def _recovery_seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a number of seconds (0 keeps an unhealthy device's taint until "
-            "the plugin restarts)")
-    return seconds
+# Every interval parses with the one duration type (`10s`, `5m`, or a bare number of seconds,
+# what the chart passes); only what a refusal adds differs.
+_legacy_interval = arguments.Duration(
+    positive=True, hint="to stop asking the kubelet, use --no-legacy-coexistence")
+_recovery = arguments.Duration(
+    hint="0 keeps an unhealthy device's taint until the plugin restarts")
 
 
 def _source(parser: argparse.ArgumentParser) -> None:
@@ -59,9 +39,10 @@ def _source(parser: argparse.ArgumentParser) -> None:
                        help="YAML inventory of the node's GPUs (simulated nodes, tests)")
     group.add_argument("--nvml", action="store_true", help="discover the GPUs through NVML")
     parser.add_argument("--node-name", required=True, type=_dns_subdomain("node name", 253),
+                        metavar="NODE",
                         help="this node's name (the pool name)")
     parser.add_argument("--driver", default="gpu.dra-gateway.io",
-                        type=_dns_subdomain("DRA driver name", 63),
+                        type=_dns_subdomain("DRA driver name", 63), metavar="NAME",
                         help="DRA driver name (default: %(default)s)")
     parser.add_argument("--sharing", choices=("exclusive", "shared"), default="exclusive",
                         help="sharing of cards whose inventory does not say (default: "
@@ -83,37 +64,44 @@ def _source(parser: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this component's subcommands; handlers import their heavy modules themselves."""
     parser = sub.add_parser("node-plugin", help="GPU discovery, ResourceSlices and the kubelet's "
-                            "DRA API for one node")
+                            "DRA API for one node",
+                            description="The node plugin of one node: discover its GPUs, "
+                            "publish them as ResourceSlices and serve the kubelet's DRA API.")
     commands = parser.add_subparsers(dest="node_plugin_command", metavar="COMMAND",
                                      required=True)
 
     discover = commands.add_parser("discover", help="print the ResourceSlices this node would "
-                                   "publish")
+                                   "publish",
+                                   description="Discover the node's GPUs and print the "
+                                   "ResourceSlices the plugin would publish; nothing is written.")
     _source(discover)
-    discover.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    arguments.output_option(discover, "yaml", "json")
     discover.set_defaults(func=_discover)
 
-    serve = commands.add_parser("serve", help="serve the kubelet and publish ResourceSlices")
+    serve = commands.add_parser("serve", help="serve the kubelet and publish ResourceSlices",
+                                description="Run the node plugin: publish the node's "
+                                "ResourceSlices, serve the kubelet's DRA and health APIs, write "
+                                "CDI specs and watch the devices' health.")
     _source(serve)
     serve.add_argument("--cluster", choices=("kube", "memory"), default="kube",
                        help="kube: the kubeconfig's cluster (default); memory: in-process")
-    serve.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, the pod's "
-                       "service account, then ~/.kube/config)")
+    arguments.kubeconfig_option(serve)
     serve.add_argument("--plugins-dir", type=Path, default=Path("/var/lib/kubelet/plugins"),
+                       metavar="DIR",
                        help="the kubelet's plugins directory (default: %(default)s)")
     serve.add_argument("--registry-dir", type=Path,
-                       default=Path("/var/lib/kubelet/plugins_registry"),
+                       default=Path("/var/lib/kubelet/plugins_registry"), metavar="DIR",
                        help="the kubelet's plugin registry directory (default: %(default)s)")
-    serve.add_argument("--instance", default="",
+    serve.add_argument("--instance", default="", metavar="ID",
                        help="this plugin pod's UID: its sockets carry it, so that a rolling "
                             "update's new pod registers beside the old one and the kubelet "
                             "(1.33 and later) switches to it without a gap (default: one fixed "
                             "pair of sockets)")
-    serve.add_argument("--cdi-dir", type=Path, default=Path("/var/run/cdi"),
+    serve.add_argument("--cdi-dir", type=Path, default=Path("/var/run/cdi"), metavar="DIR",
                        help="where CDI specs are written (default: %(default)s)")
-    serve.add_argument("--state-dir", type=Path,
+    serve.add_argument("--state-dir", type=Path, metavar="DIR",
                        help="checkpoint directory (default: <plugins-dir>/<driver>)")
-    serve.add_argument("--hami-library", default="/usr/local/vgpu/libvgpu.so",
+    serve.add_argument("--hami-library", default="/usr/local/vgpu/libvgpu.so", metavar="FILE",
                        help="HAMi-core library preloaded for hami-core shares "
                             "(default: %(default)s)")
     serve.add_argument("--legacy-coexistence", action=argparse.BooleanOptionalAction,
@@ -122,28 +110,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "(default: on; turn it off only on nodes that never ran one)")
     serve.add_argument("--pod-resources-socket", type=Path,
                        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+                       metavar="PATH",
                        help="the kubelet's pod-resources socket (default: %(default)s)")
-    serve.add_argument("--legacy-poll-interval", type=_legacy_seconds, default=2.0,
-                       metavar="SECONDS", help="how often the pod-resources API is asked; "
-                       "withheld cards come back this long after their last legacy holder "
-                       "ends (default: %(default)s)")
-    serve.add_argument("--legacy-node-interval", type=_legacy_seconds, default=30.0,
-                       metavar="SECONDS", help="how often the Node's status.allocatable is "
-                       "read for legacy GPU names no device plugin lists (Koordinator's, HAMi's "
-                       "memory), and to see a legacy plugin's amount drop to zero "
-                       "(default: %(default)s)")
+    serve.add_argument("--legacy-poll-interval", type=_legacy_interval, default=2.0,
+                       metavar="DURATION", help=arguments.duration_help(
+                           "how often the pod-resources API is asked; withheld cards come back "
+                           "this long after their last legacy holder ends", 2.0))
+    serve.add_argument("--legacy-node-interval", type=_legacy_interval, default=30.0,
+                       metavar="DURATION", help=arguments.duration_help(
+                           "how often the Node's status.allocatable is read for legacy GPU "
+                           "names no device plugin lists (Koordinator's, HAMi's memory), and to "
+                           "see a legacy plugin's amount drop to zero", 30.0))
     serve.add_argument("--metrics-address", metavar="HOST:PORT",
                        help="serve /metrics, /healthz and /readyz over plain HTTP there (:PORT: "
                        "every interface); default: not served")
-    serve.add_argument("--recovery-seconds", type=_recovery_seconds, default=600.0,
-                       metavar="SECONDS", help="how long a device that recovered from a fault "
-                       "(a degraded one: since its last fault; a fatal one: since it came back) "
-                       "must stay without one before its taint lifts; 0: never, until the "
-                       "plugin restarts (default: %(default)s)")
-    serve.add_argument("--admin-check-seconds", type=_positive_seconds, default=10.0,
-                       metavar="SECONDS", help="while a device is out of service, how often "
-                       "the Node's annotations are read for an administrator's clear or keep "
-                       "(dra-gateway devices clear|keep; default: %(default)s)")
+    serve.add_argument("--recovery-seconds", type=_recovery, default=600.0,
+                       metavar="DURATION", help=arguments.duration_help(
+                           "how long a device that recovered from a fault (a degraded one: "
+                           "since its last fault; a fatal one: since it came back) must stay "
+                           "without one before its taint lifts; 0: never, until the plugin "
+                           "restarts", 600.0))
+    serve.add_argument("--admin-check-seconds", type=arguments.positive_duration, default=10.0,
+                       metavar="DURATION", help=arguments.duration_help(
+                           "while a device is out of service, how often the Node's annotations "
+                           "are read for an administrator's clear or keep (dra-gateway devices "
+                           "clear|keep)", 10.0))
     serve.add_argument("--fault-file", type=Path, metavar="FILE",
                        help="with --inventory: follow FILE for health events, one JSON object "
                        'a line, e.g. {"device": "gpu-3", "event": "xid", "code": 79} or '
@@ -154,11 +145,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                             "(default: %(default)s)")
     serve.set_defaults(func=_serve)
 
-    classes = commands.add_parser("device-classes", help="print the gateway's DeviceClasses")
+    classes = commands.add_parser("device-classes", help="print the gateway's DeviceClasses",
+                                  description="Print the DeviceClasses of the gateway's driver "
+                                  "(whole and shared GPUs, MIG instances), for kubectl apply.")
     classes.add_argument("--driver", default="gpu.dra-gateway.io",
-                         type=_dns_subdomain("DRA driver name", 63),
+                         type=_dns_subdomain("DRA driver name", 63), metavar="NAME",
                          help="DRA driver name (default: %(default)s)")
-    classes.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    arguments.output_option(classes, "yaml", "json")
     classes.set_defaults(func=_device_classes)
 
 

@@ -52,7 +52,7 @@ def test_allocator_packing_strategy_is_strategy_and_policy_its_deprecated_name(
         flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert build_parser().parse_args(["allocator"]).strategy == "default"
     assert build_parser().parse_args(["allocator", flag, "binpack"]).strategy == "binpack"
-    deprecated = "dra-gateway allocator: --policy is deprecated, use --strategy (same values)\n"
+    deprecated = "warning: --policy is deprecated, use --strategy (same values)\n"
     assert capsys.readouterr().err == (deprecated if flag == "--policy" else "")
 
 
@@ -84,7 +84,7 @@ def test_webhook_tls_dir_that_is_a_file_is_named_as_such(
     tls = tmp_path / "tls.crt"
     tls.write_text("")
     assert main(["webhook", "--listen", "127.0.0.1:0", "--tls-dir", str(tls)]) == 2
-    assert capsys.readouterr().err == (f"webhook: --tls-dir {tls} is a file; pass the folder "
+    assert capsys.readouterr().err == (f"error: --tls-dir {tls} is a file; pass the folder "
                                        "that holds tls.crt and tls.key\n")
 
 

@@ -1,12 +1,12 @@
 """Subcommands of the translator: `translate` (rewrite manifests) and `rules check`.
 
-Light imports only; each handler imports the translator when it runs. Exit codes of
-`translate`: 0 when every document was translated or left alone, 1 when any was refused (each
-refusal on stderr, naming document, container and resource), 2 when the input or the rules
-cannot be read. `rules check`: 0 when the files load, 1 when they do not (every error printed
-with its path), 2 when a `--device-classes` file cannot be read. A file holding ConfigMaps
-(`kubectl get configmap NAME -o yaml`) is checked as the webhook loads a rules ConfigMap, key by
-key, each error naming the ConfigMap and its key.
+Light imports only; each handler imports the translator when it runs. Exit codes of `translate`: 0
+when every document was translated or left alone, 1 when any was refused (each refusal on stderr as
+`error: ...`, naming document, container and resource), 2 when the input or the rules cannot be
+read. `rules check`: 0 when the files load, 1 when they do not (every error printed with its path),
+2 when a `--device-classes` file cannot be read. A file holding ConfigMaps (`kubectl get configmap
+NAME -o yaml`) is checked as the webhook loads a rules ConfigMap, key by key, each error naming the
+ConfigMap and its key.
 
 Both take `--device-classes FILE`: the cluster's DeviceClasses (`kubectl get deviceclasses -o
 yaml`), whose `spec.extendedResourceName` makes kube-scheduler serve a legacy name itself.
@@ -20,6 +20,8 @@ import argparse
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
+
+from dra_gateway.kube import arguments
 
 if TYPE_CHECKING:
     from dra_gateway.translator.extended import ExtendedResources
@@ -41,8 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     translate.add_argument("-f", "--filename", required=True, action="append", metavar="FILE",
                            help="manifests to translate ('-' reads standard input); repeatable, "
                                 "as with kubectl: the files are read in order")
-    translate.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
-                           help="yaml: a document stream (default); json: one JSON list")
+    arguments.output_option(translate, "yaml", "json")
     translate.add_argument("--explain", action="store_true",
                            help="instead of the manifests, say per container which rule fired "
                                 "(or why none did), what each legacy key became and what stays "
@@ -55,7 +56,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _device_classes_argument(translate)
     translate.set_defaults(func=_run_translate)
 
-    rules = sub.add_parser("rules", help="translation rules")
+    rules = sub.add_parser("rules", help="translation rules",
+                           description="The translation rules: check rule files and ConfigMaps "
+                           "before the webhook loads them.")
     commands = rules.add_subparsers(dest="rules_command", metavar="COMMAND", required=True)
     check = commands.add_parser(
         "check", help="validate rule files and print every error with its path",
@@ -93,15 +96,15 @@ def _read_device_classes(args: argparse.Namespace) -> ExtendedResources | None:
         try:
             documents = _read_stream(filename, sys.stdin)
         except OSError as exc:
-            print(f"error: cannot read --device-classes {source}: {exc.strerror or exc}",
-                  file=sys.stderr)
+            arguments.error(f"cannot read --device-classes {source}: {exc.strerror or exc}",
+                            EXIT_UNREADABLE)
             return None
         except InputTooLarge as exc:
-            print(f"error: --device-classes {exc}", file=sys.stderr)
+            arguments.error(f"--device-classes {exc}", EXIT_UNREADABLE)
             return None
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            print(f"error: --device-classes {source} is not valid YAML or JSON: "
-                  f"{getattr(exc, 'problem', None) or exc}", file=sys.stderr)
+            arguments.error(f"--device-classes {source} is not valid YAML or JSON: "
+                            f"{getattr(exc, 'problem', None) or exc}", EXIT_UNREADABLE)
             return None
         found = device_class_objects(documents)
         if not found:
@@ -116,9 +119,8 @@ def _run_check(args: argparse.Namespace) -> int:
     from dra_gateway.translator.rules import RulesError, load_rules
 
     if args.device_classes.count("-") > 1:
-        print("error: --device-classes - (standard input) can be given only once",
-              file=sys.stderr)
-        return EXIT_UNREADABLE
+        return arguments.error(
+            "--device-classes - (standard input) can be given only once", EXIT_UNREADABLE)
     extended = _read_device_classes(args)
     if extended is None:
         return EXIT_UNREADABLE
@@ -233,15 +235,12 @@ def _run_translate(args: argparse.Namespace) -> int:
     try:
         ruleset = load_rules(*args.rules, builtin=not args.no_builtin_rules)
     except RulesError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return arguments.error(f"{exc}", EXIT_UNREADABLE)
     if args.filename.count("-") > 1:
-        print("error: -f - (standard input) can be given only once", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return arguments.error("-f - (standard input) can be given only once", EXIT_UNREADABLE)
     if (args.filename + args.device_classes).count("-") > 1:
-        print("error: - (standard input) can be given only once, to -f or to "
-              "--device-classes", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return arguments.error("- (standard input) can be given only once, to -f or to "
+                               "--device-classes", EXIT_UNREADABLE)
     extended = _read_device_classes(args)
     if extended is None:
         return EXIT_UNREADABLE
@@ -249,35 +248,32 @@ def _run_translate(args: argparse.Namespace) -> int:
     try:
         filenames = [f for given in args.filename for f in _files_of(given)]
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return arguments.error(f"{exc}", EXIT_UNREADABLE)
     for filename in filenames:
         source = "standard input" if filename == "-" else filename
         try:
             read = _read_stream(filename, sys.stdin)
         except OSError as exc:
-            print(f"error: cannot read {source}: {exc.strerror or exc}", file=sys.stderr)
-            return EXIT_UNREADABLE
+            return arguments.error(f"cannot read {source}: {exc.strerror or exc}",
+                                   EXIT_UNREADABLE)
         except InputTooLarge as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_UNREADABLE
+            return arguments.error(f"{exc}", EXIT_UNREADABLE)
         except ExpansionError as exc:
             mark = exc.problem_mark
             where = f" at line {mark.line + 1}" if mark is not None else ""
-            print(f"error: {source} is refused{where}: {exc.problem}", file=sys.stderr)
-            return EXIT_UNREADABLE
+            return arguments.error(f"{source} is refused{where}: {exc.problem}",
+                                   EXIT_UNREADABLE)
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark is not None else ""
             problem = getattr(exc, "problem", None) or exc
-            print(f"error: {source} is not valid YAML or JSON{where}: {problem}",
-                  file=sys.stderr)
-            return EXIT_UNREADABLE
+            return arguments.error(
+                f"{source} is not valid YAML or JSON{where}: {problem}", EXIT_UNREADABLE)
         problem = _not_manifests(read)
         if problem is not None:
-            print(f"error: {source}{problem}; pass Kubernetes manifests, as kubectl apply -f "
-                  "takes them", file=sys.stderr)
-            return EXIT_UNREADABLE
+            return arguments.error(
+                f"{source}{problem}; pass Kubernetes manifests, as kubectl apply -f "
+                "takes them", EXIT_UNREADABLE)
         documents.extend(read)
     source = ", ".join("standard input" if f == "-" else f for f in args.filename)
 
@@ -285,7 +281,7 @@ def _run_translate(args: argparse.Namespace) -> int:
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     for refusal in result.refusals:
-        print(f"refused: {refusal}", file=sys.stderr)
+        arguments.error(refusal, EXIT_REFUSED)
     if args.explain:
         _write_explanations(result, ruleset, output=args.output)
         return EXIT_REFUSED if result.refusals else EXIT_OK
@@ -295,9 +291,9 @@ def _run_translate(args: argparse.Namespace) -> int:
             # An explicitly tagged YAML value (`!!timestamp`) is written as its text.
             text = json.dumps(out, indent=2, default=str)
         except (TypeError, ValueError) as exc:  # e.g. a YAML mapping key that is a list
-            print(f"error: {source} holds a value JSON cannot represent ({exc}); use -o yaml",
-                  file=sys.stderr)
-            return EXIT_UNREADABLE
+            return arguments.error(
+                f"{source} holds a value JSON cannot represent ({exc}); use -o yaml",
+                EXIT_UNREADABLE)
         sys.stdout.write(text + "\n")
     else:
         sys.stdout.write(yamltext.dump_all(out, sort_keys=False, explicit_start=True))

@@ -44,7 +44,9 @@ def _port(value: str) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this component's subcommands; handlers import their heavy modules themselves."""
-    serve = sub.add_parser("webhook", help="serve the admission webhooks over TLS")
+    serve = sub.add_parser("webhook", help="serve the admission webhooks over TLS",
+                           description="Serve /mutate and /validate over TLS: translate pods' "
+                           "legacy GPU requests into DRA claims and enforce the GPU policies.")
     serve.add_argument("--listen", type=_listen, default=("0.0.0.0", 8443), metavar="HOST:PORT",
                        help="address to serve on (default: 0.0.0.0:8443)")
     serve.add_argument("--probe-listen", type=_listen, metavar="HOST:PORT",
@@ -60,12 +62,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="do not load the built-in rule sets")
     serve.add_argument("--cluster", choices=("kube", "memory"), default="kube",
                        help="kube: the kubeconfig's cluster (default); memory: in-process")
-    serve.add_argument("--kubeconfig", metavar="FILE",
-                       help="kubeconfig file (default: $KUBECONFIG, the pod's "
-                       "service account, then ~/.kube/config)")
-    serve.add_argument("--namespace", type=arguments.namespace, default=names.GATEWAY_NAMESPACE,
-                       help="the gateway's namespace: rule ConfigMaps are read there "
-                       "(default: %(default)s)")
+    arguments.kubeconfig_option(serve)
+    arguments.namespace_option(serve, default=names.GATEWAY_NAMESPACE,
+                               help="the gateway's namespace: rule ConfigMaps are read there "
+                               "(default: %(default)s)")
     serve.add_argument("--no-config-maps", action="store_true",
                        help="do not read rules from ConfigMaps")
     serve.add_argument("--no-device-classes", action="store_true",
@@ -87,10 +87,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--no-enforce", action="store_true",
                        help="let pods whose legacy GPU requests escaped translation through "
                        "/validate")
-    serve.add_argument("--review-deadline", type=float, default=_DEFAULTS.review_deadline,
-                       metavar="SECONDS",
-                       help="most seconds one review may take, API reads included; keep it "
-                       "below the webhook configurations' timeoutSeconds (default: %(default)s)")
+    serve.add_argument("--review-deadline", type=arguments.positive_duration,
+                       default=_DEFAULTS.review_deadline, metavar="DURATION",
+                       help=arguments.duration_help(
+                           "longest one review may take, API reads included; keep it below "
+                           "the webhook configurations' timeoutSeconds, at most 30s",
+                           _DEFAULTS.review_deadline))
     serve.add_argument("--pod-opt-out", choices=POD_OPT_OUT_SCOPES,
                        default=_DEFAULTS.pod_opt_out,
                        help="where a pod's own annotation dra-gateway.io/translation: disabled "
@@ -101,12 +103,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--gated-event-after", type=arguments.duration,
                        default=_DEFAULTS.gated_event_after,
                        metavar="DURATION",
-                       help="post a Warning Event AllocatorUnavailable on each pod still gated by "
-                       "dra-gateway.io/allocation after this long while the allocator's Lease "
-                       "has had no valid holder for as long, once per pod and outage (e.g. 90s, "
-                       "2m; 0: off, and neither the Lease nor pods are watched; default: "
-                       "%(default)gs)")
-    serve.add_argument("--workers", type=int, default=1, metavar="N",
+                       help=arguments.duration_help(
+                           "post a Warning Event AllocatorUnavailable on each pod still gated by "
+                           "dra-gateway.io/allocation after this long while the allocator's "
+                           "Lease has had no valid holder for as long, once per pod and outage; "
+                           "0: off, and neither the Lease nor pods are watched",
+                           _DEFAULTS.gated_event_after))
+    serve.add_argument("--workers", type=int, default=1, metavar="COUNT",
                        help="server processes sharing the port (SO_REUSEPORT; default: 1)")
     serve.add_argument("--log-level", default="info", type=str.lower,
                        choices=("debug", "info", "warning", "error"),
@@ -114,8 +117,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.set_defaults(func=_serve)
 
     config = sub.add_parser("webhook-config",
-                            help="print the webhook configurations for the rules as YAML")
-    config.add_argument("--service", type=_service, required=True, metavar="NS/NAME",
+                            help="print the webhook configurations for the rules as YAML",
+                            description="Print the Mutating- and ValidatingWebhookConfiguration "
+                            "the loaded rules need, as YAML, for kubectl apply -f -.")
+    config.add_argument("--service", type=_service, required=True, metavar="NAMESPACE/NAME",
                         help="namespace and name of the webhook's Service")
     config.add_argument("--ca-file", required=True, metavar="FILE",
                         help="CA certificate (PEM) that signed the serving certificate")
@@ -123,10 +128,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         help="rules file or folder, added to the built-in rules (repeatable)")
     config.add_argument("--no-builtin-rules", action="store_true",
                         help="derive the configurations from the --rules files only")
-    config.add_argument("--namespace", type=arguments.namespace,
-                        help="the gateway's namespace, excluded from admission (default: the "
-                        "Service's)")
-    config.add_argument("--port", type=_port, default=443, help="Service port (default: 443)")
+    arguments.namespace_option(config, default=None,
+                               help="the gateway's namespace, excluded from admission (default: "
+                               "the Service's)")
+    config.add_argument("--port", type=_port, default=443, metavar="PORT",
+                        help="Service port (default: 443)")
     config.add_argument("--default-translation", choices=("enabled", "audit"), default="enabled",
                         help="translation mode of namespaces without the label "
                         "dra-gateway.io/translation (default: %(default)s)")
@@ -146,31 +152,28 @@ def _serve(args: argparse.Namespace) -> int:
     tls_dir = Path(args.tls_dir)
     if tls_dir.exists() and not tls_dir.is_dir():
         # `certs generate --out` would fail on it too: do not suggest it.
-        print(f"webhook: --tls-dir {tls_dir} is a file; pass the folder that holds tls.crt and "
-              "tls.key", file=sys.stderr)
-        return 2
+        return arguments.error(
+            f"--tls-dir {tls_dir} is a file; pass the folder that holds tls.crt and "
+            "tls.key", 2)
     missing = [f for f in ("tls.crt", "tls.key") if not (tls_dir / f).is_file()]
     if missing:
-        print(f"webhook: {' and '.join(missing)} not found in --tls-dir {tls_dir}; create them "
-              f"with `dra-gateway certs generate --out {tls_dir} --dns NAME`", file=sys.stderr)
-        return 2
+        return arguments.error(
+            f"{' and '.join(missing)} not found in --tls-dir {tls_dir}; create them "
+            f"with `dra-gateway certs generate --out {tls_dir} --dns NAME`", 2)
     if args.ca_file and not Path(args.ca_file).is_file():
-        print(f"webhook: --ca-file {args.ca_file} not found; pass the ca.crt written by "
-              f"`dra-gateway certs generate`, or leave --ca-file out", file=sys.stderr)
-        return 2
+        return arguments.error(f"--ca-file {args.ca_file} not found; pass the ca.crt written by "
+                               f"`dra-gateway certs generate`, or leave --ca-file out", 2)
     if not 0 < args.review_deadline <= 30:
-        print(f"webhook: --review-deadline {args.review_deadline:g} must be above 0 and at most "
-              "30 (the longest timeoutSeconds a webhook configuration takes)", file=sys.stderr)
-        return 2
+        return arguments.error(
+            f"--review-deadline {args.review_deadline:g} must be above 0 and at most "
+            "30 (the longest timeoutSeconds a webhook configuration takes)", 2)
     if args.workers < 1:
-        print(f"webhook: --workers {args.workers} must be at least 1", file=sys.stderr)
-        return 2
+        return arguments.error(f"--workers {args.workers} must be at least 1", 2)
     host, port = args.listen
     if args.workers > 1 and (port == 0 or args.cluster == "memory"):
-        print("webhook: --workers above 1 needs a fixed --listen port and --cluster kube (each "
-              "worker would otherwise serve its own port or its own in-memory cluster)",
-              file=sys.stderr)
-        return 2
+        return arguments.error(
+            "--workers above 1 needs a fixed --listen port and --cluster kube (each "
+            "worker would otherwise serve its own port or its own in-memory cluster)", 2)
     settings = WebhookSettings(
         namespace=args.namespace,
         rules_paths=tuple(Path(p) for p in args.rules),
@@ -197,14 +200,11 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         return run(settings, options)
     except RulesError as exc:
-        print(f"webhook: {exc}", file=sys.stderr)
-        return 2
+        return arguments.error(f"{exc}", 2)
     except (ClusterConfigError, TlsFilesError) as exc:
-        print(f"webhook: {exc}", file=sys.stderr)
-        return 2
+        return arguments.error(f"{exc}", 2)
     except OSError as exc:
-        print(f"webhook: cannot serve on {host}:{port}: {exc.strerror}", file=sys.stderr)
-        return 1
+        return arguments.error(f"cannot serve on {host}:{port}: {exc.strerror}", 1)
 
 
 def _config(args: argparse.Namespace) -> int:
@@ -217,18 +217,14 @@ def _config(args: argparse.Namespace) -> int:
     try:
         ca_bundle = Path(args.ca_file).read_bytes()
     except OSError as exc:
-        print(f"webhook-config: cannot read --ca-file {args.ca_file}: {exc.strerror}",
-              file=sys.stderr)
-        return 2
+        return arguments.error(f"cannot read --ca-file {args.ca_file}: {exc.strerror}", 2)
     if b"-----BEGIN CERTIFICATE-----" not in ca_bundle:
-        print(f"webhook-config: --ca-file {args.ca_file} holds no PEM certificate; pass the "
-              f"ca.crt written by `dra-gateway certs generate`", file=sys.stderr)
-        return 2
+        return arguments.error(f"--ca-file {args.ca_file} holds no PEM certificate; pass the "
+                               f"ca.crt written by `dra-gateway certs generate`", 2)
     try:
         rules = load_rules(*args.rules, builtin=not args.no_builtin_rules)
     except RulesError as exc:
-        print(f"webhook-config: {exc}", file=sys.stderr)
-        return 2
+        return arguments.error(f"{exc}", 2)
     namespace, name = args.service
     documents = configurations(rules, service_namespace=namespace, service_name=name,
                                ca_bundle=ca_bundle, gateway_namespace=args.namespace or namespace,

@@ -4,11 +4,16 @@ Each component registers its own subcommands from its `cli` module, whose top le
 light: heavy imports happen inside the handlers so `dra-gateway --help` is instant. The
 development kit's commands (`demo`, `cluster`, `bench`, the embedded `--cluster memory`) are
 there where the kit is installed; the production image leaves it out (setup.py).
+
+A command that groups others, `dra-gateway` itself included, prints its help and exits 0 when
+given none of them, as kubectl and helm do; every command speaks the dialect of
+`kube/arguments.py` (tests/test_cli_dialect.py walks the tree).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -41,7 +46,25 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.register(sub)
     for module in (translator_cli, webhook_cli, certs_cli, allocator_cli, node_plugin_cli):
         module.register(sub)
+    _help_without_command(parser)
     return parser
+
+
+def _help_without_command(parser: argparse.ArgumentParser) -> None:
+    """Make every command that groups others print its help and exit 0 when none is given,
+    rather than argparse's usage error: the help is what the user asked for by not choosing.
+    Done here over the whole tree, so that each component's commands behave alike."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            action.required = False
+            parser.set_defaults(func=functools.partial(_print_help, parser))
+            for child in dict.fromkeys(action.choices.values()):
+                _help_without_command(child)
+
+
+def _print_help(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    parser.print_help()
+    return 0
 
 
 def _devkit() -> ModuleType | None:

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import html
 import json
-import sys
 from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -50,32 +49,38 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Plan, or carry out, the fewest moves of placed pods that let pods waiting "
                     "for GPUs be placed.")
     commands = defrag.add_subparsers(dest="defrag", metavar="COMMAND", required=True)
-    plan = commands.add_parser("plan", help="show the moves, change nothing")
+    plan = commands.add_parser(
+        "plan", help="show the moves, change nothing",
+        description="Read the cluster and show the fewest moves that place waiting pods: per "
+                    "pod where it goes and which pods move; nothing changes.")
     apply = commands.add_parser(
         "apply", help="carry the plan out: hold the freed devices, evict, wait for each "
-                      "re-placement (exit 3 when one is not placed within --wait)")
+                      "re-placement (exit 3 when one is not placed within --wait)",
+        description="Make the plan of defrag plan and carry it out: hold the freed devices, "
+                    "evict through the Eviction API, wait for each re-placement.")
     for parser in (plan, apply):
-        parser.add_argument("--kubeconfig", metavar="FILE",
-                            help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
-        parser.add_argument("--namespace", default=names.GATEWAY_NAMESPACE,
-                            help="the gateway's namespace, where the holds are kept "
-                                 "(default: %(default)s)")
-        parser.add_argument("--max-moves", type=_count, default=10,
+        arguments.kubeconfig_option(parser)
+        arguments.namespace_option(parser, default=names.GATEWAY_NAMESPACE,
+                                   help="the gateway's namespace, where the holds are kept "
+                                   "(default: %(default)s)")
+        parser.add_argument("--max-moves", type=_count, default=10, metavar="COUNT",
                             help="moves in the whole plan (default: %(default)s)")
-        parser.add_argument("--max-moves-per-pod", type=_count, default=4,
+        parser.add_argument("--max-moves-per-pod", type=_count, default=4, metavar="COUNT",
                             help="moves to place one waiting pod (default: %(default)s)")
-        parser.add_argument("--window", type=arguments.duration, default=3600.0, metavar="DURATION",
-                            help="a pod moved is not moved again within it (default: 1h)")
+        parser.add_argument("--window", type=arguments.duration, default=3600.0,
+                            metavar="DURATION", help=arguments.duration_help(
+                                "a pod moved is not moved again within it", 3600.0))
         parser.add_argument("--for", dest="only", action="append", default=[],
                             metavar="NAMESPACE/POD", help="help only these waiting pods")
-        parser.add_argument("-o", "--output", choices=("table", "json", "html"),
-                            default="table")
-    apply.add_argument("--in-flight", type=_count, default=2,
+        arguments.output_option(parser, "table", "json", "html")
+    apply.add_argument("--in-flight", type=_count, default=2, metavar="COUNT",
                        help="evictions at once (default: %(default)s)")
     apply.add_argument("--hold", type=arguments.duration, default=600.0, metavar="DURATION",
-                       help="how long freed devices wait for their pod (default: 10m)")
+                       help=arguments.duration_help(
+                           "how long freed devices wait for their pod", 600.0))
     apply.add_argument("--wait", type=arguments.duration, default=120.0, metavar="DURATION",
-                       help="how long to wait for each re-placement (default: 2m)")
+                       help=arguments.duration_help(
+                           "how long to wait for each re-placement", 120.0))
     plan.set_defaults(func=_run)
     apply.set_defaults(func=_run)
 
@@ -88,12 +93,9 @@ def _run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_main(args, where))
     except ClusterConfigError as exc:
-        print(f"{where}: {exc}", file=sys.stderr)
-        return 2
+        return arguments.error(f"{exc}", 2)
     except ApiError as exc:
-        print(f"{where}: the Kubernetes API failed: {exc.reason}: {exc.message}",
-              file=sys.stderr)
-        return 1
+        return arguments.error(f"the Kubernetes API failed: {exc.reason}: {exc.message}", 1)
 
 
 async def _main(args: argparse.Namespace, where: str) -> int:
@@ -116,10 +118,10 @@ async def _main(args: argparse.Namespace, where: str) -> int:
             named = {"/".join(objects.namespace_name(w.pod)): w for w in inputs.waiters}
             unknown = sorted(wanted - set(named))
             if unknown:
-                print(f"{where}: --for {unknown[0]}: no pod of that name waits for the gateway "
-                      f"(a waiting pod carries the scheduling gate dra-gateway.io/allocation "
-                      f"and its claims exist)", file=sys.stderr)
-                return 2
+                return arguments.error(
+                    f"--for {unknown[0]}: no pod of that name waits for the gateway "
+                    f"(a waiting pod carries the scheduling gate dra-gateway.io/allocation "
+                    f"and its claims exist)", 2)
             inputs.waiters = [w for name, w in named.items() if name in wanted]
         plan = plan_defrag(inputs.state, inputs.waiters, inputs.residents, Limits(
             max_moves=args.max_moves, max_moves_per_pod=args.max_moves_per_pod,

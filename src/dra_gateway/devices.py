@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from dra_gateway.kube import arguments
 from dra_gateway.kube.device_health import (
     CLEAR_ANNOTATION,
     EVERY_DEVICE,
@@ -54,7 +55,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "what was done to it, since when, and when its recovery brings it back "
                     "(or that it is kept).")
     listing.add_argument("node", nargs="*", metavar="NODE", help="only these nodes")
-    listing.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    arguments.output_option(listing, "table", "json")
     _kubeconfig(listing)
     listing.set_defaults(func=_run_list)
 
@@ -63,8 +64,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Annotate NODE so that its node plugin forgets the devices' faults up to "
                     "now: they are published (untainted) again within its "
                     "--admin-check-seconds. A fault after now marks them again.")
-    clear.add_argument("node", metavar="NODE")
-    clear.add_argument("device", nargs="*", metavar="DEVICE")
+    clear.add_argument("node", metavar="NODE", help="the node of the devices")
+    clear.add_argument("device", nargs="*", metavar="DEVICE", help="a device of the node, as "
+                       "devices list names it")
     clear.add_argument("--all", action="store_true", help="every device of the node")
     _kubeconfig(clear)
     clear.set_defaults(func=_run_clear)
@@ -77,15 +79,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                          "runs again." if undo else
                          f"Add the devices to NODE's {KEEP_ANNOTATION}: a device marked "
                          "unhealthy stays so, whatever its recovery says, until unkept."))
-        keep.add_argument("node", metavar="NODE")
-        keep.add_argument("device", nargs="+", metavar="DEVICE")
+        keep.add_argument("node", metavar="NODE", help="the node of the devices")
+        keep.add_argument("device", nargs="+", metavar="DEVICE", help="a device of the node, as "
+                          "devices list names it")
         _kubeconfig(keep)
         keep.set_defaults(func=_run_keep, undo=undo)
 
 
 def _kubeconfig(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kubeconfig", metavar="FILE",
-                        help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+    arguments.kubeconfig_option(parser)
 
 
 def rows(nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
@@ -133,14 +135,11 @@ def _guarded(run: Callable[[], int]) -> int:
     try:
         return run()
     except ClusterConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return arguments.error(f"{exc}", 2)
     except NotFound as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        return 1
+        return arguments.error(f"{exc.message}", 1)
     except ApiError as exc:
-        print(f"error: {exc.reason}: {exc.message}", file=sys.stderr)
-        return 1
+        return arguments.error(f"{exc.reason}: {exc.message}", 1)
 
 
 def _run_list(args: argparse.Namespace) -> int:
@@ -176,9 +175,8 @@ async def _annotate(cluster: Cluster, node: str, key: str,
 
 def _run_clear(args: argparse.Namespace) -> int:
     if bool(args.device) == bool(args.all):
-        print("error: name the devices to clear, or --all for every device of the node",
-              file=sys.stderr)
-        return 2
+        return arguments.error(
+            "name the devices to clear, or --all for every device of the node", 2)
     devices = [EVERY_DEVICE] if args.all else list(args.device)
 
     async def clear(cluster: Cluster) -> datetime:

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from dra_gateway.kube import names
+from dra_gateway.kube import arguments, names
 
 if TYPE_CHECKING:
     from dra_gateway.allocator.eviction.inputs import Snapshot
@@ -28,13 +28,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Read the cluster and show, per namespace, each GPUQuota's used and hard "
                     "amounts; per card who holds which share; free slivers too small for any "
                     "pending request; pending pods by reason. -o html draws the cards.")
-    report.add_argument("-o", "--output", choices=("table", "json", "html"), default="table")
-    report.add_argument("--namespace", default=names.GATEWAY_NAMESPACE,
-                        help="the gateway's namespace, where defrag's holds are kept "
-                             "(default: %(default)s)")
-    report.add_argument("--kubeconfig", metavar="FILE",
-                        help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config); "
-                             "`cluster serve` writes one for the embedded API")
+    arguments.output_option(report, "table", "json", "html")
+    arguments.namespace_option(report, default=names.GATEWAY_NAMESPACE,
+                               help="the gateway's namespace, where defrag's holds are kept "
+                               "(default: %(default)s)")
+    arguments.kubeconfig_option(report)
     report.set_defaults(func=_run)
 
 
@@ -184,11 +182,9 @@ def _run(args: argparse.Namespace) -> int:
     try:
         report = asyncio.run(_read(args.kubeconfig, args.namespace))
     except ClusterConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return arguments.error(f"{exc}", 2)
     except ApiError as exc:
-        print(f"error: reading the cluster: {exc.reason}: {exc.message}", file=sys.stderr)
-        return 1
+        return arguments.error(f"reading the cluster: {exc.reason}: {exc.message}", 1)
     if args.output == "json":
         print(json.dumps(report, indent=2))
     elif args.output == "html":

@@ -18,10 +18,11 @@ import base64
 import json
 import os
 import ssl
-import sys
 import uuid
 from collections.abc import Mapping
 from typing import Any
+
+from dra_gateway.kube import arguments
 
 LEGACY_RESOURCE = "nvidia.com/gpu"
 
@@ -103,23 +104,20 @@ def run(args: argparse.Namespace) -> int:
     try:
         context = _context(args.ca_file, args.ca_env)
     except (ValueError, OSError, ssl.SSLError) as exc:
-        print(f"smoke: the webhook's CA: {exc}", file=sys.stderr)
-        return 2
+        return arguments.error(f"the webhook's CA: {exc}", 2)
     request = urllib.request.Request(url, data=json.dumps(review(pod, args.namespace)).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=args.timeout, context=context) as reply:
             answer = json.loads(reply.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"smoke: no answer from the webhook at {url}: {exc}; check that its pods are ready "
-              "(kubectl get pods,endpointslices in the gateway's namespace) and their logs",
-              file=sys.stderr)
-        return 1
+        return arguments.error(
+            f"no answer from the webhook at {url}: {exc}; check that its pods are ready "
+            "(kubectl get pods,endpointslices in the gateway's namespace) and their logs", 1)
     found, patched = problems(pod, answer)
     if found:
-        print(f"smoke: FAILED: the webhook at {url} did not translate a pod asking for "
-              f"{LEGACY_RESOURCE}: " + "; ".join(found), file=sys.stderr)
-        return 1
+        return arguments.error(f"FAILED: the webhook at {url} did not translate a pod asking for "
+                               f"{LEGACY_RESOURCE}: " + "; ".join(found), 1)
     claims = [c.get("resourceClaimTemplateName") or c.get("name")
               for c in patched["spec"]["resourceClaims"]]
     gates = [g.get("name") for g in patched["spec"].get("schedulingGates") or []]
@@ -135,14 +133,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Send the webhook one dry-run AdmissionReview of a pod asking for "
                     f"{LEGACY_RESOURCE}: 1 and check that it comes back translated: resource "
                     "claims, no legacy limits. Exit 0 when it does, 1 when not, 2 on bad options.")
-    parser.add_argument("--webhook-url", required=True,
+    parser.add_argument("--webhook-url", required=True, metavar="URL",
                         help="base URL of the webhook, e.g. https://dra-gateway-webhook.dra-gateway.svc")
     ca = parser.add_mutually_exclusive_group(required=True)
-    ca.add_argument("--ca-file", help="PEM file of the CA that signed the webhook's certificate")
-    ca.add_argument("--ca-env", help="environment variable holding that CA (PEM, or its base64)")
-    parser.add_argument("--namespace", default="default",
-                        help="namespace the pod is reviewed in (default: default); nothing is "
-                             "created")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait (default: 10)")
+    ca.add_argument("--ca-file", metavar="FILE", help="PEM file of the CA that signed the webhook's certificate")
+    ca.add_argument("--ca-env", metavar="VARIABLE", help="environment variable holding that CA (PEM, or its base64)")
+    arguments.namespace_option(parser, default="default",
+                               help="namespace the pod is reviewed in (default: %(default)s); "
+                               "nothing is created")
+    parser.add_argument("--timeout", type=arguments.positive_duration, default=10.0,
+                        metavar="DURATION", help=arguments.duration_help(
+                            "how long to wait for the webhook's answer", 10.0))
     parser.set_defaults(func=run)
 

@@ -58,7 +58,7 @@ def test_generate_without_names_says_what_to_add(
 ) -> None:
     assert main(["certs", "generate", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (
-        "certs generate: give at least one --dns NAME or --ip ADDR for the certificate's subject "
+        "error: give at least one --dns NAME or --ip ADDR for the certificate's subject "
         "alternative names, e.g. --dns dra-gateway.dra-gateway.svc\n")
     assert list(tmp_path.iterdir()) == []
 
@@ -68,7 +68,7 @@ def test_generate_with_a_bad_address_names_it(
 ) -> None:
     assert main(["certs", "generate", "--out", str(tmp_path), "--ip", "10.0.0.300"]) == 2
     assert capsys.readouterr().err == (
-        "certs generate: --ip '10.0.0.300' is not an IP address: give an IPv4 or IPv6 address, "
+        "error: --ip '10.0.0.300' is not an IP address: give an IPv4 or IPv6 address, "
         "or pass host names with --dns\n")
 
 
@@ -78,7 +78,7 @@ def test_generate_with_a_bad_dns_name_names_it_and_writes_nothing(
     assert main(["certs", "generate", "--out", str(tmp_path), "--dns", "svc.ns.svc",
                  "--dns", "bad name!"]) == 2
     assert capsys.readouterr().err == (
-        "certs generate: --dns 'bad name!' is not a DNS name: use letters, digits and '-' in "
+        "error: --dns 'bad name!' is not a DNS name: use letters, digits and '-' in "
         "labels separated by dots, e.g. dra-gateway.dra-gateway.svc; pass addresses with --ip\n")
     assert list(tmp_path.iterdir()) == []
 
@@ -106,7 +106,7 @@ def test_generate_refuses_an_address_given_as_a_dns_name(
     # with the address as a DNS SAN would fail every handshake.
     assert main(["certs", "generate", "--out", str(tmp_path), "--dns", address]) == 2
     assert capsys.readouterr().err == (
-        f"certs generate: --dns '{address}' is an IP address, which clients only match against "
+        f"error: --dns '{address}' is an IP address, which clients only match against "
         f"IP SANs: pass it with --ip {address}\n")
     assert list(tmp_path.iterdir()) == []
 
@@ -118,7 +118,7 @@ def test_generate_refuses_a_validity_past_the_last_x509_date(
     assert main(["certs", "generate", "--out", str(tmp_path), "--dns", "svc.ns.svc",
                  "--ca-days", "99999999"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("certs generate: --ca-days 99999999 would end after 9999-12-31, the "
+    assert err.startswith("error: --ca-days 99999999 would end after 9999-12-31, the "
                           "last date a certificate can hold; give at most ")
     longest = int(err.rsplit(" ", 1)[1])
     assert list(tmp_path.iterdir()) == []
@@ -141,7 +141,7 @@ def test_generate_writes_nothing_when_a_file_it_must_replace_is_a_folder(
                  "--force"]) == 1
 
     assert capsys.readouterr().err == (
-        f"certs generate: cannot write {out / 'tls.key'}: it exists and is not a file; remove "
+        f"error: cannot write {out / 'tls.key'}: it exists and is not a file; remove "
         "it or choose another --out directory\n")
     assert (out / "ca.crt").read_bytes() == old_ca
 
@@ -154,7 +154,7 @@ def test_an_existing_ca_is_not_replaced_without_force(tmp_path: Path,
     capsys.readouterr()
     assert main(args) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"certs generate: {tmp_path / 'ca.crt'} exists; a new CA would not be "
+    assert err.startswith(f"error: {tmp_path / 'ca.crt'} exists; a new CA would not be "
                           "trusted by what trusts that one")
     assert "pass --force" in err
     assert (tmp_path / "ca.crt").read_bytes() == first

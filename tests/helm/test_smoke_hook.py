@@ -74,7 +74,7 @@ async def test_smoke_fails_with_the_reason_when_the_certificate_is_not_trusted(
         url = f"https://localhost:{server.port}"
         assert await _smoke("--webhook-url", url, "--ca-file", str(other)) == 1
         err = capsys.readouterr().err
-        assert f"smoke: no answer from the webhook at {url}/mutate: " in err
+        assert f"error: no answer from the webhook at {url}/mutate: " in err
         assert "CERTIFICATE_VERIFY_FAILED" in err
     finally:
         await server.close()

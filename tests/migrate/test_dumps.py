@@ -82,7 +82,7 @@ def test_an_unreadable_dump_names_file_document_and_problem(
     assert str(exc.value) == message.format(path=path)
     # The command line says the same in one line, exit code 2, no traceback.
     assert main(["migrate", "plan", "-f", str(path)]) == 2
-    assert capsys.readouterr().err == f"dra-gateway migrate plan: {exc.value}\n"
+    assert capsys.readouterr().err == f"error: {exc.value}\n"
 
 
 def test_a_missing_file_or_a_folder_is_named_with_the_fix(tmp_path: Path) -> None:

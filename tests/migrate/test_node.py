@@ -89,7 +89,7 @@ def test_the_node_plugin_still_cutting_over_keeps_the_node_waiting(
 def test_a_node_that_does_not_exist_is_named_and_exits_2(
         live_cluster: LiveCluster, capsys: pytest.CaptureFixture[str]) -> None:
     assert _node(live_cluster, "ghost") == 2
-    assert capsys.readouterr().err == ("dra-gateway migrate node: node ghost does not exist; "
+    assert capsys.readouterr().err == ("error: node ghost does not exist; "
                                        "list the nodes with kubectl get nodes\n")
 
 

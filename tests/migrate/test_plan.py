@@ -317,7 +317,7 @@ def test_files_and_a_kubeconfig_together_are_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dump = write_dump(tmp_path / "dump.yaml", scenario())
     assert main(["migrate", "quotas", "-f", str(dump), "--kubeconfig", "kc"]) == 2
-    assert capsys.readouterr().err == ("dra-gateway migrate quotas: give either -f FILE "
+    assert capsys.readouterr().err == ("error: give either -f FILE "
                                        "(offline) or --kubeconfig (live), not both\n")
 
 
@@ -326,7 +326,7 @@ def test_a_kubeconfig_that_does_not_exist_is_one_line_and_exit_2(
     missing = tmp_path / "nope"
     assert main(["migrate", "plan", "--kubeconfig", str(missing)]) == 2
     assert capsys.readouterr().err.startswith(
-        f"dra-gateway migrate plan: kubeconfig {missing} does not exist")
+        f"error: kubeconfig {missing} does not exist")
 
 
 def test_the_scenario_is_made_of_objects_an_api_server_would_hand_out() -> None:

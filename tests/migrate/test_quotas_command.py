@@ -123,9 +123,9 @@ def test_a_broken_rule_configmap_is_named_and_exits_2(
               "rules": [{"name": "x", "resources": {"a.com/x": {"unit": "Gb"}},
                          "device": {"className": "x.example.com", "count": "1"}}]}
     dump = write_dump(tmp_path / "dump.yaml", [rules_config_map("site", "gw", broken)])
-    assert main(["migrate", "quotas", "-f", str(dump), "--gateway-namespace", "gw"]) == 2
+    assert main(["migrate", "quotas", "-f", str(dump), "--namespace", "gw"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("dra-gateway migrate quotas: the rules in force do not load: ")
+    assert err.startswith("error: the rules in force do not load: ")
     assert "ConfigMap gw/site" in err
     assert 'unknown unit "Gb"' in err
 
@@ -163,4 +163,4 @@ def test_a_tenants_rule_configmap_in_a_dump_is_left_out_and_said_to_be(
     assert err.splitlines() == [
         "warning: ConfigMap team-a/mine carries dra-gateway.io/rules=true but is not in the "
         "gateway's namespace dra-gateway: the webhook does not read it, so neither does this "
-        "command (a different namespace: --gateway-namespace)"]
+        "command (a different namespace: --namespace)"]

@@ -124,7 +124,7 @@ def test_a_refusal_exits_1_and_names_document_container_and_resource(
     source.write_text(yaml.safe_dump_all([STREAM[0], bad]))
     code, out, err = run(capsys, "translate", "-f", str(source))
     assert code == 1
-    assert err == ('refused: Deployment ml/half (spec.template): container "main": '
+    assert err == ('error: Deployment ml/half (spec.template): container "main": '
                    "nvidia.com/gpu is 0.5, not a whole number; ask for whole units (rule "
                    "nvidia-gpu)\n")
     documents = list(yaml.safe_load_all(out))
@@ -155,7 +155,7 @@ def test_a_malformed_pod_spec_is_a_refusal_not_a_traceback(
     source.write_text(yaml.safe_dump(odd))
     code, out, err = run(capsys, "translate", "-f", str(source))
     assert code == 1
-    assert err == ("refused: Pod odd: the pod's spec.containers[0].resources.limits is not a "
+    assert err == ("error: Pod odd: the pod's spec.containers[0].resources.limits is not a "
                    "map of quantities; it is not a valid pod spec\n")
     assert list(yaml.safe_load_all(out)) == [odd]
 
@@ -246,7 +246,7 @@ def test_the_items_of_a_list_keep_their_own_namespaces(
     code, out, err = run(capsys, "translate", "-f",
                          str(listed({"nvidia.com/gpu": 1}, {"nvidia.com/gpu": "0.5"})))
     assert code == 1
-    assert err == ('refused: Deployment team-1/train (items[1].spec.template): container '
+    assert err == ('error: Deployment team-1/train (items[1].spec.template): container '
                    '"main": nvidia.com/gpu is 0.5, not a whole number; ask for whole units '
                    "(rule nvidia-gpu)\n")
 
@@ -274,7 +274,7 @@ def test_a_document_with_malformed_metadata_is_not_a_traceback(
                       "      - name: main\n        resources: {limits: {nvidia.com/gpu: x}}\n")
     code, _, err = run(capsys, "translate", "-f", str(source))
     assert code == 1
-    assert err.startswith('refused: Deployment #1 (spec.template): container "main": '
+    assert err.startswith('error: Deployment #1 (spec.template): container "main": '
                           'nvidia.com/gpu: invalid quantity "x"')
 
 
@@ -484,7 +484,7 @@ def test_translate_reports_every_bad_amount_of_a_pod_at_once(
     code, _, err = run(capsys, "translate", "-f", str(source))
     assert code == 1
     assert err == (
-        'refused: Pod a/p: 2 containers are refused: container "a": 2 problems: nvidia.com/gpu '
+        'error: Pod a/p: 2 containers are refused: container "a": 2 problems: nvidia.com/gpu '
         "is 1.5, not a whole number; ask for whole units; nvidia.com/gpumem is -3, a negative "
         'amount (rule hami); container "b": nvidia.com/gpu: invalid quantity "x": a quantity '
         'starts with a number, e.g. "40Gi" or "500m" (rule nvidia-gpu)\n')

@@ -155,7 +155,7 @@ def test_a_refused_pod_is_explained_and_exits_1(
     assert code == 1
     message = ('container "main": aliyun.com/gpu-core.percentage is a share of one card, at '
                "most 100 (rule gpushare)")
-    assert err == f"refused: Pod team-a/p: {message}\n"
+    assert err == f"error: Pod team-a/p: {message}\n"
     assert out.splitlines() == [
         f"Pod team-a/p: refused: {message}",
         f'  container "main": refused: {message}',

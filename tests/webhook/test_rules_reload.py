@@ -223,7 +223,7 @@ def test_the_webhook_refuses_a_missing_ca_file_before_serving(
     assert main(["webhook", "--listen", "127.0.0.1:0", "--tls-dir", str(tmp_path),
                  "--cluster", "memory", "--ca-file", str(tmp_path / "gone.crt")]) == 2
     assert capsys.readouterr().err == (
-        f"webhook: --ca-file {tmp_path / 'gone.crt'} not found; pass the ca.crt written by "
+        f"error: --ca-file {tmp_path / 'gone.crt'} not found; pass the ca.crt written by "
         "`dra-gateway certs generate`, or leave --ca-file out\n")
 
 
@@ -237,7 +237,7 @@ def test_the_webhook_names_a_client_ca_it_cannot_load(
     assert main(["webhook", "--listen", "127.0.0.1:0", "--tls-dir", str(tmp_path),
                  "--cluster", "memory", "--client-ca", str(tmp_path / "gone.crt")]) == 2
     assert capsys.readouterr().err.startswith(
-        f"webhook: cannot load the client CA {tmp_path / 'gone.crt'}: No such file")
+        f"error: cannot load the client CA {tmp_path / 'gone.crt'}: No such file")
 
 
 async def test_a_refusal_names_the_config_maps_involved(

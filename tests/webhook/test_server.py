@@ -190,7 +190,7 @@ def test_webhook_without_certificates_says_how_to_make_them(
 ) -> None:
     assert main(["webhook", "--listen", "127.0.0.1:0", "--tls-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (
-        f"webhook: tls.crt and tls.key not found in --tls-dir {tmp_path}; create them with "
+        f"error: tls.crt and tls.key not found in --tls-dir {tmp_path}; create them with "
         f"`dra-gateway certs generate --out {tmp_path} --dns NAME`\n")
 
 

@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from dra_gateway.allocator.cli import StrategyOption
+from dra_gateway.kube import arguments
 
 if TYPE_CHECKING:
     from dra_gateway.kube.cluster.port import Cluster
@@ -60,10 +61,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     modules themselves."""
     from dra_gateway.devkit import demo
 
-    bench_parser = sub.add_parser("bench", help="benchmarks on the embedded default")
+    bench_parser = sub.add_parser("bench", help="benchmarks on the embedded default",
+                                  description="Benchmarks of the planner and the embedded API, "
+                                  "each measured side by side with what it is compared to.")
     bench = bench_parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     demo.register(sub)
-    cluster = sub.add_parser("cluster", help="the embedded Kubernetes API (in-memory cluster)")
+    cluster = sub.add_parser("cluster", help="the embedded Kubernetes API (in-memory cluster)",
+                             description="The development kit's embedded Kubernetes API: an "
+                             "in-memory cluster served over HTTP for kubectl and the components.")
     commands = cluster.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
     serve = commands.add_parser(
         "serve", help="serve an in-memory cluster as the Kubernetes API until stopped",
@@ -86,7 +91,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                            "into the kubeconfig)")
     auth.add_argument("--no-token", action="store_true",
                       help="accept requests without a token (loopback addresses only)")
-    serve.add_argument("--history", type=int, default=1000, metavar="EVENTS",
+    serve.add_argument("--history", type=int, default=1000, metavar="COUNT",
                        help="watch events kept per type; older resourceVersions get 410 Expired "
                             "(default: %(default)s)")
     serve.add_argument("--webhook-service", action="append", default=[], type=_service,
@@ -110,38 +115,41 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Run one claim workload (create, get, allocate, watch) on the in-memory "
                     "cluster and through kubernetes-asyncio against it on loopback; print both "
                     "throughputs and their ratio.")
-    measure.add_argument("--claims", type=int, default=2000,
+    measure.add_argument("--claims", type=int, default=2000, metavar="COUNT",
                          help="claims per backend (default: %(default)s)")
-    measure.add_argument("--concurrency", type=int, default=16,
+    measure.add_argument("--concurrency", type=int, default=16, metavar="COUNT",
                          help="concurrent workers (default: %(default)s)")
     measure.set_defaults(func=_bench)
 
     replay = bench.add_parser(
-        "allocator", help="replay an openb-format trace through the planner, per packing strategy"
-    )
-    replay.add_argument("--nodes", required=True, help="node list CSV (openb format)")
-    replay.add_argument("--pods", required=True, help="pod list CSV (openb format)")
+        "allocator", help="replay an openb-format trace through the planner, per packing strategy",
+        description="Replay an openb trace's pods through the planner, once per packing "
+                    "strategy and seed, and compare the GPU allocation each reaches.")
+    replay.add_argument("--nodes", required=True, metavar="FILE",
+                        help="node list CSV (openb format)")
+    replay.add_argument("--pods", required=True, metavar="FILE",
+                        help="pod list CSV (openb format)")
     replay.add_argument("--strategy", "--policy", action=StrategyOption, append=True,
-                        dest="strategies", metavar="NAME",
+                        dest="strategies", metavar="STRATEGY",
                         help="packing strategy to compare (repeatable; default: every "
                         "strategy; --policy is its deprecated name)")
-    replay.add_argument("--load", type=float, default=1.3,
+    replay.add_argument("--load", type=float, default=1.3, metavar="NUMBER",
                         help="GPU requests as a share of the cluster's GPUs (default: 1.3)")
-    replay.add_argument("--seeds", default="42-51",
+    replay.add_argument("--seeds", default="42-51", metavar="SEEDS",
                         help="seeds, e.g. 42-51 or 42,43 (default: %(default)s)")
     replay.add_argument("--gpu-policies", action="store_true",
                         help="also replay each seed with 200 GPUQuotas and 50 "
                         "GPUSharingPolicies over 200 namespaces, side by side pod by pod, and "
                         "report the ratio of claims/s")
-    replay.add_argument("--scale", default=None, metavar="N",
+    replay.add_argument("--scale", default=None, metavar="FACTORS",
                         help="replay the cluster and the pods multiplied N times (several, "
                         "e.g. 1,8, side by side in one run); reports the state's resident "
                         "memory and claims/s against the first factor")
-    replay.add_argument("--defrag-moves", type=float, default=None, metavar="P",
+    replay.add_argument("--defrag-moves", type=float, default=None, metavar="PERCENT",
                         help="after each replay, retry the pods that did not fit, then let "
                         "defrag move at most P%% of the pods placed to place them; report GPU "
                         "allocation before, after retrying and after defrag")
-    replay.add_argument("--preemption", type=float, default=None, metavar="P",
+    replay.add_argument("--preemption", type=float, default=None, metavar="PERCENT",
                         help="after each replay, P%% more pods of a higher priority arrive; "
                         "report how many are placed with preemption and without, victims per "
                         "preemption, the victim search's time and the planning time per claim "
@@ -155,23 +163,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         help="also report where the unallocated GPU share lies at the end of "
                         "the replays: per content of a card (the shares it holds), the cards "
                         "and their free share")
-    replay.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    arguments.output_option(replay, "table", "json")
     replay.set_defaults(func=_run_bench)
 
     topology = bench.add_parser(
         "topology", help="multi-card pods on one PCIe root / NUMA node: with the topology "
-        "preference, without it, and first-fit, side by side")
+        "preference, without it, and first-fit, side by side",
+        description="Place multi-card pods with the topology preference, without it and "
+                    "first-fit, side by side, and compare how many share one PCIe root or NUMA "
+                    "node.")
     topology.add_argument("--inventory", default=None, metavar="FILE",
                           help="the node's inventory file, copied for every node (default: "
                           "the bundled examples/inventory/pcie8.yaml)")
-    topology.add_argument("--nodes", type=int, default=16, help="nodes (default: %(default)s)")
-    topology.add_argument("--pods", type=int, default=4000,
+    topology.add_argument("--nodes", type=int, default=16, metavar="COUNT",
+                          help="nodes (default: %(default)s)")
+    topology.add_argument("--pods", type=int, default=4000, metavar="COUNT",
                           help="pods arriving per seed (default: %(default)s)")
-    topology.add_argument("--load", type=float, default=0.9,
+    topology.add_argument("--load", type=float, default=0.9, metavar="NUMBER",
                           help="cards asked as a share of the cluster's (default: %(default)s)")
-    topology.add_argument("--seeds", default="1-3",
+    topology.add_argument("--seeds", default="1-3", metavar="SEEDS",
                           help="seeds, e.g. 1-3 or 1,2 (default: %(default)s)")
-    topology.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    arguments.output_option(topology, "table", "json")
     topology.set_defaults(func=_run_topology_bench)
 
 

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from dra_gateway.kube import names
+from dra_gateway.kube import arguments, names
 
 if TYPE_CHECKING:
     from dra_gateway.migrate.inventory import ClusterObjects
@@ -36,8 +36,7 @@ class _Failure(Exception):
 
 
 def _kubeconfig(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kubeconfig", metavar="FILE",
-                        help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+    arguments.kubeconfig_option(parser)
 
 
 def _sources(parser: argparse.ArgumentParser) -> None:
@@ -51,10 +50,12 @@ def _sources(parser: argparse.ArgumentParser) -> None:
 
 
 def _gateway_namespace(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gateway-namespace", default=names.GATEWAY_NAMESPACE, metavar="NS",
-                        help="the namespace the gateway is installed in: its webhooks read rule "
-                             "ConfigMaps there only, and leave it out as they leave out "
-                             "kube-system (default: %(default)s)")
+    # --gateway-namespace was its name before every command said --namespace: still read.
+    arguments.namespace_option(parser, default=names.GATEWAY_NAMESPACE,
+                               deprecated=("--gateway-namespace",),
+                               help="the gateway's namespace: its webhooks read rule ConfigMaps "
+                               "there only, and leave it out as they leave out kube-system "
+                               "(default: %(default)s)")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -72,11 +73,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "plugins and pods, the GPUQuota each legacy ResourceQuota becomes, and the "
                     "steps in order with what each waits for.")
     _sources(plan)
-    plan.add_argument("-o", "--output", choices=("table", "json", "html"), default="table")
+    arguments.output_option(plan, "table", "json", "html")
     plan.add_argument("--default-mode", choices=("enabled", "audit"), default="enabled",
                       help="the chart's webhook.translation.default: the mode of namespaces "
                            "without the dra-gateway.io/translation label (default: enabled)")
-    plan.add_argument("--exclude-namespace", action="append", default=[], metavar="NS",
+    plan.add_argument("--exclude-namespace", action="append", default=[], metavar="NAMESPACE",
                       help="a namespace of the chart's webhook.excludeNamespaces (repeatable)")
     plan.set_defaults(func=_run_plan)
 
@@ -86,7 +87,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "memory in bytes, cores in percent), for kubectl apply -f -. What has no "
                     "equivalent is said in comments, in the JSON and on stderr.")
     _sources(quotas)
-    quotas.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    arguments.output_option(quotas, "yaml", "json")
     quotas.set_defaults(func=_run_quotas)
 
     node = commands.add_parser(
@@ -96,14 +97,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "the DaemonSet patch that makes it leave), legacy pods holding cards, the "
                     "gateway's node plugin reaching DRA. Exit 0 when the node is cut over, 3 "
                     "while it waits (poll it), 2 when it does not exist, 1 when the API fails.")
-    node.add_argument("node", metavar="NODE")
+    node.add_argument("node", metavar="NODE", help="the node to cut over")
     _kubeconfig(node)
     node.add_argument("--rules", metavar="PATH", action="append", default=[],
                       help="rules files or folders the webhook reads, as for plan")
     _gateway_namespace(node)
     node.add_argument("--dry-run", action="store_true",
                       help="only say what it would do: the node is not labelled")
-    node.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    # `text` was the name of `table` here alone: still taken.
+    arguments.output_option(node, "table", "json", aliases={"text": "table"})
     node.set_defaults(func=_run_node)
 
 
@@ -117,23 +119,17 @@ def _handle(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
         from dra_gateway.migrate.dumps import DumpError
         from dra_gateway.translator.rules import RulesError
 
-        where = f"dra-gateway migrate {args.migrate}"
         try:
             return run(args)
         except _Failure as exc:
-            print(f"{where}: {exc}", file=sys.stderr)
-            return exc.code
+            return arguments.error(str(exc), exc.code)
         except (DumpError, ClusterConfigError) as exc:
-            print(f"{where}: {exc}", file=sys.stderr)
-            return 2
+            return arguments.error(str(exc), 2)
         except RulesError as exc:
-            print(f"{where}: the rules in force do not load: {exc}; fix the rule ConfigMap or "
-                  "file named", file=sys.stderr)
-            return 2
+            return arguments.error(f"the rules in force do not load: {exc}; fix the rule "
+                                   "ConfigMap or file named", 2)
         except ApiError as exc:
-            print(f"{where}: the Kubernetes API failed: {exc.reason}: {exc.message}",
-                  file=sys.stderr)
-            return 1
+            return arguments.error(f"the Kubernetes API failed: {exc.reason}: {exc.message}", 1)
 
     return handler
 
@@ -145,7 +141,7 @@ def _inventory(args: argparse.Namespace) -> ClusterObjects:
         if args.kubeconfig:
             raise _Failure("give either -f FILE (offline) or --kubeconfig (live), not both")
         return read_dumps(args.filename)
-    return asyncio.run(_read_live(args.kubeconfig, args.gateway_namespace))
+    return asyncio.run(_read_live(args.kubeconfig, args.namespace))
 
 
 async def _read_live(kubeconfig: str | None, gateway_namespace: str) -> ClusterObjects:
@@ -160,16 +156,16 @@ async def _read_live(kubeconfig: str | None, gateway_namespace: str) -> ClusterO
 
 
 def _rules(inventory: ClusterObjects, args: argparse.Namespace) -> RuleSet:
-    """The rules in force, as the webhook of `--gateway-namespace` loads them; a labelled
+    """The rules in force, as the webhook of `--namespace` loads them; a labelled
     ConfigMap elsewhere (in a dump) is said to be left out."""
     from dra_gateway.migrate.rules import foreign_config_maps, rules_in_force
 
-    for name in foreign_config_maps(inventory.rule_config_maps, args.gateway_namespace):
-        print(f"warning: ConfigMap {name} carries {names.RULES_LABEL}={names.RULES_LABEL_VALUE} "
-              f"but is not in the gateway's namespace {args.gateway_namespace}: the webhook does "
-              "not read it, so neither does this command (a different namespace: "
-              "--gateway-namespace)", file=sys.stderr)
-    return rules_in_force(inventory.rule_config_maps, namespace=args.gateway_namespace,
+    for name in foreign_config_maps(inventory.rule_config_maps, args.namespace):
+        arguments.warn(f"ConfigMap {name} carries {names.RULES_LABEL}={names.RULES_LABEL_VALUE} "
+                       f"but is not in the gateway's namespace {args.namespace}: the webhook "
+                       "does not read it, so neither does this command (a different "
+                       "namespace: --namespace)")
+    return rules_in_force(inventory.rule_config_maps, namespace=args.namespace,
                           files=args.rules)
 
 
@@ -179,7 +175,7 @@ def _rule_sources(inventory: ClusterObjects, args: argparse.Namespace) -> list[s
 
     return ["built-in", *args.rules, *(
         f"ConfigMap {'/'.join(objects.namespace_name(cm))}"
-        for cm in gateway_config_maps(inventory.rule_config_maps, args.gateway_namespace))]
+        for cm in gateway_config_maps(inventory.rule_config_maps, args.namespace))]
 
 
 def _source(args: argparse.Namespace) -> str:
@@ -190,8 +186,8 @@ def _source(args: argparse.Namespace) -> str:
     if args.kubeconfig:
         parts.append(f"--kubeconfig {shlex.quote(args.kubeconfig)}")
     parts.extend(f"--rules {shlex.quote(r)}" for r in args.rules)
-    if args.gateway_namespace != names.GATEWAY_NAMESPACE:
-        parts.append(f"--gateway-namespace {shlex.quote(args.gateway_namespace)}")
+    if args.namespace != names.GATEWAY_NAMESPACE:
+        parts.append(f"--namespace {shlex.quote(args.namespace)}")
     return " ".join(parts)
 
 
@@ -203,7 +199,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     inventory = _inventory(args)
     plan = build_plan(inventory, _rules(inventory, args), default_mode=args.default_mode,
                       rule_sources=_rule_sources(inventory, args), source=_source(args),
-                      excluded=("kube-system", args.gateway_namespace,
+                      excluded=("kube-system", args.namespace,
                                 *args.exclude_namespace))
     if args.output == "json":
         print(json.dumps(plan.to_dict(), indent=2))
@@ -221,7 +217,7 @@ def _run_quotas(args: argparse.Namespace) -> int:
     inventory = _inventory(args)
     migration = migrate_quotas(inventory, _rules(inventory, args))
     for warning in migration.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        arguments.warn(warning)
     if args.output == "json":
         print(json.dumps(migration.to_dict(), indent=2))
     else:
@@ -245,7 +241,7 @@ async def _node(args: argparse.Namespace) -> int:
     cluster = await connect("kube", args.kubeconfig, verify=())
     try:
         listed = await cluster.list(
-            CONFIG_MAPS, namespace=args.gateway_namespace,
+            CONFIG_MAPS, namespace=args.namespace,
             label_selector=f"{names.RULES_LABEL}={names.RULES_LABEL_VALUE}")
         rules = _rules(ClusterObjects(rule_config_maps=list(listed.items)), args)
         try:

@@ -76,6 +76,7 @@ from dra_gateway.devkit.demo.processes import (
 )
 from dra_gateway.devkit.demo.quota import QUOTA_CONDITION, QuotaReport, print_quota, show_quota
 from dra_gateway.devkit.demo.session import DemoReport, demo, print_table, run
+from dra_gateway.kube import arguments
 
 __all__ = [
     "DEFAULT_PODS", "DEMO_DIR", "EXAMPLES", "GRACE_S", "LOG_TAIL_LINES", "MAX_PODS", "NAMESPACE",
@@ -98,11 +99,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--pods", action="append", default=[], metavar="FILE", type=Path,
                         help="manifests to create instead of the bundled examples (Pods, or "
                              "workloads whose pods the demo creates; repeatable)")
-    parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
-                        help="how long to wait for the pods to be placed (default: %(default)s)")
-    parser.add_argument("--startup-timeout", type=float, default=120.0, metavar="SECONDS",
-                        help="how long the components may take to start and become ready "
-                             "(default: %(default)s)")
+    parser.add_argument("--timeout", type=arguments.positive_duration, default=120.0,
+                        metavar="DURATION", help=arguments.duration_help(
+                            "how long to wait for the pods to be placed", 120.0))
+    parser.add_argument("--startup-timeout", type=arguments.positive_duration, default=120.0,
+                        metavar="DURATION", help=arguments.duration_help(
+                            "how long the components may take to start and become ready", 120.0))
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (logs, kubeconfig, certificates) and "
                              "print where it is")
@@ -114,6 +116,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                              "components running, print the kubeconfig and commands to try "
                              "(kubectl, report, migrate plan, defrag plan), and stop cleanly "
                              "on Ctrl-C")
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table",
-                        help="table for people (default) or a JSON summary on standard output")
+    arguments.output_option(parser, "table", "json")
     parser.set_defaults(func=run)
