@@ -12,7 +12,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING
 
-from dra_gateway.kube import names
+from dra_gateway.kube import arguments, names
 
 if TYPE_CHECKING:
     from dra_gateway.preflight.checks import Check
@@ -26,14 +26,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "dry-run slices) and say, check by check, what the gateway needs and what "
                     "is missing. Exit code: 0 ok or info, 1 the API failed, 2 bad input, "
                     "3 a warning, 4 an error.")
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table",
-                        help="output format (default: %(default)s)")
-    parser.add_argument("--namespace", metavar="NAMESPACE", default=names.GATEWAY_NAMESPACE,
-                        help="the namespace the gateway is (or will be) installed in "
-                             "(default: %(default)s)")
-    parser.add_argument("--kubeconfig", metavar="FILE",
-                        help="kubeconfig file (default: $KUBECONFIG, the pod's service account "
-                             "in a cluster, then ~/.kube/config)")
+    arguments.output_option(parser, "table", "json")
+    arguments.namespace_option(parser, default=names.GATEWAY_NAMESPACE,
+                               help="the namespace the gateway is (or will be) installed in "
+                                    "(default: %(default)s)")
+    arguments.kubeconfig_option(parser)
     parser.set_defaults(func=_run)
 
 
@@ -60,11 +57,9 @@ def _run(args: argparse.Namespace) -> int:
     try:
         facts, checks = asyncio.run(_read(args.kubeconfig, args.namespace))
     except ClusterConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return arguments.error(str(exc), 2)
     except ApiError as exc:
-        print(f"error: reading the cluster: {exc.reason}: {exc.message}", file=sys.stderr)
-        return 1
+        return arguments.error(f"reading the cluster: {exc.reason}: {exc.message}", 1)
     if args.output == "json":
         print(json.dumps(document(facts, checks), indent=2))
     else:
