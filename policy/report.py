@@ -380,6 +380,9 @@ def render_table(report: Mapping[str, Any]) -> str:
         if pod.get("why"):
             lines += hanging("  ", f"{pod['namespace']}/{pod['pod']} can never fit the cards "
                                    f"published: {pod['why']}")
+        elif pod.get("waitsFor"):
+            lines += hanging("  ", f"{pod['namespace']}/{pod['pod']} waits for "
+                                   f"{pod['waitsFor']}: its claims are not the gateway's")
     for error in report["policyErrors"]:
         lines.append(f"POLICY ERROR: {error}")
     for claim in report.get("invalidClaims") or ():

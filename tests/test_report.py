@@ -67,9 +67,50 @@ def test_each_node_with_the_migration_condition_is_one_row_by_name() -> None:
                                    _node("gpu-a", DRA)])
     assert rows == [
         {"node": "gpu-a", "state": "DRA", "message": "all 4 card(s) published",
-         "since": "2026-12-01T09:00:00Z"},
+         "detail": "all 4 card(s) published", "since": "2026-12-01T09:00:00Z"},
         {"node": "gpu-b", "state": "CuttingOver", "message": CUTTING_OVER["message"],
-         "since": "2026-12-01T10:00:00Z"}]
+         "detail": CUTTING_OVER["message"], "since": "2026-12-01T10:00:00Z"}]
+
+
+def test_a_healthy_node_without_a_kubelet_to_ask_shows_no_fix_it() -> None:
+    # What the node plugin writes where the kubelet's pod-resources socket is missing (the
+    # demo's nodes): the Node's status decided, nothing is wrong.
+    message = ("the Node's status shows no legacy GPU resource, so no container can hold one "
+               "(the kubelet's pod-resources API cannot be read (the kubelet's pod-resources "
+               "socket /var/lib/kubelet/pod-resources/kubelet.sock does not exist: mount the "
+               "kubelet's pod-resources directory (/var/lib/kubelet/pod-resources) into the "
+               "plugin, or ...)): all 4 card(s) published")
+    healthy = {**DRA, "message": message}
+    (row,) = report.migration_nodes([_node("gpu-a", healthy)])
+    assert row["message"] == "all 4 card(s) published"
+    assert row["detail"] == message
+    assert "mount" not in report.nodes_table([row])
+    # A real problem keeps its fix-it.
+    legacy = {**CUTTING_OVER, "reason": names.NODE_STATE_LEGACY,
+              "message": "a legacy device plugin offers nvidia.com/gpu on this node: none of "
+                         "its 4 card(s) is published until it leaves the node (label "
+                         "dra-gateway.io/cut-over=true)"}
+    (row,) = report.migration_nodes([_node("gpu-b", legacy)])
+    assert row["message"] == legacy["message"]
+
+
+def test_pending_counts_the_pods_kube_scheduler_holds_beside_the_gateways() -> None:
+    from dra_gateway.policy.report import render_table
+
+    amd = {"metadata": {"namespace": "ml", "name": "rocm-smoke"},
+           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+           "status": {"phase": "Pending"}}
+    bound = {"metadata": {"namespace": "ml", "name": "placed"},
+             "spec": {"nodeName": "gpu-a", "resourceClaims": [{"name": "gpu"}]},
+             "status": {"phase": "Running"}}
+    plain = {"metadata": {"namespace": "ml", "name": "web"}, "spec": {},
+             "status": {"phase": "Pending"}}
+    shown = build_report(claims=[], slices=[], pods=[amd, bound, plain], catalog=Catalog.build())
+    report.add_scheduler_pending(shown, [amd, bound, plain])
+    assert shown["pending"] == {"Unschedulable": 1}
+    text = render_table(shown)
+    assert "PENDING: Unschedulable=1" in text
+    assert "ml/rocm-smoke waits for kube-scheduler: its claims are not the gateway's" in text
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import html
 import json
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,7 @@ async def _read(kubeconfig: str | None, namespace: str = names.GATEWAY_NAMESPACE
     report = build_report(claims=snapshot.claims, slices=snapshot.slices, pods=snapshot.pods,
                           templates=templates, catalog=snapshot.catalog or Catalog.build(),
                           events=events)
+    add_scheduler_pending(report, snapshot.pods)
     report["nodes"] = migration_nodes(snapshot.nodes)
     report["unhealthyDevices"] = unhealthy_devices(snapshot.slices, snapshot.nodes)
     report["defrag"] = _defrag(snapshot)
@@ -92,6 +94,30 @@ def defrag_html(body: Mapping[str, Any] | None) -> str:
     return "<h2>Defrag</h2>" + inner.replace("<h1>Defrag plan</h1>", "")
 
 
+def add_scheduler_pending(report: dict[str, Any], pods: Iterable[Mapping[str, Any]]) -> None:
+    """Count the pending pods with DRA claims that the gateway does not hold (no gateway gate:
+    their claims are for another driver's classes, kube-scheduler places them) beside the
+    gateway's: a pod the demo shows pending was missing from PENDING."""
+    listed = {(p["namespace"], p["pod"]) for p in report.get("pendingPods") or ()}
+    found = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if key in listed or spec.get("nodeName") or not spec.get("resourceClaims") \
+                or (pod.get("status") or {}).get("phase") not in (None, "Pending") \
+                or meta.get("deletionTimestamp"):
+            continue
+        found.append({"namespace": key[0], "pod": key[1], "reason": "Unschedulable",
+                      "waitsFor": "kube-scheduler"})
+    if not found:
+        return
+    report["pendingPods"] = [*(report.get("pendingPods") or ()), *found]
+    counts = dict(report.get("pending") or {})
+    counts["Unschedulable"] = counts.get("Unschedulable", 0) + len(found)
+    report["pending"] = dict(sorted(counts.items()))
+
+
 def migration_nodes(nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
     """Per node whose plugin said so, its state in the move from a legacy device plugin
     (Legacy, CuttingOver, DRA), why, and since when; nodes without the condition are left out."""
@@ -99,11 +125,28 @@ def migration_nodes(nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
     for node in nodes:
         for condition in (node.get("status") or {}).get("conditions") or []:
             if condition.get("type") == names.NODE_MIGRATION_CONDITION:
+                state = str(condition.get("reason", ""))
+                message = str(condition.get("message", ""))
                 out.append({"node": str((node.get("metadata") or {}).get("name", "")),
-                            "state": str(condition.get("reason", "")),
-                            "message": str(condition.get("message", "")),
+                            "state": state, "message": node_message(state, message),
+                            "detail": message,
                             "since": str(condition.get("lastTransitionTime", ""))})
     return sorted(out, key=lambda row: row["node"])
+
+
+_PUBLISHED = re.compile(r"all \d+ card\(s\) published$")
+
+
+def node_message(state: str, message: str) -> str:
+    """What a NODES row says: the node plugin's message, but on a node in state DRA only its
+    outcome. There the plugin may add why it could not ask the kubelet, with that error's
+    fix-its (mount the pod-resources directory, ...), although the Node's status decided and
+    nothing is wrong: fix-its are shown for real problems only; JSON keeps the whole message
+    as `detail`."""
+    found = _PUBLISHED.search(message) if state == names.NODE_STATE_DRA else None
+    if found is None:
+        return message
+    return found.group()
 
 
 def unhealthy_devices(slices: Iterable[Mapping[str, Any]],
