@@ -135,8 +135,10 @@ def test_demo_places_every_example_pod_on_the_node_of_its_devices(tmp_path: Path
                     "node-plugin-gpu-a100-1.log", "node-plugin-gpu-h100-1.log"}
 
 
-def test_the_quota_step_is_printed_for_people() -> None:
+def test_the_quota_step_is_printed_for_people(monkeypatch: pytest.MonkeyPatch) -> None:
     from io import StringIO
+
+    monkeypatch.setenv("COLUMNS", "120")
 
     from dra_gateway.devkit.demo import QuotaReport, print_quota
 
@@ -194,21 +196,40 @@ def test_pods_file_without_a_pod_names_the_document(tmp_path: Path) -> None:
                            "no pod (no spec.containers anywhere); give Pods or workloads\n")
 
 
-@pytest.mark.timeout(120)
-def test_pod_the_gateway_refuses_fails_the_demo_and_stops_every_process(tmp_path: Path) -> None:
+@pytest.mark.timeout(150)
+def test_a_refused_pod_and_one_that_never_fits_are_reported_and_the_others_go_on(
+        tmp_path: Path) -> None:
     pods = tmp_path / "pods.yaml"
     pods.write_text(
         "apiVersion: v1\nkind: Pod\nmetadata: {name: too-much, namespace: ml}\n"
         "spec:\n  containers:\n    - name: c\n      image: busybox\n      resources:\n"
-        "        limits: {nvidia.com/gpu: 1, nvidia.com/gpumem-percentage: 150}\n",
+        "        limits: {nvidia.com/gpu: 1, nvidia.com/gpumem-percentage: 150}\n"
+        "---\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: nine-gpus, namespace: ml}\n"
+        "spec:\n  containers:\n    - name: c\n      image: busybox\n      resources:\n"
+        "        limits: {nvidia.com/gpu: 9}\n"
+        "---\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: one-gpu, namespace: ml}\n"
+        "spec:\n  containers:\n    - name: c\n      image: busybox\n      resources:\n"
+        "        limits: {nvidia.com/gpu: 1}\n",
         encoding="utf-8")
     work = tmp_path / "w"
 
-    done = _demo("--pods", str(pods), "--work-dir", str(work), "--timeout", "60")
+    # A timeout far beyond the test's: the demo must stop waiting for the pod by itself.
+    done = _demo("--pods", str(pods), "--work-dir", str(work), "--timeout", "10m",
+                 "-o", "json", timeout=140)
 
     assert done.returncode == 1, done.stderr
-    assert 'demo: failed at step "creating pods": the API refused pod ml/too-much' in done.stderr
-    assert "nvidia.com/gpumem-percentage is a share of one card, at most 100" in done.stderr
+    refused, never, landed = json.loads(done.stdout)["pods"]
+    assert "nvidia.com/gpumem-percentage is a share of one card, at most 100" in refused["refused"]
+    assert refused["ok"] is False
+    assert refused["node"] is None
+    assert never["neverFits"].startswith("pod ml/nine-gpus: 0/3 nodes fit")
+    assert landed["ok"] is True
+    assert landed["node"] in GPU_NODES
+    assert ('demo: failed at step "checking placements": 2 pods not placed as expected: '
+            "ml/too-much, ml/nine-gpus") in done.stderr
+    assert "--- last lines of" not in done.stderr  # the allocator's words, no raw log
     assert "Traceback" not in done.stderr
     assert _processes_mentioning(str(work)) == []
     assert os.listdir(work / "logs")
@@ -432,3 +453,96 @@ def _explore_then_stop(demo: subprocess.Popen[str], work: Path) -> None:
     assert "CUDA_DEVICE_MEMORY_LIMIT=8000m" in out
     assert "CUDA_DEVICE_SM_LIMIT=30" in out
     assert "did not stop" not in demo.stderr.read()
+
+
+def _report(name: str, **fields: Any) -> Any:
+    from dra_gateway.devkit.demo import PodReport
+
+    namespace, pod = name.split("/")
+    return PodReport(namespace, pod, "Pod " + name, fields.pop("legacy", "nvidia.com/gpu=1"),
+                     "nvidia", fields.pop("templates", []), fields.pop("expected", "bound"),
+                     **fields)
+
+
+def test_table_wraps_cells_at_words_within_the_terminal_width(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from io import StringIO
+
+    from dra_gateway.devkit.demo import print_table
+
+    monkeypatch.setenv("COLUMNS", "100")
+    legacy = ("nvidia.com/gpu=1 nvidia.com/gpumem=10000 nvidia.com/gpucores=30 "
+              "nvidia.com/gpumem-percentage=25")
+    reports = [_report("inference/llm-serve", legacy=legacy, templates=["llm-serve-gpu"],
+                       node="gpu-a100-1", claims=[{"devices": [{
+                           "device": "gpu-0-mig-3g.40gb-0", "share": "shared",
+                           "memory": 10000 * 2**20, "cores": 30, "enforcement": "hami-core"}]}])]
+    out = StringIO()
+    print_table(reports, out)
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 100
+    words = out.getvalue().split()
+    for token in legacy.split():
+        assert token in words  # never cut mid-word
+
+
+def test_width_follows_the_terminal_with_a_sane_minimum(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dra_gateway.devkit.demo.common import MIN_TEXT_WIDTH, text_width
+
+    monkeypatch.setenv("COLUMNS", "200")
+    assert text_width() == 200
+    monkeypatch.setenv("COLUMNS", "20")
+    assert text_width() == MIN_TEXT_WIDTH
+
+
+def test_refused_and_never_fitting_pods_are_said_in_the_table_and_the_verdict(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from io import StringIO
+
+    from dra_gateway.devkit.demo import DemoReport, print_table
+    from dra_gateway.devkit.demo.session import verdict
+
+    monkeypatch.setenv("COLUMNS", "120")
+    refused = _report("ml/too-much", refused="admission webhook denied the request: too much",
+                      problems=["refused by the API: too much"])
+    never = _report("ml/nine-gpus", never_fits="pod ml/nine-gpus: 0/3 nodes fit; ...",
+                    problems=["not bound"])
+    pending = _report("ml/rocm-smoke", expected="pending", why_pending="DeviceClass "
+                      "gpu.amd.com is not installed here")
+    placed = _report("ml/one", node="gpu-h100-1")
+    report = DemoReport([refused, never, pending, placed], None, None)
+    out = StringIO()
+    print_table(report.pods, out)
+    text = out.getvalue()
+    for cell in ("(refused)", "(never fits)", "(pending)"):
+        assert cell in text
+    assert ("REFUSED ml/too-much (Pod ml/too-much): the API refused to create it: admission "
+            "webhook denied the request: too much") in text
+    assert "NEVER FITS ml/nine-gpus: no pod was bound for a while and the allocator still " \
+           "says: pod ml/nine-gpus: 0/3 nodes fit; ..." in text
+    assert verdict(report) == (
+        "demo: 2 of 4 pods landed as expected; 1 pending on purpose (ml/rocm-smoke); "
+        "1 refused (ml/too-much); 1 never fit (ml/nine-gpus)")
+
+
+def test_hami_units_and_core_shares_are_explained_where_shown() -> None:
+    from io import StringIO
+
+    from dra_gateway.devkit.demo import print_table
+    from dra_gateway.devkit.demo.session import explain_env
+
+    assert explain_env("CUDA_DEVICE_MEMORY_LIMIT=10000m") == (
+        "CUDA_DEVICE_MEMORY_LIMIT=10000m  (HAMi-core's MiB: the card memory the container may "
+        "allocate)")
+    assert explain_env("CUDA_DEVICE_MEMORY_LIMIT_1=20m").endswith("(HAMi-core's MiB: the card "
+                                                                  "memory the container may "
+                                                                  "allocate)")
+    assert explain_env("CUDA_DEVICE_SM_LIMIT=30").endswith("(percent of the card's compute)")
+    assert explain_env("LD_PRELOAD=/x.so") == "LD_PRELOAD=/x.so"
+    shared = _report("ml/one", node="gpu-h100-1", claims=[{"devices": [{
+        "device": "gpu-0", "share": "shared", "memory": 2**30, "cores": 1,
+        "enforcement": "hami-core"}]}])
+    out = StringIO()
+    print_table([shared], out)
+    assert "1% cores" in out.getvalue()
+    assert "N% cores: the share of the card's compute" in out.getvalue()

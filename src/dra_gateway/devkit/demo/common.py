@@ -29,10 +29,19 @@ NODES: tuple[tuple[str, str], ...] = (
 NAMESPACE = names.GATEWAY_NAMESPACE
 WEBHOOK_SERVICE = "dra-gateway-webhook"
 GRACE_S = 5.0
-# What the demo's output fits: a 120-column terminal.
+# What the demo's output fits when no terminal says its width; below MIN_TEXT_WIDTH columns
+# a table of pods is no longer readable, so lines run past a narrower one.
 TEXT_WIDTH = 120
+MIN_TEXT_WIDTH = 60
 LOG_TAIL_LINES = 25
 _POLL_S = 0.2
+
+
+def text_width() -> int:
+    """The terminal's width ($COLUMNS first, as shutil reads it), at least MIN_TEXT_WIDTH."""
+    import shutil
+
+    return max(MIN_TEXT_WIDTH, shutil.get_terminal_size((TEXT_WIDTH, 24)).columns)
 
 
 class DemoError(Exception):

@@ -40,6 +40,11 @@ class PodReport:
     node: str | None = None
     claims: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # The API's refusal of the pod (the webhook's message): the pod was never created.
+    refused: str = ""
+    # The allocator's words on a pod it refused once every other pod had settled: nothing in
+    # the embedded cluster frees room while the demo waits, so the demo stops waiting for it.
+    never_fits: str = ""
 
     @property
     def ok(self) -> bool:
@@ -50,7 +55,8 @@ class PodReport:
                 "legacyRequest": self.legacy, "rule": self.rule or None,
                 "templates": self.templates, "expected": self.expected,
                 "whyPending": self.why_pending or None, "node": self.node,
-                "claims": self.claims, "ok": self.ok, "problems": self.problems}
+                "claims": self.claims, "ok": self.ok, "problems": self.problems,
+                "refused": self.refused or None, "neverFits": self.never_fits or None}
 
 
 def legacy_request(original: Mapping[str, Any], created: Mapping[str, Any]) -> tuple[str, str]:
@@ -208,8 +214,13 @@ async def create_pods(cluster: Cluster, pods: Sequence[DemoPod]) -> list[PodRepo
         try:
             created = await cluster.create(PODS, item.pod, namespace=item.namespace)
         except ApiError as exc:
-            raise DemoError("creating pods", f"the API refused pod {item.namespace}/{item.name} "
-                            f"({item.source}): {exc.message}") from None
+            # One refused pod is reported and the others go on: it is what the user came to see.
+            legacy, _ = legacy_request(item.pod, item.pod)
+            refused = PodReport(item.namespace, item.name, item.source, legacy, "", [],
+                                expected="bound", refused=exc.message)
+            refused.problems.append(f"refused by the API: {exc.message}")
+            reports.append(refused)
+            continue
         legacy, rule = legacy_request(item.pod, created)
         templates = [str(e["resourceClaimTemplateName"])
                      for e in (created.get("spec") or {}).get("resourceClaims") or []
@@ -231,21 +242,60 @@ async def create_pods(cluster: Cluster, pods: Sequence[DemoPod]) -> list[PodRepo
     return reports
 
 
+# How long no pod may have been bound before the demo trusts the allocator's refusals: more
+# than the allocator's retry interval (2 s), so each waiting pod was planned again after the
+# last pod took its room.
+SETTLE_S = 5.0
+# The allocator's Event reasons for a pod that no node can hold now (a group's too).
+_NO_FIT_REASONS = ("AllocationFailed", "GroupDoesNotFit")
+
+
 async def wait_bound(cluster: Cluster, children: Children, reports: Sequence[PodReport],
-                     deadline: float) -> None:
+                     deadline: float, *, settle_s: float = SETTLE_S) -> None:
+    """Wait until every pod expected to be bound is, or until the allocator refused every pod
+    still waiting once no pod was bound for `settle_s` (marked `never_fits`), or the
+    deadline."""
     from dra_gateway.kube.resources import PODS
 
-    waiting = {(r.namespace, r.name) for r in reports if r.expected == "bound"}
+    waiting = {(r.namespace, r.name) for r in reports if r.expected == "bound" and not r.refused}
+    by_key = {(r.namespace, r.name): r for r in reports}
+    last_bound = time.monotonic()
     while waiting:
         children.check("placing pods")
         for namespace, name in sorted(waiting):
             pod = await cluster.get(PODS, name, namespace=namespace)
             if (pod.get("spec") or {}).get("nodeName"):
                 waiting.discard((namespace, name))
+                last_bound = time.monotonic()
+        if waiting and time.monotonic() - last_bound >= settle_s:
+            # The embedded cluster runs no workload: no pod ends and no room frees while the
+            # demo waits, so a pod the allocator refuses after the last bind never fits here.
+            # A refusal written before the last bind stands: binds only take room.
+            refusals = {key: await _no_fit(cluster, *key) for key in waiting}
+            if all(refusals.values()):
+                for key, words in refusals.items():
+                    by_key[key].never_fits = words or ""
+                return
         if waiting and time.monotonic() > deadline:
             return  # the caller reports each pod still unbound
         if waiting:
             await asyncio.sleep(_POLL_S)
+
+
+async def _no_fit(cluster: Cluster, namespace: str, pod: str) -> str | None:
+    """The allocator's message on the pod if its latest Warning says no node can hold it."""
+    from dra_gateway.kube.resources import EVENTS
+
+    events = [e for e in (await cluster.list(EVENTS, namespace=namespace)).items
+              if e.get("type") == "Warning"
+              and (e.get("involvedObject") or {}).get("kind") == "Pod"
+              and (e.get("involvedObject") or {}).get("name") == pod]
+    if not events:
+        return None
+    last = max(events, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    if last.get("reason") not in _NO_FIT_REASONS:
+        return None
+    return str(last.get("message") or last.get("reason"))
 
 
 async def inspect(cluster: Cluster, reports: Sequence[PodReport]) -> None:
@@ -255,6 +305,8 @@ async def inspect(cluster: Cluster, reports: Sequence[PodReport]) -> None:
 
     slices = _index_slices((await cluster.list(RESOURCE_SLICES)).items)
     for report in reports:
+        if report.refused:
+            continue  # never created
         pod = await cluster.get(PODS, report.name, namespace=report.namespace)
         spec = pod.get("spec") or {}
         report.node = spec.get("nodeName")

@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dra_gateway.kube.cluster.port import Cluster
-from dra_gateway.devkit.demo.common import _POLL_S, QUOTA_PODS, QUOTA_POLICIES, TEXT_WIDTH
+from dra_gateway.devkit.demo.common import _POLL_S, QUOTA_PODS, QUOTA_POLICIES, text_width
 from dra_gateway.devkit.demo.pods import DemoPod, read_pods
 from dra_gateway.devkit.demo.processes import Children
 
@@ -149,7 +149,7 @@ def print_quota(report: QuotaReport, out: IO[str]) -> None:
     indent = " " * (width + 4)
 
     def line(pod: str, text: str) -> None:
-        out.write(textwrap.fill(text, TEXT_WIDTH, initial_indent=f"  {pod:<{width}}  ",
+        out.write(textwrap.fill(text, text_width(), initial_indent=f"  {pod:<{width}}  ",
                                 subsequent_indent=indent, break_on_hyphens=False) + "\n")
 
     out.write(f"\nOne quota at work: GPUQuota {report.quota} (hard {hard}).\n")

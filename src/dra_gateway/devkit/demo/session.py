@@ -31,8 +31,8 @@ from dra_gateway.devkit.demo.common import (
     NAMESPACE,
     NODES,
     QUOTA_POLICIES,
-    TEXT_WIDTH,
     DemoError,
+    text_width,
 )
 from dra_gateway.devkit.demo.inspection import (
     PodReport,
@@ -147,22 +147,28 @@ _GAP = "  "
 _MIN_WRAPPED = 16
 
 
-def fit_columns(rows: Sequence[Sequence[str]], width: int = TEXT_WIDTH,
+def fit_columns(rows: Sequence[Sequence[str]], width: int | None = None,
                 wrapped: Sequence[int] = ()) -> list[str]:
-    """The rows as aligned columns within `width`: the columns in `wrapped` (indexes) are
-    narrowed, widest first, and their cells wrapped at spaces onto lines of their own."""
+    """The rows as aligned columns within `width` (the terminal's by default): the columns in
+    `wrapped` (indexes) are narrowed, widest first, and their cells wrapped at spaces onto
+    lines of their own; a word is never cut, so a column is never narrower than its longest
+    word (the line then runs past `width`)."""
     import textwrap
 
+    width = text_width() if width is None else width
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    floors = [max([_MIN_WRAPPED, *(len(w) for row in rows for w in row[i].split())])
+              for i in range(len(widths))]
     while sum(widths) + len(_GAP) * (len(widths) - 1) > width:
-        candidates = [i for i in wrapped if widths[i] > _MIN_WRAPPED]
+        candidates = [i for i in wrapped if widths[i] > floors[i]]
         if not candidates:
             break
         widest = max(candidates, key=lambda i: widths[i])
         widths[widest] -= 1
     lines: list[str] = []
     for row in rows:
-        cells = [textwrap.wrap(cell, widths[i], break_on_hyphens=False) or [""]
+        cells = [textwrap.wrap(cell, widths[i], break_on_hyphens=False,
+                               break_long_words=False) or [""]
                  if i in wrapped else [cell] for i, cell in enumerate(row)]
         for n in range(max(len(c) for c in cells)):
             parts = [(c[n] if n < len(c) else "").ljust(widths[i]) for i, c in enumerate(cells)]
@@ -170,27 +176,82 @@ def fit_columns(rows: Sequence[Sequence[str]], width: int = TEXT_WIDTH,
     return lines
 
 
+def _node_cell(r: PodReport) -> str:
+    if r.node:
+        return r.node
+    if r.refused:
+        return "(refused)"
+    if r.never_fits:
+        return "(never fits)"
+    return "(pending)" if r.expected == "pending" else "(not bound)"
+
+
 def print_table(reports: Sequence[PodReport], out: IO[str]) -> None:
     rows = [("POD", "LEGACY REQUEST [RULE]", "TEMPLATE", "NODE", "DEVICES (SHARE)")]
     for r in reports:
         devices = "; ".join(describe_devices(c["devices"]) for c in r.claims if c["devices"])
-        node = r.node or ("(pending)" if r.expected == "pending" else "(not bound)")
         rows.append((f"{r.namespace}/{r.name}", r.legacy + (f" [{r.rule}]" if r.rule else ""),
-                     ", ".join(r.templates) or "-", node, devices or "-"))
-    for line in fit_columns(rows, wrapped=(1, 4)):
+                     ", ".join(r.templates) or "-", _node_cell(r), devices or "-"))
+    for line in fit_columns(rows, wrapped=(1, 2, 4)):
         out.write(line + "\n")
+    if any(d["cores"] is not None for r in reports for c in r.claims for d in c["devices"]):
+        out.write("\n" + _fill("N% cores: the share of the card's compute (streaming "
+                               "multiprocessors) the claim holds; a whole card is 100%.") + "\n")
     for r in reports:
+        pod = f"{r.namespace}/{r.name}"
         if r.expected == "pending" and r.ok:
-            out.write("\n" + _fill(f"{r.namespace}/{r.name} stays pending as expected: "
-                                   f"{r.why_pending}.") + "\n")
-        for problem in r.problems:
-            out.write(f"\nFAILED {r.namespace}/{r.name}: {problem}\n")
+            out.write("\n" + _fill(f"{pod} stays pending as expected: {r.why_pending}.") + "\n")
+        elif r.refused:
+            out.write("\n" + _fill(f"REFUSED {pod} ({r.source}): the API refused to create "
+                                   f"it: {r.refused}") + "\n")
+        elif r.never_fits:
+            out.write("\n" + _fill(f"NEVER FITS {pod}: no pod was bound for a while and the "
+                                   f"allocator still says: {r.never_fits}") + "\n")
+        else:
+            for problem in r.problems:
+                out.write("\n" + _fill(f"FAILED {pod}: {problem}") + "\n")
+
+
+def verdict(report: DemoReport) -> str:
+    """One line: how many pods landed as expected, and what became of the others."""
+    pods = report.pods
+    landed = [r for r in pods if r.ok]
+    parts = [f"demo: {len(landed)} of {len(pods)} pod{'s' if len(pods) != 1 else ''} "
+             "landed as expected"]
+    on_purpose = [r for r in landed if r.expected == "pending"]
+    if on_purpose:
+        parts.append(f"{len(on_purpose)} pending on purpose ("
+                     + ", ".join(f"{r.namespace}/{r.name}" for r in on_purpose) + ")")
+    for label, chosen in (("refused", [r for r in pods if r.refused]),
+                          ("never fit", [r for r in pods if r.never_fits]),
+                          ("failed otherwise", [r for r in pods if not r.ok and not r.refused
+                                                and not r.never_fits])):
+        if chosen:
+            parts.append(f"{len(chosen)} {label} ("
+                         + ", ".join(f"{r.namespace}/{r.name}" for r in chosen) + ")")
+    if report.quota is not None:
+        parts.append("the quota step " + ("worked" if report.quota.ok else "failed"))
+    return "; ".join(parts)
+
+
+# What HAMi-core's variables mean: their values are bare numbers in its own units.
+_ENV_UNITS = {"CUDA_DEVICE_MEMORY_LIMIT": "HAMi-core's MiB: the card memory the container may "
+                                          "allocate",
+              "CUDA_DEVICE_SM_LIMIT": "percent of the card's compute"}
+
+
+def explain_env(entry: str) -> str:
+    """An environment entry with what its value means, where HAMi-core's units need it."""
+    name = entry.split("=", 1)[0]
+    base = name.rstrip("0123456789").rstrip("_") if name[-1:].isdigit() else name
+    why = _ENV_UNITS.get(base)
+    return f"{entry}  ({why})" if why else entry
 
 
 def _fill(text: str) -> str:
     import textwrap
 
-    return textwrap.fill(text, TEXT_WIDTH, break_on_hyphens=False, break_long_words=False)
+    return textwrap.fill(text, text_width(), break_on_hyphens=False, break_long_words=False)
 
 
 def _short_temp_dir() -> str:
@@ -323,6 +384,7 @@ def _write_report(report: DemoReport, code: int, root: Path, *, remove: bool,
         sys.stdout.write("\n")
     else:
         _print_report(report, sys.stdout)
+        sys.stdout.write("\n" + verdict(report) + "\n")
     sys.stdout.flush()
     if report.quota is not None and not report.quota.ok:
         print(f"demo: failed at step \"showing a quota at work\": "
@@ -333,7 +395,9 @@ def _write_report(report: DemoReport, code: int, root: Path, *, remove: bool,
         print(f"demo: failed at step \"checking placements\": {len(failed)} pod"
               f"{'s' if len(failed) != 1 else ''} not placed as expected: "
               f"{', '.join(failed)}; each component's log is in {layout.logs}", file=err)
-        if any(not r.ok and not r.node and r.expected == "bound" for r in report.pods):
+        # The allocator's log helps only where the demo has no one's words for the pod.
+        if any(not r.ok and not r.node and r.expected == "bound" and not r.refused
+               and not r.never_fits for r in report.pods):
             allocator_log = layout.logs / "allocator.log"
             print(f"--- last lines of {allocator_log} ---\n{log_tail(allocator_log)}\n---",
                   file=err)
@@ -407,4 +471,4 @@ def _print_report(report: DemoReport, out: IO[str]) -> None:
             ids = "".join(f"  {i}\n" for p in prepared for i in p["cdiDevices"])
             out.write("\nIts node plugin prepared the claim as the kubelet asks it to, with "
                       f"the CDI devices\n{ids}and the container sees:\n\n")
-            out.write("".join(f"  {e}\n" for p in prepared for e in p["env"]))
+            out.write("".join(f"  {explain_env(e)}\n" for p in prepared for e in p["env"]))
