@@ -208,10 +208,10 @@ def test_the_steps_come_in_order_with_what_each_waits_for(tmp_path: Path) -> Non
     plan = _plan(scenario(), tmp_path, source="-f dump.yaml")
     audit, create, enable, cut = plan.steps
     assert [s.number for s in plan.steps] == [1, 2, 3, 4]
-    # team-c is labelled disabled: kept out on purpose, the steps leave it so.
-    assert audit.actions == tuple(
-        f"kubectl label namespace {ns} dra-gateway.io/translation=audit --overwrite"
-        for ns in ("team-a", "team-e"))
+    # team-c is labelled disabled: kept out on purpose, the steps leave it so; team-a is
+    # translated already by the webhook's default (enabled): it never goes back to audit.
+    assert audit.actions == (
+        "kubectl label namespace team-e dra-gateway.io/translation=audit --overwrite",)
     assert not any("team-c" in action for action in enable.actions)
     assert ("namespace team-c is labelled dra-gateway.io/translation=disabled and stays so in "
             "these steps; to move it too: kubectl label namespace team-c "
@@ -377,3 +377,14 @@ def test_namespaces_the_webhooks_leave_out_stay_legacy_and_get_no_step(tmp_path:
     commands = [c for step in plan.steps for c in step.actions]
     assert not any("kube-system" in c or "gpu-system" in c for c in commands)
     assert any("label namespace ops" in c for c in commands)
+
+
+def test_a_namespace_translated_by_the_default_is_never_told_to_go_back_to_audit(
+        tmp_path: Path) -> None:
+    objects = [namespace("ops"), pod("job", "ops", {"nvidia.com/gpu": 1})]
+    for default, audit in (("enabled", False), ("audit", True)):
+        plan = _plan(objects, tmp_path, default_mode=default)
+        step = plan.steps[0]
+        labelled = any("label namespace ops" in c and "=audit" in c for c in step.actions)
+        assert labelled is audit, (default, step.actions)
+        assert step.done is not audit, (default, step)

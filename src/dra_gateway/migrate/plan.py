@@ -412,7 +412,10 @@ def _steps(namespaces: Sequence[NamespacePlan], workloads: Sequence[WorkloadPlan
     refusals = tuple(f"fix {w.kind} {w.namespace}/{w.name}, whose pods translation refuses: "
                      f"{w.refusal or w.why}" for w in refused)
 
-    to_audit = [n for n in moving if n.mode not in ("audit", "enabled") or n.source == "default"]
+    # A namespace translated already (labelled enabled, or by an enabled default) never goes
+    # back to audit; one in audit by the default gets the label, so the default may change.
+    to_audit = [n for n in moving if n.mode != "enabled"
+                and (n.mode != "audit" or n.source == "default")]
     audit = Step(1, "Put the namespaces in audit mode", not to_audit,
                  tuple(_label(n.name, names.TRANSLATION_AUDIT) for n in to_audit),
                  ("the webhook's warnings on new pods in each namespace match this plan",
