@@ -81,32 +81,31 @@ GI = 1 << 30
 ADVERSARY_SETUPS = {SETUPS[0][0], SETUPS[-1][0]}
 
 
-def gateway_keys() -> list[str]:
-    """Every label, annotation or finalizer key the gateway's modules name: each module-level
-    string constant `dra-gateway.io/<lowercase key>` (the development kit aside)."""
-    pattern = re.compile(rf"{re.escape(names.DOMAIN)}/[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
-    keys: set[str] = set()
-    for info in pkgutil.walk_packages(dra_gateway.__path__, "dra_gateway."):
-        if ".devkit" in info.name or info.name.endswith("__main__"):
-            continue
-        module = importlib.import_module(info.name)
-        keys.update(v for v in vars(module).values()
-                    if isinstance(v, str) and pattern.fullmatch(v))
-    keys.discard(names.API_VERSION)  # an apiVersion, not a key
-    return sorted(keys)
-
-
-def condition_types() -> list[str]:
-    """The pod condition types the gateway writes (and may read back): `dra-gateway.io/<Type>`."""
-    pattern = re.compile(rf"{re.escape(names.DOMAIN)}/[A-Z][A-Za-z]+")
+def _constants(pattern: str) -> set[str]:
+    """Every module-level string constant of the gateway's modules (the development kit aside)
+    that `pattern` matches whole."""
+    compiled = re.compile(pattern)
     found: set[str] = set()
     for info in pkgutil.walk_packages(dra_gateway.__path__, "dra_gateway."):
         if ".devkit" in info.name or info.name.endswith("__main__"):
             continue
         module = importlib.import_module(info.name)
         found.update(v for v in vars(module).values()
-                     if isinstance(v, str) and pattern.fullmatch(v))
-    return sorted(found)
+                     if isinstance(v, str) and compiled.fullmatch(v))
+    return found
+
+
+def gateway_keys() -> list[str]:
+    """Every label, annotation or finalizer key the gateway's modules name: each constant
+    `dra-gateway.io/<lowercase key>`."""
+    keys = _constants(rf"{re.escape(names.DOMAIN)}/[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
+    keys.discard(names.API_VERSION)  # an apiVersion, not a key
+    return sorted(keys)
+
+
+def condition_types() -> list[str]:
+    """The pod condition types the gateway writes (and may read back): `dra-gateway.io/<Type>`."""
+    return sorted(_constants(rf"{re.escape(names.DOMAIN)}/[A-Z][A-Za-z]+"))
 
 
 def hostile_values(key: str, target: Mapping[str, Any] | None = None) -> list[str]:
