@@ -378,7 +378,7 @@ def _targets(api: Api) -> list[Target]:
     found = [Target("pods", path_of("v1", "pods", namespace=TENANT_NS,
                                     name=p["metadata"]["name"]))
              for p in pods(api, TENANT_NS)]
-    for plural in ("resourceclaims", "resourceclaimtemplates"):
+    for plural in KINDS[1:]:
         found += [Target(plural, path_of(RESOURCE, plural, namespace=TENANT_NS,
                                          name=o["metadata"]["name"]))
                   for o in api.list(path_of(RESOURCE, plural, namespace=TENANT_NS))]
@@ -408,48 +408,48 @@ def _label_value(value: str) -> bool:
     return bool(re.fullmatch(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?", value))
 
 
+KINDS = ("pods", "resourceclaims", "resourceclaimtemplates")
+
+
 def _edit_writes(tenant: Api, rights: Mapping[str, set[str]], targets: Sequence[Target],
                  keys: Sequence[str], invariants: Invariants, tally: Tally) -> None:
     """In rounds, one hostile value a round: each key written with that value on every target
-    of a kind, left in place while the allocator acts on it (a settle), then checked."""
-    rounds = len(hostile_values(keys[0]))
-    for kind in ("pods", "resourceclaims", "resourceclaimtemplates"):
-        if not may(rights, kind, "patch"):
-            continue
-        mine = [t for t in targets if t.kind == kind]
-        for round_ in range(rounds):
-            for target in mine:
-                current = tenant.get(target.path)
-                for key in keys:
-                    value = hostile_values(key, current)[round_]
-                    _try(tally, kind, _merge(tenant, target.path,
-                                             {"metadata": {"annotations": {key: value}}}))
-                    if _label_value(value):
-                        _try(tally, kind, _merge(tenant, target.path,
-                                                 {"metadata": {"labels": {key: value}}}))
-                invariants.check(f"the tenant's round {round_} on {target.path}")
-            invariants.settle(f"the tenant's round {round_} on its {kind}")
+    the tenant may patch, left in place while the allocator acts on it (a settle), then
+    checked; then each key as a finalizer added and taken off, statuses, and the deletions."""
+    mine = [t for t in targets if may(rights, t.kind, "patch")]
+    for round_ in range(len(hostile_values(keys[0]))):
         for target in mine:
+            current = tenant.get(target.path)
             for key in keys:
-                current = tenant.get(target.path)["metadata"].get("finalizers") or []
-                _try(tally, kind, _merge(tenant, target.path, {"metadata": {
-                    "finalizers": [f for f in current if f != key] + [key]}}))
-                _try(tally, kind, _merge(tenant, target.path, {"metadata": {
-                    "finalizers": [f for f in current if f != key]}}))
-            invariants.check(f"the tenant's finalizers on {target.path}")
-            status = f"{kind}/status"
-            if may(rights, status, "patch"):
-                for condition in condition_types():
-                    _try(tally, status, _merge(tenant, target.path + "/status", {"status": {
-                        "conditions": [{"type": condition, "status": "False",
-                                        "reason": "Forged", "message": "forged"}]}}))
-                invariants.check(f"the tenant wrote the status of {target.path}")
-        for target in mine:
-            if kind != "pods" and may(rights, kind, "delete"):
-                # Its pod still runs: the claim (a template's claims) must go on holding.
-                _try(tally, f"{kind} (delete)", lambda path=target.path: tenant.delete(path))
-                invariants.check(f"the tenant deleted {target.path}")
-        invariants.settle(f"the tenant's writes on its {kind}")
+                value = hostile_values(key, current)[round_]
+                _try(tally, target.kind, _merge(tenant, target.path,
+                                                {"metadata": {"annotations": {key: value}}}))
+                if _label_value(value):
+                    _try(tally, target.kind, _merge(tenant, target.path,
+                                                    {"metadata": {"labels": {key: value}}}))
+            invariants.check(f"the tenant's round {round_} on {target.path}")
+        invariants.settle(f"the tenant's round {round_} of writes")
+    for target in mine:
+        for key in keys:
+            current = tenant.get(target.path)["metadata"].get("finalizers") or []
+            _try(tally, target.kind, _merge(tenant, target.path, {"metadata": {
+                "finalizers": [f for f in current if f != key] + [key]}}))
+            _try(tally, target.kind, _merge(tenant, target.path, {"metadata": {
+                "finalizers": [f for f in current if f != key]}}))
+        invariants.check(f"the tenant's finalizers on {target.path}")
+        status = f"{target.kind}/status"
+        if may(rights, status, "patch"):
+            for condition in condition_types():
+                _try(tally, status, _merge(tenant, target.path + "/status", {"status": {
+                    "conditions": [{"type": condition, "status": "False",
+                                    "reason": "Forged", "message": "forged"}]}}))
+            invariants.check(f"the tenant wrote the status of {target.path}")
+    for target in targets:
+        if target.kind != "pods" and may(rights, target.kind, "delete"):
+            # Its pod still runs: the claim (a template's claims) must go on holding.
+            _try(tally, f"{target.kind} (delete)", lambda path=target.path: tenant.delete(path))
+            invariants.check(f"the tenant deleted {target.path}")
+    invariants.settle("the tenant's finalizers, statuses and deletions")
 
 
 def _rules_writes(tenant: Api, rights: Mapping[str, set[str]], invariants: Invariants,
