@@ -134,10 +134,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     f"{LEGACY_RESOURCE}: 1 and check that it comes back translated: resource "
                     "claims, no legacy limits. Exit 0 when it does, 1 when not, 2 on bad options.")
     parser.add_argument("--webhook-url", required=True, metavar="URL",
-                        help="base URL of the webhook, e.g. https://dra-gateway-webhook.dra-gateway.svc")
+                        help="base URL of the webhook, "
+                             "e.g. https://dra-gateway-webhook.dra-gateway.svc")
     ca = parser.add_mutually_exclusive_group(required=True)
-    ca.add_argument("--ca-file", metavar="FILE", help="PEM file of the CA that signed the webhook's certificate")
-    ca.add_argument("--ca-env", metavar="VARIABLE", help="environment variable holding that CA (PEM, or its base64)")
+    ca.add_argument("--ca-file", metavar="FILE",
+                    help="PEM file of the CA that signed the webhook's certificate")
+    ca.add_argument("--ca-env", metavar="VARIABLE",
+                    help="environment variable holding that CA (PEM, or its base64)")
     arguments.namespace_option(parser, default="default",
                                help="namespace the pod is reviewed in (default: %(default)s); "
                                "nothing is created")
