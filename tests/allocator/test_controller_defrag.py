@@ -81,15 +81,7 @@ async def test_the_allocators_defrag_moves_shares_for_a_pod_that_waits(
     settings = replace(FAST, namespace=NAMESPACE, strategy="spread", defrag=True,
                        defrag_after=0.0, defrag_interval=0.2, defrag_wait=1.0)
     async with running_controller(memory_cluster, settings) as controller:
-        # A share on each of node-0's two cards, from a ReplicaSet, bound (the simulator has
-        # neither a scheduler nor a ReplicaSet controller here).
-        for name in ("a", "b"):
-            await world.gated_pod(name, [_share(30)])
-            await eventually(lambda name=name: ungated(world, name))  # type: ignore[misc]
-            await memory_cluster.patch(PODS, name, {"metadata": {"ownerReferences": [{
-                "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs-uid",
-                "controller": True}]}, "spec": {"nodeName": "node-0"}},
-                namespace=world.pods[name]["metadata"]["namespace"])
+        await _bound_shares(world, memory_cluster)
         cards = {(await world.claims_of(n))[0]["status"]["allocation"]["devices"]["results"][0][
             "device"] for n in ("a", "b")}
         assert cards == {"gpu-0", "gpu-1"}
@@ -108,6 +100,18 @@ async def test_the_allocators_defrag_moves_shares_for_a_pod_that_waits(
         await eventually(lambda: controller.metrics.defrag_pods_helped._value.get() == 1,
                          within=10)
         assert controller.metrics.defrag_moves.labels("evicted")._value.get() == 2
+
+
+async def _bound_shares(world: World, cluster: MemoryCluster) -> None:
+    """A share on each of node-0's two cards, from a ReplicaSet, bound (the simulator has
+    neither a scheduler nor a ReplicaSet controller here)."""
+    for name in ("a", "b"):
+        await world.gated_pod(name, [_share(30)])
+        await eventually(lambda name=name: ungated(world, name))  # type: ignore[misc]
+        await cluster.patch(PODS, name, {"metadata": {"ownerReferences": [{
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs-uid",
+            "controller": True}]}, "spec": {"nodeName": "node-0"}},
+            namespace=world.pods[name]["metadata"]["namespace"])
 
 
 def _share(percent: int) -> dict[str, object]:
@@ -133,13 +137,7 @@ async def test_a_defrag_round_whose_leader_lost_its_lease_moves_nothing_and_writ
     settings = replace(FAST, namespace=NAMESPACE, strategy="spread", defrag_after=0.0,
                        defrag_wait=1.0)
     async with running_controller(memory_cluster, settings) as controller:
-        for name in ("a", "b"):
-            await world.gated_pod(name, [_share(30)])
-            await eventually(lambda name=name: ungated(world, name))  # type: ignore[misc]
-            await memory_cluster.patch(PODS, name, {"metadata": {"ownerReferences": [{
-                "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs-uid",
-                "controller": True}]}, "spec": {"nodeName": "node-0"}},
-                namespace=world.pods[name]["metadata"]["namespace"])
+        await _bound_shares(world, memory_cluster)
         await world.add_node("node-1", gpus=1)
         await world.gated_pod("big", [whole_claim_spec(count=2)])
         await asyncio.sleep(0.2)

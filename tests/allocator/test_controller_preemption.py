@@ -5,8 +5,9 @@ condition and Events; a pod whose policy is Never, or of equal priority, preempt
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -296,18 +297,29 @@ async def _held_in_mirror(controller: Controller, world: World, name: str) -> bo
     return uid in controller.snapshot().records.holds
 
 
-async def test_a_hold_whose_leader_was_killed_before_evicting_is_replanned_by_the_next(
-        world: World, memory_cluster: MemoryCluster) -> None:
+@contextlib.asynccontextmanager
+async def _killed_mid_preemption(world: World, cluster: MemoryCluster, evictions: int
+                                 ) -> AsyncIterator[tuple[Controller, list[Any]]]:
+    """Eight low-priority pods fill a node and an urgent one needs two cards; a leader's
+    preemption round for it is killed after `evictions` evictions, its hold in the mirror.
+    Yields the controller (preemption off: the test runs the rounds) and the evictions."""
     await world.setup(nodes=1, gpus=8)
-    evicted = record_evictions(memory_cluster)
+    evicted = record_evictions(cluster)
     manual = dataclasses.replace(SETTINGS, preemption=False)
-    async with running_controller(memory_cluster, manual) as controller:
-        await _fill(world, memory_cluster, 8, priority=10)
+    async with running_controller(cluster, manual) as controller:
+        await _fill(world, cluster, 8, priority=10)
         await world.gated_pod("urgent", [whole_claim_spec(2)], priority=1000)
         await asyncio.sleep(0.2)
-        await _kill_after(_mode(memory_cluster, controller), evictions=0)
-        assert evicted == []
+        await _kill_after(_mode(cluster, controller), evictions=evictions)
         await eventually(lambda: _held_in_mirror(controller, world, "urgent"))
+        yield controller, evicted
+
+
+async def test_a_hold_whose_leader_was_killed_before_evicting_is_replanned_by_the_next(
+        world: World, memory_cluster: MemoryCluster) -> None:
+    async with _killed_mid_preemption(world, memory_cluster,
+                                      evictions=0) as (controller, evicted):
+        assert evicted == []
         # The next leader's preemption, with the records as the killed one left them: the
         # hold (300 s) no longer keeps the pod from being preempted for.
         successor = _mode(memory_cluster, controller)
@@ -320,16 +332,9 @@ async def test_a_hold_whose_leader_was_killed_before_evicting_is_replanned_by_th
 
 async def test_a_leader_killed_between_two_evictions_leaves_only_the_rest_still_needed(
         world: World, memory_cluster: MemoryCluster) -> None:
-    await world.setup(nodes=1, gpus=8)
-    evicted = record_evictions(memory_cluster)
-    manual = dataclasses.replace(SETTINGS, preemption=False)
-    async with running_controller(memory_cluster, manual) as controller:
-        await _fill(world, memory_cluster, 8, priority=10)
-        await world.gated_pod("urgent", [whole_claim_spec(2)], priority=1000)
-        await asyncio.sleep(0.2)
-        await _kill_after(_mode(memory_cluster, controller), evictions=1)
+    async with _killed_mid_preemption(world, memory_cluster,
+                                      evictions=1) as (controller, evicted):
         assert len(evicted) == 1
-        await eventually(lambda: _held_in_mirror(controller, world, "urgent"))
         successor = _mode(memory_cluster, controller)
 
         async def placed_after_a_round() -> Object | None:

@@ -284,16 +284,8 @@ async def wait_bound(cluster: Cluster, children: Children, reports: Sequence[Pod
 
 async def _no_fit(cluster: Cluster, namespace: str, pod: str) -> str | None:
     """The allocator's message on the pod if its latest Warning says no node can hold it."""
-    from dra_gateway.kube.resources import EVENTS
-
-    events = [e for e in (await cluster.list(EVENTS, namespace=namespace)).items
-              if e.get("type") == "Warning"
-              and (e.get("involvedObject") or {}).get("kind") == "Pod"
-              and (e.get("involvedObject") or {}).get("name") == pod]
-    if not events:
-        return None
-    last = max(events, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
-    if last.get("reason") not in _NO_FIT_REASONS:
+    last = await _last_warning_event(cluster, namespace, pod)
+    if last is None or last.get("reason") not in _NO_FIT_REASONS:
         return None
     return str(last.get("message") or last.get("reason"))
 
@@ -355,7 +347,8 @@ async def inspect(cluster: Cluster, reports: Sequence[PodReport]) -> None:
             report.problems.append(f"bound to {report.node} although {report.why_pending}")
 
 
-async def _latest_warning(cluster: Cluster, namespace: str, pod: str) -> str | None:
+async def _last_warning_event(cluster: Cluster, namespace: str,
+                              pod: str) -> Mapping[str, Any] | None:
     """The last Warning event about a pod (the allocator says there why it cannot place it)."""
     from dra_gateway.kube.resources import EVENTS
 
@@ -365,7 +358,14 @@ async def _latest_warning(cluster: Cluster, namespace: str, pod: str) -> str | N
               and (e.get("involvedObject") or {}).get("name") == pod]
     if not events:
         return None
-    last = max(events, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    return max(events, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+
+
+async def _latest_warning(cluster: Cluster, namespace: str, pod: str) -> str | None:
+    """The last Warning event about a pod, as a line: its source, reason and message."""
+    last = await _last_warning_event(cluster, namespace, pod)
+    if last is None:
+        return None
     source = (last.get("source") or {}).get("component") or last.get("reportingComponent")
     return f"{source or 'event'}: {last.get('reason')}: {last.get('message')}"
 
