@@ -117,6 +117,7 @@ class Metrics:
         that lost the Lease must not go on exposing its last pending pods, quota usage and
         invalid claims (their alerts would fire from it for ever); the next term sets them
         afresh from the API."""
+        self.leader.set(0)
         for gauge in (self.pending_pods, self.quota_used, self.quota_hard, self.quota_borrowed):
             gauge.clear()
         self.invalid_claims.set(0)

@@ -49,7 +49,6 @@ async def run_allocator(cluster: Cluster, *, namespace: str, identity: str,
             await Controller(cluster, settings, metrics=metrics,
                              fence=elector.check_leading).run()
         finally:
-            metrics.leader.set(0)
             metrics.end_term()
 
     campaign = asyncio.ensure_future(elector.run(lead))

@@ -47,6 +47,10 @@ CONFIG_MAPS = ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True)
 POD_DISRUPTION_BUDGETS = ResourceType("policy", "v1", "poddisruptionbudgets",
                                       "PodDisruptionBudget", namespaced=True, has_status=True)
 SECRETS = ResourceType("", "v1", "secrets", "Secret", namespaced=True)
+# Read by `migrate` and `preflight` (legacy device plugins, the node plugin's DaemonSet); not
+# among what the simulator serves (ALL).
+DAEMON_SETS = ResourceType("apps", "v1", "daemonsets", "DaemonSet", namespaced=True,
+                           has_status=True)
 EVENTS = ResourceType("", "v1", "events", "Event", namespaced=True)
 RESOURCE_CLAIMS = ResourceType(
     "resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True, has_status=True

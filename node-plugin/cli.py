@@ -30,7 +30,7 @@ def _dns_subdomain(what: str, longest: int) -> Callable[[str], str]:
 _legacy_interval = arguments.Duration(
     positive=True, hint="to stop asking the kubelet, use --no-legacy-coexistence")
 _recovery = arguments.Duration(
-    hint="0 keeps an unhealthy device's taint until the plugin restarts")
+    hint="0 keeps an unhealthy device out of service until an administrator clears it")
 
 
 def _source(parser: argparse.ArgumentParser) -> None:
@@ -128,8 +128,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        metavar="DURATION", help=arguments.duration_help(
                            "how long a device that recovered from a fault (a degraded one: "
                            "since its last fault; a fatal one: since it came back) must stay "
-                           "without one before its taint lifts; 0: never, until the plugin "
-                           "restarts", 600.0))
+                           "without one before its taint lifts; 0: never, until an "
+                           "administrator clears it", 600.0))
     serve.add_argument("--admin-check-seconds", type=arguments.positive_duration, default=10.0,
                        metavar="DURATION", help=arguments.duration_help(
                            "while a device is out of service, how often the Node's annotations "

@@ -364,17 +364,23 @@ async def report_condition(cluster: Cluster, node_name: str, health: Health, *,
     """Patch the Node's condition; False when it was not written (logged, never raised: the
     caller tries again, since where the cluster keeps no device taints the allocator's drain
     reads only this condition)."""
-    condition = health.condition(tainted=tainted)
+    return await patch_node_condition(cluster, node_name, health.condition(tainted=tainted))
+
+
+async def patch_node_condition(cluster: Cluster, node_name: str,
+                               condition: Mapping[str, Any]) -> bool:
+    """Set one condition of the plugin's Node (its status, merged by type); False when it was
+    not written (logged, never raised)."""
     try:
-        await cluster.patch(NODES, node_name, {"status": {"conditions": [condition]}},
+        await cluster.patch(NODES, node_name, {"status": {"conditions": [dict(condition)]}},
                             patch_type="strategic", subresource="status")
     except ApiError as exc:
-        log.warning("could not set condition %s on Node %s: %s (%s)", CONDITION_TYPE,
+        log.warning("could not set condition %s on Node %s: %s (%s)", condition.get("type"),
                     node_name, exc.message, exc.reason)
         return False
     except (OSError, TimeoutError) as exc:
-        log.warning("could not set condition %s on Node %s: %r", CONDITION_TYPE, node_name,
-                    exc)
+        log.warning("could not set condition %s on Node %s: %r", condition.get("type"),
+                    node_name, exc)
         return False
     return True
 

@@ -125,7 +125,8 @@ def from_node(node: Mapping[str, Any], *, recovery_seconds: float) -> SavedHealt
     any other's latest fault is taken to be its `since`. Entries it cannot read are left out.
     """
     marks = []
-    for mark in node_marks(node):
+    listed = node_marks(node)
+    for mark in listed:
         if mark.severity not in _SEVERITIES:
             continue
         try:
@@ -142,5 +143,5 @@ def from_node(node: Mapping[str, Any], *, recovery_seconds: float) -> SavedHealt
                 last_fault = max(back, since)
         marks.append(SavedMark(mark.device, mark.reason, cast(Severity, mark.severity),
                                mark.since, last_fault, recovered))
-    return SavedHealth(tuple(marks), frozenset(m.device for m in node_marks(node) if m.kept),
+    return SavedHealth(tuple(marks), frozenset(m.device for m in listed if m.kept),
                        source="the Node's condition")

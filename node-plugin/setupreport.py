@@ -9,18 +9,15 @@ logged, and tried again by the caller; the plugin serves claims either way.
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dra_gateway.kube.cluster.port import ApiError, Cluster
-from dra_gateway.kube.node_setup import CONDITION_TYPE, HamiCore, NodeSetup
-from dra_gateway.kube.resources import NODES
+from dra_gateway.kube.cluster.port import Cluster
+from dra_gateway.kube.node_setup import HamiCore, NodeSetup
 from dra_gateway.node_plugin import cdi
-
-log = logging.getLogger(__name__)
+from dra_gateway.node_plugin.health import patch_node_condition
 
 PROBE_PREFIX = ".dra-gateway-probe-"
 
@@ -51,14 +48,4 @@ def find_setup(cdi_dir: Path, enforcement: cdi.EnforcementSettings) -> NodeSetup
 async def report_setup(cluster: Cluster, node_name: str, setup: NodeSetup) -> bool:
     """Patch the Node's condition; False when it was not written (logged, never raised)."""
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    try:
-        await cluster.patch(NODES, node_name, {"status": {"conditions": [setup.condition(now)]}},
-                            patch_type="strategic", subresource="status")
-    except ApiError as exc:
-        log.warning("could not set condition %s on Node %s: %s (%s)", CONDITION_TYPE,
-                    node_name, exc.message, exc.reason)
-        return False
-    except (OSError, TimeoutError) as exc:
-        log.warning("could not set condition %s on Node %s: %r", CONDITION_TYPE, node_name, exc)
-        return False
-    return True
+    return await patch_node_condition(cluster, node_name, setup.condition(now))

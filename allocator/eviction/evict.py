@@ -118,19 +118,18 @@ class Evictions:
             return GONE, ""
         except Conflict:
             # Another pod has the name now: the mark, written by name, may be on it.
-            if marked:
-                await self._unmark(pod, "the pod it was written for is gone")
-            return GONE, ""
+            result, said, why = GONE, "", "the pod it was written for is gone"
         except TooManyRequests as exc:
-            if marked:
-                await self._unmark(pod, exc.message)
-            return REFUSED, exc.message
-        except (ApiError, OSError) as exc:
-            said = exc.message if isinstance(exc, ApiError) else str(exc)
-            if marked:
-                await self._unmark(pod, said)
-            return FAILED, said
-        return EVICTED, ""
+            result, said, why = REFUSED, exc.message, exc.message
+        except ApiError as exc:
+            result, said, why = FAILED, exc.message, exc.message
+        except OSError as exc:
+            result, said, why = FAILED, str(exc), str(exc)
+        else:
+            return EVICTED, ""
+        if marked:
+            await self._unmark(pod, why)
+        return result, said
 
     async def _unmark(self, pod: str, why: str) -> None:
         """Set the pod's `DisruptionTarget` False: the eviction it announced did not happen.

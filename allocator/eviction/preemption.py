@@ -402,16 +402,14 @@ class PreemptionMode(EvictionMode):
             result, message = await self.evictions.leave(
                 victim.pod, victim.uid, reason=REASON, message=why,
                 told=(pod, "Preempted", told))
-            if result == GONE:
-                # What it held is free; the mirrors may show it a while yet.
+            if result in (GONE, EVICTED):
+                # Not preempted for again while they leave (a pod gone already may still show
+                # in the mirrors); recorded as each goes, so that a preemption that stops later
+                # keeps only these.
                 evicted.add(victim.uid)
                 self.leaving[preemption.uid] = set(evicted)
-                continue
-            if result == EVICTED:
-                # Not preempted for again while they leave; recorded as each goes, so that a
-                # preemption that stops later keeps only these.
-                evicted.add(victim.uid)
-                self.leaving[preemption.uid] = set(evicted)
+                if result == GONE:
+                    continue
             if result in (REFUSED, FAILED):
                 self.metrics.preemptions.labels(result).inc()
                 said = (f"could not preempt {victim.pod} on node {preemption.node}: {message}; "

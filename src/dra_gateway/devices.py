@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "(or that it is kept).")
     listing.add_argument("node", nargs="*", metavar="NODE", help="only these nodes")
     arguments.output_option(listing, "table", "json")
-    _kubeconfig(listing)
+    arguments.kubeconfig_option(listing)
     listing.set_defaults(func=_run_list)
 
     clear = commands.add_parser(
@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     clear.add_argument("device", nargs="*", metavar="DEVICE", help="a device of the node, as "
                        "devices list names it")
     clear.add_argument("--all", action="store_true", help="every device of the node")
-    _kubeconfig(clear)
+    arguments.kubeconfig_option(clear)
     clear.set_defaults(func=_run_clear)
 
     for name, undo in (("keep", False), ("unkeep", True)):
@@ -82,12 +82,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         keep.add_argument("node", metavar="NODE", help="the node of the devices")
         keep.add_argument("device", nargs="+", metavar="DEVICE", help="a device of the node, as "
                           "devices list names it")
-        _kubeconfig(keep)
+        arguments.kubeconfig_option(keep)
         keep.set_defaults(func=_run_keep, undo=undo)
-
-
-def _kubeconfig(parser: argparse.ArgumentParser) -> None:
-    arguments.kubeconfig_option(parser)
 
 
 def rows(nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:

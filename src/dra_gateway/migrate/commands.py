@@ -35,14 +35,10 @@ class _Failure(Exception):
         self.code = code
 
 
-def _kubeconfig(parser: argparse.ArgumentParser) -> None:
-    arguments.kubeconfig_option(parser)
-
-
 def _sources(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--filename", metavar="FILE", action="append", default=[],
                         help=_SOURCE_HELP)
-    _kubeconfig(parser)
+    arguments.kubeconfig_option(parser)
     parser.add_argument("--rules", metavar="PATH", action="append", default=[],
                         help="rules files or folders the webhook reads (its --rules), besides "
                              "the built-in rules and the rule ConfigMaps found; repeatable")
@@ -98,7 +94,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "gateway's node plugin reaching DRA. Exit 0 when the node is cut over, 3 "
                     "while it waits (poll it), 2 when it does not exist, 1 when the API fails.")
     node.add_argument("node", metavar="NODE", help="the node to cut over")
-    _kubeconfig(node)
+    arguments.kubeconfig_option(node)
     node.add_argument("--rules", metavar="PATH", action="append", default=[],
                       help="rules files or folders the webhook reads, as for plan")
     _gateway_namespace(node)

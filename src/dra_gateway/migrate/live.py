@@ -16,6 +16,7 @@ from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Cluster, NotFound
 from dra_gateway.kube.resources import (
     CONFIG_MAPS,
+    DAEMON_SETS,
     GPU_QUOTAS,
     NAMESPACES,
     NODES,
@@ -26,8 +27,6 @@ from dra_gateway.migrate.inventory import ClusterObjects, Object
 
 RESOURCE_QUOTAS: Final = ResourceType("", "v1", "resourcequotas", "ResourceQuota",
                                       namespaced=True, has_status=True)
-DAEMON_SETS: Final = ResourceType("apps", "v1", "daemonsets", "DaemonSet", namespaced=True,
-                                  has_status=True)
 WORKLOAD_TYPES: Final = (
     ResourceType("apps", "v1", "deployments", "Deployment", namespaced=True, has_status=True),
     ResourceType("apps", "v1", "statefulsets", "StatefulSet", namespaced=True, has_status=True),

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dra_gateway.kube import names, objects
 from dra_gateway.migrate.inventory import Object
 from dra_gateway.policy.legacyquotas import Route, legacy_name
+from dra_gateway.translator.loading import config_map_label
 from dra_gateway.translator.rules import RuleSet, Source, load_rules
 
 
@@ -40,7 +41,7 @@ def rules_in_force(config_maps: Sequence[Object], *, namespace: str = names.GATE
         data = cm.get("data")
         data = data if isinstance(data, Mapping) else {}
         ns, name = objects.namespace_name(cm)
-        sources.append((f"ConfigMap {ns}/{name}", {str(k): str(v) for k, v in data.items()}))
+        sources.append((config_map_label(ns, name), {str(k): str(v) for k, v in data.items()}))
     return load_rules(*sources)
 
 

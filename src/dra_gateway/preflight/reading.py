@@ -24,10 +24,8 @@ from dra_gateway.kube.cluster.features import (
     detect_partitionable_devices,
 )
 from dra_gateway.kube.cluster.port import ApiError, Cluster, Discovery, NotFound, Object
-from dra_gateway.kube.resources import NODES, PODS, SECRETS, ResourceType
+from dra_gateway.kube.resources import DAEMON_SETS, NODES, PODS, SECRETS, ResourceType
 
-DAEMON_SETS: Final = ResourceType("apps", "v1", "daemonsets", "DaemonSet", namespaced=True,
-                                  has_status=True)
 CRDS: Final = ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions",
                            "CustomResourceDefinition", namespaced=False)
 CHART_NAME: Final = "dra-gateway"
