@@ -14,7 +14,8 @@
 #   kwok, kwok-stages.yaml                                    sigs.k8s.io/kwok (KWOK_VERSION) and the
 #                                                             node/pod stages its module ships
 # etcd and KWOK are built once (kube/_etcd-<v>, kube/_kwok-<v>) and linked into each version's folder.
-# What exists is kept: a second run builds nothing and takes seconds. Progress goes to standard
+# What exists is kept: a second run builds nothing and takes seconds; two runs at once take turns
+# per version (a lock file beside each folder). Progress goes to standard
 # error; standard output gets one line per version: the folder holding its binaries.
 #
 # k8s.io/kubernetes cannot be `go install`ed (it requires its staging modules at v0.0.0 and replaces
@@ -41,6 +42,7 @@ log() { printf 'build-control-plane: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
 command -v go >/dev/null || die "go not found on PATH (Go 1.26 or newer builds every supported release)"
+command -v flock >/dev/null || die "flock not found on PATH (util-linux)"
 
 # Build `package` of the module in folder $1 into $2 unless it is there; $3.. go build arguments.
 build_into() {
@@ -58,9 +60,22 @@ place() {
   [[ -e $2 ]] || ln -f "$1" "$2" 2>/dev/null || cp -f "$1" "$2"
 }
 
+# Hold an exclusive lock on $CACHE/$1.lock on file descriptor 9 until the calling function
+# returns: two builds of one thing (the tests' and .ci/run's background builds) take turns, and
+# the second finds the first's binaries.
+lock() {
+  exec 9>"$CACHE/$1.lock"
+  if ! flock -n 9; then
+    log "waiting for another build of $1"
+    flock 9
+  fi
+}
+unlock() { exec 9>&-; }
+
 build_etcd() {
   local dir=$CACHE/_etcd-$ETCD_VERSION
   [[ -x $dir/etcd ]] && return
+  lock "_etcd-$ETCD_VERSION"
   mkdir -p "$dir/src"
   if [[ ! -f $dir/src/go.sum ]]; then
     cat >"$dir/src/go.mod" <<EOF
@@ -80,11 +95,13 @@ EOF
     (cd "$dir/src" && go mod tidy) >&2
   fi
   build_into "$dir/src" "$dir/etcd" -ldflags "-s -w" go.etcd.io/etcd/server/v3
+  unlock
 }
 
 build_kwok() {
   local dir=$CACHE/_kwok-$KWOK_VERSION
   [[ -x $dir/kwok && -f $dir/kwok-stages.yaml ]] && return
+  lock "_kwok-$KWOK_VERSION"
   mkdir -p "$dir"
   if [[ ! -x $dir/kwok ]]; then
     local started=$SECONDS
@@ -107,6 +124,7 @@ build_kwok() {
     done
   } >"$dir/kwok-stages.yaml.tmp"
   mv -f "$dir/kwok-stages.yaml.tmp" "$dir/kwok-stages.yaml"
+  unlock
 }
 
 # The toolchain for a module whose go.mod is $1: "local" while this machine's Go is new enough.
@@ -129,6 +147,7 @@ build_kube() {
     die "not a Kubernetes release: $1 (give e.g. 1.37.2 or 1.38.0-beta.0)"
   local minor=${BASH_REMATCH[1]} patch=${BASH_REMATCH[2]} pre=${BASH_REMATCH[3]}
   local dir=$CACHE/$version src=$CACHE/$version/src
+  lock "$version"
   mkdir -p "$src"
   if [[ ! -f $src/go.sum ]]; then
     local upstream
@@ -202,6 +221,7 @@ EOF
   place "$CACHE/_etcd-$ETCD_VERSION/etcd" "$dir/etcd"
   place "$CACHE/_kwok-$KWOK_VERSION/kwok" "$dir/kwok"
   cp -f "$CACHE/_kwok-$KWOK_VERSION/kwok-stages.yaml" "$dir/kwok-stages.yaml"
+  unlock
 }
 
 with_node=0

@@ -77,12 +77,18 @@ debian_packages() {
 
 versions=("$@")
 [[ ${#versions[@]} -gt 0 ]] || versions=("${VERSIONS_DEFAULT[@]}")
+# Two runs at once (the tests' and .ci/run's background builds) take turns over what every node
+# shares; each release's binaries have their own lock in build-control-plane.sh.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/_node-tools.lock"
+flock -n 9 || { log "waiting for another build of the node's tools"; flock 9; }
 debian_packages
 install_into "$CACHE/_containerd-$CONTAINERD_VERSION" \
   "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
   "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
   "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION"
 install_into "$CACHE/_crictl-$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+exec 9>&-
 for version in "${versions[@]}"; do
   dir=$(bash "$HERE/build-control-plane.sh" --node "$version" | tail -n1)
   ln -sfn "$CACHE/_containerd-$CONTAINERD_VERSION" "$dir/containerd"

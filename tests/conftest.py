@@ -83,13 +83,48 @@ def gateway_image(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return build_image(tmp_path_factory.mktemp("image"))
 
 
-def pytest_collection_modifyitems(items: list[Any]) -> None:
-    """The real-node tiers run first (the node plugin's, then the chart's): the e2e tier's
-    control plane is session-scoped and would otherwise still be running beside the real node's
-    (two cores share both), and one real node runs on a machine at a time, so each package's
-    node is gone before the next package starts its own."""
-    def tier(item: Any) -> int:
-        path = str(item.fspath).replace("\\", "/")
-        return 0 if "tests/realnode/" in path else 1 if "tests/realchart/" in path else 2
+# The builds the cluster tiers need, in the order .ci/run makes them in the background while the
+# suite runs (tests/test_ci_order.py holds the two together): ("control-plane", version) is
+# hack/build-control-plane.sh, ("node", version) hack/build-node.sh, which builds that release's
+# control plane too. Oldest and newest first: they carry the most tests.
+BUILD_ORDER: tuple[tuple[str, str], ...] = (
+    ("control-plane", "1.34.4"),
+    ("node", "1.34.4"),
+    ("control-plane", "1.38.0-beta.0"),
+    ("node", "1.37.2"),
+    ("control-plane", "1.35.4"),
+    ("control-plane", "1.36.3"),
+)
 
-    items.sort(key=tier)
+
+def _ready_at(kind: str, version: str | None) -> int:
+    """The position in BUILD_ORDER after which `kind` of `version` (any, when None) exists."""
+    for position, (built, built_version) in enumerate(BUILD_ORDER):
+        same = version is None or built_version == version
+        if same and (built == kind or (kind == "control-plane" and built == "node")):
+            return position
+    return len(BUILD_ORDER)
+
+
+def _needs(item: Any) -> int:
+    """The position of the last build `item` waits for; -1 for a test that needs none."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    needed = [_ready_at(*marker.args) for marker in item.iter_markers("needs_build")]
+    if "gateway" in params:
+        needed.append(_ready_at("control-plane", params["gateway"][1]))
+    for name in ("cluster", "chart"):
+        if name in params:
+            _setup, plane, kubelet = params[name]
+            needed += [_ready_at("control-plane", plane), _ready_at("node", kubelet)]
+    return max(needed, default=-1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    """Each test runs once what it needs is built: first the tests that need no cluster, then
+    each cluster tier right after its build (BUILD_ORDER), so that on a cold machine the tests
+    run while .ci/run builds the next release. The sort is stable: pytest's grouping of a
+    parametrized setup stays, and each setup is made once. Every cluster's fixture is scoped
+    to its package: a package's control plane or real node is gone before the next package's
+    starts (two cores share them, and one real node runs on a machine at a time)."""
+    items.sort(key=_needs)

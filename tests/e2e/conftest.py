@@ -1,5 +1,6 @@
 """Fixtures of the e2e tier: the gateway installed on a real control plane per supported
-Kubernetes release and feature-gate setting (one at a time, torn down before the next).
+Kubernetes release and feature-gate setting (one at a time, torn down before the next and when
+the suite leaves this package for another tier).
 
 Each parameter builds its release's binaries with hack/build-control-plane.sh (cached per
 version), so a cold run builds Kubernetes from the Go module proxy. Without Go or helm, or when
@@ -27,7 +28,7 @@ SETUPS: tuple[tuple[str, str, dict[str, bool]], ...] = (
 )
 
 
-@pytest.fixture(scope="session", params=SETUPS, ids=[s[0] for s in SETUPS])
+@pytest.fixture(scope="package", params=SETUPS, ids=[s[0] for s in SETUPS])
 def gateway(request: pytest.FixtureRequest,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     setup_id, version, gates = request.param

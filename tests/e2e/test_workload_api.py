@@ -43,6 +43,7 @@ from e2e.test_preemption import (
 
 JSON = dict[str, Any]
 VERSION = "1.37.2"
+pytestmark = pytest.mark.needs_build("control-plane", VERSION)
 NS = "workload-api"
 PODGROUPS = "scheduling.k8s.io/v1beta1"
 

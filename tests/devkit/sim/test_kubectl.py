@@ -39,10 +39,11 @@ def _kubectl() -> str | None:
     return str(built[-1]) if built else None
 
 
-KUBECTL = _kubectl()
 needs_kubectl = pytest.mark.skipif(
-    KUBECTL is None and os.environ.get("CI") != "true",
+    _kubectl() is None and os.environ.get("CI") != "true",
     reason="no kubectl on PATH or in ~/.cache/dra-gateway/kube/ (hack/build-node.sh builds one)")
+# In CI kubectl may still be building when the suite is collected: these run after it.
+pytestmark = pytest.mark.needs_build("node", None)
 
 
 def quota(name: str, **spec: Any) -> dict[str, Any]:
@@ -64,9 +65,10 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[MemoryCluster, Path]]:
 
 
 async def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> tuple[int, str]:
-    assert KUBECTL is not None, "CI=true: hack/build-node.sh provides kubectl"
+    found = _kubectl()
+    assert found is not None, "CI=true: hack/build-node.sh provides kubectl"
     process = await asyncio.create_subprocess_exec(
-        KUBECTL, "--kubeconfig", str(kubeconfig), *args,
+        found, "--kubeconfig", str(kubeconfig), *args,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "HOME": str(kubeconfig.parent), "KUBECTL_INTERACTIVE_DELETE": ""})
