@@ -34,6 +34,7 @@ from dra_gateway.kube.cluster.port import (
     ApiError,
     Cluster,
     Conflict,
+    Invalid,
     NotFound,
     Object,
     TooManyRequests,
@@ -71,26 +72,31 @@ class Evictions:
 
     async def event(self, pod: Object | None, reason: str, message: str,
                     type_: str = "Normal") -> None:
-        """An Event on the pod (none when it is unknown); a failed write is logged only."""
+        """An Event on the pod (none when it is unknown); a failed write is logged only. Fenced
+        like the evictions: a replica that no longer leads says nothing more."""
         if pod is None:
             return
         event = pod_event(pod, reason=reason, message=message, type_=type_,
                           component=self.component, instance=self.instance,
                           stamp=self._stamp())
+        self.fence()
         try:
             await self.cluster.create(EVENTS, event, namespace=objects.namespace(pod))
         except (ApiError, OSError) as exc:
             log.warning("could not record an event", extra={
                 "pod": "/".join(objects.namespace_name(pod)), "error": str(exc)})
 
-    async def mark(self, pod: str, reason: str, message: str, *, status: str = "True") -> None:
-        """Set `DisruptionTarget` on the pod ("namespace/name"), True unless `status` says
-        otherwise; raises the API's errors."""
+    async def mark(self, pod: str, uid: str, reason: str, message: str, *,
+                   status: str = "True") -> None:
+        """Set `DisruptionTarget` on the pod ("namespace/name") if it still has `uid`, True
+        unless `status` says otherwise; raises the API's errors (`Invalid` when another pod
+        has the name now: the patch names the uid, which the API server keeps immutable)."""
         namespace, name = pod.split("/", 1)
         condition = {"type": DISRUPTION_TARGET, "status": status, "reason": reason,
                      "message": message, "lastTransitionTime": self._stamp()}
         self.fence()
-        await self.cluster.patch(PODS, name, {"status": {"conditions": [condition]}},
+        await self.cluster.patch(PODS, name, {"metadata": {"uid": uid},
+                                              "status": {"conditions": [condition]}},
                                  namespace=namespace, subresource="status",
                                  patch_type="strategic")
 
@@ -109,15 +115,15 @@ class Evictions:
         marked = False
         try:
             if reason is not None:
-                await self.mark(pod, reason, message)
+                await self.mark(pod, uid, reason, message)
                 marked = True
             if told is not None:
                 await self.event(*told, type_=told_type)
             await self.evict(pod, uid)
-        except NotFound:
-            return GONE, ""
+        except (NotFound, Invalid):
+            return GONE, ""  # gone, or another pod has the name now (refused the mark)
         except Conflict:
-            # Another pod has the name now: the mark, written by name, may be on it.
+            # Another pod has the name now (the eviction's uid precondition).
             result, said, why = GONE, "", "the pod it was written for is gone"
         except TooManyRequests as exc:
             result, said, why = REFUSED, exc.message, exc.message
@@ -128,17 +134,17 @@ class Evictions:
         else:
             return EVICTED, ""
         if marked:
-            await self._unmark(pod, why)
+            await self._unmark(pod, uid, why)
         return result, said
 
-    async def _unmark(self, pod: str, why: str) -> None:
+    async def _unmark(self, pod: str, uid: str, why: str) -> None:
         """Set the pod's `DisruptionTarget` False: the eviction it announced did not happen.
         A failure is logged only (the caller reports the eviction's own failure)."""
         try:
-            await self.mark(pod, NOT_EVICTED,
+            await self.mark(pod, uid, NOT_EVICTED,
                             f"{self.component}: the eviction was not carried out ({why}); "
                             "the pod stays", status="False")
-        except (NotFound, Conflict):
+        except (NotFound, Conflict, Invalid):
             pass  # gone meanwhile: nothing carries the condition
         except (ApiError, OSError) as exc:
             log.warning("could not take back a DisruptionTarget condition after an eviction "

@@ -14,13 +14,15 @@ from dra_gateway.allocator.eviction.evict import (
     DISRUPTION_TARGET,
     EVICTED,
     FAILED,
+    GONE,
     NOT_EVICTED,
     REFUSED,
     Evictions,
 )
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube.cluster.port import ApiError, Forbidden, Object, TooManyRequests
-from dra_gateway.kube.resources import PODS
+from dra_gateway.kube.resources import EVENTS, PODS
+from dra_gateway.kube.runtime.leader import LeadershipLost
 
 from .conftest import record_evictions
 
@@ -70,3 +72,34 @@ async def test_an_accepted_eviction_deletes_a_pod_that_carries_the_disruption_ta
     condition = pod_condition(gone, DISRUPTION_TARGET)
     assert condition is not None
     assert (condition["status"], condition["reason"]) == ("True", "SomeCause")
+
+
+async def test_a_pod_made_again_under_the_name_is_neither_marked_nor_evicted(
+        memory_cluster: MemoryCluster) -> None:
+    """A StatefulSet's pod deleted and made again between the plan and its eviction: the
+    condition and the eviction name the planned pod's uid, and the new pod gets neither."""
+    planned = await _pod(memory_cluster)
+    await memory_cluster.delete(PODS, "worker", namespace="ns")
+    again = await _pod(memory_cluster)
+    evicted = record_evictions(memory_cluster)
+    evictions = Evictions(memory_cluster, clock=lambda: NOW)
+    said = await evictions.leave("ns/worker", planned["metadata"]["uid"], reason="SomeCause",
+                                 message="making room")
+    assert said[0] == GONE
+    assert evicted == []
+    stays = await memory_cluster.get(PODS, "worker", namespace="ns")
+    assert stays["metadata"]["uid"] == again["metadata"]["uid"]
+    assert pod_condition(stays, DISRUPTION_TARGET) is None
+
+
+async def test_a_replica_that_lost_its_lease_records_no_event(
+        memory_cluster: MemoryCluster) -> None:
+    pod = await _pod(memory_cluster)
+
+    def lost() -> None:
+        raise LeadershipLost("another replica leads")
+
+    evictions = Evictions(memory_cluster, clock=lambda: NOW, fence=lost)
+    with pytest.raises(LeadershipLost):
+        await evictions.event(pod, "Preempting", "making room")
+    assert (await memory_cluster.list(EVENTS, namespace="ns")).items == []

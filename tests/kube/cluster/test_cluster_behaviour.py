@@ -339,6 +339,26 @@ async def test_a_patch_carrying_a_stale_resource_version_is_a_conflict(
             namespace=NS)
 
 
+async def test_a_patch_naming_another_uid_reaches_only_the_object_it_was_written_for(
+        cluster: Cluster) -> None:
+    """As the API server answers (checked on 1.34.4): a patch's metadata.uid is immutable, so
+    a patch written for an object deleted since never lands on one made under its name."""
+    first = await cluster.create(RESOURCE_CLAIMS, claim("c1"), namespace=NS)
+    await cluster.delete(RESOURCE_CLAIMS, "c1", namespace=NS)
+    await cluster.create(RESOURCE_CLAIMS, claim("c1"), namespace=NS)
+    stale = {"metadata": {"uid": first["metadata"]["uid"], "labels": {"a": "1"}}}
+    for subresource in (None, "status"):
+        with pytest.raises(Invalid, match=r"metadata\.uid"):
+            await cluster.patch(RESOURCE_CLAIMS, "c1", stale, namespace=NS,
+                                patch_type="strategic", subresource=subresource)
+    now = await cluster.get(RESOURCE_CLAIMS, "c1", namespace=NS)
+    assert "a" not in (now["metadata"].get("labels") or {})
+    same = {"metadata": {"uid": now["metadata"]["uid"], "labels": {"a": "1"}}}
+    patched = await cluster.patch(RESOURCE_CLAIMS, "c1", same, namespace=NS,
+                                  patch_type="strategic")
+    assert patched["metadata"]["labels"]["a"] == "1"
+
+
 async def test_status_patch_sets_allocation_and_strategic_patch_merges_by_key(
         cluster: Cluster) -> None:
     await cluster.create(RESOURCE_CLAIMS, claim("c1"), namespace=NS)

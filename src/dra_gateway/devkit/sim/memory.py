@@ -336,6 +336,11 @@ class MemoryCluster:
         if meta.get("name") != name or (rt.namespaced and meta.get("namespace") != key[0]):
             raise BadRequest(f'the patch of {resource_name(rt)} "{name}" may not change '
                              "metadata.name or metadata.namespace")
+        if meta.get("uid") != current["metadata"].get("uid"):
+            # A patch naming the uid it was written for reaches only that object: one made
+            # since under the same name refuses it (a PUT's uid is a precondition instead).
+            raise invalid(rt, name, [FieldError("metadata.uid", "Invalid", "field is immutable",
+                                                meta.get("uid"))])
         return self._update(rt, patched, namespace, subresource)
 
     async def delete(self, rt: ResourceType, name: str, *, namespace: str | None = None,
