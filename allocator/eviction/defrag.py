@@ -5,9 +5,10 @@ waiting first, at most `defrag_waiters_per_round`; planned in a thread) are give
 the planner with the mirrors' view of the cluster (`Controller.snapshot`) and the
 PodDisruptionBudgets read then, with at most the moves left in the hour (`defrag_moves_per_hour`,
 counted from the moves recorded in the ConfigMap); the pods that moves can place are then
-carried out as `dra-gateway defrag apply` does (`moves.Applier`). A plan that stops (a budget
-refuses an eviction) or leaves a moved pod unplaced doubles the pause before the next, up to
-sixteen times; a clean one resets it. Moves and pods helped are counted in the metrics. Every
+carried out as `dra-gateway defrag apply` does (`moves.Applier`). A hold whose moves never came (a
+defrag stopped between them) is dropped first (`moves.drop_unserved`). A plan that stops (a budget
+refuses an eviction) or leaves a moved pod unplaced doubles the pause before the next, up to sixteen
+times; a clean one resets it. Moves and pods helped are counted in the metrics. Every
 eviction and record write passes the leader's fence, as preemption's do: a plan is carried out
 over minutes (it waits for each pod helped), and a replica that lost its Lease meanwhile stops
 at its next write.
@@ -20,7 +21,7 @@ import logging
 
 from dra_gateway.allocator.eviction.inputs import Inputs, build
 from dra_gateway.allocator.eviction.mode import EvictionMode
-from dra_gateway.allocator.eviction.moves import Applier, Pace
+from dra_gateway.allocator.eviction.moves import Applier, Pace, drop_unserved
 from dra_gateway.allocator.eviction.store import list_items
 from dra_gateway.allocator.planner.defrag import DefragPlan, Limits, plan_defrag
 from dra_gateway.kube.resources import POD_DISRUPTION_BUDGETS
@@ -43,7 +44,8 @@ class DefragMode(EvictionMode):
         """One look at the waiting pods; False when the plan stopped or left a moved pod
         unplaced (the next look waits longer)."""
         settings = self.settings
-        snapshot = self.snapshot()
+        snapshot = await drop_unserved(self.cluster, settings.namespace, self.snapshot(),
+                                       fence=self.fence)
         now = snapshot.now
         moved_lately = sum(1 for m in snapshot.records.moved
                            if (now - m.at).total_seconds() < 3600)

@@ -17,13 +17,14 @@ and writes the ConfigMap's data as values; `store.py` talks to the API.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from dra_gateway.allocator.planner.allocation import PodPlan
 from dra_gateway.kube import objects
+from dra_gateway.kube.cluster.port import Object
 
 CONFIG_MAP = "dra-gateway-defrag"
 HOLD = "hold."
@@ -131,4 +132,41 @@ def read(config_map: Mapping[str, Any] | None) -> Records:
     return records
 
 
-__all__ = ["CONFIG_MAP", "Hold", "Moved", "Records", "read"]
+def victims_of(hold: Hold, pods: Sequence[Object],
+               claims: Sequence[Object] = ()) -> tuple[set[str], list[str]]:
+    """The victims of a hold (the pods evicted or moved for it) as `pods` and `claims` show
+    them: the uids of those leaving (being deleted, or gone with a claim still allocated to
+    them: their devices are not free yet), and the names of those still there (live, not
+    being deleted). Victims gone for good or finished are neither. By uid where the hold
+    recorded them, by name otherwise (a hold written before it did; a victim gone is then
+    gone). Pure."""
+    if hold.victims:
+        wanted = set(hold.victims)
+        mine = [p for p in pods if objects.uid(p) in wanted]
+    else:
+        names = set(hold.moves)
+        mine = [p for p in pods if "/".join(objects.namespace_name(p)) in names]
+    leaving = {objects.uid(p) for p in mine if objects.is_deleting(p)}
+    gone = set(hold.victims) - {objects.uid(p) for p in mine}
+    leaving |= {uid for c in claims if objects.is_allocated(c)
+                for uid in objects.owner_and_reserved(c) & gone}
+    there = sorted("/".join(objects.namespace_name(p)) for p in mine
+                   if not objects.is_deleting(p) and not objects.is_finished(p))
+    return leaving, there
+
+
+def never_carried_out(hold: Hold, pods: Sequence[Object],
+                      claims: Sequence[Object] = ()) -> str | None:
+    """Why a hold no preemption or defrag of this process has under way is spent although
+    its pod still waits, or None where it may still serve: none of its victims is leaving and
+    some are still there, so the evictions it was written for are not coming (the allocator
+    that wrote it stopped before them). Pure."""
+    leaving, there = victims_of(hold, pods, claims)
+    if leaving or not there:
+        return None  # its victims are on their way out, or gone: it serves its pod
+    left = [v for v in hold.moves if v not in there]
+    return (f"its victims {', '.join(there)} were never evicted"
+            + (f" ({', '.join(left)} left)" if left else ""))
+
+
+__all__ = ["CONFIG_MAP", "Hold", "Moved", "Records", "never_carried_out", "read", "victims_of"]

@@ -1,8 +1,10 @@
 """Carrying a defrag plan out (`Applier`): the plan's pods in order; for each pod helped by moves:
 
-1. the hold is written first (`holds.py`: the devices freed, for that pod, until a deadline),
-   with a record of each pod about to move, so the allocator gives nobody else those devices
-   and no pod moves twice in the window;
+1. the hold is written first (`holds.py`: the devices freed, for that pod, until a deadline,
+   and the uids of the pods to move), with a record of each pod about to move, so the
+   allocator gives nobody else those devices and no pod moves twice in the window. A hold
+   whose moves never came (its writer stopped in between) is dropped by the next defrag
+   (`drop_unserved`), its pod planned again;
 2. the pods are evicted through the Eviction API, at most `in_flight` at a time, each with its
    uid as a precondition. A PodDisruptionBudget that refuses (429) stops the plan there: what
    was done stays done (the hold keeps the devices freed so far for their pod), the rest is
@@ -24,12 +26,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from dra_gateway.allocator.eviction import holds as holdfmt
 from dra_gateway.allocator.eviction.evict import Evictions
-from dra_gateway.allocator.eviction.inputs import controller_uid
+from dra_gateway.allocator.eviction.inputs import Snapshot, controller_uid
 from dra_gateway.allocator.eviction.store import (
     LIVE_PODS,
     drop_records,
@@ -159,7 +161,8 @@ class Applier:
         now = self.clock()
         hold = holdfmt.Hold(help_.uid, help_.pod, help_.placement.node,
                             help_.plan.allocations, now + timedelta(seconds=self.pace.hold_seconds),
-                            tuple(m.pod for m in help_.moves))
+                            tuple(m.pod for m in help_.moves),
+                            victims=tuple(m.uid for m in help_.moves))
         data = {hold.key: hold.value()}
         for move in help_.moves:
             owner = controller_uid(pods.get(move.uid))
@@ -257,4 +260,64 @@ class Applier:
             await asyncio.sleep(self.pace.poll_seconds)
 
 
-__all__ = ["Applier", "ApplyReport", "HelpOutcome", "MoveOutcome", "Pace"]
+# --- a plan stopped between its hold and its moves ---------------------------------------------
+
+# How old a hold must be before its missing moves mean its writer stopped: `defrag apply` run by
+# hand beside the allocator's defrag writes its hold a moment before its first eviction.
+UNSERVED_AFTER_SECONDS = 30.0
+
+
+def unserved(snapshot: Snapshot, *,
+             after_seconds: float = UNSERVED_AFTER_SECONDS) -> dict[str, str]:
+    """The records of defrag holds whose moves never came, to drop, each with why: a hold (not
+    a preemption's) written at least `after_seconds` ago, for a pod that still waits, none of
+    whose moved pods is leaving while some are still there. The defrag that wrote it stopped
+    (its allocator or `defrag apply` killed) between the hold and the evictions: the hold
+    would keep its pod waiting beside the devices it holds until it expires, and the pods it
+    names would count as moved. Their `moved` records go with it: those pods never moved.
+    Pure."""
+    gated = {objects.uid(p) for p in snapshot.pods
+             if objects.is_gated(p) and not objects.is_deleting(p)}
+    records = snapshot.records
+    drop: dict[str, str] = {}
+    for uid, hold in records.holds.items():
+        if hold.preempted or not hold.victims or uid not in gated:
+            continue  # preemption judges its own; a hold of before victims were recorded expires
+        moved = [m for m in records.moved if m.for_pod == hold.pod and m.pod_uid in hold.victims]
+        if not moved or (snapshot.now - min(m.at for m in moved)).total_seconds() < after_seconds:
+            continue
+        why = holdfmt.never_carried_out(hold, snapshot.pods, snapshot.claims)
+        if why is not None:
+            drop[hold.key] = why
+            drop.update((m.key, f"moved for {hold.pod}, which never happened") for m in moved)
+    return drop
+
+
+async def drop_unserved(cluster: Cluster, namespace: str, snapshot: Snapshot, *,
+                        fence: Fence = unfenced) -> Snapshot:
+    """Drop the records `unserved` finds and return the snapshot without them (unchanged when
+    none, or when the write fails: they expire by themselves)."""
+    drop = unserved(snapshot)
+    if not drop:
+        return snapshot
+    fence()
+    try:
+        await drop_records(cluster, namespace, list(drop))
+    except ApiError as exc:
+        log.warning("could not drop the hold of a defrag that stopped before its moves", extra={
+            "records": sorted(drop), "error": exc.message})
+        return snapshot
+    for key, why in sorted(drop.items()):
+        if key.startswith(holdfmt.HOLD):
+            hold = snapshot.records.holds[key[len(holdfmt.HOLD):]]
+            log.info("defrag: a hold was dropped, its moves never came; its pod is planned "
+                     "again", extra={"pod": hold.pod, "node": hold.node, "why": why})
+    records = snapshot.records
+    kept = holdfmt.Records({u: h for u, h in records.holds.items() if h.key not in drop},
+                           [m for m in records.moved if m.key not in drop],
+                           list(records.problems))
+    return replace(snapshot, records=kept)
+
+
+__all__ = ["UNSERVED_AFTER_SECONDS", "Applier", "ApplyReport", "HelpOutcome", "MoveOutcome",
+           "Pace", "drop_unserved", "unserved"]

@@ -150,42 +150,6 @@ def no_longer_waits(pod: Object | None, uid: str) -> str | None:
     return None
 
 
-def victims_of(hold: holdfmt.Hold, pods: Sequence[Object],
-               claims: Sequence[Object] = ()) -> tuple[set[str], list[str]]:
-    """The victims of a preemption's hold as `pods` and `claims` show them: the uids of those
-    leaving (being deleted, or gone with a claim still allocated to them: their devices are
-    not free yet), and the names of those still there (live, not being deleted). Victims gone
-    for good or finished are neither. By uid where the hold recorded them, by name otherwise
-    (a hold written before it did; a victim gone is then gone). Pure."""
-    if hold.victims:
-        wanted = set(hold.victims)
-        mine = [p for p in pods if objects.uid(p) in wanted]
-    else:
-        names = set(hold.moves)
-        mine = [p for p in pods if "/".join(objects.namespace_name(p)) in names]
-    leaving = {objects.uid(p) for p in mine if objects.is_deleting(p)}
-    gone = set(hold.victims) - {objects.uid(p) for p in mine}
-    leaving |= {uid for c in claims if objects.is_allocated(c)
-                for uid in objects.owner_and_reserved(c) & gone}
-    there = sorted("/".join(objects.namespace_name(p)) for p in mine
-                   if not objects.is_deleting(p) and not objects.is_finished(p))
-    return leaving, there
-
-
-def never_carried_out(hold: holdfmt.Hold, pods: Sequence[Object],
-                      claims: Sequence[Object] = ()) -> str | None:
-    """Why a preemption's hold no preemption of this allocator has under way is spent although
-    its pod still waits, or None where it may still serve: none of its victims is leaving and
-    some are still there, so the evictions it was written for are not coming (the allocator
-    that wrote it stopped before them). Pure."""
-    leaving, there = victims_of(hold, pods, claims)
-    if leaving or not there:
-        return None  # its victims are on their way out, or gone: it serves its pod
-    left = [v for v in hold.moves if v not in there]
-    return (f"its victims {', '.join(there)} were never evicted"
-            + (f" ({', '.join(left)} left)" if left else ""))
-
-
 def stale(snapshot: Snapshot, preemption: Preemption) -> str | None:
     """Why a preemption planned earlier no longer stands on the cluster as `snapshot` shows it
     now, or None where it does: its pod still waits for devices (gated, its claims not
@@ -451,13 +415,13 @@ class PreemptionMode(EvictionMode):
                 continue
             if uid not in gated or hold.until <= snapshot.now:
                 spent.append(hold.key)
-                leaving, _ = victims_of(hold, snapshot.pods, snapshot.claims)
+                leaving, _ = holdfmt.victims_of(hold, snapshot.pods, snapshot.claims)
                 if leaving and uid in gated:
                     # Its time is over before its victims are: not preempted for again while
                     # they leave, whoever evicted them.
                     self.leaving[uid] = self.leaving.get(uid, set()) | leaving
             elif uid not in self.leaving:
-                why = never_carried_out(hold, snapshot.pods, snapshot.claims)
+                why = holdfmt.never_carried_out(hold, snapshot.pods, snapshot.claims)
                 if why is not None:
                     spent.append(hold.key)
                     unserved[uid] = why
@@ -502,5 +466,5 @@ class PreemptionMode(EvictionMode):
                 "error": exc.message, "kind": CONFIG_MAPS.kind})
 
 
-__all__ = ["ABANDONED", "REASON", "PreemptionMode", "find_preemptions", "never_carried_out",
-           "no_longer_waits", "stale", "victims_of"]
+__all__ = ["ABANDONED", "REASON", "PreemptionMode", "find_preemptions", "no_longer_waits",
+           "stale"]

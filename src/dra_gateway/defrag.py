@@ -100,7 +100,7 @@ def _run(args: argparse.Namespace) -> int:
 
 async def _main(args: argparse.Namespace, where: str) -> int:
     from dra_gateway.allocator.eviction.inputs import build
-    from dra_gateway.allocator.eviction.moves import Applier, Pace
+    from dra_gateway.allocator.eviction.moves import Applier, Pace, drop_unserved
     from dra_gateway.allocator.eviction.store import read_snapshot
     from dra_gateway.allocator.planner.defrag import Limits, plan_defrag
     from dra_gateway.kube.cluster.clock import read_clock
@@ -112,6 +112,9 @@ async def _main(args: argparse.Namespace, where: str) -> int:
         # moves' times with its own clock.
         clock = await read_clock(cluster)
         snapshot = await read_snapshot(cluster, namespace=args.namespace, now=clock.now())
+        if args.defrag == "apply":
+            # A hold left by a defrag that stopped before its moves would hide its pod.
+            snapshot = await drop_unserved(cluster, args.namespace, snapshot)
         inputs = build(snapshot, window_seconds=args.window)
         if args.only:
             wanted = set(args.only)

@@ -18,12 +18,9 @@ from dra_gateway.allocator.conditions import PREEMPTION_CONDITION, pod_condition
 from dra_gateway.allocator.controller import Controller
 from dra_gateway.allocator.eviction import holds as holdfmt
 from dra_gateway.allocator.eviction.evict import DISRUPTION_TARGET
+from dra_gateway.allocator.eviction.holds import never_carried_out
 from dra_gateway.allocator.eviction.inputs import Snapshot
-from dra_gateway.allocator.eviction.preemption import (
-    REASON,
-    PreemptionMode,
-    never_carried_out,
-)
+from dra_gateway.allocator.eviction.preemption import REASON, PreemptionMode
 from dra_gateway.devkit.sim.memory import MemoryCluster
 from dra_gateway.kube import names
 from dra_gateway.kube.cluster.port import Forbidden, Object

@@ -11,7 +11,7 @@ import pytest
 
 from dra_gateway.allocator.eviction import holds as holdfmt
 from dra_gateway.allocator.eviction.inputs import Snapshot, build
-from dra_gateway.allocator.eviction.moves import Applier, Pace
+from dra_gateway.allocator.eviction.moves import Applier, Pace, drop_unserved, unserved
 from dra_gateway.allocator.eviction.store import read_snapshot, write_records
 from dra_gateway.allocator.planner import PodPlan, plan_pod
 from dra_gateway.allocator.planner.defrag import Limits, plan_defrag
@@ -210,6 +210,53 @@ async def test_an_eviction_refused_by_a_budget_stops_the_plan_and_says_so() -> N
     results = [m.result for m in report.outcomes[0].moves]
     assert results[0].startswith("refused")
     assert results[1] == "not started"
+
+
+class _Killed(Exception):
+    """The process carrying a plan out stops (killed) as it calls the Eviction API."""
+
+
+async def test_a_hold_whose_moves_never_came_is_dropped_and_its_pod_helped_again() -> None:
+    sim = await _served(_objects())
+    inputs = build(await read_snapshot(sim, namespace="dra-gateway", now=NOW))
+    plan = plan_defrag(inputs.state, inputs.waiters, inputs.residents)
+
+    async def killed(name: str, *, namespace: str, uid: str | None = None) -> None:
+        raise _Killed
+
+    real_evict, sim.evict = sim.evict, killed  # type: ignore[method-assign]
+    with pytest.raises(_Killed):
+        await Applier(sim, namespace="dra-gateway", clock=lambda: NOW,
+                      pace=Pace(wait_seconds=0.1, poll_seconds=0.05)).carry_out(
+                          plan, inputs.pods)
+    sim.evict = real_evict  # type: ignore[method-assign]
+    # Its hold and records stay: the pod no longer waits, and the pods named as moved are
+    # still there on the devices held.
+    stopped = await read_snapshot(sim, namespace="dra-gateway", now=NOW + timedelta(seconds=5))
+    assert build(stopped).waiters == []
+    assert unserved(stopped) == {}  # too soon to tell from a plan under way
+    later = await read_snapshot(sim, namespace="dra-gateway", now=NOW + timedelta(seconds=31))
+    assert sorted(unserved(later)) == sorted(
+        [f"hold.{plan.helped[0].uid}"] + [f"moved.{m.uid}" for m in plan.moves])
+    assert "were never evicted" in unserved(later)[f"hold.{plan.helped[0].uid}"]
+
+    kept = await drop_unserved(sim, "dra-gateway", later)
+    assert kept.records.holds == {}
+    assert kept.records.moved == []
+    again = build(kept)
+    assert [w.pod["metadata"]["name"] for w in again.waiters] == ["big"]
+    records = holdfmt.read(await sim.get(CONFIG_MAPS, holdfmt.CONFIG_MAP,
+                                         namespace="dra-gateway"))
+    assert (records.holds, records.moved) == ({}, [])
+    # Carried out again, its moves are made this time.
+    replan = plan_defrag(again.state, again.waiters, again.residents)
+    report = await Applier(sim, namespace="dra-gateway", clock=lambda: NOW,
+                           pace=Pace(wait_seconds=0.1, poll_seconds=0.05)).carry_out(
+                               replan, again.pods)
+    assert report.evicted == 2
+    # A hold whose moved pods are gone (or leaving) serves its pod: it stays.
+    served = await read_snapshot(sim, namespace="dra-gateway", now=NOW + timedelta(seconds=60))
+    assert unserved(served) == {}
 
 
 def test_the_command_says_what_is_wrong_with_its_flags(capsys: pytest.CaptureFixture[str],
