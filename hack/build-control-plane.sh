@@ -33,7 +33,7 @@ CACHE=${DRA_GATEWAY_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dra-gateway/kube
 # The Go toolchain: this machine's own, except for a release whose go.mod asks for a newer
 # language version (1.38 asks for Go 1.27): that release alone is built with NEWER_GO, which the
 # go command takes from the Go module proxy like any module (about 10 s, once per machine). This is
-# the one place the project names it; nothing else (README, .ci/run) needs to export GOTOOLCHAIN.
+# the one place the project names it; nothing else (docs/development.md, .ci/run) needs to export GOTOOLCHAIN.
 NEWER_GO=${DRA_GATEWAY_NEWER_GO:-go1.27.3}
 # Everything else builds with the local Go, which fails with its own message instead of fetching.
 export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0

@@ -1,5 +1,5 @@
-"""The README's "Moving a live cluster" walk, on a real control plane, printing what each step
-says: for a closing note, a demo to a team, or checking a change by eye.
+"""The "Moving a live cluster" walk of docs/migrate.md, on a real control plane, printing what
+each step says: for a closing note, a demo to a team, or checking a change by eye.
 
     .venv/bin/python hack/live-migration-walkthrough.py [--version 1.37.2]
 

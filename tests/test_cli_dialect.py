@@ -4,8 +4,10 @@ The real parser of `dra_gateway.cli` is walked, every command and subcommand, so
 added later is held to the same rules without being named here: a one-line help and a
 description; help on every option; metavars from one small vocabulary; `-o/--output` with the
 same formats and help; `--namespace NAMESPACE` for a namespace; one duration parser; one
-`--kubeconfig FILE`; each command named in README.md. What the user sees when a command fails
-(`error: <message>`) and when none is given (the help, exit 0) is tested here too.
+`--kubeconfig FILE`; each command named in the pages an operator reads (README.md and docs/,
+besides the generated reference) and given a section of docs/reference/cli.md. What the user
+sees when a command fails (`error: <message>`) and when none is given (the help, exit 0) is
+tested here too.
 """
 
 from __future__ import annotations
@@ -206,15 +208,25 @@ def test_duration_flags_take_go_durations_and_bare_seconds_alike(
     assert getattr(build_parser().parse_args(argv), dest) == seconds
 
 
-README = (REPOSITORY / "README.md").read_text(encoding="utf-8")
+# The pages written by hand: the README and docs/, less the reference generated from the parser
+# (which names every command by construction; tests/test_docs.py keeps it up to date).
+GUIDES = {str(path.relative_to(REPOSITORY)): path.read_text(encoding="utf-8")
+          for path in [REPOSITORY / "README.md", *sorted((REPOSITORY / "docs").rglob("*.md"))]
+          if "reference" not in path.relative_to(REPOSITORY).parts}
+CLI_REFERENCE = (REPOSITORY / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS, ids=lambda c: c.name)
-def test_every_command_is_named_in_the_readme(command: Command) -> None:
+def test_every_command_is_named_in_the_docs(command: Command) -> None:
     # `dra-gateway NAME` for a command; `PARENT NAME` (as in `rules check`) for a subcommand.
     words = command.path if len(command.path) > 1 else ("dra-gateway", *command.path)
     pattern = r"\s+".join(re.escape(w) for w in words) + r"(?![\w-])"
-    assert re.search(pattern, README), f"README.md never names `{' '.join(words)}`"
+    assert any(re.search(pattern, text) for text in GUIDES.values()), (
+        f"neither README.md nor docs/ (besides docs/reference/) names `{' '.join(words)}`")
+    heading = " ".join(("dra-gateway", *command.path))
+    assert f"\n## `{heading}`\n" in CLI_REFERENCE, (
+        f"docs/reference/cli.md has no section for `{heading}`; run "
+        "`.venv/bin/python hack/gen-docs.py`")
 
 
 def test_dra_gateway_alone_prints_its_commands_and_exits_0(

@@ -403,8 +403,9 @@ def _label(ns: str, mode: str) -> str:
 def _steps(namespaces: Sequence[NamespacePlan], workloads: Sequence[WorkloadPlan],
            nodes: Sequence[NodeState], quotas: QuotaMigration, source: str
            ) -> tuple[Step, ...]:
-    # A namespace labelled disabled was kept out on purpose (step 1 of the README's walk): the
-    # steps leave it so, and the plan's notes say how to move it when its administrator wants.
+    # A namespace labelled disabled was kept out on purpose (step 1 of the walk in
+    # docs/migrate.md): the steps leave it so, and the plan's notes say how to move it when its
+    # administrator wants.
     moving = [n for n in namespaces if n.workloads and n.source != "excluded"
               and not (n.source == "label" and n.mode == "disabled")]
     refused = [w for w in workloads

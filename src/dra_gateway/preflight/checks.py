@@ -41,8 +41,8 @@ CHART_TOLERATIONS: Final[Sequence[Mapping[str, str]]] = (
 LEGACY_PLUGIN_WORDS: Final = ("nvidia-device-plugin", "k8s-device-plugin", "hami-device-plugin",
                               "volcano-device-plugin", "vgpu-device-plugin", "gpushare",
                               "koord-device", "qgpu", "device-plugin")
-AUDIT_FIRST: Final = ('install in audit first (README "Install on a cluster", step 3, and '
-                      '"Moving a live cluster"): --set webhook.translation.default=audit')
+AUDIT_FIRST: Final = ('install in audit first (docs/install.md, step 3, and docs/migrate.md): '
+                      '--set webhook.translation.default=audit')
 _SHOWN = 5  # names listed in a summary before "and N more"
 
 
