@@ -133,17 +133,20 @@ def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
 
 def _flags(action: argparse.Action) -> str:
     if not action.option_strings:
-        return f"`{_value(action).strip('`') or action.dest}` (positional)"
+        return _value(action) or f"`{action.dest}`"
     return ", ".join(f"`{o}`" for o in action.option_strings)
 
 
-def _repeat(action: argparse.Action) -> str:
+def _takes(action: argparse.Action) -> str:
+    """The Value cell: what an option takes, or how many values a positional argument is."""
+    if not action.option_strings:
+        return {"*": "positional, any number", "+": "positional, one or more",
+                "?": "positional, optional"}.get(str(action.nargs), "positional")
+    value = _value(action)
     if isinstance(action, argparse._AppendAction | argparse._ExtendAction) or action.nargs in (
             "*", "+"):
-        return " (repeatable)" if action.option_strings else " (one or more)"
-    if action.nargs == "?":
-        return " (optional)"
-    return ""
+        return f"{value} (repeatable)"
+    return value
 
 
 def _anchor(heading: str) -> str:
@@ -192,7 +195,7 @@ def cli_page() -> str:
         if arguments:
             lines += ["| Argument | Value | Default | Description |", "|---|---|---|---|"]
             for action in arguments:
-                lines.append(f"| {_flags(action)} | {_value(action)}{_repeat(action)} | "
+                lines.append(f"| {_flags(action)} | {_takes(action)} | "
                              f"{_cell(_default(action))} | {_cell(_help(parser, action))} |")
             lines.append("")
     return "\n".join(lines)
@@ -298,6 +301,11 @@ def _constraints(schema: dict[str, Any], required: bool) -> str:
         for key in ("pattern", "minimum"):
             if key in item:
                 found.append(f"{item.get('type', '')} {key} `{item[key]}`".strip())
+    items = schema.get("items")
+    if isinstance(items, dict) and not items.get("properties"):
+        each = _constraints(items, False)
+        if each:
+            found.append(f"each item: {each}")
     return "; ".join(found)
 
 
