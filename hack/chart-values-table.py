@@ -9,6 +9,8 @@ keys dotted (lists are not entered), and writes it between the README's markers
     hack/chart-values-table.py           rewrite the table in place
     hack/chart-values-table.py --check   exit 1 (saying so) when the README's table is not what
                                          values.yaml gives (tests/helm/test_chart_readme.py)
+
+hack/gen-docs.py writes the same table (`table`) into docs/reference/values.md.
 """
 
 from __future__ import annotations
