@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from dra_gateway.kube import arguments
 
 if TYPE_CHECKING:
+    from dra_gateway.kube.progress import Progress
     from dra_gateway.translator.extended import ExtendedResources
     from dra_gateway.translator.manifests import ManifestResult
     from dra_gateway.translator.rules import RuleSet, Source
@@ -191,9 +192,10 @@ def _not_manifests(documents: list[Any]) -> str | None:
     return None
 
 
-def _read_stream(name: str, stdin: TextIO) -> list[Any]:
+def _read_stream(name: str, stdin: TextIO, progress: Progress | None = None) -> list[Any]:
     """The documents of file `name` (`-`: standard input), read by the one bounded loader;
-    `InputTooLarge` past its size, `yaml.YAMLError` (`ExpansionError`) for what YAML refuses."""
+    `InputTooLarge` past its size, `yaml.YAMLError` (`ExpansionError`) for what YAML refuses.
+    `progress` hears how far the reading is."""
     import json
 
     from dra_gateway.translator import yamlinput
@@ -219,7 +221,17 @@ def _read_stream(name: str, stdin: TextIO) -> list[Any]:
             pass  # YAML flow style also starts with a bracket; let the YAML parser decide.
         else:
             return data if isinstance(data, list) else [data]
-    return yamlinput.load_all(text)
+    if progress is None:
+        return yamlinput.load_all(text)
+    source = "standard input" if name == "-" else name
+
+    def read(documents: int, fraction: float) -> None:
+        progress.update(f"reading {source}: {fraction:.0%}, {documents:,} read")
+
+    try:
+        return yamlinput.load_all(text, read=read)
+    finally:
+        progress.done()  # before anything else is said about the file
 
 
 def _run_translate(args: argparse.Namespace) -> int:
@@ -228,6 +240,7 @@ def _run_translate(args: argparse.Namespace) -> int:
     import yaml
 
     from dra_gateway.kube import yamltext
+    from dra_gateway.kube.progress import Progress
     from dra_gateway.translator.manifests import rewrite_manifests
     from dra_gateway.translator.rules import RulesError, load_rules
     from dra_gateway.translator.yamlinput import ExpansionError, InputTooLarge
@@ -249,10 +262,12 @@ def _run_translate(args: argparse.Namespace) -> int:
         filenames = [f for given in args.filename for f in _files_of(given)]
     except ValueError as exc:
         return arguments.error(f"{exc}", EXIT_UNREADABLE)
+    # A large input takes seconds to read and to write: a terminal is told how far it is.
+    progress = Progress("translate")
     for filename in filenames:
         source = "standard input" if filename == "-" else filename
         try:
-            read = _read_stream(filename, sys.stdin)
+            read = _read_stream(filename, sys.stdin, progress)
         except OSError as exc:
             return arguments.error(f"cannot read {source}: {exc.strerror or exc}",
                                    EXIT_UNREADABLE)
@@ -296,7 +311,11 @@ def _run_translate(args: argparse.Namespace) -> int:
                 EXIT_UNREADABLE)
         sys.stdout.write(text + "\n")
     else:
-        sys.stdout.write(yamltext.dump_all(out, sort_keys=False, explicit_start=True))
+        with progress:
+            for written, document in enumerate(out, 1):
+                sys.stdout.write(yamltext.dump_all([document], sort_keys=False,
+                                                   explicit_start=True))
+                progress.update(f"writing: {written:,} of {len(out):,} documents")
     return EXIT_REFUSED if result.refusals else EXIT_OK
 
 

@@ -12,6 +12,7 @@ up to `MAX_INPUT_BYTES`. This module only reads; it knows nothing of what the do
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -101,9 +102,23 @@ ManifestLoader.yaml_implicit_resolvers = {
     for first, resolvers in BoundedLoader.yaml_implicit_resolvers.items()}
 
 
-def load_all(text: str) -> list[Any]:
-    """Every document of `text` but the empty ones; `yaml.YAMLError` (`ExpansionError`) else."""
-    return [doc for doc in yaml.load_all(text, Loader=ManifestLoader) if doc is not None]
+def load_all(text: str, *,
+             read: Callable[[int, float], None] | None = None) -> list[Any]:
+    """Every document of `text` but the empty ones; `yaml.YAMLError` (`ExpansionError`) else.
+    `read(documents, fraction)`, when given, hears after each document how many were read
+    and how far into `text` the reader is (0 to 1)."""
+    loader = ManifestLoader(text)
+    documents: list[Any] = []
+    try:
+        while loader.check_data():  # type: ignore[no-untyped-call]
+            document = loader.get_data()
+            if document is not None:
+                documents.append(document)
+            if read is not None:
+                read(len(documents), loader.get_mark().index / max(1, len(text)))
+    finally:
+        loader.dispose()
+    return documents
 
 
 def check_size(data: bytes | str, what: str) -> None:
