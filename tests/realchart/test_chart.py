@@ -6,6 +6,7 @@ HAMi pod created with kubectl, an upgrade while it runs, then the uninstall.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -20,12 +21,15 @@ from realnode.test_node import ENV_THEN_SLEEP, claim_specs, spec_names
 from dra_gateway.devkit.realcluster import path_of
 from dra_gateway.devkit.realnode import IMAGE
 from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError
 from realchart.prometheus import Prometheus, scrape_job
 from realchart.support import COMPONENTS, ChartCluster
 
 # The image's own user (hack/build-image.sh); the node plugin runs as root (the kubelet's
 # folders are root's).
 IMAGE_USER = 65532
+# A tenant namespace of the monitoring scenario, with a GPUQuota of its own.
+TENANT = "team-metrics"
 
 
 def _ready(pod: dict[str, object]) -> bool:
@@ -45,7 +49,10 @@ def test_helm_install_runs_every_component_with_its_probes(chart: ChartCluster) 
             [container] = pod["spec"]["containers"]
             assert container.get("readinessProbe"), container
             assert container.get("livenessProbe"), container
+            # The chart's pull policy; containerd pulled what hack/publish-image.sh pushed.
+            assert container["imagePullPolicy"] == "IfNotPresent", container
             [status] = pod["status"]["containerStatuses"]
+            assert status["imageID"] == chart.image.reference, status
             uid = status["user"]["linux"]["uid"] if "user" in status else None
             if component != "node-plugin" and uid is not None:
                 assert uid == IMAGE_USER, status
@@ -55,6 +62,19 @@ def test_helm_install_runs_every_component_with_its_probes(chart: ChartCluster) 
     # The DaemonSet's pod publishes them.
     [plugin] = chart.component_pods("node-plugin")
     assert plugin["spec"]["nodeName"] == chart.node.name
+
+
+def test_helm_test_passes_through_the_api_server(chart: ChartCluster) -> None:
+    """`helm test`: the chart's smoke pod, created by helm through the API server, pulls the
+    image, resolves the webhook's Service by name and has it translate a legacy pod."""
+    pod = f"{RELEASE}-smoke-test"
+    try:
+        out = chart.run_helm("test", RELEASE, "--namespace", NAMESPACE, "--timeout", "3m")
+    except AssertionError as exc:
+        log = chart.node.container_log(NAMESPACE, pod, "smoke")
+        raise AssertionError(f"{exc}\n--- {pod} ---\n{log}\n{chart.pod_states()}\n"
+                             f"{chart.logs()}") from None
+    assert re.search(rf"TEST SUITE:\s+{pod}\n(.*\n)*?Phase:\s+Succeeded", out), out
 
 
 def _legacy_pod(name: str) -> str:
@@ -125,6 +145,7 @@ def test_a_real_prometheus_scrapes_every_component_and_evaluates_the_dashboard_a
                     if t["health"] == "up"} == pods
 
         wait_until("Prometheus to scrape every gateway pod", all_up, 60, chart.check)
+        _a_tenants_quota_keeps_its_namespace(chart, server)
         board = json.loads((CHART / "dashboards" / "dra-gateway.json").read_text())
         queries = [(p["title"], t["expr"]) for p in board["panels"]
                    for t in p.get("targets") or ()]
@@ -165,6 +186,36 @@ def test_a_real_prometheus_scrapes_every_component_and_evaluates_the_dashboard_a
         wait_until("the alert to clear", lambda: not no_leader_alert(), 60, chart.check)
     finally:
         server.stop()
+
+
+def _a_tenants_quota_keeps_its_namespace(chart: ChartCluster, server: Prometheus) -> None:
+    """Scraped as the Prometheus Operator scrapes (`namespace` is the scraped pod's, without
+    honorLabels), a tenant's GPUQuota series keep the tenant's namespace in `quota_namespace`,
+    and no series of the gateway has a label of its own renamed `exported_namespace`."""
+    api = chart.plane.api()
+    quotas = path_of(names.API_VERSION, "gpuquotas", namespace=TENANT)
+    api.create(path_of("v1", "namespaces"), {"apiVersion": "v1", "kind": "Namespace",
+                                              "metadata": {"name": TENANT}})
+    try:
+        api.create(quotas, {"apiVersion": names.API_VERSION, "kind": "GPUQuota",
+                            "metadata": {"name": "team", "namespace": TENANT},
+                            "spec": {"hard": {"memory": "40Gi", "cores": 200}}})
+
+        def series() -> list[dict[str, Any]]:
+            server.check()
+            return server.query(
+                f'dra_gateway_allocator_quota_hard{{quota_namespace="{TENANT}"}}')
+
+        wait_until("the tenant's quota series", lambda: len(series()) == 2, 60, chart.check)
+        for one in series():
+            labels = one["metric"]
+            assert (labels["namespace"], labels["quota"]) == (NAMESPACE, "team"), labels
+            assert labels["resource"] in ("memory", "cores"), labels
+        assert server.query('{__name__=~"dra_gateway_.+", exported_namespace!=""}') == []
+    finally:
+        with contextlib.suppress(ApiError):
+            api.delete(f"{quotas}/team")
+        api.delete(path_of("v1", "namespaces", name=TENANT))
 
 
 def test_helm_upgrade_rolls_every_component_without_losing_a_claim(chart: ChartCluster) -> None:
