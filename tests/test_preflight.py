@@ -235,7 +235,7 @@ async def test_a_cdi_folder_not_writable_or_a_runtime_without_cdi_is_an_error() 
     assert found["node-setup"].severity == "error"
     assert items["gpu-a"][0] == "error"
     assert "cdi /var/run/cdi not writable (Read-only file system)" in items["gpu-a"][1]
-    assert "hami-core missing" in items["gpu-a"][1]
+    assert "hami-core missing at /usr/local/vgpu/libvgpu.so" in items["gpu-a"][1]
     assert items["gpu-b"] == ("error", "cdi /var/run/cdi writable; containerd://1.6.20 predates "
                                        "CDI support (containerd 1.7 or later); hami-core present")
     assert items["gpu-c"][0] == "warning"

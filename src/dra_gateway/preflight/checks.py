@@ -279,7 +279,8 @@ def node_setup_check(facts: Facts) -> Check:
         reads, why = runtime_reads_cdi(runtime, setup.cdi_dir)
         parts = [f"cdi {setup.cdi_dir} " + ("writable" if setup.cdi_writable else
                                             f"not writable ({setup.cdi_problem})"), why,
-                 f"hami-core {setup.hami_core}"]
+                 f"hami-core {setup.hami_core}" + (f" at {setup.hami_library}"
+                                                   if setup.hami_core == "missing" else "")]
         severity: Severity = "ok"
         if not setup.cdi_writable or reads is False:
             severity = "error"
