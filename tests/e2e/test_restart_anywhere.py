@@ -17,8 +17,24 @@ zero to two pods of the burst are created, then started again: the webhook (a po
 it is down is refused, never admitted untranslated, and created once it is back), the allocator,
 the leader (started again under its identity, as a container restarted in its pod, which takes
 the Lease back at once, or under a new one, as a replacement pod, which waits the Lease out; one
-of its kills falls right after the high pod's creation, while its preemption is under way), and
-a node plugin (after the fault, mostly the faulted card's, whose marks must outlive it).
+of its kills falls right after the high pod's creation, while its preemption is under way, and
+one while the defrag below is under way), and a node plugin (after the fault, mostly the
+faulted card's, whose marks must outlive it).
+
+A defrag move: the allocator runs with its defrag on (the release upgraded for its RBAC,
+`--defrag-after`/`--defrag-interval` of 2 s: test_defrag.py's `_allocator_with_defrag`), and
+before the burst a fragmented layout is made as test_defrag.py makes it, smaller: a KWOK node of
+two cards, each holding one share (60%) of a two-replica Deployment, and a spare node of two
+free cards. At a drawn point of the burst, a pod pinned to the fragmented node asks for two whole
+cards: only moving both shares to the spare node places it. One allocator kill follows it, drawn
+to fall while the defrag is under way: as soon as the defrag's hold for that pod is seen in its
+records (most often: between the hold and its evictions where the kill wins the race, else just
+after them), or a drawn 0.3 to 3 s later (the evictions done, the pod and the replacements not yet
+placed). Its new leader either finds the hold served (the shares evicted: it places the pod on the
+held cards) or, when the evictions never came, drops the hold once 30 s old
+(allocator/eviction/moves.py `drop_unserved`, checked in its log) and plans the pod again. The
+invariants cover the defrag's namespace and nodes as the rest, and at the end the pod is placed
+on two whole cards of its node, the Deployment's two shares placed again, on the spare node.
 
 After every restart, once the component is back and had a few seconds, the invariants: no card
 held past its capacity (the cards as published before the burst, so the withheld one counts
@@ -27,16 +43,15 @@ while a component restarts) and given to no claim after its fault landed; the GP
 memory and cores not exceeded by what the namespace's claims hold; no pod left gated past a
 grace (from its creation or the allocator's last takeover) without a reason from the gateway (a
 True `dra-gateway.io/` condition, or a Warning Event of the allocator or the webhook). At the
-end: the high pod placed after at least one preemption; every pod that fits placed (a whole-card
-pod while its node has an untouched card in service; a share, in the quota's queue order, while
-a card of its node has room for it and its quota too), before and after the card recovers.
-
-The allocator's own defrag is left out: it needs the release upgraded for its RBAC, a layout
-fragmented on purpose, budgets and a spare node (test_defrag.py), more than this scenario's few
-minutes allow.
+end: the high pod placed after at least one preemption; the defrag's pod placed after its moves;
+every pod that fits placed (a whole-card pod while its node has an untouched card in service; a
+share, in the quota's queue order, while a card of its node has room for it and its quota too),
+before and after the card recovers.
 
 Cleanup, failed or not: the components as installed, the card recovered, the namespaces deleted
-once their claims are released, the preemption holds dropped, the PriorityClasses deleted.
+once their claims are released, the defrag's nodes, node plugins and records removed
+(test_defrag.py's `_clean_up`), the preemption holds dropped, the PriorityClasses deleted, the
+release and the allocator's flags as installed.
 """
 
 from __future__ import annotations
@@ -78,9 +93,21 @@ from e2e.support import (
     holdings,
     over_capacity,
     placed_on_its_node,
+    pod_devices,
     pods,
     remove_namespace,
     wait_until,
+)
+from e2e.test_defrag import (
+    FRAGMENTED,
+    SPARE,
+    WAITING,
+    _add_node,
+    _allocator_with_defrag,
+    _clean_up,
+    _deployment,
+    _share_pods,
+    _waiting_pod,
 )
 
 JSON = dict[str, Any]
@@ -104,8 +131,11 @@ BACK_S = 60.0  # a restarted component's time to be back (a new identity waits o
 PLACE_S = 90.0
 LEASE = path_of("coordination.k8s.io/v1", "leases", namespace=NAMESPACE,
                 name="dra-gateway-allocator")
-RECORDS = "dra-gateway-defrag"  # allocator/eviction/holds.py CONFIG_MAP: preemption's holds
+RECORDS = "dra-gateway-defrag"  # allocator/eviction/holds.py CONFIG_MAP: the holds, the moves
 REASONS_FROM = (names.ALLOCATOR_COMPONENT, "dra-gateway-webhook")
+MOVED_SHARES = 2  # the Deployment's shares on FRAGMENTED's two cards: both move for WAITING
+UNSERVED_SAID = "its moves never came"  # allocator/eviction/moves.py drop_unserved's log line
+DEFRAG_S = 120.0  # WAITING's time to be placed (a hold whose moves never came waits 30 s)
 
 
 # Pods -------------------------------------------------------------------------------------------
@@ -235,6 +265,10 @@ class Scenario:
         self.identities = 0
         self.retry: list[JSON] = []  # pods refused while the webhook was down
         self.high_created = False
+        self.defrag_ns = f"restart-defrag-{token}"
+        self.shares_before: set[str] = set()  # the Deployment's pods before the defrag
+        self.defrag_kill = ""  # where the kill during the defrag fell
+        self.unserved_from: int | None = None  # the allocator log's size at a kill before moves
         self.node_plugin_restarts_after_fault = 0
 
     def fail(self, message: str) -> None:
@@ -258,21 +292,31 @@ class Scenario:
             steps.append(("pod", _pod(f"low-{index}", self.whole_ns, WHOLE_NODE,
                                       {"nvidia.com/gpu": "1"}, LOW), 0, 0.0))
         steps.append(("fault", None, 0, 0.0))
+        steps.append(("defrag", _waiting_pod(self.defrag_ns), 0, 0.0))
         rng.shuffle(steps)
         last_whole = max(i for i, s in enumerate(steps)
                          if s[0] == "pod" and s[1]["metadata"]["namespace"] == self.whole_ns)
         high = _pod("high", self.whole_ns, WHOLE_NODE, {"nvidia.com/gpu": "2"}, HIGH)
         steps.insert(rng.randint(last_whole + 1, len(steps)), ("high", high, 0, 0.0))
-        kinds = ["webhook"] * RESTARTS_EACH + ["allocator"] * (RESTARTS_EACH - 1) + \
+        kinds = ["webhook"] * RESTARTS_EACH + ["allocator"] * (RESTARTS_EACH - 2) + \
             ["node-plugin"] * RESTARTS_EACH
         for kind in kinds:
             steps.insert(rng.randint(0, len(steps)), ("restart", kind, 0, 0.0))
         # One allocator kill while the high pod's preemption is under way.
         at = next(i for i, s in enumerate(steps) if s[0] == "high")
         steps.insert(at + 1, ("restart", "allocator", 0, 0.0))
-        return [(what, obj, rng.randint(0, 2) if what == "restart" else 0,
-                 round(rng.uniform(0.0, 3.0 if what == "restart" else 0.6), 2))
-                for what, obj, _, _ in steps]
+        # One while the defrag is under way: its delay counts from the hold's appearance
+        # (none most often: the kill lands between the hold and the evictions where it can).
+        at = next(i for i, s in enumerate(steps) if s[0] == "defrag")
+        steps.insert(at + 1, ("restart", "allocator-defrag", 0, 0.0))
+        drawn: list[Step] = []
+        for what, obj, _, _ in steps:
+            down = rng.randint(0, 2) if what == "restart" else 0
+            delay = round(rng.uniform(0.0, 3.0 if what == "restart" else 0.6), 2)
+            if obj == "allocator-defrag":
+                delay = 0.0 if rng.random() < 2 / 3 else round(rng.uniform(0.3, 3.0), 2)
+            drawn.append((what, obj, down, delay))
+        return drawn
 
     def run(self) -> None:
         steps = self.schedule()
@@ -284,20 +328,28 @@ class Scenario:
         while index < len(steps):
             what, obj, down_for, delay = steps[index]
             index += 1
-            time.sleep(delay)
+            if obj != "allocator-defrag":
+                time.sleep(delay)
             if what == "pod":
                 self.create(obj)
             elif what == "high":
                 self.create_high(obj)
             elif what == "fault":
                 self.inject_fault()
+            elif what == "defrag":
+                self.create(obj)
+                print(f"restart anywhere: {WAITING} created for the defrag")
             else:
                 # The next pods of the burst are created while the component is down.
                 down: list[JSON] = []
                 while len(down) < down_for and index < len(steps) and steps[index][0] == "pod":
                     down.append(steps[index][1])
                     index += 1
-                self.restart(str(obj), down)
+                if obj == "allocator-defrag":
+                    self.await_defrag(delay)
+                    self.restart_allocator(down, after_kill=partial(self.defrag_killed, delay))
+                else:
+                    self.restart(str(obj), down)
         if self.fault is not None and self.node_plugin_restarts_after_fault == 0:
             # The failed card's marks must outlive its node plugin at least once.
             self.restart_node_plugin(self.fault.node, [])
@@ -366,6 +418,46 @@ class Scenario:
         print(f"restart anywhere: XID {fault.code} on {card.node}/{card.device} (held by "
               f"{sorted(fault.holders) or 'nobody'})")
 
+    def await_defrag(self, after_s: float) -> None:
+        """Until the defrag's hold for WAITING is in its records (or WAITING is placed
+        already, the hold let go), then `after_s` more: the allocator is killed then."""
+        api = self.api
+        waiting = path_of("v1", "pods", namespace=self.defrag_ns, name=WAITING)
+        key = "hold." + str(api.get(waiting)["metadata"]["uid"])
+        records = path_of("v1", "configmaps", namespace=NAMESPACE, name=RECORDS)
+        deadline = time.monotonic() + PLACE_S
+        polls = 0
+        while True:
+            with contextlib.suppress(ApiError):
+                if key in (api.get(records).get("data") or {}):
+                    break
+            polls += 1
+            if polls % 20 == 0:  # every half second or so, not between two reads of the hold
+                self.watch()
+                if placed_on_its_node(api, api.get(waiting)):
+                    self.defrag_kill = "after the defrag was done (its hold not seen)"
+                    break
+            if time.monotonic() > deadline:
+                self.fail(f"no defrag hold for {self.defrag_ns}/{WAITING} within "
+                          f"{PLACE_S:g}s\n{self.state()}\n{self.gateway.logs()}")
+            time.sleep(0.02)
+        time.sleep(after_s)
+
+    def defrag_killed(self, after_s: float) -> None:
+        """Right after the kill: how far the defrag had come (the evictions it made are all it
+        will make)."""
+        time.sleep(0.5)  # an eviction the API server was answering
+        left = len(self.shares_before & {p["metadata"]["uid"]
+                                         for p in _share_pods(self.api, self.defrag_ns)})
+        if not self.defrag_kill:
+            if left == MOVED_SHARES:  # the next leader must drop the hold (30 s) and plan again
+                self.unserved_from = self.gateway.components["allocator"].log.stat().st_size
+            self.defrag_kill = (f"{after_s:g}s after the hold was seen, "
+                                + ("between the hold and its evictions"
+                                   if left == MOVED_SHARES else
+                                   f"after {MOVED_SHARES - left} of {MOVED_SHARES} evictions"))
+        print(f"restart anywhere: allocator killed during the defrag, {self.defrag_kill}")
+
     def restart(self, kind: str, down: list[JSON]) -> None:
         if kind == "webhook":
             self.restart_webhook(down)
@@ -399,11 +491,14 @@ class Scenario:
         self.retry.clear()
         self.restarted("webhook", f"webhook ({len(down)} pod(s) tried while down)", killed)
 
-    def restart_allocator(self, down: list[JSON]) -> None:
+    def restart_allocator(self, down: list[JSON],
+                          after_kill: Callable[[], None] | None = None) -> None:
         allocator = self.gateway.components["allocator"]
         before = self.lease()
         _kill(allocator)
         killed = time.monotonic()
+        if after_kill is not None:
+            after_kill()
         for body in down:
             self.create(body)
         replaced = self.rng.random() < 0.3
@@ -469,7 +564,7 @@ class Scenario:
     def state(self) -> str:
         api = self.api
         lines = []
-        for namespace in (self.whole_ns, self.share_ns):
+        for namespace in (self.whole_ns, self.share_ns, self.defrag_ns):
             for pod in pods(api, namespace):
                 conditions = [f"{c['type']}={c['status']}({c.get('reason')})"
                               for c in (pod.get("status") or {}).get("conditions") or ()
@@ -555,7 +650,7 @@ class Scenario:
         api = self.api
         now = time.time()
         found = set()
-        for namespace in (self.whole_ns, self.share_ns):
+        for namespace in (self.whole_ns, self.share_ns, self.defrag_ns):
             told = {e["involvedObject"].get("uid")
                     for e in api.list(path_of("v1", "events", namespace=namespace))
                     if e.get("type") == "Warning"
@@ -621,6 +716,7 @@ class Scenario:
             self.fail(f"the high pod was placed on a full node without preempting\n"
                       f"{self.state()}")
         print(f"restart anywhere: the high pod preempted {sorted(set(preempted))}")
+        self.defrag_placed()
         self.wait_placed("with the card failed")
         self.invariants("the burst placed")
         fault = self.fault
@@ -634,6 +730,41 @@ class Scenario:
         self.invariants("the end")
         print(f"restart anywhere: {self.refused} pod(s) refused while the webhook was down; "
               f"at the end:\n{self.state()}")
+
+    def defrag_placed(self) -> None:
+        """WAITING on two whole cards of its node, after moves: both shares gone from there,
+        their replacements placed on the spare node."""
+        api, ns = self.api, self.defrag_ns
+        waiting = path_of("v1", "pods", namespace=ns, name=WAITING)
+        self.wait(f"the defrag's pod {WAITING} to be placed",
+                  lambda: placed_on_its_node(api, api.get(waiting)), DEFRAG_S)
+        devices = pod_devices(api, api.get(waiting))
+        if len(devices) != 2 or not all(node == FRAGMENTED and whole
+                                        for node, _, whole in devices):
+            self.fail(f"{WAITING} holds {devices}, not two whole cards of {FRAGMENTED}\n"
+                      f"{self.state()}")
+        self.wait(f"the {MOVED_SHARES} shares to be placed again", lambda: sum(
+            placed_on_its_node(api, p) for p in _share_pods(api, ns)) == MOVED_SHARES, PLACE_S)
+        now = _share_pods(api, ns)
+        if self.shares_before & {p["metadata"]["uid"] for p in now} or \
+                {p["spec"]["nodeName"] for p in now} != {SPARE}:
+            self.fail(f"the shares were not moved to {SPARE}: "
+                      f"{[(p['metadata']['name'], p['spec'].get('nodeName')) for p in now]}\n"
+                      f"{self.state()}")
+        if self.unserved_from is not None:
+            with self.gateway.components["allocator"].log.open("rb") as log:
+                log.seek(self.unserved_from)
+                said = log.read().decode(errors="replace")
+            if UNSERVED_SAID not in said:
+                self.fail(f"the allocator was killed between the defrag's hold and its "
+                          f"evictions, yet no leader since says {UNSERVED_SAID!r}\n"
+                          f"{self.gateway.logs()}")
+            print("restart anywhere: a new leader dropped the hold whose moves never came")
+        moved = sorted({e["involvedObject"]["name"]
+                        for e in api.list(path_of("v1", "events", namespace=ns))
+                        if e.get("reason") == "DefragMoved"})
+        print(f"restart anywhere: defrag placed {WAITING} on {sorted(d[1] for d in devices)} "
+              f"(the allocator killed {self.defrag_kill}); moved {moved or 'by a leader before'}")
 
     def wait_placed(self, when: str) -> None:
         fitting: list[str] = []
@@ -653,7 +784,8 @@ class Scenario:
         r = self.restarts
         return (f"restart anywhere: seed {self.seed}, {sum(r.values())} restarts (webhook "
                 f"{r['webhook']}, allocator {r['allocator']}, node plugin {r['node plugin']}), "
-                f"{self.checks} invariant checks")
+                f"{self.checks} invariant checks; the allocator killed during the defrag "
+                f"{self.defrag_kill or '(not reached)'}")
 
 
 # Setting up and cleaning up ---------------------------------------------------------------------
@@ -692,7 +824,7 @@ def _priority_classes(gateway: Gateway) -> None:
 
 def _namespaces(scenario: Scenario) -> None:
     api = scenario.api
-    for namespace in (scenario.whole_ns, scenario.share_ns):
+    for namespace in (scenario.whole_ns, scenario.share_ns, scenario.defrag_ns):
         api.create(path_of("v1", "namespaces"), {
             "apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": namespace,
@@ -705,6 +837,21 @@ def _namespaces(scenario: Scenario) -> None:
     wait_until("the allocator to count the GPUQuota", lambda: bool(
         (api.get(f"{quota}/shares").get("status") or {}).get("hard")), 30,
         scenario.gateway.check)
+
+
+def _fragment(scenario: Scenario) -> None:
+    """test_defrag.py's layout, smaller: FRAGMENTED's two cards each hold one share of the
+    Deployment (60%: no two on one card), and SPARE has two free cards."""
+    gateway, api, ns = scenario.gateway, scenario.api, scenario.defrag_ns
+    _add_node(gateway, FRAGMENTED, 1, MOVED_SHARES)
+    deployment = _deployment(ns)
+    deployment["spec"]["replicas"] = MOVED_SHARES
+    api.create(path_of("apps/v1", "deployments", namespace=ns), deployment)
+    wait_until(f"the {MOVED_SHARES} shares to be placed on {FRAGMENTED}", lambda: sum(
+        placed_on_its_node(api, p) for p in _share_pods(api, ns)) == MOVED_SHARES, PLACE_S,
+        gateway.check)
+    scenario.shares_before = {p["metadata"]["uid"] for p in _share_pods(api, ns)}
+    _add_node(gateway, SPARE, 2, 2)
 
 
 def _take_the_lease(scenario: Scenario) -> None:
@@ -790,6 +937,7 @@ def _restore(scenario: Scenario) -> list[str]:
 
     attempt("restarting the components as installed", components)
     attempt("recovering the failed card", recovered)
+    attempt("removing the defrag's layout", partial(_clean_up, gateway, scenario.defrag_ns))
     for namespace in (scenario.whole_ns, scenario.share_ns):
         if api.exists(path_of("v1", "namespaces", name=namespace)):
             attempt(f"removing namespace {namespace}",
@@ -807,6 +955,7 @@ def _scenario(gateway: Gateway, seed: int) -> Iterator[Scenario]:
         _priority_classes(gateway)
         _namespaces(scenario)
         _take_the_lease(scenario)
+        _fragment(scenario)
         yield scenario
         failed = False
     finally:
@@ -829,7 +978,7 @@ def test_every_component_killed_anywhere_in_a_burst_keeps_every_invariant(
     print(f"restart anywhere: seed {seed} (replay with {SEED_ENV}={seed})")
     started = time.monotonic()
     try:
-        with _scenario(gateway, seed) as scenario:
+        with _allocator_with_defrag(gateway), _scenario(gateway, seed) as scenario:
             try:
                 scenario.run()
             finally:
