@@ -3,93 +3,36 @@ hack/publish-chart.sh pushes the packaged chart, both to the CNCF distribution r
 loopback; what comes back is compared digest for digest.
 
 crane and the registry are built pinned from the Go module proxy by
-hack/build-registry-tools.sh (cached: a second run builds nothing). Without `go` these tests
-skip with the reason, except in CI (CI=true), where that is a failure.
+hack/build-registry-tools.sh (cached: a second run builds nothing; tests/registrytools.py).
+Without `go` these tests skip with the reason, except in CI (CI=true), where that is a failure.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
 import subprocess
 import tarfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from registrytools import publish_image, registry_tool, serve_registry
 
 from dra_gateway.devkit.ociarchive import write_archive
 
 from .conftest import CHART_DIR, REPO, HelmBinary
 
-BUILD_TOOLS = REPO / "hack" / "build-registry-tools.sh"
-
-
-def _tool(name: str) -> Path:
-    if shutil.which("go") is None:
-        reason = f"go not found on PATH: {name} is built with Go 1.26 or newer ({BUILD_TOOLS.name})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    result = subprocess.run(["bash", str(BUILD_TOOLS), name], capture_output=True, text=True,
-                            timeout=1500, check=False)
-    assert result.returncode == 0, result.stderr
-    return Path(result.stdout.strip().splitlines()[-1])
-
 
 @pytest.fixture(scope="module")
 def crane() -> Path:
-    return _tool("crane")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    return registry_tool("crane")
 
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """host:port of a distribution registry on loopback, storing in a temporary folder."""
-    binary = _tool("registry")
-    work = tmp_path_factory.mktemp("registry")
-    port = _free_port()
-    config = work / "config.yml"
-    config.write_text(yaml.safe_dump({
-        "version": 0.1, "log": {"level": "warn"},
-        "storage": {"filesystem": {"rootdirectory": str(work / "data")}},
-        "http": {"addr": f"127.0.0.1:{port}"}}))
-    log = (work / "registry.log").open("w")
-    process = subprocess.Popen([str(binary), "serve", str(config)], stdout=log,
-                               stderr=subprocess.STDOUT,
-                               env={**os.environ, "OTEL_TRACES_EXPORTER": "none"})
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2):
-                    break
-            except (urllib.error.URLError, OSError):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    log.flush()
-                    text = (work / "registry.log").read_text()
-                    pytest.fail(f"the registry did not start: {text}")
-                time.sleep(0.2)
-        yield f"127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+    with serve_registry(tmp_path_factory.mktemp("registry")) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
@@ -111,17 +54,11 @@ def _app_version() -> str:
     return str(chart["appVersion"])
 
 
-def _publish_image(crane: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(REPO / "hack" / "publish-image.sh"), *args],
-                          capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "CRANE": str(crane)})
-
-
 def test_publish_image_pushes_the_archive_and_prints_the_values_to_install(
         crane: Path, registry: str, archive: tuple[Path, str]) -> None:
     path, digest = archive
     repository = f"{registry}/gpu/dra-gateway"
-    result = _publish_image(crane, repository, str(path))
+    result = publish_image(crane, repository, str(path))
     assert result.returncode == 0, result.stderr
     tag = _app_version()
     assert result.stdout.splitlines() == [
@@ -142,7 +79,7 @@ def test_publish_image_pushes_the_archive_and_prints_the_values_to_install(
 def test_publish_image_takes_the_tag_given(crane: Path, registry: str,
                                            archive: tuple[Path, str]) -> None:
     path, digest = archive
-    result = _publish_image(crane, f"{registry}/gpu/dra-gateway:rc1", str(path))
+    result = publish_image(crane, f"{registry}/gpu/dra-gateway:rc1", str(path))
     assert result.returncode == 0, result.stderr
     assert "--set image.tag=rc1\n" in result.stdout + "\n"
     pulled = subprocess.run([str(crane), "digest", f"{registry}/gpu/dra-gateway:rc1"],
@@ -152,11 +89,11 @@ def test_publish_image_takes_the_tag_given(crane: Path, registry: str,
 
 def test_publish_image_refuses_a_name_without_registry_and_a_missing_archive(
         crane: Path, tmp_path: Path) -> None:
-    result = _publish_image(crane, "dra-gateway:0.1.0", str(tmp_path / "none.tar"))
+    result = publish_image(crane, "dra-gateway:0.1.0", str(tmp_path / "none.tar"))
     assert result.returncode == 1
     assert ("dra-gateway:0.1.0: name the registry too (REGISTRY/REPOSITORY[:TAG]), or the nodes "
             "would pull from Docker Hub") in result.stderr
-    result = _publish_image(crane, "127.0.0.1:1/gpu/dra-gateway", str(tmp_path / "none.tar"))
+    result = publish_image(crane, "127.0.0.1:1/gpu/dra-gateway", str(tmp_path / "none.tar"))
     assert result.returncode == 1
     assert f"{tmp_path / 'none.tar'} not found: build it first with `sudo hack/build-image.sh`" \
         in result.stderr

@@ -1,13 +1,19 @@
-"""The gateway's chart on a real node: `helm install` of helm/dra-gateway with the gateway's image
-(hack/build-image.sh, imported into the node's containerd, `pullPolicy: Never`) on a control plane
-whose node is a real kubelet with containerd and kube-proxy. Every component runs as the chart's
-own pod: the webhook (its certificate from the chart's bootstrap, called by the API server through
-its Service), the allocator, the node plugin's DaemonSet (through its hostPath mounts) and the
+"""The gateway's chart on a real node: `helm install` of helm/dra-gateway on a control plane whose
+node is a real kubelet with containerd and kube-proxy, as an operator's first day does it. The
+gateway's image (hack/build-image.sh) is pushed by hack/publish-image.sh to a real registry (the
+CNCF distribution registry of hack/build-registry-tools.sh) listening on the host's end of the
+node's network, and the chart is installed with the values the script prints and the chart's own
+pull policy (IfNotPresent): containerd pulls the image from that registry over plain HTTP (the
+node's `insecure_registries`). Every component runs as the chart's own pod: the webhook (its
+certificate from the chart's bootstrap, called by the API server through its Service), the
+allocator, the node plugin's DaemonSet (through its hostPath mounts), the `helm test` pod and the
 pre-delete Job of `helm uninstall`. Nothing of the gateway runs on the host.
 
 The control plane is an in-cluster one (`ControlPlane(in_cluster=True)`): ServiceAccount tokens
 are mounted, the `kubernetes` Service has endpoints, and the API server reaches webhooks at their
-Service's endpoints. Users' verbs go through that release's kubectl.
+Service's endpoints. Pods resolve Services by name through a cluster DNS on the host's end of the
+node's network (`dra_gateway.devkit.clusterdns`), as CoreDNS serves them in a cluster. Users' verbs
+go through that release's kubectl.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import contextlib
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,19 +36,52 @@ from e2e.support import (
     wait_until,
 )
 from realnode.support import INVENTORY, NODE, WORKLOADS, NodeClient, node_parts
+from registrytools import publish_image, registry_tool, serve_registry
 
+from dra_gateway.devkit.clusterdns import ClusterDNS
 from dra_gateway.devkit.realcluster import ControlPlane, path_of
 from dra_gateway.devkit.realnode import (
+    CLUSTER_DOMAIN,
     STATE_ROOT,
     NodeNetwork,
     RealNode,
 )
 from dra_gateway.devkit.simnode import install_hami_core
+from dra_gateway.kube.cluster.port import ApiError
 
 JSON = dict[str, Any]
 # The label NVIDIA's GPU feature discovery puts on GPU nodes; the chart's DaemonSet selects it.
 GPU_NODE_LABEL = "nvidia.com/gpu.present"
 COMPONENTS = ("webhook", "allocator", "node-plugin")
+# Where hack/publish-image.sh pushes the gateway's image in the node's registry.
+REPOSITORY = "gpu/dra-gateway"
+
+
+@dataclass(frozen=True)
+class Published:
+    """The gateway's image as hack/publish-image.sh pushed it: `repository@digest`, and the
+    `helm install` values it printed."""
+
+    reference: str
+    image_values: JSON
+
+    @property
+    def digest(self) -> str:
+        return self.reference.rpartition("@")[2]
+
+
+def publish_gateway_image(registry: str, archive: Path) -> Published:
+    """Push the gateway's OCI archive to `registry` (plain HTTP) with the project's own
+    hack/publish-image.sh, at the tag it picks (the chart's appVersion)."""
+    result = publish_image(registry_tool("crane"), f"{registry}/{REPOSITORY}", str(archive),
+                           insecure=True)
+    assert result.returncode == 0, f"hack/publish-image.sh failed:\n{result.stderr}"
+    reference, settings, *_ = result.stdout.splitlines()
+    # "--set image.repository=R --set image.tag=T": the values an operator passes to helm.
+    values = dict(s.split("=", 1) for s in settings.split() if s.startswith("image."))
+    image = {key.removeprefix("image."): value for key, value in values.items()}
+    assert image.get("repository") == f"{registry}/{REPOSITORY}", settings
+    return Published(reference, image)
 
 
 @dataclass
@@ -52,15 +91,15 @@ class ChartCluster(NodeClient):
     helm: str
     kubectl_binary: Path
     work: Path
-    image: str
+    image: Published
     hami_library: Path
 
     def values(self, **overrides: Any) -> JSON:
-        """The chart's values for this node: the image, inventory discovery with the demo's H100
-        node, the kubelet's and the runtime's folders; `overrides` merged on top per section."""
-        repository, _, tag = self.image.rpartition(":")
+        """The chart's values for this node: the image as hack/publish-image.sh printed it (the
+        chart's pull policy), inventory discovery with the demo's H100 node, the kubelet's and
+        the runtime's folders; `overrides` merged on top per section."""
         values: JSON = {
-            "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+            "image": dict(self.image.image_values),
             "nodePlugin": {
                 "discovery": "inventory", "inventory": yaml.safe_load(INVENTORY.read_text()),
                 "kubeletDir": str(self.node.root_dir), "cdiDir": str(self.node.cdi_dir),
@@ -129,41 +168,65 @@ class ChartCluster(NodeClient):
         return "\n".join(parts)
 
 
+def _cluster_ip(plane: ControlPlane) -> Callable[[str, str], str | None]:
+    """The cluster DNS's lookup: a Service's cluster IP, read from the API server."""
+    def lookup(service: str, namespace: str) -> str | None:
+        try:
+            found = plane.api().get(path_of("v1", "services", namespace=namespace, name=service))
+        except ApiError as exc:
+            if exc.code == 404:
+                return None
+            raise
+        return str((found.get("spec") or {}).get("clusterIP") or "None")
+
+    return lookup
+
+
 @contextlib.contextmanager
 def chart_cluster(plane_version: str, kubelet_version: str, helm: str, work: Path,
                   image: tuple[Path, str]) -> Iterator[ChartCluster]:
-    """A control plane and a real node with kube-proxy, the image imported, nothing installed."""
+    """A control plane and a real node with kube-proxy and a cluster DNS, the gateway's image
+    pushed to a registry on the node's network, nothing installed."""
     bin_dir, binaries = node_parts(plane_version, kubelet_version)
     network = NodeNetwork()
     network.create()
     plane = ControlPlane(bin_dir, work_dir=work / "kube", startup_timeout_s=180,
                          address=network.host_ip, in_cluster=True)
-    node = RealNode(NODE, plane, binaries, network, work / "node", kube_proxy=True,
-                    labels={GPU_NODE_LABEL: "true"})
+    node: RealNode | None = None
     try:
-        started = time.monotonic()
-        plane.start()
-        node.start()
-        archive, name = image
-        node.import_image(archive)
-        print(f"Kubernetes {plane.version()}, kubelet {kubelet_version} and the image ready in "
-              f"{time.monotonic() - started:.1f}s")
-        api = plane.api()
-        for namespace in (NAMESPACE, WORKLOADS):
-            api.create(path_of("v1", "namespaces"), {
-                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-        # The node's HAMi-core, as its inventory's GPUs: simulated.
-        hami_library = install_hami_core(STATE_ROOT / "hami-core")
-        cluster = ChartCluster(plane, node, helm=helm, kubectl_binary=binaries.kubectl,
-                               work=work, image=name, hami_library=hami_library)
-        wait_until("the kubernetes Service's root CA in the gateway's namespace",
-                   lambda: api.exists(path_of("v1", "configmaps", namespace=NAMESPACE,
-                                              name="kube-root-ca.crt")), 60, cluster.check)
-        yield cluster
+        with contextlib.ExitStack() as stack:
+            started = time.monotonic()
+            registry = stack.enter_context(serve_registry(work / "registry", network.host_ip))
+            published = publish_gateway_image(registry, image[0])
+            print(f"{published.reference} pushed in {time.monotonic() - started:.1f}s")
+            stack.enter_context(ClusterDNS(network.host_ip, _cluster_ip(plane),
+                                           domain=CLUSTER_DOMAIN))
+            node = RealNode(NODE, plane, binaries, network, work / "node", kube_proxy=True,
+                            labels={GPU_NODE_LABEL: "true"}, insecure_registries=[registry],
+                            cluster_dns=network.host_ip)
+            started = time.monotonic()
+            plane.start()
+            node.start()
+            print(f"Kubernetes {plane.version()} and kubelet {kubelet_version} ready in "
+                  f"{time.monotonic() - started:.1f}s")
+            api = plane.api()
+            for namespace in (NAMESPACE, WORKLOADS):
+                api.create(path_of("v1", "namespaces"), {
+                    "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+            # The node's HAMi-core, as its inventory's GPUs: simulated.
+            hami_library = install_hami_core(STATE_ROOT / "hami-core")
+            cluster = ChartCluster(plane, node, helm=helm, kubectl_binary=binaries.kubectl,
+                                   work=work, image=published, hami_library=hami_library)
+            wait_until("the kubernetes Service's root CA in the gateway's namespace",
+                       lambda: api.exists(path_of("v1", "configmaps", namespace=NAMESPACE,
+                                                  name="kube-root-ca.crt")), 60, cluster.check)
+            yield cluster
     finally:
-        # The pods' logs outlive the node, for a report.
-        shutil.copytree(node.pod_logs_dir, work / "pod-logs", dirs_exist_ok=True,
-                        ignore_dangling_symlinks=True)
-        node.stop()
+        if node is not None:
+            # The pods' logs outlive the node, for a report.
+            shutil.copytree(node.pod_logs_dir, work / "pod-logs", dirs_exist_ok=True,
+                            ignore_dangling_symlinks=True)
+            node.stop()
         plane.stop()
         network.delete()
+

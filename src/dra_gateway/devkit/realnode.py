@@ -7,14 +7,17 @@ IP: a kubelet refuses a loopback one). `RealNode` starts, inside that namespace 
 which keeps the host's /sys and cgroup mounts, unlike `ip netns exec`):
 - containerd 2.2 with CDI on (`cdi_spec_dirs` is the folder the node plugin writes), Debian's runc,
   a CNI bridge for the pods, `restrict_oom_score_adj` (a machine without CAP_SYS_RESOURCE refuses
-  the kubelet's -998 otherwise), and a busybox image imported with `ctr` as the only image and the
-  pod sandbox's (there is no registry);
+  the kubelet's -998 otherwise), and a busybox image imported with `ctr` as the pod sandbox's;
+  other images are imported (`import_image`) or pulled from registries on the node's network,
+  served over plain HTTP (`insecure_registries`: a hosts.toml each in containerd's registry
+  `config_path`);
 - the kubelet of a release, with its own root folder, its cgroups under `CGROUP_ROOT` (cgroupfs
   driver: the machine has cgroup v1) and its pod logs in a folder of its own;
 - with `kube_proxy`, that release's kube-proxy (iptables mode, its rules in the namespace only), so
   that the node's pods reach the API server through the `kubernetes` Service as in any cluster
-  (`ControlPlane(in_cluster=True)`). The host routes the pods' subnet to the node, so the API
-  server reaches webhooks served by the node's pods.
+  (`ControlPlane(in_cluster=True)`); with `cluster_dns`, pods resolve Services by name through the
+  address given (`clusterdns.ClusterDNS` serves one on the host's end). The host routes the
+  pods' subnet to the node, so the API server reaches webhooks served by the node's pods.
 
 Everything it leaves is removed by `stop`, failed or not: pods through the CRI first, then the
 kubelet and containerd, the mounts under its folders, its cgroups, the namespace, and the kernel
@@ -68,6 +71,8 @@ DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 # Kernel settings the kubelet writes at start (pkg/kubelet/cm: setupKernelTunables).
 KERNEL_SETTINGS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
 STOP_GRACE_S = 15.0
+# The cluster's DNS domain, when the node has a cluster DNS (`RealNode.cluster_dns`).
+CLUSTER_DOMAIN = "cluster.local"
 
 
 class NodeError(ControlPlaneError):
@@ -213,6 +218,12 @@ class RealNode:
     kubelet_verbosity: int = 3
     # Run kube-proxy beside the kubelet (pods that talk to the API server need it).
     kube_proxy: bool = False
+    # Registries ("HOST:PORT") containerd pulls from over plain HTTP (a hosts.toml each under
+    # its `config_path`), as a node is set up for a registry inside the cluster's network.
+    insecure_registries: Sequence[str] = ()
+    # The address of the cluster's DNS (`clusterdns.ClusterDNS`) the kubelet gives pods, with
+    # the search path of `CLUSTER_DOMAIN`; None: pods get no resolver.
+    cluster_dns: str | None = None
 
     _processes: _Processes = field(init=False)
     _kernel: dict[str, str] = field(init=False, default_factory=dict)
@@ -367,10 +378,28 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 
 [{images}.pinned_images]
   sandbox = "{IMAGE}"
+
+[{images}.registry]
+  config_path = "{self._registry_hosts()}"
 """
         path = self.work / "containerd.toml"
         path.write_text(text)
         return path
+
+    def _registry_hosts(self) -> Path:
+        """containerd's registry hosts folder: `HOST:PORT/hosts.toml` for each insecure
+        registry, pulled from over plain HTTP (other registries: containerd's defaults)."""
+        folder = self.work / "certs.d"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        for host in self.insecure_registries:
+            (folder / host).mkdir()
+            (folder / host / "hosts.toml").write_text(
+                f'server = "http://{host}"\n\n'
+                f'[host."http://{host}"]\n'
+                '  capabilities = ["pull", "resolve"]\n'
+                '  skip_verify = true\n')
+        return folder
 
     def _start_containerd(self, deadline: float) -> None:
         config = self._containerd_config()
@@ -425,6 +454,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             # cgroup v1 machines: from 1.35 the kubelet refuses them unless told.
             "failCgroupV1": False,
         }
+        if self.cluster_dns is not None:
+            config.update(clusterDNS=[self.cluster_dns], clusterDomain=CLUSTER_DOMAIN)
         path = self.work / "kubelet.yaml"
         path.write_text(yaml.safe_dump(config))
         return path
