@@ -49,9 +49,10 @@ share, in the quota's queue order, while a card of its node has room for it and 
 before and after the card recovers.
 
 Cleanup, failed or not: the components as installed, the card recovered, the namespaces deleted
-once their claims are released, the defrag's nodes, node plugins and records removed
-(test_defrag.py's `_clean_up`), the preemption holds dropped, the PriorityClasses deleted, the
-release and the allocator's flags as installed.
+once their claims are released, the preemption holds dropped (by the allocator), the defrag's
+namespace, nodes, node plugins and records removed (test_defrag.py's `_clean_up`: a defrag hold
+lasts until its deadline), the PriorityClasses deleted, the release and the allocator's flags as
+installed.
 """
 
 from __future__ import annotations
@@ -269,6 +270,7 @@ class Scenario:
         self.shares_before: set[str] = set()  # the Deployment's pods before the defrag
         self.defrag_kill = ""  # where the kill during the defrag fell
         self.unserved_from: int | None = None  # the allocator log's size at a kill before moves
+        self.defrag_hold = ""  # its record's key (a defrag hold lasts until its deadline)
         self.node_plugin_restarts_after_fault = 0
 
     def fail(self, message: str) -> None:
@@ -423,7 +425,7 @@ class Scenario:
         already, the hold let go), then `after_s` more: the allocator is killed then."""
         api = self.api
         waiting = path_of("v1", "pods", namespace=self.defrag_ns, name=WAITING)
-        key = "hold." + str(api.get(waiting)["metadata"]["uid"])
+        key = self.defrag_hold = "hold." + str(api.get(waiting)["metadata"]["uid"])
         records = path_of("v1", "configmaps", namespace=NAMESPACE, name=RECORDS)
         deadline = time.monotonic() + PLACE_S
         polls = 0
@@ -926,7 +928,8 @@ def _restore(scenario: Scenario) -> list[str]:
                 records = api.get(path_of("v1", "configmaps", namespace=NAMESPACE, name=RECORDS))
             except ApiError:
                 return True
-            return not any(k.startswith("hold.") for k in records.get("data") or {})
+            return not any(k.startswith("hold.") and k != scenario.defrag_hold
+                           for k in records.get("data") or {})
 
         wait_until("the allocator to drop its preemption holds", none, 30, gateway.check)
 
@@ -937,12 +940,13 @@ def _restore(scenario: Scenario) -> list[str]:
 
     attempt("restarting the components as installed", components)
     attempt("recovering the failed card", recovered)
-    attempt("removing the defrag's layout", partial(_clean_up, gateway, scenario.defrag_ns))
     for namespace in (scenario.whole_ns, scenario.share_ns):
         if api.exists(path_of("v1", "namespaces", name=namespace)):
             attempt(f"removing namespace {namespace}",
                     partial(remove_namespace, gateway, namespace, timeout_s=PLACE_S))
     attempt("dropping the preemption holds", holds)
+    # The defrag's records (its hold, its moves) go with its layout.
+    attempt("removing the defrag's layout", partial(_clean_up, gateway, scenario.defrag_ns))
     attempt("deleting the PriorityClasses", priority_classes)
     return errors
 
