@@ -94,15 +94,21 @@ def test_two_builds_of_one_release_take_turns(tmp_path: Path) -> None:
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
            "DRA_GATEWAY_KUBE_CACHE": str(tmp_path), "ETCD_VERSION": "v3.6.5",
            "KWOK_VERSION": "v0.8.0"}
-    with (tmp_path / "1.99.0.lock").open("w") as held:
+    said = tmp_path / "stderr"
+    with (tmp_path / "1.99.0.lock").open("w") as held, said.open("w") as stderr:
         fcntl.flock(held, fcntl.LOCK_EX)
         second = subprocess.Popen(["bash", str(REPO / "hack" / "build-control-plane.sh"),
                                    "1.99.0"], env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-        time.sleep(1.5)
-        assert second.poll() is None, second.communicate()
-    out, err = second.communicate(timeout=30)
+                                  stderr=stderr, text=True)
+        deadline = time.monotonic() + 60
+        while "waiting for another build of 1.99.0" not in said.read_text():
+            assert second.poll() is None, (second.communicate(), said.read_text())
+            assert time.monotonic() < deadline, said.read_text()
+            time.sleep(0.05)
+        time.sleep(0.2)
+        assert second.poll() is None  # it waits while the lock is held
+    out, _ = second.communicate(timeout=60)
+    err = said.read_text()
     assert second.returncode == 0, err
-    assert "waiting for another build of 1.99.0" in err
     assert f"have {release}/kube-apiserver" in err
     assert out.strip() == str(release)
