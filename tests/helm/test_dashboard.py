@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import Dashboard
@@ -22,6 +23,10 @@ from .test_chart import CHART, HelmRunner, helm, parse_render
 from .test_monitoring import SCRAPE_LABELS, labels_named, promtool
 
 __all__ = ["helm", "promtool"]  # the fixtures, imported for this module's tests
+
+# promtool's first build (its modules downloaded, on a cold machine) takes minutes, and this
+# module may be the first to ask for it: only the tests are timed.
+pytestmark = pytest.mark.timeout(60, func_only=True)
 
 REPO = CHART.parents[1]
 DASHBOARD = CHART / "dashboards" / "dra-gateway.json"
