@@ -4,7 +4,12 @@ resolver queries it."""
 from __future__ import annotations
 
 import socket
-import struct
+
+import dns.flags
+import dns.message
+import dns.query
+import dns.rcode
+import dns.rdatatype
 
 from dra_gateway.devkit.clusterdns import ClusterDNS
 
@@ -12,29 +17,12 @@ SERVICES = {("dra-gateway-webhook", "dra-gateway"): "10.0.0.17",
             ("headless", "dra-gateway"): "None"}
 
 
-def _query(name: str, qtype: int = 1) -> bytes:
-    labels = b"".join(bytes([len(p)]) + p.encode() for p in name.split("."))
-    return struct.pack("!HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0) + labels + b"\0" \
-        + struct.pack("!HH", qtype, 1)
-
-
-def _ask(port: int, name: str, qtype: int = 1) -> tuple[int, list[str]]:
-    """The reply's rcode and the addresses of its A records."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.settimeout(5)
-        sock.sendto(_query(name, qtype), ("127.0.0.1", port))
-        reply = sock.recv(4096)
-    ident, flags, qdcount, ancount = struct.unpack_from("!HHHH", reply)
-    assert (ident, qdcount, flags & 0x8000) == (0x1234, 1, 0x8000)
-    at = len(_query(name, qtype))
-    addresses = []
-    for _ in range(ancount):
-        _, rtype, _, _, length = struct.unpack_from("!HHHIH", reply, at)
-        at += 12
-        assert rtype == 1
-        addresses.append(socket.inet_ntoa(reply[at:at + length]))
-        at += length
-    return flags & 0xF, addresses
+def _ask(port: int, name: str, qtype: int = dns.rdatatype.A) -> tuple[int, list[str]]:
+    """The reply's rcode and the addresses of its A records, asked as a resolver asks."""
+    reply = dns.query.udp(dns.message.make_query(name, qtype), "127.0.0.1", port=port,
+                          timeout=5)
+    assert reply.flags & dns.flags.AA
+    return reply.rcode(), [r.address for rrset in reply.answer for r in rrset]
 
 
 def test_a_service_resolves_to_its_cluster_ip_and_other_names_do_not() -> None:
@@ -54,3 +42,11 @@ def test_a_service_resolves_to_its_cluster_ip_and_other_names_do_not() -> None:
                     ) == (3, [])
         assert _ask(port, "other.dra-gateway.svc.cluster.local") == (3, [])
         assert _ask(port, "example.com") == (3, [])
+        # What is not a DNS query gets FORMERR, and the server goes on answering.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.settimeout(5)
+            sock.sendto(b"\x12\x34not a query", ("127.0.0.1", port))
+            refused = dns.message.from_wire(sock.recv(4096))
+        assert (refused.id, refused.rcode()) == (0x1234, dns.rcode.FORMERR)
+        assert _ask(port, "dra-gateway-webhook.dra-gateway.svc.cluster.local") == (
+            0, ["10.0.0.17"])

@@ -14,67 +14,59 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
-import struct
 import threading
 from collections.abc import Callable
+
+import dns.exception
+import dns.flags
+import dns.message
+import dns.name
+import dns.opcode
+import dns.rcode
+import dns.rdataclass
+import dns.rdatatype
+import dns.rrset
 
 # service, namespace -> the Service's cluster IP; None when there is no such Service (or it has
 # no cluster IP).
 Lookup = Callable[[str, str], "str | None"]
 
-TYPE_A = 1
-CLASS_IN = 1
-NOERROR, FORMERR, NXDOMAIN, NOTIMP = 0, 1, 3, 4
 TTL_S = 5
 
 
-def _question(message: bytes) -> tuple[str, int, int, int]:
-    """The first question's name (lower case, no trailing dot), type, class and where it ends."""
-    labels: list[str] = []
-    at = 12
-    while True:
-        length = message[at]
-        if length & 0xC0:
-            raise ValueError("a compressed name in a question")
-        at += 1
-        if length == 0:
-            break
-        labels.append(message[at:at + length].decode("ascii").lower())
-        at += length
-    qtype, qclass = struct.unpack_from("!HH", message, at)
-    return ".".join(labels), qtype, qclass, at + 4
-
-
-def answer(message: bytes, lookup: Lookup, domain: str = "cluster.local") -> bytes:
-    """The reply to one DNS query `message`."""
-    ident, flags, qdcount = struct.unpack_from("!HHH", message)
-    opcode = (flags >> 11) & 0xF
-    reply = 0x8000 | 0x0400 | (flags & 0x0100) | 0x0080 | (opcode << 11)  # QR AA RD RA
-    if opcode != 0 or qdcount != 1:
-        return struct.pack("!HHHHHH", ident, reply | NOTIMP, 0, 0, 0, 0)
+def answer(wire: bytes, lookup: Lookup, domain: str = "cluster.local") -> bytes:
+    """The reply to one DNS query (its wire format), read and written with dnspython."""
     try:
-        name, qtype, qclass, end = _question(message)
-    except (ValueError, IndexError, struct.error, UnicodeDecodeError):
-        return struct.pack("!HHHHHH", ident, reply | FORMERR, 0, 0, 0, 0)
-    question = message[12:end]
-    parts = name.split(".")
-    suffix = ["svc", *domain.split(".")]
-    address = None
-    rcode = NXDOMAIN
-    if len(parts) == 2 + len(suffix) and parts[2:] == suffix:
-        found = lookup(parts[0], parts[1])
+        query = dns.message.from_wire(wire)
+    except dns.exception.DNSException:
+        # Not a query dnspython can read: FORMERR, with the header's id where there is one.
+        ident = int.from_bytes(wire[:2], "big") if len(wire) >= 2 else 0
+        refused = dns.message.Message(id=ident)
+        refused.flags |= dns.flags.QR
+        refused.set_rcode(dns.rcode.FORMERR)
+        return refused.to_wire()
+    reply = dns.message.make_response(query)
+    reply.flags |= dns.flags.AA | dns.flags.RA
+    if query.opcode() != dns.opcode.QUERY or len(query.question) != 1:
+        reply.set_rcode(dns.rcode.NOTIMP)
+        return reply.to_wire()
+    [question] = query.question
+    zone = dns.name.from_text(f"svc.{domain}")
+    rcode = dns.rcode.NXDOMAIN
+    name = question.name
+    relative = name.relativize(zone).labels if name.is_subdomain(zone) else ()
+    if len(relative) == 2:
+        service, namespace = (label.decode("ascii", "replace").lower() for label in relative)
+        found = lookup(service, namespace)
         if found is not None:
-            rcode = NOERROR
+            rcode = dns.rcode.NOERROR  # the name exists, whatever its records
             with contextlib.suppress(ValueError):
-                ip = ipaddress.ip_address(found)
-                if ip.version == 4 and qtype == TYPE_A and qclass == CLASS_IN:
-                    address = ip.packed
-    records = b""
-    if address is not None:
-        # The name: a pointer to the question's (offset 12).
-        records = struct.pack("!HHHIH", 0xC00C, TYPE_A, CLASS_IN, TTL_S, 4) + address
-    return struct.pack("!HHHHHH", ident, reply | rcode, 1, 1 if records else 0, 0, 0) \
-        + question + records
+                if (ipaddress.ip_address(found).version == 4
+                        and question.rdtype == dns.rdatatype.A
+                        and question.rdclass == dns.rdataclass.IN):
+                    reply.answer.append(dns.rrset.from_text(name, TTL_S, "IN", "A", found))
+    reply.set_rcode(rcode)
+    return reply.to_wire()
 
 
 class ClusterDNS:
@@ -104,8 +96,6 @@ class ClusterDNS:
                 continue
             except OSError:
                 return
-            if len(message) < 12:
-                continue
             try:
                 reply = answer(message, self._answerable_lookup, self.domain)
             except Exception:  # a bad query never stops the server
