@@ -92,33 +92,50 @@ class Preparer:
     def recover(self) -> list[str]:
         """Read the checkpoint again (another instance may have written it since this one
         started), finish or roll back what a crash interrupted, and let calls through; returns
-        a line per repair."""
+        a line per repair. A repair the CDI folder refuses (a read-only or full file system) is
+        logged and left for later: the entry stays as it was, so the next start, or the
+        kubelet's next prepare of that claim, tries again; the plugin serves meanwhile and says
+        on its Node that the folder is not writable (setupreport.py)."""
         self.checkpoint = Checkpoint(self.checkpoint.path)
         repairs: list[str] = []
         for entry in self.checkpoint.entries():
             ref = f"{entry.namespace}/{entry.name} ({entry.uid})"
-            if not objects.is_uid(entry.uid):
-                # Never written by prepare, which refuses such UIDs: a tampered checkpoint.
-                self.checkpoint.commit(entry.uid, None)
-                repairs.append(f"dropped {ref}: its UID is not in RFC 4122 form")
-            elif entry.state == "PrepareStarted":
-                # The kubelet never got an answer and will prepare again from scratch.
-                cdi.remove_spec(self.cdi_dir, self.kind, entry.uid)
-                self.checkpoint.commit(entry.uid, None)
-                repairs.append(f"rolled back the interrupted prepare of {ref}")
-            elif entry.state == "UnprepareStarted":
-                cdi.remove_spec(self.cdi_dir, self.kind, entry.uid)
-                self.checkpoint.commit(entry.uid, None)
-                repairs.append(f"finished the interrupted unprepare of {ref}")
-            elif entry.cdi_spec is not None and not (
-                    self.cdi_dir / cdi.spec_file_name(self.kind, entry.uid)).exists():
-                # /var/run/cdi is a tmpfs: after a reboot the runtime still needs the spec.
-                cdi.write_spec(self.cdi_dir, entry.cdi_spec, entry.uid)
-                repairs.append(f"rewrote the missing CDI spec of {ref}")
+            try:
+                line = self._repair(entry, ref)
+            except OSError as exc:
+                log.error("checkpoint: could not repair %s in %s: %s; left as it was, tried "
+                          "again when the kubelet prepares the claim or the plugin restarts",
+                          ref, self.cdi_dir, exc)
+                continue
+            if line:
+                repairs.append(line)
         for line in repairs:
             log.info("checkpoint: %s", line)
         self._open.set()
         return repairs
+
+    def _repair(self, entry: ClaimEntry, ref: str) -> str:
+        """What recovering `entry` did ("" for nothing); OSError where the CDI folder refused,
+        before the checkpoint changed."""
+        if not objects.is_uid(entry.uid):
+            # Never written by prepare, which refuses such UIDs: a tampered checkpoint.
+            self.checkpoint.commit(entry.uid, None)
+            return f"dropped {ref}: its UID is not in RFC 4122 form"
+        if entry.state == "PrepareStarted":
+            # The kubelet never got an answer and will prepare again from scratch.
+            cdi.remove_spec(self.cdi_dir, self.kind, entry.uid)
+            self.checkpoint.commit(entry.uid, None)
+            return f"rolled back the interrupted prepare of {ref}"
+        if entry.state == "UnprepareStarted":
+            cdi.remove_spec(self.cdi_dir, self.kind, entry.uid)
+            self.checkpoint.commit(entry.uid, None)
+            return f"finished the interrupted unprepare of {ref}"
+        if entry.cdi_spec is not None and not (
+                self.cdi_dir / cdi.spec_file_name(self.kind, entry.uid)).exists():
+            # /var/run/cdi is a tmpfs: after a reboot the runtime still needs the spec.
+            cdi.write_spec(self.cdi_dir, entry.cdi_spec, entry.uid)
+            return f"rewrote the missing CDI spec of {ref}"
+        return ""
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         out: dict[str, PrepareResult] = {}

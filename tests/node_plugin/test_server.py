@@ -215,6 +215,39 @@ async def test_a_lost_cdi_spec_of_a_prepared_claim_is_rewritten(
         assert spec_file.read_text() == written
 
 
+async def test_a_cdi_folder_that_refuses_the_rewrite_leaves_the_plugin_serving(
+        root: Path, cluster: MemoryCluster, h100x8: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A CDI folder on a read-only file system (an operator's misconfiguration) fails the
+    rewrite of a prepared claim's spec at start: the plugin still serves, so that its Node says
+    what is wrong, and the claim keeps its checkpoint entry, so that the kubelet's next
+    prepare writes the spec once the folder is writable again."""
+    obj = await allocated(cluster, claim(devices=["gpu-6"]))
+    uid = obj["metadata"]["uid"]
+    ref = ClaimRef("ml", obj["metadata"]["name"], uid)
+    spec_file = root / "cdi" / f"k8s.gpu.dra-gateway.io-claim_{uid}.json"
+    async with running_plugin(root, cluster, h100x8) as plugin:
+        await plugin.preparer.prepare([ref])
+    spec_file.unlink()
+
+    def read_only(*args: Any, **kwargs: Any) -> Path:
+        raise OSError(30, "Read-only file system", str(spec_file))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cdi, "write_spec", read_only)
+        async with running_plugin(root, cluster, h100x8) as plugin:
+            assert plugin.preparer.recover() == []
+    assert f"could not repair ml/{obj['metadata']['name']} ({uid})" in caplog.text
+    assert "Read-only file system" in caplog.text
+    assert Checkpoint(root / "state" / "checkpoint.json").get(uid).state == "PrepareCompleted"  # type: ignore[union-attr]
+    assert not spec_file.exists()
+
+    async with running_plugin(root, cluster, h100x8) as plugin:  # the folder writable again
+        prepared = await plugin.preparer.prepare([ref])
+    assert prepared[uid].error == ""
+    assert spec_file.exists()
+
+
 async def test_a_claim_uid_that_is_no_rfc_4122_uid_never_reaches_a_file_name(
         root: Path, cluster: MemoryCluster, h100x8: Path) -> None:
     traversal = "../../../victim"
