@@ -9,7 +9,8 @@
   `.venv/bin/python -m dra_gateway.devkit.bench.NAME`: `cel`, `translator`, `webhook`, `e2e`,
   `realnode` (the last two with the end-to-end and real-node tiers' helpers under tests/) and
   `speedlayer` (`plan_pod` against the plain `dra_gateway.devkit.reference_planner` on the
-  trace, on the trace library: what the node classes, memo and rankings buy).
+  trace, on the trace library: what the node classes, memo and rankings buy) and `mig` (MIG
+  placement, the gateway's rule against first fit, on a stream of its own).
 
 `.importlinter` holds them to these layers: entry points above variants above the trace library.
 """
