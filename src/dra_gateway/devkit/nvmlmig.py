@@ -1,0 +1,269 @@
+"""An NVML stand-in for MIG made on demand: the calls that create, find and destroy GPU and
+compute instances, over cards of the models in `migcards`, as `pynvml` answers them.
+
+`MigNvml(models).module()` is a `pynvml`-shaped namespace: handles are opaque tuples, errors are
+`pynvml.NVMLError` carrying NVML's codes (NotFound 6, InsufficientResources 23, InvalidArgument
+2), and a placement that overlaps an instance, or a second media-extension instance, is refused
+as the driver refuses it. `fail` makes the next call of a name fail with a code, or run a hook
+(a test's crash) before it acts; `instances` and `made_by_hand` let a test see and seed the
+card. Used by the unit tier; never by the product, which loads the real `pynvml`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+
+from dra_gateway.devkit.migcards import CardModel, ProfileRow
+from dra_gateway.gpu import mig
+
+NOT_FOUND = 6
+INVALID_ARGUMENT = 2
+INSUFFICIENT_RESOURCES = 23
+MAX_GPU_INSTANCES = 16
+MAX_COMPUTE_INSTANCES = 8
+# NVML_COMPUTE_INSTANCE_PROFILE_* by compute slices (nvml.h)
+COMPUTE_PROFILE_OF_SLICES = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
+
+
+@dataclass(slots=True)
+class GpuInstance:
+    gi_id: int
+    row: ProfileRow
+    start: int
+    compute: dict[int, int] = field(default_factory=dict)  # CI id -> compute slices
+
+    def placement(self) -> mig.Placement:
+        return mig.Placement(_profile(self.row), self.start)
+
+
+@dataclass(slots=True)
+class StandInCard:
+    uuid: str
+    model: CardModel
+    instances: dict[int, GpuInstance] = field(default_factory=dict)
+
+    def use(self) -> mig.CardUse:
+        use = mig.CardUse()
+        for gi in self.instances.values():
+            use = use.with_placement(gi.placement())
+        return use
+
+
+def _profile(row: ProfileRow) -> mig.Profile:
+    return mig.Profile(name=row.name, profile_id=row.profile_id,
+                       compute_slices=row.compute_slices, memory_mib=row.memory_mib,
+                       size=row.size, starts=row.starts)
+
+
+class MigNvml:
+    def __init__(self, models: Sequence[CardModel]) -> None:
+        self.cards = [StandInCard(f"GPU-{i:08x}-0000-4000-8000-standin{i:05d}", model)
+                      for i, model in enumerate(models)]
+        self._fail: dict[str, int | Callable[[], None]] = {}
+        self.calls: list[str] = []
+
+    def fail(self, name: str, code_or_hook: int | Callable[[], None]) -> None:
+        """The next call of `name` fails with the NVML code, or runs the hook first."""
+        self._fail[name] = code_or_hook
+
+    def made_by_hand(self, card: int, profile: str, start: int) -> int:
+        """An instance an administrator made (GI and CI): its GI id."""
+        module = self.module()
+        dev = module.nvmlDeviceGetHandleByIndex(card)
+        row = next(r for r in self.cards[card].model.rows if r.name == profile)
+        gi = module.nvmlDeviceCreateGpuInstanceWithPlacement(
+            dev, row.profile_id, pynvml.c_nvmlGpuInstancePlacement_t(start, row.size))
+        info = module.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            gi, COMPUTE_PROFILE_OF_SLICES[row.compute_slices], 0)
+        module.nvmlGpuInstanceCreateComputeInstance(gi, info.id)
+        return int(gi[2])
+
+    def instances(self, card: int) -> list[tuple[str, int, list[int]]]:
+        """(profile, start, compute instance ids) of each GPU instance on `card`."""
+        return sorted((gi.row.name, gi.start, sorted(gi.compute))
+                      for gi in self.cards[card].instances.values())
+
+    def module(self) -> Any:
+        """The namespace to pass as `lib`: one function per NVML call, as `pynvml` has."""
+        nvml = self
+
+        def call(name: str) -> None:
+            nvml.calls.append(name)
+            failure = nvml._fail.pop(name, None)
+            if callable(failure):
+                failure()
+            elif failure is not None:
+                raise pynvml.NVMLError(failure)
+
+        def card_of(handle: Any) -> StandInCard:
+            if not (isinstance(handle, tuple) and handle[0] == "gpu"):
+                raise pynvml.NVMLError(INVALID_ARGUMENT)
+            return nvml.cards[handle[1]]
+
+        def gi_of(handle: Any) -> GpuInstance:
+            if not (isinstance(handle, tuple) and handle[0] == "gi"):
+                raise pynvml.NVMLError(INVALID_ARGUMENT)
+            found = nvml.cards[handle[1]].instances.get(handle[2])
+            if found is None:
+                raise pynvml.NVMLError(NOT_FOUND)
+            return found
+
+        def get_handle_by_index(index: int) -> Any:
+            call("nvmlDeviceGetHandleByIndex")
+            if not 0 <= index < len(nvml.cards):
+                raise pynvml.NVMLError(INVALID_ARGUMENT)
+            return ("gpu", index)
+
+        def get_handle_by_uuid(uuid: bytes | str) -> Any:
+            call("nvmlDeviceGetHandleByUUID")
+            text = uuid.decode() if isinstance(uuid, bytes) else uuid
+            for index, card in enumerate(nvml.cards):
+                if card.uuid == text:
+                    return ("gpu", index)
+            raise pynvml.NVMLError(NOT_FOUND)
+
+        def gi_profile_info(dev: Any, index: int, version: int = 2) -> Any:
+            call("nvmlDeviceGetGpuInstanceProfileInfo")
+            row = next((r for r in card_of(dev).model.rows if r.index == index), None)
+            if row is None:
+                raise pynvml.NVMLError(INVALID_ARGUMENT)
+            return SimpleNamespace(id=row.profile_id, sliceCount=row.compute_slices,
+                                   memorySizeMB=row.memory_mib, instanceCount=len(row.starts))
+
+        def create_gi(dev: Any, profile_id: int, placement: Any) -> Any:
+            call("nvmlDeviceCreateGpuInstanceWithPlacement")
+            card = card_of(dev)
+            row = next((r for r in card.model.rows if r.profile_id == profile_id), None)
+            if row is None or placement.start not in row.starts or placement.size != row.size:
+                raise pynvml.NVMLError(INVALID_ARGUMENT)
+            wanted = mig.Placement(_profile(row), placement.start)
+            if not mig.fits(card.model.geometry(), card.use(), wanted):
+                raise pynvml.NVMLError(INSUFFICIENT_RESOURCES)
+            gi_id = next(i for i in range(1, MAX_GPU_INSTANCES) if i not in card.instances)
+            card.instances[gi_id] = GpuInstance(gi_id, row, placement.start)
+            return ("gi", dev[1], gi_id)
+
+        def gi_info(gi: Any) -> Any:
+            call("nvmlGpuInstanceGetInfo")
+            found = gi_of(gi)
+            return SimpleNamespace(id=found.gi_id, profileId=found.row.profile_id,
+                                   placement=SimpleNamespace(start=found.start,
+                                                             size=found.row.size))
+
+        def gi_by_id(dev: Any, gi_id: int) -> Any:
+            call("nvmlDeviceGetGpuInstanceById")
+            card = card_of(dev)
+            if gi_id not in card.instances:
+                raise pynvml.NVMLError(NOT_FOUND)
+            return ("gi", dev[1], gi_id)
+
+        def ci_profile_info(gi: Any, profile: int, eng_profile: int, version: int = 2) -> Any:
+            call("nvmlGpuInstanceGetComputeInstanceProfileInfo")
+            found = gi_of(gi)
+            slices = {v: k for k, v in COMPUTE_PROFILE_OF_SLICES.items()}.get(profile)
+            if slices is None or slices > found.row.compute_slices:
+                raise pynvml.NVMLError(INVALID_ARGUMENT)
+            return SimpleNamespace(id=profile, sliceCount=slices)
+
+        def create_ci(gi: Any, profile_id: int) -> Any:
+            call("nvmlGpuInstanceCreateComputeInstance")
+            found = gi_of(gi)
+            slices = {v: k for k, v in COMPUTE_PROFILE_OF_SLICES.items()}[profile_id]
+            if sum(found.compute.values()) + slices > found.row.compute_slices:
+                raise pynvml.NVMLError(INSUFFICIENT_RESOURCES)
+            ci_id = next(i for i in range(MAX_COMPUTE_INSTANCES) if i not in found.compute)
+            found.compute[ci_id] = slices
+            return ("ci", gi[1], gi[2], ci_id)
+
+        def ci_of(ci: Any) -> tuple[GpuInstance, int]:
+            found = gi_of(("gi", ci[1], ci[2]))
+            if ci[3] not in found.compute:
+                raise pynvml.NVMLError(NOT_FOUND)
+            return found, ci[3]
+
+        def ci_info(ci: Any) -> Any:
+            call("nvmlComputeInstanceGetInfo")
+            _, ci_id = ci_of(ci)
+            return SimpleNamespace(id=ci_id)
+
+        def ci_by_id(gi: Any, ci_id: int) -> Any:
+            call("nvmlGpuInstanceGetComputeInstanceById")
+            if ci_id not in gi_of(gi).compute:
+                raise pynvml.NVMLError(NOT_FOUND)
+            return ("ci", gi[1], gi[2], ci_id)
+
+        def destroy_ci(ci: Any) -> None:
+            call("nvmlComputeInstanceDestroy")
+            found, ci_id = ci_of(ci)
+            del found.compute[ci_id]
+
+        def destroy_gi(gi: Any) -> None:
+            call("nvmlGpuInstanceDestroy")
+            found = gi_of(gi)
+            if found.compute:
+                raise pynvml.NVMLError(19)  # NVML_ERROR_IN_USE: compute instances remain
+            del nvml.cards[gi[1]].instances[gi[2]]
+
+        def mig_devices(dev: Any) -> list[tuple[int, int]]:
+            card = card_of(dev)
+            return sorted((gi.gi_id, ci_id) for gi in card.instances.values()
+                          for ci_id in gi.compute)
+
+        def max_mig_count(dev: Any) -> int:
+            call("nvmlDeviceGetMaxMigDeviceCount")
+            card_of(dev)
+            return 7
+
+        def mig_by_index(dev: Any, index: int) -> Any:
+            call("nvmlDeviceGetMigDeviceHandleByIndex")
+            present = mig_devices(dev)
+            if index >= len(present):
+                raise pynvml.NVMLError(NOT_FOUND)
+            return ("mig", dev[1], *present[index])
+
+        def gi_id_of(handle: Any) -> int:
+            call("nvmlDeviceGetGpuInstanceId")
+            if handle[0] != "mig":
+                raise pynvml.NVMLError(INVALID_ARGUMENT)
+            return int(handle[2])
+
+        def ci_id_of(handle: Any) -> int:
+            call("nvmlDeviceGetComputeInstanceId")
+            if handle[0] != "mig":
+                raise pynvml.NVMLError(INVALID_ARGUMENT)
+            return int(handle[3])
+
+        def uuid_of(handle: Any) -> str:
+            call("nvmlDeviceGetUUID")
+            if handle[0] == "gpu":
+                return str(nvml.cards[handle[1]].uuid)
+            parent = nvml.cards[handle[1]].uuid
+            return f"MIG-{parent[4:12]}-{handle[2]:04x}-4{handle[3]:03x}-8000-{handle[1]:012x}"
+
+        return SimpleNamespace(
+            NVMLError=pynvml.NVMLError,
+            c_nvmlGpuInstancePlacement_t=pynvml.c_nvmlGpuInstancePlacement_t,
+            NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED=0,
+            nvmlDeviceGetHandleByIndex=get_handle_by_index,
+            nvmlDeviceGetHandleByUUID=get_handle_by_uuid,
+            nvmlDeviceGetGpuInstanceProfileInfo=gi_profile_info,
+            nvmlDeviceCreateGpuInstanceWithPlacement=create_gi,
+            nvmlGpuInstanceGetInfo=gi_info,
+            nvmlDeviceGetGpuInstanceById=gi_by_id,
+            nvmlGpuInstanceGetComputeInstanceProfileInfo=ci_profile_info,
+            nvmlGpuInstanceCreateComputeInstance=create_ci,
+            nvmlComputeInstanceGetInfo=ci_info,
+            nvmlGpuInstanceGetComputeInstanceById=ci_by_id,
+            nvmlComputeInstanceDestroy=destroy_ci,
+            nvmlGpuInstanceDestroy=destroy_gi,
+            nvmlDeviceGetMaxMigDeviceCount=max_mig_count,
+            nvmlDeviceGetMigDeviceHandleByIndex=mig_by_index,
+            nvmlDeviceGetGpuInstanceId=gi_id_of,
+            nvmlDeviceGetComputeInstanceId=ci_id_of,
+            nvmlDeviceGetUUID=uuid_of,
+        )
