@@ -17,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import combinations
 from pathlib import Path
-from types import ModuleType, TracebackType
+from types import ModuleType, SimpleNamespace, TracebackType
 from typing import Any, TypeVar
 from uuid import UUID
 
+from dra_gateway.gpu.mig import MEDIA_EXTENSIONS, Geometry, Profile
 from dra_gateway.node_plugin.facts import GpuFacts, MigFacts, NodeFacts
 from dra_gateway.node_plugin.faults import APPLICATION_XIDS
 from dra_gateway.node_plugin.versions import cuda_version_from_int
@@ -370,6 +371,48 @@ class Nvml:
                 return index, info
         return None
 
+    def mig_geometry(self, index: int) -> Geometry | None:
+        """Card `index`'s MIG geometry as NVML states it (read-only queries: every GPU
+        instance profile the card has, its possible placements, compute slices and memory),
+        for making instances on demand; None where the card has no MIG profile."""
+        lib = self._lib
+        where = f"card {index}"
+        handle = self._call(f"nvmlDeviceGetHandleByIndex ({where})",
+                            lib.nvmlDeviceGetHandleByIndex, index)
+        profiles: list[Profile] = []
+        media_instances = 1
+        for profile_index in range(_GI_PROFILE_COUNT):
+            try:
+                info = lib.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index)
+            except lib.NVMLError:  # a profile this card does not have (NotSupported, ...)
+                continue
+            # As NVML asks: the count first (no array), then the placements.
+            what = f"nvmlDeviceGetGpuInstancePossiblePlacements ({where}, profile {int(info.id)})"
+            count = ctypes.c_uint(0)
+            self._call(what, lib.nvmlDeviceGetGpuInstancePossiblePlacements, handle,
+                       int(info.id), None, ctypes.byref(count))
+            found = (lib.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+            self._call(what, lib.nvmlDeviceGetGpuInstancePossiblePlacements, handle,
+                       int(info.id), found, ctypes.byref(count))
+            placements = [(int(p.start), int(p.size)) for p in found[:count.value]]
+            if not placements:
+                continue
+            name = _profile_name(info, profile_index, lambda: int(self._call(
+                f"nvmlDeviceGetMemoryInfo ({where})", lib.nvmlDeviceGetMemoryInfo,
+                handle).total))
+            if MEDIA_EXTENSIONS in name:
+                media_instances = int(info.instanceCount)
+            profiles.append(Profile(
+                name=name, profile_id=int(info.id), compute_slices=int(info.sliceCount),
+                memory_mib=int(info.memorySizeMB), size=placements[0][1],
+                starts=tuple(start for start, _ in placements)))
+        if not profiles:
+            return None
+        return Geometry(
+            memory_slices=max(start + p.size for p in profiles for start in p.starts),
+            compute_slices=max(p.compute_slices for p in profiles), profiles=tuple(profiles),
+            media_extension_instances=media_instances)
+
     # -- health ----------------------------------------------------------------------------
 
     def probe(self, uuids: list[str]) -> dict[str, bool]:
@@ -520,6 +563,19 @@ def _mig_profile(attrs: Any, card_memory: int, gi_profile: tuple[int, Any] | Non
     gigabytes = math.floor(fraction * ((card_memory + gib - 1) // gib) + 0.5)
     prefix = f"{ci_slices}c." if ci_slices and ci_slices != gi_slices else ""
     return f"{prefix}{gi_slices}g.{gigabytes}gb{suffix}"
+
+
+def _profile_name(info: Any, index: int, card_memory: Callable[[], int]) -> str:
+    """NVIDIA's profile name from a GPU instance profile's info: its `name` (version 2:
+    "MIG 1g.10gb"), else computed from its slices and memory as `_mig_profile` does."""
+    raw = getattr(info, "name", b"")
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    if text.startswith("MIG "):
+        return text[4:].strip()
+    attrs = SimpleNamespace(gpuInstanceSliceCount=info.sliceCount,
+                            computeInstanceSliceCount=info.sliceCount,
+                            memorySizeMB=info.memorySizeMB)
+    return _mig_profile(attrs, card_memory(), (index, info))
 
 
 def discover_nvml(lib: Any = None, *, sysfs: Path = Path("/sys")) -> NodeFacts:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from dra_gateway.devkit.migcards import MODELS, PROFILE_1_SLICE, PROFILE_3_SLICE
+from dra_gateway.devkit.migcards import MODELS, PROFILE_1_SLICE, PROFILE_3_SLICE, CardModel
 from dra_gateway.devkit.nvmlmig import INSUFFICIENT_RESOURCES, MigNvml
 from dra_gateway.node_plugin.miginstances import MigError, MigInstances, Wanted
+from dra_gateway.node_plugin.nvml import Nvml
 
 H100 = MODELS["NVIDIA H100 80GB HBM3"]
 KEY = "0b6d9a3e-1111-4000-8000-000000000001/gpu-0-mig-1g10gb-19-6"
@@ -156,3 +157,26 @@ def test_an_instance_made_by_hand_at_the_same_moment_is_left_alone(
         instances.make(KEY, _one_g(nvml))
     assert nvml.instances(0) == [("1g.10gb", 6, [0])]
     assert instances.journal.entries() == []
+
+
+@pytest.mark.parametrize("names", [True, False], ids=["named", "unnamed"])
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_the_geometry_is_read_from_nvml_as_the_card_states_it(model: str, names: bool) -> None:
+    """Profiles, placements, compute slices, memory and the media-extension instance, from
+    NVML's read-only queries; a profile info without a name (version 1) is named as the
+    node plugin names what NVML reports."""
+    nvml = MigNvml([MODELS[model]], profile_names=names)
+    with Nvml(nvml.module()) as session:
+        geometry = session.mig_geometry(0)
+    expected = MODELS[model].geometry()
+    assert geometry is not None
+    assert sorted(geometry.profiles, key=repr) == sorted(expected.profiles, key=repr)
+    assert (geometry.memory_slices, geometry.compute_slices,
+            geometry.media_extension_instances) == (8, 7, 1)
+    assert "nvmlDeviceCreateGpuInstanceWithPlacement" not in nvml.calls
+
+
+def test_a_card_without_mig_profiles_has_no_geometry() -> None:
+    nvml = MigNvml([CardModel("NVIDIA L4", 23034, ())])
+    with Nvml(nvml.module()) as session:
+        assert session.mig_geometry(0) is None

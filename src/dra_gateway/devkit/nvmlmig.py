@@ -20,10 +20,12 @@ import pynvml
 
 from dra_gateway.devkit.migcards import CardModel, ProfileRow
 from dra_gateway.gpu import mig
+from dra_gateway.gpu.mig import MEDIA_EXTENSIONS
 
 NOT_FOUND = 6
 INVALID_ARGUMENT = 2
 INSUFFICIENT_RESOURCES = 23
+INSUFFICIENT_SIZE = 7
 MAX_GPU_INSTANCES = 16
 MAX_COMPUTE_INSTANCES = 8
 # NVML_COMPUTE_INSTANCE_PROFILE_* by compute slices (nvml.h)
@@ -61,9 +63,10 @@ def _profile(row: ProfileRow) -> mig.Profile:
 
 
 class MigNvml:
-    def __init__(self, models: Sequence[CardModel]) -> None:
+    def __init__(self, models: Sequence[CardModel], *, profile_names: bool = True) -> None:
         self.cards = [StandInCard(f"GPU-{i:08x}-0000-4000-8000-standin{i:05d}", model)
                       for i, model in enumerate(models)]
+        self.profile_names = profile_names  # False: profile infos without a name (version 1)
         self._fail: dict[str, int | Callable[[], None]] = {}
         self.calls: list[str] = []
 
@@ -132,8 +135,31 @@ class MigNvml:
             row = next((r for r in card_of(dev).model.rows if r.index == index), None)
             if row is None:
                 raise pynvml.NVMLError(INVALID_ARGUMENT)
-            return SimpleNamespace(id=row.profile_id, sliceCount=row.compute_slices,
-                                   memorySizeMB=row.memory_mib, instanceCount=len(row.starts))
+            media = MEDIA_EXTENSIONS in row.name
+            return SimpleNamespace(
+                id=row.profile_id, sliceCount=row.compute_slices, memorySizeMB=row.memory_mib,
+                instanceCount=1 if media else len(row.starts),
+                name=f"MIG {row.name}".encode() if nvml.profile_names else b"")
+
+        def possible_placements(dev: Any, profile_id: int, placements: Any, count: Any) -> int:
+            call("nvmlDeviceGetGpuInstancePossiblePlacements")
+            row = next((r for r in card_of(dev).model.rows if r.profile_id == profile_id), None)
+            if row is None:
+                raise pynvml.NVMLError(INVALID_ARGUMENT)
+            room = count._obj  # the c_uint passed by reference
+            if placements is None:  # NULL: the count alone
+                room.value = len(row.starts)
+                return 0
+            if room.value < len(row.starts):
+                raise pynvml.NVMLError(INSUFFICIENT_SIZE)
+            for i, start in enumerate(row.starts):
+                placements[i].start, placements[i].size = start, row.size
+            room.value = len(row.starts)
+            return 0
+
+        def memory_info(dev: Any) -> Any:
+            call("nvmlDeviceGetMemoryInfo")
+            return SimpleNamespace(total=card_of(dev).model.memory_mib << 20)
 
         def create_gi(dev: Any, profile_id: int, placement: Any) -> Any:
             call("nvmlDeviceCreateGpuInstanceWithPlacement")
@@ -247,6 +273,10 @@ class MigNvml:
 
         return SimpleNamespace(
             NVMLError=pynvml.NVMLError,
+            nvmlInit=lambda: call("nvmlInit"),
+            nvmlShutdown=lambda: call("nvmlShutdown"),
+            nvmlDeviceGetGpuInstancePossiblePlacements=possible_placements,
+            nvmlDeviceGetMemoryInfo=memory_info,
             c_nvmlGpuInstancePlacement_t=pynvml.c_nvmlGpuInstancePlacement_t,
             NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED=0,
             nvmlDeviceGetHandleByIndex=get_handle_by_index,
