@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
+from dra_gateway.gpu import mig as gpu_mig
 from dra_gateway.kube import names
+from dra_gateway.kube.cel import compile_selector
+from dra_gateway.kube.cel.devices import device_view
 from dra_gateway.kube.quantity import parse_quantity
 from dra_gateway.node_plugin import cdi
 from dra_gateway.node_plugin.claims import plan_claim
@@ -82,3 +85,45 @@ def test_a_translated_share_consumes_only_what_it_asks_and_is_limited_to_its_con
     share = prepared.devices[0].card
     assert (share.memory is not None) == ("memory" in params or "memoryPercent" in params)
     assert (share.cores is not None) == ("cores" in params)
+
+
+MIG_INVENTORY = """
+driverVersion: "550.54.15"
+cudaDriverVersion: "12.4"
+gpus:
+  - index: 0
+    uuid: GPU-5a1e2b7c-0d3f-4e59-8a61-2c4b9e7f1a03
+    productName: NVIDIA H100 80GB HBM3
+    memory: 80Gi
+    migDevices:
+      - {profile: 1g.10gb+me, uuid: MIG-0f8e6a2d-3b1c-5e47-9d20-6a7b8c9d0e11, memory: 9984Mi,
+         profileId: 20, placement: {start: 0, size: 1}}
+      - {profile: 1g.10gb, uuid: MIG-1a2b3c4d-5e6f-5a7b-8c9d-0e1f2a3b4c5d, memory: 9984Mi,
+         profileId: 19, placement: {start: 1, size: 1}}
+      - {profile: 3g.40gb, uuid: MIG-2b3c4d5e-6f7a-5b8c-9d0e-1f2a3b4c5d6e, memory: 40448Mi,
+         profileId: 9, placement: {start: 4, size: 4}}
+"""
+
+
+@pytest.mark.parametrize(("resource", "profile"), [
+    ("nvidia.com/mig-1g.10gb.me", "1g.10gb+me"),
+    ("nvidia.com/mig-1g.10gb", "1g.10gb"),
+    ("nvidia.com/mig-3g.40gb", "3g.40gb"),
+])
+def test_a_translated_mig_request_selects_the_instances_of_its_profile(
+        resource: str, profile: str, tmp_path: Path) -> None:
+    """The device plugin's names, `+` written as `.`, select the devices NVML's profile names
+    (a `.me` request that matched nothing waited for ever)."""
+    inventory = tmp_path / "mig.yaml"
+    inventory.write_text(MIG_INVENTORY)
+    devices = devices_of(load_inventory(inventory), DeviceOptions())
+    pod = {"metadata": {"name": "p", "namespace": "ml"},
+           "spec": {"containers": [{"name": "main", "resources": {"limits": {resource: "1"}}}]}}
+    (template,) = translate(pod, load_rules()).templates
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    selectors = [compile_selector(s["cel"]["expression"])
+                 for s in request["exactly"]["selectors"]]
+    chosen = [d for d in devices
+              if all(s.matches(device_view(names.DRIVER, d)) for s in selectors)]
+    assert [d["attributes"]["profile"]["string"] for d in chosen] == [profile]
+    assert gpu_mig.profile_of_resource(resource) == profile  # one reading of the names
