@@ -13,7 +13,9 @@ goes only once nothing is left on the card. `recover()` at start undoes every en
 `creating` or `gpu-instance` (a crash during a prepare: the kubelet prepares again), finishes
 every `destroying`, and drops a `made` one whose instance is gone (a reboot destroys dynamic
 instances). It finds a GPU instance left in `creating` by its placement: the plugin checks the
-placement is free before creating, so an instance there is its own.
+placement is free before creating, so an instance there is its own (the one exception: an
+administrator making an instance on that very placement by hand while the plugin is down after
+a crash inside that step).
 
 The plugin never destroys an instance it did not make: only journalled ones are touched, and
 instances made by hand are left as they are (they are published as fixed devices). No gRPC, no
