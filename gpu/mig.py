@@ -259,11 +259,15 @@ COMPUTE_COUNTER = "compute-slices"
 def shared_counters(geometry: Geometry, minor: int) -> dict[str, object]:
     """The card's counter set (`sharedCounters` entry): a counter per memory slice, the
     compute slices, and the instances that may hold media extensions."""
-    counters: dict[str, dict[str, str]] = {
-        memory_slice_counter(i): {"value": "1"} for i in range(geometry.memory_slices)}
+    return {"name": counter_set_name(minor), "counters": _counters(geometry)}
+
+
+def _counters(geometry: Geometry) -> dict[str, dict[str, str]]:
+    """Every counter of a card's set at its full value."""
+    counters = {memory_slice_counter(i): {"value": "1"} for i in range(geometry.memory_slices)}
     counters[COMPUTE_COUNTER] = {"value": str(geometry.compute_slices)}
     counters[MEDIA_COUNTER] = {"value": str(geometry.media_extension_instances)}
-    return {"name": counter_set_name(minor), "counters": counters}
+    return counters
 
 
 def consumed_counters(minor: int, placement: Placement | None,
@@ -271,10 +275,7 @@ def consumed_counters(minor: int, placement: Placement | None,
     """A device's `consumesCounters` entry: a placement's slices, compute and media extension;
     `placement` None is the whole card, which consumes every counter."""
     if placement is None:
-        counters = {memory_slice_counter(i): {"value": "1"}
-                    for i in range(geometry.memory_slices)}
-        counters[COMPUTE_COUNTER] = {"value": str(geometry.compute_slices)}
-        counters[MEDIA_COUNTER] = {"value": str(geometry.media_extension_instances)}
+        counters = _counters(geometry)
     else:
         counters = {memory_slice_counter(i): {"value": "1"} for i in placement.slices}
         counters[COMPUTE_COUNTER] = {"value": str(placement.profile.compute_slices)}

@@ -45,7 +45,7 @@ _GPU_INSTANCE_IDS = range(32)
 _COMPUTE_INSTANCE_IDS = range(8)
 # NVML_COMPUTE_INSTANCE_PROFILE_* giving a GPU instance's compute slices to one compute
 # instance (nvml.h).
-_COMPUTE_PROFILE_OF_SLICES = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
+COMPUTE_PROFILE_OF_SLICES = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
 
 
 class MigError(Exception):
@@ -143,8 +143,7 @@ class MigInstances:
             return done
         if done is not None:
             self._undo(done)  # a half-made one of an earlier try
-        dev = self._nvml(wanted, "nvmlDeviceGetHandleByUUID", self._lib.nvmlDeviceGetHandleByUUID,
-                         wanted.card_uuid.encode())
+        dev = self._device(wanted)
         info = self._nvml(wanted, "nvmlDeviceGetGpuInstanceProfileInfo",
                           self._lib.nvmlDeviceGetGpuInstanceProfileInfo, dev, wanted.profile)
         if (taken := self._gi_at(dev, info.id, wanted.start)) is not None:
@@ -162,7 +161,7 @@ class MigInstances:
                                    self._lib.nvmlGpuInstanceGetInfo, gi).id)
             entry = replace(entry, stage="gpu-instance", gi_id=gi_id)
             self.journal.commit(key, entry)
-            profile = _COMPUTE_PROFILE_OF_SLICES.get(int(info.sliceCount))
+            profile = COMPUTE_PROFILE_OF_SLICES.get(int(info.sliceCount))
             if profile is None:
                 raise MigError(f"{wanted.where()}: no compute instance profile of "
                                f"{info.sliceCount} slices")
@@ -233,8 +232,7 @@ class MigInstances:
         """Destroy whatever of `entry` exists (compute instances, then the GPU instance) and
         drop it from the journal; MigError leaves the entry for a later try."""
         wanted = entry.wanted
-        dev = self._nvml(wanted, "nvmlDeviceGetHandleByUUID", self._lib.nvmlDeviceGetHandleByUUID,
-                         wanted.card_uuid.encode())
+        dev = self._device(wanted)
         gi_id = entry.gi_id
         if gi_id is None:  # `creating`: made at most at its placement, which was free
             info = self._nvml(wanted, "nvmlDeviceGetGpuInstanceProfileInfo",
@@ -253,6 +251,10 @@ class MigInstances:
                 self._nvml(wanted, "nvmlGpuInstanceDestroy", self._lib.nvmlGpuInstanceDestroy,
                            gi)
         self.journal.commit(entry.key, None)
+
+    def _device(self, wanted: Wanted) -> Any:
+        return self._nvml(wanted, "nvmlDeviceGetHandleByUUID",
+                          self._lib.nvmlDeviceGetHandleByUUID, wanted.card_uuid.encode())
 
     def _gi_at(self, dev: Any, profile_id: int, start: int) -> int | None:
         """The id of the GPU instance of `profile_id` starting at `start`, if any."""
@@ -283,8 +285,7 @@ class MigInstances:
 
     def _instance_gone(self, entry: Instance) -> bool:
         wanted = entry.wanted
-        dev = self._nvml(wanted, "nvmlDeviceGetHandleByUUID", self._lib.nvmlDeviceGetHandleByUUID,
-                         wanted.card_uuid.encode())
+        dev = self._device(wanted)
         assert entry.gi_id is not None
         return self._found(wanted, "nvmlDeviceGetGpuInstanceById",
                            self._lib.nvmlDeviceGetGpuInstanceById, dev, entry.gi_id) is None

@@ -37,6 +37,11 @@ class ProfileRow:
     size: int
     starts: tuple[int, ...]
 
+    def profile(self) -> Profile:
+        return Profile(name=self.name, profile_id=self.profile_id,
+                       compute_slices=self.compute_slices, memory_mib=self.memory_mib,
+                       size=self.size, starts=self.starts)
+
 
 @dataclass(frozen=True, slots=True)
 class CardModel:
@@ -45,10 +50,8 @@ class CardModel:
     rows: tuple[ProfileRow, ...]
 
     def geometry(self) -> Geometry:
-        return Geometry(memory_slices=8, compute_slices=7, profiles=tuple(
-            Profile(name=r.name, profile_id=r.profile_id, compute_slices=r.compute_slices,
-                    memory_mib=r.memory_mib, size=r.size, starts=r.starts)
-            for r in self.rows))
+        return Geometry(memory_slices=8, compute_slices=7,
+                        profiles=tuple(r.profile() for r in self.rows))
 
 
 def _rows(one: tuple[str, int], double: tuple[str, int], three: tuple[str, int],

@@ -21,6 +21,7 @@ import pynvml
 from dra_gateway.devkit.migcards import CardModel, ProfileRow
 from dra_gateway.gpu import mig
 from dra_gateway.gpu.mig import MEDIA_EXTENSIONS
+from dra_gateway.node_plugin.miginstances import COMPUTE_PROFILE_OF_SLICES
 
 NOT_FOUND = 6
 INVALID_ARGUMENT = 2
@@ -28,8 +29,7 @@ INSUFFICIENT_RESOURCES = 23
 INSUFFICIENT_SIZE = 7
 MAX_GPU_INSTANCES = 16
 MAX_COMPUTE_INSTANCES = 8
-# NVML_COMPUTE_INSTANCE_PROFILE_* by compute slices (nvml.h)
-COMPUTE_PROFILE_OF_SLICES = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
+SLICES_OF_COMPUTE_PROFILE = {v: k for k, v in COMPUTE_PROFILE_OF_SLICES.items()}
 
 
 @dataclass(slots=True)
@@ -40,7 +40,7 @@ class GpuInstance:
     compute: dict[int, int] = field(default_factory=dict)  # CI id -> compute slices
 
     def placement(self) -> mig.Placement:
-        return mig.Placement(_profile(self.row), self.start)
+        return mig.Placement(self.row.profile(), self.start)
 
 
 @dataclass(slots=True)
@@ -54,12 +54,6 @@ class StandInCard:
         for gi in self.instances.values():
             use = use.with_placement(gi.placement())
         return use
-
-
-def _profile(row: ProfileRow) -> mig.Profile:
-    return mig.Profile(name=row.name, profile_id=row.profile_id,
-                       compute_slices=row.compute_slices, memory_mib=row.memory_mib,
-                       size=row.size, starts=row.starts)
 
 
 class MigNvml:
@@ -167,7 +161,7 @@ class MigNvml:
             row = next((r for r in card.model.rows if r.profile_id == profile_id), None)
             if row is None or placement.start not in row.starts or placement.size != row.size:
                 raise pynvml.NVMLError(INVALID_ARGUMENT)
-            wanted = mig.Placement(_profile(row), placement.start)
+            wanted = mig.Placement(row.profile(), placement.start)
             if not mig.fits(card.model.geometry(), card.use(), wanted):
                 raise pynvml.NVMLError(INSUFFICIENT_RESOURCES)
             gi_id = next(i for i in range(1, MAX_GPU_INSTANCES) if i not in card.instances)
@@ -191,7 +185,7 @@ class MigNvml:
         def ci_profile_info(gi: Any, profile: int, eng_profile: int, version: int = 2) -> Any:
             call("nvmlGpuInstanceGetComputeInstanceProfileInfo")
             found = gi_of(gi)
-            slices = {v: k for k, v in COMPUTE_PROFILE_OF_SLICES.items()}.get(profile)
+            slices = SLICES_OF_COMPUTE_PROFILE.get(profile)
             if slices is None or slices > found.row.compute_slices:
                 raise pynvml.NVMLError(INVALID_ARGUMENT)
             return SimpleNamespace(id=profile, sliceCount=slices)
@@ -199,7 +193,7 @@ class MigNvml:
         def create_ci(gi: Any, profile_id: int) -> Any:
             call("nvmlGpuInstanceCreateComputeInstance")
             found = gi_of(gi)
-            slices = {v: k for k, v in COMPUTE_PROFILE_OF_SLICES.items()}[profile_id]
+            slices = SLICES_OF_COMPUTE_PROFILE[profile_id]
             if sum(found.compute.values()) + slices > found.row.compute_slices:
                 raise pynvml.NVMLError(INSUFFICIENT_RESOURCES)
             ci_id = next(i for i in range(MAX_COMPUTE_INSTANCES) if i not in found.compute)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_gateway.devkit.bench.trace import TraceError, parse_seeds
 from dra_gateway.devkit.migcards import MODELS
 from dra_gateway.gpu import mig
 from dra_gateway.gpu.mig import Card, CardUse, Placement
@@ -160,13 +161,6 @@ def table(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _seeds(text: str) -> list[int]:
-    if "-" in text:
-        low, high = text.split("-", 1)
-        return list(range(int(low), int(high) + 1))
-    return [int(s) for s in text.split(",")]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dra_gateway.devkit.bench.mig",
@@ -187,8 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        seeds = _seeds(args.seeds)
-    except ValueError:
+        seeds = parse_seeds(args.seeds)
+    except TraceError:
         print(f"error: --seeds {args.seeds!r}: write 7, 1,2,5 or 1-3", file=sys.stderr)
         return 2
     result = run(model=args.model, nodes=args.nodes, requests=args.requests, load=args.load,
