@@ -24,7 +24,7 @@ import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
 
@@ -256,7 +256,7 @@ MEDIA_COUNTER = "media-extensions"
 COMPUTE_COUNTER = "compute-slices"
 
 
-def shared_counters(geometry: Geometry, minor: int) -> dict[str, object]:
+def shared_counters(geometry: Geometry, minor: int) -> dict[str, Any]:
     """The card's counter set (`sharedCounters` entry): a counter per memory slice, the
     compute slices, and the instances that may hold media extensions."""
     return {"name": counter_set_name(minor), "counters": _counters(geometry)}
@@ -271,7 +271,7 @@ def _counters(geometry: Geometry) -> dict[str, dict[str, str]]:
 
 
 def consumed_counters(minor: int, placement: Placement | None,
-                      geometry: Geometry) -> dict[str, object]:
+                      geometry: Geometry) -> dict[str, Any]:
     """A device's `consumesCounters` entry: a placement's slices, compute and media extension;
     `placement` None is the whole card, which consumes every counter."""
     if placement is None:

@@ -73,6 +73,15 @@ ATTR_INDEX: Final = "index"
 # Whether the card's node has HAMi-core's library (the node plugin's --hami-library exists), so
 # that a share enforced by HAMi-core can be; translated hami-core shares select it.
 ATTR_HAMI_CORE: Final = "hamiCore"
+# MIG on demand (gpu/mig.py): what a dynamic MIG device draws from its card's counter set, said
+# in attributes too, which every release keeps (the API server drops `consumesCounters` and
+# `sharedCounters` without DRAPartitionableDevices): the set, the placement's first memory slice
+# (instances only), its memory and compute slices, and the card's media-extension instances.
+ATTR_COUNTER_SET: Final = "counterSet"
+ATTR_MIG_START: Final = "migStart"
+ATTR_MIG_MEMORY_SLICES: Final = "migMemorySlices"
+ATTR_MIG_COMPUTE_SLICES: Final = "migComputeSlices"
+ATTR_MIG_MEDIA_EXTENSIONS: Final = "migMediaExtensions"
 CAPACITY_MEMORY: Final = "memory"
 CAPACITY_CORES: Final = "cores"
 CORES_PER_CARD: Final = 100

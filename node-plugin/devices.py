@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from dra_gateway.gpu import mig
+from dra_gateway.gpu.mig import Geometry, Placement
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import Quantity
 from dra_gateway.node_plugin.facts import GpuFacts, MigFacts, NodeFacts, Sharing
@@ -46,6 +48,9 @@ class DeviceOptions:
     # Whether the node has HAMi-core's library (the plugin checks --hami-library): published
     # as every full card's `hamiCore` attribute.
     hami_core: bool = True
+    # Whether the cluster keeps `sharedCounters` and `consumesCounters`
+    # (DRAPartitionableDevices): where it does not, MIG on demand says them in attributes only.
+    partitionable_devices: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,18 +220,131 @@ def mig_device(gpu: GpuFacts, mig: MigFacts, ordinal: int) -> dict[str, Any]:
     return device
 
 
+# --- MIG on demand -----------------------------------------------------------------------------
+
+
+def _hand_made(gpu: GpuFacts, geometry: Geometry, made: frozenset[str]
+               ) -> list[tuple[MigFacts, Placement | None]]:
+    """The card's instances the plugin did not make (`made`: UUIDs), with the placement each
+    holds where NVML told it (one that matches no profile of the geometry holds none known)."""
+    out: list[tuple[MigFacts, Placement | None]] = []
+    for instance in gpu.mig_devices:
+        if instance.uuid in made:
+            continue
+        spot = None
+        for profile in geometry.profiles:
+            if profile.profile_id == instance.profile_id and (
+                    instance.placement_start in profile.starts):
+                spot = Placement(profile, instance.placement_start)
+        out.append((instance, spot))
+    return out
+
+
+def mig_counter_set(gpu: GpuFacts, geometry: Geometry,
+                    made: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The card's counter set: every memory slice, its compute slices and media-extension
+    instances, less what instances made by hand hold (they are allocated to nobody, so
+    nothing else would count them)."""
+    minor = gpu.device_number
+    counter_set = mig.shared_counters(geometry, minor)
+    counters: dict[str, dict[str, str]] = counter_set["counters"]
+    for _, spot in _hand_made(gpu, geometry, made):
+        if spot is None:
+            continue  # not cut on demand (`cut_on_demand`): no set is published
+        for name, entry in mig.consumed_counters(minor, spot, geometry)["counters"].items():
+            left = int(counters[name]["value"]) - int(entry["value"])
+            counters[name]["value"] = str(max(0, left))
+    return counter_set
+
+
+def mig_card_device(gpu: GpuFacts, geometry: Geometry, options: DeviceOptions) -> dict[str, Any]:
+    """The whole card of a card cut on demand: held alone, it draws every counter, so a claim
+    for it blocks every instance and any instance blocks it."""
+    device = gpu_device(gpu, replace(options, default_sharing="exclusive"))
+    device.pop("allowMultipleAllocations", None)
+    device["capacity"] = {names.CAPACITY_MEMORY: {"value": _quantity(gpu.memory)},
+                          names.CAPACITY_CORES: {"value": str(names.CORES_PER_CARD)}}
+    device["attributes"].update({
+        names.ATTR_COUNTER_SET: {"string": mig.counter_set_name(gpu.device_number)},
+        names.ATTR_MIG_MEMORY_SLICES: {"int": geometry.memory_slices},
+        names.ATTR_MIG_COMPUTE_SLICES: {"int": geometry.compute_slices},
+        names.ATTR_MIG_MEDIA_EXTENSIONS: {"int": geometry.media_extension_instances},
+    })
+    if options.partitionable_devices:
+        device["consumesCounters"] = [mig.consumed_counters(gpu.device_number, None, geometry)]
+    _check_limits(device)
+    return device
+
+
+def mig_placement_device(gpu: GpuFacts, geometry: Geometry, placement: Placement,
+                         options: DeviceOptions) -> dict[str, Any]:
+    """One profile at one placement: an instance made at prepare (so no `uuid` yet), named as
+    NVIDIA's DRA driver names it."""
+    minor = gpu.device_number
+    name = _label(mig.device_name(minor, placement))
+    profile = placement.profile
+    attrs = {names.ATTR_TYPE: {"string": "mig"}, names.ATTR_PARENT_UUID: _string(gpu.uuid),
+             names.ATTR_PROFILE: _string(profile.name), **_common_attributes(gpu, name),
+             names.ATTR_COUNTER_SET: {"string": mig.counter_set_name(minor)},
+             names.ATTR_MIG_START: {"int": placement.start},
+             names.ATTR_MIG_MEMORY_SLICES: {"int": profile.size},
+             names.ATTR_MIG_COMPUTE_SLICES: {"int": profile.compute_slices}}
+    device: dict[str, Any] = {
+        "name": name, "attributes": attrs,
+        "capacity": {names.CAPACITY_MEMORY: {"value": _quantity(profile.memory_mib << 20)}},
+    }
+    if options.partitionable_devices:
+        device["consumesCounters"] = [mig.consumed_counters(minor, placement, geometry)]
+    _check_limits(device)
+    return device
+
+
+def cut_on_demand(gpu: GpuFacts, made: frozenset[str] = frozenset()) -> bool:
+    """Whether the card is published for MIG on demand: opted in, in MIG mode, and every
+    instance made by hand at a placement NVML told (else its instances are published as they
+    are, and nothing is made there)."""
+    return gpu.mig_enabled and gpu.mig_geometry is not None and all(
+        spot is not None for _, spot in _hand_made(gpu, gpu.mig_geometry, made))
+
+
+def mig_on_demand_devices(gpu: GpuFacts, geometry: Geometry, options: DeviceOptions,
+                          made: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """A card cut on demand: the whole card, every profile at every legal placement, and the
+    instances made by hand as they are (`mig_device`, drawing no counter: the set leaves
+    their slices out; their attributes say where they sit, for the world without the
+    fields)."""
+    out = [mig_card_device(gpu, geometry, options)]
+    out += [mig_placement_device(gpu, geometry, p, options) for p in mig.placements_of(geometry)]
+    for i, (instance, spot) in enumerate(_hand_made(gpu, geometry, made)):
+        device = mig_device(gpu, instance, i)
+        if spot is not None:
+            device["attributes"].update({
+                names.ATTR_COUNTER_SET: {"string": mig.counter_set_name(gpu.device_number)},
+                names.ATTR_MIG_START: {"int": spot.start},
+                names.ATTR_MIG_MEMORY_SLICES: {"int": spot.profile.size},
+                names.ATTR_MIG_COMPUTE_SLICES: {"int": spot.profile.compute_slices}})
+            _check_limits(device)
+        out.append(device)
+    return out
+
+
 def devices_of(facts: NodeFacts, options: DeviceOptions, *,
                taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
-               withheld: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
-    """The node's devices in natural name order. A card in MIG mode gives only its instances.
+               withheld: frozenset[str] = frozenset(),
+               made: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """The node's devices in natural name order. A card in MIG mode gives only its instances;
+    one cut on demand gives its whole card and every placement besides (`made`: the UUIDs of
+    the instances the plugin made, published as the placements they hold).
 
     `taints` maps device names to device taints to attach; `withheld` names devices to leave
     out (unhealthy ones, where the cluster cannot keep taints).
     """
     out: list[dict[str, Any]] = []
     for gpu in facts.gpus:
-        if gpu.mig_enabled:
-            out += [mig_device(gpu, mig, i) for i, mig in enumerate(gpu.mig_devices)]
+        if gpu.mig_geometry is not None and cut_on_demand(gpu, made):
+            out += mig_on_demand_devices(gpu, gpu.mig_geometry, options, made)
+        elif gpu.mig_enabled:
+            out += [mig_device(gpu, instance, i) for i, instance in enumerate(gpu.mig_devices)]
         else:
             out.append(gpu_device(gpu, options))
     seen: set[str] = set()
@@ -240,6 +358,13 @@ def devices_of(facts: NodeFacts, options: DeviceOptions, *,
         if taints and device["name"] in taints:
             device["taints"] = [dict(t) for t in taints[device["name"]]]
     return sorted(out, key=lambda d: natural_key(d["name"]))
+
+
+def counter_sets_of(facts: NodeFacts, made: frozenset[str] = frozenset()
+                    ) -> list[dict[str, Any]]:
+    """The counter sets of the node's cards cut on demand, in card order (`mig_counter_set`)."""
+    return [mig_counter_set(gpu, gpu.mig_geometry, made) for gpu in facts.gpus
+            if gpu.mig_geometry is not None and cut_on_demand(gpu, made)]
 
 
 def device_table(facts: NodeFacts, options: DeviceOptions) -> dict[str, DeviceInfo]:

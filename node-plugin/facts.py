@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from dra_gateway.gpu.mig import Geometry
+
 Sharing = Literal["exclusive", "shared"]
 
 
@@ -55,6 +57,10 @@ class GpuFacts:
     mig_enabled: bool = False
     mig_devices: tuple[MigFacts, ...] = ()
     sharing: Sharing | None = None  # None: the plugin's default applies
+    # MIG on demand (an administrator's opt-in, on a card in MIG mode): the card's geometry as
+    # NVML reads it; its instances are made at prepare, and those in `mig_devices` that the
+    # plugin did not make are an administrator's, published as they are.
+    mig_geometry: Geometry | None = None
 
     @property
     def device_number(self) -> int:

@@ -38,6 +38,10 @@ MAX_DEVICES_PER_SLICE = 128
 # From Kubernetes 1.35 a slice whose devices carry taints holds at most 64 devices; a plugin
 # that may taint uses the smaller size always, so a taint never reshuffles the slices.
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
+# Partitionable devices: on 1.34 at most 32 counters in all the counter sets of one slice;
+# from 1.35 counter sets sit in slices of their own, at most 8 a slice.
+MAX_COUNTERS_PER_SLICE_1_34 = 32
+MAX_COUNTER_SETS_PER_SLICE = 8
 _MAX_NAME = 253
 
 
@@ -53,15 +57,29 @@ def slice_name(node_name: str, driver: str, index: int) -> str:
 
 def build_slices(*, node_name: str, driver: str, devices: Sequence[dict[str, Any]],
                  generation: int, node_uid: str | None,
-                 max_devices: int = MAX_DEVICES_PER_SLICE) -> list[Object]:
+                 max_devices: int = MAX_DEVICES_PER_SLICE,
+                 counter_sets: Sequence[dict[str, Any]] = (),
+                 counters_apart: bool = False) -> list[Object]:
     """The node's pool as ResourceSlices; a node without devices still gets one empty slice
-    so that consumers see the pool (and its generation) rather than nothing."""
+    so that consumers see the pool (and its generation) rather than nothing.
+
+    `counter_sets` (partitionable devices: a MIG card on demand) go where the release wants
+    them: beside the devices that draw on them on 1.34 (a device's set must sit in its slice,
+    at most 32 counters a slice, so a card's devices are never split), in slices of their own
+    from 1.35 (`counters_apart`: a slice holds devices or counter sets, at most 8 sets)."""
     if max_devices < 1:
         raise ValueError("max_devices must be at least 1")
-    chunks = [list(devices[i:i + max_devices]) for i in range(0, len(devices), max_devices)]
-    chunks = chunks or [[]]
+    chunks: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+    if counters_apart or not counter_sets:
+        chunks = [(list(devices[i:i + max_devices]), [])
+                  for i in range(0, len(devices), max_devices)]
+        chunks += [([], list(counter_sets[i:i + MAX_COUNTER_SETS_PER_SLICE]))
+                   for i in range(0, len(counter_sets), MAX_COUNTER_SETS_PER_SLICE)]
+    else:
+        chunks = _beside(devices, counter_sets, max_devices)
+    chunks = chunks or [([], [])]
     out: list[Object] = []
-    for index, chunk in enumerate(chunks):
+    for index, (chunk, sets) in enumerate(chunks):
         metadata: dict[str, Any] = {
             "name": slice_name(node_name, driver, index),
             "labels": {names.LABEL_MANAGED_BY: names.MANAGED_BY},
@@ -76,11 +94,45 @@ def build_slices(*, node_name: str, driver: str, devices: Sequence[dict[str, Any
             "pool": {"name": node_name, "generation": generation,
                      "resourceSliceCount": len(chunks)},
             "nodeName": node_name,
-            "devices": copy.deepcopy(chunk),
         }
+        if chunk or not sets:
+            spec["devices"] = copy.deepcopy(chunk)
+        if sets:
+            spec["sharedCounters"] = copy.deepcopy(sets)
         out.append({"apiVersion": RESOURCE_SLICES.api_version, "kind": RESOURCE_SLICES.kind,
                     "metadata": metadata, "spec": spec})
     return out
+
+
+def _beside(devices: Sequence[dict[str, Any]], counter_sets: Sequence[dict[str, Any]],
+            max_devices: int) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """1.34's layout: devices in order, each card's devices (those naming one counter set)
+    kept together with their set, a slice closed where the next card would pass a limit."""
+    by_name = {s["name"]: s for s in counter_sets}
+    groups: list[tuple[list[dict[str, Any]], dict[str, Any] | None]] = []
+    for device in devices:
+        set_name = ((device.get("attributes") or {}).get(names.ATTR_COUNTER_SET)
+                    or {}).get("string")
+        if set_name in by_name and groups and groups[-1][1] is by_name[set_name]:
+            groups[-1][0].append(device)
+        else:
+            groups.append(([device], by_name.get(set_name) if set_name else None))
+    chunks: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
+    counters = 0
+    for group, counter_set in groups:
+        size = len(counter_set["counters"]) if counter_set else 0
+        if len(group) > max_devices or size > MAX_COUNTERS_PER_SLICE_1_34:
+            raise ValueError(f"card of counter set {counter_set and counter_set['name']}: "
+                             f"{len(group)} devices and {size} counters do not fit one slice")
+        if not chunks or len(chunks[-1][0]) + len(group) > max_devices \
+                or counters + size > MAX_COUNTERS_PER_SLICE_1_34:
+            chunks.append(([], []))
+            counters = 0
+        chunks[-1][0].extend(group)
+        if counter_set is not None and counter_set not in chunks[-1][1]:
+            chunks[-1][1].append(counter_set)
+            counters += size
+    return chunks
 
 
 def _comparable(obj: Object) -> tuple[Any, ...]:

@@ -48,6 +48,7 @@ class NodeClasses:
                  dirty: set[str]) -> None:
         self._nodes = inventory.nodes  # the inventory's tables, read on hot paths
         self._node_devices = inventory.node_devices
+        self._inventory = inventory
         self._ledger = ledger
         self._policies = policies
         self._intern = inventory.intern
@@ -73,7 +74,8 @@ class NodeClasses:
     def devices_listed(self, node: str) -> None:
         """The node's devices were listed again (its slices changed)."""
         devices = self._node_devices.get(node, ())
-        self._static_sig[node] = self._intern(tuple(d.group_id for d in devices))
+        self._static_sig[node] = self._intern((tuple(d.group_id for d in devices),
+                                               self._inventory.counter_sig(node)))
         self.dirty.add(node)
 
     def forget_searches(self) -> None:

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dra_gateway.allocator.planner import counters
+from dra_gateway.gpu.mig import Placement
 from dra_gateway.kube import names
 from dra_gateway.kube.cel.devices import IDENTITY_ATTRIBUTES
 from dra_gateway.kube.quantity import Quantity, QuantityError, QuantityFormat, parse_quantity
@@ -82,12 +84,14 @@ class Device:
         "capacity",
         "capacity_format",
         "card_amounts",
+        "counters",
         "driver",
         "gpu_memory",
         "group",
         "group_id",
         "is_gateway_gpu",
         "key",
+        "mig",
         "name",
         "node",
         "policies",
@@ -129,15 +133,20 @@ class Device:
         self.capacity_format = formats
         self.policies = policies
         self.taints: tuple[Mapping[str, Any], ...] = tuple(raw.get("taints") or ())
+        # What it draws from its pool's counter sets (partitionable devices), and the MIG
+        # placement that describes, set by the inventory once the card's geometry is known.
+        self.counters = counters.consumed(driver, pool, raw, attrs)
+        self.mig: tuple[counters.SetKey, Placement] | None = None
         self.is_gateway_gpu = (
             driver == names.DRIVER
             and attrs.get(qualify(driver, names.ATTR_TYPE), "gpu") == "gpu"
             and names.CAPACITY_MEMORY in capacity
         )
         # Without the gate the API server drops allowMultipleAllocations, and the gateway (the
-        # only allocator of its classes in that world) shares its own GPUs by its records.
+        # only allocator of its classes in that world) shares its own GPUs by its records;
+        # never a card cut into MIG instances on demand (it draws on counters).
         self.shareable = bool(raw.get("allowMultipleAllocations")) or (
-            not consumable_capacity and self.is_gateway_gpu
+            not consumable_capacity and self.is_gateway_gpu and not self.counters
         )
         self.gpu_memory = capacity.get(names.CAPACITY_MEMORY, 0) // NANO
         # What a charge holding the whole device counts against quotas (memory, cores).

@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_gateway.allocator.planner import kubefit
+from dra_gateway.allocator.planner import counters, kubefit
 from dra_gateway.allocator.planner.devices import Device
 from dra_gateway.allocator.planner.settings import PlannerSettings
-from dra_gateway.kube import objects
+from dra_gateway.gpu.mig import Geometry
+from dra_gateway.kube import names, objects
 
 
 @dataclass(slots=True)
@@ -67,9 +68,14 @@ class Inventory:
         self._pool_generation: dict[tuple[str, str], int] = {}
         self._pool_slices: dict[tuple[str, str], set[str]] = {}
         self._pool_devices: dict[tuple[str, str], list[Device]] = {}
+        self._pool_counters: dict[tuple[str, str], dict[counters.CounterKey, int]] = {}
         self._node_pools: dict[str, set[tuple[str, str]]] = {}
         self.devices: dict[tuple[str, str, str], Device] = {}
         self.node_devices: dict[str, list[Device]] = {}
+        # Partitionable devices: the counter sets of each node's pools (absent: none), and the
+        # MIG geometry of each set its devices draw as placements (`counters.geometry`).
+        self.node_counters: dict[str, dict[counters.CounterKey, int]] = {}
+        self.node_mig: dict[str, dict[counters.SetKey, Geometry]] = {}
         self.classes: dict[str, DeviceClassInfo] = {}
         self.nodes: dict[str, NodeInfo] = {}
         self._serial = 0
@@ -116,6 +122,7 @@ class Inventory:
             self.devices.pop(device.key, None)
             if device.node is not None:
                 touched.add(device.node)
+        self._pool_counters.pop(pool, None)
         if not slices:
             self._pool_slices.pop(pool, None)
             self._pool_generation.pop(pool, None)
@@ -124,10 +131,12 @@ class Inventory:
                       for s in slices)
             self._pool_generation[pool] = top
             devices: list[Device] = []
+            totals: dict[counters.CounterKey, int] = {}
             for s in slices:
                 spec = s.get("spec") or {}
                 if int((spec.get("pool") or {}).get("generation", 0)) != top:
                     continue
+                totals.update(counters.shared_counters(pool[0], pool[1], spec))
                 node = spec.get("nodeName")
                 for raw in spec.get("devices") or ():
                     device = Device(driver=pool[0], pool=pool[1], node=node, raw=raw,
@@ -141,6 +150,20 @@ class Inventory:
                         touched.add(node)
                         self._node_pools.setdefault(node, set()).add(pool)
             self._pool_devices[pool] = devices
+            # Where the API dropped the fields, the gateway's cards declare their sets, less
+            # what instances made by hand hold.
+            fallback: dict[counters.CounterKey, int] = {}
+            for device in devices:
+                fallback.update(counters.declared(pool[0], pool[1], device.raw,
+                                                  device.attributes))
+            for device in devices:
+                for key, value in counters.standing(pool[0], pool[1], device.raw,
+                                                    device.attributes).items():
+                    fallback[key] = fallback.get(key, 0) - value
+            for key, value in fallback.items():
+                totals.setdefault(key, value)
+            if totals:
+                self._pool_counters[pool] = totals
         for node in touched:
             self._reindex_node_devices(node)
         return touched
@@ -155,7 +178,31 @@ class Inventory:
         else:
             self.node_devices.pop(node, None)
             self._node_pools.pop(node, None)
+        self._index_counters(node, pools, devices)
         self.nodes.setdefault(node, NodeInfo(node))
+
+    def _index_counters(self, node: str, pools: list[tuple[str, str]],
+                        devices: list[Device]) -> None:
+        totals = {k: v for p in pools for k, v in self._pool_counters.get(p, {}).items()}
+        self.node_counters.pop(node, None)
+        self.node_mig.pop(node, None)
+        if not totals and not any(d.counters for d in devices):
+            return
+        self.node_counters[node] = totals
+        spots = []
+        for device in devices:
+            device.mig = counters.placement(device.counters,
+                                            device.attributes.get(f"{device.driver}/"
+                                                                  f"{names.ATTR_PROFILE}"),
+                                            device.gpu_memory >> 20)
+            if device.mig is not None:
+                spots.append(device.mig)
+        self.node_mig[node] = counters.geometry(totals, spots)
+
+    def counter_sig(self, node: str) -> object:
+        """What the node's counter sets hold, for its node class (None: no counters)."""
+        totals = self.node_counters.get(node)
+        return None if totals is None else tuple(sorted(totals.items()))
 
     def device_raw(self, key: tuple[str, str, str]) -> Mapping[str, Any] | None:
         device = self.devices.get(key)

@@ -29,6 +29,7 @@ from dra_gateway.allocator.planner.cards import (
     unnamed_charge,
     wanted_amount,
 )
+from dra_gateway.allocator.planner.counters import CounterKey, SetKey, card_use
 from dra_gateway.allocator.planner.demand import Alternative, ClaimDemand, Constraint, memory_for
 from dra_gateway.allocator.planner.devices import NANO, Device, qualify
 from dra_gateway.allocator.planner.fragmentation import FULL, Workload, free_milli
@@ -42,9 +43,10 @@ from dra_gateway.allocator.planner.reasons import (
     tenant_label,
     verdict_reason,
 )
-from dra_gateway.allocator.planner.settings import BINPACK, DEFAULT, SPREAD
+from dra_gateway.allocator.planner.settings import BINPACK, DEFAULT, FIRST_FIT, SPREAD
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.allocator.planner.topology import aligned, misalignment
+from dra_gateway.gpu.mig import CardUse, Placement, loss
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import Quantity
 from dra_gateway.policy.sharing import EVERY_TENANT, Holder, SharingRules, card_refusal
@@ -115,8 +117,11 @@ class NodeSearch:
         self.failure: tuple[tuple[int, int], str] | None = None
         self._usage = [state.device_usage(d.key) for d in self.devices]
         self._gpus = [i for i, d in enumerate(self.devices) if d.is_gateway_gpu]
-        self._base_free = [self._compute_free(i) if u.holders else FULL
-                           for i, u in enumerate(self._usage)]
+        # Partitionable devices: the room left in each counter the node's pools share (None:
+        # the node has none), what the devices allocated draw counted once each.
+        self._left = self._counter_room(state.inventory.node_counters.get(node))
+        self._base_free = [self._compute_free(i) if u.holders or self.devices[i].counters
+                           else FULL for i, u in enumerate(self._usage)]
         # The pod's namespace's sharing rules; None when no sharing policy is in force.
         self.rules = rules
         self._own = Holder(rules.tenant, rules.max_claims_per_device) if rules else None
@@ -168,6 +173,29 @@ class NodeSearch:
                 return False
         return True
 
+    # --- counters -----------------------------------------------------------------------------
+
+    def _counter_room(self, totals: dict[CounterKey, int] | None) -> dict[CounterKey, int] | None:
+        if totals is None:
+            return None
+        left = dict(totals)
+        for device, usage in zip(self.devices, self._usage, strict=True):
+            if usage.holders:
+                for key, amount in device.counters:
+                    left[key] = left.get(key, 0) - amount
+        return left
+
+    def counters_fit(self, i: int) -> bool:
+        """Whether device `i`, unheld, has room in every counter it draws on (a counter its
+        pool does not publish has none)."""
+        left = self._left
+        if left is None:
+            return False
+        return all(amount <= left.get(key, 0) for key, amount in self.devices[i].counters)
+
+    def _held(self, i: int) -> bool:
+        return self._usage[i].holders > 0 or self.extra_holders[i] > 0
+
     # --- capacity -----------------------------------------------------------------------------
 
     def consumption(self, alt: Alternative, i: int,
@@ -182,6 +210,10 @@ class NodeSearch:
         if usage.exclusive or self.extra_exclusive[i]:
             return None
         busy = usage.holders > 0 or self.extra_holders[i] > 0
+        if device.counters and not busy and not self.counters_fit(i):
+            if short is not None:
+                short.append("counters")
+            return None
         capacity = device.capacity
         for cap_name in alt.capacity:
             if cap_name not in capacity:
@@ -261,12 +293,19 @@ class NodeSearch:
         extra = self.extra[i]
         for cap_name, amount in consumed.items():
             extra[cap_name] = extra.get(cap_name, 0) + sign * amount
+        counted = self.devices[i].counters
+        if counted and self._left is not None and not self._usage[i].holders and (
+                self.extra_holders[i] == (0 if sign > 0 else 1)):
+            # The device's first holder draws its counters; its last gives them back.
+            left = self._left
+            for key, amount in counted:
+                left[key] = left.get(key, 0) - sign * amount
         self.extra_holders[i] += sign
         if exclusive:
             self.extra_exclusive[i] = sign > 0
 
     def free_of(self, i: int) -> int:
-        if self.extra_holders[i] == 0:
+        if self.extra_holders[i] == 0 and not self.devices[i].counters:
             return self._base_free[i]
         return self._compute_free(i)
 
@@ -274,6 +313,8 @@ class NodeSearch:
         device = self.devices[i]
         usage = self._usage[i]
         extra = self.extra[i]
+        if device.counters and not self._held(i) and not self.counters_fit(i):
+            return 0  # a card cut into instances others hold: nothing of it is free whole
         if not device.shareable:
             return 0 if (usage.holders or self.extra_holders[i]) else FULL
         consumed = {k: usage.consumed.get(k, 0) + extra.get(k, 0)
@@ -393,8 +434,13 @@ class NodeSearch:
     def _room(self, alt: Alternative, full: Sequence[int]) -> str:
         """What `alt` asks of each device, with what it is charged for the capacities it leaves
         out, and which capacities the devices in `full` (those without room) lack."""
+        drawn = sum(1 for i in full if self.devices[i].counters and not self._held(i)
+                    and not self.counters_fit(i))
+        counters = (f"; {drawn} draw on counters that devices already allocated hold "
+                    "(partitionable devices: an instance of the same card, or the card "
+                    "whole)") if drawn else ""
         if alt.whole:
-            return "(a whole device must be free)"
+            return "(a whole device must be free)" + counters
         parts = []
         memory = alt.capacity.get(names.CAPACITY_MEMORY)
         if memory is not None:
@@ -422,13 +468,18 @@ class NodeSearch:
                 for cap_name in short:
                     shortages[cap_name] = shortages.get(cap_name, 0) + 1
         room = f"for {' and '.join(parts)}" if parts else "for the share"
+        shortages.pop("counters", None)
         if shortages:
             room += "; short of " + ", ".join(f"{cap_name} on {count}"
                                               for cap_name, count in shortages.items())
-        return room
+        return room + counters
 
     def _order(self, alt: Alternative, available: list[int],
                fits: dict[int, dict[str, int]]) -> list[int]:
+        if self.strategy != FIRST_FIT and self._left is not None:
+            spots = self._mig_spots(available)
+            if spots is not None:
+                return sorted(available, key=spots.__getitem__)
         if self.strategy == BINPACK:
             return sorted(available, key=lambda i: (self.free_of(i), i))
         if self.strategy == SPREAD:
@@ -440,6 +491,32 @@ class NodeSearch:
             return sorted(available, key=lambda i: (self._card_delta(i, fits[i], seen),
                                                     self.free_of(i), i))
         return available
+
+    def _mig_spots(self, available: list[int]) -> dict[int, tuple[object, ...]] | None:
+        """MIG placements ranked as `gpu.mig.choose` ranks them: the least taken from what
+        their card could still place, biggest profiles first, then the fuller card, then slice
+        order; None unless every device available is a placement of a known geometry."""
+        geometries = self.state.inventory.node_mig.get(self.node)
+        if not geometries or self._left is None:
+            return None
+        uses: dict[SetKey, CardUse] = {}
+        ranks: dict[int, tuple[object, ...]] = {}
+        for i in available:
+            spot = self.devices[i].mig
+            geometry = geometries.get(spot[0]) if spot is not None else None
+            if spot is None or geometry is None:
+                return None
+            set_key, placement = spot
+            use = uses.get(set_key)
+            if use is None:
+                use = uses[set_key] = card_use(set_key, geometry, self._left)
+            profile = next((p for p in geometry.profiles if p.name == placement.profile.name),
+                           None)
+            if profile is None:
+                return None
+            ranks[i] = (loss(geometry, use, Placement(profile, placement.start)),
+                        -use.used_slices, i)
+        return ranks
 
     def _card_delta(self, i: int, consumed: dict[str, int],
                     seen: dict[tuple[int, int], float]) -> float:

@@ -377,3 +377,135 @@ def test_planner_agrees_with_upstream_on_feasibility(oracle: Oracle) -> None:
     assert not disagreements, f"{len(disagreements)}: " + "\n".join(disagreements)
     # The generator must exercise both verdicts.
     assert SCENARIOS // 5 < feasible < SCENARIOS - SCENARIOS // 5, feasible
+
+
+# --- partitionable devices (MIG on demand) -----------------------------------------------------
+
+MIG_PROFILES = ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+
+
+def partitionable_scenario(seed: int) -> Json:
+    """One node of H100 cards cut on demand, in the node plugin's own 1.34 layout (a card's
+    counter set beside its devices), with instances made by hand, instances and whole cards
+    allocated to others, and a claim for profiles (counts, `firstAvailable`, the whole card)."""
+    from dra_gateway.devkit.migcards import MODELS
+    from dra_gateway.gpu import mig
+    from dra_gateway.node_plugin.devices import DeviceOptions, counter_sets_of, devices_of
+    from dra_gateway.node_plugin.facts import GpuFacts, MigFacts, NodeFacts
+    from dra_gateway.node_plugin.publish import build_slices
+
+    rng = random.Random(seed)
+    model = MODELS["NVIDIA H100 80GB HBM3"]
+    geometry = model.geometry()
+    cards = []
+    taken: list[str] = []
+    for index in range(rng.randint(1, 2)):
+        use = mig.CardUse()
+        hand_made = []
+        if rng.random() < 0.3:
+            profile = geometry.profile(rng.choice(["1g.10gb", "2g.20gb", "3g.40gb"]))
+            spot = rng.choice(profile.placements())
+            use = use.with_placement(spot)
+            hand_made.append(MigFacts(uuid=f"MIG-{index}", profile=profile.name,
+                                      memory=profile.memory_mib << 20,
+                                      profile_id=profile.profile_id,
+                                      placement_start=spot.start, placement_size=profile.size))
+        if not hand_made and rng.random() < 0.1:
+            taken.append(f"gpu-{index}")
+        else:
+            for _ in range(rng.randint(0, 4)):
+                profile = geometry.profile(rng.choice(MIG_PROFILES))
+                free = mig.free_placements(geometry, use, profile)
+                if free:
+                    spot = rng.choice(free)
+                    use = use.with_placement(spot)
+                    taken.append(mig.device_name(index, spot))
+        cards.append(GpuFacts(index=index, uuid=f"GPU-{index}", product_name=model.name,
+                              memory=model.memory_mib << 20, mig_enabled=True,
+                              mig_devices=tuple(hand_made), mig_geometry=geometry))
+    facts = NodeFacts(gpus=tuple(cards))
+    slices = build_slices(node_name=NODE, driver=DRIVER,
+                          devices=devices_of(facts, DeviceOptions(partitionable_devices=True)),
+                          generation=1, node_uid=None, counter_sets=counter_sets_of(facts))
+    for slice_ in slices:
+        slice_["apiVersion"], slice_["kind"] = "resource.k8s.io/v1", "ResourceSlice"
+    pool = slices[0]["spec"]["pool"]["name"]
+    allocated = []
+    if taken:
+        allocated.append({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "other", "namespace": "ns", "uid": "uid-other"},
+            "spec": {"devices": {"requests": [{"name": "main", "exactly": {
+                "deviceClassName": "any.example.com", "allocationMode": "ExactCount",
+                "count": len(taken)}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "main", "driver": DRIVER, "pool": pool, "device": device}
+                for device in taken]}}}})
+
+    def body() -> Json:
+        if rng.random() < 0.15:
+            return {"deviceClassName": names.GPU_CLASS, "allocationMode": "ExactCount",
+                    "count": 1}
+        profile = rng.choice(MIG_PROFILES)
+        return {"deviceClassName": names.MIG_CLASS, "allocationMode": "ExactCount",
+                "count": rng.choice([1, 1, 1, 2, 3]),
+                "selectors": [{"cel": {"expression": f'{ATTR}.profile == "{profile}"'}}]}
+
+    requests: list[Json] = []
+    for r in range(rng.choice([1, 1, 2])):
+        if rng.random() < 0.3:
+            requests.append({"name": f"r{r}", "firstAvailable": [
+                {"name": f"s{i}", **body()} for i in range(rng.randint(2, 3))]})
+        else:
+            requests.append({"name": f"r{r}", "exactly": body()})
+    return {
+        "node": {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {}},
+                 "spec": {}, "status": {"allocatable": {"cpu": "64", "memory": "256Gi"}}},
+        "slices": slices,
+        "classes": [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                     "metadata": {"name": name},
+                     "spec": {"selectors": [{"cel": {"expression": expression}}]}}
+                    for name, expression in CLASSES.items()],
+        "allocated": allocated,
+        "claim": {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                  "metadata": {"name": "c", "namespace": "ns", "uid": "uid-c"},
+                  "spec": {"devices": {"requests": requests}}},
+        "consumableCapacity": False,
+        "partitionableDevices": True,
+        "strategy": rng.choice(STRATEGIES),
+        "plannerConsumableCapacity": rng.random() < 0.5,
+    }
+
+
+def test_planner_counts_counters_as_upstream_does(oracle: Oracle) -> None:
+    """Partitionable devices: whether the claim fits agrees with upstream's allocator with
+    DRAPartitionableDevices on, and upstream accepts the devices the planner chose (so no
+    counter is over-committed by them)."""
+    disagreements: list[str] = []
+    feasible = no_reference = 0
+    for seed in range(SCENARIOS):
+        s = partitionable_scenario(seed)
+        if upstream_misreads_all(s):
+            no_reference += 1
+            continue
+        upstream = oracle.ask(s)
+        assert "protocol_error" not in upstream and "error" not in upstream, upstream
+        if "panic" in upstream:
+            no_reference += 1
+            continue
+        results, reason = ours(s)
+        if bool(upstream.get("allocated")) != (results is not None):
+            disagreements.append(f"seed {seed}: upstream {upstream}, planner {results or reason}"
+                                 f"\n  claim {json.dumps(s['claim']['spec'])}")
+            continue
+        if results is None:
+            continue
+        feasible += 1
+        check = oracle.ask(pinned(s, results))
+        if not check.get("allocated") or _key(check["results"]) != _key(results):
+            disagreements.append(f"seed {seed}: upstream refuses our choice {_key(results)}: "
+                                 f"{check}\n  claim {json.dumps(s['claim']['spec'])}")
+    print(f"{SCENARIOS} partitionable scenarios: {feasible} allocatable, "
+          f"{SCENARIOS - feasible - no_reference} not, {no_reference} without a reference")
+    assert not disagreements, f"{len(disagreements)}: " + "\n".join(disagreements)
+    assert SCENARIOS // 5 < feasible < SCENARIOS - SCENARIOS // 5, feasible

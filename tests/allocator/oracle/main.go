@@ -15,8 +15,8 @@
 //	     or {"panic": "..."} when the allocator panics
 //
 // Features are those of Kubernetes 1.34's defaults: prioritized list and admin access on,
-// partitionable devices, device taints and device binding off; consumable capacity only when
-// the scenario asks for it.
+// partitionable devices, device taints and device binding off; consumable capacity and
+// partitionable devices only when the scenario asks for them.
 package main
 
 import (
@@ -41,6 +41,8 @@ type scenario struct {
 	Allocated          []*resourceapi.ResourceClaim `json:"allocated"`
 	Claim              *resourceapi.ResourceClaim   `json:"claim"`
 	ConsumableCapacity bool                         `json:"consumableCapacity"`
+	// Partitionable devices (DRAPartitionableDevices): counter sets and the devices drawing on them.
+	PartitionableDevices bool `json:"partitionableDevices"`
 }
 
 type classLister map[string]*resourceapi.DeviceClass
@@ -109,9 +111,10 @@ func answer(line []byte) (reply map[string]any) {
 		return map[string]any{"protocol_error": "scenario needs node and claim"}
 	}
 	features := structured.Features{
-		AdminAccess:        true,
-		PrioritizedList:    true,
-		ConsumableCapacity: s.ConsumableCapacity,
+		AdminAccess:          true,
+		PrioritizedList:      true,
+		ConsumableCapacity:   s.ConsumableCapacity,
+		PartitionableDevices: s.PartitionableDevices,
 	}
 	cache := celCache
 	if s.ConsumableCapacity {
