@@ -50,3 +50,25 @@ def test_the_table_ends_with_the_ratio_and_the_setup(capsys: pytest.CaptureFixtu
 def test_bad_seeds_are_named(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench.main(["--seeds", "x"]) == 2
     assert "error: --seeds 'x': write 7, 1,2,5 or 1-3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rule", sorted(bench.RULES))
+def test_the_planner_places_as_the_rule_it_stands_for_on_one_node(rule: str) -> None:
+    """On one node the planner's choice among the node plugin's devices is the placement
+    rule's: `default` is `gpu.mig.choose`, `first-fit` first fit in slice order, request by
+    request of one stream (arrivals and departures)."""
+    model = "NVIDIA H100 80GB HBM3"
+    trace = bench.stream(11, 400, 8, 1.1)
+    planned = bench.replay_planner(bench.PLANNER_STRATEGIES[rule], model, 1, trace)
+    alone = bench.replay(rule, MODELS[model].geometry(), 8, trace)
+    assert planned.placed == alone.placed
+    assert planned.slice_ticks == pytest.approx(alone.slice_ticks)
+
+
+def test_the_planner_replay_reports_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--planner", "--nodes", "2", "--requests", "300", "--seeds", "2",
+                       "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["planner"] is True
+    assert {rule: figures["asked"] for rule, figures in out["rules"].items()} == {
+        "gateway": 300, "first-fit": 300}

@@ -113,18 +113,129 @@ def replay(rule: str, geometry: mig.Geometry, cards: int,
     return tally
 
 
+class PlannerReplay:
+    """One rule's replay through the allocator's planner: nodes of eight cards cut on demand,
+    published by the node plugin's builders (1.35's layout), each request a pod with one claim
+    (a profile of the MIG class, or a whole card of the GPU class), planned and assumed as the
+    allocator does; a departure forgets its plan. `strategy` `default` is the gateway's rule,
+    `first-fit` kube-scheduler's (nodes by name, devices in slice order)."""
+
+    def __init__(self, strategy: str, model: str, nodes: int) -> None:
+        from dra_gateway.allocator.planner import ClusterState, PlannerSettings
+        from dra_gateway.kube import names
+        from dra_gateway.node_plugin.devices import DeviceOptions, counter_sets_of, devices_of
+        from dra_gateway.node_plugin.facts import GpuFacts, NodeFacts
+        from dra_gateway.node_plugin.publish import build_slices
+
+        card_model = MODELS[model]
+        self.geometry = geometry = card_model.geometry()
+        self.names = names
+        self.state = ClusterState(PlannerSettings(default_strategy=strategy))
+        for cls, kind in ((names.GPU_CLASS, "gpu"), (names.MIG_CLASS, "mig")):
+            self.state.set_device_class({
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                "metadata": {"name": cls}, "spec": {"selectors": [{"cel": {"expression": (
+                    f"device.driver == '{names.DRIVER}' && "
+                    f"device.attributes['{names.DRIVER}'].type == '{kind}'")}}]}})
+        facts = NodeFacts(gpus=tuple(
+            GpuFacts(index=i, uuid=f"GPU-{i}", product_name=card_model.name,
+                     memory=card_model.memory_mib << 20, mig_enabled=True,
+                     mig_geometry=geometry) for i in range(8)))
+        options = DeviceOptions(partitionable_devices=True)
+        self.spots: dict[str, tuple[int, Placement]] = {}
+        for i in range(8):
+            self.spots[f"gpu-{i}"] = (i, Placement(geometry.ranked()[0], 0))
+            for placement in mig.placements_of(geometry):
+                self.spots[mig.device_name(i, placement)] = (i, placement)
+        for n in range(nodes):
+            name = f"node-{n:03d}"
+            self.state.set_node({"apiVersion": "v1", "kind": "Node", "metadata": {
+                "name": name}, "status": {"allocatable": {"cpu": "256", "memory": "2Ti",
+                                                          "pods": "1000"}}})
+            for slice_ in build_slices(node_name=name, driver=names.DRIVER,
+                                       devices=devices_of(facts, options), generation=1,
+                                       node_uid=None, max_devices=64,
+                                       counter_sets=counter_sets_of(facts),
+                                       counters_apart=True):
+                self.state.set_slice(slice_)
+        self.node_index = {f"node-{n:03d}": n for n in range(nodes)}
+        self._plans: dict[int, tuple[Any, Any]] = {}
+
+    def place(self, seq: int, profile: str | None) -> tuple[tuple[int, int], Placement] | None:
+        """Plan one pod asking `profile` (None: a whole card); its card and placement."""
+        from dra_gateway.allocator.planner import plan_pod
+
+        names = self.names
+        if profile is None:
+            exactly: dict[str, Any] = {"deviceClassName": names.GPU_CLASS}
+        else:
+            exactly = {"deviceClassName": names.MIG_CLASS, "selectors": [{"cel": {
+                "expression": f"device.attributes['{names.DRIVER}'].profile == '{profile}'"}}]}
+        claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                 "metadata": {"name": f"c{seq}", "namespace": "bench", "uid": f"c{seq}"},
+                 "spec": {"devices": {"requests": [{"name": "main", "exactly": {
+                     **exactly, "allocationMode": "ExactCount", "count": 1}}]}}}
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": f"p{seq}", "namespace": "bench", "uid": f"p{seq}"},
+               "spec": {"containers": [{"name": "main", "image": "x"}]}}
+        plan = plan_pod(self.state, pod, [claim])
+        if plan.node_name is None:
+            return None
+        self.state.assume(pod, plan)
+        self._plans[seq] = (pod, plan)
+        (result,) = plan.allocations[f"c{seq}"]["devices"]["results"]
+        card, placement = self.spots[result["device"]]
+        return (self.node_index[plan.node_name], card), placement
+
+    def leave(self, seq: int) -> None:
+        self.state.forget(*self._plans.pop(seq))
+
+
+def replay_planner(strategy: str, model: str, nodes: int,
+                   requests: Sequence[tuple[str, float]]) -> Tally:
+    """`replay`, through the planner (`PlannerReplay`); every placement is checked against
+    the card's use, read from the devices given."""
+    replay_ = PlannerReplay(strategy, model, nodes)
+    geometry = replay_.geometry
+    profiles = _profiles(geometry)
+    uses: dict[tuple[int, int], CardUse] = {}
+    leaving: list[tuple[float, int, tuple[int, int], Placement]] = []
+    tally = Tally()
+    for tick, (kind, duration) in enumerate(requests):
+        while leaving and leaving[0][0] <= tick:
+            _, seq, card, placement = heapq.heappop(leaving)
+            uses[card] = uses[card].without_placement(placement)
+            replay_.leave(seq)
+        tally.asked[kind] += 1
+        chosen = replay_.place(tick, None if kind == WHOLE else profiles[kind])
+        if chosen is None:
+            continue
+        card, placement = chosen
+        if not mig.fits(geometry, uses.get(card, CardUse()), placement):
+            raise AssertionError(f"planner {strategy} over-committed card {card}: {placement}")
+        uses[card] = uses.get(card, CardUse()).with_placement(placement)
+        tally.placed[kind] += 1
+        tally.slice_ticks += placement.profile.size * duration
+        heapq.heappush(leaving, (tick + duration, tick, card, placement))
+    return tally
+
+
+PLANNER_STRATEGIES = {"gateway": "default", "first-fit": "first-fit"}
+
+
 def run(*, model: str, nodes: int, requests: int, load: float,
-        seeds: Sequence[int]) -> dict[str, Any]:
+        seeds: Sequence[int], planner: bool = False) -> dict[str, Any]:
     geometry = MODELS[model].geometry()
     cards = nodes * 8
     tallies: dict[str, list[dict[str, Any]]] = {rule: [] for rule in RULES}
     for seed in seeds:
         trace = stream(seed, requests, cards, load)
         for rule in RULES:
-            tallies[rule].append(replay(rule, geometry, cards, trace).figures(
-                requests, cards * geometry.memory_slices))
+            tally = (replay_planner(PLANNER_STRATEGIES[rule], model, nodes, trace) if planner
+                     else replay(rule, geometry, cards, trace))
+            tallies[rule].append(tally.figures(requests, cards * geometry.memory_slices))
     out: dict[str, Any] = {"model": model, "nodes": nodes, "requests": requests, "load": load,
-                           "seeds": list(seeds), "rules": {}}
+                           "seeds": list(seeds), "planner": planner, "rules": {}}
     for rule, runs in tallies.items():
         out["rules"][rule] = {
             "placed": sum(r["placed"] for r in runs), "asked": sum(r["asked"] for r in runs),
@@ -157,7 +268,8 @@ def table(result: Mapping[str, Any]) -> str:
                  f"x{ratio['big_placed']}")
     lines.append(f"({result['model']}, {result['nodes']} nodes of 8 cards, {result['requests']} "
                  f"requests per seed at load {result['load']}, seeds "
-                 f"{', '.join(map(str, result['seeds']))})")
+                 f"{', '.join(map(str, result['seeds']))}"
+                 + (", through the planner" if result.get("planner") else "") + ")")
     return "\n".join(lines)
 
 
@@ -174,6 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=1.0,
                         help="memory slices asked, as a share of the cluster's (default 1.0)")
     parser.add_argument("--seeds", default="1-3", help="e.g. 7, 1,2,5 or 1-3 (default 1-3)")
+    parser.add_argument("--planner", action="store_true",
+                        help="replay through the allocator's planner on the node plugin's "
+                             "slices (strategies default and first-fit) instead of the "
+                             "placement rules alone")
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.requests < 1 or args.load <= 0:
@@ -186,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --seeds {args.seeds!r}: write 7, 1,2,5 or 1-3", file=sys.stderr)
         return 2
     result = run(model=args.model, nodes=args.nodes, requests=args.requests, load=args.load,
-                 seeds=seeds)
+                 seeds=seeds, planner=args.planner)
     print(json.dumps(result, indent=2) if args.output == "json" else table(result))
     return 0
 
