@@ -284,6 +284,14 @@ def consumed_counters(minor: int, placement: Placement | None,
     return {"counterSet": counter_set_name(minor), "counters": counters}
 
 
+def compute_percent(geometry: Geometry, compute_slices: int) -> int:
+    """An instance's compute as the gateway's `cores` count it (100 = the card's), rounded
+    down so that a card's instances never add up past the card: 1 slice of 7 is 14."""
+    if geometry.compute_slices <= 0:
+        return 0
+    return compute_slices * 100 // geometry.compute_slices
+
+
 def smallest_fitting(geometry: Geometry, *, memory_mib: int = 0,
                      compute_percent: int = 0, limit: int = 8) -> list[Profile]:
     """The profiles without media extensions that give at least `memory_mib` of memory and

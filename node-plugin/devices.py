@@ -289,9 +289,12 @@ def mig_placement_device(gpu: GpuFacts, geometry: Geometry, placement: Placement
              names.ATTR_MIG_START: {"int": placement.start},
              names.ATTR_MIG_MEMORY_SLICES: {"int": profile.size},
              names.ATTR_MIG_COMPUTE_SLICES: {"int": profile.compute_slices}}
+    # Its compute as the card's share (`cores`): what quotas charge an instance of it.
+    cores = mig.compute_percent(geometry, profile.compute_slices)
     device: dict[str, Any] = {
         "name": name, "attributes": attrs,
-        "capacity": {names.CAPACITY_MEMORY: {"value": _quantity(profile.memory_mib << 20)}},
+        "capacity": {names.CAPACITY_MEMORY: {"value": _quantity(profile.memory_mib << 20)},
+                     names.CAPACITY_CORES: {"value": str(cores)}},
     }
     if options.partitionable_devices:
         device["consumesCounters"] = [mig.consumed_counters(minor, placement, geometry)]
@@ -323,6 +326,8 @@ def mig_on_demand_devices(gpu: GpuFacts, geometry: Geometry, options: DeviceOpti
                 names.ATTR_MIG_START: {"int": spot.start},
                 names.ATTR_MIG_MEMORY_SLICES: {"int": spot.profile.size},
                 names.ATTR_MIG_COMPUTE_SLICES: {"int": spot.profile.compute_slices}})
+            device["capacity"][names.CAPACITY_CORES] = {
+                "value": str(mig.compute_percent(geometry, spot.profile.compute_slices))}
             _check_limits(device)
         out.append(device)
     return out

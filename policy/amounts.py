@@ -73,8 +73,12 @@ class RequestShape:
 
     @property
     def amounts(self) -> Amounts:
-        """What the request surely costs: unknown memory counts 0, a whole card 100 cores."""
-        cores = names.CORES_PER_CARD if self.whole else (self.cores or 0)
+        """What the request surely costs: unknown memory counts 0, a whole card 100 cores, a
+        MIG instance no cores (its profile's compute slices are charged once allocated)."""
+        if self.class_name == names.MIG_CLASS:
+            cores = self.cores or 0
+        else:
+            cores = names.CORES_PER_CARD if self.whole else (self.cores or 0)
         return Amounts(memory=(self.memory or 0) * self.count, cores=cores * self.count,
                        devices=self.count)
 

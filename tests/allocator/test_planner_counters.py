@@ -265,3 +265,29 @@ def test_each_layout_is_valid_for_its_release() -> None:
                 assert len(spec.get("sharedCounters", ())) <= 8
                 assert len(spec.get("devices", ())) <= 64
         assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {len(slices)}
+
+
+def test_quotas_count_an_instance_by_its_memory_and_compute_slices() -> None:
+    """A 1g instance of an H100 is charged its memory and 1 of 7 compute slices (14 cores, the
+    card being 100), a 4g and a 3g together less than the card; before allocation a MIG request
+    surely costs no cores (its profile decides), where a whole card surely costs 100."""
+    from dra_gateway.policy.amounts import charges_of, requests_of, total
+
+    slices = mig_slices("n1", [card(0)], "1.35")
+    devices = {(names.DRIVER, "n1", d["name"]): d for s in slices
+               for d in s["spec"].get("devices", ())}
+    charged = {}
+    for device in ("gpu-0-mig-1g10gb-19-3", "gpu-0-mig-4g40gb-5-0", "gpu-0-mig-3g40gb-9-4",
+                   "gpu-0"):
+        c = profile_claim("c", "x") if device != "gpu-0" else whole_claim("c")
+        c["status"] = {"allocation": {"devices": {"results": [
+            {"request": "main", "driver": names.DRIVER, "pool": "n1", "device": device}]}}}
+        charged[device] = total(charges_of(c, devices.get))
+    assert charged["gpu-0-mig-1g10gb-19-3"].cores == 14
+    assert charged["gpu-0-mig-1g10gb-19-3"].memory == 9984 << 20
+    assert charged["gpu-0-mig-4g40gb-5-0"].cores + charged["gpu-0-mig-3g40gb-9-4"].cores < 100
+    assert charged["gpu-0"].cores == 100
+    (mig_request,) = requests_of(profile_claim("c", "1g.10gb")["spec"])
+    (whole_request,) = requests_of(whole_claim("c")["spec"])
+    assert mig_request.amounts.cores == 0
+    assert whole_request.amounts.cores == 100
