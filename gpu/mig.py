@@ -41,6 +41,9 @@ class Profile:
     memory_mib: int
     size: int  # memory slices per instance
     starts: tuple[int, ...]  # the memory slices an instance may start at
+    # NVML's index of the profile (NVML_GPU_INSTANCE_PROFILE_*), which creating an instance
+    # asks for; -1 where the profile was read from published devices.
+    nvml_index: int = -1
 
     @property
     def media_extensions(self) -> bool:

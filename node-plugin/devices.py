@@ -19,6 +19,7 @@ from dra_gateway.gpu.mig import Geometry, Placement
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import Quantity
 from dra_gateway.node_plugin.facts import GpuFacts, MigFacts, NodeFacts, Sharing
+from dra_gateway.node_plugin.miginstances import Wanted
 from dra_gateway.node_plugin.versions import semver
 
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
@@ -29,6 +30,10 @@ DeviceKind = Literal["gpu", "mig"]
 # the fields, which a server without the DRAConsumableCapacity gate drops silently, whereas
 # leaving them out where the gate is on makes every share take a whole card.
 CONSUMABLE_CAPACITY_FALLBACK = True
+
+# The placements of the MIG instances the plugin makes or made: (card UUID, first memory slice,
+# memory slices), as its journal holds them (`MigInstances.placements`).
+Made = frozenset[tuple[str, int, int]]
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DIGITS = re.compile(r"(\d+)")
@@ -68,6 +73,8 @@ class DeviceInfo:
     # a full card, or where the source does not know them): health scopes XIDs by them.
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    # MIG on demand: the instance prepare makes for it (its `uuid` is the made instance's).
+    make: Wanted | None = None
 
 
 def natural_key(name: str) -> tuple[Any, ...]:
@@ -223,13 +230,14 @@ def mig_device(gpu: GpuFacts, mig: MigFacts, ordinal: int) -> dict[str, Any]:
 # --- MIG on demand -----------------------------------------------------------------------------
 
 
-def _hand_made(gpu: GpuFacts, geometry: Geometry, made: frozenset[str]
+def _hand_made(gpu: GpuFacts, geometry: Geometry, made: Made
                ) -> list[tuple[MigFacts, Placement | None]]:
-    """The card's instances the plugin did not make (`made`: UUIDs), with the placement each
-    holds where NVML told it (one that matches no profile of the geometry holds none known)."""
+    """The card's instances the plugin did not make (`made`: the placements it makes or made,
+    whatever the stage), with the placement each holds where NVML told it (one that matches no
+    profile of the geometry holds none known)."""
     out: list[tuple[MigFacts, Placement | None]] = []
     for instance in gpu.mig_devices:
-        if instance.uuid in made:
+        if (gpu.uuid, instance.placement_start, instance.placement_size) in made:
             continue
         spot = None
         for profile in geometry.profiles:
@@ -241,7 +249,7 @@ def _hand_made(gpu: GpuFacts, geometry: Geometry, made: frozenset[str]
 
 
 def mig_counter_set(gpu: GpuFacts, geometry: Geometry,
-                    made: frozenset[str] = frozenset()) -> dict[str, Any]:
+                    made: Made = frozenset()) -> dict[str, Any]:
     """The card's counter set: every memory slice, its compute slices and media-extension
     instances, less what instances made by hand hold (they are allocated to nobody, so
     nothing else would count them)."""
@@ -302,7 +310,7 @@ def mig_placement_device(gpu: GpuFacts, geometry: Geometry, placement: Placement
     return device
 
 
-def cut_on_demand(gpu: GpuFacts, made: frozenset[str] = frozenset()) -> bool:
+def cut_on_demand(gpu: GpuFacts, made: Made = frozenset()) -> bool:
     """Whether the card is published for MIG on demand: opted in, in MIG mode, and every
     instance made by hand at a placement NVML told (else its instances are published as they
     are, and nothing is made there)."""
@@ -311,7 +319,7 @@ def cut_on_demand(gpu: GpuFacts, made: frozenset[str] = frozenset()) -> bool:
 
 
 def mig_on_demand_devices(gpu: GpuFacts, geometry: Geometry, options: DeviceOptions,
-                          made: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+                          made: Made = frozenset()) -> list[dict[str, Any]]:
     """A card cut on demand: the whole card, every profile at every legal placement, and the
     instances made by hand as they are (`mig_device`, drawing no counter: the set leaves
     their slices out; their attributes say where they sit, for the world without the
@@ -336,10 +344,10 @@ def mig_on_demand_devices(gpu: GpuFacts, geometry: Geometry, options: DeviceOpti
 def devices_of(facts: NodeFacts, options: DeviceOptions, *,
                taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
                withheld: frozenset[str] = frozenset(),
-               made: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+               made: Made = frozenset()) -> list[dict[str, Any]]:
     """The node's devices in natural name order. A card in MIG mode gives only its instances;
-    one cut on demand gives its whole card and every placement besides (`made`: the UUIDs of
-    the instances the plugin made, published as the placements they hold).
+    one cut on demand gives its whole card and every placement besides (`made`: the
+    placements of the instances the plugin makes, published as those placements).
 
     `taints` maps device names to device taints to attach; `withheld` names devices to leave
     out (unhealthy ones, where the cluster cannot keep taints).
@@ -365,18 +373,52 @@ def devices_of(facts: NodeFacts, options: DeviceOptions, *,
     return sorted(out, key=lambda d: natural_key(d["name"]))
 
 
-def counter_sets_of(facts: NodeFacts, made: frozenset[str] = frozenset()
+def counter_sets_of(facts: NodeFacts, made: Made = frozenset()
                     ) -> list[dict[str, Any]]:
     """The counter sets of the node's cards cut on demand, in card order (`mig_counter_set`)."""
     return [mig_counter_set(gpu, gpu.mig_geometry, made) for gpu in facts.gpus
             if gpu.mig_geometry is not None and cut_on_demand(gpu, made)]
 
 
-def device_table(facts: NodeFacts, options: DeviceOptions) -> dict[str, DeviceInfo]:
-    """Published device name to what prepare needs (UUIDs, memory, sharing)."""
+def _wanted(gpu: GpuFacts, placement: Placement) -> Wanted:
+    profile = placement.profile
+    return Wanted(card_uuid=gpu.uuid, profile=profile.nvml_index, start=placement.start,
+                  size=profile.size, name=profile.name)
+
+
+def _on_demand_table(gpu: GpuFacts, geometry: Geometry,
+                     made: Made) -> dict[str, DeviceInfo]:
+    """A cut card's devices: the whole card is served by its largest profile made at slice 0
+    (in MIG mode nothing runs on a card without an instance), each placement by its own."""
+    minor = gpu.device_number
+    whole = Placement(geometry.ranked()[0], 0)
+    table = {gpu_device_name(gpu): DeviceInfo(
+        name=gpu_device_name(gpu), kind="mig", uuid="", card_uuid=gpu.uuid,
+        card_index=gpu.index, memory=gpu.memory, shared=False, make=_wanted(gpu, whole))}
+    for placement in mig.placements_of(geometry):
+        name = mig.device_name(minor, placement)
+        table[name] = DeviceInfo(name=name, kind="mig", uuid="", card_uuid=gpu.uuid,
+                                 card_index=gpu.index,
+                                 memory=placement.profile.memory_mib << 20, shared=False,
+                                 make=_wanted(gpu, placement))
+    for i, (instance, _) in enumerate(_hand_made(gpu, geometry, made)):
+        name = mig_device_name(gpu, instance, i)
+        table[name] = DeviceInfo(name=name, kind="mig", uuid=instance.uuid, card_uuid=gpu.uuid,
+                                 card_index=gpu.index, memory=instance.memory, shared=False,
+                                 gpu_instance_id=instance.gpu_instance_id,
+                                 compute_instance_id=instance.compute_instance_id)
+    return table
+
+
+def device_table(facts: NodeFacts, options: DeviceOptions,
+                 made: Made = frozenset()) -> dict[str, DeviceInfo]:
+    """Published device name to what prepare needs (UUIDs, memory, sharing; for a card cut on
+    demand, the instance to make)."""
     table: dict[str, DeviceInfo] = {}
     for gpu in facts.gpus:
-        if gpu.mig_enabled:
+        if gpu.mig_geometry is not None and cut_on_demand(gpu, made):
+            table.update(_on_demand_table(gpu, gpu.mig_geometry, made))
+        elif gpu.mig_enabled:
             for i, mig in enumerate(gpu.mig_devices):
                 name = mig_device_name(gpu, mig, i)
                 table[name] = DeviceInfo(name=name, kind="mig", uuid=mig.uuid,

@@ -226,6 +226,17 @@ class MigInstances:
             log.info("MIG journal: %s", line)
         return repairs
 
+    def placements(self) -> frozenset[tuple[str, int, int]]:
+        """Where the instances the plugin makes or made sit, whatever their stage: (card UUID,
+        first memory slice, memory slices). Discovery sees them as any instance; these are not
+        an administrator's."""
+        return frozenset((e.wanted.card_uuid, e.wanted.start, e.wanted.size)
+                         for e in self.journal.entries())
+
+    def keys_of(self, prefix: str) -> list[str]:
+        """The journal's keys that start with `prefix` (a claim's UID and '/')."""
+        return [e.key for e in self.journal.entries() if e.key.startswith(prefix)]
+
     # --- helpers --------------------------------------------------------------------------
 
     def _undo(self, entry: Instance) -> None:

@@ -405,7 +405,7 @@ class Nvml:
             profiles.append(Profile(
                 name=name, profile_id=int(info.id), compute_slices=int(info.sliceCount),
                 memory_mib=int(info.memorySizeMB), size=placements[0][1],
-                starts=tuple(start for start, _ in placements)))
+                starts=tuple(start for start, _ in placements), nvml_index=profile_index))
         if not profiles:
             return None
         return Geometry(

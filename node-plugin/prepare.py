@@ -7,6 +7,13 @@ claim answers from the checkpoint, an unknown one unprepares as a no-op), failur
 claim, and `recover()` at start-up repairs whatever a crash left between two states. The gRPC
 layer only converts messages; the kubelet's retry does the rest.
 
+MIG on demand (`mig`, a `MigInstances`): a claim allocated devices of a card cut on demand
+gets each instance made (journalled, `miginstances.py`) after `PrepareStarted` and before its
+CDI spec, which names the new instance's UUID; a prepare that fails anywhere after destroys
+what it made and forgets the claim, so the pod is placed again with nothing left behind.
+Unprepare destroys them after the spec is gone; `recover()` finishes or undoes both for a claim
+a crash left between two states (the journal's own half-made steps first).
+
 A preparer on `hold()` (a node plugin waiting for the state directory's fence, `fence.py`,
 while the previous instance still writes the checkpoint) answers every claim with an error
 after `HOLD_SECONDS` instead of writing from a checkpoint it read before the other's last
@@ -32,6 +39,7 @@ from dra_gateway.node_plugin.checkpoint import Checkpoint, ClaimEntry
 from dra_gateway.node_plugin.claims import ClaimError, plan_claim
 from dra_gateway.node_plugin.devices import DeviceInfo
 from dra_gateway.node_plugin.metrics import Metrics
+from dra_gateway.node_plugin.miginstances import MigError, MigInstances, Wanted
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +66,7 @@ class Preparer:
     def __init__(self, cluster: Cluster, *, node_name: str, cdi_dir: Path, state_dir: Path,
                  devices: Callable[[], Mapping[str, DeviceInfo]], driver: str = names.DRIVER,
                  enforcement: cdi.EnforcementSettings = cdi.DEFAULT_ENFORCEMENT,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, mig: MigInstances | None = None) -> None:
         self._cluster = cluster
         self.node_name = node_name
         self.driver = driver
@@ -68,6 +76,7 @@ class Preparer:
         self._devices = devices
         self._enforcement = enforcement
         self._metrics = metrics or Metrics()
+        self.mig = mig
         # One claim at a time: the checkpoint file is rewritten whole on every change.
         self._lock = asyncio.Lock()
         self._open = asyncio.Event()
@@ -98,10 +107,16 @@ class Preparer:
         on its Node that the folder is not writable (setupreport.py)."""
         self.checkpoint = Checkpoint(self.checkpoint.path)
         repairs: list[str] = []
+        if self.mig is not None:
+            repairs += self.mig.recover()
         for entry in self.checkpoint.entries():
             ref = f"{entry.namespace}/{entry.name} ({entry.uid})"
             try:
                 line = self._repair(entry, ref)
+            except MigError as exc:
+                log.error("checkpoint: could not destroy the MIG instances of %s: %s; left as "
+                          "it was, tried again when the plugin restarts", ref, exc)
+                continue
             except OSError as exc:
                 log.error("checkpoint: could not repair %s in %s: %s; left as it was, tried "
                           "again when the kubelet prepares the claim or the plugin restarts",
@@ -124,10 +139,12 @@ class Preparer:
         if entry.state == "PrepareStarted":
             # The kubelet never got an answer and will prepare again from scratch.
             cdi.remove_spec(self.cdi_dir, self.kind, entry.uid)
+            self._destroy_instances(entry.uid)
             self.checkpoint.commit(entry.uid, None)
             return f"rolled back the interrupted prepare of {ref}"
         if entry.state == "UnprepareStarted":
             cdi.remove_spec(self.cdi_dir, self.kind, entry.uid)
+            self._destroy_instances(entry.uid)
             self.checkpoint.commit(entry.uid, None)
             return f"finished the interrupted unprepare of {ref}"
         if entry.cdi_spec is not None and not (
@@ -169,6 +186,10 @@ class Preparer:
                 except ClaimError as exc:
                     out[ref.uid] = PrepareResult(error=str(exc))
                     self._metrics.prepares.labels("error").inc()
+                except MigError as exc:
+                    out[ref.uid] = PrepareResult(
+                        error=f"ResourceClaim {ref.namespace}/{ref.name}: {exc}")
+                    self._metrics.prepares.labels("error").inc()
                 except (ApiError, OSError) as exc:
                     message = exc.message if isinstance(exc, ApiError) else str(exc)
                     out[ref.uid] = PrepareResult(
@@ -207,24 +228,80 @@ class Preparer:
             claim = await self._cluster.get(RESOURCE_CLAIMS, ref.name, namespace=ref.namespace)
         except NotFound:
             raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} not found") from None
-        plan = plan_claim(claim, uid=ref.uid, node_name=self.node_name,
-                          node_labels=await node_labels(),
-                          driver=self.driver, kind=self.kind, devices=self._devices(),
-                          enforcement=replace(self._enforcement,
-                                              hami_library_present=hami_library_present(
-                                                  self._enforcement.hami_library)))
-        devices = plan.response_devices(self.kind)
-        started = ClaimEntry(uid=ref.uid, namespace=ref.namespace, name=ref.name,
-                             state="PrepareStarted", cdi_spec=plan.cdi_spec)
-        self.checkpoint.commit(ref.uid, started)
-        if plan.cdi_spec is not None:
-            cdi.write_spec(self.cdi_dir, plan.cdi_spec, ref.uid)
+        table = self._devices()
+        to_make = self._to_make(claim, ref, table)
+        labels = await node_labels()
+        if to_make:
+            # Journalled before anything is made: a crash from here on is undone at start.
+            self.checkpoint.commit(ref.uid, ClaimEntry(
+                uid=ref.uid, namespace=ref.namespace, name=ref.name, state="PrepareStarted"))
+        try:
+            table = await self._make_instances(ref, table, to_make)
+            plan = plan_claim(claim, uid=ref.uid, node_name=self.node_name, node_labels=labels,
+                              driver=self.driver, kind=self.kind, devices=table,
+                              enforcement=replace(self._enforcement,
+                                                  hami_library_present=hami_library_present(
+                                                      self._enforcement.hami_library)))
+            devices = plan.response_devices(self.kind)
+            started = ClaimEntry(uid=ref.uid, namespace=ref.namespace, name=ref.name,
+                                 state="PrepareStarted", cdi_spec=plan.cdi_spec)
+            self.checkpoint.commit(ref.uid, started)
+            if plan.cdi_spec is not None:
+                cdi.write_spec(self.cdi_dir, plan.cdi_spec, ref.uid)
+        except Exception:
+            if to_make:
+                # Nothing is left behind: what this prepare made goes, and the claim with it.
+                with contextlib.suppress(OSError):
+                    cdi.remove_spec(self.cdi_dir, self.kind, ref.uid)
+                self._destroy_instances(ref.uid)
+                self.checkpoint.commit(ref.uid, None)
+            raise
         self.checkpoint.commit(ref.uid, ClaimEntry(
             uid=ref.uid, namespace=ref.namespace, name=ref.name, state="PrepareCompleted",
             cdi_spec=plan.cdi_spec, devices=devices))
         log.info("prepared ResourceClaim %s/%s: %s", ref.namespace, ref.name,
                  ", ".join(d["device_name"] for d in devices) or "no devices of this driver")
         return devices
+
+    def _to_make(self, claim: Mapping[str, Any], ref: ClaimRef,
+                 table: Mapping[str, DeviceInfo]) -> list[tuple[str, str, Wanted]]:
+        """(journal key, device, instance) for each device of this node's pool allocated to
+        the claim that is made on demand."""
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        out = []
+        for result in (allocation.get("devices") or {}).get("results") or ():
+            if result.get("driver") != self.driver or result.get("pool") != self.node_name:
+                continue
+            name = str(result.get("device", ""))
+            info = table.get(name)
+            if info is not None and info.make is not None:
+                out.append((f"{ref.uid}/{name}", name, info.make))
+        if out and self.mig is None:
+            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: device {out[0][1]} is a "
+                             "MIG instance made on demand, and this node plugin makes none "
+                             "(its MIG on demand is off)")
+        return out
+
+    async def _make_instances(self, ref: ClaimRef, table: Mapping[str, DeviceInfo],
+                              to_make: Sequence[tuple[str, str, Wanted]]
+                              ) -> Mapping[str, DeviceInfo]:
+        """The device table with each instance made and its UUID in place."""
+        if not to_make or self.mig is None:
+            return table
+        made = dict(table)
+        for key, name, wanted in to_make:
+            instance = await asyncio.to_thread(self.mig.make, key, wanted)
+            made[name] = replace(made[name], uuid=instance.uuid,
+                                 gpu_instance_id=instance.gi_id,
+                                 compute_instance_id=instance.ci_id)
+        return made
+
+    def _destroy_instances(self, uid: str) -> None:
+        """Destroy every instance made for the claim `uid` (MigError: some stay, journalled)."""
+        if self.mig is None:
+            return
+        for key in self.mig.keys_of(f"{uid}/"):
+            self.mig.destroy(key)
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID to error ("" on success)."""
@@ -244,6 +321,10 @@ class Preparer:
                     out[ref.uid] = f"ResourceClaim {ref.namespace}/{ref.name}: {exc}"
                     self._metrics.unprepares.labels("error").inc()
                     log.warning("unprepare refused: %s", out[ref.uid])
+                except MigError as exc:
+                    out[ref.uid] = f"ResourceClaim {ref.namespace}/{ref.name}: {exc}"
+                    self._metrics.unprepares.labels("error").inc()
+                    log.warning("unprepare failed: %s", out[ref.uid])
                 except OSError as exc:
                     out[ref.uid] = (f"ResourceClaim {ref.namespace}/{ref.name}: removing its "
                                     f"CDI spec failed: {exc}")
@@ -254,13 +335,15 @@ class Preparer:
     def _unprepare_one(self, ref: ClaimRef) -> None:
         entry = self.checkpoint.get(ref.uid)
         if entry is None:
-            # Never prepared here, or already unprepared: nothing to undo. A stray spec from a
-            # lost checkpoint is still removed.
+            # Never prepared here, or already unprepared: nothing to undo. A stray spec (or
+            # MIG instance) from a lost checkpoint is still removed.
             cdi.remove_spec(self.cdi_dir, self.kind, ref.uid)
+            self._destroy_instances(ref.uid)
             return
         self.checkpoint.commit(ref.uid, ClaimEntry(
             uid=entry.uid, namespace=entry.namespace, name=entry.name, state="UnprepareStarted",
             cdi_spec=entry.cdi_spec, devices=entry.devices))
         cdi.remove_spec(self.cdi_dir, self.kind, ref.uid)
+        self._destroy_instances(ref.uid)
         self.checkpoint.commit(ref.uid, None)
         log.info("unprepared ResourceClaim %s/%s", ref.namespace, ref.name)

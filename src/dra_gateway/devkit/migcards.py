@@ -40,7 +40,7 @@ class ProfileRow:
     def profile(self) -> Profile:
         return Profile(name=self.name, profile_id=self.profile_id,
                        compute_slices=self.compute_slices, memory_mib=self.memory_mib,
-                       size=self.size, starts=self.starts)
+                       size=self.size, starts=self.starts, nvml_index=self.index)
 
 
 @dataclass(frozen=True, slots=True)
