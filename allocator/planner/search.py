@@ -75,6 +75,19 @@ class NodeSearchResult:
     after: tuple[int, ...] = ()
     model: str = ""
     misaligned: int = 0  # how far multi-card requests spread over topology domains (topology)
+    # What the MIG instances picked take from what their cards could still place, the biggest
+    # profiles weighing most (`_mig_weight`): nodes compare by it first.
+    mig_loss: int = 0
+
+
+def _mig_weight(taken: tuple[int, ...]) -> int:
+    """A loss vector (biggest profiles first, each count at most 8) as one number that orders
+    as the vectors do: a placement that costs a bigger profile weighs more than any number of
+    smaller ones."""
+    weight = 0
+    for count in taken:
+        weight = weight * 16 + count
+    return weight
 
 
 class _AllBroken(Exception):
@@ -120,6 +133,7 @@ class NodeSearch:
         # Partitionable devices: the room left in each counter the node's pools share (None:
         # the node has none), what the devices allocated draw counted once each.
         self._left = self._counter_room(state.inventory.node_counters.get(node))
+        self._mig_loss: dict[int, int] = {}  # device -> `_mig_weight` of its loss when ordered
         self._base_free = [self._compute_free(i) if u.holders or self.devices[i].counters
                            else FULL for i, u in enumerate(self._usage)]
         # The pod's namespace's sharing rules; None when no sharing policy is in force.
@@ -344,7 +358,8 @@ class NodeSearch:
             reason = self.failure[1] if self.failure else "no devices fit"
             return NodeSearchResult(False, reason=reason)
         return NodeSearchResult(True, tuple(self.picks), None, before, self.cards(),
-                                self._model(), self._misaligned() if self.topology else 0)
+                                self._model(), self._misaligned() if self.topology else 0,
+                                sum(self._mig_loss.get(p.device, 0) for p in self.picks))
 
     def _misaligned(self) -> int:
         """How far the multi-card requests' cards spread (`topology.misalignment`)."""
@@ -514,8 +529,9 @@ class NodeSearch:
                            None)
             if profile is None:
                 return None
-            ranks[i] = (loss(geometry, use, Placement(profile, placement.start)),
-                        -use.used_slices, i)
+            taken = loss(geometry, use, Placement(profile, placement.start))
+            ranks[i] = (taken, -use.used_slices, i)
+            self._mig_loss[i] = _mig_weight(taken)
         return ranks
 
     def _card_delta(self, i: int, consumed: dict[str, int],

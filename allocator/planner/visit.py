@@ -53,16 +53,18 @@ def score(result: NodeSearchResult, strategy: str, workload: Workload, *, cpu_fr
     after = result.after
     free_after = sum(after)
     cpu_after = cpu_free - cpu
-    # Cards together first (topology.misalignment: 0 for single cards and aligned sets).
+    # Cards together first (topology.misalignment: 0 for single cards and aligned sets), then
+    # MIG instances where they cost the fewest bigger profiles (0 for other devices).
     aligned = float(result.misaligned)
+    mig_loss = float(result.mig_loss)
     if strategy == BINPACK:
-        return (aligned, float(free_after), float(cpu_after))
+        return (aligned, mig_loss, float(free_after), float(cpu_after))
     if strategy == SPREAD:
         share = free_after / len(after) if after else 0.0
-        return (aligned, -share, -float(cpu_after))
+        return (aligned, mig_loss, -share, -float(cpu_after))
     delta = workload.expected_loss(after, cpu_after, mem_free - memory, result.model) - \
         workload.expected_loss(result.before, cpu_free, mem_free, result.model)
-    return (aligned, round(delta, 6), float(free_after), float(cpu_after))
+    return (aligned, mig_loss, round(delta, 6), float(free_after), float(cpu_after))
 
 
 def _groups(state: ClusterState, pinned: set[str] | None,

@@ -291,3 +291,17 @@ def test_quotas_count_an_instance_by_its_memory_and_compute_slices() -> None:
     (whole_request,) = requests_of(whole_claim("c")["spec"])
     assert mig_request.amounts.cores == 0
     assert whole_request.amounts.cores == 100
+
+
+@pytest.mark.parametrize(("strategy", "node_given"), [("default", "n2"), ("binpack", "n2"),
+                                                      ("spread", "n2"), ("first-fit", "n1")])
+def test_nodes_compare_by_what_the_instance_costs_their_bigger_profiles(
+        strategy: str, node_given: str) -> None:
+    """A 3g goes beside a 1g already on n2's card (the 7g and 4g there are gone already)
+    rather than onto n1's free card, where it would cost them; first fit takes n1 by name."""
+    state = mig_cluster("1.35", {"n1": [card(0)], "n2": [card(0)]}, strategy=strategy)
+    held = _allocated("h", "gpu-0-mig-1g10gb-19-0")
+    held["status"]["allocation"]["devices"]["results"][0]["pool"] = "n2"
+    state.set_claim(held)
+    plan = place(state, pod("p"), profile_claim("c", "3g.40gb"))
+    assert plan.node_name == node_given
