@@ -143,6 +143,21 @@ def _request_body(rng: random.Random, classes: list[str]) -> Json:
     return body
 
 
+def _held_by_others(taken: list[tuple[str, str, str]]) -> list[Json]:
+    """One claim of someone else's holding `taken` (driver, pool, device), or none."""
+    if not taken:
+        return []
+    return [{
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "other", "namespace": "ns", "uid": "uid-other"},
+        "spec": {"devices": {"requests": [{"name": "main", "exactly": {
+            "deviceClassName": "any.example.com", "allocationMode": "ExactCount",
+            "count": len(taken)}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "main", "driver": drv, "pool": pool, "device": dev}
+            for drv, pool, dev in taken]}}}}]
+
+
 def scenario(seed: int) -> Json:
     """One node, its slices and classes, allocations by others and a claim to allocate."""
     rng = random.Random(seed)
@@ -169,18 +184,7 @@ def scenario(seed: int) -> Json:
         classes.append("nic.example.com")
     all_devices = [(s["spec"]["driver"], s["spec"]["pool"]["name"], d["name"])
                    for s in slices for d in s["spec"]["devices"]]
-    taken = [d for d in all_devices if rng.random() < 0.25]
-    allocated = []
-    if taken:
-        allocated.append({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "other", "namespace": "ns", "uid": "uid-other"},
-            "spec": {"devices": {"requests": [{"name": "main", "exactly": {
-                "deviceClassName": "any.example.com", "allocationMode": "ExactCount",
-                "count": len(taken)}}]}},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": "main", "driver": drv, "pool": pool, "device": dev}
-                for drv, pool, dev in taken]}}}})
+    allocated = _held_by_others([d for d in all_devices if rng.random() < 0.25])
     requests: list[Json] = []
     for r in range(rng.choice([1, 1, 1, 2, 2, 3])):
         if rng.random() < 0.3:
@@ -430,17 +434,7 @@ def partitionable_scenario(seed: int) -> Json:
     for slice_ in slices:
         slice_["apiVersion"], slice_["kind"] = "resource.k8s.io/v1", "ResourceSlice"
     pool = slices[0]["spec"]["pool"]["name"]
-    allocated = []
-    if taken:
-        allocated.append({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "other", "namespace": "ns", "uid": "uid-other"},
-            "spec": {"devices": {"requests": [{"name": "main", "exactly": {
-                "deviceClassName": "any.example.com", "allocationMode": "ExactCount",
-                "count": len(taken)}}]}},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": "main", "driver": DRIVER, "pool": pool, "device": device}
-                for device in taken]}}}})
+    allocated = _held_by_others([(DRIVER, pool, device) for device in taken])
 
     def body() -> Json:
         if rng.random() < 0.15:
