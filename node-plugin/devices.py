@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from dra_gateway.gpu import mig
@@ -268,10 +268,7 @@ def mig_counter_set(gpu: GpuFacts, geometry: Geometry,
 def mig_card_device(gpu: GpuFacts, geometry: Geometry, options: DeviceOptions) -> dict[str, Any]:
     """The whole card of a card cut on demand: held alone, it draws every counter, so a claim
     for it blocks every instance and any instance blocks it."""
-    device = gpu_device(gpu, replace(options, default_sharing="exclusive"))
-    device.pop("allowMultipleAllocations", None)
-    device["capacity"] = {names.CAPACITY_MEMORY: {"value": _quantity(gpu.memory)},
-                          names.CAPACITY_CORES: {"value": str(names.CORES_PER_CARD)}}
+    device = gpu_device(gpu, options)  # never shared: the card is in MIG mode (`is_shared`)
     device["attributes"].update({
         names.ATTR_COUNTER_SET: {"string": mig.counter_set_name(gpu.device_number)},
         names.ATTR_MIG_MEMORY_SLICES: {"int": geometry.memory_slices},

@@ -46,7 +46,7 @@ from dra_gateway.allocator.planner.reasons import (
 from dra_gateway.allocator.planner.settings import BINPACK, DEFAULT, FIRST_FIT, SPREAD
 from dra_gateway.allocator.planner.state import ClusterState
 from dra_gateway.allocator.planner.topology import aligned, misalignment
-from dra_gateway.gpu.mig import CardUse, Placement, loss
+from dra_gateway.gpu.mig import CardUse, loss
 from dra_gateway.kube import names
 from dra_gateway.kube.quantity import Quantity
 from dra_gateway.policy.sharing import EVERY_TENANT, Holder, SharingRules, card_refusal
@@ -525,11 +525,7 @@ class NodeSearch:
             use = uses.get(set_key)
             if use is None:
                 use = uses[set_key] = card_use(set_key, geometry, self._left)
-            profile = next((p for p in geometry.profiles if p.name == placement.profile.name),
-                           None)
-            if profile is None:
-                return None
-            taken = loss(geometry, use, Placement(profile, placement.start))
+            taken = loss(geometry, use, placement)
             ranks[i] = (taken, -use.used_slices, i)
             self._mig_loss[i] = _mig_weight(taken)
         return ranks

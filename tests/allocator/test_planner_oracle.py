@@ -206,9 +206,17 @@ def scenario(seed: int) -> Json:
                 r["name"] for r in rng.sample(requests, rng.randint(1, len(requests))))
     if constraints:
         devices["constraints"] = constraints
-    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-             "metadata": {"name": "c", "namespace": "ns", "uid": "uid-c"},
-             "spec": {"devices": devices}}
+    # distinctAttribute came with DRAConsumableCapacity (alpha in 1.34): without the gate the
+    # API server drops it and upstream refuses the empty constraint.
+    return _scenario(rng, slices, allocated, devices,
+                     consumableCapacity=any("distinctAttribute" in c for c in constraints))
+
+
+def _scenario(rng: random.Random, slices: list[Json], allocated: list[Json], devices: Json,
+              **features: bool) -> Json:
+    """One node, its slices, the classes, claims held by others and the claim `c` asking
+    `devices`, with the upstream features in `features` and the planner's strategy and
+    consumable-capacity world drawn from `rng`."""
     return {
         "node": {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {}},
                  "spec": {}, "status": {"allocatable": {"cpu": "64", "memory": "256Gi"}}},
@@ -218,10 +226,10 @@ def scenario(seed: int) -> Json:
                      "spec": {"selectors": [{"cel": {"expression": expression}}]}}
                     for name, expression in CLASSES.items()],
         "allocated": allocated,
-        "claim": claim,
-        # distinctAttribute came with DRAConsumableCapacity (alpha in 1.34): without the gate
-        # the API server drops it and upstream refuses the empty constraint.
-        "consumableCapacity": any("distinctAttribute" in c for c in constraints),
+        "claim": {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                  "metadata": {"name": "c", "namespace": "ns", "uid": "uid-c"},
+                  "spec": {"devices": devices}},
+        **features,
         "strategy": rng.choice(STRATEGIES),
         "plannerConsumableCapacity": rng.random() < 0.5,
     }
@@ -452,23 +460,8 @@ def partitionable_scenario(seed: int) -> Json:
                 {"name": f"s{i}", **body()} for i in range(rng.randint(2, 3))]})
         else:
             requests.append({"name": f"r{r}", "exactly": body()})
-    return {
-        "node": {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {}},
-                 "spec": {}, "status": {"allocatable": {"cpu": "64", "memory": "256Gi"}}},
-        "slices": slices,
-        "classes": [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-                     "metadata": {"name": name},
-                     "spec": {"selectors": [{"cel": {"expression": expression}}]}}
-                    for name, expression in CLASSES.items()],
-        "allocated": allocated,
-        "claim": {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                  "metadata": {"name": "c", "namespace": "ns", "uid": "uid-c"},
-                  "spec": {"devices": {"requests": requests}}},
-        "consumableCapacity": False,
-        "partitionableDevices": True,
-        "strategy": rng.choice(STRATEGIES),
-        "plannerConsumableCapacity": rng.random() < 0.5,
-    }
+    return _scenario(rng, slices, allocated, {"requests": requests},
+                     consumableCapacity=False, partitionableDevices=True)
 
 
 def test_planner_counts_counters_as_upstream_does(oracle: Oracle) -> None:
