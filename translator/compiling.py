@@ -141,6 +141,7 @@ class _Programs:
     shares: dict[str, Expression | None]  # by CompiledRule attribute
     selectors: tuple[CompiledSelector, ...]
     constraints: tuple[tuple[str, Expression | None], ...]
+    first_available: Expression | None = None
 
 
 def compile_rule(entry: RuleEntry, problems: Problems) -> CompiledRule | None:
@@ -230,8 +231,11 @@ def _programs(spec: RuleSpec, sample: dict[str, Any], report: _Reporter) -> _Pro
     shares = {field.attribute: (expr(f"device.{field.key}", text) if text is not None else None)
               for field in SHARE_FIELDS
               for text in (getattr(device, field.attribute),)}
+    first_available = (expr("device.firstAvailable", device.first_available)
+                       if device.first_available is not None else None)
     return _Programs(when, variables, refusals, warnings, count, shares,
-                     _selectors(spec, expr, report), _constraints(spec, expr, report))
+                     _selectors(spec, expr, report), _constraints(spec, expr, report),
+                     first_available)
 
 
 def _variables(spec: RuleSpec, sample: dict[str, Any],
@@ -298,7 +302,8 @@ def _compiled(entry: RuleEntry, target: _Target, reads: _Reads,
         match_node_selector=dict(spec.match.node_selector), when=programs.when,
         variables=programs.variables, refusals=programs.refusals, warnings=programs.warnings,
         count=programs.count, **shares, selectors=programs.selectors,
-        constraints=programs.constraints, extended_resource_names=entry.extended_resource_names,
+        constraints=programs.constraints, first_available=programs.first_available,
+        extended_resource_names=entry.extended_resource_names,
         fractional=frozenset(name for name, res in spec.resources.items()
                              if res is not None and res.fractional),
         suffixed=frozenset(name for name, res in spec.resources.items()
@@ -345,6 +350,7 @@ def _sample_activation(exact: Iterable[str], pattern: str | None, spec: RuleSpec
         "nodeSelector": node_selector,
         "namespace": "default",
         "wildcard": "1g.5gb" if pattern is not None else "",
+        "item": "",
     }
 
 
@@ -407,6 +413,13 @@ def _dry_run(rule: CompiledRule, entry: RuleEntry, problems: Problems) -> None:
                              f"gives {json.dumps(value)}; expected one of "
                              f"{', '.join(STRATEGIES)} or \"\"")
                 reported.add("device.policy")
+        items = check("device.firstAvailable", rule.first_available, activation, (list,))
+        if isinstance(items, list) and not all(isinstance(item, str) for item in items):
+            problems.add(source, f"{base}.device.firstAvailable",
+                         f"gives {json.dumps(items, default=str)}, expected a list of strings")
+            reported.add("device.firstAvailable")
+        elif isinstance(items, list) and items:
+            activation["item"] = items[0]  # the selectors below render the first alternative
         for i, sel in enumerate(rule.selectors):
             path = f"device.selectors[{i}]"
             enabled = check(f"{path}.when", sel.when, activation, (bool,))

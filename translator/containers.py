@@ -17,6 +17,7 @@ where a container sits in the pod beyond its kind.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NamedTuple
@@ -28,7 +29,8 @@ from dra_gateway.kube.quantity import (
     mistaken_suffix,
     mistaken_unit_message,
 )
-from dra_gateway.translator.errors import quote, refuse
+from dra_gateway.kube.cel import CelError
+from dra_gateway.translator.errors import Refused, quote, refuse
 from dra_gateway.translator.evaluation import (
     Subject,
     checked_outputs,
@@ -165,7 +167,10 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
     covered = [n for n in ordered if rule.claims(n)]
     leftover = [n for n in ordered if n not in covered]
     if leftover:
+        # The rule the leftover would have: one whose conditions hold for this pod first (a
+        # MIG rule that needs a node label is not the one a plain request belongs to).
         owners = sorted(rules.rules_for(leftover[0]), key=lambda r: (
+            not _applies(r, found, context),
             leftover[0] not in r.triggers and not r.trigger_pattern, -r.precedence, r.name))
         other = owners[0].name
         raise refuse(f"{covered[0]} (rule {rule.name}) and {leftover[0]} (rule {other}) "
@@ -196,17 +201,31 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
                     for flag, (_, message) in zip(flags[refusals:], rule.warnings, strict=True)
                     if flag is True]
     outputs = checked_outputs(subject, activation)
-    conditions = evaluate_all(subject, rule.condition_batch, [
-        *((f"device.selectors[{i}].when", sel.when) for i, sel in enumerate(rule.selectors)),
-        *((f"device.constraints[{i}].when", con) for i, (_, con) in
-          enumerate(rule.constraints))], activation)
-    chosen_selectors = rendered_selectors(subject, conditions[:len(rule.selectors)], activation)
-    selectors = [text for _, text in chosen_selectors]
-    if rule.class_name == names.GPU_CLASS and outputs.enforcement == "hami-core" and (
-            outputs.memory or outputs.percent or outputs.cores):
-        # A share HAMi-core enforces needs the library on the card's node.
-        selectors.append(hami_core_selector(rule.driver))
-    request = {"name": name, "exactly": exactly(rule, outputs, selectors)}
+    items = _alternatives(subject, activation)
+    alternatives = []  # per item: (its name, the selectors rendered, each with its rule index)
+    conditions: list[Any] = []
+    for item in items:
+        activation["item"] = item
+        these = evaluate_all(subject, rule.condition_batch, [
+            *((f"device.selectors[{i}].when", sel.when) for i, sel in enumerate(rule.selectors)),
+            *((f"device.constraints[{i}].when", con) for i, (_, con) in
+              enumerate(rule.constraints))], activation)
+        conditions = conditions or these  # constraints: as the first alternative has them
+        chosen = rendered_selectors(subject, these[:len(rule.selectors)], activation)
+        selectors = [text for _, text in chosen]
+        if rule.class_name == names.GPU_CLASS and outputs.enforcement == "hami-core" and (
+                outputs.memory or outputs.percent or outputs.cores):
+            # A share HAMi-core enforces needs the library on the card's node.
+            selectors.append(hami_core_selector(rule.driver))
+        alternatives.append((item, chosen, exactly(rule, outputs, selectors)))
+    chosen_selectors = alternatives[0][1]
+    request: dict[str, Any] = {"name": name}
+    if len(alternatives) == 1:
+        request["exactly"] = alternatives[0][2]
+    else:
+        request["firstAvailable"] = [{"name": sub, **spec} for sub, spec in zip(
+            subrequest_names([item for item, _, _ in alternatives]),
+            (spec for _, _, spec in alternatives), strict=True)]
 
     config = gateway_config(subject, outputs, own_warnings) if rule.gateway_class else None
     constraints = []
@@ -227,6 +246,36 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
 
 _NO_RULE: Final = Skipped("no-rule")
 
+# resource.k8s.io/v1 DeviceRequest.firstAvailable holds at most 8 subrequests.
+MAX_SUBREQUESTS: Final = 8
+
+
+def _alternatives(subject: Subject, activation: dict[str, Any]) -> list[str]:
+    """The items of the rule's `device.firstAvailable` (one alternative each), or [""]."""
+    rule = subject.rule
+    if rule.first_available is None:
+        return [""]
+    items = evaluate(subject, "device.firstAvailable", rule.first_available, activation)
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise subject.refuse(f"device.firstAvailable gave {items!r}, not a list of strings")
+    if len(items) > MAX_SUBREQUESTS:
+        raise subject.refuse(
+            f"device.firstAvailable gave {len(items)} alternatives; a DRA request offers at "
+            f"most {MAX_SUBREQUESTS}: the rule must offer fewer")
+    return items or [""]
+
+
+def subrequest_names(items: list[str]) -> list[str]:
+    """A DNS label per alternative, from its item (`1g.10gb+me` is `1g-10gb-me`; "" is `any`),
+    made unique by a position where two would be alike."""
+    out: list[str] = []
+    for position, item in enumerate(items):
+        label = re.sub(r"[^a-z0-9]+", "-", item.lower()).strip("-")[:50] or "any"
+        if label in out:
+            label = f"{label}-{position}"
+        out.append(label)
+    return out
+
 
 def _choose_rule(found: Found, ordered: list[str], *, context: PodContext,
                  rules: RuleSet) -> tuple[CompiledRule, dict[str, Any]] | None:
@@ -239,12 +288,33 @@ def _choose_rule(found: Found, ordered: list[str], *, context: PodContext,
         if not _conditions_hold(rule, context.annotations, context.node_selector):
             continue
         subject = Subject(rule=rule, container=found.name, resources=tuple(mine))
-        activation = _activation(subject, found=found, context=context)
+        # match.when decides first, on the amounts that are good (a bad one reads 0): a bad
+        # amount is refused by a rule that applies, never by one whose conditions fail.
+        problems: list[tuple[str, str]] = []
+        activation = _activation(subject, found=found, context=context, problems=problems)
         if rule.when is not None and evaluate(subject, "match.when", rule.when,
                                                activation) is not True:
             continue
+        if problems:
+            raise _bad_amounts(subject, problems)
         return rule, activation
     return None
+
+
+def _applies(rule: CompiledRule, found: Found, context: PodContext) -> bool:
+    """Whether `rule`'s match conditions (annotations, nodeSelector, match.when on the
+    container's good amounts) hold for the container; an expression that fails is false."""
+    if not _conditions_hold(rule, context.annotations, context.node_selector):
+        return False
+    if rule.when is None:
+        return True
+    mine = tuple(n for n in sorted({*found.in_limits, *found.in_requests}) if rule.claims(n))
+    subject = Subject(rule=rule, container=found.name, resources=mine)
+    try:
+        activation = _activation(subject, found=found, context=context, problems=[])
+        return rule.when.evaluate(activation) is True
+    except (CelError, Refused):
+        return False
 
 
 def _defer(container: str, *, covered: list[str], rule: CompiledRule,
@@ -288,8 +358,10 @@ def _conditions_hold(rule: CompiledRule, annotations: Mapping[str, str],
     return True
 
 
-def _activation(subject: Subject, *, found: Found, context: PodContext) -> dict[str, Any]:
-    """The variables a rule's expressions see for one container (`BASE_VARIABLES`)."""
+def _activation(subject: Subject, *, found: Found, context: PodContext,
+                problems: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    """The variables a rule's expressions see for one container (`BASE_VARIABLES`). A bad
+    amount is refused, or, given `problems`, added there and read as 0."""
     rule, container = subject.rule, subject.container
     resources = found.container["resources"]
     limits = resources.get("limits") or {}
@@ -297,7 +369,7 @@ def _activation(subject: Subject, *, found: Found, context: PodContext) -> dict[
     r = dict.fromkeys(rule.exact, 0)
     wildcard = ""
     pattern_names = []
-    problems: list[tuple[str, str]] = []
+    own_problems: list[tuple[str, str]] = []
     for resource in subject.resources:
         try:
             scaled = _scaled_value(resource, subject=subject, limit=limits.get(resource),
@@ -305,7 +377,7 @@ def _activation(subject: Subject, *, found: Found, context: PodContext) -> dict[
                                    factor=rule.exact.get(resource, rule.pattern_factor))
         except _BadAmount as bad:
             # Every bad amount of the container is said at once, not only the first.
-            problems.append((resource, str(bad)))
+            own_problems.append((resource, str(bad)))
             continue
         if resource in rule.exact:
             r[resource] = scaled
@@ -313,9 +385,10 @@ def _activation(subject: Subject, *, found: Found, context: PodContext) -> dict[
             pattern_names.append(resource)
             r[f"{rule.pattern}*"] = scaled
             wildcard = resource[len(rule.pattern or ""):]
-    if problems:
-        raise refuse(_together([problem for _, problem in problems]), container=container,
-                     resource=", ".join(resource for resource, _ in problems), rule=rule.name)
+    if own_problems and problems is None:
+        raise _bad_amounts(subject, own_problems)
+    if problems is not None:
+        problems.extend(own_problems)
     if rule.pattern is not None:
         r.setdefault(f"{rule.pattern}*", 0)
     if len(pattern_names) > 1:
@@ -334,7 +407,14 @@ def _activation(subject: Subject, *, found: Found, context: PodContext) -> dict[
             rule.match_node_selector) if k in node_selector},
         "namespace": context.namespace,
         "wildcard": wildcard,
+        "item": "",
     }
+
+
+def _bad_amounts(subject: Subject, problems: list[tuple[str, str]]) -> Refused:
+    return refuse(_together([problem for _, problem in problems]), container=subject.container,
+                  resource=", ".join(resource for resource, _ in problems),
+                  rule=subject.rule.name)
 
 
 def _together(problems: list[str]) -> str:

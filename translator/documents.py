@@ -31,7 +31,9 @@ from dra_gateway.gpu.legacy_resources import UNITS as UNITS
 
 # Variables every rule expression sees. `r` maps each resource the rule declares to its whole
 # value (times its unit), 0 when the container does not ask for it.
-BASE_VARIABLES: Final = ("r", "container", "annotations", "nodeSelector", "namespace", "wildcard")
+# `item` is the alternative of `device.firstAvailable` being rendered ("" outside one).
+BASE_VARIABLES: Final = ("r", "container", "annotations", "nodeSelector", "namespace", "wildcard",
+                         "item")
 
 SelectorOp = Literal["equals", "in", "notIn", "containsAnyIgnoreCase", "notContainsAnyIgnoreCase",
                      "atLeast"]
@@ -181,6 +183,11 @@ class DeviceSpec(_Model):
     policy: CelText | None = Field(default=None, description="CEL giving a policy name or \"\"")
     selectors: list[SelectorSpec] = Field(default_factory=list)
     constraints: list[ConstraintSpec] = Field(default_factory=list)
+    first_available: CelText | None = Field(
+        default=None, alias="firstAvailable",
+        description="CEL giving a list of at most 8 strings: the request offers one "
+        "alternative per item, in order (DRA firstAvailable), each with the selectors as they "
+        "render with `item` set to it; a list of one item (or none) is a plain request")
 
 
 class RuleSpec(_Model):
@@ -201,6 +208,10 @@ class RuleSpec(_Model):
         default="defer", alias="extendedResourceNames",
         description="defer: leave a container to kube-scheduler when a DeviceClass declares one "
         "of the rule's resources as spec.extendedResourceName; translate: translate it anyway")
+    extended_resource_names_from: str | None = Field(
+        default=None, alias="extendedResourceNamesFrom",
+        description="take extendedResourceNames from this rule (as overrides leave it), so that "
+        "rules reading one name decide alike; an override of this rule's own wins")
 
     @field_validator("name")
     @classmethod

@@ -32,6 +32,7 @@ from dra_gateway.translator.containers import (
 from dra_gateway.translator.documents import UNITS
 from dra_gateway.translator.errors import Refusal, quote
 from dra_gateway.translator.extended import ExtendedResourceUse
+from dra_gateway.translator.pods import node_labels
 from dra_gateway.translator.rules import CompiledRule, RuleSet
 from dra_gateway.translator.shapes import ContainerTranslation
 from dra_gateway.translator.translate import TranslationPlan
@@ -93,7 +94,9 @@ class ContainerExplanation:
     rule: str = ""
     source: str = ""  # where the rule was loaded from
     request: str = ""  # the template request the container uses
-    device: Mapping[str, Any] | None = None  # the request's `exactly`
+    # The request's `exactly`; for alternatives (firstAvailable), the first, without its name.
+    device: Mapping[str, Any] | None = None
+    alternatives: tuple[str, ...] = ()  # the names of the alternatives, in order (if any)
     config: Mapping[str, Any] | None = None  # its GpuShareConfig parameters
     constraints: tuple[Mapping[str, Any], ...] = ()
     keys: tuple[KeyUse, ...] = ()
@@ -142,7 +145,7 @@ def explain(pod: Mapping[str, Any], rules: RuleSet, *,
                               warnings=tuple(plan.warnings))
 
     refusal = plan.refusal
-    context = PodContext(annotations=annotations, node_selector=spec.get("nodeSelector") or {},
+    context = PodContext(annotations=annotations, node_selector=node_labels(spec),
                          namespace=metadata.get("namespace") or "", extended=None)
     untranslated = {(u.container, u.resource): f"only rule {u.rule} reads it, and it is "
                     "disabled (the warning says how to enable it)" for u in plan.untranslated}
@@ -212,7 +215,10 @@ def _container(key: str, index: int, container: Mapping[str, Any], *, rules: Rul
                         uses=translation.extended, warnings=translation.warnings, left=left)
 
     rule = rules.rule(result.rule)
-    exactly = result.request["exactly"]
+    # Alternatives (firstAvailable) are explained by the first, which the rule prefers.
+    subrequests = result.request.get("firstAvailable") or ()
+    exactly = result.request.get("exactly") or {
+        k: v for k, v in subrequests[0].items() if k != "name"}
     parameters = result.config["opaque"]["parameters"] if result.config else None
     request = translation.request if translation.request is not None else name
     outcome: ContainerOutcome = "translated" if request == name else "shares-request"
@@ -224,7 +230,8 @@ def _container(key: str, index: int, container: Mapping[str, Any], *, rules: Rul
     covered = [n for n in (*in_limits, *in_requests) if rule.claims(n)]
     return ContainerExplanation(
         name=name, kind=kind, outcome=outcome, why=why, rule=rule.name, source=rule.source,
-        request=request, device=exactly, config=parameters, constraints=result.constraints,
+        request=request, device=exactly, alternatives=tuple(s["name"] for s in subrequests),
+        config=parameters, constraints=result.constraints,
         keys=keys, left=left(covered, ""), warnings=result.warnings)
 
 

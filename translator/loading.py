@@ -236,6 +236,7 @@ def _assemble(documents: list[_ValidDocument], problems: Problems) -> RuleSet:
             entries[spec.name] = RuleEntry(spec, document.source, f"rules[{i}]", spec.enabled,
                                         spec.precedence, spec.device.class_name, units, order,
                                         spec.extended_resource_names)
+    own: set[str] = set()  # rules whose extendedResourceNames an override set
     for document in documents:
         for i, override in document.overrides:
             entry = entries.get(override.rule)
@@ -252,6 +253,7 @@ def _assemble(documents: list[_ValidDocument], problems: Problems) -> RuleSet:
                 entry.class_name = override.class_name
             if override.extended_resource_names is not None:
                 entry.extended_resource_names = override.extended_resource_names
+                own.add(override.rule)
             for resource, unit in override.units.items():
                 if resource not in entry.units:
                     problems.add(document.source, f"{path}.units[{json.dumps(resource)}]",
@@ -260,6 +262,7 @@ def _assemble(documents: list[_ValidDocument], problems: Problems) -> RuleSet:
                     continue
                 entry.units[resource] = unit
 
+    _follow_extended_resource_names(entries, own, problems)
     compiled: list[CompiledRule] = []
     disabled: list[str] = []
     for name in sorted(entries):
@@ -276,6 +279,27 @@ def _assemble(documents: list[_ValidDocument], problems: Problems) -> RuleSet:
     compiled.sort(key=lambda r: (-r.precedence, r.name))
     return RuleSet(rules=tuple(compiled), disabled=tuple(disabled),
                    disabled_resources=_only_disabled(compiled, [entries[n] for n in disabled]))
+
+
+def _follow_extended_resource_names(entries: dict[str, RuleEntry], own: set[str],
+                                    problems: Problems) -> None:
+    """A rule with `extendedResourceNamesFrom` decides as the rule it names does, after that
+    rule's overrides (NVIDIA's MIG rules on nvidia.com/gpu decide as nvidia-gpu, so that a name
+    a DeviceClass declares is not translated for some pods and deferred for others); an override
+    of its own wins."""
+    for name, entry in entries.items():
+        leader = entry.spec.extended_resource_names_from
+        if leader is None or name in own:
+            continue
+        followed = entries.get(leader)
+        if followed is None or followed.spec.extended_resource_names_from is not None:
+            why = ("no rule has that name" if followed is None else
+                   f"rule {json.dumps(leader)} takes it from another rule itself")
+            problems.add(entry.source, f"{entry.path}.extendedResourceNamesFrom",
+                         f"{json.dumps(leader)}: {why}; name a rule that sets "
+                         "extendedResourceNames itself, or set extendedResourceNames here")
+            continue
+        entry.extended_resource_names = followed.extended_resource_names
 
 
 def _only_disabled(enabled: list[CompiledRule], disabled: list[RuleEntry]) -> dict[str, str]:

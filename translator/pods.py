@@ -76,3 +76,42 @@ def pod_shape_problem(pod: dict[str, Any]) -> str | None:
                 for i in items)):
             return f"spec.{key} is not a list of objects with string fields"
     return None
+
+
+def node_labels(spec: dict[str, Any]) -> dict[str, str]:
+    """The node labels the pod pins to one value, as rules read them (`nodeSelector`): its
+    `spec.nodeSelector`, and each key that every term of its required node affinity tests
+    with operator In and one value, the same in each (the terms are alternatives: a key only
+    some of them pin says nothing of the node). The nodeSelector wins over the affinity; a
+    malformed affinity (the API server's decoding would have refused it) is ignored."""
+    selector = spec.get("nodeSelector") or {}
+    terms = _required_terms(spec)
+    if not terms:
+        return selector
+    pinned: dict[str, str] | None = None
+    for term in terms:
+        here: dict[str, str] = {}
+        for expression in term.get("matchExpressions") or ():
+            if not isinstance(expression, dict):
+                continue
+            key, values = expression.get("key"), expression.get("values")
+            if (expression.get("operator") == "In" and isinstance(key, str)
+                    and isinstance(values, list) and len(values) == 1
+                    and isinstance(values[0], str) and here.get(key, values[0]) == values[0]):
+                here[key] = values[0]
+        pinned = here if pinned is None else {
+            k: v for k, v in pinned.items() if here.get(k) == v}
+    if not pinned:
+        return selector
+    return {**pinned, **selector}
+
+
+def _required_terms(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    affinity = spec.get("affinity")
+    node = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
+    required = (node.get("requiredDuringSchedulingIgnoredDuringExecution")
+                if isinstance(node, dict) else None)
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if not isinstance(terms, list) or not all(isinstance(t, dict) for t in terms):
+        return []
+    return terms

@@ -56,6 +56,9 @@ class CompiledRule:
     policy: Expression | None
     selectors: tuple[CompiledSelector, ...]
     constraints: tuple[tuple[str, Expression | None], ...]
+    # A list of strings: one alternative of the request per item (DRA firstAvailable), the
+    # selectors rendered with `item` set to it; None: one plain request (`item` is "").
+    first_available: Expression | None = None
     # The same expressions batched into one list each, because every evaluation pays for a
     # fresh engine context: refusal then warning conditions; [count, memory, memoryPercent, cores,
     # enforcement, policy] with 0 / "" for unset; selector then constraint conditions.

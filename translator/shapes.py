@@ -196,12 +196,12 @@ def _device_requests(found: Sequence[Found],
 def _too_many_devices(found: Sequence[Found],
                       requests: Sequence[Mapping[str, Any]]) -> Refusal | None:
     """The refusal of a pod whose requests ask for more devices than one claim holds."""
-    total = sum(r["exactly"]["count"] for r in requests)
+    total = sum(_count(r) for r in requests)
     if total <= MAX_DEVICES_PER_CLAIM:
         return None
-    counts = ", ".join(f"{r['name']}: {r['exactly']['count']}" for r in requests)
+    counts = ", ".join(f"{r['name']}: {_count(r)}" for r in requests)
     # Requests are named after their containers: blame the one asking for the most.
-    largest = max(requests, key=lambda r: r["exactly"]["count"])["name"]
+    largest = max(requests, key=_count)["name"]
     item = next(f for f in found if f.name == largest)
     resource = ", ".join(sorted({*item.in_limits, *item.in_requests}))
     return refuse(f"the pod's containers ask for {total} devices in all ({counts}); a DRA "
@@ -257,7 +257,25 @@ def _unchanged(containers: tuple[ContainerTranslation, ...], warnings: Sequence[
                    extended=tuple(extended))
 
 
+def _count(request: Mapping[str, Any]) -> int:
+    """The devices a request may take: its count, or its largest alternative's."""
+    if "exactly" in request:
+        return int(request["exactly"]["count"])
+    return max(int(sub["count"]) for sub in request["firstAvailable"])
+
+
 def _covers(main: ContainerPlan, init: ContainerPlan) -> bool:
+    if ("exactly" in main.request) != ("exactly" in init.request):
+        return False
+    if "exactly" not in main.request:
+        # Alternatives: the same ones, in the same order (an init container's would be chosen
+        # apart from the app container's otherwise).
+        a_subs, b_subs = main.request["firstAvailable"], init.request["firstAvailable"]
+        same_subs = a_subs == b_subs
+        main_params = main.config["opaque"]["parameters"] if main.config else None
+        init_params = init.config["opaque"]["parameters"] if init.config else None
+        return same_subs and main_params == init_params and (
+            main.constraints == () == init.constraints)
     a, b = main.request["exactly"], init.request["exactly"]
     if a["count"] < b["count"]:
         return False

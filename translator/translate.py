@@ -27,6 +27,7 @@ from dra_gateway.kube import names, objects
 from dra_gateway.translator.containers import Found, PodContext, is_sidecar
 from dra_gateway.translator.errors import Refusal, quote
 from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
+from dra_gateway.translator.pods import node_labels
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.shapes import (
     MANAGED_LABELS,
@@ -265,7 +266,7 @@ def _cached_shape_plan(spec: Mapping[str, Any], found: Sequence[Found], *, rules
                        extended: ExtendedResources | None) -> ShapePlan:
     """The plan of the pod's request shape (`shapes.plan_shape`), from the rule set's cache
     when a pod of the same shape was planned before."""
-    node_selector = spec.get("nodeSelector") or {}
+    node_selector = node_labels(spec) if rules.node_selector_order else {}
     shape = (
         namespace,
         tuple(

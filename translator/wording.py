@@ -6,7 +6,7 @@ Pure: it formats what `explaining.explain` found and decides nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from dra_gateway.kube import names
@@ -43,7 +43,7 @@ def render_text(where: str, explanation: PodExplanation) -> list[str]:
         for key in c.keys:
             lines.append("    " + _key_line(key))
         if c.device is not None:
-            lines.append("    device: " + _device_line(c.device))
+            lines.append("    device: " + _device_line(c.device) + _alternatives(c.alternatives))
             for position, selector in enumerate(c.device.get("selectors") or (), start=1):
                 lines.append(f"      selector {position}: {selector['cel']['expression']}")
         for constraint in c.constraints:
@@ -78,7 +78,8 @@ def summary_lines(explanation: PodExplanation, *, prefix: str = "") -> list[str]
         keys = ", ".join(f"{k.key}: {k.value}" for k in c.keys if k.kind == "resource")
         if c.outcome in ("translated", "shares-request") and c.device is not None:
             lines.append(_clip(
-                prefix + f"container {label} ({keys}) would get {_device_line(c.device)} by rule "
+                prefix + f"container {label} ({keys}) would get {_device_line(c.device)}"
+                f"{_alternatives(c.alternatives)} by rule "
                 f"{c.rule}, from ResourceClaimTemplate {explanation.template}"))
         else:
             lines.append(_clip(prefix + f"container {label} would stay untranslated: {c.why}"))
@@ -111,6 +112,14 @@ def _key_line(key: KeyUse) -> str:
         "removed; nothing in the claim depends on it" if key.kind == "resource" else \
         "nothing in the claim depends on it"
     return f"{text} -> {became}"
+
+
+def _alternatives(names: Sequence[str]) -> str:
+    """What follows the device line of a request with alternatives (firstAvailable)."""
+    if not names:
+        return ""
+    return (f" (alternative {names[0]}, the first of {len(names)} offered in order: "
+            f"{', '.join(names)})")
 
 
 def _device_line(exactly: Mapping[str, Any]) -> str:

@@ -128,7 +128,7 @@ def hami_pod(annotations: dict[str, str], limits: dict[str, Any]) -> dict[str, A
                                      "resources": {"limits": limits}}]}}
 
 
-def test_hami_dynamic_mig_asks_for_an_instance_with_at_least_the_memory_on_listed_cards(
+def test_hami_dynamic_mig_offers_the_smallest_fitting_profiles_first_on_listed_cards(
         builtin_rules: RuleSet) -> None:
     original = hami_pod({"nvidia.com/vgpu-mode": "mig",
                          "nvidia.com/use-gpuuuid": "GPU-a, GPU-b",
@@ -137,28 +137,42 @@ def test_hami_dynamic_mig_asks_for_an_instance_with_at_least_the_memory_on_liste
     plan = translate(original, builtin_rules)
     assert (plan.refusal, plan.rules_applied) == (None, ["hami-mig"])
     checked(plan, original)
-    exactly = only_request(plan)["exactly"]
-    assert (exactly["deviceClassName"], exactly["count"]) == (names.MIG_CLASS, 2)
+    request = only_request(plan)
+    assert "exactly" not in request
+    subs = request["firstAvailable"]
+    # 8000 MiB: no 1g.5gb; the 7 smallest that hold it, smallest first, then any instance.
+    assert [s["name"] for s in subs] == ["1g-10gb", "2g-10gb", "1g-18gb", "1g-20gb", "2g-20gb",
+                                         "3g-20gb", "4g-20gb", "any"]
+    assert {(s["deviceClassName"], s["count"]) for s in subs} == {(names.MIG_CLASS, 2)}
     capacity = 'device.capacity["gpu.dra-gateway.io"]'
     attrs = 'device.attributes["gpu.dra-gateway.io"]'
-    assert selectors(plan) == [
-        f'"memory" in {capacity} && {capacity}.memory.compareTo(quantity("8388608000")) >= 0',
-        f'"parentUUID" in {attrs} && {attrs}.parentUUID in ["GPU-a", "GPU-b"]',
-        f'!("parentUUID" in {attrs}) || !({attrs}.parentUUID == "GPU-c")']
-    at_least, allowed, denied = (compile_selector(s) for s in selectors(plan))
+    memory = f'"memory" in {capacity} && {capacity}.memory.compareTo(quantity("8388608000")) >= 0'
+    allowed = f'"parentUUID" in {attrs} && {attrs}.parentUUID in ["GPU-a", "GPU-b"]'
+    denied = f'!("parentUUID" in {attrs}) || !({attrs}.parentUUID == "GPU-c")'
+    assert [s["cel"]["expression"] for s in subs[0]["selectors"]] == [
+        f'"profile" in {attrs} && {attrs}.profile == "1g.10gb"', memory, allowed, denied]
+    assert [s["cel"]["expression"] for s in subs[-1]["selectors"]] == [memory, allowed, denied]
+    at_least, allowed_sel, denied_sel = (compile_selector(s) for s in (memory, allowed, denied))
     assert at_least.matches(mig_device(memory="10Gi", parent="GPU-a"))
     assert not at_least.matches(mig_device(memory="5Gi", parent="GPU-a"))
-    assert allowed.matches(mig_device(memory="10Gi", parent="GPU-b"))
-    assert not allowed.matches(mig_device(memory="10Gi", parent="GPU-c"))
-    assert not denied.matches(mig_device(memory="10Gi", parent="GPU-c"))
+    assert allowed_sel.matches(mig_device(memory="10Gi", parent="GPU-b"))
+    assert not allowed_sel.matches(mig_device(memory="10Gi", parent="GPU-c"))
+    assert not denied_sel.matches(mig_device(memory="10Gi", parent="GPU-c"))
 
 
-def test_hami_mig_mode_without_memory_takes_any_instance(builtin_rules: RuleSet) -> None:
-    plan = translate(hami_pod({"nvidia.com/vgpu-mode": "mig"}, {"nvidia.com/gpucores": 50}),
-                     builtin_rules)
+def test_hami_mig_mode_compute_asks_for_enough_slices(builtin_rules: RuleSet) -> None:
+    """gpucores 50 of 7 slices is 3.5: at least 4g; the last alternative reads the compute the
+    node plugin publishes (cores, percent of the card)."""
+    original = hami_pod({"nvidia.com/vgpu-mode": "mig"}, {"nvidia.com/gpucores": 50})
+    plan = translate(original, builtin_rules)
     assert plan.rules_applied == ["hami-mig"]
-    assert only_request(plan)["exactly"] == {"deviceClassName": names.MIG_CLASS,
-                                             "allocationMode": "ExactCount", "count": 1}
+    checked(plan, original)
+    subs = only_request(plan)["firstAvailable"]
+    assert [s["name"] for s in subs] == ["4g-20gb", "4g-40gb", "7g-40gb", "4g-71gb", "7g-80gb",
+                                         "7g-141gb", "any"]
+    capacity = 'device.capacity["gpu.dra-gateway.io"]'
+    assert [s["cel"]["expression"] for s in subs[-1]["selectors"]] == [
+        f'"cores" in {capacity} && {capacity}.cores.compareTo(quantity("50")) >= 0']
 
 
 def test_hami_node_policy_is_the_policy_when_no_gpu_policy_is_given(
