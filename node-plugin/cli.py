@@ -59,6 +59,12 @@ def _source(parser: argparse.ArgumentParser) -> None:
                         "DRADeviceTaints), or withhold them and set a Node condition; default: "
                         "ask the API server (a dry-run probe slice), withholding until it "
                         "answers")
+    parser.add_argument("--mig-on-demand", action="store_true",
+                        help="with --nvml: publish each card in MIG mode as its whole card and "
+                        "every MIG profile at every placement NVML allows, drawing on the "
+                        "card's counters, and make the instances allocated to a claim when it is "
+                        "prepared (destroyed at unprepare); instances an administrator made stay "
+                        "as they are. Default: MIG cards publish only the instances they have")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -139,6 +145,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="with --inventory: follow FILE for health events, one JSON object "
                        'a line, e.g. {"device": "gpu-3", "event": "xid", "code": 79} or '
                        '{"device": "gpu-3", "event": "recovered"}')
+    serve.add_argument("--mig-on-demand-label", default="", metavar="KEY",
+                       help="with --mig-on-demand: only on a node whose Node carries the label "
+                       "KEY=true, read when the plugin starts (restart its pod after labelling); "
+                       "default: every node the plugin runs on")
     serve.add_argument("--log-level", default="INFO", type=str.upper,
                        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                        help="least severe level logged, in any case "

@@ -18,6 +18,7 @@ from dra_gateway.node_plugin.deviceclasses import device_classes as build_device
 from dra_gateway.node_plugin.devices import (
     CONSUMABLE_CAPACITY_FALLBACK,
     DeviceOptions,
+    counter_sets_of,
     devices_of,
 )
 from dra_gateway.node_plugin.discovery import DiscoveryError
@@ -31,10 +32,26 @@ from dra_gateway.node_plugin.publish import (
 
 def _options(args: argparse.Namespace) -> DeviceOptions:
     """Device options; without a forced mode, `serve` replaces consumable_capacity with what
-    it detects, and `discover` shows what is sent before that (the fallback)."""
+    it detects, and `discover` shows what is sent before that (the fallback). `serve` detects
+    whether counter sets are kept too; `discover` shows them."""
     forced = args.consumable_capacity
     return DeviceOptions(default_sharing=args.sharing, consumable_capacity=(
-        CONSUMABLE_CAPACITY_FALLBACK if forced is None else forced))
+        CONSUMABLE_CAPACITY_FALLBACK if forced is None else forced),
+        partitionable_devices=args.mig_on_demand)
+
+
+def _mig_flags_error(args: argparse.Namespace) -> str:
+    if args.mig_on_demand and not args.nvml:
+        return ("--mig-on-demand needs --nvml: instances are made through NVML, which an "
+                "inventory's cards do not have")
+    if getattr(args, "mig_on_demand_label", "") and not args.mig_on_demand:
+        return "--mig-on-demand-label needs --mig-on-demand"
+    return ""
+
+
+def _discover_facts(args: argparse.Namespace) -> Any:
+    return discover_facts(inventory=args.inventory, nvml=args.nvml,
+                          mig_geometry=args.mig_on_demand)
 
 
 def _dump(objects: list[dict[str, Any]], output: str, out: TextIO) -> None:
@@ -46,16 +63,23 @@ def _dump(objects: list[dict[str, Any]], output: str, out: TextIO) -> None:
 
 
 def discover(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    if error := _mig_flags_error(args):
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     try:
-        facts = discover_facts(inventory=args.inventory, nvml=args.nvml)
+        facts = _discover_facts(args)
         devices = devices_of(facts, _options(args))
     except (DiscoveryError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    # Cards cut on demand are shown as a release from 1.35 publishes them (counter sets in
+    # slices of their own); `serve` lays them out as its API server's release wants.
+    counter_sets = counter_sets_of(facts) if args.mig_on_demand else []
     slices = build_slices(node_name=args.node_name, driver=args.driver, devices=devices,
                           generation=0, node_uid=None,
                           max_devices=MAX_DEVICES_PER_SLICE if args.device_taints is False
-                          else MAX_DEVICES_PER_SLICE_WITH_TAINTS)
+                          and not counter_sets else MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+                          counter_sets=counter_sets, counters_apart=True)
     _dump(slices, args.output, out or sys.stdout)
     return 0
 
@@ -78,12 +102,16 @@ def serve(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace) -> int:
     from dra_gateway.kube.cluster.connect import ClusterConfigError, connect
     from dra_gateway.node_plugin.coexistence import CoexistenceSettings
-    from dra_gateway.node_plugin.nvml import Nvml
+    from dra_gateway.node_plugin.miginstances import MIG_JOURNAL_FILE, MigInstances
+    from dra_gateway.node_plugin.nvml import Nvml, NvmlError, load_pynvml
     from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
 
     if args.fault_file is not None and args.inventory is None:
         print("error: --fault-file needs --inventory (with --nvml the driver reports faults)",
               file=sys.stderr)
+        return 2
+    if error := _mig_flags_error(args):
+        print(f"error: {error}", file=sys.stderr)
         return 2
     settings = PluginSettings(
         node_name=args.node_name, driver=args.driver, plugins_dir=args.plugins_dir,
@@ -97,17 +125,25 @@ async def _serve(args: argparse.Namespace) -> int:
         coexistence=CoexistenceSettings(enabled=args.legacy_coexistence,
                                         socket=args.pod_resources_socket,
                                         poll_seconds=args.legacy_poll_interval,
-                                        node_seconds=args.legacy_node_interval))
+                                        node_seconds=args.legacy_node_interval),
+        mig_on_demand_label=args.mig_on_demand_label)
     try:
         cluster = await connect(args.cluster, args.kubeconfig)
     except ClusterConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    mig = None
     try:
+        if args.mig_on_demand:
+            mig = MigInstances(load_pynvml(), settings.state_dir / MIG_JOURNAL_FILE,
+                               session=True)
         plugin = NodePlugin(
-            settings, cluster,
-            discover=lambda: discover_facts(inventory=args.inventory, nvml=args.nvml),
-            nvml_factory=Nvml if args.nvml else None)
+            settings, cluster, discover=lambda: _discover_facts(args),
+            nvml_factory=Nvml if args.nvml else None, mig=mig)
+    except NvmlError as exc:
+        await cluster.close()
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
         await cluster.close()
         print(f"error: {exc}", file=sys.stderr)
@@ -147,4 +183,6 @@ async def _serve(args: argparse.Namespace) -> int:
         return 1
     finally:
         await cluster.close()
+        if mig is not None:
+            mig.close()
     return 0

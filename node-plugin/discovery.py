@@ -20,8 +20,9 @@ class DiscoveryError(Exception):
 
 
 def discover(*, inventory: Path | None = None, nvml: bool = False,
-             nvml_lib: Any = None) -> NodeFacts:
-    """Facts from exactly one source: `inventory` (a YAML file) or `nvml`."""
+             nvml_lib: Any = None, mig_geometry: bool = False) -> NodeFacts:
+    """Facts from exactly one source: `inventory` (a YAML file) or `nvml` (with
+    `mig_geometry`, each card in MIG mode carries its geometry, for MIG on demand)."""
     if (inventory is None) == (not nvml):
         raise ValueError("choose exactly one discovery source: an inventory file or NVML")
     if inventory is not None:
@@ -30,6 +31,6 @@ def discover(*, inventory: Path | None = None, nvml: bool = False,
         except InventoryError as exc:
             raise DiscoveryError(str(exc), nvml=False) from None
     try:
-        return discover_nvml(nvml_lib)
+        return discover_nvml(nvml_lib, mig_geometry=mig_geometry)
     except NvmlError as exc:
         raise DiscoveryError(str(exc), nvml=True) from None

@@ -39,6 +39,8 @@ T = TypeVar("T")
 Stage = Literal["creating", "gpu-instance", "made", "destroying"]
 STAGES: tuple[Stage, ...] = ("creating", "gpu-instance", "made", "destroying")
 FORMAT_VERSION = 1
+# The journal's file in the plugin's state directory.
+MIG_JOURNAL_FILE = "mig-instances.json"
 _NOT_FOUND = 6
 # GPU and compute instance ids NVML hands out on one card (A100 to B200 stay well under).
 _GPU_INSTANCE_IDS = range(32)
@@ -124,12 +126,34 @@ class Journal:
 
 
 class MigInstances:
-    """Makes and destroys the plugin's MIG instances through `lib` (`pynvml`, initialised by
-    the caller), journalled in `journal`."""
+    """Makes and destroys the plugin's MIG instances through `lib` (`pynvml`), journalled in
+    `journal`. With `session`, NVML is initialised at the first call that needs it (a failure
+    is a `MigError`, and the next call tries again) and kept open until `close()`; without,
+    the caller has initialised it."""
 
-    def __init__(self, lib: Any, journal: Path) -> None:
+    def __init__(self, lib: Any, journal: Path, *, session: bool = False) -> None:
         self._lib = lib
         self.journal = Journal(journal)
+        self._session = session
+        self._open = not session
+
+    def _opened(self) -> None:
+        if self._open:
+            return
+        try:
+            self._lib.nvmlInit()
+        except self._lib.NVMLError as err:
+            raise MigError(f"NVML nvmlInit failed: {err}") from None
+        self._open = True
+
+    def close(self) -> None:
+        """End the NVML session this object opened (if any)."""
+        if self._session and self._open:
+            self._open = False
+            try:
+                self._lib.nvmlShutdown()
+            except self._lib.NVMLError as err:
+                log.warning("nvmlShutdown failed: %s", err)
 
     # --- make -----------------------------------------------------------------------------
 
@@ -141,6 +165,7 @@ class MigInstances:
                 raise MigError(f"{key}: already holds {done.wanted.where()}, not "
                                f"{wanted.where()}")
             return done
+        self._opened()
         if done is not None:
             self._undo(done)  # a half-made one of an earlier try
         dev = self._device(wanted)
@@ -196,6 +221,7 @@ class MigInstances:
         entry = self.journal.get(key)
         if entry is None:
             return False
+        self._opened()
         if entry.stage == "made":
             entry = replace(entry, stage="destroying")
             self.journal.commit(key, entry)
@@ -206,7 +232,15 @@ class MigInstances:
     def recover(self) -> list[str]:
         """Finish or undo what a crash left half-done; a line per repair. An entry NVML
         refuses to repair stays for the next start, and its error is logged."""
-        repairs = []
+        repairs: list[str] = []
+        if not self.journal.entries():
+            return repairs
+        try:
+            self._opened()
+        except MigError as exc:
+            log.error("MIG journal: %s; its %d entries are repaired at the next start or "
+                      "prepare", exc, len(self.journal.entries()))
+            return repairs
         for entry in self.journal.entries():
             where = f"{entry.key}: {entry.wanted.where()}"
             try:

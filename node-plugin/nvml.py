@@ -169,8 +169,9 @@ class Nvml:
 
     # -- discovery -------------------------------------------------------------------------
 
-    def discover(self) -> NodeFacts:
-        """Every card with its MIG instances, ordered by index."""
+    def discover(self, *, mig_geometry: bool = False) -> NodeFacts:
+        """Every card with its MIG instances, ordered by index; with `mig_geometry`, each card
+        in MIG mode also carries its geometry (for MIG on demand: `mig_geometry()`)."""
         lib = self._lib
         driver = _text(self._call("nvmlSystemGetDriverVersion", lib.nvmlSystemGetDriverVersion))
         cuda_int = self._optional("nvmlSystemGetCudaDriverVersion",
@@ -186,7 +187,25 @@ class Nvml:
                 if not err.gpu_lost:
                     raise
                 log.error("GPU %d is left out: %s", i, err)
+        if mig_geometry:
+            gpus = [self._with_geometry(g) if g.mig_enabled else g for g in gpus]
         return NodeFacts(gpus=tuple(sorted(self._with_nvlink(gpus), key=lambda g: g.index)))
+
+    def _with_geometry(self, gpu: GpuFacts) -> GpuFacts:
+        """The card with its MIG geometry; as it is (its instances published as they are, none
+        made) where NVML cannot tell it."""
+        try:
+            geometry = self.mig_geometry(gpu.index)
+        except NvmlError as err:
+            if err.gpu_lost:
+                raise
+            log.error("GPU %d: MIG geometry unknown, no instance is made on it on demand "
+                      "(its instances are published as they are): %s", gpu.index, err)
+            return gpu
+        if geometry is None:
+            log.warning("GPU %d is in MIG mode but NVML lists no GPU instance profile for it: "
+                        "no instance is made on it on demand", gpu.index)
+        return replace(gpu, mig_geometry=geometry)
 
     def _with_nvlink(self, gpus: list[GpuFacts]) -> list[GpuFacts]:
         """Each card's NVLink island and fabric clique.
@@ -578,7 +597,8 @@ def _profile_name(info: Any, index: int, card_memory: Callable[[], int]) -> str:
     return _mig_profile(attrs, card_memory(), (index, info))
 
 
-def discover_nvml(lib: Any = None, *, sysfs: Path = Path("/sys")) -> NodeFacts:
+def discover_nvml(lib: Any = None, *, sysfs: Path = Path("/sys"),
+                  mig_geometry: bool = False) -> NodeFacts:
     """Facts of every card through one NVML session (init, discover, shutdown)."""
     with Nvml(lib, sysfs=sysfs) as nvml:
-        return nvml.discover()
+        return nvml.discover(mig_geometry=mig_geometry)

@@ -31,9 +31,10 @@ from dra_gateway.kube.cluster.features import (
     BY_PUBLISHED_SLICES,
     detect_consumable_capacity,
     detect_device_taints,
+    detect_partitionable_devices,
     slices_show_consumable_capacity,
 )
-from dra_gateway.kube.cluster.port import ApiError, Cluster, NotFound
+from dra_gateway.kube.cluster.port import ApiError, Cluster, Discovery, NotFound
 from dra_gateway.kube.device_health import admin_orders
 from dra_gateway.kube.node_setup import NodeSetup
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
@@ -43,6 +44,8 @@ from dra_gateway.node_plugin.devices import (
     CONSUMABLE_CAPACITY_FALLBACK,
     DeviceInfo,
     DeviceOptions,
+    Made,
+    counter_sets_of,
     device_table,
     devices_of,
 )
@@ -63,6 +66,7 @@ from dra_gateway.node_plugin.health import (
 )
 from dra_gateway.node_plugin.legacy import Card, cards_of
 from dra_gateway.node_plugin.metrics import Metrics
+from dra_gateway.node_plugin.miginstances import MigInstances
 from dra_gateway.node_plugin.nvml import Nvml
 from dra_gateway.node_plugin.prepare import Preparer
 from dra_gateway.node_plugin.publish import (
@@ -80,6 +84,9 @@ from dra_gateway.node_plugin.server import (
 from dra_gateway.node_plugin.setupreport import find_setup, report_setup
 
 log = logging.getLogger(__name__)
+
+# The release a cluster that does not tell its version is taken to be (slices' layout).
+_NEWEST_MINOR = 38
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,13 +136,16 @@ class PluginSettings:
     # Coexistence with a legacy GPU device plugin (ARCHITECTURE.md, "Moving a live cluster"):
     # cards it offers or its pods hold are never published.
     coexistence: CoexistenceSettings = field(default_factory=CoexistenceSettings)
+    # MIG on demand (the plugin is given a `MigInstances`): with a label key, only while this
+    # node's Node carries it with the value "true" (read at the start); "": on every node.
+    mig_on_demand_label: str = ""
 
 
 class NodePlugin:
     def __init__(self, settings: PluginSettings, cluster: Cluster, *,
                  discover: Callable[[], NodeFacts],
                  nvml_factory: Callable[[], Nvml] | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, mig: MigInstances | None = None) -> None:
         self.settings = settings
         self._cluster = cluster
         self._discover = discover
@@ -143,6 +153,13 @@ class NodePlugin:
         self.metrics = metrics or Metrics()
         self.facts = NodeFacts()
         self._table: dict[str, DeviceInfo] = {}
+        # MIG on demand: the instances' maker, whether this node is opted in (decided at the
+        # start where a label says), the facts as discovered (with every MIG card's geometry)
+        # and the placements the plugin had made when they were (not an administrator's).
+        self.mig = mig
+        self.mig_on_demand = mig is not None and not settings.mig_on_demand_label
+        self._discovered = NodeFacts()
+        self._made: Made = frozenset()
         # The consumable-capacity mode: None until forced or detected.
         self.consumable_capacity: bool | None = None
         self._options = replace(settings.devices, consumable_capacity=(
@@ -163,7 +180,7 @@ class NodePlugin:
         self.preparer = Preparer(
             cluster, node_name=settings.node_name, driver=settings.driver,
             cdi_dir=settings.cdi_dir, state_dir=settings.state_dir, devices=self.device_table,
-            enforcement=settings.enforcement, metrics=self.metrics)
+            enforcement=settings.enforcement, metrics=self.metrics, mig=mig)
         self.health_feed = HealthFeed(self._device_health)
         self.server = PluginServer(self.preparer, driver=settings.driver,
                                    plugins_dir=settings.plugins_dir,
@@ -222,18 +239,35 @@ class NodePlugin:
         legacy = self.coexistence.withheld()
         if self.device_taints:
             return devices_of(self.facts, self._options, taints=self.health.taints(),
-                              withheld=legacy)
-        return devices_of(self.facts, self._options, withheld=self.health.withheld() | legacy)
+                              withheld=legacy, made=self._made)
+        return devices_of(self.facts, self._options, withheld=self.health.withheld() | legacy,
+                          made=self._made)
 
-    def _set_facts(self, facts: NodeFacts) -> None:
+    def counter_sets(self) -> list[dict[str, Any]]:
+        """The counter sets of the cards cut on demand, where the cluster keeps them."""
+        if not self._options.partitionable_devices:
+            return []
+        return counter_sets_of(self.facts, self._made)
+
+    def _publish(self) -> None:
+        self.publisher.set_devices(self.devices(), self.counter_sets())
+
+    def _set_facts(self, facts: NodeFacts, made: Made = frozenset()) -> None:
+        self._discovered, self._made = facts, made
+        if not self.mig_on_demand:  # discovery read the geometry; this node is not opted in
+            facts = NodeFacts(gpus=tuple(replace(g, mig_geometry=None) for g in facts.gpus))
         self.facts = facts
-        self._table = device_table(facts, self._options)
+        self._table = device_table(facts, self._options, made)
         self.coexistence.refresh()  # new cards are judged on the last answers at once
-        self.publisher.set_devices(self.devices())
+        self._publish()
         self.health_feed.changed()
 
+    def _refresh(self) -> None:
+        """The devices and their table again from the last discovery (a mode changed)."""
+        self._set_facts(self._discovered, self._made)
+
     def _legacy_changed(self) -> None:
-        self.publisher.set_devices(self.devices())
+        self._publish()
 
     async def _slices_published(self) -> None:
         """Until the slices show the devices set last (the publisher's pass after a change)."""
@@ -352,7 +386,66 @@ class NodePlugin:
                  extra={"consumableCapacity": enabled, "detectedBy": how})
         if self._options.consumable_capacity != enabled:
             self._options = replace(self._options, consumable_capacity=enabled)
-            self._set_facts(self.facts)  # republish (nothing before the first discovery)
+            self._refresh()  # republish (nothing before the first discovery)
+
+    # MIG on demand ----------------------------------------------------------------------------
+
+    async def settle_mig_on_demand(self) -> None:
+        """Whether this node is opted in (its label, where one is asked for), and how its cards
+        cut on demand are published: with counter sets where the API server keeps them
+        (DRAPartitionableDevices), laid out as its release wants (1.34: beside the devices;
+        from 1.35: apart, and at most 64 devices a slice). Where the server drops the fields
+        the devices' attributes say the same, and the allocator counts those."""
+        label = self.settings.mig_on_demand_label
+        if label:
+            node = await self._read_node(until_read=True) or {}
+            self.mig_on_demand = objects.labels(node).get(label) == "true"
+            log.info("MIG on demand %s on node %s (label %s=%s)",
+                     "on" if self.mig_on_demand else "off", self.settings.node_name, label,
+                     objects.labels(node).get(label, "<unset>"))
+        if not self.mig_on_demand:
+            self._refresh()
+            return
+        minor = await self._server_minor()
+        verdict = await self._detect_partitionable()
+        self.publisher.set_layout(
+            max_devices=MAX_DEVICES_PER_SLICE_WITH_TAINTS if verdict
+            else self.publisher.max_devices, counters_apart=minor >= 35)
+        log.info("MIG on demand on node %s: cards in MIG mode publish every profile at every "
+                 "placement, %s", self.settings.node_name,
+                 "with counter sets (the API server keeps them)" if verdict else
+                 "their counters in attributes (the API server drops counter sets)",
+                 extra={"partitionableDevices": verdict, "serverMinor": minor})
+        self._options = replace(self._options, partitionable_devices=bool(verdict))
+        self._refresh()
+
+    async def _server_minor(self) -> int:
+        """The API server's minor version, asked until it answers (the layout depends on it);
+        a cluster that cannot say counts as the newest."""
+        if not isinstance(self._cluster, Discovery):
+            return _NEWEST_MINOR
+        delay = self.settings.retry_seconds
+        while True:
+            try:
+                version = await self._cluster.server_version()
+                return int(str(version.get("minor", "")).rstrip("+"))
+            except (ApiError, OSError, TimeoutError, ValueError) as exc:
+                log.warning("could not read the API server's version (slices of cards cut on "
+                            "demand are laid out by release): %r; retrying in %.0fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.settings.max_retry_seconds)
+
+    async def _detect_partitionable(self) -> bool:
+        """Whether the API server keeps counter sets; unknown (the probe refused) counts as
+        not: the attributes alone then tell the allocator, and no slice is refused."""
+        try:
+            async with asyncio.timeout(self.settings.detect_timeout_seconds):
+                verdict = await detect_partitionable_devices(
+                    self._cluster, driver=self.settings.driver, node_name=self.settings.node_name)
+        except (ApiError, OSError, TimeoutError) as exc:
+            log.warning("cannot tell whether the API server keeps counter sets: %r", exc)
+            return False
+        return bool(verdict)
 
     # HAMi-core --------------------------------------------------------------------------------
 
@@ -373,7 +466,7 @@ class NodePlugin:
                  self.settings.enforcement.hami_library,
                  "found" if present else "gone", names.ATTR_HAMI_CORE, str(present).lower(),
                  extra={"hamiCore": present})
-        self._set_facts(self.facts)
+        self._refresh()
 
     async def _watch_hami_core(self) -> None:
         while True:
@@ -414,7 +507,7 @@ class NodePlugin:
 
     def _health_changed(self) -> None:
         self.health_feed.changed()
-        self.publisher.set_devices(self.devices())
+        self._publish()
         now = self.health.problems
         for change in transitions(self._health_reported, now, tainted=self.device_taints,
                                   lifted_because=self.health.lifted_because):
@@ -462,7 +555,7 @@ class NodePlugin:
                             if saved.kept else "")
         self._health_reported = self.health.problems
         self._restored = True
-        self.publisher.set_devices(self.devices())
+        self._publish()
         self.health_feed.changed()
         self._save_health()
         if node is not None:
@@ -538,6 +631,9 @@ class NodePlugin:
 
     async def discover_once(self) -> bool:
         """Discover and publish; False (and an empty pool) when discovery failed."""
+        # The instances this plugin made are told apart from an administrator's by the journal,
+        # as it stood on either side of the discovery (one may be made meanwhile).
+        before = self.mig.placements() if self.mig is not None else frozenset()
         try:
             facts = await asyncio.to_thread(self._discover)
         except DiscoveryError as exc:
@@ -549,7 +645,8 @@ class NodePlugin:
             return False
         if self._nvml_factory is not None:
             self.metrics.nvml_up.set(1)
-        self._set_facts(facts)
+        self._set_facts(facts, before | (self.mig.placements() if self.mig is not None
+                                         else frozenset()))
         log.info("discovered %d GPU(s) on node %s", len(facts.gpus), self.settings.node_name)
         return True
 
@@ -565,6 +662,8 @@ class NodePlugin:
             await self.restore_health()
             # Before the first publish, so that it already has the mode the allocator sees.
             await self.settle_consumable_capacity()
+            if self.mig is not None:
+                await self.settle_mig_on_demand()
             if self.settings.device_taints is None:
                 await self.settle_device_taints()
             # Before the first publish too: until the kubelet has said what legacy pods hold,

@@ -154,7 +154,9 @@ class Publisher:
         self.node_name = node_name
         self.driver = driver
         self._devices = [copy.deepcopy(d) for d in devices]
+        self._counter_sets: list[dict[str, Any]] = []
         self._max_devices = max_devices
+        self._counters_apart = False
         self._metrics = metrics or Metrics()
         self._retry = retry_seconds
         self._max_retry = max_retry_seconds
@@ -176,18 +178,36 @@ class Publisher:
     def generation(self) -> int:
         return self._generation
 
-    def set_devices(self, devices: Sequence[dict[str, Any]]) -> None:
-        """New device list (after health changes); published by the running loop."""
+    @property
+    def max_devices(self) -> int:
+        return self._max_devices
+
+    def set_devices(self, devices: Sequence[dict[str, Any]],
+                    counter_sets: Sequence[dict[str, Any]] = ()) -> None:
+        """New device list (after health changes) and the counter sets its devices draw on;
+        published by the running loop."""
         fresh = [copy.deepcopy(d) for d in devices]
-        if fresh != self._devices:
+        sets = [copy.deepcopy(c) for c in counter_sets]
+        if fresh != self._devices or sets != self._counter_sets:
             self._devices = fresh
+            self._counter_sets = sets
+            self.synced.clear()
+            self._dirty.set()
+
+    def set_layout(self, *, max_devices: int, counters_apart: bool) -> None:
+        """How slices are cut (`build_slices`): the release decides (1.35 and later keep
+        counter sets apart and, where devices draw on counters, at most 64 devices a slice)."""
+        if (max_devices, counters_apart) != (self._max_devices, self._counters_apart):
+            self._max_devices = max_devices
+            self._counters_apart = counters_apart
             self.synced.clear()
             self._dirty.set()
 
     def desired(self, generation: int) -> list[Object]:
         return build_slices(node_name=self.node_name, driver=self.driver, devices=self._devices,
                             generation=generation, node_uid=self._node_uid,
-                            max_devices=self._max_devices)
+                            max_devices=self._max_devices, counter_sets=self._counter_sets,
+                            counters_apart=self._counters_apart)
 
     def _ours(self, obj: Object) -> bool:
         spec = obj.get("spec") or {}

@@ -6,13 +6,20 @@ compute instances, over cards of the models in `migcards`, as `pynvml` answers t
 2), and a placement that overlaps an instance, or a second media-extension instance, is refused
 as the driver refuses it. `fail` makes the next call of a name fail with a code, or run a hook
 (a test's crash) before it acts; `instances` and `made_by_hand` let a test see and seed the
-card. Used by the unit tier; never by the product, which loads the real `pynvml`.
+card. It also answers what discovery and the health watcher ask (names, memory, MIG mode on,
+the instances' attributes; no XID events), so a whole node plugin runs on it: `state` keeps the
+cards' instances in a file, as the hardware keeps them across a plugin's restarts, and
+`python -m dra_gateway.devkit.standin_nvml` runs `dra-gateway` with it in place of `pynvml`.
+Used by the test tiers; never by the product, which loads the real `pynvml`.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,15 +28,21 @@ import pynvml
 from dra_gateway.devkit.migcards import CardModel, ProfileRow
 from dra_gateway.gpu import mig
 from dra_gateway.gpu.mig import MEDIA_EXTENSIONS
+from dra_gateway.kube.files import atomic_write
 from dra_gateway.node_plugin.miginstances import COMPUTE_PROFILE_OF_SLICES
 
+NOT_SUPPORTED = 3
 NOT_FOUND = 6
+TIMEOUT = 10
 INVALID_ARGUMENT = 2
 INSUFFICIENT_RESOURCES = 23
 INSUFFICIENT_SIZE = 7
 MAX_GPU_INSTANCES = 16
 MAX_COMPUTE_INSTANCES = 8
 SLICES_OF_COMPUTE_PROFILE = {v: k for k, v in COMPUTE_PROFILE_OF_SLICES.items()}
+SMS_PER_COMPUTE_SLICE = 16
+DRIVER_VERSION = "580.95.05"
+CUDA_DRIVER_VERSION = 13000
 
 
 @dataclass(slots=True)
@@ -57,12 +70,33 @@ class StandInCard:
 
 
 class MigNvml:
-    def __init__(self, models: Sequence[CardModel], *, profile_names: bool = True) -> None:
-        self.cards = [StandInCard(f"GPU-{i:08x}-0000-4000-8000-standin{i:05d}", model)
-                      for i, model in enumerate(models)]
+    def __init__(self, models: Sequence[CardModel], *, profile_names: bool = True,
+                 state: Path | None = None, uuid_prefix: str = "standin") -> None:
+        self.cards = [StandInCard(f"GPU-{i:08x}-0000-4000-8000-{uuid_prefix[:7]:0>7}{i:05d}",
+                                  model) for i, model in enumerate(models)]
         self.profile_names = profile_names  # False: profile infos without a name (version 1)
         self._fail: dict[str, int | Callable[[], None]] = {}
         self.calls: list[str] = []
+        self.state = state
+        if state is not None and state.exists():
+            self._load(state)
+
+    def _load(self, state: Path) -> None:
+        saved = json.loads(state.read_text())
+        for card, instances in zip(self.cards, saved["cards"], strict=True):
+            rows = {r.name: r for r in card.model.rows}
+            card.instances = {
+                int(gi["gi"]): GpuInstance(int(gi["gi"]), rows[gi["profile"]], int(gi["start"]),
+                                           {int(k): int(v) for k, v in gi["compute"].items()})
+                for gi in instances}
+
+    def _save(self) -> None:
+        if self.state is None:
+            return
+        saved = {"cards": [[{"gi": gi.gi_id, "profile": gi.row.name, "start": gi.start,
+                             "compute": {str(k): v for k, v in gi.compute.items()}}
+                            for gi in card.instances.values()] for card in self.cards]}
+        atomic_write(self.state, (json.dumps(saved, indent=1) + "\n").encode())
 
     def fail(self, name: str, code_or_hook: int | Callable[[], None]) -> None:
         """The next call of `name` fails with the NVML code, or runs the hook first."""
@@ -153,7 +187,60 @@ class MigNvml:
 
         def memory_info(dev: Any) -> Any:
             call("nvmlDeviceGetMemoryInfo")
+            if isinstance(dev, tuple) and dev[0] == "mig":
+                return SimpleNamespace(total=mig_row(dev).memory_mib << 20)
             return SimpleNamespace(total=card_of(dev).model.memory_mib << 20)
+
+        def mig_row(handle: Any) -> ProfileRow:
+            found: GpuInstance | None = nvml.cards[handle[1]].instances.get(handle[2])
+            if found is None or handle[3] not in found.compute:
+                raise pynvml.NVMLError(NOT_FOUND)
+            return found.row
+
+        # -- what discovery and the health watcher ask besides ---------------------------
+
+        def not_supported(*_: Any) -> Any:
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+
+        def attributes(handle: Any) -> Any:
+            call("nvmlDeviceGetAttributes")
+            if not (isinstance(handle, tuple) and handle[0] == "mig"):
+                raise pynvml.NVMLError(NOT_SUPPORTED)
+            row = mig_row(handle)
+            slices = nvml.cards[handle[1]].instances[handle[2]].compute[handle[3]]
+            return SimpleNamespace(gpuInstanceSliceCount=row.compute_slices,
+                                   computeInstanceSliceCount=slices,
+                                   memorySizeMB=row.memory_mib,
+                                   multiprocessorCount=slices * SMS_PER_COMPUTE_SLICE)
+
+        def architecture(dev: Any) -> int:
+            return 7 if "A100" in card_of(dev).model.name else 9  # Ampere, Hopper
+
+        def compute_capability(dev: Any) -> tuple[int, int]:
+            return (8, 0) if "A100" in card_of(dev).model.name else (9, 0)
+
+        def event_set_wait(event_set: Any, timeout_ms: int) -> Any:
+            time.sleep(timeout_ms / 1000)  # no XID ever comes
+            raise pynvml.NVMLError(TIMEOUT)
+
+        discovery = {
+            "nvmlSystemGetDriverVersion": lambda: DRIVER_VERSION,
+            "nvmlSystemGetCudaDriverVersion": lambda: CUDA_DRIVER_VERSION,
+            "nvmlDeviceGetCount": lambda: len(nvml.cards),
+            "nvmlDeviceGetName": lambda dev: card_of(dev).model.name,
+            "nvmlDeviceGetMinorNumber": lambda dev: int(dev[1]),
+            "nvmlDeviceGetBrand": lambda dev: 2,  # Tesla
+            "nvmlDeviceGetArchitecture": architecture,
+            "nvmlDeviceGetCudaComputeCapability": compute_capability,
+            "nvmlDeviceGetPciInfo": not_supported,
+            "nvmlDeviceGetMigMode": lambda dev: [1, 1] if card_of(dev) else [0, 0],
+            "nvmlDeviceGetAttributes": attributes,
+            "nvmlDeviceGetSupportedEventTypes": not_supported,
+            "nvmlDeviceRegisterEvents": not_supported,
+            "nvmlEventSetCreate": lambda: object(),
+            "nvmlEventSetFree": lambda event_set: None,
+            "nvmlEventSetWait": event_set_wait,
+        }
 
         def create_gi(dev: Any, profile_id: int, placement: Any) -> Any:
             call("nvmlDeviceCreateGpuInstanceWithPlacement")
@@ -166,6 +253,7 @@ class MigNvml:
                 raise pynvml.NVMLError(INSUFFICIENT_RESOURCES)
             gi_id = next(i for i in range(1, MAX_GPU_INSTANCES) if i not in card.instances)
             card.instances[gi_id] = GpuInstance(gi_id, row, placement.start)
+            nvml._save()
             return ("gi", dev[1], gi_id)
 
         def gi_info(gi: Any) -> Any:
@@ -198,6 +286,7 @@ class MigNvml:
                 raise pynvml.NVMLError(INSUFFICIENT_RESOURCES)
             ci_id = next(i for i in range(MAX_COMPUTE_INSTANCES) if i not in found.compute)
             found.compute[ci_id] = slices
+            nvml._save()
             return ("ci", gi[1], gi[2], ci_id)
 
         def ci_of(ci: Any) -> tuple[GpuInstance, int]:
@@ -221,6 +310,7 @@ class MigNvml:
             call("nvmlComputeInstanceDestroy")
             found, ci_id = ci_of(ci)
             del found.compute[ci_id]
+            nvml._save()
 
         def destroy_gi(gi: Any) -> None:
             call("nvmlGpuInstanceDestroy")
@@ -228,6 +318,7 @@ class MigNvml:
             if found.compute:
                 raise pynvml.NVMLError(19)  # NVML_ERROR_IN_USE: compute instances remain
             del nvml.cards[gi[1]].instances[gi[2]]
+            nvml._save()
 
         def mig_devices(dev: Any) -> list[tuple[int, int]]:
             card = card_of(dev)
@@ -290,4 +381,5 @@ class MigNvml:
             nvmlDeviceGetGpuInstanceId=gi_id_of,
             nvmlDeviceGetComputeInstanceId=ci_id_of,
             nvmlDeviceGetUUID=uuid_of,
+            **discovery,
         )
