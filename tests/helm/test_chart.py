@@ -436,6 +436,11 @@ def test_validation_lists_every_problem_with_its_fix(helm: HelmRunner) -> None:
         pytest.param({"nodePlugin": {"inventory": INVENTORY}}, (), NAMESPACE,
                      "nodePlugin.inventory: set, but nodePlugin.discovery is nvml and would "
                      "ignore it", id="inventory-without-inventory-discovery"),
+        pytest.param({"nodePlugin": {"discovery": "inventory", "inventory": INVENTORY,
+                                     "migOnDemand": {"enabled": True}}}, (), NAMESPACE,
+                     "nodePlugin.migOnDemand.enabled: true with nodePlugin.discovery=inventory; "
+                     "instances are made through NVML, so use nodePlugin.discovery=nvml or set "
+                     "migOnDemand.enabled=false", id="mig-on-demand-without-nvml"),
         pytest.param({"allocator": {"replicas": 1}}, (), NAMESPACE,
                      "allocator.podDisruptionBudget.minAvailable: 1 with allocator.replicas 1 "
                      "would block every node drain", id="allocator-budget"),
@@ -1095,6 +1100,34 @@ def test_node_plugin_detects_consumable_capacity_unless_a_value_forces_it(
     role = one(objects, CLUSTER, "node-plugin")
     assert any("resourceslices" in rule["resources"] and "create" in rule["verbs"]
                for rule in role["rules"])
+
+
+@pytest.mark.parametrize(("values", "label"), [
+    ({"enabled": True}, "gpu.dra-gateway.io/mig-on-demand"),
+    ({"enabled": True, "nodeLabel": ""}, None),
+    ({"enabled": True, "nodePrivileged": False}, "gpu.dra-gateway.io/mig-on-demand")])
+def test_mig_on_demand_passes_its_flags_and_the_mig_config_capability(
+        helm: HelmRunner, values: Object, label: str | None) -> None:
+    """On, the plugin gets --mig-on-demand (and the label, unless every node), NVIDIA's runtime
+    is told to expose the mig-config capability, and an unprivileged plugin gets CAP_SYS_ADMIN,
+    which that capability needs; off (the default), none of it."""
+    from dra_gateway.cli import build_parser
+
+    privileged = values.pop("nodePrivileged", True)
+    result = helm.template({"nodePlugin": {"migOnDemand": values, "privileged": privileged}})
+    assert result.returncode == 0, result.stderr
+    plugin = container(parse_render(result.stdout), "DaemonSet", "node-plugin")
+    parsed = build_parser().parse_args([a.replace("$(NODE_NAME)", "node-a")
+                                        for a in plugin["args"]])
+    assert parsed.mig_on_demand is True
+    assert parsed.mig_on_demand_label == (label or "")
+    assert {"name": "NVIDIA_MIG_CONFIG_DEVICES", "value": "all"} in plugin["env"]
+    security = plugin["securityContext"]
+    assert security.get("privileged") is True or security["capabilities"]["add"] == ["SYS_ADMIN"]
+
+    default = container(helm.render("default"), "DaemonSet", "node-plugin")
+    assert "--mig-on-demand" not in default["args"]
+    assert all(e["name"] != "NVIDIA_MIG_CONFIG_DEVICES" for e in default["env"])
 
 
 def test_schema_refuses_a_consumable_capacity_other_than_auto_true_or_false(
