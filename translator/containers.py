@@ -46,6 +46,7 @@ from dra_gateway.translator.selectors import hami_core_selector
 
 __all__ = [
     "ContainerPlan",
+    "asks_for_devices_here",
     "Found",
     "PodContext",
     "Skipped",
@@ -299,6 +300,15 @@ def _choose_rule(found: Found, ordered: list[str], *, context: PodContext,
             raise _bad_amounts(subject, problems)
         return rule, activation
     return None
+
+
+def asks_for_devices_here(resource: str, *, found: Found, context: PodContext,
+                         rules: RuleSet) -> bool:
+    """Whether `resource` asks for devices in this container of this pod: it triggers an
+    enabled rule whose conditions hold (`RuleSet.asks_for_devices` without the pod: a rule
+    that needs a node label the pod does not select translates nothing here)."""
+    return any(rule.triggered_by(resource) and _applies(rule, found, context)
+               for rule in rules.rules_for(resource))
 
 
 def _applies(rule: CompiledRule, found: Found, context: PodContext) -> bool:

@@ -28,7 +28,9 @@ from dra_gateway.kube.quantity import QuantityError, parse_quantity
 from dra_gateway.policy.admission import ModelLookup, check_admission, check_legacy
 from dra_gateway.policy.amounts import DeviceCharge, RequestShape, requests_of
 from dra_gateway.policy.catalog import Catalog
+from dra_gateway.translator.containers import Found, PodContext, asks_for_devices_here
 from dra_gateway.translator.extended import ExtendedResources, deferred_resources
+from dra_gateway.translator.pods import node_labels
 from dra_gateway.translator.rules import RuleSet
 from dra_gateway.translator.shapes import TEMPLATE_PREFIX
 from dra_gateway.translator.translate import CLAIM_NAME
@@ -199,8 +201,12 @@ class LegacyRequestsTranslated:
         # nvidia.com/priority without a GPU request) reaches the scheduler harmlessly. Nor what
         # /mutate left to kube-scheduler because a DeviceClass declares it (with what its rule
         # reads beside it in the container): kube-scheduler serves those.
-        asks = review.rules.asks_for_devices
+        rules = review.rules
         extended = review.extended
+        annotations = review.metadata.get("annotations")
+        context = PodContext(
+            annotations=annotations if isinstance(annotations, dict) else {},
+            node_selector=node_labels(review.spec), namespace=review.namespace, extended=None)
         for key in ("initContainers", "containers"):
             containers = review.spec.get(key)
             for index, container in enumerate(containers if isinstance(containers, list) else ()):
@@ -213,6 +219,17 @@ class LegacyRequestsTranslated:
                         [r for part in ("limits", "requests")
                          if isinstance(resources.get(part), dict) for r in resources[part]],
                         review.rules, extended))
+                legacy = [tuple(r for r in amounts if rules.is_legacy(r))
+                          if isinstance(amounts := resources.get(part), dict) else ()
+                          for part in ("limits", "requests")]
+                found = Found(key, index, container, legacy[0], legacy[1])
+
+                def asks(resource: str, found: Found = found) -> bool:
+                    # What a rule that applies to this pod would have translated (a MIG rule
+                    # needing a node label the pod does not select would not).
+                    return rules.asks_for_devices(resource) and asks_for_devices_here(
+                        resource, found=found, context=context, rules=rules)
+
                 for part in ("limits", "requests"):
                     amounts = resources.get(part)
                     if not isinstance(amounts, dict):

@@ -93,8 +93,11 @@ def test_what_stays_in_a_container_is_named_with_its_reason(
         "container asking for nvidia.com/gpucores or nvidia.com/gpumem or "
         "nvidia.com/gpumem-percentage; rule hami reads nvidia.com/priority but applies only to a "
         "container asking for nvidia.com/gpucores or nvidia.com/gpumem or "
-        "nvidia.com/gpumem-percentage; rule nvidia-gpu reads nvidia.com/priority but applies "
-        "only to a container asking for nvidia.com/gpu")
+        "nvidia.com/gpumem-percentage; rule gke-mig reads nvidia.com/priority but applies only "
+        "to a container asking for nvidia.com/gpu; rule nvidia-mig-single reads "
+        "nvidia.com/priority but applies only to a container asking for nvidia.com/gpu; rule "
+        "nvidia-gpu reads nvidia.com/priority but applies only to a container asking for "
+        "nvidia.com/gpu")
     assert hint["left"] == [{"resource": "nvidia.com/priority",
                              "reason": "no enabled rule applies"}]
     assert (idle["outcome"], idle["rule"], idle["left"]) == (

@@ -236,14 +236,15 @@ def test_the_report_names_classes_and_the_rules_that_defer_or_translate(
     assert line.startswith(
         "nvidia.com/gpu: DeviceClasses gpu.nvidia.com, gpu.dra-gateway.io declare nvidia.com/gpu "
         "(spec.extendedResourceName); kube-scheduler uses gpu.nvidia.com, the newest; rules "
-        "hami, hami-mig, nvidia-gpu leave it to kube-scheduler (set extendedResourceNames: "
-        "translate on "
-        "a rule to translate it)")
+        "gke-mig, hami, hami-mig, nvidia-gpu, nvidia-mig-single leave it to kube-scheduler (set "
+        "extendedResourceNames: translate on a rule to translate it)")
     assert "rule hami: nvidia.com/gpucores, nvidia.com/gpumem" in line
     own = ExtendedResources.from_device_classes([device_class(names.GPU_CLASS,
                                                               "nvidia.com/gpu")])
     lines = report(rules_with(TAKE_BACK, tmp_path), own)
-    assert "rule nvidia-gpu translates it anyway (extendedResourceNames: translate)" in lines[0]
+    # The MIG rules on nvidia.com/gpu decide as nvidia-gpu does (extendedResourceNamesFrom).
+    assert ("rules gke-mig, nvidia-gpu, nvidia-mig-single translate it anyway "
+            "(extendedResourceNames: translate)") in lines[0]
     assert lines[1] == (
         "nvidia.com/gpu: gpu.dra-gateway.io is a dra-gateway DeviceClass: kube-scheduler "
         "allocates its devices for nvidia.com/gpu itself, outside the gateway's allocator "
@@ -276,8 +277,8 @@ def test_rules_check_notes_the_names_a_device_class_file_declares(
                                "nvidia.com/gpu (spec.extendedResourceName); rules hami, hami-mig "
                                "leave it to kube-scheduler (set extendedResourceNames: translate "
                                "on a rule to translate it); ")
-    assert lines[1].endswith("; rule nvidia-gpu translates it anyway "
-                             "(extendedResourceNames: translate)")
+    assert lines[1].endswith("; rules gke-mig, nvidia-gpu, nvidia-mig-single translate it "
+                             "anyway (extendedResourceNames: translate)")
     # Without the file, nothing to note.
     code, out, _ = run(capsys, "rules", "check", str(rules))
     assert (code, len(out.splitlines())) == (0, 1)

@@ -44,7 +44,8 @@ def test_builtin_rules_cover_every_protocol(builtin_rules: RuleSet) -> None:
     assert builtin_rules.annotation_keys() == frozenset({
         "nvidia.com/use-gputype", "nvidia.com/nouse-gputype", "nvidia.com/use-gpuuuid",
         "nvidia.com/nouse-gpuuuid", "nvidia.com/numa-bind", "hami.io/gpu-scheduler-policy",
-        "hami.io/node-scheduler-policy", "nvidia.com/vgpu-mode", "dra-gateway.io/align"})
+        "hami.io/node-scheduler-policy", "nvidia.com/vgpu-mode", "dra-gateway.io/align",
+        "volcano.sh/vgpu-mode"})
     assert builtin_rules.disabled == (
         "ascend-npu", "aws-neuron", "aws-neuroncore", "aws-neurondevice", "cambricon-mlu",
         "enflame-gcu", "google-tpu", "hygon-dcu", "iluvatar", "intel-gpu", "kunlunxin-xpu",
@@ -133,7 +134,8 @@ rules:
 """)
     assert message == (
         '1 rule failed to load: extra.yaml: rules[0].precedence: rule "my-gpu" reads '
-        'nvidia.com/gpu like rules "hami" and "hami-mig" and "nvidia-gpu", with no precedence '
+        'nvidia.com/gpu like rules "gke-mig" and "hami" and "hami-mig" and "nvidia-gpu" and '
+        '"nvidia-mig-single", with no precedence '
         'between them; '
         "give it a different precedence, reuse the name to replace a rule, or disable one")
 
