@@ -127,3 +127,42 @@ def test_a_translated_mig_request_selects_the_instances_of_its_profile(
               if all(s.matches(device_view(names.DRIVER, d)) for s in selectors)]
     assert [d["attributes"]["profile"]["string"] for d in chosen] == [profile]
     assert gpu_mig.profile_of_resource(resource) == profile  # one reading of the names
+
+
+def _chosen(request: dict[str, Any], devices: list[dict[str, Any]]) -> tuple[str, list[str]]:
+    """The alternative the allocator would take (the first with a device) and the profiles
+    of the devices it matches."""
+    alternatives = request.get("firstAvailable") or [{"name": "", **request["exactly"]}]
+    for alternative in alternatives:
+        selectors = [compile_selector(s["cel"]["expression"])
+                     for s in alternative.get("selectors", [])]
+        chosen = [d["attributes"]["profile"]["string"] for d in devices
+                  if all(s.matches(device_view(names.DRIVER, d)) for s in selectors)]
+        if chosen:
+            return alternative["name"], chosen
+    return "", []
+
+
+@pytest.mark.parametrize(("limits", "annotations", "node_selector", "wanted"), [
+    ({"nvidia.com/gpu": "1"}, {}, {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-MIG-3g.40gb"},
+     ("", ["3g.40gb"])),
+    ({"nvidia.com/gpu": "1"}, {}, {"cloud.google.com/gke-gpu-partition-size": "1g.10gb"},
+     ("", ["1g.10gb"])),
+    # 8000 MiB: the smallest profile that holds it (1g.10gb, not its +me twin nor the 3g).
+    ({"nvidia.com/gpumem": "8000"}, {"nvidia.com/vgpu-mode": "mig"}, {},
+     ("1g-10gb", ["1g.10gb"])),
+    ({"volcano.sh/vgpu-memory": "30000"}, {"volcano.sh/vgpu-mode": "mig"}, {},
+     ("3g-40gb", ["3g.40gb"])),
+])
+def test_the_other_mig_forms_select_the_instances_an_administrator_made(
+        limits: dict[str, str], annotations: dict[str, str], node_selector: dict[str, str],
+        wanted: tuple[str, list[str]], tmp_path: Path) -> None:
+    inventory = tmp_path / "mig.yaml"
+    inventory.write_text(MIG_INVENTORY)
+    devices = devices_of(load_inventory(inventory), DeviceOptions())
+    pod = {"metadata": {"name": "p", "namespace": "ml", "annotations": annotations},
+           "spec": {"nodeSelector": node_selector,
+                    "containers": [{"name": "main", "resources": {"limits": limits}}]}}
+    (template,) = translate(pod, load_rules()).templates
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert _chosen(request, devices) == wanted
