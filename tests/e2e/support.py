@@ -139,9 +139,12 @@ class Component:
     args: list[str]
     log: Path
     process: subprocess.Popen[bytes] | None = None
+    # What runs `args`: dra-gateway's command line, or a devkit module that wraps it (the NVML
+    # stand-in's, for a node with MIG cards).
+    module: str = "dra_gateway"
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "dra_gateway", *self.args]
+        argv = [sys.executable, "-m", self.module, *self.args]
         with self.log.open("ab") as out:
             out.write(("$ " + " ".join(argv) + "\n").encode())
             out.flush()
@@ -197,6 +200,12 @@ class Gateway:
         from 1.36)."""
         minor = int(self.version.split(".")[1])
         return bool(self.feature_gates.get("DRAConsumableCapacity", minor >= 36))
+
+    @property
+    def partitionable_devices(self) -> bool:
+        """Whether this API server keeps counter sets (DRAPartitionableDevices: on from 1.36)."""
+        minor = int(self.version.split(".")[1])
+        return bool(self.feature_gates.get("DRAPartitionableDevices", minor >= 36))
 
     @property
     def device_taints(self) -> bool:

@@ -1,0 +1,266 @@
+"""MIG on demand on a real control plane (issue 47): a KWOK node of two H100s in MIG mode, its
+node plugin run with `--nvml --mig-on-demand` on the NVML stand-in (the cards' instances kept
+in a file, as the hardware keeps them), and pods asking NVIDIA's legacy MIG names.
+
+1. The plugin publishes each card cut on demand: the whole card and every profile at every
+   placement, with counter sets where the API server keeps them (DRAPartitionableDevices) and
+   the same counters in attributes where it drops them.
+2. Seven `nvidia.com/mig-1g.10gb` pods in a burst are translated, allocated and packed onto one
+   card, so that the other card stays whole: a `nvidia.com/mig-7g.80gb` pod is placed on it.
+3. An eighth 1g pod waits: no card has a free placement for it (the counters say so); once a 1g
+   pod is deleted, it is placed. At no time do two allocated devices hold one memory slice, or
+   a card's instances more compute slices than it has.
+4. The kubelet's calls (NodePrepareResources over the plugin's DRA socket, as the kubelet makes
+   them; KWOK runs no kubelet) make the 7g pod's instance on the stand-in's card at the
+   allocated placement, with a CDI spec naming its MIG UUID; NodeUnprepareResources destroys
+   it.
+
+The node, its plugin, slices and namespace are removed at the end: the other modules of the
+tier see the installation as `install` made it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from dra_gateway.devkit.realcluster import Api, path_of
+from dra_gateway.kube import names
+from dra_gateway.kube.cluster.port import ApiError
+from dra_gateway.node_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
+from dra_gateway.node_plugin.server import dra_socket_path
+from e2e.support import (
+    NAMESPACE,
+    Component,
+    Gateway,
+    node_plugin_kubeconfig,
+    pod_claims,
+    short_dir,
+    wait_until,
+)
+
+NS = "mig-on-demand"
+NODE = "gpu-mig-1"
+H100 = "NVIDIA H100 80GB HBM3"
+POOL_LABEL = "e2e.dra-gateway.io/pool"
+POOL = "mig"
+CARD_DEVICES = 26  # the whole card and the 25 placements of an H100's profiles
+JSON = dict[str, Any]
+
+
+# The node ---------------------------------------------------------------------------------------
+
+def _devices(api: Api) -> dict[str, JSON]:
+    return {d["name"]: d for s in api.list(path_of("resource.k8s.io/v1", "resourceslices"))
+            if s["spec"].get("nodeName") == NODE and s["spec"].get("driver") == names.DRIVER
+            for d in s["spec"].get("devices") or []}
+
+
+def _counter_sets(api: Api) -> list[str]:
+    return sorted(c["name"] for s in api.list(path_of("resource.k8s.io/v1", "resourceslices"))
+                  if s["spec"].get("driver") == names.DRIVER
+                  and (s["spec"].get("nodeName") == NODE or s["spec"]["pool"]["name"] == NODE)
+                  for c in s["spec"].get("sharedCounters") or [])
+
+
+@contextlib.contextmanager
+def _mig_node(gateway: Gateway) -> Iterator[tuple[Path, Path]]:
+    """The node and its plugin on the stand-in: (the stand-in's cards file, the plugin's
+    directory)."""
+    api = gateway.api
+    gateway.plane.add_node(NODE, labels={POOL_LABEL: POOL, "nvidia.com/mig.strategy": "mixed",
+                                         "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
+    base = short_dir()
+    cards = base / "cards.json"
+    plugin = Component(f"node-plugin-{NODE}", [
+        "--card", H100, "--card", H100, "--state", str(cards), "--uuid-prefix", "mig",
+        "--", "node-plugin", "serve", "--nvml", "--mig-on-demand",
+        "--node-name", NODE, "--cluster", "kube",
+        "--kubeconfig", node_plugin_kubeconfig(gateway, NODE),
+        "--plugins-dir", str(base / "plugins"), "--registry-dir", str(base / "registry"),
+        "--cdi-dir", str(base / "cdi"), "--state-dir", str(base / "state"),
+        "--no-legacy-coexistence"],
+        gateway.work / "logs" / f"node-plugin-{NODE}.log",
+        module="dra_gateway.devkit.standin_nvml")
+    gateway.components[plugin.name] = plugin
+    try:
+        gateway.plane.wait_nodes_ready([NODE])
+        plugin.start()
+        wait_until(f"the two cards of {NODE} to be published cut on demand",
+                   lambda: len(_devices(api)) == 2 * CARD_DEVICES, 90, gateway.check)
+        yield cards, base
+    finally:
+        _clean_up(gateway)
+
+
+def _clean_up(gateway: Gateway) -> None:
+    api = gateway.api
+    with contextlib.suppress(ApiError):
+        for pod in api.list(path_of("v1", "pods", namespace=NS)):
+            api.delete(path_of("v1", "pods", namespace=NS, name=pod["metadata"]["name"]),
+                       grace_period_s=0)
+    with contextlib.suppress(ApiError):
+        api.delete(path_of("v1", "namespaces", name=NS))
+    wait_until(f"namespace {NS} to be gone",
+               lambda: not api.exists(path_of("v1", "namespaces", name=NS)), 120)
+    plugin = gateway.components.pop(f"node-plugin-{NODE}", None)
+    if plugin is not None:
+        plugin.stop()
+    for item in api.list(path_of("resource.k8s.io/v1", "resourceslices")):
+        if item["spec"].get("nodeName") == NODE or item["spec"]["pool"]["name"] == NODE:
+            with contextlib.suppress(ApiError):
+                api.delete(path_of("resource.k8s.io/v1", "resourceslices",
+                                   name=item["metadata"]["name"]))
+    for pod in api.list(path_of("v1", "pods", namespace=NAMESPACE)):
+        if pod["spec"].get("nodeName") == NODE:
+            with contextlib.suppress(ApiError):
+                api.delete(path_of("v1", "pods", namespace=NAMESPACE,
+                                   name=pod["metadata"]["name"]), grace_period_s=0)
+    with contextlib.suppress(ApiError):
+        api.delete(path_of("v1", "nodes", name=NODE))
+
+
+# The workload -----------------------------------------------------------------------------------
+
+def _pod(name: str, profile: str) -> JSON:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+            "spec": {"nodeSelector": {POOL_LABEL: POOL}, "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "main", "image": "example.com/cuda:1",
+                                     "resources": {"limits": {
+                                         f"nvidia.com/mig-{profile}": "1"}}}]}}
+
+
+def _held(api: Api, name: str) -> list[str]:
+    """The devices of NODE the pod's claims are allocated."""
+    pod = api.get(path_of("v1", "pods", namespace=NS, name=name))
+    return [r["device"] for claim in pod_claims(api, pod)
+            for r in (((claim.get("status") or {}).get("allocation") or {}).get("devices")
+                      or {}).get("results") or [] if r["pool"] == NODE]
+
+
+def _slices_of(device: JSON) -> tuple[str, range, int]:
+    """(counter set, memory slices, compute slices) a device holds, from the attributes the
+    plugin publishes in both worlds (with and without counter sets)."""
+    attrs = device["attributes"]
+    start = attrs.get(names.ATTR_MIG_START, {"int": 0})["int"]
+    size = attrs[names.ATTR_MIG_MEMORY_SLICES]["int"]
+    return (attrs[names.ATTR_COUNTER_SET]["string"], range(start, start + size),
+            attrs[names.ATTR_MIG_COMPUTE_SLICES]["int"])
+
+
+def _over_committed(api: Api) -> list[str]:
+    """Every memory slice held twice and every card whose instances pass its compute slices,
+    over all allocated claims."""
+    published = _devices(api)
+    slices: dict[tuple[str, int], list[str]] = {}
+    compute: dict[str, int] = {}
+    for claim in api.list(path_of("resource.k8s.io/v1", "resourceclaims")):
+        for result in (((claim.get("status") or {}).get("allocation") or {}).get("devices")
+                       or {}).get("results") or []:
+            if result["pool"] != NODE:
+                continue
+            card, memory, cores = _slices_of(published[result["device"]])
+            compute[card] = compute.get(card, 0) + cores
+            for i in memory:
+                slices.setdefault((card, i), []).append(result["device"])
+    return ([f"{card} memory slice {i}: {held}" for (card, i), held in slices.items()
+             if len(held) > 1] +
+            [f"{card}: {used} compute slices" for card, used in compute.items() if used > 7])
+
+
+def _prepare(base: Path, claim: JSON, *, unprepare: bool = False) -> Any:
+    """One call of the kubelet's: NodePrepareResources (or NodeUnprepareResources) of the claim
+    over the plugin's DRA socket."""
+    meta = claim["metadata"]
+    message = dra_v1_pb2.Claim(namespace=meta["namespace"], uid=meta["uid"], name=meta["name"])
+
+    async def call() -> Any:
+        socket = dra_socket_path(base / "plugins")
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+            if unprepare:
+                return await stub.NodeUnprepareResources(
+                    dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[message]), timeout=60)
+            return await stub.NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(claims=[message]), timeout=60)
+
+    return asyncio.run(call())
+
+
+def _instances(cards: Path) -> list[list[tuple[str, int]]]:
+    """(profile, first memory slice) of each instance on each of the stand-in's cards."""
+    if not cards.exists():
+        return [[], []]
+    saved = json.loads(cards.read_text())["cards"]
+    return [sorted((gi["profile"], gi["start"]) for gi in card) for card in saved]
+
+
+def test_legacy_mig_names_are_served_by_instances_made_on_demand(gateway: Gateway) -> None:
+    api = gateway.api
+    with _mig_node(gateway) as (cards, base):
+        devices = _devices(api)
+        # 1. Cut on demand, with counter sets where the server keeps them.
+        assert {"gpu-0", "gpu-1", "gpu-0-mig-1g10gb-19-0", "gpu-1-mig-7g80gb-0-0"} <= set(devices)
+        assert _counter_sets(api) == (["gpu-0-counter-set", "gpu-1-counter-set"]
+                                      if gateway.partitionable_devices else [])
+        assert ("consumesCounters" in devices["gpu-0-mig-1g10gb-19-0"]) \
+            is gateway.partitionable_devices
+        api.create(path_of("v1", "namespaces"), {"apiVersion": "v1", "kind": "Namespace",
+                                                 "metadata": {"name": NS}})
+
+        # 2. A burst of seven 1g pods, packed onto one card; the other takes a 7g.
+        small = [f"small-{i}" for i in range(7)]
+        for name in small:
+            api.create(path_of("v1", "pods", namespace=NS), _pod(name, "1g.10gb"))
+        wait_until("the seven 1g pods to be allocated",
+                   lambda: all(_held(api, n) for n in small), 120, gateway.check)
+        held = {n: _held(api, n) for n in small}
+        assert all(len(d) == 1 and "-mig-1g10gb-" in d[0] for d in held.values()), held
+        assert len({_slices_of(devices[d[0]])[0] for d in held.values()}) == 1, held
+        api.create(path_of("v1", "pods", namespace=NS), _pod("big", "7g.80gb"))
+        wait_until("the 7g pod to be allocated", lambda: bool(_held(api, "big")), 120,
+                   gateway.check)
+        (big,) = _held(api, "big")
+        assert _slices_of(devices[big])[1] == range(8)
+        assert _over_committed(api) == []
+
+        # 3. An eighth 1g waits while no card has a free placement for it, then takes the
+        #    slices a deleted one leaves.
+        api.create(path_of("v1", "pods", namespace=NS), _pod("waiting", "1g.10gb"))
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            assert _held(api, "waiting") == []
+            assert _over_committed(api) == []
+            time.sleep(1)
+        api.delete(path_of("v1", "pods", namespace=NS, name="small-3"), grace_period_s=0)
+        wait_until("the waiting 1g pod to be allocated", lambda: bool(_held(api, "waiting")),
+                   120, gateway.check)
+        assert _over_committed(api) == []
+
+        # 4. Prepared as the kubelet would: the 7g instance is made where it was allocated,
+        #    named in the CDI spec, and destroyed at unprepare.
+        pod = api.get(path_of("v1", "pods", namespace=NS, name="big"))
+        (claim,) = pod_claims(api, pod)
+        card = int(big.split("-")[1])
+        before = _instances(cards)
+        response = _prepare(base, claim)
+        prepared = response.claims[claim["metadata"]["uid"]]
+        assert prepared.error == ""
+        assert [d.device_name for d in prepared.devices] == [big]
+        after = _instances(cards)
+        assert after[card] == [("7g.80gb", 0)]
+        assert before[card] == []
+        specs = [json.loads(p.read_text()) for p in (base / "cdi").glob("*.json")]
+        env = [e for spec in specs for d in spec["devices"]
+               for e in d["containerEdits"].get("env") or []]
+        assert any(e.startswith("NVIDIA_VISIBLE_DEVICES=MIG-") for e in env), env
+        response = _prepare(base, claim, unprepare=True)
+        assert response.claims[claim["metadata"]["uid"]].error == ""
+        assert _instances(cards)[card] == []
