@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, NamedTuple
 
 from dra_gateway.kube import names
+from dra_gateway.kube.cel import CelError
 from dra_gateway.kube.quantity import (
     Quantity,
     QuantityError,
     mistaken_suffix,
     mistaken_unit_message,
 )
-from dra_gateway.kube.cel import CelError
 from dra_gateway.translator.errors import Refused, quote, refuse
 from dra_gateway.translator.evaluation import (
     Subject,
@@ -46,10 +46,10 @@ from dra_gateway.translator.selectors import hami_core_selector
 
 __all__ = [
     "ContainerPlan",
-    "asks_for_devices_here",
     "Found",
     "PodContext",
     "Skipped",
+    "asks_for_devices_here",
     "is_sidecar",
     "plan_container",
 ]
@@ -212,13 +212,13 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
             *((f"device.constraints[{i}].when", con) for i, (_, con) in
               enumerate(rule.constraints))], activation)
         conditions = conditions or these  # constraints: as the first alternative has them
-        chosen = rendered_selectors(subject, these[:len(rule.selectors)], activation)
-        selectors = [text for _, text in chosen]
+        rendered = rendered_selectors(subject, these[:len(rule.selectors)], activation)
+        selectors = [text for _, text in rendered]
         if rule.class_name == names.GPU_CLASS and outputs.enforcement == "hami-core" and (
                 outputs.memory or outputs.percent or outputs.cores):
             # A share HAMi-core enforces needs the library on the card's node.
             selectors.append(hami_core_selector(rule.driver))
-        alternatives.append((item, chosen, exactly(rule, outputs, selectors)))
+        alternatives.append((item, rendered, exactly(rule, outputs, selectors)))
     chosen_selectors = alternatives[0][1]
     request: dict[str, Any] = {"name": name}
     if len(alternatives) == 1:

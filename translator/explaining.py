@@ -216,7 +216,7 @@ def _container(key: str, index: int, container: Mapping[str, Any], *, rules: Rul
 
     rule = rules.rule(result.rule)
     # Alternatives (firstAvailable) are explained by the first, which the rule prefers.
-    subrequests = result.request.get("firstAvailable") or ()
+    subrequests: list[dict[str, Any]] = result.request.get("firstAvailable") or []
     exactly = result.request.get("exactly") or {
         k: v for k, v in subrequests[0].items() if k != "name"}
     parameters = result.config["opaque"]["parameters"] if result.config else None

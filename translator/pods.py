@@ -7,6 +7,7 @@ it with the one-line problem this returns. Pure; it must not repair a pod.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -78,7 +79,7 @@ def pod_shape_problem(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def node_labels(spec: dict[str, Any]) -> dict[str, str]:
+def node_labels(spec: Mapping[str, Any]) -> dict[str, str]:
     """The node labels the pod pins to one value, as rules read them (`nodeSelector`): its
     `spec.nodeSelector`, and each key that every term of its required node affinity tests
     with operator In and one value, the same in each (the terms are alternatives: a key only
@@ -106,7 +107,7 @@ def node_labels(spec: dict[str, Any]) -> dict[str, str]:
     return {**pinned, **selector}
 
 
-def _required_terms(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def _required_terms(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     affinity = spec.get("affinity")
     node = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
     required = (node.get("requiredDuringSchedulingIgnoredDuringExecution")
