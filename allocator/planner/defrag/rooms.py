@@ -18,6 +18,8 @@ from dra_gateway.allocator.planner.defrag.estimate import (
     Card,
     DeviceKey,
     Need,
+    counter_draw,
+    counter_sets,
     devices_of,
     label,
     need_of,
@@ -64,6 +66,7 @@ class RoomMaker:
         self._cards: dict[str, list[Card]] = {}
         self._fits: dict[tuple[object, ...], bool] = {}  # cleared when the plan moves pods
         self._shapes: dict[str, tuple[object, ...]] = {}  # a placed pod's requests, by uid
+        self._fractions: dict[tuple[object, ...], float | None] = {}  # MIG requests' shares
         for resident in residents:
             uid = objects.uid(resident.pod)
             keys = devices_of(resident.claims)
@@ -116,6 +119,9 @@ class RoomMaker:
         for device in state.node_devices.get(node, ()):
             if not device.is_gateway_gpu:
                 continue
+            if device.counters:
+                cards.append(self._cut_card(node, device))
+                continue
             usage = state.device_usage(device.key)
             holders = tuple(sorted(h for h in self.holders.get(device.key, ())
                                    if h not in self.out))
@@ -131,6 +137,37 @@ class RoomMaker:
             cards.append(Card(device, 1.0 - used, holders, sizes, freeable))
         self._cards[node] = cards
         return cards
+
+    def _cut_card(self, node: str, device: Device) -> Card:
+        """A card cut into MIG instances on demand, from the counters its whole-card device
+        draws: what the allocated devices drawing on them hold, by whom. A card whose set
+        lacks some of its counters (an administrator's instance holds them) is never free."""
+        state = self.state
+        sets = counter_sets(device)
+        whole = counter_draw(device, sets)
+        totals = state.inventory.node_counters.get(node, {})
+        have = sum(min(totals.get(key, 0), amount) for key, amount in device.counters
+                   if key[:3] in sets)
+        parts = tuple(d for d in state.node_devices.get(node, ()) if counter_sets(d) & sets)
+        used = 0
+        holders: dict[str, int] = {}
+        claims_held = known = 0
+        for part in parts:
+            usage = state.device_usage(part.key)
+            if not usage.holders:
+                continue
+            draw = counter_draw(part, sets)
+            used += draw
+            claims_held += usage.holders
+            for h in self.holders.get(part.key, ()):
+                known += sum(1 for c in self.where[h].claim_uids
+                             if (r := state.claims.get(c)) is not None and part.key in r.uses)
+                if h not in self.out:
+                    holders[h] = holders.get(h, 0) + draw
+        names_ = tuple(sorted(holders))
+        return Card(device, max(0.0, (have - used) / whole) if whole else 0.0, names_,
+                    tuple(min(1.0, holders[h] / whole) for h in names_),
+                    claims_held == known and have >= whole, parts)
 
     # --- who may move for whom -----------------------------------------------------------------
 
@@ -174,7 +211,7 @@ class RoomMaker:
         cap = min(self.limits.max_moves_per_pod, self.moves_left)
         if cap <= 0:
             return f"{plan.reason}; no moves left in this plan"
-        need = need_of(state, waiter.pod, waiter.claims)
+        need = need_of(state, waiter.pod, waiter.claims, self._fractions)
         if need is None:
             return f"{plan.reason}; moving pods cannot help: it asks for no GPU of the gateway"
         room = self._make_room(waiter.pod, waiter.claims, waiter.priority, cap, depth=0,
@@ -206,7 +243,7 @@ class RoomMaker:
         leaves placed again directly or, above the last level, by making room for it in turn.
         On success the state holds every change (`_Room.log` undoes them); on failure none."""
         state = self.state
-        need = need or need_of(state, pod, claims)
+        need = need or need_of(state, pod, claims, self._fractions)
         if need is None:
             return None
         last = depth + 1 >= self.limits.depth
@@ -302,7 +339,7 @@ class RoomMaker:
         """The fewest pods whose leaving the estimate says frees enough on `node`: the whole
         cards it needs, then a card for each share, then, where CPU or memory is short, pods
         that hold none of its GPUs."""
-        cards = [c for c in self.cards(node) if need.accepts(self.state, c.device)]
+        cards = [c for c in self.cards(node) if need.accepts_card(self.state, c)]
         if len(cards) < need.whole + len(need.shares):
             return None
         leaving = _Leaving(lambda h: self.movable(h, priority, last=last))
