@@ -14,6 +14,10 @@ in a file, as the hardware keeps them), and pods asking NVIDIA's legacy MIG name
    them; KWOK runs no kubelet) make the 7g pod's instance on the stand-in's card at the
    allocated placement, with a CDI spec naming its MIG UUID; NodeUnprepareResources destroys
    it.
+5. Once the 7g pod is gone, the other legacy forms each get a 1g.10gb instance there: NVIDIA's
+   single strategy (`nvidia.com/gpu` selecting `nvidia.com/gpu.product: <model>-MIG-1g.10gb`),
+   GKE's partition size, HAMi's MIG mode and Volcano's (8000 MiB: the smallest profile that
+   fits, offered first).
 
 The node, its plugin, slices and namespace are removed at the end: the other modules of the
 tier see the installation as `install` made it.
@@ -51,6 +55,7 @@ NODE = "gpu-mig-1"
 H100 = "NVIDIA H100 80GB HBM3"
 POOL_LABEL = "e2e.dra-gateway.io/pool"
 POOL = "mig"
+SINGLE_PRODUCT = "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb"
 CARD_DEVICES = 26  # the whole card and the 25 placements of an H100's profiles
 JSON = dict[str, Any]
 
@@ -75,8 +80,11 @@ def _mig_node(gateway: Gateway) -> Iterator[tuple[Path, Path]]:
     """The node and its plugin on the stand-in: (the stand-in's cards file, the plugin's
     directory)."""
     api = gateway.api
-    gateway.plane.add_node(NODE, labels={POOL_LABEL: POOL, "nvidia.com/mig.strategy": "mixed",
-                                         "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
+    # The labels GPU feature discovery (single strategy) and GKE put on such a node, which the
+    # pods of those conventions select.
+    gateway.plane.add_node(NODE, labels={
+        POOL_LABEL: POOL, "nvidia.com/gpu.product": SINGLE_PRODUCT,
+        "cloud.google.com/gke-gpu-partition-size": "1g.10gb"})
     base = short_dir()
     cards = base / "cards.json"
     plugin = Component(f"node-plugin-{NODE}", [
@@ -135,6 +143,30 @@ def _pod(name: str, profile: str) -> JSON:
                      "containers": [{"name": "main", "image": "example.com/cuda:1",
                                      "resources": {"limits": {
                                          f"nvidia.com/mig-{profile}": "1"}}}]}}
+
+
+def _other_forms() -> dict[str, JSON]:
+    """A pod of each other legacy MIG form, each for one 1g.10gb instance."""
+    def pod(name: str, limits: dict[str, str], *, selector: dict[str, str] | None = None,
+            annotations: dict[str, str] | None = None) -> JSON:
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": NS, "annotations": annotations or {}},
+                "spec": {"nodeSelector": {POOL_LABEL: POOL, **(selector or {})},
+                         "terminationGracePeriodSeconds": 0,
+                         "containers": [{"name": "main", "image": "example.com/cuda:1",
+                                         "resources": {"limits": limits}}]}}
+
+    return {
+        "single": pod("single", {"nvidia.com/gpu": "1"},
+                      selector={"nvidia.com/gpu.product": SINGLE_PRODUCT}),
+        "gke": pod("gke", {"nvidia.com/gpu": "1"},
+                   selector={"cloud.google.com/gke-gpu-partition-size": "1g.10gb"}),
+        "hami": pod("hami", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8000"},
+                    annotations={"nvidia.com/vgpu-mode": "mig"}),
+        "volcano": pod("volcano", {"volcano.sh/vgpu-number": "1",
+                                   "volcano.sh/vgpu-memory": "8000"},
+                       annotations={"volcano.sh/vgpu-mode": "mig"}),
+    }
 
 
 def _held(api: Api, name: str) -> list[str]:
@@ -264,3 +296,14 @@ def test_legacy_mig_names_are_served_by_instances_made_on_demand(gateway: Gatewa
         response = _prepare(base, claim, unprepare=True)
         assert response.claims[claim["metadata"]["uid"]].error == ""
         assert _instances(cards)[card] == []
+
+        # 5. The other legacy forms, on the card the 7g leaves.
+        api.delete(path_of("v1", "pods", namespace=NS, name="big"), grace_period_s=0)
+        forms = _other_forms()
+        for manifest in forms.values():
+            api.create(path_of("v1", "pods", namespace=NS), manifest)
+        wait_until("a pod of each other form to be allocated",
+                   lambda: all(_held(api, n) for n in forms), 120, gateway.check)
+        held = {n: _held(api, n) for n in forms}
+        assert all(len(d) == 1 and "-mig-1g10gb-" in d[0] for d in held.values()), held
+        assert _over_committed(api) == []
