@@ -1,6 +1,7 @@
-"""Defragmentation of MIG cards cut on demand (issue 47): a waiting 7g (or whole-card) pod on a
-node whose cards all hold small instances is helped by moving the fewest of them to a card with
-room, counters counted as the planner counts them, in every layout."""
+"""Defragmentation and preemption on MIG cards cut on demand (issue 47): a waiting 7g (or
+whole-card) pod on a node whose cards all hold small instances is helped by moving the fewest of
+them to a card with room; a pod of higher priority preempts only the instances on the slices it
+takes; counters counted as the planner counts them, in every layout."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from dra_gateway.allocator.planner import ClusterState, PodPlan
 from dra_gateway.allocator.planner.defrag import Limits, plan_defrag
 from dra_gateway.allocator.planner.leaving import Resident, Waiter
+from dra_gateway.allocator.planner.preemption import Preemption, plan_preemption
 from dra_gateway.kube import names
 from dra_gateway.node_plugin.facts import MigFacts
 
@@ -81,3 +83,33 @@ def test_nothing_moves_where_no_card_has_room_for_the_small_ones(layout: str) ->
     result = plan_defrag(state, [waiter], residents, Limits(max_moves=8))
     assert result.helped == []
     assert names.MIG_CLASS  # the class the small ones and the big one share
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_high_priority_3g_preempts_only_the_small_instances_on_its_slices(layout: str) -> None:
+    """One card: a 3g.40gb takes memory slices 0-3 or 4-7. Six low-priority 1g instances
+    spread over both halves; a high-priority 3g preempts exactly the holders of the half it
+    takes (the fewer), not all six, counted by counters."""
+    from .test_planner_counters import mig_cluster
+
+    state = mig_cluster(layout, {"n1": [card(0)]})
+    residents = []
+    for i in range(6):
+        c = profile_claim(f"low{i}-c", "1g.10gb")
+        p = pod(f"low{i}", priority=1)
+        plan: PodPlan = place(state, p, c)
+        assert plan.node_name is not None, plan.reason
+        residents.append(Resident({**p, "spec": {**p["spec"], "nodeName": "n1"}},
+                                  ({**c, "status": {"allocation": plan.allocations[
+                                      c["metadata"]["uid"]]}},), priority=1))
+    start_of = {f"ns/{r.pod['metadata']['name']}": int(_device(r).rsplit("-", 1)[1])
+                for r in residents}
+    halves = {half: {name for name, start in start_of.items() if start // 4 == half}
+              for half in (0, 1)}
+    waiter = Waiter(pod("hi", priority=100), (profile_claim("hi-c", "3g.40gb"),), 100)
+    found = plan_preemption(state, waiter, residents, {})
+    assert isinstance(found, Preemption), found
+    (result,) = found.plan.allocations["uid-hi-c"]["devices"]["results"]
+    half = int(result["device"].rsplit("-", 1)[1]) // 4
+    assert {v.pod for v in found.victims} == halves[half], (start_of, result["device"])
+    assert len(halves[half]) <= len(halves[1 - half])
