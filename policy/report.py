@@ -298,11 +298,23 @@ def _cards(devices: Mapping[DeviceKey, tuple[str, Mapping[str, Any]]],
     waiting share, or only whole cards waiting)."""
     cards = []
     slivers = []
+    # A card cut into MIG instances on demand is one card: its profiles' devices (and the
+    # instances made by hand on it) draw on its counter set, and their holders are its own.
+    on_card: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for key, (_, device) in devices.items():
+        counter_set = _attribute(device, names.ATTR_COUNTER_SET)
+        if key[0] == names.DRIVER and counter_set and not _cut_card(device):
+            on_card.setdefault((key[1], counter_set), []).extend(holders.get(key, []))
     for key in sorted(devices, key=lambda k: (devices[k][0], k)):
         node, device = devices[key]
         if key[0] != names.DRIVER:
             continue
-        card = _card(node, key, device, holders.get(key, []))
+        counter_set = _attribute(device, names.ATTR_COUNTER_SET)
+        if counter_set and not _cut_card(device):
+            continue  # counted on its card
+        held = holders.get(key, []) + on_card.get((key[1], counter_set), []) \
+            if counter_set else holders.get(key, [])
+        card = _card(node, key, device, held)
         cards.append(card)
         free_memory, free_cores = card["free"]["memory"], card["free"]["cores"]
         too_small = waiting.smallest is None or (free_memory < waiting.smallest[0]
@@ -311,6 +323,16 @@ def _cards(devices: Mapping[DeviceKey, tuple[str, Mapping[str, Any]]],
             slivers.append({"node": node, "device": key[2], "memory": free_memory,
                             "cores": free_cores})
     return _Cards(cards, slivers)
+
+
+def _attribute(device: Mapping[str, Any], name: str) -> str:
+    return str(((device.get("attributes") or {}).get(name) or {}).get("string", ""))
+
+
+def _cut_card(device: Mapping[str, Any]) -> bool:
+    """The whole-card device of a card cut into MIG instances on demand."""
+    return bool(_attribute(device, names.ATTR_COUNTER_SET)) and \
+        _attribute(device, names.ATTR_TYPE) in ("", "gpu")
 
 
 def _card(node: str, key: DeviceKey, device: Mapping[str, Any],

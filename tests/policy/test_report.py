@@ -205,3 +205,33 @@ def test_a_claim_holding_what_1_38_refuses_is_named_and_counted_as_the_whole_car
     assert "<h2>Invalid claims</h2>" in render_html(report)
     assert _report()["invalidClaims"] == []
     assert "Invalid claims" not in render_html(_report())
+
+
+def test_a_card_cut_on_demand_is_one_card_holding_its_instances() -> None:
+    """A MIG card cut on demand publishes the whole card and 25 placements: the report shows
+    one card, with the instances allocated on its placements as its holders and what they
+    leave free (memory, compute slices as cores), not 26 cards."""
+    from dra_gateway.devkit.migcards import MODELS
+    from dra_gateway.node_plugin.devices import DeviceOptions, counter_sets_of, devices_of
+    from dra_gateway.node_plugin.facts import GpuFacts, NodeFacts
+    from dra_gateway.node_plugin.publish import build_slices
+
+    h100 = MODELS["NVIDIA H100 80GB HBM3"]
+    facts = NodeFacts(gpus=(GpuFacts(index=0, uuid="GPU-0", product_name=h100.name,
+                                     memory=h100.memory_mib << 20, mig_enabled=True,
+                                     mig_geometry=h100.geometry()),))
+    slices = build_slices(node_name="node-a", driver=names.DRIVER,
+                          devices=devices_of(facts, DeviceOptions(partitionable_devices=True)),
+                          generation=1, node_uid=None, max_devices=64,
+                          counter_sets=counter_sets_of(facts), counters_apart=True)
+    spec = {"devices": {"requests": [{"name": "mig", "exactly": {
+        "deviceClassName": names.MIG_CLASS}}]}}
+    three_g = allocated(spec, ("gpu-0-mig-3g40gb-9-4", None))
+    one_g = allocated(spec, ("gpu-0-mig-1g10gb-19-0", None))
+    one_g["metadata"].update(name="d", uid="d")
+    report = build_report(claims=[three_g, one_g], slices=slices, pods=[], templates=[],
+                          catalog=Catalog.build())
+    (card_,) = report["cards"]
+    assert card_["device"] == "gpu-0"
+    assert sorted(h["memory"] for h in card_["holders"]) == [9984 << 20, 40448 << 20]
+    assert card_["free"] == {"memory": (81559 - 9984 - 40448) << 20, "cores": 100 - 42 - 14}
