@@ -160,6 +160,7 @@ class NodePlugin:
         self.mig_on_demand = mig is not None and not settings.mig_on_demand_label
         self._discovered = NodeFacts()
         self._made: Made = frozenset()
+        self._look_again_now = asyncio.Event()
         # The consumable-capacity mode: None until forced or detected.
         self.consumable_capacity: bool | None = None
         self._options = replace(settings.devices, consumable_capacity=(
@@ -180,7 +181,8 @@ class NodePlugin:
         self.preparer = Preparer(
             cluster, node_name=settings.node_name, driver=settings.driver,
             cdi_dir=settings.cdi_dir, state_dir=settings.state_dir, devices=self.device_table,
-            enforcement=settings.enforcement, metrics=self.metrics, mig=mig)
+            enforcement=settings.enforcement, metrics=self.metrics, mig=mig,
+            on_mig_failure=self._look_again)
         self.health_feed = HealthFeed(self._device_health)
         self.server = PluginServer(self.preparer, driver=settings.driver,
                                    plugins_dir=settings.plugins_dir,
@@ -261,6 +263,34 @@ class NodePlugin:
         self.coexistence.refresh()  # new cards are judged on the last answers at once
         self._publish()
         self.health_feed.changed()
+
+    def _look_again(self) -> None:
+        self._look_again_now.set()
+
+    async def _keep_discovering(self) -> None:
+        """MIG on demand: discover again every `rediscover_seconds`, and at once after an
+        instance could not be made, so that instances an administrator makes or destroys by
+        hand are published as they are and their slices leave the card's counters (until then
+        the allocator may give out a placement they overlap, and its prepare fails). A failed
+        discovery keeps what was published."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.rediscover_seconds):
+                    await self._look_again_now.wait()
+            self._look_again_now.clear()
+            assert self.mig is not None
+            before = self.mig.placements()
+            try:
+                facts = await asyncio.to_thread(self._discover)
+            except DiscoveryError as exc:
+                log.warning("GPU discovery failed again (%s); the devices published stay as "
+                            "they were", exc)
+                continue
+            made = before | self.mig.placements()
+            if facts != self._discovered or made != self._made:
+                log.info("the node's GPUs changed since the last discovery (MIG instances "
+                         "made or destroyed by hand); publishing them as they are now")
+                self._set_facts(facts, made)
 
     def _refresh(self) -> None:
         """The devices and their table again from the last discovery (a mode changed)."""
@@ -684,6 +714,8 @@ class NodePlugin:
                                        metrics=self.metrics,
                                        retry_seconds=self.settings.nvml_retry_seconds),
                             "nvml-health")
+            if self.mig is not None:
+                self._spawn(self._keep_discovering(), "rediscovery")
             if self.settings.fault_file is not None:
                 self._spawn(watch_fault_file(begin_following(self.settings.fault_file),
                                              health=self.health,

@@ -66,7 +66,8 @@ class Preparer:
     def __init__(self, cluster: Cluster, *, node_name: str, cdi_dir: Path, state_dir: Path,
                  devices: Callable[[], Mapping[str, DeviceInfo]], driver: str = names.DRIVER,
                  enforcement: cdi.EnforcementSettings = cdi.DEFAULT_ENFORCEMENT,
-                 metrics: Metrics | None = None, mig: MigInstances | None = None) -> None:
+                 metrics: Metrics | None = None, mig: MigInstances | None = None,
+                 on_mig_failure: Callable[[], None] | None = None) -> None:
         self._cluster = cluster
         self.node_name = node_name
         self.driver = driver
@@ -77,6 +78,9 @@ class Preparer:
         self._enforcement = enforcement
         self._metrics = metrics or Metrics()
         self.mig = mig
+        # Told when an instance could not be made: the card may hold what discovery has not
+        # seen (an administrator's instance), so the plugin looks again.
+        self._on_mig_failure = on_mig_failure
         # One claim at a time: the checkpoint file is rewritten whole on every change.
         self._lock = asyncio.Lock()
         self._open = asyncio.Event()
@@ -248,13 +252,15 @@ class Preparer:
             self.checkpoint.commit(ref.uid, started)
             if plan.cdi_spec is not None:
                 cdi.write_spec(self.cdi_dir, plan.cdi_spec, ref.uid)
-        except Exception:
+        except Exception as exc:
             if to_make:
                 # Nothing is left behind: what this prepare made goes, and the claim with it.
                 with contextlib.suppress(OSError):
                     cdi.remove_spec(self.cdi_dir, self.kind, ref.uid)
                 self._destroy_instances(ref.uid)
                 self.checkpoint.commit(ref.uid, None)
+                if isinstance(exc, MigError) and self._on_mig_failure is not None:
+                    self._on_mig_failure()
             raise
         self.checkpoint.commit(ref.uid, ClaimEntry(
             uid=ref.uid, namespace=ref.namespace, name=ref.name, state="PrepareCompleted",

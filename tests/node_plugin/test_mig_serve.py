@@ -67,7 +67,8 @@ class Release(MemoryCluster):
 
 @contextlib.asynccontextmanager
 async def serving(cluster: MemoryCluster, root: Path, nvml: MigNvml, *, label: str = "",
-                  node_labels: dict[str, str] | None = None) -> AsyncIterator[NodePlugin]:
+                  node_labels: dict[str, str] | None = None,
+                  rediscover_seconds: float = 60.0) -> AsyncIterator[NodePlugin]:
     """The plugin as `serve --nvml --mig-on-demand` builds it, on the stand-in."""
     with contextlib.suppress(Exception):
         await cluster.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {
@@ -76,7 +77,8 @@ async def serving(cluster: MemoryCluster, root: Path, nvml: MigNvml, *, label: s
     settings = PluginSettings(node_name=NODE, plugins_dir=root / "plugins",
                               registry_dir=root / "registry", cdi_dir=root / "cdi",
                               state_dir=root / "state", devices=DeviceOptions(),
-                              consumable_capacity=True, mig_on_demand_label=label)
+                              consumable_capacity=True, mig_on_demand_label=label,
+                              rediscover_seconds=rediscover_seconds)
     mig = MigInstances(lib, root / "state" / MIG_JOURNAL_FILE, session=True)
     plugin = NodePlugin(settings, cluster, mig=mig, discover=lambda: discover(
         nvml=True, nvml_lib=lib, mig_geometry=True))
@@ -215,3 +217,69 @@ def test_flags_that_cannot_work_together_are_refused_with_the_fix(
     assert code == 2
     assert message in capsys.readouterr().err
 
+
+
+async def _until(what: str, done: Any) -> None:
+    """Until `done()` holds, for at most 5 s (the publisher's pass after a change)."""
+    for _ in range(250):
+        if await done():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{what}: never happened")
+
+
+def _counters(slices: list[dict[str, Any]]) -> set[str]:
+    """The counters of the node's sets with room in them (those instances made by hand hold
+    are published at 0)."""
+    return {name for s in slices for c in s["spec"].get("sharedCounters") or []
+            for name, value in c["counters"].items() if value["value"] != "0"}
+
+
+async def test_an_instance_made_by_hand_meanwhile_fails_the_prepare_cleanly_then_is_published(
+        root: Path) -> None:
+    """An administrator makes a 3g by hand on slices 0-3 after the plugin's discovery; a claim
+    given the 1g at slice 0 fails to prepare (NVML refuses the overlap), leaves nothing behind,
+    and the plugin looks again at once: the 3g is published as it is and its slices leave the
+    card's counters, so the allocator gives that placement out no more."""
+    cluster = Release(36)
+    nvml = MigNvml([H100])
+    async with serving(cluster, root, nvml) as plugin:
+        nvml.made_by_hand(0, "3g.40gb", 0)
+        obj = await allocated(cluster, claim(devices=["gpu-0-mig-1g10gb-19-0"]))
+        result = (await plugin.preparer.prepare([_ref(obj)]))[obj["metadata"]["uid"]]
+        assert "1g.10gb" in result.error
+        assert "memory slice 0" in result.error
+        assert nvml.instances(0) == [("3g.40gb", 0, [0])]
+        assert plugin.preparer.checkpoint.get(obj["metadata"]["uid"]) is None
+
+        async def republished() -> bool:
+            return "memory-slice-0" not in _counters(await _slices(cluster))
+
+        await _until("the card's counters without the 3g's slices", republished)
+        slices = await _slices(cluster)
+        assert {"memory-slice-4", "memory-slice-7"} <= _counters(slices)
+        assert any(d["attributes"].get(names.ATTR_PROFILE) == {"string": "3g.40gb"}
+                   and "consumesCounters" not in d for d in _devices(slices).values())
+
+
+async def test_instances_made_or_destroyed_by_hand_are_seen_every_rediscovery(
+        root: Path) -> None:
+    cluster = Release(36)
+    nvml = MigNvml([H100])
+    async with serving(cluster, root, nvml, rediscover_seconds=0.05):
+        gi = nvml.made_by_hand(0, "1g.10gb", 6)
+
+        async def hand_made_published() -> bool:
+            return "memory-slice-6" not in _counters(await _slices(cluster))
+
+        await _until("the instance made by hand to be published", hand_made_published)
+        module = nvml.module()
+        dev = module.nvmlDeviceGetHandleByIndex(0)
+        handle = module.nvmlDeviceGetGpuInstanceById(dev, gi)
+        module.nvmlComputeInstanceDestroy(module.nvmlGpuInstanceGetComputeInstanceById(handle, 0))
+        module.nvmlGpuInstanceDestroy(handle)
+
+        async def gone() -> bool:
+            return "memory-slice-6" in _counters(await _slices(cluster))
+
+        await _until("the card's counters whole again", gone)
