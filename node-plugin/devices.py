@@ -377,6 +377,22 @@ def counter_sets_of(facts: NodeFacts, made: Made = frozenset()
             if gpu.mig_geometry is not None and cut_on_demand(gpu, made)]
 
 
+def hand_made_overlap(facts: NodeFacts, wanted: Wanted, made: Made = frozenset()
+                      ) -> MigFacts | None:
+    """An instance the plugin did not make on the card of `wanted` whose memory slices overlap
+    it (one made by hand after the plugin's discovery blocks that placement); None."""
+    for gpu in facts.gpus:
+        if gpu.uuid != wanted.card_uuid:
+            continue
+        for instance in gpu.mig_devices:
+            start, size = instance.placement_start, instance.placement_size
+            if start is None or size is None or (gpu.uuid, start, size) in made:
+                continue
+            if start < wanted.start + wanted.size and wanted.start < start + size:
+                return instance
+    return None
+
+
 def _wanted(gpu: GpuFacts, placement: Placement) -> Wanted:
     profile = placement.profile
     return Wanted(card_uuid=gpu.uuid, profile=profile.nvml_index, start=placement.start,

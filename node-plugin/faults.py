@@ -47,6 +47,10 @@ FATAL_XIDS: Final = frozenset({
 # Reasons that are not XIDs, as the health watcher names them.
 GPU_LOST: Final = "gpu-lost"
 NVML_UNAVAILABLE: Final = "nvml-unavailable"
+# MIG on demand: a placement allocated to a claim that an instance made by hand now overlaps
+# (made after the plugin's discovery): its instance cannot be made, so the pod holding it must
+# go (fatal: evicted) and is placed again elsewhere; lifts once the slices are free again.
+MIG_PLACEMENT_TAKEN: Final = "mig-placement-taken"
 
 
 def xid_severity(xid: int) -> Severity:
@@ -62,7 +66,7 @@ def xid_severity(xid: int) -> Severity:
 def severity_of(reason: str) -> Severity:
     """The class of a health reason: `xid-<n>`, `gpu-lost`, `nvml-unavailable`, or a fault
     file's event name."""
-    if reason == GPU_LOST:
+    if reason in (GPU_LOST, MIG_PLACEMENT_TAKEN):
         return FATAL
     if reason.startswith("xid-") and reason[4:].isdigit():
         return xid_severity(int(reason[4:]))
@@ -75,5 +79,5 @@ def worse(a: Severity, b: Severity) -> Severity:
 
 
 __all__ = ["APPLICATION_XIDS", "DEGRADED", "EFFECTS", "FATAL", "FATAL_XIDS", "GPU_LOST",
-           "INFORMATIONAL", "NVML_UNAVAILABLE", "Severity", "severity_of", "worse",
-           "xid_severity"]
+           "INFORMATIONAL", "MIG_PLACEMENT_TAKEN", "NVML_UNAVAILABLE", "Severity",
+           "severity_of", "worse", "xid_severity"]

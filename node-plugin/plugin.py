@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -48,12 +48,13 @@ from dra_gateway.node_plugin.devices import (
     counter_sets_of,
     device_table,
     devices_of,
+    hand_made_overlap,
 )
 from dra_gateway.node_plugin.discovery import DiscoveryError
 from dra_gateway.node_plugin.events import node_event, record
 from dra_gateway.node_plugin.facts import NodeFacts
 from dra_gateway.node_plugin.faultfile import begin_following, watch_fault_file
-from dra_gateway.node_plugin.faults import NVML_UNAVAILABLE
+from dra_gateway.node_plugin.faults import MIG_PLACEMENT_TAKEN, NVML_UNAVAILABLE
 from dra_gateway.node_plugin.fence import FENCE_FILE, StateFence
 from dra_gateway.node_plugin.health import (
     Health,
@@ -161,6 +162,7 @@ class NodePlugin:
         self._discovered = NodeFacts()
         self._made: Made = frozenset()
         self._look_again_now = asyncio.Event()
+        self._failed_to_make: set[str] = set()  # devices whose instance could not be made
         # The consumable-capacity mode: None until forced or detected.
         self.consumable_capacity: bool | None = None
         self._options = replace(settings.devices, consumable_capacity=(
@@ -264,8 +266,29 @@ class NodePlugin:
         self._publish()
         self.health_feed.changed()
 
-    def _look_again(self) -> None:
+    def _look_again(self, devices: Sequence[str]) -> None:
+        self._failed_to_make.update(devices)
         self._look_again_now.set()
+
+    def _judge_placements(self) -> None:
+        """A placement whose instance could not be made because an instance made by hand
+        overlaps it is marked (fatal: the pod holding it is evicted and placed again
+        elsewhere); a marked one whose slices are free again recovers."""
+        failed, self._failed_to_make = self._failed_to_make, set()
+        problems = self.health.problems
+        for name in sorted(failed | {d for d, p in problems.items()
+                                     if p.reason == MIG_PLACEMENT_TAKEN}):
+            info = self._table.get(name)
+            overlap = None if info is None or info.make is None else hand_made_overlap(
+                self.facts, info.make, self._made)
+            if overlap is not None and name in failed:
+                log.warning("MIG placement %s cannot be made: instance %s (%s at memory slice "
+                            "%s) was made by hand over it; the claim holding it is let go",
+                            name, overlap.uuid, overlap.profile, overlap.placement_start)
+                self.health.mark([name], MIG_PLACEMENT_TAKEN)
+            elif overlap is None and name in problems:
+                self.health.recovered([name], "no instance made by hand overlaps it any more",
+                                      reason=MIG_PLACEMENT_TAKEN)
 
     async def _keep_discovering(self) -> None:
         """MIG on demand: discover again every `rediscover_seconds`, and at once after an
@@ -291,6 +314,7 @@ class NodePlugin:
                 log.info("the node's GPUs changed since the last discovery (MIG instances "
                          "made or destroyed by hand); publishing them as they are now")
                 self._set_facts(facts, made)
+            self._judge_placements()
 
     def _refresh(self) -> None:
         """The devices and their table again from the last discovery (a mode changed)."""

@@ -67,7 +67,7 @@ class Preparer:
                  devices: Callable[[], Mapping[str, DeviceInfo]], driver: str = names.DRIVER,
                  enforcement: cdi.EnforcementSettings = cdi.DEFAULT_ENFORCEMENT,
                  metrics: Metrics | None = None, mig: MigInstances | None = None,
-                 on_mig_failure: Callable[[], None] | None = None) -> None:
+                 on_mig_failure: Callable[[Sequence[str]], None] | None = None) -> None:
         self._cluster = cluster
         self.node_name = node_name
         self.driver = driver
@@ -260,7 +260,7 @@ class Preparer:
                 self._destroy_instances(ref.uid)
                 self.checkpoint.commit(ref.uid, None)
                 if isinstance(exc, MigError) and self._on_mig_failure is not None:
-                    self._on_mig_failure()
+                    self._on_mig_failure([name for _, name, _ in to_make])
             raise
         self.checkpoint.commit(ref.uid, ClaimEntry(
             uid=ref.uid, namespace=ref.namespace, name=ref.name, state="PrepareCompleted",

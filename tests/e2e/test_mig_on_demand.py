@@ -18,6 +18,10 @@ in a file, as the hardware keeps them), and pods asking NVIDIA's legacy MIG name
    single strategy (`nvidia.com/gpu` selecting `nvidia.com/gpu.product: <model>-MIG-1g.10gb`),
    GKE's partition size, HAMi's MIG mode and Volcano's (8000 MiB: the smallest profile that
    fits, offered first).
+6. An administrator makes a 3g by hand over the placement a ReplicaSet's pod was allocated,
+   before the kubelet prepares it: the prepare fails and leaves nothing behind, the plugin
+   marks the placement (fatal), the pod is evicted (kube-controller-manager on a device taint,
+   or the allocator where the API drops taints) and its replacement gets another placement.
 
 The node, its plugin, slices and namespace are removed at the end: the other modules of the
 tier see the installation as `install` made it.
@@ -226,6 +230,27 @@ def _prepare(base: Path, claim: JSON, *, unprepare: bool = False) -> Any:
     return asyncio.run(call())
 
 
+def _make_by_hand(cards: Path, card: int, profile: str, start: int, slices: int) -> None:
+    """An instance made as an administrator makes one (nvidia-smi): on the stand-in's card."""
+    saved = json.loads(cards.read_text())
+    taken = {gi["gi"] for gi in saved["cards"][card]}
+    gi = next(i for i in range(1, 16) if i not in taken)
+    saved["cards"][card].append({"gi": gi, "profile": profile, "start": start,
+                                 "compute": {"0": slices}})
+    temporary = cards.with_suffix(".new")
+    temporary.write_text(json.dumps(saved))
+    temporary.replace(cards)
+
+
+def _replica_set(name: str, profile: str) -> JSON:
+    """One pod kept running by its ReplicaSet (KWOK completes a Job's pods at once)."""
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": _pod(name, profile)["spec"]}}}
+
+
 def _instances(cards: Path) -> list[list[tuple[str, int]]]:
     """(profile, first memory slice) of each instance on each of the stand-in's cards."""
     if not cards.exists():
@@ -306,4 +331,45 @@ def test_legacy_mig_names_are_served_by_instances_made_on_demand(gateway: Gatewa
                    lambda: all(_held(api, n) for n in forms), 120, gateway.check)
         held = {n: _held(api, n) for n in forms}
         assert all(len(d) == 1 and "-mig-1g10gb-" in d[0] for d in held.values()), held
+        assert _over_committed(api) == []
+
+        # 6. A placement taken by hand before its prepare: the pod goes, its replacement is
+        #    placed elsewhere.
+        for pod in api.list(path_of("v1", "pods", namespace=NS)):
+            api.delete(path_of("v1", "pods", namespace=NS, name=pod["metadata"]["name"]),
+                       grace_period_s=0)
+        wait_until("every pod of the namespace to be gone",
+                   lambda: not api.list(path_of("v1", "pods", namespace=NS)), 60, gateway.check)
+        api.create(path_of("apps/v1", "replicasets", namespace=NS),
+                   _replica_set("train", "3g.40gb"))
+
+        def train_pods() -> list[JSON]:
+            return api.list(path_of("v1", "pods", namespace=NS), labelSelector="app=train")
+
+        wait_until("the ReplicaSet's pod to be allocated",
+                   lambda: any(_held(api, p["metadata"]["name"]) for p in train_pods()), 120,
+                   gateway.check)
+        (first,) = train_pods()
+        (taken,) = _held(api, first["metadata"]["name"])
+        card, start = int(taken.split("-")[1]), int(taken.rsplit("-", 1)[1])
+        _make_by_hand(cards, card, "3g.40gb", start, 3)
+        (claim,) = pod_claims(api, first)
+        failed = _prepare(base, claim).claims[claim["metadata"]["uid"]]
+        assert "3g.40gb" in failed.error
+        assert f"memory slice {start}" in failed.error
+        assert _instances(cards)[card] == [("3g.40gb", start)]  # the administrator's alone
+
+        def replaced() -> bool:
+            pods = [p for p in train_pods() if p["metadata"]["uid"] != first["metadata"]["uid"]]
+            return not api.exists(path_of("v1", "pods", namespace=NS,
+                                          name=first["metadata"]["name"])) and any(
+                _held(api, p["metadata"]["name"]) for p in pods)
+
+        wait_until("the pod on the taken placement to be evicted and replaced", replaced, 180,
+                   gateway.check)
+        (second,) = [p for p in train_pods() if p["metadata"]["uid"] != first["metadata"]["uid"]]
+        (now,) = _held(api, second["metadata"]["name"])
+        # Another placement, or the administrator's 3g itself (published as it is, free).
+        assert now != taken
+        assert _devices(api)[now]["attributes"][names.ATTR_PROFILE] == {"string": "3g.40gb"}
         assert _over_committed(api) == []

@@ -26,6 +26,7 @@ from dra_gateway.kube import names, objects
 from dra_gateway.kube.resources import NODES, RESOURCE_SLICES
 from dra_gateway.node_plugin.devices import DeviceOptions
 from dra_gateway.node_plugin.discovery import discover
+from dra_gateway.node_plugin.faults import MIG_PLACEMENT_TAKEN
 from dra_gateway.node_plugin.miginstances import MIG_JOURNAL_FILE, MigInstances
 from dra_gateway.node_plugin.plugin import NodePlugin, PluginSettings
 from dra_gateway.node_plugin.prepare import ClaimRef
@@ -68,7 +69,8 @@ class Release(MemoryCluster):
 @contextlib.asynccontextmanager
 async def serving(cluster: MemoryCluster, root: Path, nvml: MigNvml, *, label: str = "",
                   node_labels: dict[str, str] | None = None,
-                  rediscover_seconds: float = 60.0) -> AsyncIterator[NodePlugin]:
+                  rediscover_seconds: float = 60.0,
+                  recovery_seconds: float = 600.0) -> AsyncIterator[NodePlugin]:
     """The plugin as `serve --nvml --mig-on-demand` builds it, on the stand-in."""
     with contextlib.suppress(Exception):
         await cluster.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {
@@ -78,7 +80,8 @@ async def serving(cluster: MemoryCluster, root: Path, nvml: MigNvml, *, label: s
                               registry_dir=root / "registry", cdi_dir=root / "cdi",
                               state_dir=root / "state", devices=DeviceOptions(),
                               consumable_capacity=True, mig_on_demand_label=label,
-                              rediscover_seconds=rediscover_seconds)
+                              rediscover_seconds=rediscover_seconds,
+                              recovery_seconds=recovery_seconds)
     mig = MigInstances(lib, root / "state" / MIG_JOURNAL_FILE, session=True)
     plugin = NodePlugin(settings, cluster, mig=mig, discover=lambda: discover(
         nvml=True, nvml_lib=lib, mig_geometry=True))
@@ -240,10 +243,11 @@ async def test_an_instance_made_by_hand_meanwhile_fails_the_prepare_cleanly_then
     """An administrator makes a 3g by hand on slices 0-3 after the plugin's discovery; a claim
     given the 1g at slice 0 fails to prepare (NVML refuses the overlap), leaves nothing behind,
     and the plugin looks again at once: the 3g is published as it is and its slices leave the
-    card's counters, so the allocator gives that placement out no more."""
+    card's counters, so the allocator gives that placement out no more; the placement is marked
+    (fatal: the pod holding it is evicted, and placed elsewhere) until the 3g is gone."""
     cluster = Release(36)
     nvml = MigNvml([H100])
-    async with serving(cluster, root, nvml) as plugin:
+    async with serving(cluster, root, nvml, recovery_seconds=0.1) as plugin:
         nvml.made_by_hand(0, "3g.40gb", 0)
         obj = await allocated(cluster, claim(devices=["gpu-0-mig-1g10gb-19-0"]))
         result = (await plugin.preparer.prepare([_ref(obj)]))[obj["metadata"]["uid"]]
@@ -260,6 +264,25 @@ async def test_an_instance_made_by_hand_meanwhile_fails_the_prepare_cleanly_then
         assert {"memory-slice-4", "memory-slice-7"} <= _counters(slices)
         assert any(d["attributes"].get(names.ATTR_PROFILE) == {"string": "3g.40gb"}
                    and "consumesCounters" not in d for d in _devices(slices).values())
+        taken = "gpu-0-mig-1g10gb-19-0"
+        assert plugin.health.problems[taken].reason == MIG_PLACEMENT_TAKEN
+        assert plugin.health.problems[taken].severity == "fatal"
+        assert set(plugin.health.problems) == {taken}  # its neighbours are merely unallocatable
+        assert taken not in _devices(slices)  # withheld (this cluster drops device taints)
+
+        # The administrator's 3g goes: the placement recovers and is published again.
+        module = nvml.module()
+        dev = module.nvmlDeviceGetHandleByIndex(0)
+        (gi,) = nvml.cards[0].instances
+        handle = module.nvmlDeviceGetGpuInstanceById(dev, gi)
+        module.nvmlComputeInstanceDestroy(module.nvmlGpuInstanceGetComputeInstanceById(handle, 0))
+        module.nvmlGpuInstanceDestroy(handle)
+        plugin._look_again([])
+
+        async def back() -> bool:
+            return taken in _devices(await _slices(cluster)) and not plugin.health.problems
+
+        await _until("the placement published again", back)
 
 
 async def test_instances_made_or_destroyed_by_hand_are_seen_every_rediscovery(

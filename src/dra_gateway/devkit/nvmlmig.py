@@ -78,8 +78,18 @@ class MigNvml:
         self._fail: dict[str, int | Callable[[], None]] = {}
         self.calls: list[str] = []
         self.state = state
-        if state is not None and state.exists():
-            self._load(state)
+        self._stamp: tuple[int, int] | None = None  # the state file as last read or written
+        self._reload()
+
+    def _reload(self) -> None:
+        """Read the state file again where someone else changed it (a test making an
+        instance by hand, as an administrator would with nvidia-smi)."""
+        if self.state is None or not self.state.exists():
+            return
+        stat = self.state.stat()
+        if (stat.st_mtime_ns, stat.st_size) != self._stamp:
+            self._load(self.state)
+            self._stamp = (stat.st_mtime_ns, stat.st_size)
 
     def _load(self, state: Path) -> None:
         saved = json.loads(state.read_text())
@@ -97,6 +107,8 @@ class MigNvml:
                              "compute": {str(k): v for k, v in gi.compute.items()}}
                             for gi in card.instances.values()] for card in self.cards]}
         atomic_write(self.state, (json.dumps(saved, indent=1) + "\n").encode())
+        stat = self.state.stat()
+        self._stamp = (stat.st_mtime_ns, stat.st_size)
 
     def fail(self, name: str, code_or_hook: int | Callable[[], None]) -> None:
         """The next call of `name` fails with the NVML code, or runs the hook first."""
@@ -124,6 +136,7 @@ class MigNvml:
         nvml = self
 
         def call(name: str) -> None:
+            nvml._reload()
             nvml.calls.append(name)
             failure = nvml._fail.pop(name, None)
             if callable(failure):
