@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from dra_gateway.kube import names
-from dra_gateway.translator.rules import RuleSet, RulesError, load_rules
+from dra_gateway.translator.rules import RulesError, RuleSet, load_rules
 from dra_gateway.translator.translate import translate
 
 from .translator_support import checked, ctr, only_request, pod

@@ -48,8 +48,9 @@ def test_builtin_rules_cover_every_protocol(builtin_rules: RuleSet) -> None:
         "volcano.sh/vgpu-mode"})
     assert builtin_rules.disabled == (
         "ascend-npu", "aws-neuron", "aws-neuroncore", "aws-neurondevice", "cambricon-mlu",
-        "enflame-gcu", "google-tpu", "hygon-dcu", "iluvatar", "intel-gpu", "kunlunxin-xpu",
-        "metax-sgpu", "mthreads-gpu")
+        "enflame-gcu", "gke-mig-nvidia-dra", "google-tpu", "hygon-dcu", "iluvatar", "intel-gpu",
+        "kunlunxin-xpu", "metax-sgpu", "mthreads-gpu", "nvidia-mig-nvidia-dra",
+        "nvidia-mig-single-nvidia-dra")
 
 
 def test_unknown_unit_is_reported_with_its_path(tmp_path: Path,
