@@ -145,9 +145,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="with --inventory: follow FILE for health events, one JSON object "
                        'a line, e.g. {"device": "gpu-3", "event": "xid", "code": 79} or '
                        '{"device": "gpu-3", "event": "recovered"}')
-    serve.add_argument("--mig-on-demand-label", default="", metavar="KEY",
+    serve.add_argument("--mig-on-demand-label", default="", metavar="LABEL",
                        help="with --mig-on-demand: only on a node whose Node carries the label "
-                       "KEY=true, read when the plugin starts (restart its pod after labelling); "
+                       "LABEL=true, read when the plugin starts (restart its pod after labelling); "
                        "default: every node the plugin runs on")
     serve.add_argument("--log-level", default="INFO", type=str.upper,
                        choices=("DEBUG", "INFO", "WARNING", "ERROR"),

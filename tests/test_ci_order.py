@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BUILD_ORDER
+from e2e.conftest import NARROW_SETUPS
 from e2e.conftest import SETUPS as E2E_SETUPS
 from realnode.support import SETUPS as NODE_SETUPS
 
@@ -32,7 +33,7 @@ def test_ci_builds_in_the_order_the_suite_runs_its_tiers() -> None:
 def test_every_release_a_tier_runs_is_built() -> None:
     planes = {kind_version[1] for kind_version in BUILD_ORDER}
     nodes = {version for kind, version in BUILD_ORDER if kind == "node"}
-    assert {version for _id, version, _gates in E2E_SETUPS} <= planes
+    assert {version for _id, version, _gates in E2E_SETUPS + NARROW_SETUPS} <= planes
     assert {plane for _id, plane, _kubelet in NODE_SETUPS} <= planes
     assert {kubelet for _id, _plane, kubelet in NODE_SETUPS} <= nodes
 
@@ -66,11 +67,12 @@ def test_each_cluster_test_runs_after_its_build_and_after_every_other_test() -> 
     assert needed == sorted(needed), "a test runs before a test that needs an earlier build"
     assert needed[0] == -1
     assert needed[-1] == len(BUILD_ORDER) - 1
-    # Each setup is made once: its tests are together.
-    setups = sorted((setup_id for setup_id, _v, _g in E2E_SETUPS), key=len, reverse=True)
+    # Each setup (the narrow ones too) is made once: its tests are together.
+    every = E2E_SETUPS + NARROW_SETUPS
+    setups = sorted((setup_id for setup_id, _v, _g in every), key=len, reverse=True)
     runs = [next(s for s in setups if i.split("[", 1)[1].startswith(s))
             for i in ids if i.startswith("tests/e2e/") and "[1." in i]
-    assert len([s for n, s in enumerate(runs) if n == 0 or runs[n - 1] != s]) == len(E2E_SETUPS)
+    assert len([s for n, s in enumerate(runs) if n == 0 or runs[n - 1] != s]) == len(every)
 
 
 @pytest.mark.skipif(shutil.which("go") is None or shutil.which("flock") is None,

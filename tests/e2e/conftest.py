@@ -29,15 +29,19 @@ SETUPS: tuple[tuple[str, str, dict[str, bool]], ...] = (
 )
 # Setups only some modules need, beside SETUPS: their other tests are deselected there (each
 # setup starts a control plane of its own, about a minute and a half).
-NARROW_SETUPS: dict[str, tuple[str, ...]] = {
+NARROW_SETUPS: tuple[tuple[str, str, dict[str, bool]], ...] = (
     # Partitionable devices on where 1.34 has them off: MIG on demand with counter sets beside
     # the devices (1.34's layout).
+    ("1.34.4-partitionable-devices", "1.34.4", {"DRAPartitionableDevices": True}),
+)
+# The modules each narrow setup runs.
+NARROW_MODULES: dict[str, tuple[str, ...]] = {
     "1.34.4-partitionable-devices": ("test_mig_on_demand.py",),
 }
-_NARROW = (("1.34.4-partitionable-devices", "1.34.4", {"DRAPartitionableDevices": True}),)
 
 
-@pytest.fixture(scope="package", params=SETUPS + _NARROW, ids=[s[0] for s in SETUPS + _NARROW])
+@pytest.fixture(scope="package", params=SETUPS + NARROW_SETUPS,
+                ids=[s[0] for s in SETUPS + NARROW_SETUPS])
 def gateway(request: pytest.FixtureRequest,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     setup_id, version, gates = request.param
@@ -63,5 +67,5 @@ def _narrow_elsewhere(item: Any) -> bool:
     """An item on a narrow setup, in a module that setup is not for."""
     callspec = getattr(item, "callspec", None)
     setup = callspec.params.get("gateway") if callspec is not None else None
-    modules = NARROW_SETUPS.get(setup[0]) if setup is not None else None
+    modules = NARROW_MODULES.get(setup[0]) if setup is not None else None
     return modules is not None and Path(str(item.fspath)).name not in modules
