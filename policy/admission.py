@@ -3,10 +3,11 @@
 `check_admission` looks at the gateway-class requests of a pod's claims (or of one native
 ResourceClaim or template) and returns every violation, so the user fixes them in one go:
 
-- a sharing rule the request breaks by itself: a share in an exclusive namespace, a share
-  below the minimum, a share without compute where compute is required, an enforcement mode
-  not allowed, selectors that match only cards of models not allowed (whole cards and MIG
-  instances too; the caller says which models they reach, `models`);
+- a sharing rule the request breaks by itself: a share in an exclusive namespace or in one
+  whose shares are MIG instances, a share below the minimum, a share without compute where
+  compute is required, an enforcement mode not allowed, selectors that match only cards of
+  models not allowed (whole cards and MIG instances too; the caller says which models they
+  reach, `models`);
 - a quota the request exceeds by itself (it could never be placed), and, for a quota with
   `spec.admission: Refuse`, one it exceeds given the usage the allocator last wrote in the
   quota's status (ResourceQuota's behaviour); with the default `Queue` the pod waits instead.
@@ -102,6 +103,13 @@ def _sharing(what: str, rules: SharingRules, claims: Sequence[Sequence[RequestSh
                 out.append(Violation("SharingForbidden", (
                     f"{where} asks for a share of a GPU, but {policy} makes the namespace "
                     f"exclusive (whole cards only); ask for whole GPUs"), policy))
+                continue
+            if rules.mig_shares:
+                out.append(Violation("MIGRequired", (
+                    f"{where} asks for a share of a GPU, but {policy} serves the namespace's "
+                    f"shares with MIG instances (shares.servedBy: MIG); ask for a MIG instance "
+                    f"(deviceClassName {names.MIG_CLASS}) or a whole GPU, or use the legacy "
+                    f"names, which are translated to MIG instances"), policy))
                 continue
             if rules.min_memory is not None and shape.memory is not None \
                     and shape.memory < rules.min_memory:

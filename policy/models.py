@@ -32,6 +32,7 @@ PLURAL_SHARING = "gpusharingpolicies"
 
 Admission = Literal["Queue", "Refuse"]
 IsolationMode = Literal["None", "Namespace", "Label"]
+SharesServedBy = Literal["Software", "MIG"]
 
 # A label key as Kubernetes accepts it: optional DNS-subdomain prefix, a name of at most 63.
 _LABEL_KEY = re.compile(
@@ -212,6 +213,14 @@ class Isolation(_Strict):
         return self
 
 
+class Shares(_Strict):
+    """How the namespace's shares of a card are served: `Software` (the share's enforcement,
+    HAMi-core or MPS, in a card others share) or `MIG` (a MIG instance per share, which the
+    hardware isolates: translation asks for one, and a claim for a share is refused)."""
+
+    served_by: SharesServedBy = Field(default="Software", alias="servedBy")
+
+
 class LabelSelectorRequirement(_Strict):
     key: str
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
@@ -234,6 +243,7 @@ class SharingSpec(_Strict):
     allowed_enforcement: tuple[Enforcement, ...] = Field(default=(), alias="allowedEnforcement")
     allowed_models: tuple[str, ...] = Field(default=(), alias="allowedModels")
     isolation: Isolation = Field(default_factory=Isolation)
+    shares: Shares = Field(default_factory=Shares)
 
 
 class GPUSharingPolicy(_PolicyObject):

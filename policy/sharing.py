@@ -3,8 +3,9 @@
 Several `GPUSharingPolicy` objects may select one namespace (by its labels); their rules combine
 to the strictest: exclusive if any says so, the smallest maxClaimsPerDevice, the largest
 minimum share, compute required if any requires it, the enforcement modes every list allows,
-a model every list allows, and Namespace isolation over Label isolation (a namespace is a
-narrower tenant than a label value).
+a model every list allows, Namespace isolation over Label isolation (a namespace is a
+narrower tenant than a label value), and shares served by MIG instances if any says so
+(hardware isolation is the stricter).
 
 A tenant is what isolation groups: the namespace, or `labelKey=value` read from the namespace's
 labels (a namespace without the label is its own tenant). Labels of namespaces rather than pods,
@@ -49,6 +50,8 @@ class SharingRules:
     enforcement: frozenset[str] | None = None  # None: any
     models: tuple[tuple[str, ...], ...] = ()  # every list must allow the card's productName
     tenant: Tenant = ""
+    # Shares are MIG instances (shares.servedBy: MIG in any of the policies).
+    mig_shares: bool = False
 
     @property
     def empty(self) -> bool:
@@ -103,7 +106,8 @@ def combine(policies: Sequence[GPUSharingPolicy], namespace: str,
         require_cores=any(s.require_cores for s in specs),
         enforcement=enforcement,
         models=tuple(s.allowed_models for s in specs if s.allowed_models),
-        tenant=tenant)
+        tenant=tenant,
+        mig_shares=any(s.shares.served_by == "MIG" for s in specs))
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                            help="rule file or folder that adds or overrides rules (repeatable)")
     translate.add_argument("--no-builtin-rules", action="store_true",
                            help="use only the rules given with --rules")
+    translate.add_argument("--mig-shares", action="store_true",
+                           help="serve every share with MIG instances, as the webhook does in "
+                                "a namespace whose GPUSharingPolicy says shares.servedBy: MIG")
     _device_classes_argument(translate)
     translate.set_defaults(func=_run_translate)
 
@@ -292,7 +295,8 @@ def _run_translate(args: argparse.Namespace) -> int:
         documents.extend(read)
     source = ", ".join("standard input" if f == "-" else f for f in args.filename)
 
-    result = rewrite_manifests(documents, ruleset, extended=extended)
+    result = rewrite_manifests(documents, ruleset, extended=extended,
+                               mig_shares=args.mig_shares)
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     for refusal in result.refusals:

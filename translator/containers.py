@@ -17,9 +17,8 @@ where a container sits in the pod beyond its kind.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, NamedTuple
 
 from dra_gateway.kube import names
@@ -30,6 +29,7 @@ from dra_gateway.kube.quantity import (
     mistaken_suffix,
     mistaken_unit_message,
 )
+from dra_gateway.translator import migshares
 from dra_gateway.translator.errors import Refused, quote, refuse
 from dra_gateway.translator.evaluation import (
     Subject,
@@ -39,6 +39,7 @@ from dra_gateway.translator.evaluation import (
     exactly,
     gateway_config,
     rendered_selectors,
+    subrequest_names,
 )
 from dra_gateway.translator.extended import ExtendedResources, ExtendedResourceUse
 from dra_gateway.translator.rules import CompiledRule, RuleSet
@@ -110,6 +111,8 @@ class PodContext:
     node_selector: Mapping[str, str]
     namespace: str
     extended: ExtendedResources | None
+    # The namespace's sharing policies serve its shares with MIG instances (`migshares`).
+    mig_shares: bool = False
 
 
 def is_sidecar(key: str, container: Mapping[str, Any]) -> bool:
@@ -202,7 +205,11 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
                     for flag, (_, message) in zip(flags[refusals:], rule.warnings, strict=True)
                     if flag is True]
     outputs = checked_outputs(subject, activation)
-    items = _alternatives(subject, activation)
+    # The namespace's shares are MIG instances (a GPUSharingPolicy's shares.servedBy): the
+    # rule's selectors name the instance's card, and `migshares` offers the profiles.
+    mig = context.mig_shares and rule.class_name == names.GPU_CLASS and bool(
+        outputs.memory or outputs.percent or outputs.cores)
+    items = [""] if mig else _alternatives(subject, activation)
     alternatives = []  # per item: (its name, the selectors rendered, each with its rule index)
     conditions: list[Any] = []
     for item in items:
@@ -212,16 +219,24 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
             *((f"device.constraints[{i}].when", con) for i, (_, con) in
               enumerate(rule.constraints))], activation)
         conditions = conditions or these  # constraints: as the first alternative has them
-        rendered = rendered_selectors(subject, these[:len(rule.selectors)], activation)
+        rendered = rendered_selectors(subject, these[:len(rule.selectors)], activation,
+                                      renamed=migshares.CARD_ATTRIBUTES if mig else None)
         selectors = [text for _, text in rendered]
-        if rule.class_name == names.GPU_CLASS and outputs.enforcement == "hami-core" and (
-                outputs.memory or outputs.percent or outputs.cores):
+        if not mig and rule.class_name == names.GPU_CLASS and outputs.enforcement == "hami-core" \
+                and (outputs.memory or outputs.percent or outputs.cores):
             # A share HAMi-core enforces needs the library on the card's node.
             selectors.append(hami_core_selector(rule.driver))
         alternatives.append((item, rendered, exactly(rule, outputs, selectors)))
     chosen_selectors = alternatives[0][1]
     request: dict[str, Any] = {"name": name}
-    if len(alternatives) == 1:
+    if mig:
+        share = migshares.Share(memory=outputs.memory, percent=outputs.percent,
+                                cores=outputs.cores)
+        request = migshares.request(name, count=outputs.count, share=share, selectors=[
+            text for _, text in chosen_selectors], driver=rule.driver)
+        # The instance is the share: nothing left to enforce in the container.
+        outputs = replace(outputs, memory=0, percent=0, cores=0, enforcement="none")
+    elif len(alternatives) == 1:
         request["exactly"] = alternatives[0][2]
     else:
         request["firstAvailable"] = [{"name": sub, **spec} for sub, spec in zip(
@@ -264,18 +279,6 @@ def _alternatives(subject: Subject, activation: dict[str, Any]) -> list[str]:
             f"device.firstAvailable gave {len(items)} alternatives; a DRA request offers at "
             f"most {MAX_SUBREQUESTS}: the rule must offer fewer")
     return items or [""]
-
-
-def subrequest_names(items: list[str]) -> list[str]:
-    """A DNS label per alternative, from its item (`1g.10gb+me` is `1g-10gb-me`; "" is `any`),
-    made unique by a position where two would be alike."""
-    out: list[str] = []
-    for position, item in enumerate(items):
-        label = re.sub(r"[^a-z0-9]+", "-", item.lower()).strip("-")[:50] or "any"
-        if label in out:
-            label = f"{label}-{position}"
-        out.append(label)
-    return out
 
 
 def _choose_rule(found: Found, ordered: list[str], *, context: PodContext,

@@ -13,7 +13,9 @@ Pure: no I/O, no logging. Each output's checks stay beside the code that reads i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any, Final
 
@@ -106,9 +108,10 @@ def _text(subject: Subject, what: str, value: Any) -> str:
     return value
 
 
-def rendered_selectors(subject: Subject, enabled: list[Any],
-               activation: dict[str, Any]) -> list[tuple[int, str]]:
-    """The selectors whose conditions hold, rendered, each with its index in the rule."""
+def rendered_selectors(subject: Subject, enabled: list[Any], activation: dict[str, Any], *,
+                       renamed: Mapping[str, str] | None = None) -> list[tuple[int, str]]:
+    """The selectors whose conditions hold, rendered, each with its index in the rule; an
+    attribute test of an attribute in `renamed` tests the attribute it maps to instead."""
     rule = subject.rule
     out: list[tuple[int, str]] = []
     for index, (selector, on) in enumerate(zip(rule.selectors, enabled, strict=True)):
@@ -128,6 +131,8 @@ def rendered_selectors(subject: Subject, enabled: list[Any],
         if selector.op != "atLeast" and (
                 not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
             raise subject.refuse(f"device.selectors[{index}].values gave {value!r}, not strings")
+        if renamed and selector.attribute in renamed:
+            selector = replace(selector, attribute=renamed[selector.attribute])
         rendered = render_selector(selector, rule.driver, selector_values(selector, value))
         if rendered is not None:
             out.append((index, rendered))
@@ -240,3 +245,15 @@ def gateway_config(subject: Subject, outputs: Outputs, warnings: list[str]) -> d
                              f"{details}") from None
     return {"requests": [name],
             "opaque": {"driver": names.DRIVER, "parameters": share.to_parameters()}}
+
+
+def subrequest_names(items: list[str]) -> list[str]:
+    """A DNS label per alternative, from its item (`1g.10gb+me` is `1g-10gb-me`; "" is `any`),
+    made unique by a position where two would be alike."""
+    out: list[str] = []
+    for position, item in enumerate(items):
+        label = re.sub(r"[^a-z0-9]+", "-", item.lower()).strip("-")[:50] or "any"
+        if label in out:
+            label = f"{label}-{position}"
+        out.append(label)
+    return out

@@ -126,6 +126,11 @@ class PodExplanation:
         return out
 
 
+MIG_SHARES_WHY: Final = (
+    "the namespace's GPU sharing policies serve shares with MIG instances (shares.servedBy: "
+    "MIG): the share became the smallest MIG instances that hold it")
+
+
 def explain(pod: Mapping[str, Any], rules: RuleSet, *,
             plan: TranslationPlan) -> PodExplanation:
     """How `plan` (what `translate(pod, rules, ...)` gave) came about."""
@@ -146,7 +151,8 @@ def explain(pod: Mapping[str, Any], rules: RuleSet, *,
 
     refusal = plan.refusal
     context = PodContext(annotations=annotations, node_selector=node_labels(spec),
-                         namespace=metadata.get("namespace") or "", extended=None)
+                         namespace=metadata.get("namespace") or "", extended=None,
+                         mig_shares=plan.mig_shares)
     untranslated = {(u.container, u.resource): f"only rule {u.rule} reads it, and it is "
                     "disabled (the warning says how to enable it)" for u in plan.untranslated}
     # A name that looks like a typo is explained as its warning says it (one home: typos.py).
@@ -225,8 +231,12 @@ def _container(key: str, index: int, container: Mapping[str, Any], *, rules: Rul
     why = ("" if outcome == "translated" else
            f"container {quote(request)}'s request covers this init container's, so it uses "
            "that request (the scheduler counts the larger of the two)")
+    mig = context.mig_shares and rule.class_name == names.GPU_CLASS and \
+        exactly.get("deviceClassName") == names.MIG_CLASS
+    if mig:
+        why = " ".join(filter(None, (why, MIG_SHARES_WHY)))
     keys = _key_uses(rule, result, found=found, context=context, exactly=exactly,
-                     parameters=parameters)
+                     parameters=parameters, mig=mig)
     covered = [n for n in (*in_limits, *in_requests) if rule.claims(n)]
     return ContainerExplanation(
         name=name, kind=kind, outcome=outcome, why=why, rule=rule.name, source=rule.source,
@@ -287,10 +297,10 @@ def _why_no_rule(legacy: list[str], *, rules: RuleSet, context: PodContext) -> I
 
 
 def _key_uses(rule: CompiledRule, result: ContainerPlan, *, found: Found, context: PodContext,
-              exactly: Mapping[str, Any], parameters: Mapping[str, Any] | None
-              ) -> tuple[KeyUse, ...]:
+              exactly: Mapping[str, Any], parameters: Mapping[str, Any] | None,
+              mig: bool = False) -> tuple[KeyUse, ...]:
     depends = _dependencies(rule)
-    rendered = _rendered_outputs(rule, result, exactly=exactly, parameters=parameters)
+    rendered = _rendered_outputs(rule, result, exactly=exactly, parameters=parameters, mig=mig)
     resources = found.container["resources"]
     limits = resources.get("limits") or {}
     requests = resources.get("requests") or {}
@@ -364,12 +374,18 @@ def _dependencies(rule: CompiledRule) -> dict[str, frozenset[str]]:
 
 
 def _rendered_outputs(rule: CompiledRule, result: ContainerPlan, *,
-                      exactly: Mapping[str, Any], parameters: Mapping[str, Any] | None
-                      ) -> list[tuple[str, str]]:
-    """(output, what it set in the claim) for each output that set something."""
+                      exactly: Mapping[str, Any], parameters: Mapping[str, Any] | None,
+                      mig: bool = False) -> list[tuple[str, str]]:
+    """(output, what it set in the claim) for each output that set something; `mig`: the
+    share became MIG instances (`migshares`), which its amounts choose."""
     capacity = (exactly.get("capacity") or {}).get("requests") or {}
     params = parameters or {}
     out = [("count", f"count {exactly['count']}")]
+    if mig:
+        out += [(output, "the MIG profiles offered") for output in ("memory", "memoryPercent",
+                                                                     "cores")]
+        params = {k: v for k, v in params.items() if k in ("enforcement", "policy")}
+        parameters = None
     if names.CAPACITY_MEMORY in capacity and "memory" in params:
         out.append(("memory", f"capacity memory {capacity[names.CAPACITY_MEMORY]}"))
     if "memory" in params:

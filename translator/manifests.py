@@ -101,11 +101,13 @@ def describe(document: Any, index: int) -> str:
 
 
 def rewrite_manifests(documents: Iterable[Any], rules: RuleSet, *,
-                      extended: ExtendedResources | None = None) -> ManifestResult:
+                      extended: ExtendedResources | None = None,
+                      mig_shares: bool = False) -> ManifestResult:
     """Translate every pod spec of every document; refused documents come back unchanged.
 
     `extended`: the names the cluster's DeviceClasses declare as spec.extendedResourceName,
-    left to kube-scheduler as the webhook leaves them (see `translate`)."""
+    left to kube-scheduler as the webhook leaves them (see `translate`); `mig_shares`: shares
+    are served by MIG instances, as in a namespace whose GPUSharingPolicy says so."""
     result = ManifestResult()
     seen: set[tuple[str, str]] = set()
     for index, document in enumerate(documents):
@@ -136,7 +138,7 @@ def rewrite_manifests(documents: Iterable[Any], rules: RuleSet, *,
                 result.pods.append(PodTranslation(where, view, None, problem))
                 refused = True
                 continue
-            plan = translate(view, rules, extended=extended)
+            plan = translate(view, rules, extended=extended, mig_shares=mig_shares)
             result.pods.append(PodTranslation(where, view, plan))
             result.warnings.extend(f"{where}: {w}" for w in plan.warnings)
             if plan.refusal is not None:

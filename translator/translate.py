@@ -103,6 +103,8 @@ class TranslationPlan:
     # The patch when the pod's legacy requests are held back (audit mode, an opt-out): only
     # the gate, where the pod's own claims use a gateway class.
     held_patch: list[dict[str, Any]] = field(default_factory=list)
+    # Planned with the namespace's shares served by MIG instances (`translate`'s `mig_shares`).
+    mig_shares: bool = False
 
     @property
     def changed(self) -> bool:
@@ -116,7 +118,8 @@ def escape_pointer(token: str) -> str:
 
 def translate(pod: Mapping[str, Any], rules: RuleSet, *,
               class_lookup: ClassLookup | None = None,
-              extended: ExtendedResources | None = None) -> TranslationPlan:
+              extended: ExtendedResources | None = None,
+              mig_shares: bool = False) -> TranslationPlan:
     """The plan for one pod (a plain dict as the API serves it); the pod is not modified.
 
     A pod that carries the gateway's `translated` annotation is not translated again (it only
@@ -131,6 +134,10 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
     HAMi request cannot be translated), with a warning naming the resource and the class,
     unless the rule says `extendedResourceNames: translate`. `plan.extended` lists both cases.
 
+    `mig_shares`: the pod's namespace has its shares served by MIG instances (a
+    GPUSharingPolicy's `shares.servedBy: MIG`): a share a rule of the gateway's GPU class
+    computes becomes a MIG instance that holds it (`migshares`).
+
     `plan.held_patch` is what leaving every legacy request as it is takes (a namespace in audit
     mode, a pod that opts out of translation): it only gates a pod whose own claims use a
     gateway class, the gate being what keeps such a pod from the scheduler, whoever wrote its
@@ -143,7 +150,7 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
         return _translated_before(spec, namespace, annotations[names.ANNOTATION_TRANSLATED],
                                   class_lookup)
     own_claims_gated = _references_gateway_class(spec, namespace, class_lookup)
-    plan = TranslationPlan()
+    plan = TranslationPlan(mig_shares=mig_shares)
     if own_claims_gated:
         plan.held_patch = _gate(spec)
     found, untranslated, unknown = _legacy_requests(spec, rules, extended)
@@ -158,7 +165,8 @@ def translate(pod: Mapping[str, Any], rules: RuleSet, *,
     # Planned before any refusal of the pod, so that its explanation can say what each
     # container would have become.
     shape_plan = _cached_shape_plan(spec, found, rules=rules, namespace=namespace,
-                                    annotations=annotations, extended=extended)
+                                    annotations=annotations, extended=extended,
+                                    mig_shares=mig_shares)
     plan.containers = dict(zip(map(_PLACE, found), shape_plan.containers, strict=True))
     twice = _name_used_twice(spec)
     if twice is not None:
@@ -263,12 +271,13 @@ def _warn_untranslated(untranslated: list[Untranslated], plan: TranslationPlan) 
 
 def _cached_shape_plan(spec: Mapping[str, Any], found: Sequence[Found], *, rules: RuleSet,
                        namespace: str, annotations: Mapping[str, Any],
-                       extended: ExtendedResources | None) -> ShapePlan:
+                       extended: ExtendedResources | None, mig_shares: bool) -> ShapePlan:
     """The plan of the pod's request shape (`shapes.plan_shape`), from the rule set's cache
     when a pod of the same shape was planned before."""
     node_selector = node_labels(spec) if rules.node_selector_order else {}
     shape = (
         namespace,
+        mig_shares,
         tuple(
             (key, container.get("name", ""), is_sidecar(key, container),
              tuple((n, _key((container["resources"].get("limits") or {}).get(n))) for n in lim),
@@ -286,7 +295,8 @@ def _cached_shape_plan(spec: Mapping[str, Any], found: Sequence[Found], *, rules
     shape_plan: ShapePlan | None = rules.cache.get(shape)
     if shape_plan is None:
         context = PodContext(annotations=annotations, node_selector=node_selector,
-                             namespace=namespace, extended=extended if extended else None)
+                             namespace=namespace, extended=extended if extended else None,
+                             mig_shares=mig_shares)
         shape_plan = plan_shape(found, context=context, rules=rules)
         rules.remember(shape, shape_plan)
     return shape_plan

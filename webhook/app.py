@@ -284,8 +284,10 @@ async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMod
     label = state.policies.namespace_label(namespace, names.TRANSLATION_LABEL) \
         if mode == NAMESPACE_UNKNOWN else None
     opt_out = _opt_out_granted(state, namespace)
+    # Read per review, so a policy changed a moment ago counts at once (the cache keys on it).
+    mig_shares = state.policies.catalog.sharing_for(namespace).mig_shares
     key = state.plans.key(pod, namespace, (f"{mode}={label}" if label is not None else mode)
-                          + (":opt-out" if opt_out else ""))
+                          + (":opt-out" if opt_out else "") + (":mig" if mig_shares else ""))
     decision = state.plans.get(key, generation) if key is not None else None
     if decision is None:
         state.metrics.plan_miss.inc()
@@ -294,7 +296,8 @@ async def _answer_mutate(state: WebhookState, review: Review, mode: NamespaceMod
         claims = await pod_claims(state.claim_specs, namespace, pod, deadline=deadline)
         decision = mutation.decide(pod, namespace, rules, class_lookup=claims.class_lookup(),
                                    extended=state.device_classes.extended, mode=mode,
-                                   namespace_label=label, opt_out=opt_out)
+                                   namespace_label=label, opt_out=opt_out,
+                                   mig_shares=mig_shares)
         if key is not None:
             state.plans.put(key, generation, decision)
     else:

@@ -143,13 +143,15 @@ def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
            class_lookup: ClassLookup | None = None,
            extended: ExtendedResources | None = None,
            mode: NamespaceMode = names.TRANSLATION_ENABLED,
-           namespace_label: str | None = None, opt_out: bool = False) -> Mutation:
+           namespace_label: str | None = None, opt_out: bool = False,
+           mig_shares: bool = False) -> Mutation:
     """What /mutate answers for a pod being created in `namespace`; `extended`: the names the
     cluster's DeviceClasses declare as spec.extendedResourceName (see `translate`); `mode`:
     the namespace's translation mode, which the webhook configuration's namespaceSelectors
     tell through the path the API server calls (see `translation`), and `namespace_label` its
     label's value where the webhook knows it (for the warning of an unknown value); `opt_out`:
-    whether the namespace grants its pods to hold themselves back from translation."""
+    whether the namespace grants its pods to hold themselves back from translation;
+    `mig_shares`: its GPU sharing policies serve shares with MIG instances."""
     held = translation.held_back(pod, namespace, mode, namespace_label=namespace_label,
                                  opt_out=opt_out)
     if held.refusal is not None:
@@ -157,17 +159,21 @@ def decide(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
             return Mutation(denial=Denial(REFUSED_CODE, REFUSED_REASON, held.refusal))
         return Mutation(denial=Denial(INVALID_CODE, INVALID_REASON, held.refusal))
     if held.mode != names.TRANSLATION_ENABLED:
-        return _held(pod, namespace, rules, held, class_lookup=class_lookup, extended=extended)
-    return _translated(pod, namespace, rules, class_lookup=class_lookup, extended=extended)
+        return _held(pod, namespace, rules, held, class_lookup=class_lookup, extended=extended,
+                     mig_shares=mig_shares)
+    return _translated(pod, namespace, rules, class_lookup=class_lookup, extended=extended,
+                       mig_shares=mig_shares)
 
 
 def _held(pod: Mapping[str, Any], namespace: str, rules: RuleSet, held: translation.Held, *,
-          class_lookup: ClassLookup | None, extended: ExtendedResources | None) -> Mutation:
+          class_lookup: ClassLookup | None, extended: ExtendedResources | None,
+          mig_shares: bool) -> Mutation:
     """A pod admitted with its legacy requests as they are: what translation would do is said
     (in audit mode) but not done; a pod whose own claims use a gateway class is still gated."""
     made_metadata = _metadata_made(pod, namespace)
     pod = _with_namespace(pod, namespace)
-    would = translate(pod, rules, class_lookup=class_lookup, extended=extended)
+    would = translate(pod, rules, class_lookup=class_lookup, extended=extended,
+                      mig_shares=mig_shares)
     audit = {"translation": held.mode}
     warnings = list(held.warnings)
     if held.mode == names.TRANSLATION_AUDIT:
@@ -214,10 +220,11 @@ def _metadata_made(pod: Mapping[str, Any], namespace: str) -> list[dict[str, Any
 
 def _translated(pod: Mapping[str, Any], namespace: str, rules: RuleSet, *,
                 class_lookup: ClassLookup | None,
-                extended: ExtendedResources | None) -> Mutation:
+                extended: ExtendedResources | None, mig_shares: bool) -> Mutation:
     made_metadata = _metadata_made(pod, namespace)
     pod = _with_namespace(pod, namespace)
-    plan = translate(pod, rules, class_lookup=class_lookup, extended=extended)
+    plan = translate(pod, rules, class_lookup=class_lookup, extended=extended,
+                     mig_shares=mig_shares)
     warnings = tuple(plan.warnings)
     if plan.refusal is not None:
         return Mutation(

@@ -232,7 +232,7 @@ def test_the_chart_installs_the_crds_and_the_api_server_enforces_their_schemas(
         assert row["cells"][4] == 50
         table = _table(api, path_of(GROUP, "gpusharingpolicies"))
         assert [c["name"] for c in table["columnDefinitions"]] == [
-            "Name", "Exclusive", "Isolation", "Max-Claims", "Age"]
+            "Name", "Exclusive", "Isolation", "Max-Claims", "Shares", "Age"]
 
 
 # b. A namespace filling its quota ---------------------------------------------------------------
