@@ -109,6 +109,16 @@ def test_a_refusing_quota_charges_only_the_claims_the_object_adds() -> None:
      "EnforcementForbidden",
      "pod team-a/p: request 'gpu' is enforced by 'none', but GPUSharingPolicy tenants allows "
      "only hami-core, mps (allowedEnforcement)"),
+    (share_spec("8Gi", 20), {"shares": {"servedBy": "MIG"}}, "MIGRequired",
+     "pod team-a/p: request 'gpu' asks for a share of a GPU, but GPUSharingPolicy tenants "
+     "serves the namespace's shares with MIG instances (shares.servedBy: MIG); ask for a MIG "
+     "instance (deviceClassName mig.dra-gateway.io) or a whole GPU, or use the legacy names, "
+     "which are translated to MIG instances"),
+    (share_spec(None, 50, enforcement="mps"), {"shares": {"servedBy": "MIG"}}, "MIGRequired",
+     "pod team-a/p: request 'gpu' asks for a share of a GPU, but GPUSharingPolicy tenants "
+     "serves the namespace's shares with MIG instances (shares.servedBy: MIG); ask for a MIG "
+     "instance (deviceClassName mig.dra-gateway.io) or a whole GPU, or use the legacy names, "
+     "which are translated to MIG instances"),
 ])
 def test_sharing_rules_at_admission(claim: dict[str, Any], spec: dict[str, Any], reason: str,
                                     message: str) -> None:
@@ -119,11 +129,18 @@ def test_sharing_rules_at_admission(claim: dict[str, Any], spec: dict[str, Any],
 
 @pytest.mark.parametrize("spec", [
     {"exclusive": True}, {"minShare": {"memory": "40Gi", "cores": 50}}, {"requireCores": True},
-    {"allowedEnforcement": ["mps"]},
+    {"allowedEnforcement": ["mps"]}, {"shares": {"servedBy": "MIG"}},
 ])
 def test_whole_cards_pass_every_sharing_rule(spec: dict[str, Any]) -> None:
     assert check_admission(what="pod team-a/p", claims=[requests_of(share_spec(None, None))],
                            quotas=[], sharing=_rules(**spec)) == []
+
+
+@pytest.mark.parametrize("served_by", ["MIG", "Software"])
+def test_mig_instances_pass_where_shares_are_mig_instances(served_by: str) -> None:
+    claim = share_spec("10Gi", None, cls=names.MIG_CLASS, enforcement="none")
+    assert check_admission(what="pod team-a/p", claims=[requests_of(claim)], quotas=[],
+                           sharing=_rules(shares={"servedBy": served_by})) == []
 
 
 def test_a_policy_applies_only_to_the_namespaces_it_selects() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dra_gateway.policy.models import parse_sharing
+from dra_gateway.policy.models import PolicyError, parse_sharing
 from dra_gateway.policy.sharing import NO_RULES, Holder, card_refusal, combine
 
 from .conftest import sharing
@@ -90,3 +90,21 @@ def test_a_policys_namespace_selector_is_a_kubernetes_label_selector(
     policy = parse_sharing(sharing(selector=selector, exclusive=True))
     rules = combine([policy], "team-a", {"tier": "gold"})
     assert rules.exclusive is selected
+
+
+def test_shares_are_mig_instances_if_any_policy_says_so() -> None:
+    """Hardware isolation is the stricter; a policy that leaves it out serves shares in
+    software, and does not undo another's MIG."""
+    software = parse_sharing(sharing("a"))
+    assert software.spec.shares.served_by == "Software"
+    mig = parse_sharing(sharing("b", shares={"servedBy": "MIG"}))
+    assert not combine([software], "team-a", {}).mig_shares
+    assert combine([software, mig], "team-a", {}).mig_shares
+    assert not NO_RULES.mig_shares
+
+
+def test_an_unknown_way_to_serve_shares_is_refused_naming_the_field() -> None:
+    with pytest.raises(PolicyError) as caught:
+        parse_sharing(sharing("a", shares={"servedBy": "mig"}))
+    assert str(caught.value).startswith("GPUSharingPolicy a: 1 error: spec.shares.servedBy: ")
+    assert "'Software' or 'MIG'" in str(caught.value)

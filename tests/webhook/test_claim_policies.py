@@ -209,6 +209,19 @@ CASES: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]],
              "{what}: request 'gpu' ({spec}.devices.requests[1]) asks for a share of a GPU, but "
              "GPUSharingPolicy tenants makes the namespace exclusive (whole cards only); ask "
              "for whole GPUs"))),
+    ("a share where shares are MIG instances",
+     [_sharing(shares={"servedBy": "MIG"})], [_share("10Gi", 30)],
+     _both(("MIGRequired",
+             "{what}: request 'gpu' ({spec}.devices.requests[0]) asks for a share of a GPU, but "
+             "GPUSharingPolicy tenants serves the namespace's shares with MIG instances "
+             "(shares.servedBy: MIG); ask for a MIG instance (deviceClassName "
+             "mig.dra-gateway.io) or a whole GPU, or use the legacy names, which are "
+             "translated to MIG instances"))),
+    ("a MIG instance or a whole card where shares are MIG instances",
+     [_sharing(shares={"servedBy": "MIG"})],
+     [_share("10Gi", None, cls=names.MIG_CLASS, enforcement="none", request="mig"),
+      _share(None, None)],
+     {CLAIM: None, TEMPLATE: None}),
     ("another driver's claim, whatever the policies",
      [_sharing(exclusive=True), _quota(memory="1Gi")],
      [_share("10Gi", 30, cls="gpu.nvidia.com")], {CLAIM: None, TEMPLATE: None}),

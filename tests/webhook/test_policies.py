@@ -292,3 +292,44 @@ async def test_a_legacy_whole_card_costs_the_smallest_card_published(
     assert answer["allowed"] is False
     assert "requested memory=40Gi, used memory=30Gi, limited memory=60Gi" in \
         answer["status"]["message"]
+
+
+async def _mutated_request(client: Client, cluster: Cluster) -> dict[str, Any]:
+    """The device request of the template /mutate made for the HAMi pod."""
+    pod = hami_pod()
+    mutated = await client.post("/mutate", data=orjson.dumps(review(pod)))
+    translated = jsonpatch.apply_patch(pod, decoded_patch(await mutated.json()))
+    (claim,) = translated["spec"]["resourceClaims"]
+    template = await cluster.get(RESOURCE_CLAIM_TEMPLATES, claim["resourceClaimTemplateName"],
+                                 namespace="inference")
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    verdict = await client.post("/validate", data=orjson.dumps(review(translated, uid="v-2")))
+    assert (await verdict.json())["response"]["allowed"] is True
+    return request  # type: ignore[no-any-return]
+
+
+async def test_a_mig_namespaces_shares_are_translated_to_mig_instances_while_the_policy_holds(
+        client: Client, cluster: Cluster) -> None:
+    """A policy saying shares.servedBy: MIG turns the HAMi pod's share into the smallest MIG
+    instances that hold it at the next pod, and its removal turns it back (the webhook's plan
+    cache keys on it); the namespace's label selects it."""
+    await cluster.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                      "metadata": {"name": "inference",
+                                                   "labels": {"isolation": "hardware"}}})
+    before = await _mutated_request(client, cluster)
+    assert before["exactly"]["deviceClassName"] == names.GPU_CLASS
+    await cluster.create(GPU_SHARING_POLICIES, {
+        "apiVersion": names.API_VERSION, "kind": "GPUSharingPolicy",
+        "metadata": {"name": "hardware-isolation"},
+        "spec": {"namespaceSelector": {"matchLabels": {"isolation": "hardware"}},
+                 "shares": {"servedBy": "MIG"}}})
+    await _policies_seen(client, 1)
+    during = await _mutated_request(client, cluster)
+    subs = during["firstAvailable"]
+    assert {s["deviceClassName"] for s in subs} == {names.MIG_CLASS}
+    # 8000 MiB and 30% of the compute: 3 slices at least.
+    assert [s["name"] for s in subs] == ["3g-20gb", "4g-20gb", "3g-40gb", "4g-40gb",
+                                         "7g-40gb", "3g-71gb", "4g-71gb", "any"]
+    await cluster.delete(GPU_SHARING_POLICIES, "hardware-isolation")
+    await _policies_seen(client, 0)
+    assert await _mutated_request(client, cluster) == before
