@@ -4,6 +4,8 @@ that holds it, 3g.40gb, while it fits), in every layout of the counters."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from dra_gateway.translator.rules import load_rules
@@ -13,7 +15,7 @@ from .planner_support import claim, place, pod
 from .test_planner_counters import LAYOUTS, card, mig_cluster
 
 
-def _translated_claim(name: str) -> dict[str, object]:
+def _translated_claim(name: str) -> dict[str, Any]:
     legacy = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ns"},
               "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": {
                   "nvidia.com/gpumem": 20000, "nvidia.com/gpucores": 30}}}]}}
@@ -29,7 +31,7 @@ def test_translated_shares_take_the_smallest_instance_that_holds_them(layout: st
     """One H100: two 3g.40gb (4 memory slices each) hold the first two shares at different
     placements; the third finds no memory slice left and waits."""
     state = mig_cluster(layout, {"n1": [card(0)]})
-    given = []
+    given: list[tuple[str, str] | None] = []
     for index in range(3):
         made = _translated_claim(f"share-{index}")
         plan = place(state, pod(f"p{index}"), made)
@@ -39,4 +41,7 @@ def test_translated_shares_take_the_smallest_instance_that_holds_them(layout: st
         (result,) = plan.allocations[made["metadata"]["uid"]]["devices"]["results"]
         given.append((result["request"], result["device"]))
     assert [g[0] if g else None for g in given] == ["main/3g-40gb", "main/3g-40gb", None]
-    assert given[0] and given[1] and given[0][1] != given[1][1]
+    first, second = given[0], given[1]
+    assert first is not None
+    assert second is not None
+    assert first[1] != second[1]

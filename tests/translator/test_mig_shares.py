@@ -51,7 +51,7 @@ def offered(plan: TranslationPlan) -> list[str]:
 MIB = 1 << 20
 
 
-# --- Every share protocol, one way -----------------------------------------------------------
+# --- Every share protocol, one way ---------------------------------------------------------------
 
 @pytest.mark.parametrize(("rule", "limits", "memory"), [
     ("hami", {"nvidia.com/gpumem": 20000, "nvidia.com/gpucores": 30}, 20000 * MIB),
@@ -115,7 +115,7 @@ def test_whole_cards_and_instances_are_what_they_were(builtin_rules: RuleSet,
         translated(builtin_rules, limits, mig=False))
 
 
-# --- Sizing ------------------------------------------------------------------------------------
+# --- Sizing --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("percent", "first"), [
     (12, "1g.5gb"),  # one memory slice of eight is 12.5%
@@ -126,8 +126,8 @@ def test_whole_cards_and_instances_are_what_they_were(builtin_rules: RuleSet,
 def test_a_percent_of_memory_is_read_against_memory_slices_with_no_unknown_model(
         builtin_rules: RuleSet, percent: int, first: str) -> None:
     plan = translated(builtin_rules, {"nvidia.com/gpumem-percentage": percent})
-    names_ = offered(plan) if "firstAvailable" in only_request(plan) else None
-    assert names_ is not None and names_[0] == first.replace(".", "-")
+    names_ = offered(plan)
+    assert names_[0] == first.replace(".", "-")
     assert "any" not in names_  # another model's instance cannot be checked against a percent
     for sub in only_request(plan)["firstAvailable"]:
         (selector,) = sub["selectors"]
@@ -220,7 +220,7 @@ def test_memory_slices_are_the_fewest_any_model_gives_the_name() -> None:
     assert {p.name: p.memory_slices for p in migshares.KNOWN_PROFILES} == fewest
 
 
-# --- Saying so -------------------------------------------------------------------------------------
+# --- Saying so -----------------------------------------------------------------------------------
 
 def test_the_explanation_says_the_policy_made_it_an_instance(builtin_rules: RuleSet) -> None:
     original = pod(ctr("main", limits={"nvidia.com/gpumem": 20000}))
