@@ -22,8 +22,11 @@ in a file, as the hardware keeps them), and pods asking NVIDIA's legacy MIG name
    before the kubelet prepares it: the prepare fails and leaves nothing behind, the plugin
    marks the placement (fatal), the pod is evicted (kube-controller-manager on a device taint,
    or the allocator where the API drops taints) and its replacement gets another placement.
+7. A GPUSharingPolicy selecting the namespace says `shares.servedBy: MIG`: a ResourceClaim for
+   a share of a card is refused with the fix, and a HAMi share (8000 MiB, 10% of the compute,
+   no MIG annotation) is translated to the smallest instances that hold it and gets a 1g.10gb.
 
-The node, its plugin, slices and namespace are removed at the end: the other modules of the
+The node, its plugin, slices, namespace and policy are removed at the end: the other modules of the
 tier see the installation as `install` made it.
 """
 
@@ -60,6 +63,8 @@ H100 = "NVIDIA H100 80GB HBM3"
 POOL_LABEL = "e2e.dra-gateway.io/pool"
 POOL = "mig"
 SINGLE_PRODUCT = "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb"
+ISOLATION_LABEL = "e2e.dra-gateway.io/isolation"
+MIG_POLICY = "e2e-mig-shares"
 CARD_DEVICES = 26  # the whole card and the 25 placements of an H100's profiles
 JSON = dict[str, Any]
 
@@ -114,6 +119,8 @@ def _mig_node(gateway: Gateway) -> Iterator[tuple[Path, Path]]:
 
 def _clean_up(gateway: Gateway) -> None:
     api = gateway.api
+    with contextlib.suppress(ApiError):
+        api.delete(path_of(names.API_VERSION, "gpusharingpolicies", name=MIG_POLICY))
     with contextlib.suppress(ApiError):
         for pod in api.list(path_of("v1", "pods", namespace=NS)):
             api.delete(path_of("v1", "pods", namespace=NS, name=pod["metadata"]["name"]),
@@ -171,6 +178,60 @@ def _other_forms() -> dict[str, JSON]:
                                    "volcano.sh/vgpu-memory": "8000"},
                        annotations={"volcano.sh/vgpu-mode": "mig"}),
     }
+
+
+def _mig_policy() -> JSON:
+    return {"apiVersion": names.API_VERSION, "kind": "GPUSharingPolicy",
+            "metadata": {"name": MIG_POLICY},
+            "spec": {"namespaceSelector": {"matchLabels": {ISOLATION_LABEL: "hardware"}},
+                     "shares": {"servedBy": "MIG"}}}
+
+
+def _hami_share(name: str) -> JSON:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+            "spec": {"nodeSelector": {POOL_LABEL: POOL}, "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "main", "image": "example.com/cuda:1",
+                                     "resources": {"limits": {
+                                         "nvidia.com/gpumem": "8000",
+                                         "nvidia.com/gpucores": "10"}}}]}}
+
+
+def _native_share() -> JSON:
+    """A share of one card written by hand: in capacity.requests where the cluster keeps it and
+    in the claim's GpuShareConfig too (the API server drops capacity.requests without
+    consumable capacity)."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "share", "namespace": NS},
+            "spec": {"devices": {
+                "requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": names.GPU_CLASS,
+                    "capacity": {"requests": {"memory": "8Gi", "cores": "10"}}}}],
+                "config": [{"requests": ["gpu"], "opaque": {
+                    "driver": names.DRIVER, "parameters": {
+                        "apiVersion": names.API_VERSION, "kind": names.KIND_GPU_SHARE_CONFIG,
+                        "memory": 8 << 30, "cores": 10}}}]}}}
+
+
+def _until_refused(gateway: Gateway, what: str) -> ApiError:
+    """The refusal the share claim meets once the webhooks have read the policy just written;
+    what was created meanwhile is deleted."""
+    api = gateway.api
+    claims = path_of("resource.k8s.io/v1", "resourceclaims", namespace=NS)
+    refusal: ApiError | None = None
+
+    def refused() -> bool:
+        nonlocal refusal
+        try:
+            api.create(claims, _native_share())
+        except ApiError as exc:
+            refusal = exc
+            return True
+        api.delete(path_of("resource.k8s.io/v1", "resourceclaims", namespace=NS, name="share"))
+        return False
+
+    wait_until(f"the webhook to refuse {what}", refused, 30, gateway.check, poll_s=0.5)
+    assert refusal is not None
+    return refusal
 
 
 def _held(api: Api, name: str) -> list[str]:
@@ -372,4 +433,21 @@ def test_legacy_mig_names_are_served_by_instances_made_on_demand(gateway: Gatewa
         # Another placement, or the administrator's 3g itself (published as it is, free).
         assert now != taken
         assert _devices(api)[now]["attributes"][names.ATTR_PROFILE] == {"string": "3g.40gb"}
+        assert _over_committed(api) == []
+
+        # 7. The namespace's GPUSharingPolicy serves shares with MIG instances: a claim for a
+        #    share of a card is refused, and a HAMi share (no MIG annotation) gets the
+        #    smallest instance that holds it.
+        api.patch(path_of("v1", "namespaces", name=NS),
+                  {"metadata": {"labels": {ISOLATION_LABEL: "hardware"}}})
+        api.create(path_of(names.API_VERSION, "gpusharingpolicies"), _mig_policy())
+        refusal = _until_refused(gateway, "a claim for a share in the MIG namespace")
+        assert refusal.code == 403, refusal
+        assert "shares.servedBy: MIG" in refusal.message, refusal.message
+        assert "ask for a MIG instance" in refusal.message, refusal.message
+        api.create(path_of("v1", "pods", namespace=NS), _hami_share("isolated"))
+        wait_until("the HAMi share to be allocated a MIG instance",
+                   lambda: bool(_held(api, "isolated")), 120, gateway.check)
+        (isolated,) = _held(api, "isolated")
+        assert "-mig-1g10gb-" in isolated, isolated  # 8000 MiB: 1g.10gb holds it
         assert _over_committed(api) == []
