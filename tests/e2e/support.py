@@ -635,6 +635,28 @@ def remove_namespace(gateway: Gateway, namespace: str, *, timeout_s: float = 60.
                lambda: not api.exists(path_of("v1", "namespaces", name=namespace)), 120)
 
 
+def remove_gpu_node(gateway: Gateway, node: str) -> None:
+    """Take away a GPU node a test added: its node plugin, the ResourceSlices of its pool (its
+    devices and counter sets), the installation's pods on it (stand-ins KWOK cannot stop) and
+    the node. Errors are ignored: it runs in a test's clean-up, whatever the test left."""
+    api = gateway.api
+    plugin = gateway.components.pop(f"node-plugin-{node}", None)
+    if plugin is not None:
+        plugin.stop()
+    for item in api.list(path_of("resource.k8s.io/v1", "resourceslices")):
+        if item["spec"].get("nodeName") == node or item["spec"]["pool"]["name"] == node:
+            with contextlib.suppress(ApiError):
+                api.delete(path_of("resource.k8s.io/v1", "resourceslices",
+                                   name=item["metadata"]["name"]))
+    for pod in api.list(path_of("v1", "pods", namespace=NAMESPACE)):
+        if pod["spec"].get("nodeName") == node:
+            with contextlib.suppress(ApiError):
+                api.delete(path_of("v1", "pods", namespace=NAMESPACE,
+                                   name=pod["metadata"]["name"]), grace_period_s=0)
+    with contextlib.suppress(ApiError):
+        api.delete(path_of("v1", "nodes", name=node))
+
+
 def apply_manifests(api: Api, documents: Sequence[Mapping[str, Any]]) -> list[JSON]:
     """Create each object through the API, at the REST path of its kind."""
     plurals = {"Pod": ("v1", "pods"), "Deployment": ("apps/v1", "deployments"),

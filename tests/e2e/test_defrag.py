@@ -45,6 +45,7 @@ from e2e.support import (
     over_capacity,
     placed_on_its_node,
     pod_devices,
+    remove_gpu_node,
     run_helm,
     short_dir,
     wait_until,
@@ -137,21 +138,7 @@ def _clean_up(gateway: Gateway, ns: str) -> None:
     wait_until(f"namespace {ns} to be gone",
                lambda: not api.exists(path_of("v1", "namespaces", name=ns)), 120)
     for node in (FRAGMENTED, SPARE):
-        plugin = gateway.components.pop(f"node-plugin-{node}", None)
-        if plugin is not None:
-            plugin.stop()
-        for item in api.list(path_of("resource.k8s.io/v1", "resourceslices")):
-            if item["spec"].get("nodeName") == node:
-                with contextlib.suppress(ApiError):
-                    api.delete(path_of("resource.k8s.io/v1", "resourceslices",
-                                       name=item["metadata"]["name"]))
-        for pod in api.list(path_of("v1", "pods", namespace=NAMESPACE)):
-            if pod["spec"].get("nodeName") == node:
-                with contextlib.suppress(ApiError):
-                    api.delete(path_of("v1", "pods", namespace=NAMESPACE,
-                                       name=pod["metadata"]["name"]), grace_period_s=0)
-        with contextlib.suppress(ApiError):
-            api.delete(path_of("v1", "nodes", name=node))
+        remove_gpu_node(gateway, node)
     with contextlib.suppress(ApiError):
         api.delete(path_of("v1", "configmaps", namespace=NAMESPACE, name=RECORDS))
 

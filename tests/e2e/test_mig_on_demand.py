@@ -48,11 +48,11 @@ from dra_gateway.kube.cluster.port import ApiError
 from dra_gateway.node_plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from dra_gateway.node_plugin.server import dra_socket_path
 from e2e.support import (
-    NAMESPACE,
     Component,
     Gateway,
     node_plugin_kubeconfig,
     pod_claims,
+    remove_gpu_node,
     short_dir,
     wait_until,
 )
@@ -129,21 +129,7 @@ def _clean_up(gateway: Gateway) -> None:
         api.delete(path_of("v1", "namespaces", name=NS))
     wait_until(f"namespace {NS} to be gone",
                lambda: not api.exists(path_of("v1", "namespaces", name=NS)), 120)
-    plugin = gateway.components.pop(f"node-plugin-{NODE}", None)
-    if plugin is not None:
-        plugin.stop()
-    for item in api.list(path_of("resource.k8s.io/v1", "resourceslices")):
-        if item["spec"].get("nodeName") == NODE or item["spec"]["pool"]["name"] == NODE:
-            with contextlib.suppress(ApiError):
-                api.delete(path_of("resource.k8s.io/v1", "resourceslices",
-                                   name=item["metadata"]["name"]))
-    for pod in api.list(path_of("v1", "pods", namespace=NAMESPACE)):
-        if pod["spec"].get("nodeName") == NODE:
-            with contextlib.suppress(ApiError):
-                api.delete(path_of("v1", "pods", namespace=NAMESPACE,
-                                   name=pod["metadata"]["name"]), grace_period_s=0)
-    with contextlib.suppress(ApiError):
-        api.delete(path_of("v1", "nodes", name=NODE))
+    remove_gpu_node(gateway, NODE)
 
 
 # The workload -----------------------------------------------------------------------------------
