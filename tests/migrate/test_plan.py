@@ -20,6 +20,7 @@ from dra_gateway.migrate.live import RESOURCE_QUOTAS, WORKLOAD_TYPES, read_clust
 from dra_gateway.migrate.plan import MigrationPlan, WorkloadPlan, build_plan
 from dra_gateway.migrate.render import render_html, render_table
 from dra_gateway.migrate.rules import rules_in_force
+from dra_gateway.translator.explaining import MIG_SHARES_WHY
 from dra_gateway.translator.rules import load_rules
 from dra_gateway.translator.translate import translate
 
@@ -110,6 +111,26 @@ def test_the_dra_request_is_what_the_translator_makes_of_the_pod_template(
         "translate", "translated into a DRA claim when its pods are created; 1 running pod(s) "
                      "were created before and keep their legacy requests until their controller "
                      "recreates them")
+
+
+def test_a_namespace_whose_policy_serves_shares_with_mig_shows_mig_instances(
+        tmp_path: Path) -> None:
+    """As the webhook will translate them there: the HAMi share becomes the smallest MIG
+    instances that hold it; a policy that does not parse is a note."""
+    policy = {"apiVersion": names.API_VERSION, "kind": "GPUSharingPolicy",
+              "metadata": {"name": "hardware"},
+              "spec": {"namespaceSelector": {"matchLabels": {
+                  "kubernetes.io/metadata.name": "team-a"}}, "shares": {"servedBy": "MIG"}}}
+    broken = {**policy, "metadata": {"name": "broken"}, "spec": {"shares": {"servedBy": "X"}}}
+    plan = _plan([*scenario(), policy, broken], tmp_path)
+    (container,) = _workload(plan, "team-a", "infer").containers
+    assert container.request["deviceClassName"] == names.MIG_CLASS
+    assert MIG_SHARES_WHY in container.why
+    assert any(n.startswith("GPUSharingPolicy broken: 1 error: spec.shares.servedBy")
+               for n in plan.notes), plan.notes
+    # Other namespaces keep their shares of a card.
+    (other,) = _workload(_plan(scenario(), tmp_path), "team-a", "infer").containers
+    assert other.request["deviceClassName"] == names.GPU_CLASS
 
 
 @pytest.mark.parametrize(("ns", "name", "status", "why"), [

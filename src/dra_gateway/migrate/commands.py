@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 _SOURCE_HELP = ("manifests to read instead of a live cluster (kubectl get ... -o yaml: a List "
                 "or YAML documents of Pods, workloads, Namespaces, Nodes, ResourceQuotas, "
-                "GPUQuotas, rule ConfigMaps); repeatable; - reads standard input")
+                "GPUQuotas, GPUSharingPolicies, rule ConfigMaps); repeatable; - reads "
+                "standard input")
 
 
 class _Failure(Exception):

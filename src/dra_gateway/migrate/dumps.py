@@ -24,7 +24,7 @@ from dra_gateway.translator.pods import pod_shape_problem
 from dra_gateway.translator.yamlinput import ManifestLoader
 
 # Kinds of cluster-scoped objects: every other kind migrate reads lives in a namespace.
-_CLUSTER_SCOPED = ("Namespace", "Node")
+_CLUSTER_SCOPED = ("Namespace", "Node", "GPUSharingPolicy")
 
 
 class DumpError(ValueError):

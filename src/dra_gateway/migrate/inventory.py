@@ -30,6 +30,7 @@ class ClusterObjects:
     nodes: list[Object] = field(default_factory=list)
     resource_quotas: list[Object] = field(default_factory=list)
     gpu_quotas: list[Object] = field(default_factory=list)
+    sharing_policies: list[Object] = field(default_factory=list)
     rule_config_maps: list[Object] = field(default_factory=list)
     # What was left out and why (kinds not read, types the API does not serve), for the notes.
     notes: list[str] = field(default_factory=list)
@@ -49,6 +50,8 @@ class ClusterObjects:
             self.resource_quotas.append(obj)
         elif kind == "GPUQuota":
             self.gpu_quotas.append(obj)
+        elif kind == "GPUSharingPolicy":
+            self.sharing_policies.append(obj)
         elif kind == "ConfigMap":
             if objects.labels(obj).get(names.RULES_LABEL) == names.RULES_LABEL_VALUE:
                 self.rule_config_maps.append(obj)

@@ -18,6 +18,7 @@ from dra_gateway.kube.resources import (
     CONFIG_MAPS,
     DAEMON_SETS,
     GPU_QUOTAS,
+    GPU_SHARING_POLICIES,
     NAMESPACES,
     NODES,
     PODS,
@@ -54,7 +55,8 @@ async def read_cluster(cluster: Cluster, *,
         # The API leaves apiVersion and kind out of list items; the inventory files by kind.
         return [{**obj, "apiVersion": rt.api_version, "kind": rt.kind} for obj in listed.items]
 
-    for rt in (NAMESPACES, PODS, NODES, RESOURCE_QUOTAS, GPU_QUOTAS, *WORKLOAD_TYPES):
+    for rt in (NAMESPACES, PODS, NODES, RESOURCE_QUOTAS, GPU_QUOTAS, GPU_SHARING_POLICIES,
+               *WORKLOAD_TYPES):
         for obj in await items(rt):
             inventory.add(obj)
     for obj in await items(CONFIG_MAPS, f"{names.RULES_LABEL}={names.RULES_LABEL_VALUE}",

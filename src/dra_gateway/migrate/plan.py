@@ -22,6 +22,7 @@ from dra_gateway.migrate.inventory import WORKLOAD_KINDS, ClusterObjects, Object
 from dra_gateway.migrate.node import NodeState, node_state, pod_legacy_requests
 from dra_gateway.migrate.quotas import QuotaMigration, migrate_quotas
 from dra_gateway.migrate.usage import usage_by_world
+from dra_gateway.policy.catalog import Catalog
 from dra_gateway.translator.explaining import ContainerExplanation, explain
 from dra_gateway.translator.manifests import pod_specs
 from dra_gateway.translator.rules import RuleSet
@@ -172,7 +173,12 @@ def build_plan(inventory: ClusterObjects, rules: RuleSet, *, default_mode: str =
     modes = {n: namespace_mode(n, listed.get(n), default_mode, excluded=excluded,
                                pod_opt_out=pod_opt_out)
              for n in inventory.namespace_names()}
-    workloads = _workloads(inventory, rules, modes)
+    # Where the sharing policies serve shares with MIG instances, the webhook translates them
+    # so (a policy that does not parse is in the notes, as the webhook logs it).
+    sharing = Catalog.build(sharing=inventory.sharing_policies, namespaces=inventory.namespaces)
+    mig_namespaces = frozenset(n for n in inventory.namespace_names()
+                               if sharing.sharing_for(n).mig_shares)
+    workloads = _workloads(inventory, rules, modes, mig_namespaces)
     quotas = migrate_quotas(inventory, rules)
     gpu_quotas: dict[str, list[str]] = {}
     for q in inventory.gpu_quotas:
@@ -187,6 +193,7 @@ def build_plan(inventory: ClusterObjects, rules: RuleSet, *, default_mode: str =
     nodes = _nodes(inventory, rules)
     steps = _steps(namespaces, workloads, nodes, quotas, source)
     notes = list(inventory.notes)
+    notes.extend(sharing.errors)
     notes.extend(p.problem for p in namespaces if p.problem)
     notes.extend(
         f"namespace {p.name} is labelled {names.TRANSLATION_LABEL}={names.TRANSLATION_DISABLED} "
@@ -250,7 +257,8 @@ def _template_pod(workload: Object) -> Object | None:
 
 
 def _workloads(inventory: ClusterObjects, rules: RuleSet,
-               modes: Mapping[str, NamespacePlan]) -> tuple[WorkloadPlan, ...]:
+               modes: Mapping[str, NamespacePlan],
+               mig_namespaces: Collection[str] = frozenset()) -> tuple[WorkloadPlan, ...]:
     known = {(namespace_of(w), str(w.get("kind")), objects.name(w)): w
              for w in inventory.workloads}
     pods_of: dict[tuple[str, str, str], list[Object]] = {}
@@ -282,16 +290,18 @@ def _workloads(inventory: ClusterObjects, rules: RuleSet,
             sample = pods[0]
         if sample is None:
             continue
-        plan = _workload(key, sample, pods, rules, modes[key[0]])
+        plan = _workload(key, sample, pods, rules, modes[key[0]],
+                         mig_shares=key[0] in mig_namespaces)
         if plan is not None:
             out.append(plan)
     return tuple(out)
 
 
 def _workload(key: tuple[str, str, str], sample: Object, pods: Sequence[Object],
-              rules: RuleSet, mode: NamespacePlan) -> WorkloadPlan | None:
+              rules: RuleSet, mode: NamespacePlan, *,
+              mig_shares: bool = False) -> WorkloadPlan | None:
     ns, kind, name = key
-    translation = translate(sample, rules)
+    translation = translate(sample, rules, mig_shares=mig_shares)
     explanation = explain(sample, rules, plan=translation)
     containers = tuple(_container(c, sample, rules) for c in explanation.containers)
     containers = tuple(c for c in containers if c.legacy)
