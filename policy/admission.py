@@ -96,9 +96,11 @@ def _sharing(what: str, rules: SharingRules, claims: Sequence[Sequence[RequestSh
                                    and number < len(places) else None, rules, shape, models)
                 if forbidden is not None:
                     out.append(forbidden)
+            where = f"{what}: request {shape.name!r}" + (f" ({field})" if field else "")
+            if shape.later_shares and (rules.exclusive or rules.mig_shares):
+                out.append(_later_share(where, shape.later_shares, rules, policy))
             if shape.whole or shape.class_name != names.GPU_CLASS:
                 continue
-            where = f"{what}: request {shape.name!r}" + (f" ({field})" if field else "")
             if rules.exclusive:
                 out.append(Violation("SharingForbidden", (
                     f"{where} asks for a share of a GPU, but {policy} makes the namespace "
@@ -133,6 +135,23 @@ def _sharing(what: str, rules: SharingRules, claims: Sequence[Sequence[RequestSh
                     f"{where} is enforced by {shape.enforcement!r}, but {policy} allows only "
                     f"{allowed} (allowedEnforcement)"), policy))
     return out
+
+
+def _later_share(where: str, later: Sequence[str], rules: SharingRules,
+                 policy: str) -> Violation:
+    """A share of a card offered as a later firstAvailable alternative, where the rules
+    forbid shares: the allocator may fall back to it, so it is judged as the first."""
+    offered = ", ".join(repr(name) for name in later)
+    plural = "s" if len(later) > 1 else ""
+    if rules.exclusive:
+        return Violation("SharingForbidden", (
+            f"{where} offers a share of a GPU (firstAvailable alternative{plural} {offered}), "
+            f"but {policy} makes the namespace exclusive (whole cards only); offer whole GPUs"),
+            policy)
+    return Violation("MIGRequired", (
+        f"{where} offers a share of a GPU (firstAvailable alternative{plural} {offered}), but "
+        f"{policy} serves the namespace's shares with MIG instances (shares.servedBy: MIG); "
+        f"offer MIG instances (deviceClassName {names.MIG_CLASS}) or whole GPUs"), policy)
 
 
 def check_admission(*, what: str, claims: Sequence[Sequence[RequestShape]],

@@ -70,6 +70,9 @@ class RequestShape:
     # take, for the allowed-models check (policy.profiles).
     index: int = 0
     alternatives: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # The later firstAvailable alternatives that are shares of a gateway card, by name: the
+    # sharing rules that forbid shares judge them too (the allocator may fall back to one).
+    later_shares: tuple[str, ...] = ()
 
     @property
     def amounts(self) -> Amounts:
@@ -127,15 +130,10 @@ def requests_of(spec: Mapping[str, Any]) -> list[RequestShape]:
         if exact is None or exact.get("deviceClassName") not in names.GATEWAY_CLASSES:
             continue
         config = _share_config(spec, name)
-        capacity = (exact.get("capacity") or {}).get("requests") or {}
-        memory = _int(capacity.get(names.CAPACITY_MEMORY)) if names.CAPACITY_MEMORY in capacity \
-            else config.get("memory")
-        cores = _int(capacity.get(names.CAPACITY_CORES)) if names.CAPACITY_CORES in capacity \
-            else config.get("cores")
-        percent = config.get("memoryPercent")
+        memory, percent, cores = _share_of(exact, config)
         count = exact.get("count", 1) if exact.get("allocationMode", "ExactCount") == \
             "ExactCount" else 1
-        whole = memory is None and percent is None and cores in (None, names.CORES_PER_CARD)
+        whole = _whole(memory, percent, cores)
         shapes.append(RequestShape(
             name=name, class_name=str(exact["deviceClassName"]),
             count=count if isinstance(count, int) and count > 0 else 1, whole=whole,
@@ -143,8 +141,40 @@ def requests_of(spec: Mapping[str, Any]) -> list[RequestShape]:
             memory_percent=percent if isinstance(percent, int) else None,
             cores=cores if isinstance(cores, int) else None,
             enforcement=str(config.get("enforcement") or "none"),
-            index=index, alternatives=tuple(_selectable(c) for c in choices)))
+            index=index, alternatives=tuple(_selectable(c) for c in choices),
+            later_shares=tuple(_later_shares(spec, name, choices[1:]))))
     return shapes
+
+
+def _share_of(choice: Mapping[str, Any], config: Mapping[str, Any]
+              ) -> tuple[Any, Any, Any]:
+    """(memory, memory percent, cores) one `exactly` or alternative asks of each card: its
+    capacity requests where it states them, else its GpuShareConfig's."""
+    capacity = (choice.get("capacity") or {}).get("requests") or {}
+    memory = _int(capacity.get(names.CAPACITY_MEMORY)) if names.CAPACITY_MEMORY in capacity \
+        else config.get("memory")
+    cores = _int(capacity.get(names.CAPACITY_CORES)) if names.CAPACITY_CORES in capacity \
+        else config.get("cores")
+    return memory, config.get("memoryPercent"), cores
+
+
+def _whole(memory: Any, percent: Any, cores: Any) -> bool:
+    return memory is None and percent is None and cores in (None, names.CORES_PER_CARD)
+
+
+def _later_shares(spec: Mapping[str, Any], request: str,
+                  later: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The names of the alternatives after the first that ask for a share of a gateway card
+    (a config for `request/name` or for the whole request counts as theirs)."""
+    out = []
+    for choice in later:
+        if choice.get("deviceClassName") != names.GPU_CLASS:
+            continue
+        sub = str(choice.get("name", ""))
+        config = _share_config(spec, f"{request}/{sub}") or _share_config(spec, request)
+        if not _whole(*_share_of(choice, config)):
+            out.append(sub)
+    return out
 
 
 def _selectable(choice: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:

@@ -143,6 +143,51 @@ def test_mig_instances_pass_where_shares_are_mig_instances(served_by: str) -> No
                            sharing=_rules(shares={"servedBy": served_by})) == []
 
 
+def _fallback_spec(later_share: bool) -> dict[str, Any]:
+    """A MIG instance first, then (firstAvailable) a share of a card or a whole card."""
+    later: dict[str, Any] = {"name": "card", "deviceClassName": names.GPU_CLASS,
+                             "allocationMode": "ExactCount", "count": 1}
+    if later_share:
+        later["capacity"] = {"requests": {"memory": "8Gi", "cores": "20"}}
+    return {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+        {"name": "mig", "deviceClassName": names.MIG_CLASS, "allocationMode": "ExactCount",
+         "count": 1}, later]}]}}
+
+
+@pytest.mark.parametrize(("spec", "reason", "message"), [
+    ({"shares": {"servedBy": "MIG"}}, "MIGRequired",
+     "pod team-a/p: request 'gpu' offers a share of a GPU (firstAvailable alternative "
+     "'card'), but GPUSharingPolicy tenants serves the namespace's shares with MIG instances "
+     "(shares.servedBy: MIG); offer MIG instances (deviceClassName mig.dra-gateway.io) or "
+     "whole GPUs"),
+    ({"exclusive": True}, "SharingForbidden",
+     "pod team-a/p: request 'gpu' offers a share of a GPU (firstAvailable alternative "
+     "'card'), but GPUSharingPolicy tenants makes the namespace exclusive (whole cards only); "
+     "offer whole GPUs"),
+])
+def test_a_share_offered_as_a_later_alternative_is_judged_as_the_first(
+        spec: dict[str, Any], reason: str, message: str) -> None:
+    """A tenant cannot slip a share past the rules behind a first alternative they allow:
+    the allocator falls back to it when the first does not fit."""
+    found = check_admission(what="pod team-a/p", claims=[requests_of(_fallback_spec(True))],
+                            quotas=[], sharing=_rules(**spec))
+    assert [(v.reason, v.message) for v in found] == [(reason, message)]
+    assert check_admission(what="pod team-a/p", claims=[requests_of(_fallback_spec(False))],
+                           quotas=[], sharing=_rules(**spec)) == []
+    assert check_admission(what="pod team-a/p", claims=[requests_of(_fallback_spec(True))],
+                           quotas=[], sharing=_rules(maxClaimsPerDevice=2)) == []
+
+
+def test_a_later_alternatives_share_may_be_said_in_its_own_config() -> None:
+    spec = _fallback_spec(False)
+    spec["devices"]["config"] = [{"requests": ["gpu/card"], "opaque": {
+        "driver": names.DRIVER, "parameters": {
+            "apiVersion": names.API_VERSION, "kind": names.KIND_GPU_SHARE_CONFIG,
+            "memory": 8 << 30}}}]
+    (shape,) = requests_of(spec)
+    assert shape.later_shares == ("card",)
+
+
 def test_a_policy_applies_only_to_the_namespaces_it_selects() -> None:
     catalog = Catalog.build(
         sharing=[sharing(selector={"matchLabels": {"tier": "prod"}}, exclusive=True)],
