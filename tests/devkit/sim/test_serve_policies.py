@@ -29,14 +29,15 @@ async def test_serve_loads_policies_and_report_reads_them(tmp_path: Path) -> Non
         assert process.stdout is not None
         async with asyncio.timeout(20):
             banner = (await process.stdout.readline()).decode()
-        assert "7 objects seeded" in banner
+        assert "8 objects seeded" in banner
         cluster = await connect("kube", str(tmp_path / "kubeconfig"))
         try:
             quotas = await cluster.list(GPU_QUOTAS, namespace="team-a")
             assert sorted(q["metadata"]["name"] for q in quotas.items) == ["team-a-gpu",
                                                                            "team-a-h100"]
             sharing = await cluster.list(GPU_SHARING_POLICIES)
-            assert len(sharing.items) == 2
+            assert sorted(p["metadata"]["name"] for p in sharing.items) == [
+                "hardware-isolation", "production-exclusive", "research-teams"]
         finally:
             await cluster.close()
         report = await asyncio.create_subprocess_exec(
