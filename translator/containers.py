@@ -32,6 +32,7 @@ from dra_gateway.kube.quantity import (
 from dra_gateway.translator import migshares
 from dra_gateway.translator.errors import Refused, quote, refuse
 from dra_gateway.translator.evaluation import (
+    MAX_SUBREQUESTS,
     Subject,
     checked_outputs,
     evaluate,
@@ -207,8 +208,9 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
     outputs = checked_outputs(subject, activation)
     # The namespace's shares are MIG instances (a GPUSharingPolicy's shares.servedBy): the
     # rule's selectors name the instance's card, and `migshares` offers the profiles.
-    mig = context.mig_shares and rule.class_name == names.GPU_CLASS and bool(
+    is_share = rule.class_name == names.GPU_CLASS and bool(
         outputs.memory or outputs.percent or outputs.cores)
+    mig = context.mig_shares and is_share
     items = [""] if mig else _alternatives(subject, activation)
     alternatives = []  # per item: (its name, the selectors rendered, each with its rule index)
     conditions: list[Any] = []
@@ -222,8 +224,7 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
         rendered = rendered_selectors(subject, these[:len(rule.selectors)], activation,
                                       renamed=migshares.CARD_ATTRIBUTES if mig else None)
         selectors = [text for _, text in rendered]
-        if not mig and rule.class_name == names.GPU_CLASS and outputs.enforcement == "hami-core" \
-                and (outputs.memory or outputs.percent or outputs.cores):
+        if is_share and not mig and outputs.enforcement == "hami-core":
             # A share HAMi-core enforces needs the library on the card's node.
             selectors.append(hami_core_selector(rule.driver))
         alternatives.append((item, rendered, exactly(rule, outputs, selectors)))
@@ -261,9 +262,6 @@ def plan_container(found: Found, *, context: PodContext, rules: RuleSet,
 
 
 _NO_RULE: Final = Skipped("no-rule")
-
-# resource.k8s.io/v1 DeviceRequest.firstAvailable holds at most 8 subrequests.
-MAX_SUBREQUESTS: Final = 8
 
 
 def _alternatives(subject: Subject, activation: dict[str, Any]) -> list[str]:

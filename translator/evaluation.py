@@ -247,6 +247,10 @@ def gateway_config(subject: Subject, outputs: Outputs, warnings: list[str]) -> d
             "opaque": {"driver": names.DRIVER, "parameters": share.to_parameters()}}
 
 
+# resource.k8s.io/v1 DeviceRequest.firstAvailable holds at most 8 subrequests.
+MAX_SUBREQUESTS: Final = 8
+
+
 def subrequest_names(items: list[str]) -> list[str]:
     """A DNS label per alternative, from its item (`1g.10gb+me` is `1g-10gb-me`; "" is `any`),
     made unique by a position where two would be alike."""

@@ -384,8 +384,6 @@ def _rendered_outputs(rule: CompiledRule, result: ContainerPlan, *,
     if mig:
         out += [(output, "the MIG profiles offered") for output in ("memory", "memoryPercent",
                                                                      "cores")]
-        params = {k: v for k, v in params.items() if k in ("enforcement", "policy")}
-        parameters = None
     if names.CAPACITY_MEMORY in capacity and "memory" in params:
         out.append(("memory", f"capacity memory {capacity[names.CAPACITY_MEMORY]}"))
     if "memory" in params:
@@ -395,8 +393,8 @@ def _rendered_outputs(rule: CompiledRule, result: ContainerPlan, *,
     if "cores" in params:
         out.append(("cores", f"capacity cores {capacity.get(names.CAPACITY_CORES)}"))
         out.append(("cores", f"config cores {params['cores']}"))
-    if parameters is not None and "memory" not in params and "memoryPercent" not in params \
-            and "cores" not in params:
+    if not mig and parameters is not None and "memory" not in params \
+            and "memoryPercent" not in params and "cores" not in params:
         for output in ("memoryPercent", "cores"):
             out.append((output, "a whole card"))
     if "enforcement" in params:

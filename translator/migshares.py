@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from dra_gateway.kube import names
-from dra_gateway.translator.evaluation import subrequest_names
+from dra_gateway.translator.evaluation import MAX_SUBREQUESTS, subrequest_names
 from dra_gateway.translator.ruleset import CompiledSelector
 from dra_gateway.translator.selectors import render_selector
 
-# resource.k8s.io/v1 DeviceRequest.firstAvailable holds at most 8 subrequests: the 7 smallest
-# profiles that fit, then any instance that fits.
-MAX_PROFILES: Final = 7
+# The smallest profiles that fit, then any instance that fits: as many as firstAvailable holds.
+MAX_PROFILES: Final = MAX_SUBREQUESTS - 1
 MEMORY_SLICES: Final = 8  # of every known MIG model (A100, H100, H200)
 COMPUTE_SLICES: Final = 7
 ANY_INSTANCE: Final = ""
@@ -125,7 +124,3 @@ _PROFILE: Final = _selector(names.ATTR_PROFILE, "equals")
 _MEMORY: Final = _selector(names.CAPACITY_MEMORY, "atLeast")
 _CORES: Final = _selector(names.CAPACITY_CORES, "atLeast")
 
-
-def described(items: Sequence[str]) -> str:
-    shown = [item or "any instance that fits" for item in items]
-    return ", ".join(shown)
